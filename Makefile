@@ -1,0 +1,62 @@
+# initshift — every entry point a developer or CI needs. Each target bootstraps what it uses.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Debian's python3 builds a smaller frozen waiter than pyenv's; fall back to whatever python3 is on PATH.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Debian packages the tests and the waiter build use; installed with apt-get when missing (root only).
+APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils
+PYTEST_ARGS ?=
+
+.PHONY: help venv system-deps run test waiter wheel bench bench-waiter bench-admission clean
+
+help:
+	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
+	@echo "make test           bootstrap .venv, install, run every test"
+	@echo "make waiter         build the frozen waiter bundle in dist/waiter/"
+	@echo "make wheel          build the initshift wheel in dist/wheels/ (the image installs it)"
+	@echo "make bench          run every benchmark (prints figures)"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
+	@if ! $(PYTHON) -m venv --help >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip' 2>/dev/null; then \
+	  echo "installing python3-venv"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; fi
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,build]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "apt-get install$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "missing Debian packages:$$missing (run as root, or install them)"; fi; fi
+
+run: $(STAMP)
+	$(VENV)/bin/initshift dev-server
+
+test: $(STAMP) system-deps waiter
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+waiter: $(STAMP) system-deps
+	$(PY) -m waiter.build dist/waiter
+
+# The installable wheel (the Dockerfile's runtime stage installs it from dist/wheels/).
+wheel: $(STAMP)
+	$(PY) -m pip wheel -q --no-deps -w dist/wheels .
+
+bench: bench-waiter bench-admission
+
+bench-waiter: waiter
+	$(PY) -m tests.bench.waiter_bench
+
+bench-admission: $(STAMP)
+	$(PY) -m tests.bench.admission_bench
+
+clean:
+	rm -rf build dist .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Certificate generation, caBundle injection and rotation for the webhook."""

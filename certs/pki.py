@@ -1,0 +1,170 @@
+"""A CA and the webhook's serving certificate, as PEM bytes (cryptography, ECDSA P-256).
+
+The apiserver reaches the webhook as `NAME.NAMESPACE.svc`; the certificate also carries
+`NAME`, `NAME.NAMESPACE` and `NAME.NAMESPACE.svc.cluster.local`, plus any extra DNS
+names and IP SANs asked for.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_DAYS = 3650
+CERT_DAYS = 365
+# Clocks of the apiserver and the webhook are rarely exactly in step.
+BACKDATE = dt.timedelta(minutes=5)
+
+
+class PKIError(ValueError):
+    """PEM data that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert_pem: bytes
+    key_pem: bytes
+
+    @property
+    def cert(self) -> x509.Certificate:
+        return load_cert(self.cert_pem)
+
+
+def service_dns_names(name: str, namespace: str) -> list[str]:
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def create_ca(common_name: str = "initshift-ca", days: int = CA_DAYS, now: dt.datetime | None = None) -> KeyPair:
+    now = now or utcnow()
+    key = _key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE).not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(ski, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def parse_ips(values: list[str] | tuple[str, ...]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    out = []
+    for v in values:
+        try:
+            out.append(ipaddress.ip_address(v.strip()))
+        except ValueError:
+            raise PKIError(f"not an IP address: {v!r}") from None
+    return out
+
+
+def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str, ...] = (),
+                   days: int = CERT_DAYS, now: dt.datetime | None = None) -> KeyPair:
+    """A serving certificate for `dns_names` (the first is the subject CN) signed by `ca`."""
+    if not dns_names:
+        raise PKIError("a serving certificate needs at least one DNS name")
+    now = now or utcnow()
+    ca_cert, ca_key = load_cert(ca.cert_pem), load_key(ca.key_pem)
+    key = _key()
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ip) for ip in parse_ips(ips)]
+    not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .issuer_name(ca_cert.subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE).not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
+                                     crl_sign=False, content_commitment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def load_cert(pem: bytes) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(pem)
+    except ValueError as e:
+        raise PKIError(f"not a PEM certificate: {e}") from None
+
+
+def load_certs(pem: bytes) -> list[x509.Certificate]:
+    """Every certificate of a PEM bundle (a caBundle may hold several CAs)."""
+    try:
+        return x509.load_pem_x509_certificates(pem) if pem.strip() else []
+    except ValueError as e:
+        raise PKIError(f"not a PEM certificate bundle: {e}") from None
+
+
+def load_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as e:
+        raise PKIError(f"not an unencrypted PEM private key: {e}") from None
+    return key  # type: ignore[return-value]
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def bundle(certs: list[x509.Certificate]) -> bytes:
+    return b"".join(cert_pem(c) for c in certs)
+
+
+def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, Exception):  # noqa: BLE001 - InvalidSignature and friends
+        return False
+    return True
+
+
+def names(cert: x509.Certificate) -> tuple[set[str], set[str]]:
+    """(DNS names, IP addresses) of a certificate's SAN extension."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set(), set()
+    return set(san.get_values_for_type(x509.DNSName)), {str(i) for i in san.get_values_for_type(x509.IPAddress)}
+
+
+def matches_key(pair: KeyPair) -> bool:
+    try:
+        return pair.cert.public_key() == load_key(pair.key_pem).public_key()
+    except PKIError:
+        return False
+
+
+def expires_within(cert: x509.Certificate, margin: dt.timedelta, now: dt.datetime | None = None) -> bool:
+    return cert.not_valid_after_utc - (now or utcnow()) <= margin

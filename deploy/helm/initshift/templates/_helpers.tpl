@@ -1,0 +1,34 @@
+{{/* Names are fixed, not release-prefixed: one initshift per cluster, and the webhook
+     configuration's name decides its order among the mesh injectors. */}}
+{{- define "initshift.labels" -}}
+app.kubernetes.io/name: initshift
+app.kubernetes.io/part-of: initshift
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "initshift.selector" -}}
+app.kubernetes.io/name: initshift
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "initshift.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "initshift.subject" -}}
+- kind: ServiceAccount
+  name: initshift
+  namespace: {{ .Release.Namespace }}
+{{- end -}}
+
+{{/* name=url comma list, in name order (Go templates range over maps sorted by key). */}}
+{{- define "initshift.quitEndpoints" -}}
+{{- $items := list -}}
+{{- range $name, $url := .Values.quitEndpoints -}}
+{{- $items = append $items (printf "%s=%s" $name $url) -}}
+{{- end -}}
+{{- join "," $items -}}
+{{- end -}}

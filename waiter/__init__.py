@@ -1,0 +1,1 @@
+"""The waiter: the standard-library entrypoint that orders steps inside a pod."""

@@ -1,0 +1,76 @@
+"""Post writer: the termination message, then the completion file, each written atomically.
+
+Order matters: a reader that sees the completion file may rely on the termination message
+being in place already.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from . import log
+from .record import Record
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over path."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_termination_message(path: str, record: Record, *, explicit: bool) -> None:
+    """Leave a message the user's program wrote; else write the record.
+
+    The kubelet bind-mounts the file (default /dev/termination-log), so rename onto it fails
+    (EBUSY) and /dev is usually not writable: then the single write in place is the fallback.
+    Outside Kubernetes the default path does not exist and nothing is written, unless the
+    path was given explicitly.
+    """
+    try:
+        if os.path.getsize(path) > 0:
+            return
+    except FileNotFoundError:
+        if not explicit:
+            return
+    except OSError:
+        pass
+    data = record.to_json()
+    try:
+        write_atomic(path, data)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EROFS, errno.EXDEV):
+            log.say(f"cannot write termination message {path}: {exc.strerror}")
+            return
+    try:
+        _write_in_place(path, data)
+    except OSError as exc:
+        log.say(f"cannot write termination message {path}: {exc.strerror}")
+
+
+def write_completion(path: str, record: Record) -> None:
+    """The completion file later steps wait for; raises OSError when it cannot be written."""
+    write_atomic(path, record.to_json())

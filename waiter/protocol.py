@@ -1,0 +1,149 @@
+"""Every name shared by the webhook, the waiter and the watcher.
+
+This module is the one home of these strings: the webhook imports it to emit pods,
+the waiter reads the flags it defines, the watcher reads the annotations. Standard
+library only (it is frozen into the waiter), and no logic beyond path helpers.
+"""
+
+from __future__ import annotations
+
+# --- API group, labels and annotations -------------------------------------------------
+GROUP = "initshift.io"
+
+LABEL_NAMESPACE_ENABLED = f"{GROUP}/enabled"  # namespace opt-in, "true"
+LABEL_MANAGED = f"{GROUP}/managed"  # written: the strategy applied
+
+ANNOTATION_MODE = f"{GROUP}/mode"
+ANNOTATION_KEEP_INIT = f"{GROUP}/keep-init"
+ANNOTATION_SIDECARS = f"{GROUP}/sidecars"
+ANNOTATION_STEPS = f"{GROUP}/steps"  # written: JSON list of step names, in order
+ANNOTATION_MAINS = f"{GROUP}/mains"  # written: JSON list of the original regular containers
+ANNOTATION_READY = f"{GROUP}/ready"  # written by the watcher: "true"
+ANNOTATION_OUTCOME = f"{GROUP}/outcome"  # written by the watcher: JSON
+ANNOTATION_START_ORDER = f"{GROUP}/start-order"
+ANNOTATION_READY_PREFIX = f"{GROUP}/ready-"  # + container name: per-container ready (start-order)
+
+MODE_DISABLED = "disabled"
+MODE_WAITER = "waiter"
+MODE_NATIVE = "native"
+MODE_AUTO = "auto"
+MODES = (MODE_DISABLED, MODE_WAITER, MODE_NATIVE, MODE_AUTO)
+
+READY_TRUE = "true"
+
+# --- Environment ------------------------------------------------------------------------
+FEATURE_GATE_ENV = "SUPPORT_INJECTED_SIDECARS"
+ENV_PREFIX = "INITSHIFT_"
+
+# --- Mesh markers -----------------------------------------------------------------------
+ISTIO_STATUS_ANNOTATION = "sidecar.istio.io/status"
+ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
+ISTIO_INJECT_LABEL = "sidecar.istio.io/inject"
+ISTIO_NATIVE_ANNOTATION = "sidecar.istio.io/nativeSidecar"
+LINKERD_INJECT_ANNOTATION = "linkerd.io/inject"
+LINKERD_NATIVE_ANNOTATION = "config.alpha.linkerd.io/proxy-enable-native-sidecar"
+LINKERD_STATUS_ANNOTATION = "linkerd.io/proxy-version"
+
+ISTIO_PROXY = "istio-proxy"
+LINKERD_PROXY = "linkerd-proxy"
+DEFAULT_SIDECAR_NAMES = (ISTIO_PROXY, LINKERD_PROXY)
+DEFAULT_MESH_INIT_NAMES = ("istio-init", "istio-validation", "linkerd-init", "linkerd-network-validator")
+DEFAULT_QUIT_ENDPOINTS = {
+    ISTIO_PROXY: "http://127.0.0.1:15020/quitquitquit",
+    LINKERD_PROXY: "http://127.0.0.1:4191/shutdown",
+}
+
+# --- Pod layout written by the rewrite ------------------------------------------------------
+INIT_CONTAINER_NAME = "initshift-init"
+
+IMAGE_WAITER_DIR = "/opt/initshift/waiter"  # the frozen bundle inside the initshift image
+WAITER_DIR_NAME = "waiter"  # the bundle's folder name (dist/waiter, DEST/waiter)
+WAITER_EXE_NAME = "waiter"  # the executable inside the bundle
+# The frozen bundle holds two copies of the executable: WAITER_EXE_NAME, whose ELF interpreter
+# is the bundled loader at its pod path (WAITER_PATH's folder), and WAITER_INIT_EXE_NAME, whose
+# interpreter is the bundled loader at IMAGE_WAITER_DIR, for `init` inside the initshift image.
+WAITER_INIT_EXE_NAME = "waiter-init"
+WAITER_LOADER_NAME = "ld.so"  # the bundled glibc loader, under one name on every architecture
+IMAGE_UID = 65532  # the non-root UID of the initshift image
+
+BIN_VOLUME = "initshift-bin"
+BIN_MOUNT = "/initshift/bin"
+WAITER_PATH = f"{BIN_MOUNT}/{WAITER_DIR_NAME}/{WAITER_EXE_NAME}"
+# What the injected init container runs (in the initshift image) to copy the bundle.
+INIT_COMMAND = (f"{IMAGE_WAITER_DIR}/{WAITER_INIT_EXE_NAME}", "init", BIN_MOUNT)
+
+RUN_VOLUME_PREFIX = "initshift-run-"  # + index in execution order
+RUN_MOUNT_ROOT = "/initshift/run"  # + "/" + index
+
+READY_VOLUME = "initshift-ready"
+READY_MOUNT = "/initshift/ready"
+READY_FILE_NAME = "ready"
+READY_FILE = f"{READY_MOUNT}/{READY_FILE_NAME}"
+
+MARKER_VOLUME = "initshift-markers"  # start-order: startup markers shared by all containers
+MARKER_MOUNT = "/initshift/markers"
+
+COMPLETION_FILE_NAME = "done"  # JSON record of a finished (or skipped) step
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_MESSAGE_LIMIT = 4096
+
+
+def run_volume(index: int) -> str:
+    return f"{RUN_VOLUME_PREFIX}{index}"
+
+
+def run_mount(index: int) -> str:
+    return f"{RUN_MOUNT_ROOT}/{index}"
+
+
+def completion_path(index: int) -> str:
+    return f"{run_mount(index)}/{COMPLETION_FILE_NAME}"
+
+
+# --- Waiter command line ----------------------------------------------------------------
+CMD_INIT = "init"
+CMD_RUN = "run"
+CMD_START_AFTER = "start-after"
+ARGV_SEPARATOR = "--"
+
+FLAG_NAME = "--name"  # the container's name, for messages and records
+FLAG_WAIT = "--wait"  # completion file of the previous step
+FLAG_POST = "--post"  # this container's own completion file
+FLAG_READY_FILE = "--ready-file"  # downward-API file of ANNOTATION_READY
+FLAG_PROBE = "--probe"  # loopback readiness probe: http(s)://127.0.0.1:P/path or tcp://127.0.0.1:P
+FLAG_TIMEOUT = "--timeout"  # seconds the child may run
+FLAG_QUIT = "--quit"  # sidecar quit endpoint, POSTed by the last main to finish
+FLAG_PEER = "--peer"  # completion file of another main (the last finisher quits)
+FLAG_TERMINATION_LOG = "--termination-log"
+FLAG_RETRY = "--retry"  # restartPolicy OnFailure: re-run own failed record, wait through failures
+FLAG_ARGV_MAP = "--argv-map"  # JSON {"os/arch[/variant]": [argv...]}, chosen at run time
+FLAG_MARKER = "--marker"  # start-order: startup marker file this container writes
+FLAG_AFTER_MARKER = "--after-marker"  # start-order: marker file of an earlier container
+FLAG_MAX_WAIT = "--max-wait"  # start-order: give up waiting after N seconds
+
+# Completion record reasons (also the termination message's "reason").
+REASON_COMPLETED = "Completed"
+REASON_ERROR = "Error"
+REASON_SKIPPED = "Skipped"
+REASON_TIMED_OUT = "TimedOut"
+REASON_WAITER_ERROR = "WaiterError"  # the waiter itself failed (bad flags, exec error)
+
+# Keys of the completion record (JSON), which is also the termination message.
+RECORD_NAME = "name"
+RECORD_EXIT_CODE = "exitCode"
+RECORD_REASON = "reason"
+RECORD_STARTED_AT = "startedAt"  # RFC 3339 UTC with microseconds; the child's start, wait excluded
+RECORD_FINISHED_AT = "finishedAt"
+RECORD_MESSAGE = "message"  # why a step failed or was skipped
+RECORD_FAILED_STEP = "failedStep"  # skipped records: the step whose failure caused the skip
+
+# Exit codes of the waiter's own failures (a skipped step exits with the failing step's code).
+EXIT_TIMED_OUT = 124
+EXIT_USAGE = 125  # bad flags, unusable files, no argv for this platform, internal error
+EXIT_CANNOT_EXEC = 126  # found but not executable: permission denied, exec format error
+EXIT_NOT_FOUND = 127  # command not found
+EXIT_SIGNAL_BASE = 128  # + signal number
+
+# Environment variables the freezer sets and the waiter scrubs before exec'ing the child.
+FREEZER_ENV_EXACT = ("LD_LIBRARY_PATH_ORIG",)
+FREEZER_ENV_PREFIXES = ("_PYI_", "_MEIPASS", "STATICX_")

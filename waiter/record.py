@@ -1,0 +1,100 @@
+"""The completion record: what a step left behind for the next one (and for the watcher).
+
+The same JSON is the container's termination message, so it stays under Kubernetes'
+4 KiB limit: the free-text message is cut, never the fields a reader parses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from . import protocol as p
+
+
+def now() -> float:
+    return time.time()
+
+
+def rfc3339(ts: float) -> str:
+    """UTC with microseconds and a `Z`: valid RFC 3339, parsed by Go and datetime.fromisoformat."""
+    seconds = int(ts)
+    micros = int(round((ts - seconds) * 1_000_000))
+    if micros == 1_000_000:
+        seconds, micros = seconds + 1, 0
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    exit_code: int
+    reason: str
+    started_at: str
+    finished_at: str
+    message: str = ""
+    failed_step: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == p.REASON_COMPLETED and self.exit_code == 0
+
+    def _fields(self, message: str) -> dict[str, object]:
+        out: dict[str, object] = {
+            p.RECORD_NAME: self.name,
+            p.RECORD_EXIT_CODE: self.exit_code,
+            p.RECORD_REASON: self.reason,
+            p.RECORD_STARTED_AT: self.started_at,
+            p.RECORD_FINISHED_AT: self.finished_at,
+        }
+        if message:
+            out[p.RECORD_MESSAGE] = message
+        if self.failed_step:
+            out[p.RECORD_FAILED_STEP] = self.failed_step
+        return out
+
+    def to_json(self, limit: int = p.TERMINATION_MESSAGE_LIMIT) -> bytes:
+        data = json.dumps(self._fields(self.message), ensure_ascii=False).encode()
+        message = self.message
+        while len(data) > limit and message:
+            # Cut the message by what is over (plus room for the marker), at least one character.
+            cut = max(1, min(len(message), len(data) - limit + 4))
+            message = message[:-cut] + "…" if len(message) > cut else ""
+            data = json.dumps(self._fields(message), ensure_ascii=False).encode()
+        return data
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Record":
+        """Parse a record; raises ValueError on anything that is not one."""
+        try:
+            obj = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        code = obj.get(p.RECORD_EXIT_CODE)
+        reason = obj.get(p.RECORD_REASON)
+        if not isinstance(code, int) or isinstance(code, bool) or not isinstance(reason, str):
+            raise ValueError(f"no integer {p.RECORD_EXIT_CODE} or string {p.RECORD_REASON}")
+        return cls(
+            name=str(obj.get(p.RECORD_NAME, "")),
+            exit_code=code,
+            reason=reason,
+            started_at=str(obj.get(p.RECORD_STARTED_AT, "")),
+            finished_at=str(obj.get(p.RECORD_FINISHED_AT, "")),
+            message=str(obj.get(p.RECORD_MESSAGE, "")),
+            failed_step=str(obj.get(p.RECORD_FAILED_STEP, "")),
+        )
+
+
+def read_record(path: str) -> Record | None:
+    """The record at path, None when there is none yet; ValueError when it is unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(p.TERMINATION_MESSAGE_LIMIT * 4)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    return Record.from_json(data)

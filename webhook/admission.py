@@ -1,0 +1,174 @@
+"""AdmissionReview in and out: parse and validate a raw body, build the answer.
+
+Pure functions, no I/O. The server reads the body itself and hands the bytes here, so
+FastAPI's own validation (and its 422) never sees a review. Every rejection is a
+`BadReview` whose message is one line fit for an HTTP 400 body.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+API_V1 = "admission.k8s.io/v1"
+API_V1BETA1 = "admission.k8s.io/v1beta1"
+API_VERSIONS = (API_V1, API_V1BETA1)
+KIND = "AdmissionReview"
+# Namespaces mutated under no configuration at all (the webhook's own is added at run time).
+ALWAYS_PROTECTED = ("kube-system",)
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview the server can answer; message is one line."""
+
+
+@dataclass(frozen=True)
+class Review:
+    """The fields of an AdmissionRequest the server acts on."""
+
+    api_version: str
+    uid: str
+    group: str
+    version: str
+    kind: str
+    resource: str
+    sub_resource: str
+    operation: str
+    namespace: str
+    name: str
+    dry_run: bool
+    obj: Any = field(repr=False)
+
+    @property
+    def is_pod_create(self) -> bool:
+        return (self.group, self.version, self.kind, self.operation) == ("", "v1", "Pod", "CREATE") \
+            and self.resource in ("", "pods") and not self.sub_resource
+
+    @property
+    def display_name(self) -> str:
+        """The pod's name, or its generateName prefix (names are often assigned later)."""
+        if self.name:
+            return self.name
+        meta = self.obj.get("metadata") if isinstance(self.obj, dict) else None
+        if isinstance(meta, dict):
+            for key in ("name", "generateName"):
+                if isinstance(meta.get(key), str) and meta[key]:
+                    return meta[key]
+        return ""
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadReview(f"malformed JSON: {name} is not a JSON number")
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def check_content_type(content_type: str | None) -> None:
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise BadReview(f"content type must be application/json, got {media or 'none'!r}")
+
+
+def _str(obj: Mapping, key: str, where: str, *, required: bool = False) -> str:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise BadReview(f"{where}.{key} is missing")
+        return ""
+    if not isinstance(value, str):
+        raise BadReview(f"{where}.{key} must be a string")
+    if required and not value:
+        raise BadReview(f"{where}.{key} is empty")
+    return value
+
+
+def _dict(obj: Mapping, key: str, where: str) -> dict:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadReview(f"{where}.{key} must be an object")
+    return value
+
+
+def parse_review(body: bytes) -> Review:
+    """Decode and validate an AdmissionReview body; raise BadReview with the reason."""
+    if not body:
+        raise BadReview("empty body")
+    try:
+        doc = json.loads(body, parse_constant=_reject_constant)
+    except BadReview:
+        raise
+    except RecursionError:
+        raise BadReview("malformed JSON: nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise BadReview(f"malformed JSON: {_one_line(e)}") from None
+    if not isinstance(doc, dict):
+        raise BadReview("the body must be a JSON object (an AdmissionReview)")
+    api_version = doc.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        raise BadReview(f"apiVersion must be one of {', '.join(API_VERSIONS)}, got {_one_line(repr(api_version), 80)}")
+    if doc.get("kind") != KIND:
+        raise BadReview(f"kind must be {KIND}, got {_one_line(repr(doc.get('kind')), 80)}")
+    request = doc.get("request")
+    if request is None:
+        raise BadReview("request is missing")
+    if not isinstance(request, dict):
+        raise BadReview("request must be an object")
+    uid = _str(request, "uid", "request", required=True)
+    kind = _dict(request, "kind", "request")
+    resource = _dict(request, "resource", "request")
+    operation = _str(request, "operation", "request", required=True)
+    dry_run = request.get("dryRun", False)
+    if dry_run is None:
+        dry_run = False
+    if not isinstance(dry_run, bool):
+        raise BadReview("request.dryRun must be a boolean")
+    obj = request.get("object")
+    review = Review(
+        api_version=api_version, uid=uid,
+        group=_str(kind, "group", "request.kind"), version=_str(kind, "version", "request.kind"),
+        kind=_str(kind, "kind", "request.kind", required=True),
+        resource=_str(resource, "resource", "request.resource"),
+        sub_resource=_str(request, "subResource", "request"),
+        operation=operation,
+        namespace=_str(request, "namespace", "request"), name=_str(request, "name", "request"),
+        dry_run=dry_run, obj=obj,
+    )
+    if review.is_pod_create and not isinstance(obj, dict):
+        raise BadReview("request.object must be a Pod object for a Pod CREATE")
+    return review
+
+
+def request_uid(body: bytes) -> str:
+    """Best-effort uid of a body that failed validation, for the log line only."""
+    try:
+        uid = json.loads(body)["request"]["uid"]
+    except Exception:  # noqa: BLE001 - anything malformed simply has no uid
+        return ""
+    return uid if isinstance(uid, str) else ""
+
+
+def response(review: Review, *, patch: list[dict] | None = None, warnings: list[str] | tuple[str, ...] = (),
+             denied: str | None = None, code: int = 403) -> dict:
+    """The AdmissionReview answer, in the apiVersion the request used."""
+    resp: dict[str, Any] = {"uid": review.uid, "allowed": denied is None}
+    if denied is not None:
+        resp["status"] = {"code": code, "message": denied}
+    elif patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
+    if warnings:
+        resp["warnings"] = [_one_line(w, 512) for w in warnings]
+    return {"apiVersion": review.api_version, "kind": KIND, "response": resp}
+
+
+def decode_patch(answer: Mapping) -> list[dict]:
+    """The JSONPatch inside an answer (empty when there is none); for tests and debugging."""
+    raw = answer.get("response", {}).get("patch")
+    return json.loads(base64.b64decode(raw)) if raw else []

@@ -1,0 +1,237 @@
+"""The one narrow module through which initshift talks to the Kubernetes API.
+
+Everything goes through `KubeApi`, a small async class on kubernetes-asyncio's
+`ApiClient` that speaks plain dicts (the JSON the apiserver sends, camelCase keys) so the
+logic above it stays plain functions over pod dicts. Requests use `call_api` with
+`_preload_content=False`: auth (tokens, exec plugins, client certificates) is still
+applied by the client, but no model classes are built and every error becomes one
+`KubeError` with the apiserver's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any, AsyncIterator
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON = "application/json"
+_AUTH = ["BearerToken"]
+# A watch ends on the server after this many seconds at most, so a silently dead
+# connection is noticed; the client gives it this much extra before giving up.
+_WATCH_SLACK_SECONDS = 30.0
+_REQUEST_TIMEOUT_SECONDS = 30.0
+
+
+class KubeError(Exception):
+    """An API call failed. `status` is the HTTP status, 0 when the server was unreachable."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}".strip() if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+def _status_error(status: int, text: str) -> KubeError:
+    """A KubeError from a response body, a `Status` object when the apiserver sent one."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return KubeError(status, text.strip()[:500] or "no message")
+    if isinstance(body, dict):
+        return KubeError(status, str(body.get("message") or text[:500]), str(body.get("reason") or ""))
+    return KubeError(status, text[:500])
+
+
+class KubeApi:
+    """Async, dict-based access to the few API calls initshift makes.
+
+    Build one with `from_config()` (in-cluster or kubeconfig), `for_host()` (an explicit
+    URL, e.g. a test double) or from an existing `ApiClient`. Close it with `close()`
+    or use it as an async context manager.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self.client = api_client
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    async def from_config(cls, kubeconfig: str | None = None, context: str | None = None) -> "KubeApi":
+        """In-cluster config when running in a pod (and no kubeconfig was named), else kubeconfig."""
+        cfg = k8s.Configuration()
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        else:
+            try:
+                await k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+            except (k8s_config.ConfigException, OSError) as e:
+                raise KubeError(0, f"cannot load kubeconfig: {e}") from None
+        return cls(k8s.ApiClient(cfg))
+
+    @classmethod
+    def for_host(cls, url: str, *, token: str | None = None, verify: bool | str = True) -> "KubeApi":
+        """An explicit API URL; `verify` is True, False or a CA bundle path."""
+        cfg = k8s.Configuration(host=url.rstrip("/"))
+        if token:
+            cfg.api_key = {"BearerToken": token}
+            cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        if isinstance(verify, str):
+            cfg.ssl_ca_cert = verify
+        else:
+            cfg.verify_ssl = verify
+        return cls(k8s.ApiClient(cfg))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> "KubeApi":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def user_agent(self) -> str:
+        return self.client.user_agent
+
+    @user_agent.setter
+    def user_agent(self, value: str) -> None:
+        self.client.user_agent = value
+
+    # --- raw request ------------------------------------------------------------------
+    async def _open(self, method: str, path: str, *, query: dict[str, Any] | None = None,
+                    body: Any = None, content_type: str = JSON,
+                    timeout: float | aiohttp.ClientTimeout | None = _REQUEST_TIMEOUT_SECONDS) -> aiohttp.ClientResponse:
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        try:
+            resp = await self.client.call_api(
+                path, method, query_params=params,
+                header_params={"Accept": JSON, "Content-Type": content_type},
+                body=body, auth_settings=_AUTH, _preload_content=False, _request_timeout=timeout)
+        except ApiException as e:  # raised before sending (bad parameters)
+            raise KubeError(e.status or 0, str(e.reason)) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise KubeError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+        if not 200 <= resp.status <= 299:
+            try:
+                text = await resp.text()
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                text = ""
+            finally:
+                resp.release()
+            raise _status_error(resp.status, text)
+        return resp
+
+    async def request(self, method: str, path: str, *, query: dict[str, Any] | None = None,
+                      body: Any = None, content_type: str = JSON) -> Any:
+        """One call; returns the decoded JSON body. Other modules may use it for calls
+        not wrapped below, but prefer adding a small method here."""
+        resp = await self._open(method, path, query=query, body=body, content_type=content_type)
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise KubeError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+        finally:
+            resp.release()
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            raise KubeError(resp.status, f"{method} {path}: response is not JSON") from None
+
+    # --- pods ---------------------------------------------------------------------------
+    @staticmethod
+    def _pods_path(namespace: str | None) -> str:
+        return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+
+    async def list_pods(self, namespace: str | None = None, *,
+                        label_selector: str | None = None) -> tuple[list[dict], str]:
+        """(pods, list resourceVersion). `namespace=None` lists every namespace."""
+        body = await self.request("GET", self._pods_path(namespace), query={"labelSelector": label_selector})
+        return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_pods(self, namespace: str | None = None, *, label_selector: str | None = None,
+                         resource_version: str | None = None,
+                         timeout_seconds: int = 300) -> AsyncIterator[tuple[str, dict]]:
+        """Yield (type, object) for ADDED/MODIFIED/DELETED/BOOKMARK events until the server
+        ends the stream. An ERROR event raises KubeError (410 Gone: re-list)."""
+        query = {"watch": "true", "labelSelector": label_selector, "resourceVersion": resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_seconds))}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
+                                        sock_read=timeout_seconds + _WATCH_SLACK_SECONDS)
+        resp = await self._open("GET", self._pods_path(namespace), query=query, timeout=timeout)
+        try:
+            while True:
+                try:
+                    line = await resp.content.readline()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    raise KubeError(0, f"watch interrupted: {type(e).__name__}: {e}") from None
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    kind, obj = event["type"], event["object"]
+                except (ValueError, KeyError, TypeError):
+                    raise KubeError(0, f"malformed watch event: {line[:200]!r}") from None
+                if kind == "ERROR":
+                    raise KubeError(int(obj.get("code") or 0), str(obj.get("message") or obj),
+                                    str(obj.get("reason") or ""))
+                yield kind, obj
+        finally:
+            resp.close()
+
+    async def get_pod(self, namespace: str, name: str) -> dict:
+        return await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    async def patch_pod(self, namespace: str, name: str, patch: dict) -> dict:
+        """JSON merge patch (RFC 7386). A `metadata.resourceVersion` in the patch makes it
+        conditional: the apiserver answers 409 when the pod changed since."""
+        return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                                  body=patch, content_type=MERGE_PATCH)
+
+    # --- events -------------------------------------------------------------------------
+    async def create_event(self, namespace: str, event: dict) -> dict:
+        """A core/v1 Event (what `kubectl describe` shows)."""
+        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+    # --- leases -------------------------------------------------------------------------
+    @staticmethod
+    def _lease_path(namespace: str, name: str | None = None) -> str:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        return f"{base}/{name}" if name else base
+
+    async def get_lease(self, namespace: str, name: str) -> dict | None:
+        """The Lease, or None when it does not exist."""
+        try:
+            return await self.request("GET", self._lease_path(namespace, name))
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
+    async def create_lease(self, namespace: str, lease: dict) -> dict:
+        return await self.request("POST", self._lease_path(namespace), body=lease)
+
+    async def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
+        """PUT; the lease's metadata.resourceVersion makes it fail with 409 when stale."""
+        return await self.request("PUT", self._lease_path(namespace, name), body=lease)

@@ -1,0 +1,58 @@
+"""JSON log lines: one object per line, stable keys, never pod contents.
+
+`configure()` routes the root logger (and uvicorn's) through `JsonFormatter`; the server
+writes one `review` line per AdmissionReview with `log_review()` (`pod` holds the
+name or generateName: `name` is taken by the LogRecord itself).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+REVIEW_LOGGER = logging.getLogger("initshift.review")
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """ts, level, logger, msg, then every `extra=` field of the record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            # One line still: the exception type and message, not a multi-line traceback.
+            out["error"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"  # type: ignore[union-attr]
+        return json.dumps(out, default=str, separators=(",", ":"))
+
+
+def configure(level: str = "info", stream: Any = None) -> None:
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = []
+        lg.propagate = True
+
+
+def log_review(*, uid: str, namespace: str, name: str, kind: str, operation: str, decision: str,
+               reason: str, dry_run: bool, duration: float, level: int = logging.INFO) -> None:
+    if not REVIEW_LOGGER.isEnabledFor(level):
+        return
+    REVIEW_LOGGER.log(level, "review", extra={
+        "uid": uid, "namespace": namespace, "pod": name, "kind": kind, "operation": operation,
+        "decision": decision, "reason": reason, "dry_run": dry_run, "duration_ms": round(duration * 1000, 3),
+    })

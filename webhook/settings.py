@@ -1,0 +1,220 @@
+"""The one settings object: environment variables with the INITSHIFT_ prefix plus the
+feature gate SUPPORT_INJECTED_SIDECARS.
+
+Each field names its variable and says what it does in its metadata; `settings_table()`
+renders the README table from the same metadata, so docs and code cannot drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from waiter import protocol as p
+
+from . import __version__
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class SettingsError(ValueError):
+    """A variable has a value the server cannot use."""
+
+
+def _env(name: str, doc: str, default: Any, **kw: Any) -> Any:
+    meta = {"env": name, "doc": doc, **kw}
+    if isinstance(default, (list, dict, tuple)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _choice(*values: str) -> dict[str, tuple[str, ...]]:
+    return {"choices": values}
+
+
+@dataclass(frozen=True)
+class RewriteSettings:
+    mode: str = _env("INITSHIFT_MODE", "Strategy when a pod does not set `initshift.io/mode`.",
+                     p.MODE_AUTO, **_choice(*p.MODES))
+    native_sidecars: str = _env(
+        "INITSHIFT_NATIVE_SIDECARS",
+        "Whether the cluster runs native sidecars: `auto` detects it from the apiserver and kubelet versions.",
+        "auto", **_choice("auto", "true", "false"))
+    image: str = _env("INITSHIFT_IMAGE", "Image of the injected `initshift-init` container (holds the waiter).",
+                      f"ghcr.io/initshift/initshift:{__version__}")
+    image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init`.",
+                                  "IfNotPresent", **_choice("IfNotPresent", "Always", "Never"))
+    sidecar_names: tuple[str, ...] = _env("INITSHIFT_SIDECAR_NAMES", "Container names treated as sidecars (comma list).",
+                                          p.DEFAULT_SIDECAR_NAMES)
+    mesh_init_names: tuple[str, ...] = _env("INITSHIFT_MESH_INIT_NAMES",
+                                            "Init containers of the mesh, always kept as init containers (comma list).",
+                                            p.DEFAULT_MESH_INIT_NAMES)
+    quit_endpoints: dict[str, str] = _env(
+        "INITSHIFT_QUIT_ENDPOINTS",
+        "Sidecar quit endpoints, `name=url` comma list; the last main POSTs them.",
+        dict(p.DEFAULT_QUIT_ENDPOINTS))
+    resources_policy: str = _env("INITSHIFT_RESOURCES_POLICY",
+                                 "How step requests are redistributed: `preserve`, `divide` or `keep`.",
+                                 "preserve", **_choice("preserve", "divide", "keep"))
+    on_unresolved: str = _env(
+        "INITSHIFT_ON_UNRESOLVED",
+        "A step without `command` whose entrypoint cannot be found: `deny` the pod or `admit` it unchanged.",
+        "deny", **_choice("deny", "admit"))
+    step_timeout_seconds: int = _env("INITSHIFT_STEP_TIMEOUT_SECONDS",
+                                     "Per-step timeout passed to the waiter; 0 means none.", 0)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds.", "0.0.0.0")
+    port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on.", 8443)
+    tls_cert: str = _env("INITSHIFT_TLS_CERT", "Serving certificate (PEM); reloaded when it changes.",
+                         "/etc/initshift/tls/tls.crt")
+    tls_key: str = _env("INITSHIFT_TLS_KEY", "Serving key (PEM); reloaded when it changes.",
+                        "/etc/initshift/tls/tls.key")
+    client_ca: str = _env("INITSHIFT_CLIENT_CA", "CA bundle to verify client certificates; empty: no verification.", "")
+    max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes).", 7 * 1024 * 1024)
+    failure_mode: str = _env("INITSHIFT_FAILURE_MODE",
+                             "An internal rewrite error: `ignore` (admit unchanged, warn) or `deny`.",
+                             "ignore", **_choice("ignore", "deny"))
+    namespace: str = _env("INITSHIFT_NAMESPACE", "The webhook's own namespace, never mutated.", "initshift-system")
+    service_name: str = _env("INITSHIFT_SERVICE_NAME", "Service name used in certificate DNS names.", "initshift")
+    webhook_config: str = _env("INITSHIFT_WEBHOOK_CONFIG", "MutatingWebhookConfiguration to inject the caBundle into.",
+                               "initshift-webhook")
+    self_managed_certs: bool = _env("INITSHIFT_SELF_MANAGED_CERTS",
+                                    "Create/renew the certificate and inject the caBundle at start-up.", False)
+    cert_secret: str = _env("INITSHIFT_CERT_SECRET", "Secret holding the serving certificate (self-managed mode).",
+                            "initshift-tls")
+    renew_before_days: int = _env("INITSHIFT_RENEW_BEFORE_DAYS", "Renew the certificate this many days before expiry.", 30)
+    log_level: str = _env("INITSHIFT_LOG_LEVEL", "Log level.", "info", **_choice("debug", "info", "warning", "error"))
+
+
+@dataclass(frozen=True)
+class WatcherSettings:
+    namespaces: tuple[str, ...] = _env("INITSHIFT_WATCH_NAMESPACES", "Namespaces to watch (comma list); empty: all.", ())
+    grace_seconds: float = _env("INITSHIFT_GRACE_SECONDS",
+                                "Seconds a sidecar may keep running after the outcome before the pod is ended.", 10.0)
+    sidecar_ready_timeout_seconds: float = _env("INITSHIFT_SIDECAR_READY_TIMEOUT_SECONDS",
+                                                "Seconds sidecars may take to become Ready before the pod fails.", 600.0)
+    resync_seconds: float = _env("INITSHIFT_RESYNC_SECONDS", "Periodic full re-list.", 300.0)
+    leader_election: bool = _env("INITSHIFT_LEADER_ELECTION", "Use a Lease so only one replica acts.", True)
+    lease_name: str = _env("INITSHIFT_LEASE_NAME", "Name of the leader-election Lease.", "initshift-watcher")
+    lease_seconds: float = _env("INITSHIFT_LEASE_SECONDS", "Lease duration.", 15.0)
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    lookup: bool = _env("INITSHIFT_REGISTRY_LOOKUP",
+                        "Resolve the ENTRYPOINT of steps without `command` from the registry.", False)
+    pull_secrets: bool = _env("INITSHIFT_REGISTRY_PULL_SECRETS",
+                              "Read imagePullSecrets and ServiceAccounts for registry credentials (needs RBAC).", False)
+    budget_seconds: float = _env("INITSHIFT_REGISTRY_BUDGET_SECONDS",
+                                 "Time allowed for all lookups of one review (below the webhook timeout).", 4.0)
+    tag_ttl_seconds: float = _env("INITSHIFT_REGISTRY_TAG_TTL_SECONDS", "How long a tag's digest is cached.", 300.0)
+    cache_size: int = _env("INITSHIFT_REGISTRY_CACHE_SIZE", "Entries kept in the lookup cache.", 1024)
+    insecure_registries: tuple[str, ...] = _env("INITSHIFT_REGISTRY_INSECURE",
+                                                "Registries reached over plain HTTP (comma list of host[:port]).", ())
+    ca_file: str = _env("INITSHIFT_REGISTRY_CA_FILE", "Extra CA bundle for registries; empty: system CAs.", "")
+
+
+@dataclass(frozen=True)
+class Settings:
+    feature_gate: bool = _env(p.FEATURE_GATE_ENV,
+                              "Feature gate; unset or false admits every pod unchanged.", False)
+    rewrite: RewriteSettings = field(default_factory=RewriteSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    watcher: WatcherSettings = field(default_factory=WatcherSettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        return _load(cls, env)
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(f: dataclasses.Field, raw: str) -> Any:
+    name, default = f.metadata["env"], _default(f)
+    raw = raw.strip()
+    try:
+        if isinstance(default, bool):
+            low = raw.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise SettingsError(f"{name}: expected true or false, got {raw!r}")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, tuple):
+            return tuple(x.strip() for x in raw.split(",") if x.strip())
+        if isinstance(default, dict):
+            out: dict[str, str] = {}
+            for item in filter(None, (x.strip() for x in raw.split(","))):
+                key, sep, value = item.partition("=")
+                if not sep or not key.strip() or not value.strip():
+                    raise SettingsError(f"{name}: expected name=value items, got {item!r}")
+                out[key.strip()] = value.strip()
+            return out
+    except ValueError as e:
+        if isinstance(e, SettingsError):
+            raise
+        raise SettingsError(f"{name}: cannot parse {raw!r}: {e}") from None
+    choices = f.metadata.get("choices")
+    if choices and raw not in choices:
+        raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def _load(cls: type, env: Mapping[str, str]) -> Any:
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if "env" not in f.metadata:  # a nested section
+            values[f.name] = _load(f.default_factory, env)  # type: ignore[arg-type]
+        elif f.metadata["env"] in env:
+            values[f.name] = _parse(f, env[f.metadata["env"]])
+    return cls(**values)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def settings_rows(cls: type = Settings) -> list[tuple[str, str, str]]:
+    """(variable, default, description) for every setting, sections in order."""
+    rows: list[tuple[str, str, str]] = []
+    for f in dataclasses.fields(cls):
+        if "env" not in f.metadata:
+            rows.extend(settings_rows(f.default_factory))  # type: ignore[arg-type]
+            continue
+        doc = f.metadata["doc"]
+        if f.metadata.get("choices"):
+            doc += f" One of: {', '.join(f.metadata['choices'])}."
+        rows.append((f.metadata["env"], _fmt(_default(f)), doc))
+    return rows
+
+
+def settings_table() -> str:
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for env, default, doc in settings_rows():
+        lines.append(f"| `{env}` | `{default}` | {doc} |" if default else f"| `{env}` | (empty) | {doc} |")
+    return "\n".join(lines)
