@@ -83,8 +83,9 @@ def parse_ips(values: list[str] | tuple[str, ...]) -> list[ipaddress.IPv4Address
 
 
 def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str, ...] = (),
-                   days: int = CERT_DAYS, now: dt.datetime | None = None) -> KeyPair:
-    """A serving certificate for `dns_names` (the first is the subject CN) signed by `ca`."""
+                   days: int = CERT_DAYS, now: dt.datetime | None = None, *, client: bool = False) -> KeyPair:
+    """A serving certificate for `dns_names` (the first is the subject CN) signed by `ca`;
+    `client=True` makes a client certificate instead (for mutual TLS)."""
     if not dns_names:
         raise PKIError("a serving certificate needs at least one DNS name")
     now = now or utcnow()
@@ -103,7 +104,8 @@ def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str
         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
                                      crl_sign=False, content_commitment=False, data_encipherment=False,
                                      key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]),
+                       critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())

@@ -28,6 +28,7 @@ MODE_WAITER = "waiter"
 MODE_NATIVE = "native"
 MODE_AUTO = "auto"
 MODES = (MODE_DISABLED, MODE_WAITER, MODE_NATIVE, MODE_AUTO)
+MANAGED_START_ORDER = "start-order"  # LABEL_MANAGED value of pods given a start order
 
 READY_TRUE = "true"
 
@@ -82,6 +83,9 @@ READY_FILE = f"{READY_MOUNT}/{READY_FILE_NAME}"
 
 MARKER_VOLUME = "initshift-markers"  # start-order: startup markers shared by all containers
 MARKER_MOUNT = "/initshift/markers"
+# start-order: downward-API files of the per-container ready annotations (exec-probe fallback)
+CONTAINER_READY_VOLUME = "initshift-container-ready"
+CONTAINER_READY_MOUNT = "/initshift/container-ready"
 
 COMPLETION_FILE_NAME = "done"  # JSON record of a finished (or skipped) step
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -98,6 +102,14 @@ def run_mount(index: int) -> str:
 
 def completion_path(index: int) -> str:
     return f"{run_mount(index)}/{COMPLETION_FILE_NAME}"
+
+
+def marker_path(container: str) -> str:
+    return f"{MARKER_MOUNT}/{container}"
+
+
+def container_ready_path(container: str) -> str:
+    return f"{CONTAINER_READY_MOUNT}/{container}"
 
 
 # --- Waiter command line ----------------------------------------------------------------
@@ -120,6 +132,12 @@ FLAG_ARGV_MAP = "--argv-map"  # JSON {"os/arch[/variant]": [argv...]}, chosen at
 FLAG_MARKER = "--marker"  # start-order: startup marker file this container writes
 FLAG_AFTER_MARKER = "--after-marker"  # start-order: marker file of an earlier container
 FLAG_MAX_WAIT = "--max-wait"  # start-order: give up waiting after N seconds
+
+# The waiter's own stderr lines: PREFIX + optional "[container]" + ": " + message
+# (waiter/log.py); `initshift logs` hides them unless --waiter.
+WAITER_LOG_PREFIX = "waiter"
+FLAG_AFTER_READY_FILE = "--after-ready-file"  # start-order: downward-API file of ANNOTATION_READY_PREFIX+name
+FLAG_LOG_INTERVAL = "--log-interval"  # start-order, hidden: seconds between "still waiting" lines
 
 # Completion record reasons (also the termination message's "reason").
 REASON_COMPLETED = "Completed"

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("webhook.serve_cmd", "run the admission webhook over HTTPS (--watch: with the watcher)"),
     "dev-server": ("webhook.devserver_cmd", "the webhook on https://127.0.0.1:8443 with a CA in .run/ (make run)"),
     "review": ("webhook.review_cmd", "wrap a Pod manifest into an AdmissionReview for curl"),
+    "watch": ("webhook.watch_cmd", "run the companion watcher (ready gate, outcome, ending sidecars)"),
     "certs": ("certs.cli", "certs create: CA + serving certificate; certs inject: set the caBundle"),
 }
 

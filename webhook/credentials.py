@@ -97,9 +97,9 @@ def _split(schemeless: str) -> tuple[list[str], str, str]:
     except ValueError:
         return [], "", ""
     host, port = netloc, ""
-    if netloc.startswith("["):  # [v6]:port
+    if netloc.startswith("["):  # [v6]:port; brackets dropped as net.SplitHostPort does
         end = netloc.find("]")
-        host, rest = netloc[: end + 1], netloc[end + 1:]
+        host, rest = netloc[1:end], netloc[end + 1:]
         port = rest[1:] if rest.startswith(":") else ""
     elif ":" in netloc:
         host, _, port = netloc.rpartition(":")

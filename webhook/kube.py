@@ -81,6 +81,8 @@ class KubeApi:
         if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             k8s_config.load_incluster_config(client_configuration=cfg)
         else:
+            if kubeconfig is not None and not os.path.isfile(kubeconfig):
+                raise KubeError(0, f"kubeconfig {kubeconfig}: no such file")
             try:
                 await k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
             except (k8s_config.ConfigException, OSError) as e:
@@ -120,12 +122,13 @@ class KubeApi:
     # --- raw request ------------------------------------------------------------------
     async def _open(self, method: str, path: str, *, query: dict[str, Any] | None = None,
                     body: Any = None, content_type: str = JSON,
-                    timeout: float | aiohttp.ClientTimeout | None = _REQUEST_TIMEOUT_SECONDS) -> aiohttp.ClientResponse:
+                    timeout: float | aiohttp.ClientTimeout | None = _REQUEST_TIMEOUT_SECONDS,
+                    accept: str = JSON) -> aiohttp.ClientResponse:
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         try:
             resp = await self.client.call_api(
                 path, method, query_params=params,
-                header_params={"Accept": JSON, "Content-Type": content_type},
+                header_params={"Accept": accept, "Content-Type": content_type},
                 body=body, auth_settings=_AUTH, _preload_content=False, _request_timeout=timeout)
         except ApiException as e:  # raised before sending (bad parameters)
             raise KubeError(e.status or 0, str(e.reason)) from None
@@ -169,11 +172,13 @@ class KubeApi:
         return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
 
     async def watch_pods(self, namespace: str | None = None, *, label_selector: str | None = None,
-                         resource_version: str | None = None,
-                         timeout_seconds: int = 300) -> AsyncIterator[tuple[str, dict]]:
+                         resource_version: str | None = None, timeout_seconds: int = 300,
+                         field_selector: str | None = None) -> AsyncIterator[tuple[str, dict]]:
         """Yield (type, object) for ADDED/MODIFIED/DELETED/BOOKMARK events until the server
-        ends the stream. An ERROR event raises KubeError (410 Gone: re-list)."""
+        ends the stream. An ERROR event raises KubeError (410 Gone: re-list).
+        `field_selector="metadata.name=NAME"` watches one pod."""
         query = {"watch": "true", "labelSelector": label_selector, "resourceVersion": resource_version,
+                 "fieldSelector": field_selector,
                  "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_seconds))}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=timeout_seconds + _WATCH_SLACK_SECONDS)
@@ -202,6 +207,29 @@ class KubeApi:
 
     async def get_pod(self, namespace: str, name: str) -> dict:
         return await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    async def pod_log(self, namespace: str, name: str, container: str, *, follow: bool = False,
+                      tail_lines: int | None = None) -> AsyncIterator[str]:
+        """Yield one container's log line by line (newline kept; a last partial line as is).
+        `follow`: until the container stops. A container that has not started yet is a
+        400 KubeError from the apiserver ("... is waiting to start")."""
+        query = {"container": container, "follow": "true" if follow else None,
+                 "tailLines": str(tail_lines) if tail_lines is not None else None}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
+                                        sock_read=None if follow else _REQUEST_TIMEOUT_SECONDS)
+        resp = await self._open("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query,
+                                timeout=timeout, accept="*/*")
+        try:
+            while True:
+                try:
+                    line = await resp.content.readline()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    raise KubeError(0, f"log stream interrupted: {type(e).__name__}: {e}") from None
+                if not line:
+                    return
+                yield line.decode("utf-8", errors="replace")
+        finally:
+            resp.close()
 
     async def patch_pod(self, namespace: str, name: str, patch: dict) -> dict:
         """JSON merge patch (RFC 7386). A `metadata.resourceVersion` in the patch makes it

@@ -147,6 +147,9 @@ class RegistryClient:
             verify=make_ssl_context(ca_file), timeout=httpx.Timeout(timeout), follow_redirects=True,
             headers={"User-Agent": user_agent}, trust_env=False)
         self._tokens: dict[tuple[str, str, str], tuple[str, float]] = {}
+        # (host, credential) pairs whose registry answered with a Basic challenge: later
+        # requests send the credentials at once instead of collecting a 401 each time.
+        self._basic: set[tuple[str, str]] = set()
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -160,14 +163,14 @@ class RegistryClient:
         against pull limits); None when the registry does not say."""
         resp = await self._request("HEAD", f"{self._base(ref)}/manifests/{reference}", ref, cred,
                                    {"Accept": ACCEPT}, limit=0)
-        self._check(resp, ref, f"manifest {reference}")
+        self._check(resp, ref, f"manifest {reference}", cred)
         digest = resp.headers.get(DIGEST_HEADER)
         return digest if digest and ":" in digest else None
 
     async def manifest(self, ref: ImageRef, reference: str, cred: Credential | None) -> Manifest:
         resp = await self._request("GET", f"{self._base(ref)}/manifests/{reference}", ref, cred,
                                    {"Accept": ACCEPT}, limit=MANIFEST_LIMIT)
-        self._check(resp, ref, f"manifest {reference}")
+        self._check(resp, ref, f"manifest {reference}", cred)
         body = resp.content
         algorithm = reference.partition(":")[0] if ":" in reference else "sha256"
         digest = digest_of(body, algorithm)
@@ -189,7 +192,7 @@ class RegistryClient:
 
     async def config(self, ref: ImageRef, digest: str, cred: Credential | None) -> dict[str, Any]:
         resp = await self._request("GET", f"{self._base(ref)}/blobs/{digest}", ref, cred, {}, limit=CONFIG_LIMIT)
-        self._check(resp, ref, f"config blob {digest}")
+        self._check(resp, ref, f"config blob {digest}", cred)
         if digest_of(resp.content, digest.partition(":")[0]) != digest:
             raise BadResponse(f"registry {ref.registry} returned a config blob whose digest is not {digest}")
         return _json(resp.content, f"config blob {digest} of {ref.name}")
@@ -200,9 +203,12 @@ class RegistryClient:
                        headers: dict[str, str], *, limit: int) -> Reply:
         scope = f"repository:{ref.repository}:pull"
         token_key = (ref.api_host, scope, cred.fingerprint if cred else "")
+        basic_key = (ref.api_host, token_key[2])
         auth = self._cached_token(token_key)
+        if not auth and cred is not None and basic_key in self._basic:
+            auth = {"Authorization": _basic(cred)}  # the registry asked for Basic before
         resp = await self._send(method, url, ref, {**headers, **auth}, limit)
-        if resp.status_code != 401:
+        if resp.status_code != 401 or auth.get("Authorization", "").startswith("Basic "):
             return resp
         challenges = parse_challenges(resp.headers.get("WWW-Authenticate", ""))
         if "bearer" in challenges:
@@ -210,6 +216,7 @@ class RegistryClient:
             auth = {"Authorization": f"Bearer {token}"}
         elif "basic" in challenges and cred is not None:
             auth = {"Authorization": _basic(cred)}
+            self._basic.add(basic_key)
         else:
             return resp  # anonymous against Basic, or an unknown scheme: 401 stands
         return await self._send(method, url, ref, {**headers, **auth}, limit)
@@ -239,8 +246,7 @@ class RegistryClient:
         except httpx.HTTPError as e:
             raise Unreachable(f"token service {realm} of registry {ref.registry} is unreachable: {_why(e)}") from None
         if resp.status_code in (401, 403):
-            who = f"credentials from {cred.source}" if cred and cred.source else ("credentials" if cred else "anonymous access")
-            raise AuthDenied(f"token service of registry {ref.registry} refused {who} ({resp.status_code})")
+            raise AuthDenied(f"token service of registry {ref.registry} refused a token {_who(cred)} ({resp.status_code})")
         if resp.status_code != 200:
             raise BadResponse(f"token service {realm} of registry {ref.registry} answered {resp.status_code}")
         doc = _json(resp.content, f"token from {realm}")
@@ -270,17 +276,24 @@ class RegistryClient:
             raise Unreachable(f"registry {ref.registry} is unreachable: {_why(e)}") from None
 
     @staticmethod
-    def _check(resp: Reply, ref: ImageRef, what: str) -> None:
+    def _check(resp: Reply, ref: ImageRef, what: str, cred: Credential | None) -> None:
         if resp.status_code == 200:
             return
         detail = _error_detail(resp)
         if resp.status_code in (401, 403):
-            raise AuthDenied(f"registry {ref.registry} denied access to {ref.repository} ({resp.status_code}{detail})")
+            raise AuthDenied(f"registry {ref.registry} denied pulling {ref.repository} {_who(cred)} "
+                             f"({resp.status_code}{detail})")
         if resp.status_code == 404:
             raise NotFound(f"{what} of {ref.name} not found ({resp.status_code}{detail})")
         if resp.status_code == 429:
             raise Unreachable(f"registry {ref.registry} is rate-limiting requests (429{detail})")
         raise BadResponse(f"registry {ref.registry} answered {resp.status_code} for {what} of {ref.name}{detail}")
+
+
+def _who(cred: Credential | None) -> str:
+    if cred is None:
+        return "anonymously (no matching pull secret)"
+    return f"with the credentials of {cred.source}" if cred.source else "with the given credentials"
 
 
 def _basic(cred: Credential) -> str:

@@ -43,6 +43,9 @@ class RewriteSettings:
         "INITSHIFT_NATIVE_SIDECARS",
         "Whether the cluster runs native sidecars: `auto` detects it from the apiserver and kubelet versions.",
         "auto", **_choice("auto", "true", "false"))
+    native_refresh_seconds: float = _env(
+        "INITSHIFT_NATIVE_REFRESH_SECONDS",
+        "How often `auto` native-sidecar detection re-reads the apiserver and kubelet versions.", 300.0)
     image: str = _env("INITSHIFT_IMAGE", "Image of the injected `initshift-init` container (holds the waiter).",
                       f"ghcr.io/initshift/initshift:{__version__}")
     image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init`.",

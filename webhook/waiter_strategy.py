@@ -68,7 +68,7 @@ def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> 
     }
     if budget is not None and not any(budget.get(r) for r in INIT_REQUESTS):
         return c  # a BestEffort-like pod: adding requests would change its class
-    requests = {r: format_quantity(min(v, budget.get(r, v)) if budget is not None else v, r)
+    requests = {r: format_quantity(min(v, budget.get(r, Fraction(0))) if budget is not None else v, r)
                 for r, v in INIT_REQUESTS.items()}
     c["resources"] = {"requests": requests, "limits": dict(INIT_LIMITS)}
     return c

@@ -1,0 +1,47 @@
+"""The settings object: environment parsing and the README table rendered from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from waiter import protocol as p
+from webhook.settings import Settings, SettingsError, settings_rows
+
+
+def test_defaults():
+    s = Settings.from_env({})
+    assert s.feature_gate is False
+    assert s.rewrite.mode == p.MODE_AUTO and s.rewrite.resources_policy == "preserve"
+    assert s.rewrite.sidecar_names == p.DEFAULT_SIDECAR_NAMES
+    assert s.rewrite.quit_endpoints == p.DEFAULT_QUIT_ENDPOINTS
+    assert s.server.max_body_bytes == 7 * 1024 * 1024
+
+
+def test_parsing_every_kind():
+    s = Settings.from_env({
+        p.FEATURE_GATE_ENV: "true", "INITSHIFT_MODE": "waiter", "INITSHIFT_PORT": "9443",
+        "INITSHIFT_GRACE_SECONDS": "2.5", "INITSHIFT_SIDECAR_NAMES": "istio-proxy, vault-agent ,",
+        "INITSHIFT_QUIT_ENDPOINTS": "vault-agent=http://127.0.0.1:8200/quit",
+        "INITSHIFT_LEADER_ELECTION": "off",
+    })
+    assert s.feature_gate and s.rewrite.mode == "waiter" and s.server.port == 9443
+    assert s.watcher.grace_seconds == 2.5 and s.watcher.leader_election is False
+    assert s.rewrite.sidecar_names == ("istio-proxy", "vault-agent")
+    assert s.rewrite.quit_endpoints == {"vault-agent": "http://127.0.0.1:8200/quit"}
+
+
+@pytest.mark.parametrize("env, message", [
+    ({p.FEATURE_GATE_ENV: "maybe"}, "expected true or false"),
+    ({"INITSHIFT_PORT": "https"}, "INITSHIFT_PORT: cannot parse"),
+    ({"INITSHIFT_MODE": "fast"}, "expected one of disabled, waiter, native, auto"),
+    ({"INITSHIFT_QUIT_ENDPOINTS": "istio-proxy"}, "expected name=value"),
+])
+def test_bad_values_name_the_variable(env, message):
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env)
+
+
+def test_every_variable_is_prefixed_and_unique():
+    names = [row[0] for row in settings_rows()]
+    assert len(names) == len(set(names))
+    assert all(n.startswith(p.ENV_PREFIX) or n == p.FEATURE_GATE_ENV for n in names)

@@ -1,0 +1,37 @@
+"""`waiter` command line: a table of subcommands, each a module with `main(argv) -> int`.
+
+Modules are imported only when their command runs (every step pays the cold start).
+To add a subcommand, add a row: the frozen build collects every waiter submodule.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from . import protocol as p
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    p.CMD_INIT: ("waiter.install", "copy the frozen waiter bundle into DEST (the shared emptyDir)"),
+    p.CMD_RUN: ("waiter.entrypointer", "wait for the previous step, run a command, record the result"),
+}
+
+USAGE = "usage: waiter COMMAND [ARGS...]"
+
+
+def _help() -> str:
+    lines = [USAGE, "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_help())
+        return 0 if args else p.EXIT_USAGE
+    entry = COMMANDS.get(args[0])
+    if entry is None:
+        sys.stderr.write(f"waiter: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)})\n")
+        return p.EXIT_USAGE
+    return int(importlib.import_module(entry[0]).main(args[1:]) or 0)

@@ -1,0 +1,143 @@
+"""`waiter run` flags (names from protocol.py). Hand-parsed: argparse would print usage
+and exit 2, and the waiter must answer bad flags with one line and its own exit code."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from . import argvmap
+from . import protocol as p
+from .errors import UsageError
+from .loopback import Endpoint
+
+_VALUED = {p.FLAG_NAME, p.FLAG_WAIT, p.FLAG_POST, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT,
+           p.FLAG_QUIT, p.FLAG_PEER, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP}
+_REPEATABLE = {p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_PEER}
+_SWITCHES = {p.FLAG_RETRY}
+
+USAGE = (f"usage: waiter run {p.FLAG_POST} FILE [{p.FLAG_NAME} NAME] [{p.FLAG_WAIT} FILE] "
+         f"[{p.FLAG_READY_FILE} FILE] [{p.FLAG_PROBE} URL]... [{p.FLAG_TIMEOUT} SECONDS] "
+         f"[{p.FLAG_QUIT} URL]... [{p.FLAG_PEER} FILE]... [{p.FLAG_TERMINATION_LOG} FILE] "
+         f"[{p.FLAG_RETRY}] [{p.FLAG_ARGV_MAP} JSON] {p.ARGV_SEPARATOR} COMMAND [ARGS...]")
+
+
+@dataclass
+class RunOptions:
+    post: str = ""
+    name: str = ""
+    wait: str = ""
+    ready_file: str = ""
+    probes: list[Endpoint] = field(default_factory=list)
+    timeout: float | None = None
+    quit: list[Endpoint] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)
+    termination_log: str = p.DEFAULT_TERMINATION_LOG
+    termination_log_explicit: bool = False
+    retry: bool = False
+    argv: list[bytes] = field(default_factory=list)
+
+
+def _split(args: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """Flags before the separator as (flag, value) pairs, and the argv after it."""
+    pairs: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == p.ARGV_SEPARATOR:
+            return pairs, args[i + 1:]
+        flag, eq, value = arg.partition("=")
+        if flag in _SWITCHES and not eq:
+            pairs.append((flag, None))
+        elif flag in _VALUED:
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1] == p.ARGV_SEPARATOR:
+                    raise UsageError(f"{flag} needs a value")
+                value = args[i + 1]
+                i += 1
+            pairs.append((flag, value))
+        else:
+            raise UsageError(f"unknown flag {arg!r}" if arg.startswith("-") else
+                             f"unexpected {arg!r} before {p.ARGV_SEPARATOR}")
+        i += 1
+    raise UsageError(f"missing {p.ARGV_SEPARATOR} before the command")
+
+
+def post_path_of(args: list[str]) -> str:
+    """Best effort: this container's completion file even when other flags are bad,
+    so a failure record can still be written and later steps do not hang."""
+    for i, arg in enumerate(args):
+        if arg == p.ARGV_SEPARATOR:
+            break
+        if arg.startswith(p.FLAG_POST + "="):
+            return arg.partition("=")[2]
+        if arg == p.FLAG_POST and i + 1 < len(args):
+            return args[i + 1]
+    return ""
+
+
+def _endpoint(flag: str, url: str, schemes: tuple[str, ...]) -> Endpoint:
+    try:
+        endpoint = Endpoint.parse(url)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {exc}") from None
+    if endpoint.scheme not in schemes:
+        raise UsageError(f"{flag} {url!r}: scheme must be one of {', '.join(schemes)}")
+    return endpoint
+
+
+def parse_run(args: list[str]) -> RunOptions:
+    pairs, argv = _split(args)
+    opts = RunOptions()
+    seen: set[str] = set()
+    argv_map = None
+    for flag, value in pairs:
+        if flag in seen and flag not in _REPEATABLE:
+            raise UsageError(f"{flag} given twice")
+        seen.add(flag)
+        if flag in _VALUED and not value:
+            raise UsageError(f"{flag} needs a non-empty value")
+        v = value or ""
+        if flag == p.FLAG_POST:
+            opts.post = v
+        elif flag == p.FLAG_NAME:
+            opts.name = v
+        elif flag == p.FLAG_WAIT:
+            opts.wait = v
+        elif flag == p.FLAG_READY_FILE:
+            opts.ready_file = v
+        elif flag == p.FLAG_PROBE:
+            opts.probes.append(_endpoint(flag, v, ("http", "https", "tcp")))
+        elif flag == p.FLAG_QUIT:
+            opts.quit.append(_endpoint(flag, v, ("http", "https")))
+        elif flag == p.FLAG_PEER:
+            opts.peers.append(v)
+        elif flag == p.FLAG_TERMINATION_LOG:
+            opts.termination_log, opts.termination_log_explicit = v, True
+        elif flag == p.FLAG_RETRY:
+            opts.retry = True
+        elif flag == p.FLAG_TIMEOUT:
+            try:
+                opts.timeout = float(v)
+            except ValueError:
+                raise UsageError(f"{flag} {v!r} is not a number of seconds") from None
+            if not (math.isfinite(opts.timeout) and opts.timeout > 0):
+                raise UsageError(f"{flag} must be a positive number of seconds")
+        elif flag == p.FLAG_ARGV_MAP:
+            argv_map = argvmap.parse(v)
+    if not opts.post:
+        raise UsageError(f"{p.FLAG_POST} FILE is required")
+    if not os.path.isdir(os.path.dirname(opts.post) or "."):
+        raise UsageError(f"{p.FLAG_POST} {opts.post}: directory does not exist")
+    if opts.wait and not os.path.isdir(os.path.dirname(opts.wait) or "."):
+        raise UsageError(f"{p.FLAG_WAIT} {opts.wait}: directory does not exist")
+    if argv_map is not None:
+        if argv:
+            raise UsageError(f"{p.FLAG_ARGV_MAP} and a command after {p.ARGV_SEPARATOR} are exclusive")
+        argv = argvmap.choose(argv_map)
+    if not argv:
+        raise UsageError(f"no command after {p.ARGV_SEPARATOR}")
+    # Back to the exact bytes the kernel passed (surrogateescape round-trips any byte).
+    opts.argv = [os.fsencode(a) for a in argv]
+    return opts

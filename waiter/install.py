@@ -1,0 +1,116 @@
+"""`waiter init DEST`: copy the frozen bundle to DEST/waiter, idempotently and atomically,
+readable and executable by any UID (steps run as arbitrary users)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import sys
+
+from . import protocol as p
+from .errors import UsageError, WaiterError
+
+USAGE = "usage: waiter init [--from BUNDLE_DIR] DEST"
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def source_dir(explicit: str | None) -> str:
+    """The bundle to copy: --from, else the running frozen bundle, else ./dist/waiter of the
+    source tree (`make waiter`). The bare sources are not copyable: they need Python."""
+    if explicit:
+        src = explicit
+    elif getattr(sys, "frozen", False):
+        src = os.path.dirname(os.path.abspath(sys.executable))
+    else:
+        src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "dist", p.WAITER_DIR_NAME)
+        if not os.path.isdir(src):
+            raise UsageError(f"not a frozen waiter and no bundle at {src}: run `make waiter` "
+                             "or pass --from BUNDLE_DIR")
+    if not os.access(os.path.join(src, p.WAITER_EXE_NAME), os.X_OK):
+        raise UsageError(f"{src} is not a waiter bundle (no executable {p.WAITER_EXE_NAME})")
+    return src
+
+
+def _copy_file(src: str, dst: str) -> None:
+    """0755 for executables, 0644 for data: any UID may run the bundle."""
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o755 if os.stat(src).st_mode & 0o111 else 0o644)
+
+
+def _ignore(src: str, names: list[str]) -> list[str]:
+    # The image-path executable cannot run in a pod (its loader path is the image's).
+    return [p.WAITER_INIT_EXE_NAME] if p.WAITER_INIT_EXE_NAME in names and \
+        os.path.exists(os.path.join(src, p.WAITER_EXE_NAME)) else []
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False when unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    except (OSError, AttributeError):
+        return False
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def install(src: str, dest: str) -> str:
+    if not os.path.isdir(dest):
+        raise UsageError(f"{dest}: not a directory (mount the {p.BIN_VOLUME} volume there)")
+    final = os.path.join(dest, p.WAITER_DIR_NAME)
+    tmp = os.path.join(dest, f".{p.WAITER_DIR_NAME}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(src, tmp, symlinks=True, copy_function=_copy_file, ignore=_ignore)
+        for dirpath, _, _ in os.walk(tmp):
+            os.chmod(dirpath, 0o755)
+        try:
+            os.rename(tmp, final)  # first install: atomic
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR):
+                raise
+            # Already installed: swap the new copy in, so the path never points at half a bundle.
+            if not _exchange(tmp, final):
+                old = final + f".{os.getpid()}.old"
+                os.rename(final, old)
+                os.rename(tmp, final)
+                tmp = old
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return os.path.join(final, p.WAITER_EXE_NAME)
+
+
+def main(argv: list[str]) -> int:
+    args = list(argv)
+    explicit = None
+    try:
+        if args and args[0] in ("-h", "--help"):
+            print(USAGE)
+            return 0
+        if args and (args[0] == "--from" or args[0].startswith("--from=")):
+            if "=" in args[0]:
+                explicit = args.pop(0).partition("=")[2]
+            else:
+                if len(args) < 2:
+                    raise UsageError("--from needs a directory")
+                explicit = args[1]
+                args = args[2:]
+        if len(args) != 1 or args[0].startswith("-"):
+            raise UsageError(USAGE)
+        exe = install(source_dir(explicit), args[0])
+    except WaiterError as exc:
+        sys.stderr.write(f"waiter init: {exc.message}\n")
+        return exc.exit_code
+    except OSError as exc:
+        sys.stderr.write(f"waiter init: {exc.filename or args[0]}: {exc.strerror}\n")
+        return p.EXIT_CANNOT_EXEC
+    print(f"waiter installed: {exe}")
+    return 0

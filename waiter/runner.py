@@ -1,0 +1,134 @@
+"""Runner: start the user's program in its own process group, forward signals to the
+group, reap every zombie (the waiter is PID 1 or a child subreaper), enforce a timeout."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import signal
+from dataclasses import dataclass
+
+from . import protocol as p
+from .errors import WaiterError
+from .record import now
+from .signals import SignalBox, all_signals
+
+DEFAULT_PATH = b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # runc's default
+KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL of a timed-out group
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    started_at: float
+    finished_at: float
+    timed_out: bool = False
+    signal: int = 0  # the signal that killed the child, if any
+
+
+def become_subreaper() -> None:
+    """Orphans of the child are re-parented to us (and reaped) instead of to the host's init."""
+    if os.getpid() == 1:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _candidates(command: bytes, env: dict[bytes, bytes]) -> list[bytes]:
+    """Like runc/execvp: a name without '/' is looked up in the container's PATH."""
+    if b"/" in command:
+        return [command]
+    path = env.get(b"PATH", DEFAULT_PATH)
+    return [os.path.join(d or b".", command) for d in path.split(b":")]
+
+
+def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
+    """Start argv; raise WaiterError with execvp's choice of error (EACCES beats ENOENT)."""
+    if not argv or not argv[0]:
+        raise WaiterError("empty command", p.EXIT_NOT_FOUND)
+    saved: OSError | None = None
+    for path in _candidates(argv[0], env):
+        try:
+            return os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
+                                  setsigdef=all_signals())
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                saved = saved or exc
+                continue
+            saved = exc
+            if exc.errno != errno.EACCES:
+                break
+    name = os.fsdecode(argv[0])
+    err = saved.errno if saved else errno.ENOENT
+    if err in (errno.ENOENT, errno.ENOTDIR):
+        where = "" if b"/" in argv[0] else " in PATH"
+        raise WaiterError(f"{name}: command not found{where}", p.EXIT_NOT_FOUND)
+    reason = os.strerror(err).lower() if err else "cannot execute"
+    raise WaiterError(f"{name}: cannot execute: {reason}", p.EXIT_CANNOT_EXEC)
+
+
+def reap(child: int) -> int | None:
+    """Reap every exited process; the child's wait status if it was among them."""
+    status = None
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return status
+        if pid == 0:
+            return status
+        if pid == child:
+            status = st
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(argv: list[bytes], env: dict[bytes, bytes], box: SignalBox,
+        timeout: float | None = None) -> Outcome:
+    """Run argv to completion. Every signal but SIGCHLD goes to the child's whole group."""
+    started = now()
+    child = spawn(argv, env)
+    deadline = started + timeout if timeout else None
+    kill_at: float | None = None
+    timed_out = False
+    status: int | None = None
+    while status is None:
+        wait = None
+        current = now()
+        if kill_at is not None:
+            wait = max(0.0, kill_at - current)
+        elif deadline is not None:
+            wait = max(0.0, deadline - current)
+        select.select([box], [], [], wait)
+        for sig in box.take():
+            if sig != signal.SIGCHLD:
+                _killpg(child, sig)
+        status = reap(child)
+        if status is not None:
+            break
+        current = now()
+        if deadline is not None and kill_at is None and current >= deadline:
+            timed_out = True
+            _killpg(child, signal.SIGTERM)
+            kill_at = current + KILL_GRACE
+        elif kill_at is not None and current >= kill_at:
+            _killpg(child, signal.SIGKILL)
+            deadline = kill_at = None  # nothing left to time: the kernel delivers SIGKILL
+    finished = now()
+    if timed_out:
+        _killpg(child, signal.SIGKILL)  # what is left of the group goes too
+    reap(child)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        return Outcome(p.EXIT_SIGNAL_BASE - code, started, finished, timed_out, -code)
+    return Outcome(code, started, finished, timed_out)

@@ -1,0 +1,64 @@
+"""Reading a Pod or an AdmissionReview from YAML or JSON, for the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+
+class InputError(ValueError):
+    """The input is not a Pod or an AdmissionReview of a Pod; the message says why."""
+
+
+@dataclass
+class PodInput:
+    pod: dict
+    review: dict | None = None  # the AdmissionReview the pod came from, if any
+
+    @property
+    def namespace(self) -> str:
+        if self.review:
+            return str((self.review.get("request") or {}).get("namespace") or "")
+        return str((self.pod.get("metadata") or {}).get("namespace") or "")
+
+
+def read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from None
+
+
+def parse_pod(text: str) -> PodInput:
+    try:
+        doc: Any = yaml.safe_load(text)  # YAML is a superset of JSON
+    except yaml.YAMLError as e:
+        raise InputError(f"not YAML or JSON: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise InputError("expected a Pod or an AdmissionReview object")
+    if doc.get("kind") == "AdmissionReview":
+        request = doc.get("request")
+        if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
+            raise InputError("AdmissionReview has no request.object")
+        pod = request["object"]
+        if pod.get("kind", "Pod") != "Pod":
+            raise InputError(f"AdmissionReview holds a {pod.get('kind')}, not a Pod")
+        return PodInput(pod=pod, review=doc)
+    if doc.get("kind", "Pod") != "Pod":
+        raise InputError(f"expected a Pod, got a {doc.get('kind')}")
+    if not isinstance(doc.get("spec"), dict):
+        raise InputError("the Pod has no spec")
+    return PodInput(pod=doc)
+
+
+def dump(obj: Any, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(obj, indent=2) + "\n"
+    return yaml.safe_dump(obj, sort_keys=False, width=1000)
