@@ -96,8 +96,8 @@ def test_rotation_while_clients_send_requests(tmp_path):
             t.join(30)
         assert server.reloader.reloads == 1
         # ...and a client that trusts only the new CA is now served too
-        assert served_cert(server.port, h.client_context(tmp_path / "new.crt" if (
-            tmp_path / "new.crt").write_bytes(new_ca.cert_pem) else "")) == der(new)
+        (tmp_path / "new.crt").write_bytes(new_ca.cert_pem)
+        assert served_cert(server.port, h.client_context(tmp_path / "new.crt")) == der(new)
     assert results["failed"] == []
     assert results["ok_after_switch"] >= 20
 

@@ -38,6 +38,7 @@ MANIFEST_LIMIT = 4 * 1024 * 1024  # the limit containerd puts on manifests
 CONFIG_LIMIT = 8 * 1024 * 1024
 DIGEST_HEADER = "Docker-Content-Digest"
 _TOKEN_DEFAULT_SECONDS = 60  # the distribution token spec's default lifetime
+_TOKEN_CACHE_SIZE = 1024
 
 
 class RegistryError(Exception):
@@ -256,7 +257,12 @@ class RegistryClient:
         lifetime = doc.get("expires_in")
         lifetime = lifetime if isinstance(lifetime, (int, float)) and lifetime > 0 else _TOKEN_DEFAULT_SECONDS
         # Renew a little early so a token does not expire between check and use.
-        self._tokens[key] = (token, time.monotonic() + max(lifetime - 5, 1))
+        now = time.monotonic()
+        if len(self._tokens) >= _TOKEN_CACHE_SIZE:  # bounded: drop the expired, else start over
+            self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}
+            if len(self._tokens) >= _TOKEN_CACHE_SIZE:
+                self._tokens.clear()
+        self._tokens[key] = (token, now + max(lifetime - 5, 1))
         return token
 
     async def _send(self, method: str, url: str, ref: ImageRef, headers: dict[str, str], limit: int) -> Reply:
