@@ -9,11 +9,12 @@
 
 # --- builder: the same make targets CI runs -------------------------------------------------
 # Debian's own python3 (not a python:* image): the Makefile prefers /usr/bin/python3
-# because it freezes a smaller waiter, and CI builds it the same way.
+# because it freezes a smaller waiter, and CI builds it the same way. PyInstaller needs
+# the shared libpython (libpython3-dev) and binutils; patchelf comes from `make system-deps`.
 FROM debian:bookworm-slim AS builder
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      ca-certificates make python3 python3-venv binutils \
+      ca-certificates make python3 python3-venv libpython3-dev binutils \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -259,8 +259,11 @@ class KubeDouble:
 
     def __init__(self, *, history_limit: int = 1000, version: str = "v1.30.2") -> None:
         self.history_limit = history_limit
+        # Every field the generated VersionInfo model requires.
         self.version = {"major": version.lstrip("v").split(".")[0], "minor": version.split(".")[1],
-                        "gitVersion": version, "platform": "linux/amd64"}
+                        "gitVersion": version, "gitCommit": "0" * 40, "gitTreeState": "clean",
+                        "buildDate": "2024-01-01T00:00:00Z", "goVersion": "go1.22.0", "compiler": "gc",
+                        "platform": "linux/amd64"}
         self.requests: list[RequestRecord] = []
         self._objects: dict[str, dict[tuple[str, str], dict]] = {k: {} for k in RESOURCES}
         self._rv = 100
@@ -525,7 +528,7 @@ class KubeDouble:
         record = RequestRecord(request.method, request.path, dict(request.query), ctype, body,
                                request.headers.get("User-Agent", ""))
         self.requests.append(record)
-        is_watch = request.query.get("watch") in ("true", "1")
+        is_watch = _flag(request.query.get("watch"))
         for d in list(self._delays):
             if (request.path == d.path or request.path.startswith(d.path.rstrip("/") + "/")) and \
                     (d.method is None or d.method == request.method):
@@ -751,7 +754,7 @@ class KubeDouble:
         lines = self._logs.get(key, [])
         tail = request.query.get("tailLines")
         start = max(0, len(lines) - int(tail)) if tail and tail.isdigit() else 0
-        if request.query.get("follow") not in ("true", "1"):
+        if not _flag(request.query.get("follow")):
             return web.Response(text="".join(lines[start:]), content_type="text/plain")
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await resp.prepare(request)
@@ -772,6 +775,11 @@ class KubeDouble:
         except (ConnectionError, asyncio.CancelledError):
             pass
         return resp
+
+
+def _flag(value: str | None) -> bool:
+    """A boolean query parameter as Go's strconv.ParseBool reads it (clients send "True")."""
+    return (value or "").lower() in ("1", "t", "true")
 
 
 def _container_state(pod: dict, container: str) -> dict:

@@ -492,6 +492,10 @@ def push_fixtures(pusher: Pusher) -> dict[str, Pushed]:
     img["same"] = pusher.index("steps/same", "v1", [({"os": "linux", "architecture": "amd64"}, same_amd),
                                                     ({"os": "linux", "architecture": "arm64"}, same_arm)])
     img["public"] = pusher.image("public/tool", "latest", cmd=["/bin/tool"])
+    pub_amd = pusher.image("public/multi", None, entrypoint=["/bin/amd"])
+    pub_arm = pusher.image("public/multi", None, entrypoint=["/bin/arm"], arch="arm64")
+    img["public-multi"] = pusher.index("public/multi", "v1", [({"os": "linux", "architecture": "amd64"}, pub_amd),
+                                                              ({"os": "linux", "architecture": "arm64"}, pub_arm)])
     return img
 
 

@@ -552,3 +552,11 @@ def test_installs_cover_every_component_and_overlay():
     covered = {"overlays/self-managed", "overlays/cert-manager", *COMPONENTS}
     assert on_disk == covered
 
+
+
+def test_chart_lints_clean():
+    import helm_python
+
+    report = helm_python.lint(str(CHART))
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] > 1] == []  # only "icon is recommended" (INFO)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -18,7 +21,9 @@ from waiter import protocol as p
 from webhook import admission, logs, review_cmd
 from webhook.patch import apply_patch
 from webhook.rewrite import rewrite
+from webhook.https_server import bind
 from webhook.server import create_app
+from webhook.settings import settings_table
 
 OWN_NS = "initshift-system"
 
@@ -307,3 +312,40 @@ def test_review_command_wraps_a_pod(tmp_path, capsys):
 def test_example_review_is_the_example_pod():
     review = json.loads(Path("examples/review.json").read_text())
     assert review["request"]["object"] == review_cmd.load_pod("examples/pod-kpack.yaml")
+
+
+def test_readme_settings_table_is_exactly_the_generated_one():
+    lines = Path("README.md").read_text().splitlines()
+    header = settings_table().splitlines()[0]
+    start = lines.index(header)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    assert "\n".join(lines[start:end]) == settings_table()
+
+
+def test_dev_server_serves_the_example_with_a_patch(tmp_path):
+    """What `make run` runs, as a process: certificates appear in its directory, the
+    printed curl command's request gets a real patch."""
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INITSHIFT_", p.FEATURE_GATE_ENV))}
+    env["INITSHIFT_PORT"] = str(port)
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "dev-server", "--dir", str(tmp_path / "run")],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = []
+        for line in proc.stderr:  # type: ignore[union-attr]
+            banner.append(line)
+            if line.strip().startswith("curl "):
+                break
+        curl = banner[-1].split()
+        assert curl[curl.index("--cacert") + 1] == str(tmp_path / "run" / "ca.crt")
+        assert curl[-1] == f"https://127.0.0.1:{port}/mutate" and "@examples/review.json" in curl
+        r = httpx.post(curl[-1], content=Path("examples/review.json").read_bytes(),
+                       headers={"content-type": "application/json"}, verify=h.client_context(tmp_path / "run/ca.crt"))
+        assert admission.decode_patch(r.json())
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+    assert proc.returncode in (0, -15)

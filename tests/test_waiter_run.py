@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from waiter import protocol as p
-from tests.waiter_support import PYTHON, record, run, start, step_dirs, wait_for, waiter_env
+from tests.waiter_support import PYTHON, catches, record, run, start, step_dirs, wait_for, waiter_env
 
 DONE = p.COMPLETION_FILE_NAME
 
@@ -329,10 +329,7 @@ def test_sigterm_while_waiting_records_and_exits(tmp_path: Path) -> None:
     d0, d1 = step_dirs(tmp_path, 2)
     marker = tmp_path / "ran"
     proc = start(d1 / DONE, p.FLAG_WAIT, str(d0 / DONE), argv=["touch", str(marker)])
-    # No readiness signal exists for "is waiting"; the record after SIGTERM proves the path.
-    wait_for(lambda: b"waiter" in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), "waiter start")
-    import time
-    time.sleep(0.5)
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), "the waiter's signal handlers")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     rec = record(d1 / DONE)

@@ -333,3 +333,22 @@ async def test_a_lost_lease_stops_the_work(kube: KubeDouble) -> None:
     assert kube.patches() == []
     assert kube.get("leases", s.server.namespace, s.watcher.lease_name)["spec"]["holderIdentity"] == "someone-else"
 
+
+
+async def test_start_order_pods_get_per_container_ready_annotations(kube: KubeDouble) -> None:
+    key = f"{p.ANNOTATION_READY_PREFIX}cache"
+    kube.put_pod({"metadata": {"name": "app", "namespace": NS, "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},
+                               "annotations": {p.ANNOTATION_START_ORDER: "cache;app"}},
+                  "spec": {"containers": [{"name": "cache", "image": "redis"}, {"name": "app", "image": "app"}],
+                           "volumes": [{"name": p.CONTAINER_READY_VOLUME, "downwardAPI": {"items": [
+                               {"path": "cache", "fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}]}}]}})
+    async with watcher(kube, settings()):
+        kube.set_container_statuses(NS, "app", [running("cache", ready=False), running("app", ready=False)],
+                                    phase="Running")
+        await eventually(lambda: annotation(kube, "app", key) == "false", "ready-cache=false")
+        kube.set_container_statuses(NS, "app", [running("cache")])
+        await eventually(lambda: annotation(kube, "app", key) == "true", "ready-cache=true")
+        kube.set_container_statuses(NS, "app", [running("cache", ready=False)])  # a restart: not ready again
+        await eventually(lambda: annotation(kube, "app", key) == "false", "ready-cache=false again")
+    assert kube.events_for(NS, "app") == []
+    assert annotation(kube, "app", p.ANNOTATION_OUTCOME) is None

@@ -235,3 +235,31 @@ def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready) -> 
         after["metadata"]["resourceVersion"] = "43"
     again = decide(after, NOW, W)
     assert [a.kind for a in again.actions if a.kind in ("outcome", "ready", "end")] == []
+
+
+# --- start-order pods: per-container ready annotations ----------------------------------------
+def start_order_pod(statuses: list[dict], annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": "app", "namespace": "web", "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},
+                         "annotations": {p.ANNOTATION_START_ORDER: "cache;app", **(annotations or {})}},
+            "spec": {"containers": [{"name": "cache"}, {"name": "app"}],
+                     "volumes": [{"name": p.CONTAINER_READY_VOLUME, "downwardAPI": {"items": [
+                         {"path": "cache",
+                          "fieldRef": {"fieldPath": f"metadata.annotations['{p.ANNOTATION_READY_PREFIX}cache']"}}]}}]},
+            "status": {"phase": "Running", "containerStatuses": statuses}}
+
+
+@pytest.mark.parametrize("statuses,annotations,expected", [
+    ([running("cache")], {}, {"cache": "true"}),
+    ([running("cache", ready=False)], {}, {"cache": "false"}),
+    ([running("cache")], {f"{p.ANNOTATION_READY_PREFIX}cache": "true"}, None),
+    ([running("cache", ready=False)], {f"{p.ANNOTATION_READY_PREFIX}cache": "true"}, {"cache": "false"}),
+])
+def test_start_order_ready_annotations_follow_the_kubelet(statuses, annotations, expected) -> None:
+    decision = decide(start_order_pod(statuses, annotations), NOW, W)
+    if expected is None:
+        assert decision.actions == []
+        return
+    (action,) = decision.actions
+    assert action.kind == "container-ready" and action.reason == ""  # no Event for readiness flips
+    assert action.patch == {"metadata": {"annotations": {f"{p.ANNOTATION_READY_PREFIX}{k}": v
+                                                         for k, v in expected.items()}}}

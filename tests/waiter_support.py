@@ -57,6 +57,16 @@ def wait_for(predicate, what: str, limit: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def catches(pid: int, sig: int) -> bool:
+    """The process has a handler for sig (SigCgt in /proc): the waiter is past its start-up."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (sig - 1)))
+
+
 def step_dirs(tmp: Path, n: int) -> list[Path]:
     dirs = [tmp / f"run{i}" for i in range(n)]
     for d in dirs:
@@ -64,9 +74,16 @@ def step_dirs(tmp: Path, n: int) -> list[Path]:
     return dirs
 
 
+def _stale(exe: Path) -> bool:
+    if not exe.exists():
+        return True
+    built = exe.stat().st_mtime
+    return any(src.stat().st_mtime > built for src in (ROOT / "waiter").glob("*.py"))
+
+
 def ensure_bundle() -> Path:
-    """dist/waiter, built now when missing (as `make waiter` would)."""
-    if not (DIST / p.WAITER_EXE_NAME).exists():
+    """dist/waiter, built now when missing or older than the sources (as `make waiter` would)."""
+    if _stale(DIST / p.WAITER_EXE_NAME):
         from waiter import build
 
         try:

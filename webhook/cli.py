@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "review": ("webhook.review_cmd", "wrap a Pod manifest into an AdmissionReview for curl"),
     "watch": ("webhook.watch_cmd", "run the companion watcher (ready gate, outcome, ending sidecars)"),
     "certs": ("certs.cli", "certs create: CA + serving certificate; certs inject: set the caBundle"),
+    "status": ("webhook.status_cmd", "a pod's steps, mains and sidecars in execution order, and its result"),
+    "logs": ("webhook.logs_cmd", "a pod's step logs in step order, then the mains' (-f: follow)"),
 }
 
 USAGE = "usage: initshift [--version] COMMAND [ARGS...]"

@@ -27,6 +27,7 @@ from prometheus_client import Gauge
 from waiter import protocol as p
 
 from . import metrics
+from .native_strategy import resolve_support as resolve
 
 if TYPE_CHECKING:
     from .kube import KubeApi
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("initshift.cluster")
 
 MIN_VERSION = (1, 29)  # SidecarContainers beta, on by default
-SETTING_AUTO, SETTING_TRUE, SETTING_FALSE = "auto", "true", "false"
+SETTING_AUTO = "auto"
 STRATEGY_DISABLED = p.MODE_DISABLED
 
 Version = tuple[int, int]
@@ -107,15 +108,6 @@ def decide(obs: Observation) -> Decision:
     if lowest < MIN_VERSION:
         return Decision(False, f"apiserver {fmt(obs.apiserver)}, {where} is older than {need}")
     return Decision(True, f"apiserver {fmt(obs.apiserver)}, {where}")
-
-
-def resolve(setting: str, detected: bool | None) -> bool | None:
-    """The setting INITSHIFT_NATIVE_SIDECARS applied to a detection result."""
-    if setting == SETTING_TRUE:
-        return True
-    if setting == SETTING_FALSE:
-        return False
-    return detected
 
 
 def default_strategy(settings: "Settings", supported: bool | None) -> str:
@@ -200,13 +192,21 @@ class NativeSupport:
     change only on upgrades), and before any answer the result is None (waiter).
     """
 
-    def __init__(self, settings: "Settings", fetcher: Fetcher | None = None) -> None:
+    def __init__(self, settings: "Settings", fetcher: Fetcher | None = None, *,
+                 unknown_why: str = "not detected yet", api: "KubeApi | None" = None) -> None:
         self.settings = settings
         self.setting = settings.rewrite.native_sidecars
         self.fetcher = fetcher
-        self.detected: Decision = Decision(None, "not detected yet" if self._detects else f"set to {self.setting}")
+        self.detected = Decision(None, unknown_why if self._detects else f"{p.ENV_PREFIX}NATIVE_SIDECARS={self.setting}")
         self.last_observation: Observation | None = None
+        self._api = api  # closed by close(): built by start() for detection alone
+        self._nodes_warned = False
         self._publish()
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
     @property
     def _detects(self) -> bool:
@@ -229,8 +229,9 @@ class NativeSupport:
         obs = await observe(self.fetcher)
         self.last_observation = obs
         new = decide(obs)
-        if obs.kubelets is None and obs.nodes_error and obs.apiserver is not None:
+        if obs.kubelets is None and obs.nodes_error and obs.apiserver is not None and not self._nodes_warned:
             log.warning("native sidecars: %s; deciding from the apiserver alone", obs.nodes_error)
+            self._nodes_warned = True
         if new.supported is None and self.detected.supported is not None:
             log.warning("native sidecars: detection failed (%s); keeping the last answer", new.why)
             return self.detected
@@ -273,17 +274,15 @@ async def start(settings: "Settings", api: "KubeApi | None" = None) -> NativeSup
     """
     if settings.rewrite.native_sidecars != SETTING_AUTO:
         return NativeSupport(settings)
+    owned = None
     if api is None:
         from .kube import KubeApi, KubeError
 
         try:
-            api = await KubeApi.from_config()
+            api = owned = await KubeApi.from_config()
         except KubeError as e:
             log.warning("native sidecars: no API access (%s); auto falls back to waiter", e)
-            support = NativeSupport(settings)
-            support.detected = Decision(None, f"no API access: {e}")
-            support._publish()
-            return support
-    support = NativeSupport(settings, KubeFetcher(api))
+            return NativeSupport(settings, unknown_why=f"no API access: {e}")
+    support = NativeSupport(settings, KubeFetcher(api), api=owned)
     await support.refresh()
     return support

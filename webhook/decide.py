@@ -43,9 +43,9 @@ _MESSAGE_LIMIT = 1024
 class Action:
     """One merge patch and the Event that reports it."""
 
-    kind: str  # "ready", "outcome" or "end"
+    kind: str  # "ready", "outcome", "end" or "container-ready" (start-order pods)
     patch: dict
-    reason: str
+    reason: str  # the Event's reason; empty: no Event
     message: str
     warning: bool = False
     outcome: dict | None = None  # for kind == "outcome"
@@ -185,6 +185,8 @@ def _running(status: dict | None) -> bool:
 # --- the decision --------------------------------------------------------------------------
 def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(p.LABEL_MANAGED) == p.MANAGED_START_ORDER:
+        return decide_start_order(pod)
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -250,8 +252,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
 
     # Every step and main has terminated: wait (up to the grace period) for the sidecars
     # to stop on their own, so the outcome can say how they stopped; then write it once.
-    anchor = _last_finish(runs.values()) or now
-    left = settings.grace_seconds - (now - anchor).total_seconds()
+    left = _grace_left(runs, now, settings)
     if running_sidecars and not ended and not deadline_set and left > 0:
         return Decision(actions, left, latency)
     failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason != p.REASON_SKIPPED), None) \
@@ -267,9 +268,17 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
     actions.append(_outcome_action(meta, outcome))
     if end_now:
-        actions.append(_deadline_action(f"sidecars {', '.join(running_sidecars)} still running "
-                                        f"{settings.grace_seconds:g}s after the last step; ending the pod"))
+        actions.append(_sidecars_deadline(running_sidecars, settings))
     return Decision(actions, None, latency)
+
+
+def decide_start_order(pod: dict) -> Decision:
+    """Start-order pods: keep each `initshift.io/ready-<name>` annotation equal to the
+    kubelet's readiness (no Event: readiness flips are not news)."""
+    from .start_order import start_order_ready_patch  # the rewrite's module, only for these pods
+
+    patch = start_order_ready_patch(pod)
+    return Decision([Action("container-ready", patch, "", "")]) if patch else Decision()
 
 
 def _stopped(lay: Layout, status: dict | None) -> str:
@@ -340,9 +349,19 @@ def _end(lay: Layout, runs: dict[str, Run], running_sidecars: list[str], done: b
         return Decision([_deadline_action(f"{why or 'steps cannot finish'}; ending the pod")])
     if not running_sidecars:
         return Decision()
-    anchor = _last_finish(runs.values()) or now
-    left = settings.grace_seconds - (now - anchor).total_seconds()
+    left = _grace_left(runs, now, settings)
     if left > 0:
         return Decision(requeue_after=left)
-    return Decision([_deadline_action(f"sidecars {', '.join(running_sidecars)} still running "
-                                      f"{settings.grace_seconds:g}s after the last step; ending the pod")])
+    return Decision([_sidecars_deadline(running_sidecars, settings)])
+
+
+def _grace_left(runs: dict[str, Run], now: datetime, settings: WatcherSettings) -> float:
+    """Seconds of the grace period left, counted from the last step's or main's finish (the
+    kubelet's time, so every replica agrees)."""
+    anchor = _last_finish(runs.values()) or now
+    return settings.grace_seconds - (now - anchor).total_seconds()
+
+
+def _sidecars_deadline(running_sidecars: list[str], settings: WatcherSettings) -> Action:
+    return _deadline_action(f"sidecars {', '.join(running_sidecars)} still running "
+                            f"{settings.grace_seconds:g}s after the last step; ending the pod")

@@ -75,9 +75,9 @@ def main(argv: list[str]) -> int:
         return 1
     srv = settings.server
     curl = curl_command(ca, srv.host, srv.port)
-    pipe = " | python3 -c 'import sys,json,base64; r=json.load(sys.stdin)[\"response\"]; " \
-           "print(json.dumps(r.get(\"warnings\"))); print(json.dumps(json.loads(base64.b64decode(r.get(\"patch\",\"\"))" \
-           " or \"[]\"), indent=1))'"
+    pipe = (" | python3 -c 'import sys,json,base64; r=json.load(sys.stdin)[\"response\"]; "
+            "print(json.dumps(r.get(\"warnings\"))); "
+            "print(json.dumps(json.loads(base64.b64decode(r.get(\"patch\",\"\")) or \"[]\"), indent=1))'")
 
     def banner() -> None:
         gate = "on" if settings.feature_gate else "off"

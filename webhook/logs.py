@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 REVIEW_LOGGER = logging.getLogger("initshift.review")
-_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# uvicorn adds `color_message` (ANSI-coloured duplicate of msg) to its records.
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

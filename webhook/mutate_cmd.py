@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--respect-gate", action="store_true",
                     help=f"honour {p.FEATURE_GATE_ENV} instead of forcing it on")
     ap.add_argument("--check", action="store_true", help="exit 1 when the pod would be left unchanged")
+    ap.add_argument("--resolve", action="store_true",
+                    help="look up the ENTRYPOINT of steps without `command` in the registry (INITSHIFT_REGISTRY_* "
+                         "settings; pull secrets through kubeconfig when INITSHIFT_REGISTRY_PULL_SECRETS is on)")
     return ap
 
 
@@ -55,7 +58,13 @@ def main(argv: list[str]) -> int:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
-    result = rewrite(pod_in.pod, settings, native_supported=True if args.native_sidecars else None)
+    native = True if args.native_sidecars else None
+    try:
+        images = _resolve(pod_in.pod, settings, native) if args.resolve else None
+    except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
+        print(f"initshift mutate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    result = rewrite(pod_in.pod, settings, images=images, native_supported=native)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.denied:
@@ -63,6 +72,34 @@ def main(argv: list[str]) -> int:
         return EXIT_DENIED
     sys.stdout.write(_render(pod_in.pod, result.pod, args.output))
     return EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
+
+
+def _resolve(pod: dict, settings: Settings, native: bool | None) -> dict | None:
+    """The registry lookup the server would make; on failure the reason goes to stderr and
+    the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED)."""
+    import asyncio
+
+    from .entrypoint import UnresolvedEntrypoint
+    from .resolver import make_resolver
+    from .rewrite import lookups_needed
+
+    lookups = lookups_needed(pod, settings, native_supported=native)
+    if not lookups:
+        return None
+    resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))
+    assert resolver is not None
+
+    async def run() -> dict:
+        try:
+            return await resolver.resolve(pod, lookups)
+        finally:
+            await resolver.aclose()
+
+    try:
+        return asyncio.run(run())
+    except UnresolvedEntrypoint as e:
+        print(f"warning: {e}", file=sys.stderr)
+        return None
 
 
 def _render(before: dict, after: dict, fmt: str) -> str:

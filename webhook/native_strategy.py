@@ -118,8 +118,9 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
         if note:
             warnings.append(note)
     before = inits[at]["name"] if at < len(inits) else None
-    warnings.insert(0, f"moved {', '.join(repr(c['name']) for c in natives)} into initContainers as native "
-                       f"sidecars (restartPolicy Always){f' before {before!r}' if before else ''}")
+    plural = "s" if len(natives) > 1 else ""
+    warnings.insert(0, f"moved sidecar{plural} {', '.join(repr(c['name']) for c in natives)} into initContainers "
+                       f"as native sidecar{plural} (restartPolicy Always){f' before {before!r}' if before else ''}")
 
     out = copy.deepcopy(dict(pod))
     new_spec = out["spec"]
@@ -166,6 +167,11 @@ def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
                             f"containers is moved when initshift is re-invoked")
     mark(out)
     return out, warnings
+
+
+def resolve_support(setting: str, detected: bool | None) -> bool | None:
+    """INITSHIFT_NATIVE_SIDECARS applied to a detection result: true/false override it."""
+    return {"true": True, "false": False}.get(setting, detected)
 
 
 def mark(pod: dict) -> None:

@@ -9,7 +9,6 @@ can trust what it stores.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -134,7 +133,10 @@ def make_ssl_context(ca_file: str = "") -> ssl.SSLContext:
     """System (certifi) roots plus the configured extra CA bundle."""
     ctx = ssl.create_default_context(cafile=certifi.where())
     if ca_file:
-        ctx.load_verify_locations(cafile=ca_file)
+        try:
+            ctx.load_verify_locations(cafile=ca_file)
+        except OSError as e:  # ssl.SSLError too: a file that holds no certificate
+            raise OSError(f"INITSHIFT_REGISTRY_CA_FILE {ca_file!r}: {e.strerror or e}") from None
     return ctx
 
 

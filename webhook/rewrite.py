@@ -11,8 +11,8 @@ from typing import Mapping
 
 from waiter import protocol as p
 
-from . import waiter_strategy
-from .classify import Classification, classify, has_mesh_marker
+from . import native_strategy, start_order, waiter_strategy
+from .classify import Classification, classify, has_mesh_marker, sidecar_names
 from .entrypoint import ImageEntrypoints, Lookup, needs_image
 from .podcheck import pod_problems
 from .quantity import QuantityError
@@ -39,6 +39,7 @@ class _Skip:
 class _Go:
     strategy: str
     cls: Classification
+    notes: list[str] = field(default_factory=list)  # warnings about the choice itself
 
 
 def _prefix(message: str) -> str:
@@ -50,10 +51,46 @@ def _mode(pod: Mapping, settings: Settings) -> str:
     return str(annotations.get(p.ANNOTATION_MODE, settings.rewrite.mode)).strip()
 
 
-def _strategy(mode: str, native_supported: bool | None) -> str:
+def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
+    if native_strategy.is_managed(pod):
+        return p.MODE_NATIVE  # decided at the first admission; re-invocations finish the job
     if mode == p.MODE_AUTO:
         return p.MODE_NATIVE if native_supported else p.MODE_WAITER
     return mode
+
+
+def _no_native(native_supported: bool | None) -> str:
+    return ("the cluster does not run native sidecars" if native_supported is False
+            else "native-sidecar support of the cluster is unknown")
+
+
+NO_SIDECAR = _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
+                                 "(re-invoked if a mesh injects later)")
+
+
+def _qualify_native(pod: Mapping, settings: Settings, mode: str, cls: Classification,
+                    native_supported: bool | None) -> _Skip | _Go:
+    managed = native_strategy.is_managed(pod)
+    notes = []
+    if mode == p.MODE_NATIVE and not managed and native_supported is not True:
+        if native_supported is False:
+            return _Skip("native-unsupported", f"{p.ANNOTATION_MODE}=native, but {_no_native(False)} "
+                                               f"(Kubernetes 1.29 or later); admitted unchanged")
+        notes.append(f"{_no_native(None)}; native sidecars used as {p.ANNOTATION_MODE}=native asks")
+    if not cls.steps:
+        return _Skip("no-init-containers", "no init container needs the sidecars; admitted unchanged")
+    if cls.sidecars:
+        return _Go(p.MODE_NATIVE, cls, notes)
+    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
+    proxies = [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+    if managed and (proxies or not has_mesh_marker(pod)):
+        return _Skip("unchanged", "the pod is already set up for native sidecars; nothing to do")
+    if proxies:
+        return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
+                                       f"admitted unchanged")
+    if has_mesh_marker(pod):
+        return _Go(p.MODE_NATIVE, cls, notes)  # the proxy comes later: ask the mesh for a native one
+    return NO_SIDECAR
 
 
 def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) -> _Skip | _Go:
@@ -70,14 +107,15 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
         return _Skip("disabled", f"{p.ANNOTATION_MODE}=disabled; admitted unchanged")
     if (spec.get("os") or {}).get("name") == "windows":
         return _Skip("windows", "Windows pods are not supported; admitted unchanged")
-    strategy = _strategy(mode, native_supported)
-    if strategy == p.MODE_NATIVE:
-        return _Skip("native-not-built", "the native strategy is not built yet; admitted unchanged")
+    strategy = _strategy(pod, mode, native_supported)
     cls = classify(pod, settings.rewrite)
+    if strategy == p.MODE_NATIVE:
+        return _qualify_native(pod, settings, mode, cls, native_supported)
     policy = spec.get("restartPolicy", "Always")
     if policy not in ("Never", "OnFailure"):
+        why = f"; native sidecars would, but {_no_native(native_supported)}" if mode == p.MODE_AUTO else ""
         return _Skip("restart-policy", f"restartPolicy {policy}: the waiter strategy runs steps only in "
-                                       f"run-to-completion pods (Never or OnFailure); admitted unchanged")
+                                       f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
     if not cls.steps:
         return _Skip("no-init-containers", "no init container to move; admitted unchanged")
     proxies = [c["name"] for c in cls.native_sidecars if c.get("name") in set(settings.rewrite.sidecar_names)]
@@ -85,13 +123,16 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
         return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                        f"admitted unchanged")
     if not cls.all_sidecars and not has_mesh_marker(pod):
-        return _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
-                                   "(re-invoked if a mesh injects later)")
+        return NO_SIDECAR
     return _Go(strategy, cls)
 
 
 def lookups_needed(pod: Mapping, settings: Settings, *, native_supported: bool | None = None) -> list[Lookup]:
     """Images whose configuration the rewrite will need (containers without `command`)."""
+    if start_order.requested(pod):
+        if _final(_qualify(pod, settings, native_supported)):
+            return []
+        return start_order.lookups(pod, settings, native_supported)
     if _is_managed(pod):
         return []
     plan = _qualify(pod, settings, native_supported)
@@ -107,6 +148,7 @@ def _is_managed(pod: Mapping) -> bool:
 
 def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
             native_supported: bool | None = None) -> RewriteResult:
+    native_supported = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
     try:
         return _rewrite(pod, settings, images or {}, native_supported)
     except (QuantityError, waiter_strategy.BuildError) as e:
@@ -126,13 +168,53 @@ def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoint
         out = waiter_strategy.refresh(pod, settings.rewrite)
         return _checked(pod, out, [], "refreshed")
     plan = _qualify(pod, settings, native_supported)
+    if start_order.requested(pod) and not _final(plan):
+        return _ordered(pod, plan, settings, images, native_supported)
     if isinstance(plan, _Skip):
         return RewriteResult(pod=pod, warnings=[_prefix(plan.message)], reason=plan.reason)
+    if plan.strategy == p.MODE_NATIVE:
+        return _native(pod, plan, settings)
     out, warnings = waiter_strategy.build(pod, plan.cls, settings.rewrite, images)
     return _checked(pod, out, [*plan.cls.warnings, *warnings], "rewritten")
 
 
-def _checked(before: dict, after: dict, warnings: list[str], reason: str) -> RewriteResult:
+def _native(pod: dict, plan: _Go, settings: Settings) -> RewriteResult:
+    try:
+        if plan.cls.sidecars:
+            out, warnings = native_strategy.move_sidecars(pod, plan.cls, settings.rewrite)
+            reason = "rewritten"
+        else:
+            out, warnings = native_strategy.request_native_injection(pod)
+            reason = "annotated"
+    except native_strategy.NativeError as e:
+        return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
+    return _checked(pod, out, [*plan.notes, *plan.cls.warnings, *warnings], reason, p.MODE_NATIVE)
+
+
+def _final(plan: _Skip | _Go) -> bool:
+    """Skips that hold whatever the pod asks for (start order included)."""
+    return isinstance(plan, _Skip) and plan.reason in ("invalid", "feature-gate-off", "invalid-mode", "disabled",
+                                                       "windows")
+
+
+def _ordered(pod: dict, plan: _Skip | _Go, settings: Settings, images: Mapping[str, ImageEntrypoints],
+             native_supported: bool | None) -> RewriteResult:
+    """Declared start order (webhook/start_order.py), composed after the native strategy."""
+    if isinstance(plan, _Go) and plan.strategy == p.MODE_WAITER:
+        raise waiter_strategy.BuildError(
+            f"{p.ANNOTATION_START_ORDER} cannot be combined with the waiter strategy (this pod's init containers "
+            f"would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or remove "
+            f"the annotation", deny=True, reason=start_order.REASON)
+    base, notes = pod, []
+    if isinstance(plan, _Go):
+        first = _native(pod, plan, settings)
+        base, notes = first.pod, [w.removeprefix(_prefix("")) for w in first.warnings]
+    out, warnings = start_order.build(base, settings, images, native_supported)
+    return _checked(pod, out, [*notes, *warnings], "rewritten", p.MANAGED_START_ORDER)
+
+
+def _checked(before: dict, after: dict, warnings: list[str], reason: str,
+             strategy: str = p.MODE_WAITER) -> RewriteResult:
     """A last guard: a pod the apiserver would reject is never emitted."""
     problems = pod_problems(after)
     if problems:
@@ -140,5 +222,5 @@ def _checked(before: dict, after: dict, warnings: list[str], reason: str) -> Rew
             _prefix(f"the rewritten pod would be invalid ({'; '.join(problems)}); admitted unchanged")])
     changed = after != before
     return RewriteResult(pod=after if changed else before, warnings=[_prefix(w) for w in warnings],
-                         changed=changed, strategy=p.MODE_WAITER, reason=reason if changed else "unchanged")
+                         changed=changed, strategy=strategy, reason=reason if changed else "unchanged")
 

@@ -68,6 +68,9 @@ class RewriteSettings:
         "deny", **_choice("deny", "admit"))
     step_timeout_seconds: int = _env("INITSHIFT_STEP_TIMEOUT_SECONDS",
                                      "Per-step timeout passed to the waiter; 0 means none.", 0)
+    start_order_max_wait_seconds: int = _env(
+        "INITSHIFT_START_ORDER_MAX_WAIT_SECONDS",
+        "Seconds a container gated by `initshift.io/start-order` waits before it exits non-zero; 0 waits forever.", 0)
 
 
 @dataclass(frozen=True)

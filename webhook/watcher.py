@@ -29,7 +29,7 @@ from .watcher_metrics import API_ERRORS, DEADLINES, OUTCOMES, READY_LATENCY, TRA
 
 log = logging.getLogger("initshift.watcher")
 
-LABEL_SELECTOR = f"{p.LABEL_MANAGED}={p.MODE_WAITER}"
+LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MANAGED_START_ORDER})"
 COMPONENT = "initshift-watcher"
 WORKERS = 2
 _CONFLICT_RETRIES = 5
@@ -179,6 +179,10 @@ class Controller:
                 delay = backoff.next()
                 log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra={"namespace": namespace or "*"})
                 await asyncio.sleep(delay)
+            except Exception:  # a bug or an unexpected payload: keep watching, after a pause
+                delay = backoff.next()
+                log.exception("watch loop error, retrying in %.1fs", delay, extra={"namespace": namespace or "*"})
+                await asyncio.sleep(delay)
 
     async def _worker(self) -> None:
         while True:
@@ -253,8 +257,9 @@ class Controller:
             OUTCOMES.labels(action.outcome["result"], action.outcome["sidecarsStoppedBy"]).inc()
         elif action.kind == "end":
             DEADLINES.inc()
-        log.info(action.message, extra={"namespace": key[0], "pod": key[1], "action": action.kind})
-        await self._event(pod, action)
+        if action.reason:
+            log.info(action.message, extra={"namespace": key[0], "pod": key[1], "action": action.kind})
+            await self._event(pod, action)
         return pod
 
     async def _event(self, pod: dict, action: Action) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks: run with `make bench`; they print figures and assert nothing."""
