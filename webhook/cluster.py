@@ -37,6 +37,7 @@ log = logging.getLogger("initshift.cluster")
 
 MIN_VERSION = (1, 29)  # SidecarContainers beta, on by default
 SETTING_AUTO = "auto"
+START_TIMEOUT_SECONDS = 5.0  # start-up detection must not hold the server back for long
 STRATEGY_DISABLED = p.MODE_DISABLED
 
 Version = tuple[int, int]
@@ -284,5 +285,9 @@ async def start(settings: "Settings", api: "KubeApi | None" = None) -> NativeSup
             log.warning("native sidecars: no API access (%s); auto falls back to waiter", e)
             return NativeSupport(settings, unknown_why=f"no API access: {e}")
     support = NativeSupport(settings, KubeFetcher(api), api=owned)
-    await support.refresh()
+    try:
+        await asyncio.wait_for(support.refresh(), START_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError:
+        log.warning("native sidecars: no answer from the apiserver within %ss; waiter until it answers",
+                    START_TIMEOUT_SECONDS)
     return support

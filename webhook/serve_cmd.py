@@ -58,12 +58,17 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
         from .watcher import run_watcher
 
         companions.append(lambda stop: run_watcher(settings, stop))
-    server = HttpsServer(settings, resolver=resolver)
+    from .cluster import start as detect_native
+
+    native = await detect_native(settings, api)  # auto: apiserver and kubelet versions
+    companions.append(native.run)
+    server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy)
     if on_started is not None:
         companions.append(_when_started(server, on_started))
     try:
         await server.serve(*companions)
     finally:
+        await native.close()
         if api is not None:
             await api.close()
 

@@ -45,8 +45,9 @@ def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
 def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
     try:
         ctx.load_cert_chain(certfile=cert, keyfile=key)
-    except FileNotFoundError as e:
-        raise TLSError(f"certificate file missing: {e.filename}") from None
+    except FileNotFoundError:
+        missing = [p for p in (cert, key) if not os.path.exists(p)] or [cert]
+        raise TLSError(f"certificate file missing: {', '.join(missing)}") from None
     except (OSError, ssl.SSLError) as e:
         raise TLSError(f"cannot load certificate {cert} / key {key}: {e}") from None
 
