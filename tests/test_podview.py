@@ -183,8 +183,8 @@ CASES = [
         ("initshift-init", "init", "completed", 0, "Completed"),
         *[(n, "step", "completed", 0, "Completed") for n in KPACK_STEPS[:4]],
         ("build", "step", "failed", 137, "OOMKilled"),
-        ("export", "step", "not run", 137, "NotRun"),
-        ("completion", "main", "not run", 137, "NotRun"),
+        ("export", "step", "not run", None, "NotRun"),
+        ("completion", "main", "not run", None, "NotRun"),
         ("istio-proxy", "sidecar", "stopped", 137, "Error"),
     ]),
     ("never-rewritten-running", tekton_plain_running, [
@@ -260,6 +260,11 @@ def test_waiter_times_come_from_its_record_not_the_kubelet() -> None:
     view = pv.pod_view(kpack_all_done(), NOW)
     build = view.row("build")
     assert build.started_at == "2024-05-01T10:00:45.000000Z" and build.duration == pytest.approx(9.0)
+
+
+def test_oomkilled_step_started_when_its_predecessor_finished() -> None:
+    build = pv.pod_view(kpack_oomkilled(), NOW).row("build")
+    assert (build.started_at, build.duration) == ("2024-05-01T10:00:44.000000Z", pytest.approx(16.0))
 
 
 def test_running_step_started_when_its_predecessor_finished() -> None:

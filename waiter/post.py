@@ -14,14 +14,16 @@ from .record import Record
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over path."""
+    """Write to a temp file in the same directory, then rename over path.
+
+    No fsync: readers only need rename's atomicity, and an emptyDir does not outlive a node
+    crash (the pod is gone with it), so durability would buy nothing but handoff latency."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         try:
             os.write(fd, data)
-            os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)

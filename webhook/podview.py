@@ -261,6 +261,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         number = lay.steps.index(name) + 1 if kind == STEP else None
         waiting_reason = str(((st.get("state") or {}).get("waiting") or {}).get("reason") or "")
         base = dict(name=name, kind=kind, number=number, restarts=restarts)
+        prev = predecessor(name) if kind != SIDECAR else None
         if kind == SIDECAR:
             rows.append(_sidecar_row(base, run, st, now, outcome.get("sidecarsStoppedBy")))
             continue
@@ -268,14 +269,15 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             entry = entries.get(name) or {}
             if not run.recorded and entry.get("reason") == NOT_RUN and name in lay.waiter_run:
                 # Killed while the waiter still held it: its command never ran.
-                rows.append(Row(**base, state=NOT_STARTED, exit_code=run.exit_code, reason=NOT_RUN,
-                                message=run.message))
+                rows.append(Row(**base, state=NOT_STARTED, reason=NOT_RUN, message=run.message))
                 continue
+            started = run.started_at
+            if not run.recorded and name in lay.waiter_run:  # died without a record (OOMKilled)
+                started = _later(started, runs[prev].finished_at if prev else None)
             rows.append(Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
-                            reason=run.reason, message=run.message, started_at=run.started_at,
-                            finished_at=run.finished_at, duration=_seconds(run.started_at, run.finished_at)))
+                            reason=run.reason, message=run.message, started_at=started,
+                            finished_at=run.finished_at, duration=_seconds(started, run.finished_at)))
             continue
-        prev = predecessor(name)
         # A waiter-run predecessor that died without its record (OOMKilled) never releases it.
         prev_done = prev is None or (runs[prev].state == "terminated"
                                      and (runs[prev].recorded or prev not in lay.waiter_run))
