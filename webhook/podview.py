@@ -253,58 +253,55 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         i = lay.sequence.index(name)
         return lay.sequence[i - 1] if i else None
 
-    rows: list[Row] = []
-    for name in [*lay.sequence, *lay.mains, *lay.sidecars]:
-        kind = lay.kind(name)
+    def work_row(name: str, kind: str) -> Row:
+        """A step's, main's or init container's row."""
         run, st = runs[name], statuses.get(name) or {}
-        restarts = int(st.get("restartCount") or 0)
-        number = lay.steps.index(name) + 1 if kind == STEP else None
-        waiting_reason = str(((st.get("state") or {}).get("waiting") or {}).get("reason") or "")
-        base = dict(name=name, kind=kind, number=number, restarts=restarts)
-        prev = predecessor(name) if kind != SIDECAR else None
-        if kind == SIDECAR:
-            rows.append(_sidecar_row(base, run, st, now, outcome.get("sidecarsStoppedBy")))
-            continue
+        waiting = (st.get("state") or {}).get("waiting") or {}
+        waiting_reason = str(waiting.get("reason") or "")
+        base = dict(name=name, kind=kind, number=lay.steps.index(name) + 1 if kind == STEP else None,
+                    restarts=int(st.get("restartCount") or 0))
+        prev = predecessor(name)
         if run.state == "terminated":
             entry = entries.get(name) or {}
             if not run.recorded and entry.get("reason") == NOT_RUN and name in lay.waiter_run:
                 # Killed while the waiter still held it: its command never ran.
-                rows.append(Row(**base, state=NOT_STARTED, reason=NOT_RUN, message=run.message))
-                continue
+                return Row(**base, state=NOT_STARTED, reason=NOT_RUN, message=run.message)
             started = run.started_at
             if not run.recorded and name in lay.waiter_run:  # died without a record (OOMKilled)
                 started = _later(started, runs[prev].finished_at if prev else None)
-            rows.append(Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
-                            reason=run.reason, message=run.message, started_at=started,
-                            finished_at=run.finished_at, duration=_seconds(started, run.finished_at)))
-            continue
+            return Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
+                       reason=run.reason, message=run.message, started_at=started,
+                       finished_at=run.finished_at, duration=_seconds(started, run.finished_at))
         # A waiter-run predecessor that died without its record (OOMKilled) never releases it.
         prev_done = prev is None or (runs[prev].state == "terminated"
                                      and (runs[prev].recorded or prev not in lay.waiter_run))
         if ended:
-            rows.append(Row(**base, state=NOT_STARTED, reason=NOT_RUN))
-        elif run.state == "running" and name in lay.waiter_run:
+            return Row(**base, state=NOT_STARTED, reason=NOT_RUN)
+        if run.state == "running" and name in lay.waiter_run:
             # Every waiter-run container starts at once; its command runs after its predecessor.
             if not prev_done:
-                rows.append(Row(**base, state=WAITING_STEP, waiting_for=prev))
+                return Row(**base, state=WAITING_STEP, waiting_for=prev)
             elif name == (lay.steps or [None])[0] and lay.sidecars and not ready_gate and not sidecars_ready:
-                rows.append(Row(**base, state=WAITING_SIDECARS))
+                return Row(**base, state=WAITING_SIDECARS)
             else:
                 # The container started with the pod; its command, when its predecessor finished.
                 started = _later(run.started_at, runs[prev].finished_at if prev else None)
-                rows.append(Row(**base, state=RUNNING, started_at=started, duration=_seconds(started, now)))
+                return Row(**base, state=RUNNING, started_at=started, duration=_seconds(started, now))
         elif run.state == "running":
-            rows.append(Row(**base, state=RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now)))
+            return Row(**base, state=RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now))
         elif waiting_reason not in _QUIET_WAITING:
-            rows.append(Row(**base, state=PENDING, reason=waiting_reason,
-                            message=str(((st.get("state") or {}).get("waiting") or {}).get("message") or "")))
+            return Row(**base, state=PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
         elif not prev_done:
-            rows.append(Row(**base, state=WAITING_STEP, waiting_for=prev))
+            return Row(**base, state=WAITING_STEP, waiting_for=prev)
         elif name == (lay.steps or [None])[0] and lay.strategy == p.MODE_NATIVE and not sidecars_ready \
                 and lay.sidecars:
-            rows.append(Row(**base, state=WAITING_SIDECARS))
-        else:
-            rows.append(Row(**base, state=PENDING, reason=waiting_reason))
+            return Row(**base, state=WAITING_SIDECARS)
+        return Row(**base, state=PENDING, reason=waiting_reason)
+
+
+    stopped_by = outcome.get("sidecarsStoppedBy")
+    rows = [_sidecar_row(name, runs[name], statuses.get(name) or {}, now, stopped_by) if lay.kind(name) == SIDECAR
+            else work_row(name, lay.kind(name)) for name in [*lay.sequence, *lay.mains, *lay.sidecars]]
 
     result = str(outcome.get("result") or phase)
     message = str(outcome.get("message") or status.get("message") or "")
@@ -316,7 +313,8 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows))
 
 
-def _sidecar_row(base: dict, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
+def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
+    base = dict(name=name, kind=SIDECAR, restarts=int(st.get("restartCount") or 0))
     ready = bool(st.get("ready")) if st else None
     if run.state == "terminated":
         how = f"stopped by {stopped_by}" if isinstance(stopped_by, str) else ""
