@@ -8,6 +8,7 @@ the waiter's JSON record as `state.terminated.message`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -42,11 +43,15 @@ def pod(fixture: str, name: str = "build-1", namespace: str = "builds", *, rewri
     return out
 
 
-def native_pod(fixture: str = "kpack-istio-native", name: str = "build-1", namespace: str = "builds") -> dict:
-    """A pod as the native strategy leaves it: steps stay init containers, the proxy is a
-    restartable init container, labelled managed=native."""
-    out = pod(fixture, name, namespace, rewritten=False)
-    out["metadata"].setdefault("labels", {})[p.LABEL_MANAGED] = p.MODE_NATIVE
+def native_pod(fixture: str = "kpack-istio", name: str = "build-1", namespace: str = "builds") -> dict:
+    """A fixture pod rewritten by the real native strategy: the steps stay init containers,
+    the proxy becomes a restartable init container, labelled managed=native."""
+    settings = Settings(feature_gate=True)
+    settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=p.MODE_NATIVE))
+    out = rewrite(catalogue()[fixture], settings, native_supported=True).pod
+    assert out["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
+    out["metadata"].pop("generateName", None)
+    out["metadata"].update(name=name, namespace=namespace)
     return out
 
 

@@ -188,8 +188,8 @@ async def test_follow_reports_a_deleted_pod(kube: KubeDouble, cfg: str) -> None:
     (lambda kube: None, f"initshift logs: pod {NAME} not found in namespace {NS}\n"),
     (lambda kube: kube.put_pod(with_status(pod("no-init-istio", NAME, NS, rewritten=False),
                                            containers=[run("build")])),
-     f"initshift logs: pod {NAME} is not managed by initshift (initshift.io/managed is not set) and has no init "
-     f"containers to show\n"),
+     f"initshift logs: pod {NAME} is not managed by initshift as a build (initshift.io/managed is not set) "
+     f"and has no init containers to show\n"),
     (lambda kube: (kube.put_pod(tekton_done()), kube.fail_next(f"/api/v1/namespaces/{NS}/pods/{NAME}/log", 403,
                                                                message="pods \"build-1\" is forbidden: cannot get "
                                                                        "resource \"pods/log\"")),

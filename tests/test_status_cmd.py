@@ -125,8 +125,8 @@ async def test_never_rewritten_pod_shows_its_init_containers(kube: KubeDouble, c
      'initshift status: no permission to read pod builds/build-1: pods "build-1" is forbidden: User "dev" cannot '
      'get resource "pods" in API group "" in the namespace "builds"\n'),
     (lambda kube: kube.put_pod(with_status(pod("no-init-istio", rewritten=False), containers=[run("build")])),
-     "initshift status: pod build-1 is not managed by initshift (initshift.io/managed is not set) and has no "
-     "init containers to show\n"),
+     "initshift status: pod build-1 is not managed by initshift as a build (initshift.io/managed is not set) "
+     "and has no init containers to show\n"),
 ], ids=["missing", "forbidden", "not-managed"])
 async def test_one_line_errors(kube: KubeDouble, cfg: str, setup, message: str) -> None:
     setup(kube)
@@ -205,3 +205,22 @@ def test_the_installed_command_prints_one_line_and_no_traceback(tmp_path) -> Non
     listed = subprocess.run([sys.executable, "-m", "webhook.cli", "--help"], capture_output=True, text=True,
                             timeout=60).stdout
     assert "\n  status " in listed and "\n  logs " in listed
+
+
+async def test_watch_on_a_terminal_redraws_in_place(kube: KubeDouble, cfg: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    kube.put_pod(kpack_running())
+    out = Tty()
+    task = asyncio.create_task(status("build-1", "-w", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: kube.open_watches, "the watch")
+    finished = kpack_deadline_after_success()
+    current = kube.pod("builds", "build-1")
+    current["metadata"]["annotations"] = finished["metadata"]["annotations"]
+    kube.put_pod(current)
+    kube.set_container_statuses("builds", "build-1", finished["status"]["containerStatuses"], phase="Failed",
+                                reason="DeadlineExceeded")
+    code, text, _ = await asyncio.wait_for(task, BOUND)
+    screens = text.split("\x1b[H\x1b[J")
+    assert code == 0 and screens[0] == "" and len(screens) >= 3
+    assert "Running" in screens[1] and "\x1b[32mSucceeded\x1b[0m" in screens[-1]

@@ -25,7 +25,7 @@ BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 CHROOT = shutil.which("chroot") or "chroot"
 UNSHARE = shutil.which("unshare") or "unshare"
 MOUNT = shutil.which("mount") or "mount"
-APPLETS = ["sh", "env", "printf", "cat", "sleep", "echo", "touch", "true", "false", "kill"]
+APPLETS = ["sh", "env", "printf", "cat", "sleep", "echo", "touch", "true", "false", "kill", "grep"]
 WORK = "/work"  # the one writable dir inside the roots (an emptyDir in a pod)
 
 
@@ -148,6 +148,30 @@ def test_frozen_forwards_sigterm_and_exits_with_the_childs_code(tmp_path: Path, 
     assert proc.returncode == 7
     assert (root / "work" / "term").read_text() == "got\n"
     assert record(root / "work" / "0")[p.RECORD_EXIT_CODE] == 7
+
+
+ORPHANS = """
+echo $PPID > /work/ppid
+i=0; while [ $i -lt 5 ]; do (sleep 0.05 &); i=$((i+1)); done
+n=0
+while [ $n -lt 400 ]; do
+  # an orphan that exited but was not reaped stays listed as "(sleep) Z"
+  [ "$(cat /proc/[0-9]*/stat 2>&1 | grep -c '(sleep)')" = 0 ] && exit 0
+  sleep 0.05; n=$((n+1))
+done
+exit 9
+"""
+
+
+def test_frozen_as_pid_1_reaps_orphans(tmp_path: Path, bundle: Path) -> None:
+    root = make_root(tmp_path, bundle, busybox=True)
+    (root / "proc").mkdir()
+    script = f'{MOUNT} -t proc proc "$1/proc" && exec {CHROOT} "$@"'
+    res = subprocess.run([UNSHARE, "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", script,
+                          "sh", str(root), *waiter_run(f"{WORK}/0", argv=["sh", "-c", ORPHANS])],
+                         env={"PATH": "/bin"}, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (root / "work" / "ppid").read_text().strip() == "1"  # the waiter was PID 1
 
 
 def test_waiter_init_from_the_image_layout(tmp_path: Path, bundle: Path) -> None:

@@ -39,7 +39,7 @@ def become_subreaper() -> None:
         pass
 
 
-def _candidates(command: bytes, env: dict[bytes, bytes]) -> list[bytes]:
+def exec_candidates(command: bytes, env: dict[bytes, bytes]) -> list[bytes]:
     """Like runc/execvp: a name without '/' is looked up in the container's PATH."""
     if b"/" in command:
         return [command]
@@ -52,7 +52,7 @@ def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
     if not argv or not argv[0]:
         raise WaiterError("empty command", p.EXIT_NOT_FOUND)
     saved: OSError | None = None
-    for path in _candidates(argv[0], env):
+    for path in exec_candidates(argv[0], env):
         try:
             return os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
                                   setsigdef=all_signals())

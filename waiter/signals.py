@@ -37,6 +37,10 @@ class SignalBox:
         os.set_blocking(self._w, False)
         signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
         for sig in all_signals():
+            if sig == signal.SIGPIPE:
+                # Stays ignored: a SIGPIPE from our own write to a closed stderr must not be
+                # forwarded and kill the child. (The child still starts with the default.)
+                continue
             try:
                 signal.signal(sig, self._handle)
             except (OSError, ValueError):  # reserved by libc (e.g. 32, 33)

@@ -38,7 +38,7 @@ from .errors import UsageError, WaiterError
 from .gate import PROBE_INTERVAL, PROBE_TIMEOUT
 from .loopback import Endpoint
 from .record import now, rfc3339
-from .runner import _candidates
+from .runner import exec_candidates
 from .signals import TERMINATING, SignalBox, all_signals
 from .wait import DirWatch
 
@@ -293,7 +293,7 @@ def exec_argv(argv: list[bytes], env: dict[bytes, bytes]) -> NoReturn:
         raise WaiterError("empty command", p.EXIT_NOT_FOUND)
     _default_signals()
     saved: OSError | None = None
-    for path in _candidates(argv[0], env):
+    for path in exec_candidates(argv[0], env):
         try:
             os.execve(path, argv, env)
         except OSError as exc:

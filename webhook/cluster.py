@@ -198,11 +198,11 @@ class NativeSupport:
         self.settings = settings
         self.setting = settings.rewrite.native_sidecars
         self.fetcher = fetcher
-        self.detected = Decision(None, unknown_why if self._detects else f"{p.ENV_PREFIX}NATIVE_SIDECARS={self.setting}")
-        self.last_observation: Observation | None = None
+        forced = f"set to {self.setting} by {p.ENV_PREFIX}NATIVE_SIDECARS"
+        self.detected = Decision(None, unknown_why if self._detects else forced)
         self._api = api  # closed by close(): built by start() for detection alone
         self._nodes_warned = False
-        self._publish()
+        self._publish(quiet=self._detects and fetcher is not None)  # the first refresh will say it
 
     async def close(self) -> None:
         if self._api is not None:
@@ -219,16 +219,11 @@ class NativeSupport:
     def strategy(self) -> str:
         return default_strategy(self.settings, self.current())
 
-    def detail(self) -> dict:
-        return {"setting": self.setting, "supported": self.current(), "why": self.detected.why,
-                "strategy": self.strategy()}
-
     async def refresh(self) -> Decision:
         """Look again (auto only); returns the decision now in force."""
         if not self._detects or self.fetcher is None:
             return self.detected
         obs = await observe(self.fetcher)
-        self.last_observation = obs
         new = decide(obs)
         if obs.kubelets is None and obs.nodes_error and obs.apiserver is not None and not self._nodes_warned:
             log.warning("native sidecars: %s; deciding from the apiserver alone", obs.nodes_error)
@@ -257,11 +252,13 @@ class NativeSupport:
                 pass
             await self.refresh()
 
-    def _publish(self) -> None:
+    def _publish(self, quiet: bool = False) -> None:
         supported, strategy = self.current(), self.strategy()
         SUPPORTED.set(-1 if supported is None else int(supported))
         for name in (p.MODE_WAITER, p.MODE_NATIVE, STRATEGY_DISABLED):
             ACTIVE.labels(name).set(1 if name == strategy else 0)
+        if quiet:
+            return
         log.info("native sidecars: %s (%s); default strategy %s",
                  {True: "supported", False: "not supported", None: "unknown"}[supported], self.detected.why,
                  strategy, extra={"native_sidecars": self.setting, "strategy": strategy})

@@ -59,12 +59,14 @@ def main(argv: list[str]) -> int:
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
     native = True if args.native_sidecars else None
+    images, lookup_error = None, None
     try:
-        images = _resolve(pod_in.pod, settings, native) if args.resolve else None
+        if args.resolve:
+            images, lookup_error = _resolve(pod_in.pod, settings, native)
     except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    result = rewrite(pod_in.pod, settings, images=images, native_supported=native)
+    result = rewrite(pod_in.pod, settings, images=images, native_supported=native, lookup_error=lookup_error)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.denied:
@@ -74,9 +76,9 @@ def main(argv: list[str]) -> int:
     return EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
 
 
-def _resolve(pod: dict, settings: Settings, native: bool | None) -> dict | None:
-    """The registry lookup the server would make; on failure the reason goes to stderr and
-    the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED)."""
+def _resolve(pod: dict, settings: Settings, native: bool | None) -> tuple[dict | None, str | None]:
+    """The registry lookup the server would make: (images, None), or (None, why it failed),
+    and the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED) with that reason."""
     import asyncio
 
     from .entrypoint import UnresolvedEntrypoint
@@ -85,7 +87,7 @@ def _resolve(pod: dict, settings: Settings, native: bool | None) -> dict | None:
 
     lookups = lookups_needed(pod, settings, native_supported=native)
     if not lookups:
-        return None
+        return None, None
     resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))
     assert resolver is not None
 
@@ -96,10 +98,9 @@ def _resolve(pod: dict, settings: Settings, native: bool | None) -> dict | None:
             await resolver.aclose()
 
     try:
-        return asyncio.run(run())
+        return asyncio.run(run()), None
     except UnresolvedEntrypoint as e:
-        print(f"warning: {e}", file=sys.stderr)
-        return None
+        return None, str(e)
 
 
 def _render(before: dict, after: dict, fmt: str) -> str:

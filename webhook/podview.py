@@ -154,8 +154,10 @@ def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
         return Layout(strategy, sequential, lay.steps, lay.mains, native_sidecars + lay.sidecars,
                       sequential + lay.steps, in_init, waiter_run)
     if strategy is None and not sequential:
-        name = (pod.get("metadata") or {}).get("name", "")
-        raise NotManaged(f"pod {name} is not managed by initshift ({p.LABEL_MANAGED} is not set) "
+        meta = pod.get("metadata") or {}
+        label = (meta.get("labels") or {}).get(p.LABEL_MANAGED)
+        why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
+        raise NotManaged(f"pod {meta.get('name', '')} is not managed by initshift as a build ({why}) "
                          f"and has no init containers to show")
     cls = classify(pod, settings or RewriteSettings())
     annotated = _json_list(((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_STEPS))
@@ -261,6 +263,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         base = dict(name=name, kind=kind, number=lay.steps.index(name) + 1 if kind == STEP else None,
                     restarts=int(st.get("restartCount") or 0))
         prev = predecessor(name)
+        first_step = bool(lay.steps) and name == lay.steps[0]
         if run.state == "terminated":
             entry = entries.get(name) or {}
             if not run.recorded and entry.get("reason") == NOT_RUN and name in lay.waiter_run:
@@ -281,23 +284,20 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             # Every waiter-run container starts at once; its command runs after its predecessor.
             if not prev_done:
                 return Row(**base, state=WAITING_STEP, waiting_for=prev)
-            elif name == (lay.steps or [None])[0] and lay.sidecars and not ready_gate and not sidecars_ready:
+            if first_step and lay.sidecars and not ready_gate and not sidecars_ready:
                 return Row(**base, state=WAITING_SIDECARS)
-            else:
-                # The container started with the pod; its command, when its predecessor finished.
-                started = _later(run.started_at, runs[prev].finished_at if prev else None)
-                return Row(**base, state=RUNNING, started_at=started, duration=_seconds(started, now))
-        elif run.state == "running":
+            # The container started with the pod; its command, when its predecessor finished.
+            started = _later(run.started_at, runs[prev].finished_at if prev else None)
+            return Row(**base, state=RUNNING, started_at=started, duration=_seconds(started, now))
+        if run.state == "running":
             return Row(**base, state=RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now))
-        elif waiting_reason not in _QUIET_WAITING:
+        if waiting_reason not in _QUIET_WAITING:
             return Row(**base, state=PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
-        elif not prev_done:
+        if not prev_done:
             return Row(**base, state=WAITING_STEP, waiting_for=prev)
-        elif name == (lay.steps or [None])[0] and lay.strategy == p.MODE_NATIVE and not sidecars_ready \
-                and lay.sidecars:
-            return Row(**base, state=WAITING_SIDECARS)
+        if first_step and lay.strategy == p.MODE_NATIVE and lay.sidecars and not sidecars_ready:
+            return Row(**base, state=WAITING_SIDECARS)  # the kubelet holds it for the startup probe
         return Row(**base, state=PENDING, reason=waiting_reason)
-
 
     stopped_by = outcome.get("sidecarsStoppedBy")
     rows = [_sidecar_row(name, runs[name], statuses.get(name) or {}, now, stopped_by) if lay.kind(name) == SIDECAR
@@ -309,7 +309,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), strategy=lay.strategy,
         phase=phase, pod_reason=str(status.get("reason") or ""), result=result, message=message,
         failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else None,
-        sidecars_stopped_by=outcome.get("sidecarsStoppedBy") if outcome else None,
+        sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
         ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows))
 
 

@@ -17,6 +17,7 @@ from .entrypoint import ImageEntrypoints, Lookup, needs_image
 from .podcheck import pod_problems
 from .quantity import QuantityError
 from .settings import Settings
+from .shape import shape_problem
 
 
 @dataclass
@@ -147,10 +148,15 @@ def _is_managed(pod: Mapping) -> bool:
 
 
 def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
-            native_supported: bool | None = None) -> RewriteResult:
+            native_supported: bool | None = None, lookup_error: str | None = None) -> RewriteResult:
+    """`lookup_error`: why the registry lookup failed, the message given for containers
+    without `command` whose image is missing from `images`."""
+    problem = shape_problem(pod)
+    if problem:
+        return RewriteResult(pod=pod, reason="invalid", warnings=[_prefix(f"{problem}; admitted unchanged")])
     native_supported = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
     try:
-        return _rewrite(pod, settings, images or {}, native_supported)
+        return _rewrite(pod, settings, images or {}, native_supported, lookup_error)
     except (QuantityError, waiter_strategy.BuildError) as e:
         deny = isinstance(e, waiter_strategy.BuildError) and e.deny
         reason = e.reason if isinstance(e, waiter_strategy.BuildError) else "invalid"
@@ -160,7 +166,7 @@ def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoi
 
 
 def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoints],
-             native_supported: bool | None) -> RewriteResult:
+             native_supported: bool | None, lookup_error: str | None = None) -> RewriteResult:
     if settings.feature_gate and _is_managed(pod) and waiter_strategy.managed_names(pod) is not None:
         if _mode(pod, settings) == p.MODE_DISABLED:
             return RewriteResult(pod=pod, reason="disabled",
@@ -174,7 +180,7 @@ def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoint
         return RewriteResult(pod=pod, warnings=[_prefix(plan.message)], reason=plan.reason)
     if plan.strategy == p.MODE_NATIVE:
         return _native(pod, plan, settings)
-    out, warnings = waiter_strategy.build(pod, plan.cls, settings.rewrite, images)
+    out, warnings = waiter_strategy.build(pod, plan.cls, settings.rewrite, images, lookup_error)
     return _checked(pod, out, [*plan.cls.warnings, *warnings], "rewritten")
 
 

@@ -109,15 +109,18 @@ class Reviewer:
         pod = review.obj
         native = self.native_supported()
         images: dict[str, Any] | None = None
+        lookup_error: str | None = None
         if self.resolver is not None:
             lookups = self._lookups(pod, self.settings, native_supported=native)
             if lookups:
                 try:
-                    images = await self.resolver.resolve(pod, lookups)
-                except UnresolvedEntrypoint:
-                    # Rewrite without the image: it denies or admits per on_unresolved.
-                    images = None
-        result = self._rewrite(pod, self.settings, images=images, native_supported=native)
+                    # The pod of a CREATE review often has no namespace: the request's decides.
+                    images = await self.resolver.resolve(pod, lookups, namespace=review.namespace or None)
+                except UnresolvedEntrypoint as e:
+                    # Rewrite without the image: it denies or admits per on_unresolved, saying why.
+                    lookup_error = str(e)
+        result = self._rewrite(pod, self.settings, images=images, native_supported=native,
+                               lookup_error=lookup_error)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)

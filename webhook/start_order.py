@@ -41,7 +41,7 @@ from .classify import classify, sidecar_names
 from .entrypoint import ImageEntrypoints, Lookup, needs_image
 from .resources import is_restartable, pod_requests, restartable_sum
 from .settings import Settings
-from .waiter_strategy import BuildError, _argv_for, _check_reserved, init_container, loopback_probe, unwrap_argv
+from .waiter_strategy import BuildError, argv_for, check_reserved, init_container, loopback_probe, unwrap_argv
 
 REASON = "invalid-start-order"
 OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
@@ -280,7 +280,7 @@ def _argvs(containers: Sequence[Mapping], wrapped: Sequence[str], prior: Mapping
     missing = []
     for c in containers:
         if c["name"] in wrapped:
-            argv, argv_map = prior.get(c["name"]) or _argv_for(c, images)
+            argv, argv_map = prior.get(c["name"]) or argv_for(c, images)
             if argv is None:
                 missing.append(f"{c['name']!r} (image {c.get('image')!r})")
             out[c["name"]] = (argv or [], argv_map)
@@ -315,7 +315,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
     spec = out["spec"]
     containers = spec["containers"]
     if not managed:
-        _check_reserved(out, [c for c in containers if c["name"] in wrapped])
+        check_reserved(out, [c for c in containers if c["name"] in wrapped])
         taken = [v["name"] for v in spec.get("volumes") or [] if _ours(v.get("name"))]
         if taken:
             raise _deny([f"volume name {taken[0]!r} is reserved by initshift"])

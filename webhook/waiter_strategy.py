@@ -244,7 +244,7 @@ def _volumes(spec: Mapping, n_wrapped: int, gate: bool) -> list[dict]:
 
 # --- the whole pod ------------------------------------------------------------------------
 
-def _argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[str] | None, dict | None]:
+def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[str] | None, dict | None]:
     if not needs_image(c):
         return effective_argv(c, None), None
     per_platform = argv_by_platform(c, images.get(str(c.get("image"))))
@@ -256,7 +256,7 @@ def _argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[
     return [], per_platform
 
 
-def _check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
+def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     spec = pod.get("spec") or {}
     for v in spec.get("volumes") or []:
         if _is_our_volume(v.get("name")):
@@ -273,24 +273,25 @@ def _check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
-          images: Mapping[str, ImageEntrypoints]) -> tuple[dict, list[str]]:
-    """The rewritten pod and its warnings; raises BuildError when it cannot be done."""
+          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> tuple[dict, list[str]]:
+    """The rewritten pod and its warnings; raises BuildError when it cannot be done.
+    `lookup_error` says why images are missing when a registry lookup failed."""
     spec = pod.get("spec") or {}
     wrapped_src = [*cls.steps, *cls.mains]
-    _check_reserved(pod, wrapped_src)
+    check_reserved(pod, wrapped_src)
 
     argvs: list[tuple[list[str] | None, dict | None]] = []
     missing = []
     for c in wrapped_src:
-        argv, argv_map = _argv_for(c, images)
+        argv, argv_map = argv_for(c, images)
         if argv is None:
             missing.append(c)
         argvs.append((argv, argv_map))
     if missing:
         names = ", ".join(f"{c.get('name')!r} (image {c.get('image')!r})" for c in missing)
         raise BuildError(
-            f"containers without `command` need their image's ENTRYPOINT, which was not looked up: {names}; "
-            f"set `command` on them (or turn on registry lookup)",
+            lookup_error or f"containers without `command` need their image's ENTRYPOINT, which was not looked up: "
+                            f"{names}; set `command` on them (or turn on registry lookup)",
             deny=settings.on_unresolved == "deny", reason="unresolved-entrypoint")
 
     warnings: list[str] = []

@@ -141,7 +141,8 @@ def main() -> int:
         print(f"handoff over {len(hand)} step-to-step handoffs: median {statistics.median(hand) * 1000:.2f} ms, "
               f"p99 {p99 * 1000:.2f} ms, max {hand[-1] * 1000:.2f} ms")
         used, hwm = idle(t)
-        print(f"CPU time while waiting {IDLE_SECONDS} s: {used * 1000:.0f} ms")
+        tick = 1000 / os.sysconf("SC_CLK_TCK")
+        print(f"CPU time while waiting {IDLE_SECONDS} s: {used * 1000:.0f} ms (resolution {tick:.0f} ms)")
         print(f"peak RSS of a waiting waiter (VmHWM): {hwm / 1024:.1f} MiB")
     return 0
 

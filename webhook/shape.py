@@ -1,0 +1,99 @@
+"""The shape of the pod fields the rewrite reads, checked before it reads them.
+
+The apiserver only sends typed pods, but the webhook answers anything that reaches it
+(`initshift mutate`, curl, a fuzzer): a field of the wrong JSON type becomes one clear
+reason and an unchanged pod, never an exception deep inside the rewrite.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Check = Callable[[Any, str], "str | None"]
+
+_SCALAR = (str, int, float)
+
+
+def _is(kind: type | tuple[type, ...], what: str) -> Check:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+
+    def check(value: Any, path: str) -> str | None:
+        # JSON true is not a number, though Python's bool is an int.
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            return f"{path} must be {what}"
+        return None
+    return check
+
+
+def _map_of(value_check: Check) -> Check:
+    def check(value: Any, path: str) -> str | None:
+        if not isinstance(value, dict):
+            return f"{path} must be an object"
+        for k, v in value.items():
+            problem = value_check(v, f"{path}[{k!r}]")
+            if problem:
+                return problem
+        return None
+    return check
+
+
+def _list_of(item_check: Check) -> Check:
+    def check(value: Any, path: str) -> str | None:
+        if not isinstance(value, list):
+            return f"{path} must be a list"
+        for i, item in enumerate(value):
+            problem = item_check(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    return check
+
+
+def _object(required: dict[str, Check], optional: dict[str, Check]) -> Check:
+    def check(value: Any, path: str) -> str | None:
+        if not isinstance(value, dict):
+            return f"{path} must be an object"
+        for key in required:
+            if key not in value:
+                return f"{path}.{key} is missing"
+        for key, field_check in {**required, **optional}.items():
+            if key in value and value[key] is not None:
+                problem = field_check(value[key], f"{path}.{key}")
+                if problem:
+                    return problem
+        return None
+    return check
+
+
+STR = _is(str, "a string")
+STRINGS = _list_of(STR)
+OBJECT = _is(dict, "an object")
+QUANTITIES = _map_of(_is(_SCALAR, "a quantity"))
+
+CONTAINER = _object(
+    {"name": STR},
+    {
+        "image": STR, "command": STRINGS, "args": STRINGS, "restartPolicy": STR,
+        "terminationMessagePath": STR,
+        "env": _list_of(OBJECT),
+        "ports": _list_of(_object({}, {"name": STR, "containerPort": _is(int, "an integer")})),
+        "volumeMounts": _list_of(_object({"name": STR, "mountPath": STR}, {})),
+        "resources": _object({}, {"requests": QUANTITIES, "limits": QUANTITIES}),
+        "readinessProbe": _object({}, {"httpGet": OBJECT, "tcpSocket": OBJECT}),
+    },
+)
+
+POD = _object(
+    {"spec": _object({"containers": _list_of(CONTAINER)}, {
+        "initContainers": _list_of(CONTAINER),
+        "volumes": _list_of(_object({"name": STR}, {})),
+        "restartPolicy": STR,
+        "os": _object({}, {"name": STR}),
+    })},
+    {"metadata": _object({}, {"labels": _map_of(STR), "annotations": _map_of(STR)})},
+)
+
+
+def shape_problem(pod: Any) -> str | None:
+    """The first field of the wrong type, as `pod.spec.containers[0].name must be a string`."""
+    return POD(pod, "pod")
