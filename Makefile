@@ -7,8 +7,10 @@ PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # Debian packages the tests and the waiter build use; installed with apt-get when missing (root only).
-APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils
+# PyInstaller freezes against Python's shared library (libpythonX.Y), which a bare python3 lacks.
+APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
 PYTEST_ARGS ?=
 
 .PHONY: help venv system-deps run test waiter wheel bench bench-waiter bench-admission clean

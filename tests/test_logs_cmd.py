@@ -212,3 +212,14 @@ async def test_prefixes_are_coloured_on_a_terminal(kube: KubeDouble, cfg: str,
     monkeypatch.setenv("NO_COLOR", "")  # empty: not set, per no-color.org
     _, out, _ = await logs(NAME, "--kubeconfig", cfg, out=Tty())
     assert out.startswith("\x1b[36m")
+
+
+async def test_pod_log_before_the_container_starts_is_the_kubelets_400(kube: KubeDouble) -> None:
+    from webhook.kube import KubeError
+    kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[wait("git-clone", "ContainerCreating")],
+                             containers=[wait("build")], phase="Pending"))
+    async with kube.kube_api() as api:
+        with pytest.raises(KubeError) as e:
+            async for _ in api.pod_log(NS, NAME, "git-clone"):
+                pass
+    assert e.value.status == 400 and "is waiting to start: ContainerCreating" in e.value.message
