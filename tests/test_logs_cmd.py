@@ -13,6 +13,7 @@ from tests.kubedouble import KubeDouble, terminated
 from tests.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
 from tests.test_status_cmd import BOUND, Tty, eventually
 from webhook import logs_cmd
+from webhook.kube import KubeError
 
 NS, NAME = "builds", "build-1"
 TEKTON = ["prepare", "place-scripts", "step-git-clone", "step-unit-test", "step-report"]
@@ -215,7 +216,6 @@ async def test_prefixes_are_coloured_on_a_terminal(kube: KubeDouble, cfg: str,
 
 
 async def test_pod_log_before_the_container_starts_is_the_kubelets_400(kube: KubeDouble) -> None:
-    from webhook.kube import KubeError
     kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[wait("git-clone", "ContainerCreating")],
                              containers=[wait("build")], phase="Pending"))
     async with kube.kube_api() as api:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.podstatus import (T0, at, done, init_done, native_pod, pod, record, run, wait, with_status)
 from tests.kubedouble import terminated
@@ -336,3 +339,48 @@ def test_record_helper_is_what_the_watcher_parses() -> None:
     from webhook.decide import read_run
     r = read_run("x", done("x", 1, 2))
     assert r.recorded and r.reason == p.REASON_COMPLETED and json.loads(record("x"))["name"] == "x"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=8)
+STATE = st.one_of(JSON, st.fixed_dictionaries({}, optional={
+    "running": st.fixed_dictionaries({}, optional={"startedAt": JSON}),
+    "terminated": st.fixed_dictionaries({}, optional={"exitCode": JSON, "reason": JSON, "message": JSON | st.just(
+        record("prepare")), "startedAt": JSON, "finishedAt": JSON}),
+    "waiting": st.fixed_dictionaries({}, optional={"reason": JSON})}))
+
+
+_BASES: dict[tuple[str, bool], dict] = {}
+
+
+def base_pod(fixture: str, rewritten: bool) -> dict:
+    if (fixture, rewritten) not in _BASES:
+        _BASES[fixture, rewritten] = pod(fixture, rewritten=rewritten)
+    return copy.deepcopy(_BASES[fixture, rewritten])
+
+
+@settings(max_examples=100, deadline=None)
+@given(fixture=st.sampled_from(["kpack-istio", "tekton-istio", "job-linkerd"]), rewritten=st.booleans(),
+       names=st.lists(st.sampled_from([*KPACK_STEPS, "completion", "istio-proxy", "git-clone", "nope", 3]),
+                      max_size=6),
+       states=st.lists(STATE, min_size=6, max_size=6), ready=JSON, phase=JSON, outcome=JSON | st.text(max_size=20),
+       steps=JSON | st.just('["prepare","ghost"]'))
+def test_any_status_gives_a_view_or_not_managed(fixture, rewritten, names, states, ready, phase, outcome,
+                                                steps) -> None:
+    """Statuses and annotations of any shape: a view or NotManaged, never another exception."""
+    pod_ = base_pod(fixture, rewritten)
+    ann = pod_["metadata"].setdefault("annotations", {})
+    ann.update({p.ANNOTATION_OUTCOME: outcome if isinstance(outcome, str) else json.dumps(outcome),
+                p.ANNOTATION_STEPS: steps if isinstance(steps, str) else json.dumps(steps)})
+    if isinstance(ready, str):
+        ann[p.ANNOTATION_READY] = ready
+    entries = [{"name": n, "state": s, "ready": ready, "restartCount": 0} for n, s in zip(names, states)]
+    pod_["status"] = {"phase": phase, "containerStatuses": entries, "initContainerStatuses": entries[::-1]}
+    try:
+        view = pv.pod_view(pod_, NOW)
+    except pv.NotManaged:
+        return
+    for row in view.rows:
+        pv.state_text(row, view)
+    json.dumps(view.to_json())

@@ -124,8 +124,11 @@ def test_program_starts_with_default_signal_dispositions(tmp_path: Path) -> None
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     status = dict(line.split(":", 1) for line in out.decode().splitlines() if ":" in line)
+    # glibc reserves signals 32 and 33 (no Python API can reset them); a parent such as make
+    # may hand them down ignored. Every signal the waiter can reach must be at its default.
+    reachable = sum(1 << (int(s) - 1) for s in signal.valid_signals())
     for field in ("SigIgn", "SigCgt", "SigBlk"):
-        assert int(status[field].strip(), 16) == 0, (field, status[field])
+        assert int(status[field].strip(), 16) & reachable == 0, (field, status[field])
 
 
 def test_marker_lives_as_long_as_the_users_process(tmp_path: Path, procs) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .protocol import WAITER_LOG_PREFIX
+
 _name = ""
 
 
@@ -13,7 +15,7 @@ def set_name(name: str) -> None:
 
 
 def say(message: str) -> None:
-    prefix = f"waiter[{_name}]" if _name else "waiter"
+    prefix = f"{WAITER_LOG_PREFIX}[{_name}]" if _name else WAITER_LOG_PREFIX
     try:
         sys.stderr.write(f"{prefix}: {message}\n")
         sys.stderr.flush()

@@ -104,13 +104,22 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     return out
 
 
-def has_mesh_marker(pod: Mapping) -> bool:
-    """The pod asks a mesh to inject a proxy (which may happen after this webhook)."""
+def requested_meshes(pod: Mapping) -> dict[str, str]:
+    """The meshes this pod asks for (injection requested or already done), each as its
+    native-injection annotation key -> "true"."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    if p.ISTIO_STATUS_ANNOTATION in annotations or p.LINKERD_STATUS_ANNOTATION in annotations:
-        return True
+    wanted: dict[str, str] = {}
     istio = str(annotations.get(p.ISTIO_INJECT_ANNOTATION, labels.get(p.ISTIO_INJECT_LABEL, ""))).lower()
+    if istio == "true" or p.ISTIO_STATUS_ANNOTATION in annotations:
+        wanted[p.ISTIO_NATIVE_ANNOTATION] = "true"
     linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, "")).lower()
-    return istio == "true" or linkerd in ("enabled", "ingress")
+    if linkerd in ("enabled", "ingress") or p.LINKERD_STATUS_ANNOTATION in annotations:
+        wanted[p.LINKERD_NATIVE_ANNOTATION] = "true"
+    return wanted
+
+
+def has_mesh_marker(pod: Mapping) -> bool:
+    """The pod asks a mesh to inject a proxy (which may happen after this webhook)."""
+    return bool(requested_meshes(pod))

@@ -144,7 +144,9 @@ def _statuses(pod: dict, key: str) -> dict[str, dict]:
 
 
 def read_run(name: str, status: dict | None) -> Run:
-    state = (status or {}).get("state") or {}
+    state = (status or {}).get("state")
+    if not isinstance(state, dict):  # only a malformed status lacks the object
+        state = {}
     if "terminated" not in state:
         started = (state.get("running") or {}).get("startedAt")
         kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"

@@ -27,7 +27,7 @@ from typing import Mapping
 
 from waiter import protocol as p
 
-from .classify import Classification, mesh_init_names
+from .classify import Classification, mesh_init_names, requested_meshes
 from .resources import describe, pod_requests
 from .settings import RewriteSettings
 
@@ -136,27 +136,12 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
     return out, warnings
 
 
-def mesh_annotations(pod: Mapping) -> dict[str, str]:
-    """The native-injection annotations of the meshes this pod asks for."""
-    meta = pod.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    labels = meta.get("labels") or {}
-    wanted: dict[str, str] = {}
-    istio = str(annotations.get(p.ISTIO_INJECT_ANNOTATION, labels.get(p.ISTIO_INJECT_LABEL, ""))).lower()
-    if istio == "true" or p.ISTIO_STATUS_ANNOTATION in annotations:
-        wanted[p.ISTIO_NATIVE_ANNOTATION] = "true"
-    linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, "")).lower()
-    if linkerd in ("enabled", "ingress") or p.LINKERD_STATUS_ANNOTATION in annotations:
-        wanted[p.LINKERD_NATIVE_ANNOTATION] = "true"
-    return wanted
-
-
 def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
     """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
     out = copy.deepcopy(dict(pod))
     annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
     warnings = []
-    for key, value in mesh_annotations(pod).items():
+    for key, value in requested_meshes(pod).items():
         current = annotations.get(key)
         if current is None:
             annotations[key] = value

@@ -147,7 +147,8 @@ def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
     strategy = strategy_of(pod)
     sequential = [c["name"] for c in inits if not is_restartable(c)]
     native_sidecars = [c["name"] for c in inits if is_restartable(c)]
-    waiter_run = frozenset(c["name"] for c in regular if (c.get("command") or [None])[0] == p.WAITER_PATH)
+    waiter_run = frozenset(c["name"] for c in regular
+                           if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
     in_init = frozenset(c["name"] for c in inits)
     if strategy == p.MODE_WAITER:
         lay = waiter_layout(dict(pod))
@@ -169,12 +170,15 @@ def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
 
 
 def _statuses(pod: Mapping) -> dict[str, dict]:
-    status = pod.get("status") or {}
+    """Container statuses by name, both lists; a malformed entry or state is left out."""
+    status = pod.get("status")
     out: dict[str, dict] = {}
     for key in ("initContainerStatuses", "containerStatuses"):
-        for s in status.get(key) or []:
+        entries = status.get(key) if isinstance(status, dict) else None
+        for s in entries if isinstance(entries, list) else []:
             if isinstance(s, dict) and isinstance(s.get("name"), str):
-                out[s["name"]] = s
+                state = s.get("state") if isinstance(s.get("state"), dict) else {}
+                out[s["name"]] = {**s, "state": {k: v for k, v in state.items() if isinstance(v, dict)}}
     return out
 
 
@@ -188,7 +192,8 @@ def _outcome(pod: Mapping) -> dict:
 
 
 def _outcome_entries(outcome: Mapping) -> dict[str, dict]:
-    return {e["name"]: e for key in ("steps", "mains") for e in outcome.get(key) or []
+    lists = [outcome.get(key) for key in ("steps", "mains")]
+    return {e["name"]: e for entries in lists if isinstance(entries, list) for e in entries
             if isinstance(e, dict) and isinstance(e.get("name"), str)}
 
 
@@ -196,6 +201,10 @@ def _seconds(start: str | None, end: str | datetime | None) -> float | None:
     a = parse_time(start)
     b = end if isinstance(end, datetime) else parse_time(end)
     return max(0.0, (b - a).total_seconds()) if a and b else None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _later(a: str | None, b: str | None) -> str | None:
@@ -261,7 +270,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         waiting = (st.get("state") or {}).get("waiting") or {}
         waiting_reason = str(waiting.get("reason") or "")
         base = dict(name=name, kind=kind, number=lay.steps.index(name) + 1 if kind == STEP else None,
-                    restarts=int(st.get("restartCount") or 0))
+                    restarts=_count(st.get("restartCount")))
         prev = predecessor(name)
         first_step = bool(lay.steps) and name == lay.steps[0]
         if run.state == "terminated":
@@ -314,7 +323,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
-    base = dict(name=name, kind=SIDECAR, restarts=int(st.get("restartCount") or 0))
+    base = dict(name=name, kind=SIDECAR, restarts=_count(st.get("restartCount")))
     ready = bool(st.get("ready")) if st else None
     if run.state == "terminated":
         how = f"stopped by {stopped_by}" if isinstance(stopped_by, str) else ""

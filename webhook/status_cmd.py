@@ -19,8 +19,10 @@ import sys
 from datetime import datetime, timezone
 from typing import TextIO
 
+from waiter import protocol as p
+
 from . import podview as pv
-from .decide import parse_time
+from .decide import FAILED, SUCCEEDED, parse_time
 from .podcli import CliError, PodTracker, add_connection_args, connect, get_pod, paint, use_colour
 from .podio import dump
 
@@ -66,7 +68,7 @@ def _clock(value: str | None) -> str:
 
 def _summary(view: pv.PodView, colour: bool) -> list[str]:
     strategy = f"rewritten by initshift ({view.strategy})" if view.strategy else "not rewritten by initshift"
-    result_colour = {"Succeeded": "32", "Failed": "31"}.get(view.result, "")
+    result_colour = {SUCCEEDED: "32", FAILED: "31"}.get(view.result, "")
     result = paint(view.result, result_colour, colour) + (f": {view.message}" if view.message else "")
     phase = view.phase + (f" ({view.pod_reason})" if view.pod_reason else "")
     lines = [f"Pod:     {view.namespace}/{view.name}, {strategy}", f"Result:  {result}", f"Phase:   {phase}"]
@@ -111,7 +113,7 @@ def _finished(view: pv.PodView, outcome_wait_over: bool) -> bool:
     """The pod has ended and (for a waiter pod) its outcome is in, or will not come."""
     if not view.ended:
         return False
-    return view.strategy != "waiter" or view.sidecars_stopped_by is not None or outcome_wait_over
+    return view.strategy != p.MODE_WAITER or view.sidecars_stopped_by is not None or outcome_wait_over
 
 
 async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> None:
