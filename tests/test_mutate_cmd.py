@@ -64,7 +64,8 @@ def test_denied_and_bad_input(tmp_path):
     out = run("-", stdin=yaml.safe_dump(pod))
     assert out.returncode == 3 and "denied: initshift: " in out.stderr and "set `command`" in out.stderr
     for text, message in [("x: [", "not YAML or JSON"), ("[1, 2]", "expected a Pod"),
-                          ("kind: Service\nspec: {}", "expected a Pod, got a Service")]:
+                          ("kind: Service\nspec: {}", "got a Service"),
+                          ("kind: Deployment\nspec: {}", "the Deployment has no pod template")]:
         out = run("-", stdin=text)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
     missing = run(str(tmp_path / "nope.yaml"))
@@ -78,3 +79,18 @@ def test_gate_and_mode_flags():
     assert run("-", "--mode", "disabled", "--check", stdin=istio_job_yaml()).returncode == 1
     bad_env = run("-", stdin=istio_job_yaml(), env={"PATH": "/usr/bin:/bin", "INITSHIFT_RESOURCES_POLICY": "half"})
     assert bad_env.returncode == 2 and "INITSHIFT_RESOURCES_POLICY" in bad_env.stderr
+
+
+def test_workload_templates_are_rewritten_in_place():
+    pod = pods.catalogue()["job-istio"]
+    template = {"metadata": {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")},
+                "spec": pod["spec"]}
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+               "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": template}}}}
+    out = run("-", "-o", "json", stdin=yaml.safe_dump(cronjob))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "CronJob" and doc["spec"]["schedule"] == "0 3 * * *"
+    rewritten = doc["spec"]["jobTemplate"]["spec"]["template"]
+    assert rewritten["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    assert [c["name"] for c in rewritten["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]

@@ -26,7 +26,9 @@ EXIT_OK, EXIT_UNCHANGED, EXIT_USAGE, EXIT_DENIED = 0, 1, 2, 3
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="initshift mutate",
-        description="Rewrite a Pod (or the Pod inside an AdmissionReview), YAML or JSON, the way the webhook would.",
+        description="Rewrite a Pod, the Pod inside an AdmissionReview, or a workload's pod template "
+                    "(Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob), YAML or JSON, "
+                    "the way the webhook would.",
         epilog="Settings come from the same INITSHIFT_* variables as the server; the feature gate is on "
                "unless --respect-gate is given. Exit codes: 0 rewritten or printed, 1 unchanged with --check, "
                "2 bad input, 3 the webhook would deny the pod.")
@@ -72,7 +74,7 @@ def main(argv: list[str]) -> int:
     if result.denied:
         print(f"denied: {result.denied}", file=sys.stderr)
         return EXIT_DENIED
-    sys.stdout.write(_render(pod_in.pod, result.pod, args.output))
+    sys.stdout.write(_render(pod_in.document, pod_in.put(result.pod), args.output))
     return EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from dataclasses import dataclass
@@ -14,10 +15,35 @@ class InputError(ValueError):
     """The input is not a Pod or an AdmissionReview of a Pod; the message says why."""
 
 
+# Workloads whose pod template `initshift mutate` rewrites in place: kind -> template path.
+TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    **{kind: ("spec", "template") for kind in ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job")},
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
 @dataclass
 class PodInput:
     pod: dict
     review: dict | None = None  # the AdmissionReview the pod came from, if any
+    workload: dict | None = None  # the Deployment, Job... whose template `pod` is
+
+    @property
+    def document(self) -> dict:
+        """What was read: the workload, else the pod."""
+        return self.workload if self.workload is not None else self.pod
+
+    def put(self, pod: dict) -> dict:
+        """The document with `pod` in place of the one read."""
+        if self.workload is None:
+            return pod
+        out = copy.deepcopy(self.workload)
+        *parents, last = TEMPLATE_PATHS[out["kind"]]
+        node = out
+        for key in parents:
+            node = node[key]
+        node[last] = pod
+        return out
 
     @property
     def namespace(self) -> str:
@@ -51,8 +77,16 @@ def parse_pod(text: str) -> PodInput:
         if pod.get("kind", "Pod") != "Pod":
             raise InputError(f"AdmissionReview holds a {pod.get('kind')}, not a Pod")
         return PodInput(pod=pod, review=doc)
+    if doc.get("kind") in TEMPLATE_PATHS:
+        node: Any = doc
+        for key in TEMPLATE_PATHS[doc["kind"]]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or not isinstance(node.get("spec"), dict):
+            raise InputError(f"the {doc['kind']} has no pod template")
+        return PodInput(pod=node, workload=doc)
     if doc.get("kind", "Pod") != "Pod":
-        raise InputError(f"expected a Pod, got a {doc.get('kind')}")
+        raise InputError(f"expected a Pod, an AdmissionReview or a workload "
+                         f"({', '.join(TEMPLATE_PATHS)}), got a {doc.get('kind')}")
     if not isinstance(doc.get("spec"), dict):
         raise InputError("the Pod has no spec")
     return PodInput(pod=doc)
