@@ -5,7 +5,6 @@ Service, certificates and Pod Security "restricted"."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import PurePosixPath

@@ -10,7 +10,6 @@ import shlex
 import subprocess
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 

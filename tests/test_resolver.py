@@ -209,7 +209,7 @@ async def test_wrong_password(env: Env, resolver: RegistryResolver) -> None:
     with pytest.raises(UnresolvedEntrypoint) as err:
         await resolver.resolve(pod(("clone", image), pull_secrets=["stale"]), [Lookup("clone", image)])
     msg = str(err.value)
-    assert f"container 'clone'" in msg and repr(image) in msg and "set `command`" in msg
+    assert "container 'clone'" in msg and repr(image) in msg and "set `command`" in msg
     assert "denied pulling steps/entry with the credentials of secret build/stale (401" in msg
     assert (err.value.container, err.value.image) == ("clone", image)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from . import protocol as p
 from .errors import UsageError
 
 # uname machine -> (GOARCH, variant)
@@ -48,3 +49,15 @@ def choose(table: dict[str, list[str]], keys: list[str] | None = None) -> list[s
         if key in table:
             return list(table[key])
     raise UsageError(f"no argv for platform {keys[0]} in --argv-map (has: {', '.join(sorted(table))})")
+
+
+def final_argv(argv: list[str], argv_map: dict | None) -> list[bytes]:
+    """The argv to run: the one after `--`, or this platform's entry of `--argv-map`;
+    as the exact bytes the kernel passed (surrogateescape round-trips any byte)."""
+    if argv_map is not None:
+        if argv:
+            raise UsageError(f"{p.FLAG_ARGV_MAP} and a command after {p.ARGV_SEPARATOR} are exclusive")
+        argv = choose(argv_map)
+    if not argv:
+        raise UsageError(f"no command after {p.ARGV_SEPARATOR}")
+    return [os.fsencode(a) for a in argv]

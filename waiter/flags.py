@@ -132,12 +132,5 @@ def parse_run(args: list[str]) -> RunOptions:
         raise UsageError(f"{p.FLAG_POST} {opts.post}: directory does not exist")
     if opts.wait and not os.path.isdir(os.path.dirname(opts.wait) or "."):
         raise UsageError(f"{p.FLAG_WAIT} {opts.wait}: directory does not exist")
-    if argv_map is not None:
-        if argv:
-            raise UsageError(f"{p.FLAG_ARGV_MAP} and a command after {p.ARGV_SEPARATOR} are exclusive")
-        argv = argvmap.choose(argv_map)
-    if not argv:
-        raise UsageError(f"no command after {p.ARGV_SEPARATOR}")
-    # Back to the exact bytes the kernel passed (surrogateescape round-trips any byte).
-    opts.argv = [os.fsencode(a) for a in argv]
+    opts.argv = argvmap.final_argv(argv, argv_map)
     return opts

@@ -9,6 +9,7 @@ import os
 import select
 import signal
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from . import protocol as p
 from .errors import WaiterError
@@ -18,6 +19,8 @@ from .signals import SignalBox, all_signals
 DEFAULT_PATH = b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # runc's default
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL of a timed-out group
 PR_SET_CHILD_SUBREAPER = 36
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,15 +50,15 @@ def exec_candidates(command: bytes, env: dict[bytes, bytes]) -> list[bytes]:
     return [os.path.join(d or b".", command) for d in path.split(b":")]
 
 
-def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
-    """Start argv; raise WaiterError with execvp's choice of error (EACCES beats ENOENT)."""
+def launch(argv: list[bytes], env: dict[bytes, bytes], start: Callable[[bytes], T]) -> T:
+    """`start(path)` on each PATH candidate of argv[0] until one works, the way execvp
+    chooses (a later EACCES beats an earlier ENOENT); WaiterError if none could run."""
     if not argv or not argv[0]:
         raise WaiterError("empty command", p.EXIT_NOT_FOUND)
     saved: OSError | None = None
     for path in exec_candidates(argv[0], env):
         try:
-            return os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
-                                  setsigdef=all_signals())
+            return start(path)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 saved = saved or exc
@@ -64,12 +67,17 @@ def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
             if exc.errno != errno.EACCES:
                 break
     name = os.fsdecode(argv[0])
-    err = saved.errno if saved else errno.ENOENT
+    err = saved.errno if saved and saved.errno else errno.ENOENT
     if err in (errno.ENOENT, errno.ENOTDIR):
         where = "" if b"/" in argv[0] else " in PATH"
         raise WaiterError(f"{name}: command not found{where}", p.EXIT_NOT_FOUND)
-    reason = os.strerror(err).lower() if err else "cannot execute"
-    raise WaiterError(f"{name}: cannot execute: {reason}", p.EXIT_CANNOT_EXEC)
+    raise WaiterError(f"{name}: cannot execute: {os.strerror(err).lower()}", p.EXIT_CANNOT_EXEC)
+
+
+def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
+    """Start argv in its own process group with default signal dispositions."""
+    return launch(argv, env, lambda path: os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
+                                                         setsigdef=all_signals()))
 
 
 def reap(child: int) -> int | None:

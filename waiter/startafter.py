@@ -38,7 +38,7 @@ from .errors import UsageError, WaiterError
 from .gate import PROBE_INTERVAL, PROBE_TIMEOUT
 from .loopback import Endpoint
 from .record import now, rfc3339
-from .runner import exec_candidates
+from .runner import launch
 from .signals import TERMINATING, SignalBox, all_signals
 from .wait import DirWatch
 
@@ -223,13 +223,7 @@ def parse(args: list[str]) -> StartOptions:
             opts.conditions.append(Started(value))
         else:
             opts.conditions.append(AnnotationReady(value))
-    if argv_map is not None:
-        if argv:
-            raise UsageError(f"{p.FLAG_ARGV_MAP} and a command after {p.ARGV_SEPARATOR} are exclusive")
-        argv = argvmap.choose(argv_map)
-    if not argv:
-        raise UsageError(f"no command after {p.ARGV_SEPARATOR}")
-    opts.argv = [os.fsencode(a) for a in argv]
+    opts.argv = argvmap.final_argv(argv, argv_map)
     return opts
 
 
@@ -289,25 +283,9 @@ def _default_signals() -> None:
 def exec_argv(argv: list[bytes], env: dict[bytes, bytes]) -> NoReturn:
     """Replace this process with argv (PATH from the container's env, like runc); raises
     WaiterError with execvp's choice of error (EACCES beats ENOENT) if nothing could run."""
-    if not argv or not argv[0]:
-        raise WaiterError("empty command", p.EXIT_NOT_FOUND)
     _default_signals()
-    saved: OSError | None = None
-    for path in exec_candidates(argv[0], env):
-        try:
-            os.execve(path, argv, env)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                saved = saved or exc
-                continue
-            saved = exc
-            if exc.errno != errno.EACCES:
-                break
-    err = saved.errno if saved and saved.errno else errno.ENOENT
-    name = os.fsdecode(argv[0])
-    if err in (errno.ENOENT, errno.ENOTDIR):
-        raise WaiterError(f"{name}: command not found{'' if b'/' in argv[0] else ' in PATH'}", p.EXIT_NOT_FOUND)
-    raise WaiterError(f"{name}: cannot execute: {os.strerror(err).lower()}", p.EXIT_CANNOT_EXEC)
+    launch(argv, env, lambda path: os.execve(path, argv, env))
+    raise AssertionError("unreachable: execve returned")
 
 
 def start(opts: StartOptions, box: SignalBox) -> NoReturn:

@@ -19,9 +19,9 @@ from typing import TextIO
 
 from . import podview as pv
 from .kube import KubeApi, KubeError
-from .podcli import CliError, PodTracker, add_connection_args, api_error, connect, get_pod, paint, use_colour
+from .podcli import (PodTracker, add_connection_args, api_error, paint, run_main,
+                     run_on_pod, use_colour)
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 _PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 _NOTE_STATES = (pv.FAILED, pv.SKIPPED, pv.NOT_STARTED)
@@ -131,27 +131,11 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
 
 
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # argparse printed the usage
-        return int(e.code or 0)
-    try:
-        api, namespace = await connect(args)
-    except CliError as e:
-        print(f"initshift logs: {e}", file=err)
-        return e.code
-    try:
-        async with api:
-            pod = await get_pod(api, namespace, args.pod)
-            await _show(api, namespace, pod, args, out, err)
-    except CliError as e:
-        print(f"initshift logs: {e}", file=err)
-        return e.code
-    return EXIT_OK
+    async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
+        await _show(api, namespace, pod, args, out, err)
+
+    return await run_on_pod("initshift logs", _parser(), argv, show, err)
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return asyncio.run(run(argv))
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_main(run, argv)

@@ -11,12 +11,17 @@ import argparse
 import asyncio
 import os
 from pathlib import Path
-from typing import AsyncIterator, Callable, TextIO
+from typing import AsyncIterator, Awaitable, Callable, TextIO
 
 from kubernetes_asyncio import config as k8s_config
 
 from .kube import KubeApi, KubeError
 from .podview import NotManaged, pod_layout
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# What a command does once it has a client, the namespace and the pod it was asked about.
+PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
@@ -184,3 +189,28 @@ def use_colour(stream: TextIO) -> bool:
 
 def paint(text: str, code: str, on: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if on and code else text
+
+
+async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str], body: PodCommand,
+                     err: TextIO) -> int:
+    """Parse, connect, read the pod and run `body`; every CliError is one line on `err`."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed the usage
+        return int(e.code or 0)
+    try:
+        api, namespace = await connect(args)
+        async with api:
+            pod = await get_pod(api, namespace, args.pod)
+            await body(api, namespace, pod, args)
+    except CliError as e:
+        print(f"{prog}: {e}", file=err)
+        return e.code
+    return EXIT_OK
+
+
+def run_main(run: Callable[[list[str]], Awaitable[int]], argv: list[str]) -> int:
+    try:
+        return asyncio.run(run(argv))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

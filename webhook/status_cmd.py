@@ -23,10 +23,11 @@ from waiter import protocol as p
 
 from . import podview as pv
 from .decide import FAILED, SUCCEEDED, parse_time
-from .podcli import CliError, PodTracker, add_connection_args, connect, get_pod, paint, use_colour
+from .kube import KubeApi
+from .podcli import (PodTracker, add_connection_args, paint, run_main, run_on_pod,
+                     use_colour)
 from .podio import dump
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 OUTCOME_GRACE_SECONDS = 15.0  # --watch: how long an ended waiter pod may wait for its outcome
 _TICK_SECONDS = 1.0  # --watch on a terminal: redraw running durations this often
 _CLEAR = "\x1b[H\x1b[J"  # cursor home, clear the screen below
@@ -152,35 +153,19 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
 
 
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # argparse printed the usage
-        return int(e.code or 0)
-    try:
-        api, namespace = await connect(args)
-    except CliError as e:
-        print(f"initshift status: {e}", file=err)
-        return e.code
-    try:
-        async with api:
-            pod = await get_pod(api, namespace, args.pod)
-            view = pv.pod_view(pod, datetime.now(timezone.utc))
-            colour = use_colour(out)
-            if args.watch and colour and args.output == "table":
-                out.write(_CLEAR)
-            out.write(render(view, args.output, colour))
-            out.flush()
-            if args.watch:
-                async with PodTracker(api, namespace, args.pod, pod) as tracker:
-                    await _watch(tracker, args, out)
-    except CliError as e:
-        print(f"initshift status: {e}", file=err)
-        return e.code
-    return EXIT_OK
+    async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
+        view = pv.pod_view(pod, datetime.now(timezone.utc))
+        colour = use_colour(out)
+        if args.watch and colour and args.output == "table":
+            out.write(_CLEAR)
+        out.write(render(view, args.output, colour))
+        out.flush()
+        if args.watch:
+            async with PodTracker(api, namespace, args.pod, pod) as tracker:
+                await _watch(tracker, args, out)
+
+    return await run_on_pod("initshift status", _parser(), argv, show, err)
 
 
 def main(argv: list[str]) -> int:
-    try:
-        return asyncio.run(run(argv))
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    return run_main(run, argv)
