@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 
 from . import argvmap
 from . import protocol as p
@@ -23,20 +22,22 @@ USAGE = (f"usage: waiter run {p.FLAG_POST} FILE [{p.FLAG_NAME} NAME] [{p.FLAG_WA
          f"[{p.FLAG_RETRY}] [{p.FLAG_ARGV_MAP} JSON] {p.ARGV_SEPARATOR} COMMAND [ARGS...]")
 
 
-@dataclass
 class RunOptions:
-    post: str = ""
-    name: str = ""
-    wait: str = ""
-    ready_file: str = ""
-    probes: list[Endpoint] = field(default_factory=list)
-    timeout: float | None = None
-    quit: list[Endpoint] = field(default_factory=list)
-    peers: list[str] = field(default_factory=list)
-    termination_log: str = p.DEFAULT_TERMINATION_LOG
-    termination_log_explicit: bool = False
-    retry: bool = False
-    argv: list[bytes] = field(default_factory=list)
+    """What `waiter run` was asked to do (a plain class: `dataclasses` costs cold start)."""
+
+    def __init__(self) -> None:
+        self.post = ""
+        self.name = ""
+        self.wait = ""
+        self.ready_file = ""
+        self.probes: list[Endpoint] = []
+        self.timeout: float | None = None
+        self.quit: list[Endpoint] = []
+        self.peers: list[str] = []
+        self.termination_log = p.DEFAULT_TERMINATION_LOG
+        self.termination_log_explicit = False
+        self.retry = False
+        self.argv: list[bytes] = []
 
 
 def _split(args: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:

@@ -4,7 +4,7 @@ or when every loopback probe the webhook copied from the sidecars has succeeded.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from .loopback import Endpoint
 from .wait import DirWatch, Wakeable

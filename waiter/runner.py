@@ -8,8 +8,8 @@ import errno
 import os
 import select
 import signal
-from dataclasses import dataclass
-from typing import Callable, TypeVar
+from collections import namedtuple
+from collections.abc import Callable
 
 from . import protocol as p
 from .errors import WaiterError
@@ -20,16 +20,12 @@ DEFAULT_PATH = b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL of a timed-out group
 PR_SET_CHILD_SUBREAPER = 36
 
-T = TypeVar("T")
 
+class Outcome(namedtuple("Outcome", "exit_code started_at finished_at timed_out signal", defaults=(False, 0))):
+    """exit_code: int, started_at/finished_at: float, timed_out: bool, signal: the signal that
+    killed the child, if any (0)."""
 
-@dataclass(frozen=True)
-class Outcome:
-    exit_code: int
-    started_at: float
-    finished_at: float
-    timed_out: bool = False
-    signal: int = 0  # the signal that killed the child, if any
+    __slots__ = ()
 
 
 def become_subreaper() -> None:
@@ -50,7 +46,7 @@ def exec_candidates(command: bytes, env: dict[bytes, bytes]) -> list[bytes]:
     return [os.path.join(d or b".", command) for d in path.split(b":")]
 
 
-def launch(argv: list[bytes], env: dict[bytes, bytes], start: Callable[[bytes], T]) -> T:
+def launch(argv: list[bytes], env: dict[bytes, bytes], start: Callable[[bytes], int]) -> int:
     """`start(path)` on each PATH candidate of argv[0] until one works, the way execvp
     chooses (a later EACCES beats an earlier ENOENT); WaiterError if none could run."""
     if not argv or not argv[0]:
