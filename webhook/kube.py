@@ -29,6 +29,18 @@ _WATCH_SLACK_SECONDS = 30.0
 _REQUEST_TIMEOUT_SECONDS = 30.0
 
 
+async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
+    """A streamed response line by line; a broken stream becomes a KubeError."""
+    while True:
+        try:
+            line = await resp.content.readline()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise KubeError(0, f"{what} interrupted: {type(e).__name__}: {e}") from None
+        if not line:
+            return
+        yield line
+
+
 class KubeError(Exception):
     """An API call failed. `status` is the HTTP status, 0 when the server was unreachable."""
 
@@ -184,13 +196,7 @@ class KubeApi:
                                         sock_read=timeout_seconds + _WATCH_SLACK_SECONDS)
         resp = await self._open("GET", self._pods_path(namespace), query=query, timeout=timeout)
         try:
-            while True:
-                try:
-                    line = await resp.content.readline()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    raise KubeError(0, f"watch interrupted: {type(e).__name__}: {e}") from None
-                if not line:
-                    return
+            async for line in _lines(resp, "watch"):
                 if not line.strip():
                     continue
                 try:
@@ -220,13 +226,7 @@ class KubeApi:
         resp = await self._open("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query,
                                 timeout=timeout, accept="*/*")
         try:
-            while True:
-                try:
-                    line = await resp.content.readline()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    raise KubeError(0, f"log stream interrupted: {type(e).__name__}: {e}") from None
-                if not line:
-                    return
+            async for line in _lines(resp, "log stream"):
                 yield line.decode("utf-8", errors="replace")
         finally:
             resp.close()
