@@ -24,7 +24,10 @@ RENEW_CHECK_SECONDS = 3600.0
 def wanted(settings: Settings, ips: tuple[str, ...] = (), extra_dns: tuple[str, ...] = ()) -> rotation.Wanted:
     srv = settings.server
     dns = (*pki.service_dns_names(srv.service_name, srv.namespace), *extra_dns)
-    return rotation.Wanted(dns, ips, margin=dt.timedelta(days=srv.renew_before_days))
+    # Every replica loads a new pair from the Secret within one check period: only after
+    # two of them is no replica left serving a certificate from a CA about to be pruned.
+    return rotation.Wanted(dns, ips, margin=dt.timedelta(days=srv.renew_before_days),
+                           prune_after=dt.timedelta(seconds=2 * RENEW_CHECK_SECONDS))
 
 
 async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] = (),

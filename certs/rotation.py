@@ -6,8 +6,9 @@ a bundle that gains a CA is injected before the new serving certificate is used;
 bundle that loses one is injected after.
 
 CA rotation keeps the old CA in the bundle while a serving certificate it signed may still
-be served. The new CA's certificate is "in use" once a later run finds the stored serving
-certificate signed by it; only then is the bundle pruned to the current CA.
+be served. Every replica serves its own copy of the pair and picks up a new one only at its
+next periodic check, so the bundle is pruned to the current CA only once the stored serving
+certificate (signed by it) has been out for `prune_after`, longer than that period.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class Wanted:
     margin: dt.timedelta = dt.timedelta(days=30)
     ca_days: int = pki.CA_DAYS
     cert_days: int = pki.CERT_DAYS
+    # How long after the serving certificate was issued older CAs are still trusted: longer
+    # than the replicas' check period (certs/manage.py sets it from that period).
+    prune_after: dt.timedelta = dt.timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,12 @@ def plan(have: Material, trusted: list[x509.Certificate], want: Wanted, now: dt.
         # The serving pair replaced may have been signed by an older CA still in the bundle.
         return Plan(ca, serving, merge_bundle(ca.cert, trusted, now), "renewed", True)
     assert have.serving is not None
-    # The stored serving certificate is signed by the current CA and in use: older CAs go.
+    issued = have.serving.cert.not_valid_before_utc + pki.BACKDATE
+    if now - issued < want.prune_after:
+        # Other replicas may still serve the pair this one replaced: keep what they need.
+        return Plan(ca, have.serving, merge_bundle(ca.cert, trusted, now), "unchanged", False)
+    # The stored serving certificate is signed by the current CA and every replica has had
+    # time to load it: older CAs go.
     pruned = any(fingerprint(c) != fingerprint(ca.cert) for c in trusted)
     return Plan(ca, have.serving, [ca.cert], "pruned" if pruned else "unchanged", False)
 

@@ -351,3 +351,82 @@ def test_broken_managed_pod_is_left_alone():
     out["metadata"]["annotations"][p.ANNOTATION_STEPS] = "not json"
     result = rewrite(out, ON)
     assert not result.changed and result.reason == "invalid"
+
+
+def test_image_argv_is_escaped_for_the_kubelets_expansion():
+    # The kubelet expands $(VAR) and reduces $$ to $ in command/args, never in the image's
+    # ENTRYPOINT/CMD: words taken from the image must reach the waiter unchanged.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    step = pod["spec"]["initContainers"][1]
+    del step["command"], step["args"]
+    step["env"] = [{"name": "HOME", "value": "/src"}]
+    images = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("sh", "-c"), ("kill $$ $(HOME)",))})}
+    out = rewrite(pod, ON, images=images).pod
+    assert argv_after_separator(out["spec"]["containers"][0]) == ["sh", "-c", "kill $$$$ $$(HOME)"]
+    step["args"] = ["echo $(HOME)"]  # the user's own args were expanded before initshift too
+    out = rewrite(pod, ON, images=images).pod
+    assert argv_after_separator(out["spec"]["containers"][0]) == ["sh", "-c", "echo $(HOME)"]
+    assert rewrite(out, ON).pod == out
+    multi = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("/a$b",)),
+                                                    "linux/arm64": ImageConfig(("/c",))})}
+    step0 = rewrite(pod, ON, images=multi).pod["spec"]["containers"][0]
+    assert json.loads(flag_values(step0, p.FLAG_ARGV_MAP)[0])["linux/amd64"] == ["/a$$b", "echo $(HOME)"]
+
+
+def test_unshareable_resource_of_a_step_and_a_main_is_left_alone():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    gpu = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    pod["spec"]["initContainers"][1]["resources"] = copy.deepcopy(gpu)
+    pod["spec"]["containers"][0]["resources"] = copy.deepcopy(gpu)
+    result = rewrite(pod, ON)
+    assert not result.changed and result.reason == "resources"
+    assert "nvidia.com/gpu" in result.warnings[0]
+    assert rewrite(pod, with_settings(resources_policy="keep")).changed, "keep lets the pod grow, with a warning"
+    del pod["spec"]["containers"][0]["resources"]  # the step alone holds the GPU: it keeps it
+    assert rewrite(pod, ON).changed
+
+
+def test_null_maps_in_the_pod_are_not_a_crash():
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"]["initContainers"][1]["resources"]["requests"] = None  # `requests:` left empty in YAML
+    pod["metadata"]["labels"] = None
+    result = rewrite(pod, ON)
+    assert result.changed
+    assert_valid_pod(result.pod)
+    bare = copy.deepcopy(CATALOGUE["job-istio"])
+    bare["metadata"] = None
+    assert rewrite(bare, ON).reason in ("rewritten", "no-sidecar")
+
+
+def test_lookups_of_a_malformed_pod_are_none():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["metadata"]["annotations"] = [{}]
+    assert lookups_needed(pod, ON) == []
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["initContainers"][1] = [{}]
+    assert lookups_needed(pod, ON) == []
+    assert rewrite(pod, ON).reason == "invalid"
+
+
+def test_native_sidecars_already_run_before_the_steps():
+    # A sidecar named by initshift.io/sidecars that already is native: nothing to fix, as
+    # for istio-proxy; a native sidecar of another kind is no reason to rewrite a mesh-less pod.
+    job = copy.deepcopy(CATALOGUE["job"])
+    agent = {"name": "mesh-agent", "image": "mesh/agent:1", "restartPolicy": "Always"}
+    job["spec"]["initContainers"].insert(0, agent)
+    job["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "mesh-agent"
+    assert rewrite(job, ON).reason == "already-native"
+    del job["metadata"]["annotations"][p.ANNOTATION_SIDECARS]
+    assert rewrite(job, ON).reason == "no-sidecar"
+    job["metadata"]["annotations"][p.ISTIO_INJECT_ANNOTATION] = "true"
+    assert rewrite(job, ON).changed, "a proxy injected later still needs the rewrite"
+
+
+def test_main_with_liveness_probe_is_warned():
+    # The kubelet probes a regular container from its start: a main waiting for the steps
+    # under the waiter fails its liveness or startup probe, and restartPolicy Never ends it.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    assert not any("livenessProbe" in w for w in rewrite(pod, ON).warnings)
+    pod["spec"]["containers"][0]["livenessProbe"] = {"tcpSocket": {"port": 8080}}
+    warnings = rewrite(pod, ON).warnings
+    assert any("'build'" in w and "livenessProbe" in w for w in warnings), warnings

@@ -111,7 +111,33 @@ def test_a_half_written_pair_keeps_the_old_certificate(tmp_path):
     reloader = tls.CertReloader(ctx, str(tmp_path / store.TLS_CERT), str(tmp_path / store.TLS_KEY))
     store.write_file(tmp_path / store.TLS_CERT, second.cert_pem)  # new certificate, old key
     assert reloader.check() is False and reloader.reloads == 0
+    # ...and the context still serves the old pair (a failed load must not leave it without a key)
+    assert handshake_cert(ctx, ca) == der(first)
     store.write_file(tmp_path / store.TLS_KEY, second.key_pem)  # the writer finishes
     assert reloader.check() is True and reloader.reloads == 1
     assert reloader.check() is False  # nothing changed since
     assert reloader.valid()
+    assert handshake_cert(ctx, ca) == der(second)
+
+
+def handshake_cert(server_ctx: ssl.SSLContext, ca: pki.KeyPair) -> bytes:
+    """The certificate `server_ctx` presents in a real handshake over a socket pair."""
+    client_ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    a, b = socket.socketpair()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server_ctx.wrap_socket(a, server_side=True).close()
+        except (OSError, ssl.SSLError) as e:
+            errors.append(e)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with client_ctx.wrap_socket(b, server_hostname="localhost") as s:
+            return s.getpeercert(binary_form=True)
+    finally:
+        t.join(10)
+        a.close()
+        b.close()

@@ -295,3 +295,22 @@ def test_ready_patch_mirrors_the_kubelet() -> None:
     assert start_order.start_order_ready_patch(out)["metadata"]["annotations"] == {
         f"{p.ANNOTATION_READY_PREFIX}agent": "false"}
     assert start_order.start_order_ready_patch(ok(web_pod("istio-proxy;app"))) is None
+
+
+def test_a_name_too_long_for_its_ready_annotation_is_denied() -> None:
+    # initshift.io/ready-<name> must be a qualified name (name part <= 63 characters): the
+    # apiserver rejects a downward-API item, and the watcher's patch, with a longer key.
+    long = "agent-" + "x" * 52  # 58 characters: a valid container name, a 64-character key
+    pod = web_pod(f"{long};app")
+    next(c for c in pod["spec"]["containers"] if c["name"] == "agent")["name"] = long
+    assert f"{long!r}" in denied(pod) and "too long" in denied(pod)
+    pod["metadata"]["annotations"][p.ANNOTATION_START_ORDER] = "istio-proxy;app"
+    ok(pod)  # the same container, not waited for: nothing to read
+
+
+def test_podcheck_sees_bad_downward_api_annotation_keys() -> None:
+    from webhook.podcheck import pod_problems
+    out = ok(web_pod("agent;app"))
+    volume = next(v for v in out["spec"]["volumes"] if v["name"] == p.CONTAINER_READY_VOLUME)
+    volume["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] = f"metadata.annotations['{'a' * 64}']"
+    assert any("not a valid annotation key" in x for x in pod_problems(out))

@@ -135,6 +135,31 @@ def test_unset_library_path_stays_unset(tmp_path: Path, bundle: Path) -> None:
     assert names - {"PWD", "SHLVL"} == {"PATH"}
 
 
+def test_images_library_path_does_not_reach_the_bundles_loader(tmp_path: Path, bundle: Path) -> None:
+    """An image whose LD_LIBRARY_PATH holds another libc.so.6 (an older glibc, a vendored one):
+    LD_LIBRARY_PATH outranks a RUNPATH, so the loader must find the bundle through an RPATH.
+    With /proc mounted, as in a pod, the child's environment comes from /proc/self/environ."""
+    root = make_root(tmp_path, bundle, busybox=True)
+    foreign = root / "custom" / "lib"
+    foreign.mkdir(parents=True)
+    # Stands for a libc the bundle was not built with: a real library that lacks glibc's symbols.
+    libz = subprocess.run(["sh", "-c", "ldconfig -p | grep -m1 'libz.so.1 ' | sed 's/.*=> //'"],
+                          capture_output=True, text=True).stdout.strip()
+    shutil.copy(libz, foreign / "libc.so.6")
+    subprocess.run(["patchelf", "--set-soname", "libc.so.6", str(foreign / "libc.so.6")], check=True)
+    (root / "proc").mkdir()
+    script = f'{MOUNT} -t proc proc "$1/proc" && exec {CHROOT} "$@"'
+    env = {"PATH": "/bin", "LD_LIBRARY_PATH": "/custom/lib"}
+    res = subprocess.run([UNSHARE, "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", script,
+                          "sh", str(root), *waiter_run(f"{WORK}/0", argv=["sh", "-c", f"env > {WORK}/env"])],
+                         env=env, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = dict(line.split("=", 1) for line in (root / "work" / "env").read_text().splitlines())
+    got.pop("PWD", None)
+    got.pop("SHLVL", None)
+    assert got == env
+
+
 def test_frozen_forwards_sigterm_and_exits_with_the_childs_code(tmp_path: Path, bundle: Path) -> None:
     root = make_root(tmp_path, bundle, busybox=True)
     script = (f"trap 'echo got > {WORK}/term; exit 7' TERM; touch {WORK}/ready; "

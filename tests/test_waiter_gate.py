@@ -135,6 +135,24 @@ def test_last_main_quits_the_sidecars(tmp_path: Path, server: Server) -> None:
     assert server.posts == ["/quitquitquit"]
 
 
+def test_retry_does_not_quit_while_a_failed_peer_will_be_restarted(tmp_path: Path, server: Server) -> None:
+    """restartPolicy OnFailure: a main that failed is restarted by the kubelet and needs the
+    sidecars, so its failed record does not count as finished for the other main."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    quit_url = server.url("/quitquitquit")
+    assert run(a / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(b / DONE),
+               argv=["false"]).returncode == 1
+    res = run(b / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(a / DONE), argv=["true"])
+    assert res.returncode == 0
+    assert server.posts == [], "quit while the failed peer is still to be restarted"
+    # The kubelet restarts the failed main; it succeeds and, now last, quits.
+    assert run(a / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(b / DONE),
+               argv=["true"]).returncode == 0
+    assert server.posts == ["/quitquitquit"]
+
+
 def test_quit_errors_are_logged_not_fatal(tmp_path: Path) -> None:
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
@@ -142,4 +160,14 @@ def test_quit_errors_are_logged_not_fatal(tmp_path: Path) -> None:
     res = run(tmp_path / DONE, p.FLAG_QUIT, f"http://127.0.0.1:{port}/quitquitquit", argv=["true"])
     assert res.returncode == 0
     assert f"quit http://127.0.0.1:{port}/quitquitquit:" in res.stderr.decode()
+    assert record(tmp_path / DONE)[p.RECORD_REASON] == p.REASON_COMPLETED
+
+
+def test_an_unsendable_quit_url_is_logged_not_fatal(tmp_path: Path, server: Server) -> None:
+    """A quit URL the request line cannot carry (not latin-1) must not turn a completed step
+    into a waiter error after its record was posted."""
+    url = server.url("/quit\u20ac")
+    res = run(tmp_path / DONE, p.FLAG_QUIT, url, argv=["true"])
+    assert res.returncode == 0, res.stderr
+    assert f"quit {url}:" in res.stderr.decode()
     assert record(tmp_path / DONE)[p.RECORD_REASON] == p.REASON_COMPLETED

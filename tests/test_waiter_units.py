@@ -25,6 +25,22 @@ def test_record_always_fits_the_termination_message_limit(message: str, name: st
     assert message.startswith(back.message.rstrip("…")) or back.message == message
 
 
+def kubelet_status_message(message: bytes, containers: int) -> bytes:
+    """What the kubelet's status manager keeps (normalizeStatus): 12 KiB per pod, split
+    evenly among init and regular containers, the head of each message."""
+    return message[:12 * 1024 // containers]
+
+
+def test_a_long_record_survives_the_kubelets_per_pod_budget() -> None:
+    """A rewritten kpack pod has 10 containers (istio-init, initshift-init, 6 steps, completion,
+    istio-proxy): 1228 bytes each. A record cut there is no longer JSON, and the watcher would
+    take a failed step for one that died without completing."""
+    rec = Record("step-build", 127, p.REASON_WAITER_ERROR, rfc3339(0), rfc3339(1),
+                 "/workspace/" + "very-long-path/" * 200 + "tool: command not found")
+    kept = kubelet_status_message(rec.to_json(), containers=12)
+    assert Record.from_json(kept).exit_code == 127
+
+
 def test_rfc3339_is_utc_with_z() -> None:
     assert rfc3339(0) == "1970-01-01T00:00:00.000000Z"
     assert rfc3339(1.9999999) == "1970-01-01T00:00:02.000000Z"

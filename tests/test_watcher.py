@@ -335,6 +335,56 @@ async def test_a_lost_lease_stops_the_work(kube: KubeDouble) -> None:
 
 
 
+class HangingLeaseApi:
+    """Just the Lease calls; a PUT never answers while `hang` is set (a stuck apiserver)."""
+
+    def __init__(self) -> None:
+        self.lease: dict | None = None
+        self.hang = False
+
+    async def get_lease(self, namespace: str, name: str) -> dict | None:
+        return self.lease
+
+    async def create_lease(self, namespace: str, lease: dict) -> dict:
+        self.lease = {**lease, "metadata": {**lease["metadata"], "resourceVersion": "1"}}
+        return self.lease
+
+    async def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
+        while self.hang:
+            await asyncio.sleep(0.05)
+        self.lease = lease
+        return lease
+
+
+async def test_a_leader_whose_renewal_hangs_steps_down() -> None:
+    """As client-go bounds each renewal by the renew deadline: a PUT that never returns
+    must not keep this replica acting past the point where another may take the Lease."""
+    from webhook.leader import LeaderElector
+
+    api = HangingLeaseApi()
+    elector = LeaderElector(api, NS, "lease", "me", lease_seconds=0.6)  # type: ignore[arg-type]
+    led, lost = asyncio.Event(), asyncio.Event()
+
+    async def lead() -> None:
+        led.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            lost.set()
+
+    stop = asyncio.Event()
+    runner = asyncio.ensure_future(elector.run(lead, stop))
+    try:
+        await asyncio.wait_for(led.wait(), BOUND)
+        api.hang = True  # every renewal from now on hangs
+        await asyncio.wait_for(lost.wait(), BOUND)
+        assert not elector.leading
+    finally:
+        api.hang = False
+        stop.set()
+        await asyncio.wait_for(runner, BOUND)
+
+
 async def test_start_order_pods_get_per_container_ready_annotations(kube: KubeDouble) -> None:
     key = f"{p.ANNOTATION_READY_PREFIX}cache"
     kube.put_pod({"metadata": {"name": "app", "namespace": NS, "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},

@@ -133,9 +133,11 @@ def make_self_contained(bundle: str) -> None:
     os.chmod(init_exe, 0o755)
     # The loader finds the executable's $ORIGIN through /proc/self/exe, absent in a bare
     # chroot: the executables get their absolute folder first (libraries resolve $ORIGIN
-    # from their own path, no /proc needed).
+    # from their own path, no /proc needed). An RPATH, not a RUNPATH: the image's
+    # LD_LIBRARY_PATH outranks a RUNPATH and may hold another libc.so.6 (the bootloader puts
+    # the bundle first only when it re-execs itself, after these libraries are loaded).
     for path, folder in ((exe, os.path.dirname(p.WAITER_PATH)), (init_exe, p.IMAGE_WAITER_DIR)):
-        _run(["patchelf", "--set-interpreter", f"{folder}/{p.WAITER_LOADER_NAME}",
+        _run(["patchelf", "--set-interpreter", f"{folder}/{p.WAITER_LOADER_NAME}", "--force-rpath",
               "--set-rpath", f"{folder}/{CONTENTS}:$ORIGIN/{CONTENTS}", path])
 
 

@@ -93,7 +93,7 @@ class Entrypointer:
                 code = code or p.EXIT_USAGE
         # Under --retry a failed container is restarted: its sidecars must stay up for it.
         if rec.ok or not opts.retry:
-            quit_sidecars(opts.quit, opts.peers)
+            quit_sidecars(opts.quit, opts.peers, opts.retry)
         return code
 
     def fail(self, exc: WaiterError) -> int:

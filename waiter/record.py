@@ -1,7 +1,9 @@
 """The completion record: what a step left behind for the next one (and for the watcher).
 
-The same JSON is the container's termination message, so it stays under Kubernetes'
-4 KiB limit: the free-text message is cut, never the fields a reader parses.
+The same JSON is the container's termination message, so it stays under the size the
+kubelet keeps whole (protocol.TERMINATION_MESSAGE_LIMIT, well below Kubernetes' 4 KiB: the
+pod's 12 KiB are split among its containers): the free-text message is cut, never the fields
+a reader parses.
 """
 
 from __future__ import annotations

@@ -61,17 +61,25 @@ class EntrypointResolver(Protocol):
         ...
 
 
-def effective_argv(container: Mapping, config: ImageConfig | None) -> list[str] | None:
+def escape_expansion(word: str) -> str:
+    """`word` as it must be written in a container's `args` to reach the process unchanged:
+    the kubelet expands $(VAR) and reduces $$ to $ there, never in the image's ENTRYPOINT/CMD."""
+    return word.replace("$", "$$")
+
+
+def effective_argv(container: Mapping, config: ImageConfig | None, *, for_args: bool = False) -> list[str] | None:
     """The argv the container runs under Kubernetes semantics; None if it needs the image
-    config and none was given. An empty list means nothing would run (the kubelet fails it)."""
+    config and none was given. An empty list means nothing would run (the kubelet fails it).
+    `for_args`: the words from the image escaped, for an argv written into `args`."""
     command = container.get("command")
     args = container.get("args")
     if command:
         return [*command, *(args or [])]
     if config is None:
         return None
-    entry = list(config.entrypoint or ())
-    tail = list(args) if args else list(config.cmd or ())
+    image = escape_expansion if for_args else str
+    entry = [image(w) for w in config.entrypoint or ()]
+    tail = list(args) if args else [image(w) for w in config.cmd or ()]
     return entry + tail
 
 
@@ -79,13 +87,14 @@ def needs_image(container: Mapping) -> bool:
     return not container.get("command")
 
 
-def argv_by_platform(container: Mapping, image: ImageEntrypoints | None) -> dict[str, list[str]] | None:
+def argv_by_platform(container: Mapping, image: ImageEntrypoints | None, *,
+                     for_args: bool = False) -> dict[str, list[str]] | None:
     """Each platform's argv for a container without command; None when not resolved."""
     if image is None:
         return None
     out: dict[str, list[str]] = {}
     for platform, config in sorted(image.by_platform.items()):
-        argv = effective_argv(container, config)
+        argv = effective_argv(container, config, for_args=for_args)
         if argv is not None:
             out[platform] = argv
     return out or None

@@ -5,8 +5,8 @@ holder's Lease is taken over only after it has not changed for a full lease dura
 measured on the local monotonic clock (not by comparing the holder's timestamps with
 ours, so clock skew between nodes cannot hand the Lease to two replicas). Every write is
 a conditional PUT (resourceVersion), so two candidates racing for it cannot both win.
-A holder that cannot renew for 2/3 of the duration stops acting before anyone else may
-start. On a clean stop the Lease is released so a successor takes over at once.
+A holder that cannot renew for 2/3 of the duration (each renewal is bounded by what is
+left of that deadline) stops acting before anyone else may start. On a clean stop the Lease is released so a successor takes over at once.
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ class LeaderElector:
                 await _wait(stop, task, self.retry_seconds)
                 if stop.is_set() or task.done():
                     break
-                if await self.try_acquire_or_renew():
+                if await self._renew_within(self.renew_deadline - (self._clock() - renewed)):
                     renewed = self._clock()
-                elif self._clock() - renewed > self.renew_deadline:
+                elif self._clock() - renewed >= self.renew_deadline:
                     log.warning("lost the lease", extra={"identity": self.identity, "lease": self.name})
                     break
         finally:
@@ -128,6 +128,17 @@ class LeaderElector:
             self._set_leading(False)
         if not stop.is_set():
             await _wait(stop, None, self.retry_seconds)
+
+    async def _renew_within(self, seconds: float) -> bool:
+        """A renewal bounded by what is left of the renew deadline (client-go does the
+        same): a hung request must not keep us acting once another replica may lead."""
+        if seconds <= 0:
+            return False
+        try:
+            return await asyncio.wait_for(self.try_acquire_or_renew(), seconds)
+        except asyncio.TimeoutError:
+            log.warning("lease renewal timed out", extra={"identity": self.identity, "lease": self.name})
+            return False
 
     def _set_leading(self, value: bool) -> None:
         self.leading = value

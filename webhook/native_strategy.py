@@ -30,6 +30,7 @@ from waiter import protocol as p
 from .classify import Classification, mesh_init_names, requested_meshes
 from .resources import describe, pod_requests
 from .settings import RewriteSettings
+from .shape import submap
 
 # Fields a readiness probe and a startup probe share. successThreshold is not copied:
 # it must be 1 for startup probes. terminationGracePeriodSeconds is not allowed on
@@ -139,7 +140,7 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
 def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
     """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
     out = copy.deepcopy(dict(pod))
-    annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations = submap(out, "metadata", "annotations")
     warnings = []
     for key, value in requested_meshes(pod).items():
         current = annotations.get(key)
@@ -160,7 +161,7 @@ def resolve_support(setting: str, detected: bool | None) -> bool | None:
 
 
 def mark(pod: dict) -> None:
-    pod.setdefault("metadata", {}).setdefault("labels", {})[p.LABEL_MANAGED] = p.MODE_NATIVE
+    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = p.MODE_NATIVE
 
 
 def is_managed(pod: Mapping) -> bool:

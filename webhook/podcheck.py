@@ -13,6 +13,27 @@ from .quantity import QuantityError, parse
 from .resources import SHAREABLE
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ANNOTATION_REF = re.compile(r"^metadata\.annotations\['(.*)'\]$")
+
+
+def is_annotation_key(key: str) -> bool:
+    """A qualified name ([prefix/]name), which annotation keys and the downward API's
+    `metadata.annotations['key']` must be (the latter checked on the lowercased key)."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= 63 and bool(_KEY_NAME.match(name))
+
+
+def _downward_api_problems(volume: Mapping) -> list[str]:
+    out = []
+    for item in (volume.get("downwardAPI") or {}).get("items") or []:
+        m = _ANNOTATION_REF.match(str((item.get("fieldRef") or {}).get("fieldPath", "")))
+        if m and not is_annotation_key(m.group(1).lower()):
+            out.append(f"volume {volume.get('name')!r}: {m.group(1)!r} is not a valid annotation key")
+    return out
 
 
 def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
@@ -55,6 +76,7 @@ def pod_problems(pod: Mapping) -> list[str]:
         if name in volumes:
             out.append(f"volume {name!r} is defined twice")
         volumes.add(name)
+        out += _downward_api_problems(v)
     inits = spec.get("initContainers") or []
     regular = spec.get("containers") or []
     if not regular:

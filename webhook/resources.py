@@ -22,6 +22,7 @@ from fractions import Fraction
 from typing import Iterable, Mapping
 
 from .quantity import ZERO, format_quantity, parse
+from .shape import submap
 
 # Resources the kubelet can overcommit; every other one (extended resources, hugepages)
 # must have requests equal to limits, so its request cannot be lowered to make room.
@@ -144,6 +145,7 @@ def plan_steps(
         holders = [i for i, req in enumerate(reqs) if req.get(r, ZERO) > 0]
         if not holders:
             continue
+        budget = max(ZERO, budget_total.get(r, ZERO) - fixed_regular.get(r, ZERO))
         if r not in SHAREABLE:
             if len(holders) > 1 and policy != "keep":
                 plan.problem = (
@@ -151,10 +153,15 @@ def plan_steps(
                     f"which cannot be shared once they run side by side as regular containers"
                 )
                 return plan
+            if reqs[holders[0]][r] > budget and policy != "keep":
+                plan.problem = (
+                    f"step {steps[holders[0]]['name']!r} requests {r}, which containers running beside it once it "
+                    f"is a regular container request too and cannot share with it"
+                )
+                return plan
             continue  # a single holder keeps its (request == limit) as it is
         if policy == "keep":
             continue
-        budget = max(ZERO, budget_total.get(r, ZERO) - fixed_regular.get(r, ZERO))
         if policy == "preserve":
             top = max(holders, key=lambda i: (reqs[i][r], -i))  # largest request, first on ties
             for i in holders:
@@ -177,7 +184,5 @@ def apply_requests(container: dict, new: Mapping[str, str]) -> dict:
     if not new:
         return container
     out = copy.deepcopy(container)
-    res = out.setdefault("resources", {})
-    requests = res.setdefault("requests", {})
-    requests.update(new)
+    submap(out, "resources", "requests").update(new)
     return out

@@ -119,17 +119,20 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
                                        f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
     if not cls.steps:
         return _Skip("no-init-containers", "no init container to move; admitted unchanged")
-    proxies = [c["name"] for c in cls.native_sidecars if c.get("name") in set(settings.rewrite.sidecar_names)]
+    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
+    proxies = [c["name"] for c in cls.native_sidecars if c.get("name") in names]
     if proxies:
         return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                        f"admitted unchanged")
-    if not cls.all_sidecars and not has_mesh_marker(pod):
-        return NO_SIDECAR
+    if not cls.sidecars and not has_mesh_marker(pod):
+        return NO_SIDECAR  # native sidecars already run beside the init containers
     return _Go(strategy, cls)
 
 
 def lookups_needed(pod: Mapping, settings: Settings, *, native_supported: bool | None = None) -> list[Lookup]:
     """Images whose configuration the rewrite will need (containers without `command`)."""
+    if shape_problem(pod):
+        return []  # the rewrite admits it unchanged, saying why
     if start_order.requested(pod):
         if _final(_qualify(pod, settings, native_supported)):
             return []

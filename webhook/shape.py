@@ -97,3 +97,13 @@ POD = _object(
 def shape_problem(pod: Any) -> str | None:
     """The first field of the wrong type, as `pod.spec.containers[0].name must be a string`."""
     return POD(pod, "pod")
+
+
+def submap(obj: dict, *keys: str) -> dict:
+    """The object at obj[k1][k2]..., created where missing or null (`labels:` left empty in
+    YAML is null, and JSON null passes the shape check), for the rewrite to write into."""
+    for key in keys:
+        if obj.get(key) is None:
+            obj[key] = {}
+        obj = obj[key]
+    return obj

@@ -40,7 +40,9 @@ from . import native_strategy
 from .classify import classify, sidecar_names
 from .entrypoint import ImageEntrypoints, Lookup, needs_image
 from .resources import is_restartable, pod_requests, restartable_sum
+from .podcheck import is_annotation_key
 from .settings import Settings
+from .shape import submap
 from .waiter_strategy import BuildError, argv_for, check_reserved, init_container, loopback_probe, unwrap_argv
 
 REASON = "invalid-start-order"
@@ -182,6 +184,10 @@ def plan(pod: Mapping, settings: Settings, native_supported: bool | None) -> Pla
                 if url:
                     flags += [p.FLAG_PROBE, url]
                 elif c.get("readinessProbe"):
+                    if not is_annotation_key(f"{p.ANNOTATION_READY_PREFIX}{dep}"):
+                        raise _deny([f"{dep!r} is waited for through the annotation {p.ANNOTATION_READY_PREFIX}<name>, "
+                                     f"and its name is too long for an annotation key (at most "
+                                     f"{63 - len(p.ANNOTATION_READY_PREFIX.split('/', 1)[1])} characters)"])
                     flags += [p.FLAG_AFTER_READY_FILE, p.container_ready_path(dep)]
                     out.ready_files.append(dep)
                 else:
@@ -344,7 +350,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
 
 
 def _label(pod: dict) -> None:
-    pod.setdefault("metadata", {}).setdefault("labels", {})[p.LABEL_MANAGED] = p.MANAGED_START_ORDER
+    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = p.MANAGED_START_ORDER
 
 
 # --- the watcher's part ------------------------------------------------------------------------

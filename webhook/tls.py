@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import os
 import ssl
+import tempfile
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -50,6 +51,33 @@ def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
         raise TLSError(f"certificate file missing: {', '.join(missing)}") from None
     except (OSError, ssl.SSLError) as e:
         raise TLSError(f"cannot load certificate {cert} / key {key}: {e}") from None
+
+
+def _load_pair_safely(ctx: ssl.SSLContext, cert: str, key: str) -> None:
+    """Load a new pair into the live `ctx` only once it is known to load.
+
+    A failed `load_cert_chain()` is not atomic: OpenSSL installs the new certificate, drops
+    the old key that no longer matches it, then refuses the key, leaving `ctx` with no
+    usable pair (every handshake fails). So the files are read once into a private
+    snapshot, the snapshot is tried on a scratch context, and the live one loads the same
+    bytes (the files may change again in between).
+    """
+    with tempfile.TemporaryDirectory(prefix="initshift-tls-") as tmp:
+        snap_cert, snap_key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
+        for src, dst in ((cert, snap_cert), (key, snap_key)):
+            try:
+                with open(src, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise TLSError(f"certificate file missing: {src}") from None
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        try:
+            _load_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), snap_cert, snap_key)
+        except TLSError as e:  # name the real files, not the snapshot
+            raise TLSError(str(e).replace(snap_cert, cert).replace(snap_key, key)) from None
+        _load_chain(ctx, snap_cert, snap_key)
 
 
 def _signature(path: str) -> tuple:
@@ -97,7 +125,7 @@ class CertReloader:
         if now == self._seen:
             return False
         try:
-            _load_chain(self.ctx, self.cert, self.key)
+            _load_pair_safely(self.ctx, self.cert, self.key)
             if self.client_ca:
                 # OpenSSL can only add to the trust store: a removed client CA stays trusted
                 # until restart (documented in the README).

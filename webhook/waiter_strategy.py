@@ -27,6 +27,7 @@ from .quantity import format_quantity
 from .resources import (Amounts, add, apply_requests, describe, plan_steps, pod_requests, qos_class,
                         restartable_sum, sum_requests)
 from .settings import RewriteSettings
+from .shape import submap
 
 # initshift-init copies ~20 MB once: tiny requests (capped by what the pod already
 # reserves, so the pod never grows), limits that keep a runaway copy in check.
@@ -247,7 +248,8 @@ def _volumes(spec: Mapping, n_wrapped: int, gate: bool) -> list[dict]:
 def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[str] | None, dict | None]:
     if not needs_image(c):
         return effective_argv(c, None), None
-    per_platform = argv_by_platform(c, images.get(str(c.get("image"))))
+    # The argv goes into `args`, where the kubelet expands $(VAR): the image's words are escaped.
+    per_platform = argv_by_platform(c, images.get(str(c.get("image"))), for_args=True)
     if per_platform is None:
         return None, None
     distinct = {json.dumps(v) for v in per_platform.values()}
@@ -338,6 +340,11 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     if new_qos != old_qos:
         warnings.append(f"QoS class changes from {old_qos} to {new_qos}: steps now run as regular containers "
                         f"and share the pod's requests")
+    for c in cls.mains:
+        probes = [f for f in ("livenessProbe", "startupProbe") if f in c]
+        if probes:
+            warnings.append(f"main container {c['name']!r} has a {' and a '.join(probes)} that the kubelet runs "
+                            f"while it waits for the steps; a build longer than the probe allows gets it killed")
     if spec.get("restartPolicy") == "OnFailure":
         warnings.append("restartPolicy OnFailure: a failed step is re-run by the kubelet and later steps wait for it, "
                         "as with init containers")
@@ -345,9 +352,8 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
 
 
 def _mark(pod: dict, steps: list[str], mains: list[str]) -> None:
-    meta = pod.setdefault("metadata", {})
-    meta.setdefault("labels", {})[p.LABEL_MANAGED] = p.MODE_WAITER
-    annotations = meta.setdefault("annotations", {})
+    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = p.MODE_WAITER
+    annotations = submap(pod, "metadata", "annotations")
     annotations[p.ANNOTATION_STEPS] = json.dumps(steps, separators=(",", ":"))
     annotations[p.ANNOTATION_MAINS] = json.dumps(mains, separators=(",", ":"))
 
