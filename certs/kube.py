@@ -24,23 +24,32 @@ def _secrets(namespace: str, name: str | None = None) -> str:
     return f"{base}/{name}" if name else base
 
 
-async def read_secret(api: KubeApi, namespace: str, name: str) -> dict[str, str] | None:
-    """The Secret's `data` (base64 values), or None when it does not exist."""
+async def read_secret_versioned(api: KubeApi, namespace: str, name: str) -> tuple[dict[str, str] | None, str]:
+    """The Secret's `data` (base64 values) and resourceVersion; (None, "") when it does not exist."""
     try:
         secret = await api.request("GET", _secrets(namespace, name))
     except KubeError as e:
         if e.not_found:
-            return None
+            return None, ""
         raise
     data = (secret or {}).get("data")
-    return dict(data) if isinstance(data, dict) else {}
+    version = str(((secret or {}).get("metadata") or {}).get("resourceVersion") or "")
+    return (dict(data) if isinstance(data, dict) else {}), version
+
+
+async def read_secret(api: KubeApi, namespace: str, name: str) -> dict[str, str] | None:
+    """The Secret's `data` (base64 values), or None when it does not exist."""
+    return (await read_secret_versioned(api, namespace, name))[0]
 
 
 async def write_secret(api: KubeApi, namespace: str, name: str, data: dict[str, str], *,
-                       create_only: bool = False) -> bool:
+                       create_only: bool = False, resource_version: str = "") -> bool:
     """Create the `kubernetes.io/tls` Secret, or replace its data if it exists.
 
     `create_only`: return False instead of overwriting a Secret someone else just created.
+    `resource_version`: the version the caller read; the update is conditional on it, and a
+    Secret another replica changed since is left alone (False), so two replicas rotating at
+    once never overwrite each other.
     """
     body = {"apiVersion": "v1", "kind": "Secret", "type": store.SECRET_TYPE, "data": data,
             "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/name": "initshift"}}}
@@ -52,8 +61,16 @@ async def write_secret(api: KubeApi, namespace: str, name: str, data: dict[str, 
             raise
     if create_only:
         return False
-    await api.request("PATCH", _secrets(namespace, name), body={"data": data},
-                      content_type="application/merge-patch+json")
+    patch: dict = {"data": data}
+    if resource_version:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    try:
+        await api.request("PATCH", _secrets(namespace, name), body=patch,
+                          content_type="application/merge-patch+json")
+    except KubeError as e:
+        if resource_version and e.conflict:
+            return False
+        raise
     return True
 
 

@@ -36,7 +36,8 @@ async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] 
     srv = settings.server
     want = wanted(settings, ips)
     for _ in range(3):
-        have = store.material_from_secret(await kube.read_secret(api, srv.namespace, srv.cert_secret))
+        secret, version = await kube.read_secret_versioned(api, srv.namespace, srv.cert_secret)
+        have = store.material_from_secret(secret)
         trusted = await kube.read_ca_bundle(api, srv.webhook_config)
         plan = rotation.plan(have, trusted, want, now)
         if plan.serving_changed:
@@ -44,8 +45,9 @@ async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] 
             await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
             data = store.secret_data(plan.serving, plan.ca.cert_pem, plan.ca.key_pem)
             if not await kube.write_secret(api, srv.namespace, srv.cert_secret, data,
-                                           create_only=have.ca is None and have.serving is None):
-                continue  # another replica created it first: adopt theirs
+                                           create_only=have.ca is None and have.serving is None,
+                                           resource_version=version):
+                continue  # another replica wrote it first: adopt theirs
         else:
             await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
         store.write_serving(srv.tls_cert, srv.tls_key, plan.serving)

@@ -12,7 +12,7 @@ import stat
 import pytest
 import yaml
 
-from certs import cli, manage, pki, rotation, store
+from certs import cli, kube, manage, pki, rotation, store
 from tests.kubedouble import KubeDouble
 from webhook.settings import ServerSettings, Settings
 
@@ -253,6 +253,24 @@ async def test_a_secret_created_by_another_replica_is_adopted(tmp_path):
         assert ours.serving == theirs.serving and ours.ca == theirs.ca
         # Their CA leads the bundle; the CA of our lost attempt goes with the next prune.
         assert bundle_in(double)[0] == theirs.ca.cert
+
+
+async def test_a_secret_rewritten_by_another_replica_is_not_overwritten(tmp_path):
+    settings = managed_settings(tmp_path)
+    name = ("initshift-system", "initshift-tls")
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        async with double.kube_api() as api:
+            await manage.ensure(settings, api)
+            _, version = await kube.read_secret_versioned(api, *name)
+            # Another replica renews after our read; our write is conditional on what we read.
+            theirs = rotation.plan(rotation.Material(), [], manage.wanted(settings))
+            their_data = store.secret_data(theirs.serving, theirs.ca.cert_pem, theirs.ca.key_pem)
+            assert await kube.write_secret(api, *name, their_data)
+            ours = rotation.plan(rotation.Material(), [], manage.wanted(settings))
+            our_data = store.secret_data(ours.serving, ours.ca.cert_pem, ours.ca.key_pem)
+            assert not await kube.write_secret(api, *name, our_data, resource_version=version)
+        assert double.get("secrets", *name)["data"] == their_data
 
 
 async def test_serve_self_managed_starts_with_certificates_it_made(tmp_path):

@@ -29,8 +29,11 @@ def is_annotation_key(key: str) -> bool:
 
 def _downward_api_problems(volume: Mapping) -> list[str]:
     out = []
-    for item in (volume.get("downwardAPI") or {}).get("items") or []:
-        m = _ANNOTATION_REF.match(str((item.get("fieldRef") or {}).get("fieldPath", "")))
+    api = volume.get("downwardAPI")
+    items = api.get("items") if isinstance(api, dict) else None
+    for item in items if isinstance(items, list) else []:
+        ref = item.get("fieldRef") if isinstance(item, dict) else None
+        m = _ANNOTATION_REF.match(str(ref.get("fieldPath", ""))) if isinstance(ref, dict) else None
         if m and not is_annotation_key(m.group(1).lower()):
             out.append(f"volume {volume.get('name')!r}: {m.group(1)!r} is not a valid annotation key")
     return out
