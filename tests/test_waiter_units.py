@@ -165,3 +165,25 @@ def test_init_installs_and_replaces_atomically(tmp_path) -> None:
     assert (installed / p.WAITER_EXE_NAME).stat().st_mode & 0o777 == 0o755
     assert (installed / "_internal" / "data").stat().st_mode & 0o777 == 0o644
     assert not (installed / p.WAITER_INIT_EXE_NAME).exists()
+
+
+STILL_CLOCK = """
+from waiter import runner
+from waiter.signals import SignalBox
+runner.now = lambda: 1_000_000.0  # the wall clock stands still (stepped back by NTP, a VM resumed)
+out = runner.run([b"sleep", b"20"], {b"PATH": b"/usr/bin:/bin"}, SignalBox(), timeout=0.3)
+print(out.timed_out, out.started_at == out.finished_at == 1_000_000.0)
+"""
+
+
+def test_timeout_runs_on_a_monotonic_clock() -> None:
+    """--timeout must not follow the wall clock; the records still do. (A subprocess: the
+    SignalBox takes over every signal of the process that creates it.)"""
+    import subprocess
+    import sys
+
+    from tests.waiter_support import ROOT, waiter_env
+
+    res = subprocess.run([sys.executable, "-c", STILL_CLOCK], env=waiter_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.stdout.split() == ["True", "True"], res.stderr

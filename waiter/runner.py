@@ -8,6 +8,7 @@ import errno
 import os
 import select
 import signal
+import time
 from collections import namedtuple
 from collections.abc import Callable
 
@@ -102,13 +103,15 @@ def run(argv: list[bytes], env: dict[bytes, bytes], box: SignalBox,
     """Run argv to completion. Every signal but SIGCHLD goes to the child's whole group."""
     started = now()
     child = spawn(argv, env)
-    deadline = started + timeout if timeout else None
+    # Deadlines on the monotonic clock (a stepped wall clock must not stretch them); the
+    # record's times stay wall-clock.
+    deadline = time.monotonic() + timeout if timeout else None
     kill_at: float | None = None
     timed_out = False
     status: int | None = None
     while status is None:
         wait = None
-        current = now()
+        current = time.monotonic()
         if kill_at is not None:
             wait = max(0.0, kill_at - current)
         elif deadline is not None:
@@ -120,7 +123,7 @@ def run(argv: list[bytes], env: dict[bytes, bytes], box: SignalBox,
         status = reap(child)
         if status is not None:
             break
-        current = now()
+        current = time.monotonic()
         if deadline is not None and kill_at is None and current >= deadline:
             timed_out = True
             _killpg(child, signal.SIGTERM)
