@@ -62,7 +62,8 @@ def test_resolve_hands_the_waiter_a_per_platform_map(env: Env) -> None:
     pod = json.loads(out.stdout)
     argv = step_command(pod)
     mapping = json.loads(argv[argv.index(p.FLAG_ARGV_MAP) + 1])
-    assert mapping == {"linux/amd64": ["/bin/amd", "--depth=1"], "linux/arm64": ["/bin/arm", "--depth=1"]}
+    assert mapping == {"linux/amd64": ["/bin/amd"], "linux/arm64": ["/bin/arm"]}
+    assert argv[-2:] == [p.ARGV_SEPARATOR, "--depth=1"]
     step = next(c for c in pod["spec"]["containers"] if c["name"] == "git-clone")
     assert step["image"] == f"{env.bearer.host}/public/multi:v1"  # nothing pinned
 

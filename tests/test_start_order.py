@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import copy
 
 import pytest
@@ -184,7 +186,9 @@ def test_entrypointless_container_uses_the_image_or_is_denied() -> None:
     multi = {"shop/web:1.4": ImageEntrypoints({"linux/amd64": ImageConfig(("/amd",)),
                                                "linux/arm64": ImageConfig(("/arm",))})}
     app = by_name(ok(pod, images=multi))["app"]
-    assert argv(app) == [] and p.FLAG_ARGV_MAP in flags(app)
+    assert argv(app) == ["--port", "8080"], "the container's own args stay words after --"
+    table = flags(app)[flags(app).index(p.FLAG_ARGV_MAP) + 1]
+    assert json.loads(table) == {"linux/amd64": ["/amd"], "linux/arm64": ["/arm"]}
 
 
 @pytest.mark.parametrize("order, message", [

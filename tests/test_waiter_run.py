@@ -307,6 +307,10 @@ def test_argv_map_picks_this_platform(tmp_path: Path) -> None:
     table = {platform_keys()[-1]: ["sh", "-c", "exit 7"], "plan9/mips": ["false"]}
     res = run(tmp_path / DONE, p.FLAG_ARGV_MAP, __import__("json").dumps(table))
     assert res.returncode == 7
+    # The map gives the image's words, the words after `--` (the container's args) follow.
+    res = run(tmp_path / "args", p.FLAG_ARGV_MAP, __import__("json").dumps({platform_keys()[-1]: ["sh", "-c"]}),
+              argv=["exit 9"])
+    assert res.returncode == 9
     res = run(tmp_path / "other", p.FLAG_ARGV_MAP, '{"plan9/mips": ["true"]}')
     assert res.returncode == p.EXIT_USAGE
     assert f"no argv for platform {platform_keys()[0]} in --argv-map (has: plan9/mips)" in res.stderr.decode()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import given, settings
@@ -114,8 +113,6 @@ def test_parse_run_reads_every_flag(tmp_path) -> None:
     ([p.FLAG_POST, "done", p.FLAG_NAME, "a", p.FLAG_NAME, "b", "--", "x"], "--name given twice"),
     ([p.FLAG_POST, "done", "--"], "no command after --"),
     ([p.FLAG_POST, "done", "true"], "unexpected 'true' before --"),
-    ([p.FLAG_POST, "done", p.FLAG_ARGV_MAP, json.dumps({"plan9/mips": ["x"]}), "--", "y"],
-     "--argv-map and a command after -- are exclusive"),
 ])
 def test_parse_run_errors(args: list[str], message: str, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)

@@ -52,12 +52,11 @@ def choose(table: dict[str, list[str]], keys: list[str] | None = None) -> list[s
 
 
 def final_argv(argv: list[str], argv_map: dict | None) -> list[bytes]:
-    """The argv to run: the one after `--`, or this platform's entry of `--argv-map`;
-    as the exact bytes the kernel passed (surrogateescape round-trips any byte)."""
+    """The argv to run: this platform's entry of `--argv-map` (the image's ENTRYPOINT, and
+    CMD when the container sets no args) followed by the words after `--` (the container's
+    own args); as the exact bytes the kernel passed (surrogateescape round-trips any byte)."""
     if argv_map is not None:
-        if argv:
-            raise UsageError(f"{p.FLAG_ARGV_MAP} and a command after {p.ARGV_SEPARATOR} are exclusive")
-        argv = choose(argv_map)
+        argv = [*choose(argv_map), *argv]
     if not argv:
         raise UsageError(f"no command after {p.ARGV_SEPARATOR}")
     return [os.fsencode(a) for a in argv]

@@ -255,7 +255,12 @@ def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[s
     distinct = {json.dumps(v) for v in per_platform.values()}
     if len(distinct) == 1:
         return next(iter(per_platform.values())), None
-    return [], per_platform
+    # The platforms differ: the map holds only the image's words (ENTRYPOINT, and CMD when the
+    # container sets no args); the container's own args stay separate words after `--`, so
+    # the kubelet expands $(VAR) in them exactly as before instead of inside a JSON string.
+    args = list(c.get("args") or [])
+    prefixes = {key: argv[: len(argv) - len(args)] for key, argv in per_platform.items()}
+    return args, prefixes
 
 
 def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
