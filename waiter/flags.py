@@ -1,5 +1,6 @@
-"""`waiter run` flags (names from protocol.py). Hand-parsed: argparse would print usage
-and exit 2, and the waiter must answer bad flags with one line and its own exit code."""
+"""`waiter run` flags (names from protocol.py), and the flag reading `start-after` shares.
+Hand-parsed: argparse would print usage and exit 2, and the waiter must answer bad flags
+with one line and its own exit code."""
 
 from __future__ import annotations
 
@@ -40,29 +41,47 @@ class RunOptions:
         self.argv: list[bytes] = []
 
 
-def _split(args: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """Flags before the separator as (flag, value) pairs, and the argv after it."""
+def split(args: list[str], valued: set[str], repeatable: set[str] = frozenset(),
+          switches: set[str] = frozenset()) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """Flags before the separator as (flag, value) pairs (None for a switch), and the argv
+    after it; a flag given twice (unless repeatable) or with an empty value is refused."""
     pairs: list[tuple[str, str | None]] = []
+    seen: set[str] = set()
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == p.ARGV_SEPARATOR:
             return pairs, args[i + 1:]
         flag, eq, value = arg.partition("=")
-        if flag in _SWITCHES and not eq:
+        if flag in switches and not eq:
             pairs.append((flag, None))
-        elif flag in _VALUED:
+        elif flag in valued:
             if not eq:
                 if i + 1 >= len(args) or args[i + 1] == p.ARGV_SEPARATOR:
                     raise UsageError(f"{flag} needs a value")
                 value = args[i + 1]
                 i += 1
+            if not value:
+                raise UsageError(f"{flag} needs a non-empty value")
             pairs.append((flag, value))
         else:
             raise UsageError(f"unknown flag {arg!r}" if arg.startswith("-") else
                              f"unexpected {arg!r} before {p.ARGV_SEPARATOR}")
+        if flag in seen and flag not in repeatable:
+            raise UsageError(f"{flag} given twice")
+        seen.add(flag)
         i += 1
     raise UsageError(f"missing {p.ARGV_SEPARATOR} before the command")
+
+
+def seconds(flag: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r} is not a number of seconds") from None
+    if not (math.isfinite(number) and number > 0):
+        raise UsageError(f"{flag} must be a positive number of seconds")
+    return number
 
 
 def post_path_of(args: list[str]) -> str:
@@ -78,7 +97,7 @@ def post_path_of(args: list[str]) -> str:
     return ""
 
 
-def _endpoint(flag: str, url: str, schemes: tuple[str, ...]) -> Endpoint:
+def endpoint(flag: str, url: str, schemes: tuple[str, ...] = ("http", "https", "tcp")) -> Endpoint:
     try:
         endpoint = Endpoint.parse(url)
     except ValueError as exc:
@@ -89,16 +108,10 @@ def _endpoint(flag: str, url: str, schemes: tuple[str, ...]) -> Endpoint:
 
 
 def parse_run(args: list[str]) -> RunOptions:
-    pairs, argv = _split(args)
+    pairs, argv = split(args, _VALUED, _REPEATABLE, _SWITCHES)
     opts = RunOptions()
-    seen: set[str] = set()
     argv_map = None
     for flag, value in pairs:
-        if flag in seen and flag not in _REPEATABLE:
-            raise UsageError(f"{flag} given twice")
-        seen.add(flag)
-        if flag in _VALUED and not value:
-            raise UsageError(f"{flag} needs a non-empty value")
         v = value or ""
         if flag == p.FLAG_POST:
             opts.post = v
@@ -109,9 +122,9 @@ def parse_run(args: list[str]) -> RunOptions:
         elif flag == p.FLAG_READY_FILE:
             opts.ready_file = v
         elif flag == p.FLAG_PROBE:
-            opts.probes.append(_endpoint(flag, v, ("http", "https", "tcp")))
+            opts.probes.append(endpoint(flag, v))
         elif flag == p.FLAG_QUIT:
-            opts.quit.append(_endpoint(flag, v, ("http", "https")))
+            opts.quit.append(endpoint(flag, v, ("http", "https")))
         elif flag == p.FLAG_PEER:
             opts.peers.append(v)
         elif flag == p.FLAG_TERMINATION_LOG:
@@ -119,12 +132,7 @@ def parse_run(args: list[str]) -> RunOptions:
         elif flag == p.FLAG_RETRY:
             opts.retry = True
         elif flag == p.FLAG_TIMEOUT:
-            try:
-                opts.timeout = float(v)
-            except ValueError:
-                raise UsageError(f"{flag} {v!r} is not a number of seconds") from None
-            if not (math.isfinite(opts.timeout) and opts.timeout > 0):
-                raise UsageError(f"{flag} must be a positive number of seconds")
+            opts.timeout = seconds(flag, v)
         elif flag == p.FLAG_ARGV_MAP:
             argv_map = argvmap.parse(v)
     if not opts.post:

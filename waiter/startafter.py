@@ -24,14 +24,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import math
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import NoReturn, Protocol
 
-from . import argvmap, log
+from . import argvmap, flags, log
 from . import protocol as p
 from .env import child_environment
 from .errors import UsageError, WaiterError
@@ -55,17 +52,15 @@ _REPEATABLE = {p.FLAG_PROBE, p.FLAG_AFTER_MARKER, p.FLAG_AFTER_READY_FILE}
 
 # --- conditions ------------------------------------------------------------------------------
 
-class Condition(Protocol):
-    what: str
-    polled: bool  # must be re-checked on a timer (no file event announces it)
+# A condition has `what` (for the log), `polled` (no file event announces it: re-check on a
+# timer) and `met()`. Plain classes, no dataclasses or typing.Protocol: both imports cost
+# every gated container ~12 ms of start-up.
 
-    def met(self) -> bool: ...
-
-
-@dataclass
 class ProbeReady:
-    endpoint: Endpoint
-    polled: bool = True
+    polled = True
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
 
     @property
     def what(self) -> str:
@@ -75,10 +70,11 @@ class ProbeReady:
         return self.endpoint.healthy(PROBE_TIMEOUT)
 
 
-@dataclass
 class AnnotationReady:
-    path: str
-    polled: bool = False
+    polled = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     @property
     def what(self) -> str:
@@ -92,10 +88,11 @@ class AnnotationReady:
             return False
 
 
-@dataclass
 class Started:
-    path: str
-    polled: bool = True
+    polled = True
+
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     @property
     def what(self) -> str:
@@ -159,66 +156,37 @@ def write_marker(path: str, name: str) -> int:
 
 # --- options ---------------------------------------------------------------------------------
 
-@dataclass
+Condition = ProbeReady | AnnotationReady | Started
+
+
 class StartOptions:
-    name: str = ""
-    marker: str = ""
-    conditions: list[Condition] = field(default_factory=list)
-    max_wait: float | None = None
-    log_interval: float = LOG_INTERVAL
-    argv: list[bytes] = field(default_factory=list)
-
-
-def _seconds(flag: str, value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise UsageError(f"{flag} {value!r} is not a number of seconds") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise UsageError(f"{flag} must be a positive number of seconds")
-    return seconds
+    def __init__(self) -> None:
+        self.name = ""
+        self.marker = ""
+        self.conditions: list[Condition] = []
+        self.max_wait: float | None = None
+        self.log_interval = LOG_INTERVAL
+        self.argv: list[bytes] = []
 
 
 def parse(args: list[str]) -> StartOptions:
-    if p.ARGV_SEPARATOR not in args:
-        raise UsageError(f"missing {p.ARGV_SEPARATOR} before the command")
-    cut = args.index(p.ARGV_SEPARATOR)
-    flags, argv = args[:cut], args[cut + 1:]
+    pairs, argv = flags.split(args, _SINGLE | _REPEATABLE, _REPEATABLE)
     opts = StartOptions()
-    seen: set[str] = set()
     argv_map = None
-    i = 0
-    while i < len(flags):
-        flag, eq, value = flags[i].partition("=")
-        if flag not in _SINGLE | _REPEATABLE:
-            raise UsageError(f"unknown flag {flags[i]!r}" if flag.startswith("-")
-                             else f"unexpected {flags[i]!r} before {p.ARGV_SEPARATOR}")
-        if not eq:
-            if i + 1 >= len(flags):
-                raise UsageError(f"{flag} needs a value")
-            i += 1
-            value = flags[i]
-        i += 1
-        if not value:
-            raise UsageError(f"{flag} needs a non-empty value")
-        if flag in seen and flag in _SINGLE:
-            raise UsageError(f"{flag} given twice")
-        seen.add(flag)
+    for flag, value in pairs:
+        value = value or ""
         if flag == p.FLAG_NAME:
             opts.name = value
         elif flag == p.FLAG_MARKER:
             opts.marker = value
         elif flag == p.FLAG_MAX_WAIT:
-            opts.max_wait = _seconds(flag, value)
+            opts.max_wait = flags.seconds(flag, value)
         elif flag == p.FLAG_LOG_INTERVAL:
-            opts.log_interval = _seconds(flag, value)
+            opts.log_interval = flags.seconds(flag, value)
         elif flag == p.FLAG_ARGV_MAP:
             argv_map = argvmap.parse(value)
         elif flag == p.FLAG_PROBE:
-            try:
-                opts.conditions.append(ProbeReady(Endpoint.parse(value)))
-            except ValueError as exc:
-                raise UsageError(f"{flag} {exc}") from None
+            opts.conditions.append(ProbeReady(flags.endpoint(flag, value)))
         elif flag == p.FLAG_AFTER_MARKER:
             opts.conditions.append(Started(value))
         else:
@@ -280,7 +248,7 @@ def _default_signals() -> None:
             pass
 
 
-def exec_argv(argv: list[bytes], env: dict[bytes, bytes]) -> NoReturn:
+def exec_argv(argv: list[bytes], env: dict[bytes, bytes]) -> None:  # never returns (execve or WaiterError)
     """Replace this process with argv (PATH from the container's env, like runc); raises
     WaiterError with execvp's choice of error (EACCES beats ENOENT) if nothing could run."""
     _default_signals()
@@ -288,7 +256,7 @@ def exec_argv(argv: list[bytes], env: dict[bytes, bytes]) -> NoReturn:
     raise AssertionError("unreachable: execve returned")
 
 
-def start(opts: StartOptions, box: SignalBox) -> NoReturn:
+def start(opts: StartOptions, box: SignalBox) -> None:  # never returns (execve or WaiterError)
     wait(opts, box)
     if opts.marker:
         try:
