@@ -19,6 +19,7 @@ from waiter import protocol as p
 
 from .resources import is_restartable
 from .settings import RewriteSettings
+from .shape import submap
 
 
 def comma_list(value: object) -> list[str]:
@@ -123,3 +124,19 @@ def requested_meshes(pod: Mapping) -> dict[str, str]:
 def has_mesh_marker(pod: Mapping) -> bool:
     """The pod asks a mesh to inject a proxy (which may happen after this webhook)."""
     return bool(requested_meshes(pod))
+
+
+def pod_mode(pod: Mapping, settings: RewriteSettings) -> str:
+    """The pod's `initshift.io/mode`, else the server's default."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(p.ANNOTATION_MODE, settings.mode)).strip()
+
+
+def managed_as(pod: Mapping) -> str | None:
+    """The value of the `initshift.io/managed` label: how initshift already rewrote the pod."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(p.LABEL_MANAGED)
+    return None if value is None else str(value)
+
+
+def mark_managed(pod: dict, how: str) -> None:
+    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = how

@@ -27,8 +27,8 @@ from typing import Mapping
 
 from waiter import protocol as p
 
-from .classify import Classification, mesh_init_names, requested_meshes
-from .resources import describe, pod_requests
+from .classify import Classification, managed_as, mark_managed, mesh_init_names, requested_meshes
+from .resources import growth_warning
 from .settings import RewriteSettings
 from .shape import submap
 
@@ -127,13 +127,11 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
     new_spec = out["spec"]
     new_spec["initContainers"] = [*copy.deepcopy(inits[:at]), *natives, *copy.deepcopy(inits[at:])]
     new_spec["containers"] = copy.deepcopy(regular)
-    mark(out)
+    mark_managed(out, p.MODE_NATIVE)
 
-    old_total, new_total = pod_requests(spec), pod_requests(new_spec)
-    grown = {r: v for r, v in new_total.items() if v > old_total.get(r, 0)}
+    grown = growth_warning(spec, new_spec, "the sidecars now run beside the init containers")
     if grown:
-        warnings.append(f"the pod's effective request grows to {describe(grown)} (was {describe(old_total)}): "
-                        f"the sidecars now run beside the init containers")
+        warnings.append(grown)
     return out, warnings
 
 
@@ -151,7 +149,7 @@ def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
         elif str(current).lower() != value:
             warnings.append(f"the pod sets {key}={current!r}; left as it is, and a proxy injected into "
                             f"containers is moved when initshift is re-invoked")
-    mark(out)
+    mark_managed(out, p.MODE_NATIVE)
     return out, warnings
 
 
@@ -160,9 +158,5 @@ def resolve_support(setting: str, detected: bool | None) -> bool | None:
     return {"true": True, "false": False}.get(setting, detected)
 
 
-def mark(pod: dict) -> None:
-    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = p.MODE_NATIVE
-
-
 def is_managed(pod: Mapping) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(p.LABEL_MANAGED) == p.MODE_NATIVE
+    return managed_as(pod) == p.MODE_NATIVE

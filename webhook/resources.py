@@ -120,6 +120,15 @@ def describe(amounts: Mapping[str, Fraction]) -> str:
     return ", ".join(f"{k}={format_quantity(v, k)}" for k, v in sorted(amounts.items()) if v) or "none"
 
 
+def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
+    """A warning when the pod's effective request grows from `before` to `after` (specs)."""
+    old_total, new_total = pod_requests(before), pod_requests(after)
+    grown = {r: v for r, v in new_total.items() if v > old_total.get(r, ZERO)}
+    if not grown:
+        return None
+    return f"the pod's effective request grows to {describe(grown)} (was {describe(old_total)}): {why}"
+
+
 @dataclass
 class Plan:
     """New requests for the steps (index -> resource -> quantity string) and what to say."""

@@ -12,7 +12,7 @@ from typing import Mapping
 from waiter import protocol as p
 
 from . import native_strategy, start_order, waiter_strategy
-from .classify import Classification, classify, has_mesh_marker, sidecar_names
+from .classify import Classification, classify, has_mesh_marker, managed_as, pod_mode, sidecar_names
 from .entrypoint import ImageEntrypoints, Lookup, needs_image
 from .podcheck import pod_problems
 from .quantity import QuantityError
@@ -47,11 +47,6 @@ def _prefix(message: str) -> str:
     return f"initshift: {message}"
 
 
-def _mode(pod: Mapping, settings: Settings) -> str:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(p.ANNOTATION_MODE, settings.rewrite.mode)).strip()
-
-
 def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
     if native_strategy.is_managed(pod):
         return p.MODE_NATIVE  # decided at the first admission; re-invocations finish the job
@@ -63,6 +58,12 @@ def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
 def _no_native(native_supported: bool | None) -> str:
     return ("the cluster does not run native sidecars" if native_supported is False
             else "native-sidecar support of the cluster is unknown")
+
+
+def _native_proxies(pod: Mapping, settings: Settings, cls: Classification) -> list[str]:
+    """Recognised sidecars already running as native sidecars."""
+    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
+    return [c["name"] for c in cls.native_sidecars if c.get("name") in names]
 
 
 NO_SIDECAR = _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
@@ -82,8 +83,7 @@ def _qualify_native(pod: Mapping, settings: Settings, mode: str, cls: Classifica
         return _Skip("no-init-containers", "no init container needs the sidecars; admitted unchanged")
     if cls.sidecars:
         return _Go(p.MODE_NATIVE, cls, notes)
-    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
-    proxies = [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+    proxies = _native_proxies(pod, settings, cls)
     if managed and (proxies or not has_mesh_marker(pod)):
         return _Skip("unchanged", "the pod is already set up for native sidecars; nothing to do")
     if proxies:
@@ -100,7 +100,7 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
         return _Skip("invalid", "the object has no spec.containers; admitted unchanged")
     if not settings.feature_gate:
         return _Skip("feature-gate-off", f"{p.FEATURE_GATE_ENV} is off; admitted unchanged")
-    mode = _mode(pod, settings)
+    mode = pod_mode(pod, settings.rewrite)
     if mode not in p.MODES:
         return _Skip("invalid-mode", f"{p.ANNOTATION_MODE}={mode!r} is not one of {', '.join(p.MODES)}; "
                                      f"admitted unchanged")
@@ -119,8 +119,7 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
                                        f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
     if not cls.steps:
         return _Skip("no-init-containers", "no init container to move; admitted unchanged")
-    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
-    proxies = [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+    proxies = _native_proxies(pod, settings, cls)
     if proxies:
         return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                        f"admitted unchanged")
@@ -137,17 +136,13 @@ def lookups_needed(pod: Mapping, settings: Settings, *, native_supported: bool |
         if _final(_qualify(pod, settings, native_supported)):
             return []
         return start_order.lookups(pod, settings, native_supported)
-    if _is_managed(pod):
+    if managed_as(pod) is not None:
         return []
     plan = _qualify(pod, settings, native_supported)
     if not isinstance(plan, _Go) or plan.strategy != p.MODE_WAITER:
         return []
     return [Lookup(str(c.get("name")), str(c.get("image"))) for c in [*plan.cls.steps, *plan.cls.mains]
             if needs_image(c)]
-
-
-def _is_managed(pod: Mapping) -> bool:
-    return p.LABEL_MANAGED in ((pod.get("metadata") or {}).get("labels") or {})
 
 
 def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
@@ -170,8 +165,8 @@ def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoi
 
 def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoints],
              native_supported: bool | None, lookup_error: str | None = None) -> RewriteResult:
-    if settings.feature_gate and _is_managed(pod) and waiter_strategy.managed_names(pod) is not None:
-        if _mode(pod, settings) == p.MODE_DISABLED:
+    if settings.feature_gate and waiter_strategy.managed_names(pod) is not None:
+        if pod_mode(pod, settings.rewrite) == p.MODE_DISABLED:
             return RewriteResult(pod=pod, reason="disabled",
                                  warnings=[_prefix("pod is already rewritten; mode=disabled leaves it as it is")])
         out = waiter_strategy.refresh(pod, settings.rewrite)

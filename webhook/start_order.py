@@ -31,19 +31,18 @@ import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from waiter import protocol as p
 
 from . import native_strategy
-from .classify import classify, sidecar_names
+from .classify import classify, managed_as, mark_managed, pod_mode, sidecar_names
 from .entrypoint import ImageEntrypoints, Lookup, needs_image
-from .resources import is_restartable, pod_requests, restartable_sum
+from .resources import is_restartable, pod_requests
 from .podcheck import is_annotation_key
 from .settings import Settings
-from .shape import submap
-from .waiter_strategy import BuildError, argv_for, check_reserved, init_container, loopback_probe, unwrap_argv
+from .waiter_strategy import (BuildError, argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours,
+                              unwrap_argv)
 
 REASON = "invalid-start-order"
 OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
@@ -54,7 +53,7 @@ def requested(pod: Mapping) -> bool:
 
 
 def is_managed(pod: Mapping) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(p.LABEL_MANAGED) == p.MANAGED_START_ORDER
+    return managed_as(pod) == p.MANAGED_START_ORDER
 
 
 def _deny(problems: Sequence[str], value: object = None) -> BuildError:
@@ -153,7 +152,7 @@ class Plan:
 
 def _native_wanted(pod: Mapping, settings: Settings, native_supported: bool | None, first: list[str]) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    mode = str(annotations.get(p.ANNOTATION_MODE, settings.rewrite.mode)).strip()
+    mode = pod_mode(pod, settings.rewrite)
     if not (mode == p.MODE_NATIVE or (mode == p.MODE_AUTO and native_supported)):
         return False
     regular = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
@@ -218,14 +217,6 @@ def _prior_argvs(pod: Mapping) -> dict[str, tuple[list[str], dict | None]]:
     return {c["name"]: unwrap_argv(c) for c in (pod.get("spec") or {}).get("containers") or [] if _is_wrapped(c)}
 
 
-def _merge(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[object], bool]) -> list[dict]:
-    """`old` with ours replaced in place by `wanted` (by name), dropped when not wanted, and
-    the missing ones appended: entries another injector added after ours keep their place."""
-    by_name = {w["name"]: w for w in wanted}
-    kept = [by_name.pop(x["name"], None) if ours(x.get("name")) else x for x in old]
-    return [x for x in kept if x is not None] + [w for w in wanted if w["name"] in by_name]
-
-
 # --- building ----------------------------------------------------------------------------------
 
 def _wrap(c: Mapping, flags: list[str], marker: bool, settings: Settings,
@@ -249,7 +240,7 @@ def _wrap(c: Mapping, flags: list[str], marker: bool, settings: Settings,
     out = copy.deepcopy(dict(c))
     out["command"] = [p.WAITER_PATH]
     out["args"] = args
-    out["volumeMounts"] = _merge(c.get("volumeMounts") or [], mounts, _ours)
+    out["volumeMounts"] = merge_ours(c.get("volumeMounts") or [], mounts, _ours)
     return out
 
 
@@ -280,22 +271,6 @@ def lookups(pod: Mapping, settings: Settings, native_supported: bool | None) -> 
             if n not in prior and needs_image(by_name[n])]
 
 
-def _argvs(containers: Sequence[Mapping], wrapped: Sequence[str], prior: Mapping,
-           images: Mapping[str, ImageEntrypoints]) -> dict[str, tuple[list[str], dict | None]]:
-    out: dict[str, tuple[list[str], dict | None]] = {}
-    missing = []
-    for c in containers:
-        if c["name"] in wrapped:
-            argv, argv_map = prior.get(c["name"]) or argv_for(c, images)
-            if argv is None:
-                missing.append(f"{c['name']!r} (image {c.get('image')!r})")
-            out[c["name"]] = (argv or [], argv_map)
-    if missing:
-        raise _deny([f"containers without `command` need their image's ENTRYPOINT, which could not be "
-                     f"resolved: {', '.join(missing)}; set `command` on them (or turn on registry lookup)"])
-    return out
-
-
 def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoints],
           native_supported: bool | None) -> tuple[dict, list[str]]:
     """The pod with its start order applied, and warnings; raises BuildError (denying).
@@ -313,7 +288,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
     wrapped = pl.wrapped(list(prior))
     if not wrapped:
         if pl.to_native:
-            _label(out)
+            mark_managed(out, p.MANAGED_START_ORDER)
         elif not pl.order.missing:
             warnings.append(f"{p.ANNOTATION_START_ORDER}: every container waited for is a native sidecar, "
                             f"which the kubelet starts before the regular containers")
@@ -325,17 +300,19 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
         taken = [v["name"] for v in spec.get("volumes") or [] if _ours(v.get("name"))]
         if taken:
             raise _deny([f"volume name {taken[0]!r} is reserved by initshift"])
-    argvs = _argvs(containers, wrapped, prior, images)
+    try:
+        argvs = argvs_of([c for c in containers if c["name"] in wrapped], images, prior)
+    except BuildError as e:
+        raise _deny([str(e)]) from None
     spec["containers"] = [
         _wrap(c, pl.waits.get(c["name"], []), c["name"] in pl.markers, settings, *argvs[c["name"]])
         if c["name"] in wrapped else c for c in containers]
 
     # initshift-init copies the waiter; its requests fit in what the pod already reserves.
-    old_total = pod_requests(pod.get("spec") or {})
-    natives = restartable_sum(spec.get("initContainers") or [])
-    budget = {r: max(Fraction(0), v - natives.get(r, Fraction(0))) for r, v in old_total.items()}
-    spec["initContainers"] = _merge(spec.get("initContainers") or [], [init_container(settings.rewrite, budget)],
-                                    lambda n: n == p.INIT_CONTAINER_NAME)
+    inits = [c for c in spec.get("initContainers") or [] if c.get("name") != p.INIT_CONTAINER_NAME]
+    ours = init_container_within(settings.rewrite, pod_requests(pod.get("spec") or {}), inits)
+    spec["initContainers"] = merge_ours(spec.get("initContainers") or [], [ours],
+                                        lambda n: n == p.INIT_CONTAINER_NAME)
     wanted = [{"name": p.BIN_VOLUME, "emptyDir": {}}]
     if pl.markers:
         wanted.append({"name": p.MARKER_VOLUME, "emptyDir": {}})
@@ -344,13 +321,9 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
         warnings.append(f"{', '.join(map(repr, pl.ready_files))}: readiness probes the waiter cannot run on "
                         f"loopback; the containers after them wait for the watcher's "
                         f"{p.ANNOTATION_READY_PREFIX}<name> annotations")
-    spec["volumes"] = _merge(spec.get("volumes") or [], wanted, _ours)
-    _label(out)
+    spec["volumes"] = merge_ours(spec.get("volumes") or [], wanted, _ours)
+    mark_managed(out, p.MANAGED_START_ORDER)
     return out, warnings
-
-
-def _label(pod: dict) -> None:
-    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = p.MANAGED_START_ORDER
 
 
 # --- the watcher's part ------------------------------------------------------------------------

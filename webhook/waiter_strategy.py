@@ -17,14 +17,14 @@ import copy
 import json
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from waiter import protocol as p
 
-from .classify import Classification
+from .classify import Classification, managed_as, mark_managed
 from .entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from .quantity import format_quantity
-from .resources import (Amounts, add, apply_requests, describe, plan_steps, pod_requests, qos_class,
+from .resources import (Amounts, add, apply_requests, growth_warning, plan_steps, pod_requests, qos_class,
                         restartable_sum, sum_requests)
 from .settings import RewriteSettings
 from .shape import submap
@@ -54,6 +54,13 @@ class BuildError(Exception):
     def __init__(self, message: str, *, deny: bool = False, reason: str = "invalid") -> None:
         super().__init__(message)
         self.deny, self.reason = deny, reason
+
+
+def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
+    """`initshift-init`, last of `init_containers` (so beside every native sidecar among
+    them), its requests within what the pod `reserved` before the rewrite."""
+    natives = restartable_sum(init_containers)
+    return init_container(settings, {r: max(Fraction(0), v - natives.get(r, Fraction(0))) for r, v in reserved.items()})
 
 
 def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> dict:
@@ -230,17 +237,21 @@ def _is_our_volume(name: object) -> bool:
     return name in (p.BIN_VOLUME, p.READY_VOLUME) or str(name).startswith(p.RUN_VOLUME_PREFIX)
 
 
+def merge_ours(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[object], bool]) -> list[dict]:
+    """`old` with our entries (by name) replaced in place by `wanted`, dropped when no longer
+    wanted, and the missing ones appended: what another injector added after ours stays
+    after ours, so re-invocation changes nothing it does not have to."""
+    by_name = {w["name"]: w for w in wanted}
+    kept = [by_name.pop(x["name"], None) if ours(x.get("name")) else x for x in old]
+    return [x for x in kept if x is not None] + [w for w in wanted if w["name"] in by_name]
+
+
 def _volumes(spec: Mapping, n_wrapped: int, gate: bool) -> list[dict]:
-    """The pod's volumes with ours in place: existing ones keep their position (volumes
-    another injector appended after ours stay after them), missing ones are appended."""
     wanted = [{"name": p.BIN_VOLUME, "emptyDir": {}}]
     wanted += [{"name": p.run_volume(i), "emptyDir": {}} for i in range(n_wrapped)]
     if gate:
         wanted.append(ready_volume())
-    by_name = {v["name"]: v for v in wanted}
-    vols = [by_name.pop(v["name"], None) if _is_our_volume(v.get("name")) else v
-            for v in spec.get("volumes") or []]
-    return [v for v in vols if v is not None] + [v for v in wanted if v["name"] in by_name]
+    return merge_ours(spec.get("volumes") or [], wanted, _is_our_volume)
 
 
 # --- the whole pod ------------------------------------------------------------------------
@@ -261,6 +272,27 @@ def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[s
     args = list(c.get("args") or [])
     prefixes = {key: argv[: len(argv) - len(args)] for key, argv in per_platform.items()}
     return args, prefixes
+
+
+Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
+
+
+def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoints],
+             known: Mapping[str, Argv] | None = None) -> dict[str, Argv]:
+    """Each container's argv for the waiter (`known`: read back from a wrapped container);
+    BuildError naming every container whose image's ENTRYPOINT is unknown."""
+    out: dict[str, Argv] = {}
+    missing = []
+    for c in containers:
+        argv, argv_map = (known or {}).get(c["name"]) or argv_for(c, images)
+        if argv is None:
+            missing.append(f"{c.get('name')!r} (image {c.get('image')!r})")
+        out[c["name"]] = (argv or [], argv_map)
+    if missing:
+        raise BuildError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
+                         f"{', '.join(missing)}; set `command` on them (or turn on registry lookup)",
+                         reason="unresolved-entrypoint")
+    return out
 
 
 def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
@@ -287,25 +319,15 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     wrapped_src = [*cls.steps, *cls.mains]
     check_reserved(pod, wrapped_src)
 
-    argvs: list[tuple[list[str] | None, dict | None]] = []
-    missing = []
-    for c in wrapped_src:
-        argv, argv_map = argv_for(c, images)
-        if argv is None:
-            missing.append(c)
-        argvs.append((argv, argv_map))
-    if missing:
-        names = ", ".join(f"{c.get('name')!r} (image {c.get('image')!r})" for c in missing)
-        raise BuildError(
-            lookup_error or f"containers without `command` need their image's ENTRYPOINT, which was not looked up: "
-                            f"{names}; set `command` on them (or turn on registry lookup)",
-            deny=settings.on_unresolved == "deny", reason="unresolved-entrypoint")
+    try:
+        argvs = argvs_of(wrapped_src, images)
+    except BuildError as e:
+        raise BuildError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
 
     warnings: list[str] = []
     old_total = pod_requests(spec)
     old_qos = qos_class(spec)
-    natives = restartable_sum(cls.kept_init)
-    fixed = add(natives, sum_requests([*cls.mains, *cls.sidecars]))
+    fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
     if plan.problem:
         raise BuildError(plan.problem, reason="resources")
@@ -313,8 +335,8 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
 
     layout = _layout(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
                      cls.all_sidecars, cls.sidecars)
-    wrapped_steps = [wrap(c, i, layout, *argvs[i]) for i, c in enumerate(steps)]
-    mains_by_name = {c["name"]: wrap(c, len(steps) + j, layout, *argvs[len(steps) + j])
+    wrapped_steps = [wrap(c, i, layout, *argvs[c["name"]]) for i, c in enumerate(steps)]
+    mains_by_name = {c["name"]: wrap(c, len(steps) + j, layout, *argvs[c["name"]])
                      for j, c in enumerate(cls.mains)}
 
     containers: list[dict] = []
@@ -325,9 +347,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     if not cls.mains:
         containers += wrapped_steps
 
-    # initshift-init runs last among the init containers, beside every native sidecar.
-    budget = {r: max(Fraction(0), v - natives.get(r, Fraction(0))) for r, v in old_total.items()}
-    init = [*cls.kept_init, init_container(settings, budget)]
+    init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
 
     out = copy.deepcopy(dict(pod))
     new_spec = out.setdefault("spec", {})
@@ -336,11 +356,9 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(layout.sidecars))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains])
 
-    new_total = pod_requests(new_spec)
-    grown = {r: v for r, v in new_total.items() if v > old_total.get(r, Fraction(0))}
+    grown = growth_warning(spec, new_spec, f"policy {settings.resources_policy}")
     if grown:
-        warnings.append(f"the pod's effective request grows to {describe(grown)} "
-                        f"(policy {settings.resources_policy}; was {describe(old_total)})")
+        warnings.append(grown)
     new_qos = qos_class(new_spec)
     if new_qos != old_qos:
         warnings.append(f"QoS class changes from {old_qos} to {new_qos}: steps now run as regular containers "
@@ -357,7 +375,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
 
 
 def _mark(pod: dict, steps: list[str], mains: list[str]) -> None:
-    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = p.MODE_WAITER
+    mark_managed(pod, p.MODE_WAITER)
     annotations = submap(pod, "metadata", "annotations")
     annotations[p.ANNOTATION_STEPS] = json.dumps(steps, separators=(",", ":"))
     annotations[p.ANNOTATION_MAINS] = json.dumps(mains, separators=(",", ":"))
@@ -365,10 +383,9 @@ def _mark(pod: dict, steps: list[str], mains: list[str]) -> None:
 
 def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
     """Steps and mains of a pod this strategy already rewrote, or None."""
-    meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(p.LABEL_MANAGED) != p.MODE_WAITER:
+    if managed_as(pod) != p.MODE_WAITER:
         return None
-    annotations = meta.get("annotations") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
     try:
         steps = json.loads(annotations.get(p.ANNOTATION_STEPS, ""))
         mains = json.loads(annotations.get(p.ANNOTATION_MAINS, "[]"))
