@@ -182,17 +182,23 @@ def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoint
     return _checked(pod, out, [*plan.cls.warnings, *warnings], "rewritten")
 
 
+def _native_parts(pod: dict, plan: _Go, settings: Settings) -> tuple[dict, list[str], str]:
+    """The native strategy's pod, warnings and reason; raises NativeError."""
+    if plan.cls.sidecars:
+        out, warnings = native_strategy.move_sidecars(pod, plan.cls, settings.rewrite)
+        reason = "rewritten"
+    else:
+        out, warnings = native_strategy.request_native_injection(pod)
+        reason = "annotated"
+    return out, [*plan.notes, *plan.cls.warnings, *warnings], reason
+
+
 def _native(pod: dict, plan: _Go, settings: Settings) -> RewriteResult:
     try:
-        if plan.cls.sidecars:
-            out, warnings = native_strategy.move_sidecars(pod, plan.cls, settings.rewrite)
-            reason = "rewritten"
-        else:
-            out, warnings = native_strategy.request_native_injection(pod)
-            reason = "annotated"
+        out, warnings, reason = _native_parts(pod, plan, settings)
     except native_strategy.NativeError as e:
         return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
-    return _checked(pod, out, [*plan.notes, *plan.cls.warnings, *warnings], reason, p.MODE_NATIVE)
+    return _checked(pod, out, warnings, reason, p.MODE_NATIVE)
 
 
 def _final(plan: _Skip | _Go) -> bool:
@@ -211,8 +217,10 @@ def _ordered(pod: dict, plan: _Skip | _Go, settings: Settings, images: Mapping[s
             f"the annotation", deny=True, reason=start_order.REASON)
     base, notes = pod, []
     if isinstance(plan, _Go):
-        first = _native(pod, plan, settings)
-        base, notes = first.pod, [w.removeprefix(_prefix("")) for w in first.warnings]
+        try:
+            base, notes, _ = _native_parts(pod, plan, settings)
+        except native_strategy.NativeError as e:
+            notes = [f"{e}; admitted unchanged"]
     out, warnings = start_order.build(base, settings, images, native_supported)
     return _checked(pod, out, [*notes, *warnings], "rewritten", p.MANAGED_START_ORDER)
 
