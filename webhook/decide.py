@@ -16,6 +16,7 @@ from typing import Any
 
 from waiter import protocol as p
 
+from .classify import managed_as
 from .settings import WatcherSettings
 
 # Outcome JSON (annotation initshift.io/outcome), documented in README "The watcher".
@@ -187,7 +188,7 @@ def _running(status: dict | None) -> bool:
 # --- the decision --------------------------------------------------------------------------
 def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(p.LABEL_MANAGED) == p.MANAGED_START_ORDER:
+    if managed_as(pod) == p.MANAGED_START_ORDER:
         return decide_start_order(pod)
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from waiter import protocol as p
 
-from .classify import classify
+from .classify import classify, managed_as
 from .decide import NOT_RUN, Run, layout as waiter_layout, parse_time, read_run
 from .resources import is_restartable
 from .settings import RewriteSettings
@@ -127,7 +127,7 @@ class Layout:
 
 
 def strategy_of(pod: Mapping) -> str | None:
-    value = ((pod.get("metadata") or {}).get("labels") or {}).get(p.LABEL_MANAGED)
+    value = managed_as(pod)
     return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
 
 
@@ -156,7 +156,7 @@ def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
                       sequential + lay.steps, in_init, waiter_run)
     if strategy is None and not sequential:
         meta = pod.get("metadata") or {}
-        label = (meta.get("labels") or {}).get(p.LABEL_MANAGED)
+        label = managed_as(pod)
         why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
         raise NotManaged(f"pod {meta.get('name', '')} is not managed by initshift as a build ({why}) "
                          f"and has no init containers to show")
