@@ -19,12 +19,6 @@ BOUND = 10.0
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeDouble]:
-    async with KubeDouble() as double:
-        yield double
-
-
-@pytest.fixture
 async def http(kube: KubeDouble) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(base_url=kube.url) as session:
         yield session

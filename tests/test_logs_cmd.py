@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-from typing import AsyncIterator
 
 import pytest
 
@@ -17,12 +16,6 @@ from webhook.kube import KubeError
 
 NS, NAME = "builds", "build-1"
 TEKTON = ["prepare", "place-scripts", "step-git-clone", "step-unit-test", "step-report"]
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeDouble]:
-    async with KubeDouble() as k:
-        yield k
 
 
 @pytest.fixture

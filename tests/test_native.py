@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.fixtures import pods
+from tests.test_rewrite import EXPECTED as WAITER_EXPECTED
 from tests.podvalidate import NEWEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.native_strategy import startup_probe
@@ -21,21 +22,8 @@ CATALOGUE = pods.catalogue()
 # Native sidecars need the 1.29+ schemas (restartPolicy on init containers).
 NATIVE_VERSIONS = ("1.29.0", NEWEST)
 
-EXPECTED = {
-    "kpack": "no-sidecar",
-    "kpack-istio": "rewritten",
-    "kpack-istio-cni": "rewritten",
-    "kpack-istio-hold": "rewritten",
-    "kpack-istio-native": "already-native",
-    "kpack-linkerd": "rewritten",
-    "tekton": "no-sidecar",
-    "tekton-istio": "rewritten",
-    "job": "no-sidecar",
-    "job-istio": "rewritten",
-    "job-linkerd": "rewritten",
-    "deployment-istio": "rewritten",  # every restartPolicy works natively
-    "no-init-istio": "no-init-containers",
-}
+# The waiter strategy's decisions, except that every restartPolicy works natively.
+EXPECTED = {**WAITER_EXPECTED, "deployment-istio": "rewritten"}
 
 
 def native(pod: dict, settings: Settings = ON, **kw) -> object:

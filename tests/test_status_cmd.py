@@ -7,7 +7,7 @@ import io
 import json
 import subprocess
 import sys
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import pytest
 import yaml
@@ -24,12 +24,6 @@ BOUND = 20.0  # no wait here may take longer: a bug fails instead of hanging
 class Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeDouble]:
-    async with KubeDouble() as k:
-        yield k
 
 
 @pytest.fixture

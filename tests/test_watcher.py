@@ -7,7 +7,6 @@ import json
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
-import pytest
 
 from tests.kubedouble import KubeDouble, now_rfc3339, running, terminated, waiting
 from waiter import protocol as p
@@ -79,12 +78,6 @@ def deadline_patches(kube: KubeDouble, name: str) -> list:
 
 def outcome_patches(kube: KubeDouble, name: str) -> list:
     return [r for r in kube.patches(NS, name) if p.ANNOTATION_OUTCOME in json.dumps(r.body)]
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[KubeDouble]:
-    async with KubeDouble() as double:
-        yield double
 
 
 @asynccontextmanager
