@@ -6,7 +6,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from tests.kubedouble import KubeDouble
+from tests.support.kubedouble import KubeDouble
 
 
 @pytest.fixture

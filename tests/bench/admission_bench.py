@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from tests import https_helpers as h
-from webhook.https_server import bind
+from tests.support import https_helpers as h
+from webhook.admission._https import bind
 
 ROUNDS = {1: 400, 16: 2400}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from waiter import protocol as p
 from waiter.post import write_atomic
-from tests.waiter_support import SOURCE_WAITER, catches, ensure_bundle, record, waiter_env
+from tests.support.waiter_support import SOURCE_WAITER, catches, ensure_bundle, record, waiter_env
 
 COLD_RUNS = 20
 BATCHES, CHAIN = 10, 21  # 10 x 20 = 200 handoffs

@@ -1,0 +1,260 @@
+"""Native-sidecar detection: version parsing, the `auto` decision table, NativeSupport's
+refresh and setting overrides, the in-process API double, and the server's /readyz,
+/metrics and /mutate with detection wired in."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Mapping, Sequence
+
+import httpx
+import pytest
+
+from tests.support import https_helpers as h
+from tests.support.kubedouble import KubeDouble
+from waiter import protocol as p
+from webhook.admission import _review as admission, _cluster as cluster
+from webhook import metrics
+from webhook.admission._cluster import KubeFetcher, NativeSupport, NodesForbidden, Observation, decide
+from webhook.kube._api import KubeError
+from webhook.admission._patch import apply_patch
+from webhook.admission._app import create_app
+from webhook.settings import RewriteSettings, Settings
+
+
+def settings(**rewrite) -> Settings:
+    return Settings(feature_gate=True, rewrite=RewriteSettings(**rewrite))
+
+
+class Cluster:
+    """What GET /version and the node list answer; an exception instance is raised."""
+
+    def __init__(self, version: object, kubelets: object = ()) -> None:
+        self.answer_version, self.kubelets = version, kubelets
+        self.calls = 0
+
+    async def version(self) -> Mapping:
+        self.calls += 1
+        if isinstance(self.answer_version, Exception):
+            raise self.answer_version
+        return self.answer_version  # type: ignore[return-value]
+
+    async def nodes(self) -> Sequence[Mapping]:
+        if isinstance(self.kubelets, Exception):
+            raise self.kubelets
+        return [{"metadata": {"name": f"n{i}"}, "status": {"nodeInfo": {"kubeletVersion": v}}}
+                for i, v in enumerate(self.kubelets)]  # type: ignore[arg-type]
+
+
+def git(version: str) -> dict:
+    return {"major": "1", "minor": version.split(".")[1], "gitVersion": version}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("v1.29.3-eks-abc", (1, 29)),
+    ("v1.30.0", (1, 30)),
+    ("1.28", (1, 28)),
+    ("v1.28.5+k3s1", (1, 28)),
+    ("v1.31.1-gke.1146000", (1, 31)),
+    ("v2.0.0", (2, 0)),
+    ("", None),
+    ("latest", None),
+    ("v1", None),
+    (None, None),
+    (129, None),
+])
+def test_parse_version(text, expected):
+    assert cluster.parse_version(text) == expected
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"gitVersion": "v1.29.3-eks-abc", "major": "1", "minor": "29"}, (1, 29)),
+    ({"gitVersion": "", "major": "1", "minor": "29+"}, (1, 29)),  # GKE/EKS style minor
+    ({"major": "1", "minor": "30"}, (1, 30)),
+    ({"major": "1", "minor": "x"}, None),
+    ({}, None),
+    ("not a mapping", None),
+])
+def test_apiserver_version(body, expected):
+    assert cluster.apiserver_version(body) == expected
+
+
+DENIED = NodesForbidden('nodes is forbidden: User "system:serviceaccount:initshift-system:initshift" cannot list')
+
+# (apiserver /version, kubelet versions or an error, expected support)
+TABLE = [
+    (git("v1.30.2"), ["v1.30.2", "v1.30.1"], True),
+    (git("v1.29.0"), ["v1.29.3-eks-abc"], True),
+    (git("v1.33.1"), [], True),  # no nodes yet: the apiserver decides
+    (git("v1.28.9"), ["v1.28.9"], False),  # alpha gate only: treated as unsupported
+    (git("v1.27.3"), DENIED, False),
+    (git("v1.30.2"), ["v1.30.2", "v1.28.7", "v1.29.1"], False),  # mixed: the lowest kubelet decides
+    (git("v1.31.0"), ["v1.31.0", "v1.29.0"], True),  # mixed, every kubelet new enough
+    (git("v1.30.2"), DENIED, True),  # nodes forbidden: the apiserver alone
+    (git("v1.30.2"), KubeError(0, "connection refused"), True),
+    (git("v1.30.2"), ["v1.30.2", "garbage"], None),  # a kubelet we cannot read: unknown
+    ({"major": "1", "minor": "29+"}, ["v1.29.2-gke.1"], True),
+    ({"major": "1", "minor": "28+"}, ["v1.30.0"], False),
+    ({"gitVersion": "nonsense"}, ["v1.30.0"], None),
+    (KubeError(0, "connection refused"), ["v1.30.0"], None),  # unknown: auto falls back to waiter
+    (KubeError(401, "Unauthorized"), DENIED, None),
+]
+
+
+@pytest.mark.parametrize("version, kubelets, expected", TABLE)
+async def test_auto_decision_table(version, kubelets, expected):
+    obs = await cluster.observe(Cluster(version, kubelets))
+    decision = decide(obs)
+    assert decision.supported is expected, decision.why
+    support = NativeSupport(settings(), Cluster(version, kubelets))
+    await support.refresh()
+    assert support.current() is expected
+    want = {True: p.MODE_NATIVE, False: p.MODE_WAITER, None: p.MODE_WAITER}[expected]
+    assert support.strategy() == want
+
+
+def test_decision_explains_itself():
+    assert "lowest kubelet v1.28 of 3 node(s)" in decide(Observation((1, 30), ((1, 30), (1, 28), (1, 29)))).why
+    assert "apiserver alone" in decide(Observation((1, 30), None, nodes_error="listing nodes is forbidden")).why
+    assert "older than v1.29" in decide(Observation((1, 28), ())).why
+    assert "unknown" in decide(Observation(None, error="GET /version: refused")).why
+
+
+@pytest.mark.parametrize("setting, expected", [("true", True), ("false", False)])
+async def test_setting_overrides_detection_without_api_calls(setting, expected):
+    fetcher = Cluster(git("v1.27.0") if expected else git("v1.31.0"), ["v1.31.0"])
+    support = NativeSupport(settings(native_sidecars=setting), fetcher)
+    await support.refresh()
+    assert support.current() is expected and fetcher.calls == 0
+    assert (await cluster.start(settings(native_sidecars=setting))).current() is expected
+
+
+async def test_failed_refresh_keeps_the_last_answer_and_upgrades_are_seen():
+    fetcher = Cluster(git("v1.28.3"), ["v1.28.3"])
+    support = NativeSupport(settings(), fetcher)
+    assert support.current() is None and support.strategy() == p.MODE_WAITER, "unknown before detection"
+    await support.refresh()
+    assert support.current() is False
+    fetcher.answer_version = KubeError(0, "connection refused")
+    await support.refresh()
+    assert support.current() is False, "a transient failure does not flip the strategy"
+    fetcher.answer_version, fetcher.kubelets = git("v1.29.1"), ["v1.29.1", "v1.29.0"]
+    await support.refresh()
+    assert support.current() is True and support.strategy() == p.MODE_NATIVE
+
+
+def test_default_strategy_follows_mode_and_feature_gate():
+    assert cluster.default_strategy(Settings(), True) == "disabled"
+    assert cluster.default_strategy(settings(mode="waiter"), True) == p.MODE_WAITER
+    assert cluster.default_strategy(settings(mode="native"), None) == p.MODE_NATIVE
+    assert cluster.default_strategy(settings(mode="disabled"), True) == "disabled"
+    assert cluster.default_strategy(settings(), True) == p.MODE_NATIVE
+
+
+async def test_metrics_follow_the_decision():
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value(name, labels)
+
+    fetcher = Cluster(git("v1.30.0"), ["v1.30.0"])
+    support = NativeSupport(settings(), fetcher)
+    assert value("initshift_native_sidecars_supported") == -1
+    await support.refresh()
+    assert value("initshift_native_sidecars_supported") == 1
+    assert value("initshift_active_strategy", strategy="native") == 1
+    assert value("initshift_active_strategy", strategy="waiter") == 0
+    NativeSupport(settings(native_sidecars="false"))
+    assert value("initshift_native_sidecars_supported") == 0
+    assert value("initshift_active_strategy", strategy="waiter") == 1
+
+
+async def test_run_retries_until_known_then_stops_on_request():
+    fetcher = Cluster(KubeError(0, "apiserver not up yet"), ["v1.30.0"])
+    support = NativeSupport(settings(native_refresh_seconds=1.0), fetcher)
+    stop = asyncio.Event()
+    task = asyncio.create_task(support.run(stop))
+    await support.refresh()
+    assert support.current() is None
+    fetcher.answer_version = git("v1.30.0")
+    for _ in range(200):  # the loop's own retry picks up the answer
+        if support.current() is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert support.current() is True
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+class PagedApi:
+    """A KubeApi stand-in for the node list's pagination (the API double does not page)."""
+
+    def __init__(self, pages: list[list[str]]) -> None:
+        self.pages, self.queries = pages, []
+
+    async def request(self, method: str, path: str, *, query: dict | None = None) -> dict:
+        self.queries.append(dict(query or {}))
+        index = int((query or {}).get("continue") or 0)
+        more = {"continue": str(index + 1)} if index + 1 < len(self.pages) else {}
+        return {"items": [{"status": {"nodeInfo": {"kubeletVersion": v}}} for v in self.pages[index]],
+                "metadata": more}
+
+
+async def test_node_list_follows_continue_tokens():
+    api = PagedApi([["v1.30.0"], ["v1.30.0"], ["v1.28.0"]])
+    nodes = await KubeFetcher(api).nodes()  # type: ignore[arg-type]
+    assert len(nodes) == 3 and [q.get("continue") for q in api.queries] == [None, "1", "2"]
+    assert all(q["limit"] == KubeFetcher.PAGE for q in api.queries)
+
+
+# --- against the in-process API double ---------------------------------------------------------
+
+async def test_against_the_api_double(caplog):
+    async with KubeDouble(version="v1.30.2") as kube:
+        kube.put_node("a", "v1.30.2")
+        kube.put_node("b", "v1.29.4-eks-1234")
+        api = kube.kube_api()
+        try:
+            support = await cluster.start(settings(), api)
+            assert support.current() is True and "lowest kubelet v1.29 of 2 node(s)" in support.detected.why
+            kube.put_node("c", "v1.28.11")  # an old node pool joins
+            await support.refresh()
+            assert support.current() is False and support.strategy() == p.MODE_WAITER
+            kube.fail_next("/api/v1/nodes", 403, times=5, message="nodes is forbidden")
+            with caplog.at_level(logging.WARNING, logger="initshift.cluster"):
+                denied = await cluster.start(settings(), api)
+            assert denied.current() is True and "apiserver alone" in denied.detected.why
+            assert any("forbidden" in r.getMessage() for r in caplog.records)
+            assert any(r.path == "/version" for r in kube.requests)
+        finally:
+            await api.close()
+
+
+async def test_without_api_access_auto_falls_back_to_waiter(monkeypatch, tmp_path):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    support = await cluster.start(settings())
+    assert support.current() is None and support.strategy() == p.MODE_WAITER
+    assert "no API access" in support.detected.why
+    await support.close()
+
+
+# --- through the server's app -------------------------------------------------------------------
+
+async def test_server_reports_and_uses_the_detected_strategy(tmp_path):
+    s = h.settings_for(tmp_path)
+    support = NativeSupport(s, Cluster(git("v1.31.0"), ["v1.31.0"]))
+    app = create_app(s, native_supported=support.current, strategy=support.strategy)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        ready = (await c.get("/readyz")).json()
+        assert ready["strategy"] == p.MODE_WAITER and ready["native_supported"] is None
+        await support.refresh()
+        ready = (await c.get("/readyz")).json()
+        assert ready["strategy"] == p.MODE_NATIVE and ready["native_supported"] is True
+        text = (await c.get("/metrics")).text
+        assert 'initshift_active_strategy{strategy="native"} 1.0' in text
+        assert "initshift_native_sidecars_supported 1.0" in text
+        pod = h.kpack_istio()
+        answer = (await c.post("/mutate", json=h.review(pod, namespace="builds"))).json()
+    patched = apply_patch(pod, admission.decode_patch(answer))
+    assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
+    assert [x["name"] for x in patched["spec"]["initContainers"]][:3] == ["istio-init", "istio-proxy", "prepare"]

@@ -1,0 +1,353 @@
+"""The admission server for real: uvicorn over HTTPS on a free loopback port, httpx with
+the generated CA."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import https_helpers as h
+from tests.support.fixtures import pods
+from waiter import protocol as p
+from webhook.admission import _review as admission
+from webhook import logs
+from webhook.cli import _review as review_cmd
+from webhook.admission._patch import apply_patch
+from webhook.rewrite._rewrite import rewrite
+from webhook.admission._https import bind
+from webhook.admission._app import create_app
+from webhook.settings import settings_table
+
+OWN_NS = "initshift-system"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    h.make_certs(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(pki):
+    with h.running(h.settings_for(pki, namespace=OWN_NS)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server, pki):
+    with httpx.Client(verify=h.client_context(pki / "ca.crt"), base_url=h.base_url(server), timeout=30) as c:
+        yield c
+
+
+def mutate(client: httpx.Client, review: dict) -> dict:
+    r = client.post("/mutate", json=review)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["response"]["uid"] == review["request"]["uid"]
+    return answer
+
+
+def test_kpack_build_pod_gets_the_rewrite_as_a_patch(client, server):
+    pod = h.kpack_istio()
+    answer = mutate(client, h.review(pod, namespace="builds"))
+    resp = answer["response"]
+    assert answer["apiVersion"] == admission.API_V1 and answer["kind"] == "AdmissionReview"
+    assert resp["allowed"] is True and resp["patchType"] == "JSONPatch"
+    patched = apply_patch(pod, admission.decode_patch(answer))
+    assert patched == rewrite(pod, server.settings).pod
+    assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    assert [c["name"] for c in patched["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]
+
+
+@pytest.mark.parametrize("pod, reason", [
+    (pods.load("kpack-build"), "no-sidecar"),
+    (pods.without_init(h.kpack_istio()), "no-init-containers"),
+    (pods.as_deployment_pod(h.kpack_istio()), "restart-policy"),
+    (pods.inject_istio(pods.load("kpack-build"), "native"), "already-native"),
+])
+def test_unchanged_pods_have_no_patch_and_say_why(client, pod, reason):
+    assert rewrite(pod, h.settings_for(Path("."))).reason == reason  # the case is what it claims
+    resp = mutate(client, h.review(pod, namespace="builds"))["response"]
+    assert resp["allowed"] is True
+    assert "patch" not in resp and "patchType" not in resp
+    assert resp["warnings"] and all(w.strip() and "\n" not in w for w in resp["warnings"])
+
+
+@pytest.mark.parametrize("mutation", ["deployment", "delete", "update", "subresource"])
+def test_other_kinds_and_operations_are_allowed_unchanged(client, mutation):
+    review = h.review(h.kpack_istio(), namespace="builds")
+    req = review["request"]
+    if mutation == "deployment":
+        req["kind"] = {"group": "apps", "version": "v1", "kind": "Deployment"}
+        req["resource"] = {"group": "apps", "version": "v1", "resource": "deployments"}
+        req["object"] = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}}
+    elif mutation == "delete":
+        req["operation"], req["oldObject"], req["object"] = "DELETE", req["object"], None
+    elif mutation == "update":
+        req["operation"], req["oldObject"] = "UPDATE", copy.deepcopy(req["object"])
+    else:
+        req["subResource"] = "ephemeralcontainers"
+    resp = mutate(client, review)["response"]
+    assert resp == {"uid": req["uid"], "allowed": True}
+
+
+def test_v1beta1_is_answered_in_v1beta1(client):
+    answer = mutate(client, h.review(h.kpack_istio(), namespace="builds", api_version=admission.API_V1BETA1))
+    assert answer["apiVersion"] == admission.API_V1BETA1
+    assert answer["response"]["patchType"] == "JSONPatch" and admission.decode_patch(answer)
+
+
+def test_dry_run_gets_the_same_answer(client):
+    pod = h.kpack_istio()
+    wet = mutate(client, h.review(pod, namespace="builds"))
+    dry = mutate(client, h.review(pod, namespace="builds", dry_run=True))
+    assert dry == wet
+
+
+@pytest.mark.parametrize("namespace", [OWN_NS, "kube-system"])
+def test_own_namespace_and_kube_system_are_never_mutated(client, namespace):
+    resp = mutate(client, h.review(h.kpack_istio(), namespace=namespace))["response"]
+    assert resp["allowed"] is True and "patch" not in resp
+    assert any(namespace in w for w in resp["warnings"])
+
+
+def test_protected_namespace_taken_from_the_pod_when_the_request_has_none(client):
+    review = h.review(h.kpack_istio(), namespace="kube-system")
+    review["request"]["namespace"] = ""
+    review["request"]["object"]["metadata"]["namespace"] = "kube-system"
+    assert "patch" not in mutate(client, review)["response"]
+
+
+def test_feature_gate_off_admits_unchanged(pki):
+    settings = h.settings_for(pki)
+    settings = settings.replace(feature_gate=False)
+    with h.running(settings) as srv, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+        resp = c.post(f"{h.base_url(srv)}/mutate", json=h.review(h.kpack_istio(), namespace="b")).json()["response"]
+    assert "patch" not in resp and resp["warnings"]
+
+
+def test_health_ready_and_metrics(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["certificate"] is True and "strategy" in ready.json()
+    mutate(client, h.review(h.kpack_istio(), namespace="builds"))
+    client.post("/mutate", content=b"nope", headers={"content-type": "application/json"})
+    text = client.get("/metrics").text
+    assert 'initshift_admission_requests_total{outcome="patched"}' in text
+    assert 'initshift_admission_requests_total{outcome="bad_request"}' in text
+    assert 'initshift_pods_total{reason="rewritten",result="rewritten"}' in text
+    assert "initshift_admission_duration_seconds_bucket" in text
+
+
+# --- bad input, against the real server ----------------------------------------------------
+GOOD = json.dumps(h.review(h.kpack_istio(), namespace="builds")).encode()
+JSON_CT = {"content-type": "application/json"}
+
+
+def _replace(path: list[str], value) -> bytes:
+    doc = json.loads(GOOD)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return json.dumps(doc).encode()
+
+
+BAD = {
+    "empty": (b"", JSON_CT),
+    "malformed json": (b'{"apiVersion": ', JSON_CT),
+    "trailing garbage": (GOOD + b"}", JSON_CT),
+    "not utf-8": (b'{"a": "\xff\xfe"}', JSON_CT),
+    "array": (b"[1, 2]", JSON_CT),
+    "NaN": (GOOD.replace(b'"dryRun": false', b'"dryRun": NaN'), JSON_CT),
+    "deep nesting": (b'{"apiVersion": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", JSON_CT),
+    "huge integer": (b'{"a": ' + b"9" * 5000 + b"}", JSON_CT),
+    "wrong content type": (GOOD, {"content-type": "text/plain"}),
+    "form content type": (GOOD, {"content-type": "application/x-www-form-urlencoded"}),
+    "missing request": (_replace(["request"], KeyError), JSON_CT),
+    "null request": (_replace(["request"], None), JSON_CT),
+    "request not an object": (_replace(["request"], "x"), JSON_CT),
+    "wrong apiVersion": (_replace(["apiVersion"], "admission.k8s.io/v2"), JSON_CT),
+    "wrong kind": (_replace(["kind"], "AdmissionResponse"), JSON_CT),
+    "missing uid": (_replace(["request", "uid"], KeyError), JSON_CT),
+    "uid not a string": (_replace(["request", "uid"], 7), JSON_CT),
+    "missing operation": (_replace(["request", "operation"], KeyError), JSON_CT),
+    "kind not an object": (_replace(["request", "kind"], "Pod"), JSON_CT),
+    "dryRun not a bool": (_replace(["request", "dryRun"], "yes"), JSON_CT),
+    "pod create without object": (_replace(["request", "object"], None), JSON_CT),
+    "pod object a list": (_replace(["request", "object"], [1]), JSON_CT),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_a_one_line_400(client, name):
+    body, headers = BAD[name]
+    r = client.post("/mutate", content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error and "\n" not in error and "Traceback" not in error
+
+
+def test_body_over_the_limit_is_refused_by_content_length_and_while_streaming(client):
+    limit = 7 * 1024 * 1024
+    big = GOOD[:-1] + b', "pad": "' + b"x" * limit + b'"}'
+    r = client.post("/mutate", content=big, headers=JSON_CT)
+    assert r.status_code == 400 and "limit" in r.json()["error"]
+
+    def chunks():  # no Content-Length: chunked transfer encoding
+        yield big[: len(big) // 2]
+        yield big[len(big) // 2:]
+
+    r = client.post("/mutate", content=chunks(), headers=JSON_CT)
+    assert r.status_code == 400 and "limit" in r.json()["error"]
+    # and the server is fine afterwards
+    assert client.post("/mutate", content=GOOD, headers=JSON_CT).status_code == 200
+
+
+def test_configured_body_limit(pki):
+    with h.running(h.settings_for(pki, max_body_bytes=1000)) as srv, \
+            httpx.Client(verify=h.client_context(pki / "ca.crt"), base_url=h.base_url(srv)) as c:
+        assert c.post("/mutate", content=GOOD, headers=JSON_CT).status_code == 400
+        small = h.review({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a"},
+                          "spec": {"containers": [{"name": "a", "image": "busybox"}]}})
+        assert c.post("/mutate", json=small).status_code == 200
+
+
+# --- failure mode (in-process: the fault is a native-sidecar detector that crashes) -------
+def _crashing() -> bool | None:
+    raise RuntimeError("detector exploded")
+
+
+@pytest.mark.parametrize("mode", ["ignore", "deny"])
+async def test_internal_error_follows_the_failure_mode(pki, mode):
+    app = create_app(h.settings_for(pki, failure_mode=mode), native_supported=_crashing)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.post("/mutate", json=h.review(h.kpack_istio(), namespace="builds"))
+    assert r.status_code == 200
+    resp = r.json()["response"]
+    assert "patch" not in resp
+    if mode == "ignore":
+        assert resp["allowed"] is True and "detector exploded" in resp["warnings"][0]
+    else:
+        assert resp["allowed"] is False and "detector exploded" in resp["status"]["message"]
+
+
+async def test_readyz_is_503_until_certificates_are_loaded(pki):
+    loaded = False
+    app = create_app(h.settings_for(pki), ready=lambda: loaded)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        assert (await c.get("/readyz")).status_code == 503
+        loaded = True
+        assert (await c.get("/readyz")).status_code == 200
+
+
+# --- logs -------------------------------------------------------------------------------------
+def test_one_json_log_line_per_review_without_pod_contents(client, caplog):
+    pod = h.kpack_istio()
+    pod["metadata"]["name"], pod["metadata"]["generateName"] = "", "build-pod-"
+    review = h.review(pod, namespace="builds")
+    with caplog.at_level(logging.INFO, logger="initshift.review"):
+        mutate(client, review)
+    records = [r for r in caplog.records if r.name == "initshift.review"]
+    assert len(records) == 1
+    line = logs.JsonFormatter().format(records[0])
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["uid"] == review["request"]["uid"] and entry["namespace"] == "builds"
+    assert entry["pod"] == "build-pod-" and entry["decision"] == "patched" and entry["duration_ms"] >= 0
+    assert "istio-proxy" not in line and "GIT_URL" not in line
+
+
+# --- TLS -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_tls_1_2_and_newer_only(server, pki, version):
+    # This OpenSSL refuses TLS < 1.2 on the client side too, so the floor is checked on the
+    # context the listening socket uses; each allowed version is checked by a handshake.
+    assert server.ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+    ctx = h.client_context(pki / "ca.crt")
+    ctx.minimum_version = ctx.maximum_version = version
+    assert httpx.get(f"{h.base_url(server)}/healthz", verify=ctx).status_code == 200
+
+
+def test_client_certificate_verification(pki, tmp_path):
+    from certs import pki as certpki
+
+    client_ca = certpki.create_ca("clients")
+    leaf = certpki.create_serving(client_ca, ["kube-apiserver"], client=True)
+    (tmp_path / "client-ca.crt").write_bytes(client_ca.cert_pem)
+    (tmp_path / "c.crt").write_bytes(leaf.cert_pem)
+    (tmp_path / "c.key").write_bytes(leaf.key_pem)
+    with h.running(h.settings_for(pki, client_ca=str(tmp_path / "client-ca.crt"))) as srv:
+        url = f"{h.base_url(srv)}/healthz"
+        with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+            httpx.get(url, verify=h.client_context(pki / "ca.crt"))
+        ctx = h.client_context(pki / "ca.crt", cert=(str(tmp_path / "c.crt"), str(tmp_path / "c.key")))
+        assert httpx.get(url, verify=ctx).status_code == 200
+
+
+def test_review_command_wraps_a_pod(tmp_path, capsys):
+    assert review_cmd.main(["examples/pod-kpack.yaml", "--uid", "u1", "--dry-run"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["request"]["uid"] == "u1" and doc["request"]["dryRun"] is True
+    assert doc["request"]["namespace"] == "builds" and doc["request"]["object"]["kind"] == "Pod"
+    admission.parse_review(json.dumps(doc).encode())
+    (tmp_path / "bad.yaml").write_text("a: [")
+    assert review_cmd.main([str(tmp_path / "bad.yaml")]) == 1
+    assert review_cmd.main([str(tmp_path / "missing.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "Traceback" not in err
+
+
+def test_example_review_is_the_example_pod():
+    review = json.loads(Path("examples/review.json").read_text())
+    assert review["request"]["object"] == review_cmd.load_pod("examples/pod-kpack.yaml")
+
+
+def test_readme_settings_table_is_exactly_the_generated_one():
+    lines = Path("README.md").read_text().splitlines()
+    header = settings_table().splitlines()[0]
+    start = lines.index(header)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    assert "\n".join(lines[start:end]) == settings_table()
+
+
+def test_dev_server_serves_the_example_with_a_patch(tmp_path):
+    """What `make run` runs, as a process: certificates appear in its directory, the
+    printed curl command's request gets a real patch."""
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INITSHIFT_", p.FEATURE_GATE_ENV))}
+    env["INITSHIFT_PORT"] = str(port)
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "dev-server", "--dir", str(tmp_path / "run")],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = []
+        for line in proc.stderr:  # type: ignore[union-attr]
+            banner.append(line)
+            if line.strip().startswith("curl "):
+                break
+        curl = banner[-1].split()
+        assert curl[curl.index("--cacert") + 1] == str(tmp_path / "run" / "ca.crt")
+        assert curl[-1] == f"https://127.0.0.1:{port}/mutate" and "@examples/review.json" in curl
+        r = httpx.post(curl[-1], content=Path("examples/review.json").read_bytes(),
+                       headers={"content-type": "application/json"}, verify=h.client_context(tmp_path / "run/ca.crt"))
+        assert admission.decode_patch(r.json())
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
+    assert proc.returncode in (0, -15)

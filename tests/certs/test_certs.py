@@ -1,0 +1,324 @@
+"""Certificates: generation, the rotation plan, `initshift certs`, and self-management
+against the in-process API double."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import ssl
+import stat
+
+import pytest
+import yaml
+
+from webhook.cli import _certs as cli
+from webhook.kube import _certs as kube
+from webhook.admission import _certs as manage
+from certs import pki, rotation, store
+from tests.support.kubedouble import KubeDouble
+from webhook.settings import ServerSettings, Settings
+
+DAY = dt.timedelta(days=1)
+NAMES = tuple(pki.service_dns_names("initshift", "initshift-system"))
+WANT = rotation.Wanted(NAMES, ("10.0.0.7",))
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def test_serving_certificate_has_the_service_names_and_ips():
+    ca = pki.create_ca()
+    serving = pki.create_serving(ca, list(NAMES), ["10.0.0.7", "fd00::1"])
+    dns, ips = pki.names(serving.cert)
+    assert dns == {"initshift", "initshift.initshift-system", "initshift.initshift-system.svc",
+                   "initshift.initshift-system.svc.cluster.local"}
+    assert ips == {"10.0.0.7", "fd00::1"}
+    assert pki.signed_by(serving.cert, ca.cert) and not pki.signed_by(serving.cert, pki.create_ca().cert)
+    assert pki.matches_key(serving) and not pki.matches_key(pki.KeyPair(serving.cert_pem, ca.key_pem))
+    with pytest.raises(pki.PKIError):
+        pki.create_serving(ca, ["x"], ["not-an-ip"])
+
+
+def test_ssl_accepts_the_pair(tmp_path):
+    ca = pki.create_ca()
+    store.write_dir(tmp_path, ca, pki.create_serving(ca, list(NAMES)))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    assert stat.S_IMODE((tmp_path / "tls.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
+
+
+# --- the plan ------------------------------------------------------------------------------
+def test_plan_creates_then_keeps():
+    first = rotation.plan(rotation.Material(), [], WANT)
+    assert first.action == "created" and first.serving_changed and first.bundle == [first.ca.cert]
+    again = rotation.plan(rotation.Material(first.ca, first.serving), first.bundle, WANT)
+    assert again.action == "unchanged" and not again.serving_changed and again.serving == first.serving
+
+
+def test_plan_renews_the_serving_certificate_inside_the_margin():
+    first = rotation.plan(rotation.Material(), [], WANT)
+    expiry = first.serving.cert.not_valid_after_utc
+    have = rotation.Material(first.ca, first.serving)
+    assert rotation.plan(have, first.bundle, WANT, expiry - WANT.margin - DAY).action == "unchanged"
+    renewed = rotation.plan(have, first.bundle, WANT, expiry - WANT.margin + DAY)
+    assert renewed.action == "renewed" and renewed.ca == first.ca and renewed.serving != first.serving
+    assert renewed.bundle == [first.ca.cert]
+
+
+def test_plan_renews_when_the_names_change():
+    first = rotation.plan(rotation.Material(), [], WANT)
+    other = rotation.Wanted(NAMES, ("10.0.0.8",))
+    assert rotation.plan(rotation.Material(first.ca, first.serving), first.bundle, other).action == "renewed"
+
+
+def test_ca_rotation_keeps_the_old_ca_until_the_new_one_is_in_use():
+    first = rotation.plan(rotation.Material(), [], WANT)
+    when = first.ca.cert.not_valid_after_utc - WANT.margin + DAY
+    rotated = rotation.plan(rotation.Material(first.ca, first.serving), first.bundle, WANT, when)
+    assert rotated.action == "ca-rotated" and rotated.ca != first.ca
+    assert rotated.bundle == [rotated.ca.cert, first.ca.cert]  # both trusted while the switch happens
+    assert pki.signed_by(rotated.serving.cert, rotated.ca.cert)
+    # Another replica starting right after the rotation finds the new pair stored, but the
+    # others may still serve the old one until their next check: the old CA stays.
+    have = rotation.Material(rotated.ca, rotated.serving)
+    soon = rotation.plan(have, rotated.bundle, WANT, when + dt.timedelta(minutes=1))
+    assert soon.bundle == [rotated.ca.cert, first.ca.cert] and not soon.serving_changed
+    # Once every replica has had time to load the new pair, the old CA leaves the bundle.
+    after = rotation.plan(have, rotated.bundle, WANT, when + WANT.prune_after)
+    assert after.action == "pruned" and after.bundle == [rotated.ca.cert] and not after.serving_changed
+
+
+def test_plan_replaces_broken_material_and_drops_expired_cas():
+    expired = pki.create_ca(days=1, now=now() - 10 * DAY)
+    broken = rotation.Material(pki.KeyPair(b"junk", b"junk"), pki.KeyPair(b"junk", b"junk"))
+    plan = rotation.plan(broken, [expired.cert], WANT)
+    assert plan.action == "ca-rotated" and plan.bundle == [plan.ca.cert]
+
+
+def test_secret_round_trip():
+    plan = rotation.plan(rotation.Material(), [], WANT)
+    data = store.secret_data(plan.serving, plan.ca.cert_pem + pki.create_ca().cert_pem, plan.ca.key_pem)
+    back = store.material_from_secret(data)
+    assert back.ca == plan.ca and back.serving == plan.serving  # the managed CA is the bundle's first
+    assert store.material_from_secret({"tls.crt": "%%%"}) == rotation.Material()
+
+
+# --- CLI ---------------------------------------------------------------------------------
+def test_certs_create_writes_files(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["create", "--out", str(out), "--name", "hook", "--namespace", "ns", "--ip", "10.1.2.3",
+                     "--dns", "hook.example.com"]) == 0
+    serving = pki.KeyPair((out / "tls.crt").read_bytes(), (out / "tls.key").read_bytes())
+    ca = pki.KeyPair((out / "ca.crt").read_bytes(), (out / "ca.key").read_bytes())
+    dns, ips = pki.names(serving.cert)
+    assert {"hook.ns.svc", "hook.ns.svc.cluster.local", "hook.example.com"} <= dns and ips == {"10.1.2.3"}
+    assert pki.signed_by(serving.cert, ca.cert)
+    # a second certificate from the same CA: its key stays where it is
+    again = tmp_path / "again"
+    assert cli.main(["create", "--out", str(again), "--ca-cert", str(out / "ca.crt"),
+                     "--ca-key", str(out / "ca.key")]) == 0
+    assert pki.signed_by(pki.load_cert((again / "tls.crt").read_bytes()), ca.cert)
+    assert not (again / "ca.key").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["create", "--ca-cert", "x.crt"],
+    ["create", "--ca-cert", "missing.crt", "--ca-key", "missing.key"],
+    ["create", "--ip", "999.1.1.1"],
+    ["create", "--days", "0"],
+    ["inject", "--ca-file", "missing.pem"],
+])
+def test_certs_errors_are_one_line(tmp_path, capsys, argv):
+    assert cli.main([*argv, *(["--out", str(tmp_path)] if argv[0] == "create" else [])]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("initshift certs: ") and err.count("\n") == 1
+
+
+# --- against the API double ---------------------------------------------------------------
+def webhook_config(name: str = "initshift-webhook", hooks: int = 2) -> dict:
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{"name": f"h{i}.initshift.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                          "clientConfig": {"service": {"name": "initshift", "namespace": "initshift-system",
+                                                       "path": "/mutate"}}} for i in range(hooks)]}
+
+
+def bundle_in(double: KubeDouble, name: str = "initshift-webhook") -> list:
+    mwc = double.get("mutatingwebhookconfigurations", None, name)
+    bundles = {wh["clientConfig"].get("caBundle") for wh in mwc["webhooks"]}
+    assert len(bundles) == 1  # every webhook of the configuration trusts the same CAs
+    return pki.load_certs(base64.b64decode(bundles.pop()))
+
+
+def kubeconfig(double: KubeDouble, path) -> str:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "double",
+        "clusters": [{"name": "double", "cluster": {"server": double.url}}],
+        "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    return str(path)
+
+
+async def test_cli_create_secret_and_inject(tmp_path):
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        cfg = kubeconfig(double, tmp_path / "kubeconfig")
+        out = tmp_path / "out"
+        rc = await asyncio.to_thread(cli.main, ["create", "--out", str(out), "--secret", "initshift-tls",
+                                                "--kubeconfig", cfg])
+        assert rc == 0
+        secret = double.get("secrets", "initshift-system", "initshift-tls")
+        assert secret["type"] == "kubernetes.io/tls"
+        assert base64.b64decode(secret["data"]["tls.crt"]) == (out / "tls.crt").read_bytes()
+        assert "ca.key" not in secret["data"]  # the CA key stays with whoever ran the command
+        old = pki.create_ca("old")
+        (tmp_path / "old.crt").write_bytes(old.cert_pem)
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(tmp_path / "old.crt"),
+                                                  "--kubeconfig", cfg]) == 0
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(out / "ca.crt"), "--keep-old",
+                                                  "--kubeconfig", cfg]) == 0
+        ca = pki.load_cert((out / "ca.crt").read_bytes())
+        assert bundle_in(double) == [ca, old.cert]
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(out / "ca.crt"),
+                                                  "--kubeconfig", cfg]) == 0
+        assert bundle_in(double) == [ca]
+        # a configuration that does not exist: one line, exit 1
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(out / "ca.crt"),
+                                                  "--webhook-config", "nope", "--kubeconfig", cfg]) == 1
+
+
+def managed_settings(tmp_path) -> Settings:
+    return Settings(server=ServerSettings(self_managed_certs=True, tls_cert=str(tmp_path / "tls" / "tls.crt"),
+                                          tls_key=str(tmp_path / "tls" / "tls.key")))
+
+
+async def test_self_management_creates_renews_rotates_and_prunes(tmp_path):
+    settings = managed_settings(tmp_path)
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        api = double.kube_api()
+        async with api:
+            first = await manage.ensure(settings, api)
+            assert first.action == "created"
+            secret = double.get("secrets", "initshift-system", "initshift-tls")["data"]
+            assert store.material_from_secret(secret) == rotation.Material(first.ca, first.serving)
+            assert (tmp_path / "tls" / "tls.crt").read_bytes() == first.serving.cert_pem
+            assert bundle_in(double) == [first.ca.cert]
+            assert set(pki.names(first.serving.cert)[0]) == set(NAMES)
+
+            assert (await manage.ensure(settings, api)).action == "unchanged"
+
+            soon = first.serving.cert.not_valid_after_utc - 5 * DAY
+            renewed = await manage.ensure(settings, api, now=soon)
+            assert renewed.action == "renewed" and renewed.ca == first.ca
+            assert (tmp_path / "tls" / "tls.crt").read_bytes() == renewed.serving.cert_pem
+
+            late = first.ca.cert.not_valid_after_utc - 5 * DAY
+            rotated = await manage.ensure(settings, api, now=late)
+            assert rotated.action == "ca-rotated"
+            assert bundle_in(double) == [rotated.ca.cert, first.ca.cert]
+            stored = store.material_from_secret(double.get("secrets", "initshift-system", "initshift-tls")["data"])
+            assert stored.serving == rotated.serving
+
+            kept = await manage.ensure(settings, api, now=late)  # e.g. another replica starting
+            assert kept.action == "unchanged" and bundle_in(double) == [rotated.ca.cert, first.ca.cert]
+
+            later = late + manage.wanted(settings).prune_after
+            pruned = await manage.ensure(settings, api, now=later)
+            assert pruned.action == "pruned" and bundle_in(double) == [rotated.ca.cert]
+
+
+async def test_trust_is_injected_before_the_new_certificate_is_stored(tmp_path):
+    settings = managed_settings(tmp_path)
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        async with double.kube_api() as api:
+            await manage.ensure(settings, api)
+        writes = [(r.method, "secrets" if "/secrets" in r.path else "webhook")
+                  for r in double.requests if r.method in ("POST", "PUT", "PATCH")]
+        assert writes == [("PUT", "webhook"), ("POST", "secrets")]
+
+
+async def test_a_secret_created_by_another_replica_is_adopted(tmp_path):
+    settings = managed_settings(tmp_path)
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        theirs = rotation.plan(rotation.Material(), [], manage.wanted(settings))
+        double.fail_next("/api/v1/namespaces/initshift-system/secrets/initshift-tls", 404, method="GET")
+        double.put("secrets", {"metadata": {"name": "initshift-tls", "namespace": "initshift-system"},
+                               "type": "kubernetes.io/tls",
+                               "data": store.secret_data(theirs.serving, theirs.ca.cert_pem, theirs.ca.key_pem)})
+        async with double.kube_api() as api:
+            ours = await manage.ensure(settings, api)
+        assert ours.serving == theirs.serving and ours.ca == theirs.ca
+        # Their CA leads the bundle; the CA of our lost attempt goes with the next prune.
+        assert bundle_in(double)[0] == theirs.ca.cert
+
+
+async def test_a_secret_rewritten_by_another_replica_is_not_overwritten(tmp_path):
+    settings = managed_settings(tmp_path)
+    name = ("initshift-system", "initshift-tls")
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        async with double.kube_api() as api:
+            await manage.ensure(settings, api)
+            _, version = await kube.read_secret_versioned(api, *name)
+            # Another replica renews after our read; our write is conditional on what we read.
+            theirs = rotation.plan(rotation.Material(), [], manage.wanted(settings))
+            their_data = store.secret_data(theirs.serving, theirs.ca.cert_pem, theirs.ca.key_pem)
+            assert await kube.write_secret(api, *name, their_data)
+            ours = rotation.plan(rotation.Material(), [], manage.wanted(settings))
+            our_data = store.secret_data(ours.serving, ours.ca.cert_pem, ours.ca.key_pem)
+            assert not await kube.write_secret(api, *name, our_data, resource_version=version)
+        assert double.get("secrets", *name)["data"] == their_data
+
+
+async def test_serve_self_managed_starts_with_certificates_it_made(tmp_path):
+    """`initshift serve` with INITSHIFT_SELF_MANAGED_CERTS: creates the Secret, injects the
+    caBundle, and serves a certificate the injected bundle verifies."""
+    import os
+    import sys
+
+    import httpx
+
+    from tests.support import https_helpers as h
+    from webhook.admission._https import bind
+
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_")}
+        env.update(KUBECONFIG=kubeconfig(double, tmp_path / "kubeconfig"), INITSHIFT_SELF_MANAGED_CERTS="true",
+                   INITSHIFT_HOST="127.0.0.1", INITSHIFT_PORT=str(port), KUBERNETES_SERVICE_HOST="",
+                   INITSHIFT_TLS_CERT=str(tmp_path / "tls/tls.crt"), INITSHIFT_TLS_KEY=str(tmp_path / "tls/tls.key"))
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "webhook.cli", "serve", env=env,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        try:
+            for _ in range(300):
+                if proc.returncode is not None:
+                    break
+                secret = double.get("secrets", "initshift-system", "initshift-tls")
+                if secret and (tmp_path / "tls/tls.crt").exists():
+                    (tmp_path / "bundle.crt").write_bytes(pki.bundle(bundle_in(double)))
+                    try:
+                        async with httpx.AsyncClient(verify=h.client_context(tmp_path / "bundle.crt")) as c:
+                            # verified as the apiserver would: against the Service's DNS name
+                            r = await c.get(f"https://127.0.0.1:{port}/readyz",
+                                            extensions={"sni_hostname": "initshift.initshift-system.svc"})
+                        break
+                    except httpx.TransportError:
+                        pass
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the server never became reachable")
+            assert proc.returncode is None, "the server exited"
+            assert r.status_code == 200
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()

@@ -1,0 +1,218 @@
+"""`initshift logs` against the in-process API double: log endpoints with `follow`, steps
+that start while the command follows, the waiter's own lines, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from tests.support.kubedouble import KubeDouble, terminated
+from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
+from tests.cli.test_status_cmd import BOUND, Tty, eventually
+from webhook.cli import _logs as logs_cmd
+from webhook.kube._api import KubeError
+
+NS, NAME = "builds", "build-1"
+TEKTON = ["prepare", "place-scripts", "step-git-clone", "step-unit-test", "step-report"]
+
+
+@pytest.fixture
+def cfg(kube: KubeDouble, tmp_path) -> str:
+    return write_kubeconfig(tmp_path / "kubeconfig", kube.url, NS)
+
+
+async def logs(*argv: str, out: io.StringIO | None = None) -> tuple[int, str, str]:
+    out = out if out is not None else io.StringIO()
+    err = io.StringIO()
+    code = await logs_cmd.run(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def following(kube: KubeDouble, container: str) -> bool:
+    """The command has asked the double to follow this container's log."""
+    return any(r.path.endswith(f"/pods/{NAME}/log") and r.query.get("container") == container
+               and r.query.get("follow") == "true" and r.status in (0, 200) for r in kube.requests)  # 0: streaming
+
+
+def lines_of(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def tekton_done() -> dict:
+    """tekton under Istio (waiter strategy), every step and the main finished."""
+    ends = [(5, 9), (9, 12), (12, 20), (20, 40), (40, 41)]
+    return with_status(pod("tekton-istio", NAME, NS),
+                       init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                       containers=[*[done(n, a, b) for n, (a, b) in zip(TEKTON, ends)], run("istio-proxy", 3)])
+
+
+async def test_logs_in_step_order_with_prefixes_and_no_waiter_lines(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(tekton_done())
+    # Appended in another order than the steps run: the command restores step order.
+    for name in reversed(TEKTON):
+        kube.append_log(NS, NAME, name, f"waiter[{name}]: waiting for the previous step")
+        kube.append_log(NS, NAME, name, f"{name} says hello")
+        kube.append_log(NS, NAME, name, f"{name} is done")
+    kube.append_log(NS, NAME, "istio-proxy", "envoy proxy is ready")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1) for line in lines_of(out)] == [
+        [f"[{n}]", text] for n in TEKTON for text in (f"{n} says hello", f"{n} is done")]
+    assert lines_of(out)[0] == "[prepare]        prepare says hello"  # prefixes padded to the longest name
+
+
+async def test_waiter_and_sidecars_on_request(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(tekton_done())
+    kube.append_log(NS, NAME, "prepare", "waiter[prepare]: sidecars ready after 2.1s")
+    kube.append_log(NS, NAME, "prepare", "copying entrypoint")
+    kube.append_log(NS, NAME, "istio-init", "iptables rules written")
+    kube.append_log(NS, NAME, "istio-proxy", "envoy proxy is ready")
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg, "--waiter", "--sidecars")
+    got = [line.split(None, 1) for line in lines_of(out)]
+    assert code == 0 and got == [["[istio-init]", "iptables rules written"],
+                                 ["[prepare]", "waiter[prepare]: sidecars ready after 2.1s"],
+                                 ["[prepare]", "copying entrypoint"],
+                                 ["[istio-proxy]", "envoy proxy is ready"]]
+
+
+async def test_failed_and_skipped_steps_are_noted_on_stderr(kube: KubeDouble, cfg: str) -> None:
+    failed = with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1),
+                                                            init_done("initshift-init", 1, 2)],
+                         containers=[done("git-clone", 3, 5, 128, "Error", "exit status 128"),
+                                     done("build", 5, 5, 128, "Skipped", "skipped: git-clone failed", "git-clone"),
+                                     run("istio-proxy", 3)])
+    kube.put_pod(failed)
+    kube.append_log(NS, NAME, "git-clone", "fatal: could not read from remote repository")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg)
+    assert code == 0 and lines_of(out) == ["[git-clone] fatal: could not read from remote repository"]
+    assert lines_of(err) == ["[git-clone] failed (Error, exit code 128): exit status 128",
+                             "[build]     skipped (Skipped, exit code 128): skipped: git-clone failed"]
+
+
+async def test_follow_waits_for_steps_that_start_while_following(kube: KubeDouble, cfg: str) -> None:
+    """A never-rewritten pod: each init container starts only after the one before ends."""
+    steps = TEKTON[:4]
+    kube.put_pod(with_status(pod("tekton", NAME, NS, rewritten=False),
+                             init=[run("prepare", 0), *[wait(n) for n in steps[1:]]],
+                             containers=[wait("step-report")], phase="Pending"))
+    kube.append_log(NS, NAME, "prepare", "prepare: line 1")
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "prepare"), "following prepare")
+    kube.append_log(NS, NAME, "prepare", "prepare: line 2")
+    await eventually(lambda: "prepare: line 2" in out.getvalue(), "prepare's second line")
+    statuses = [run("prepare", 0)]
+    for i, name in enumerate(steps[1:], 1):
+        statuses[-1] = init_done(steps[i - 1], 2 * i - 2, 2 * i)  # the previous step ends ...
+        kube.set_container_statuses(NS, NAME, init=statuses + [wait(n) for n in steps[i:]])
+        await asyncio.sleep(0.05)  # ... and the command waits for the next one to start
+        statuses.append(run(name, 2 * i))
+        kube.set_container_statuses(NS, NAME, init=statuses + [wait(n) for n in steps[i + 1:]])
+        await eventually(lambda n=name: following(kube, n), f"following {name}")
+        kube.append_log(NS, NAME, name, f"{name}: working")
+    statuses[-1] = init_done(steps[-1], 6, 8)
+    kube.set_container_statuses(NS, NAME, [run("step-report", 9)], init=statuses, phase="Running")
+    await eventually(lambda: following(kube, "step-report"), "following the main")
+    kube.append_log(NS, NAME, "step-report", "report: 12 passed")
+    kube.set_container_statuses(NS, NAME, [terminated("step-report", 0, started_at=at(9), finished_at=at(10))],
+                                phase="Succeeded")
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(text)] == [
+        "prepare: line 1", "prepare: line 2", "place-scripts: working", "step-git-clone: working",
+        "step-unit-test: working", "report: 12 passed"]
+    # It never asked for the log of a container that had not started (the kubelet's 400).
+    assert not [r for r in kube.requests if r.path.endswith("/log") and r.status != 200]
+
+
+async def test_follow_a_waiter_pod_step_by_step_with_the_sidecar_alongside(kube: KubeDouble, cfg: str) -> None:
+    """Waiter strategy: every container runs from the start; the command still shows one
+    step's log to its end before the next step's, and the sidecar's as it comes."""
+    kube.put_pod(with_status(pod("job-istio", NAME, NS),
+                             init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                             containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)]))
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "--follow", "--sidecars", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "git-clone") and following(kube, "istio-proxy"), "two follows")
+    kube.append_log(NS, NAME, "git-clone", "Cloning into 'src'...")
+    kube.append_log(NS, NAME, "build", "waiter[build]: waiting for git-clone")
+    kube.append_log(NS, NAME, "istio-proxy", "Envoy proxy is READY")
+    await eventually(lambda: "READY" in out.getvalue() and "Cloning" in out.getvalue(), "first lines")
+    assert "[build]" not in out.getvalue()  # build's log waits for git-clone's to end
+    kube.set_container_statuses(NS, NAME, [done("git-clone", 3, 6)])
+    await eventually(lambda: following(kube, "build"), "following build")
+    kube.append_log(NS, NAME, "build", "compiled 10 files")
+    kube.set_container_statuses(NS, NAME, [done("build", 6, 9)])
+    kube.append_log(NS, NAME, "istio-proxy", "quitquitquit received")
+    kube.set_container_statuses(NS, NAME, [terminated("istio-proxy", 0, started_at=at(3), finished_at=at(10))],
+                                phase="Succeeded")
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "")
+    got = [line.split(None, 1) for line in lines_of(text)]
+    ours = [g for g in got if g[0] != "[istio-proxy]"]
+    assert ours == [["[git-clone]", "Cloning into 'src'..."], ["[build]", "compiled 10 files"]]
+    assert [g[1] for g in got if g[0] == "[istio-proxy]"] == ["Envoy proxy is READY", "quitquitquit received"]
+
+
+async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[run("git-clone", 0)],
+                             containers=[wait("build")], phase="Pending"))
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg))
+    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
+    kube.append_log(NS, NAME, "git-clone", "fatal: repository not found")
+    kube.set_container_statuses(NS, NAME, [wait("build")], init=[init_done("git-clone", 0, 3, 128)],
+                                phase="Failed")
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert code == 0 and lines_of(text) == ["[git-clone] fatal: repository not found"]
+    assert lines_of(err) == ["[git-clone] failed (Error, exit code 128)", "[build]     not-run (NotRun)"]
+
+
+async def test_follow_reports_a_deleted_pod(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[wait("git-clone", "ContainerCreating")],
+                             containers=[wait("build")], phase="Pending"))
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg))
+    await eventually(lambda: kube.open_watches, "the watch")
+    kube.delete("pods", NS, NAME)
+    assert await asyncio.wait_for(task, BOUND) == (1, "", f"initshift logs: pod {NS}/{NAME} was deleted\n")
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda kube: None, f"initshift logs: pod {NAME} not found in namespace {NS}\n"),
+    (lambda kube: kube.put_pod(with_status(pod("no-init-istio", NAME, NS, rewritten=False),
+                                           containers=[run("build")])),
+     f"initshift logs: pod {NAME} is not managed by initshift as a build (initshift.io/managed is not set) "
+     f"and has no init containers to show\n"),
+    (lambda kube: (kube.put_pod(tekton_done()), kube.fail_next(f"/api/v1/namespaces/{NS}/pods/{NAME}/log", 403,
+                                                               message="pods \"build-1\" is forbidden: cannot get "
+                                                                       "resource \"pods/log\"")),
+     f"initshift logs: no permission to read the log of prepare in pod {NS}/{NAME}: pods \"build-1\" is "
+     f"forbidden: cannot get resource \"pods/log\"\n"),
+], ids=["missing", "not-managed", "forbidden-log"])
+async def test_one_line_errors(kube: KubeDouble, cfg: str, setup, message: str) -> None:
+    setup(kube)
+    code, out, err = await logs(NAME, "--kubeconfig", cfg)
+    assert (code, out, err) == (1, "", message)
+
+
+async def test_prefixes_are_coloured_on_a_terminal(kube: KubeDouble, cfg: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    kube.put_pod(tekton_done())
+    kube.append_log(NS, NAME, "prepare", "hello")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    _, out, _ = await logs(NAME, "--kubeconfig", cfg, out=Tty())
+    assert out == f"\x1b[36m[prepare]{' ' * 7}\x1b[0m hello\n"
+    monkeypatch.setenv("NO_COLOR", "")  # empty: not set, per no-color.org
+    _, out, _ = await logs(NAME, "--kubeconfig", cfg, out=Tty())
+    assert out.startswith("\x1b[36m")
+
+
+async def test_pod_log_before_the_container_starts_is_the_kubelets_400(kube: KubeDouble) -> None:
+    kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[wait("git-clone", "ContainerCreating")],
+                             containers=[wait("build")], phase="Pending"))
+    async with kube.kube_api() as api:
+        with pytest.raises(KubeError) as e:
+            async for _ in api.pod_log(NS, NAME, "git-clone"):
+                pass
+    assert e.value.status == 400 and "is waiting to start: ContainerCreating" in e.value.message

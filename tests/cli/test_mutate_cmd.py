@@ -1,0 +1,96 @@
+"""`initshift mutate` as a user runs it: a real subprocess of the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.support.fixtures import pods
+from waiter import protocol as p
+from webhook.admission._patch import apply_patch
+
+ROOT = Path(__file__).resolve().parents[2]
+INITSHIFT = [sys.executable, "-m", "webhook.cli"]
+
+
+def run(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*INITSHIFT, "mutate", *args], input=stdin, capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=60)
+
+
+def istio_job_yaml() -> str:
+    return yaml.safe_dump(pods.catalogue()["job-istio"])
+
+
+def test_yaml_json_patch_and_diff_outputs():
+    src = pods.catalogue()["job-istio"]
+    out = run("-", stdin=istio_job_yaml())
+    assert out.returncode == 0, out.stderr
+    pod = yaml.safe_load(out.stdout)
+    assert pod["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    as_json = run("-", "-o", "json", stdin=istio_job_yaml())
+    assert json.loads(as_json.stdout) == pod
+    patch = run("-", "-o", "patch", stdin=istio_job_yaml())
+    assert apply_patch(src, json.loads(patch.stdout)) == pod
+    diff = run("-", "-o", "diff", stdin=istio_job_yaml())
+    assert diff.stdout.startswith("--- pod\n+++ pod (initshift)\n") and "+  - name: initshift-init" in diff.stdout
+
+
+def test_admission_review_input(tmp_path):
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "1", "namespace": "builds", "object": pods.catalogue()["kpack-istio"]}}
+    f = tmp_path / "review.json"
+    f.write_text(json.dumps(review))
+    out = run(str(f), "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+
+
+def test_unchanged_pod_warns_and_check_exit_code():
+    job = yaml.safe_dump(pods.catalogue()["job"])
+    out = run("-", stdin=job)
+    assert out.returncode == 0 and yaml.safe_load(out.stdout) == pods.catalogue()["job"]
+    assert "warning: initshift: no sidecar" in out.stderr
+    assert run("-", "--check", stdin=job).returncode == 1
+
+
+def test_denied_and_bad_input(tmp_path):
+    pod = pods.catalogue()["job-istio"]
+    del pod["spec"]["initContainers"][1]["command"]
+    out = run("-", stdin=yaml.safe_dump(pod))
+    assert out.returncode == 3 and "denied: initshift: " in out.stderr and "set `command`" in out.stderr
+    for text, message in [("x: [", "not YAML or JSON"), ("[1, 2]", "expected a Pod"),
+                          ("kind: Service\nspec: {}", "got a Service"),
+                          ("kind: Deployment\nspec: {}", "the Deployment has no pod template")]:
+        out = run("-", stdin=text)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    missing = run(str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_gate_and_mode_flags():
+    env_off = {"PATH": "/usr/bin:/bin", p.FEATURE_GATE_ENV: "false"}
+    out = run("-", "--respect-gate", "--check", stdin=istio_job_yaml(), env=env_off)
+    assert out.returncode == 1 and "is off" in out.stderr
+    assert run("-", "--mode", "disabled", "--check", stdin=istio_job_yaml()).returncode == 1
+    bad_env = run("-", stdin=istio_job_yaml(), env={"PATH": "/usr/bin:/bin", "INITSHIFT_RESOURCES_POLICY": "half"})
+    assert bad_env.returncode == 2 and "INITSHIFT_RESOURCES_POLICY" in bad_env.stderr
+
+
+def test_workload_templates_are_rewritten_in_place():
+    pod = pods.catalogue()["job-istio"]
+    template = {"metadata": {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")},
+                "spec": pod["spec"]}
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+               "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": template}}}}
+    out = run("-", "-o", "json", stdin=yaml.safe_dump(cronjob))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "CronJob" and doc["spec"]["schedule"] == "0 3 * * *"
+    rewritten = doc["spec"]["jobTemplate"]["spec"]["template"]
+    assert rewritten["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    assert [c["name"] for c in rewritten["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]

@@ -1,0 +1,220 @@
+"""`initshift status` against the in-process API double, through a real kubeconfig."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+from typing import Callable
+
+import pytest
+import yaml
+
+from tests.support.kubedouble import KubeDouble, terminated
+from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
+from tests.watcher.test_podview import kpack_deadline_after_success, kpack_running
+from waiter import protocol as p
+from webhook.cli import _status as status_cmd
+
+BOUND = 20.0  # no wait here may take longer: a bug fails instead of hanging
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def cfg(kube: KubeDouble, tmp_path) -> str:
+    return write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+
+
+async def status(*argv: str, out: io.StringIO | None = None) -> tuple[int, str, str]:
+    out = out if out is not None else io.StringIO()
+    err = io.StringIO()
+    code = await status_cmd.run(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+async def eventually(check: Callable[[], object], what: str) -> object:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + BOUND
+    while not (value := check()):
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+    return value
+
+
+def table(text: str) -> dict[str, dict[str, str]]:
+    """The first table in `text`: container -> column -> cell, cut at the header's offsets."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("#  "))
+    header = lines[start]
+    names = header.split()
+    offsets = [header.index(n) for n in names] + [None]
+    rows: dict[str, dict[str, str]] = {}
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        cells = {n: line[a:b].strip() for n, a, b in zip(names, offsets, offsets[1:])}
+        rows[cells["CONTAINER"]] = cells
+    return rows
+
+
+async def test_table_lists_containers_in_execution_order(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(kpack_running())
+    code, out, err = await status("build-1", "--kubeconfig", cfg)  # namespace from the context
+    assert (code, err) == (0, "")
+    assert "builds/build-1, rewritten by initshift (waiter)" in out and "Result:  Running" in out
+    rows = table(out)
+    assert list(rows) == ["istio-init", "initshift-init", "prepare", "analyze", "detect", "restore", "build", "export",
+                          "completion", "istio-proxy"]
+    assert [rows[n]["#"] for n in ("initshift-init", "prepare", "export", "completion")] == ["", "1", "6", ""]
+    assert rows["export"]["STATE"] == "waiting for step 5" and rows["completion"]["STATE"] == "waiting for step 6"
+    assert rows["prepare"] == {"#": "1", "CONTAINER": "prepare", "KIND": "step", "STATE": "completed", "EXIT": "0",
+                               "REASON": "Completed", "STARTED": "10:00:05Z", "DURATION": "4.0s"}
+    assert "\x1b[" not in out  # not a terminal: no colour
+
+
+async def test_json_and_yaml_outputs(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(kpack_running())
+    code, out, _ = await status("build-1", "-n", "builds", "-o", "json", "--kubeconfig", cfg)
+    data = json.loads(out)
+    assert code == 0 and [c["name"] for c in data["containers"]][2:4] == ["prepare", "analyze"]
+    assert data["containers"][3]["state"] == "running"
+    code, out, _ = await status("build-1", "-o", "yaml", "--kubeconfig", cfg)
+    assert code == 0 and yaml.safe_load(out) == data | {"containers": yaml.safe_load(out)["containers"]}
+    assert [c["state"] for c in yaml.safe_load(out)["containers"]] == [c["state"] for c in data["containers"]]
+
+
+async def test_deadline_exceeded_pod_reads_as_succeeded(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(kpack_deadline_after_success())
+    code, out, _ = await status("build-1", "--kubeconfig", cfg)
+    assert code == 0
+    assert "Result:  Succeeded: 6 steps and 1 mains succeeded" in out
+    assert "Phase:   Failed (DeadlineExceeded); sidecars stopped by deadline" in out
+    assert "the phase comes from ending the sidecars" in out
+    assert "istio-proxy: stopped by deadline" in out
+
+
+async def test_never_rewritten_pod_shows_its_init_containers(kube: KubeDouble, cfg: str) -> None:
+    plain = with_status(pod("job", rewritten=False), init=[init_done("git-clone", 0, 4, 128)],
+                        containers=[wait("build")], phase="Failed")
+    kube.put_pod(plain)
+    code, out, _ = await status("build-1", "--kubeconfig", cfg)
+    rows = table(out)
+    assert code == 0 and "not rewritten by initshift" in out and "Result:  Failed" in out
+    assert [(r["#"], r["KIND"], r["STATE"], r["EXIT"], r["REASON"]) for r in rows.values()] == [
+        ("1", "step", "failed", "128", "Error"), ("", "main", "not run", "", "NotRun")]
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda kube: None, "initshift status: pod build-1 not found in namespace builds\n"),
+    (lambda kube: kube.fail_next("/api/v1/namespaces/builds/pods/build-1", 403,
+                                 message='pods "build-1" is forbidden: User "dev" cannot get resource "pods" in '
+                                         'API group "" in the namespace "builds"'),
+     'initshift status: no permission to read pod builds/build-1: pods "build-1" is forbidden: User "dev" cannot '
+     'get resource "pods" in API group "" in the namespace "builds"\n'),
+    (lambda kube: kube.put_pod(with_status(pod("no-init-istio", rewritten=False), containers=[run("build")])),
+     "initshift status: pod build-1 is not managed by initshift as a build (initshift.io/managed is not set) "
+     "and has no init containers to show\n"),
+], ids=["missing", "forbidden", "not-managed"])
+async def test_one_line_errors(kube: KubeDouble, cfg: str, setup, message: str) -> None:
+    setup(kube)
+    code, out, err = await status("build-1", "--kubeconfig", cfg)
+    assert (code, out, err) == (1, "", message)
+
+
+async def test_unreadable_kubeconfig_and_unreachable_server(tmp_path) -> None:
+    code, _, err = await status("x", "--kubeconfig", str(tmp_path / "missing"))
+    assert code == 1 and err.startswith("initshift status: kubeconfig ") and err.count("\n") == 1
+    dead = write_kubeconfig(tmp_path / "dead", "http://127.0.0.1:9")  # the discard port: nothing listens
+    code, _, err = await status("x", "--kubeconfig", dead)
+    assert code == 1 and err.startswith("initshift status: cannot reach the Kubernetes API") \
+        and err.count("\n") == 1
+
+
+async def test_colour_on_a_terminal_only_and_never_with_no_color(kube: KubeDouble, cfg: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    kube.put_pod(kpack_deadline_after_success())
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    _, out, _ = await status("build-1", "--kubeconfig", cfg, out=Tty())
+    assert "\x1b[32mSucceeded\x1b[0m" in out and "\x1b[32mcompleted" in out
+    monkeypatch.setenv("NO_COLOR", "1")
+    _, out, _ = await status("build-1", "--kubeconfig", cfg, out=Tty())
+    assert "\x1b[" not in out
+
+
+async def test_watch_redraws_as_the_pod_progresses_and_stops_when_it_ends(kube: KubeDouble, cfg: str) -> None:
+    start = with_status(pod("job-istio"), init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                        containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3, ready=False)])
+    kube.put_pod(start)
+    out = io.StringIO()
+    task = asyncio.create_task(status("build-1", "--watch", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: "waiting for sidecars" in out.getvalue(), "the first drawing")
+    await eventually(lambda: kube.open_watches, "the watch")
+
+    kube.set_container_statuses("builds", "build-1", [run("istio-proxy", 3)])
+    kube.put_pod({**kube.pod("builds", "build-1"), "metadata": {
+        **kube.pod("builds", "build-1")["metadata"],
+        "annotations": {**kube.pod("builds", "build-1")["metadata"]["annotations"], p.ANNOTATION_READY: "true"}}})
+    await eventually(lambda: out.getvalue().count("Result:") >= 2, "a redraw")
+    kube.set_container_statuses("builds", "build-1", [done("git-clone", 5, 9), done("build", 9, 20)])
+    kube.set_container_statuses("builds", "build-1", [terminated("istio-proxy", 0, started_at=at(3),
+                                                                 finished_at=at(21))])
+    outcome = {"result": "Succeeded", "failed": None, "message": "1 steps and 1 mains succeeded", "steps": [],
+               "mains": [], "sidecarsStoppedBy": "quit", "decidedAt": at(22)}
+    current = kube.pod("builds", "build-1")
+    current["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = json.dumps(outcome)
+    kube.put_pod(current)
+    kube.set_container_statuses("builds", "build-1", phase="Succeeded")
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "")
+    drawings = text.split("Pod:     ")[1:]
+    states = [table(d)["git-clone"]["STATE"] for d in drawings]
+    assert states[0] == "waiting for sidecars" and states[-1] == "completed" and "running" in states
+    assert table(drawings[-1])["istio-proxy"]["STATE"] == "stopped"
+    assert "Result:  Succeeded: 1 steps and 1 mains succeeded" in drawings[-1]
+    assert all(d != e for d, e in zip(drawings, drawings[1:]))  # only changes are redrawn
+
+
+async def test_watch_ends_with_a_message_when_the_pod_is_deleted(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(kpack_running())
+    task = asyncio.create_task(status("build-1", "-w", "-o", "json", "--kubeconfig", cfg))
+    await eventually(lambda: kube.open_watches, "the watch")
+    kube.delete("pods", "builds", "build-1")
+    code, out, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (1, "initshift status: pod builds/build-1 was deleted\n")
+    assert json.loads(out)["name"] == "build-1"
+
+
+def test_the_installed_command_prints_one_line_and_no_traceback(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "webhook.cli", "status", "x", "--kubeconfig",
+                           str(tmp_path / "missing")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("initshift status: kubeconfig ") and proc.stderr.count("\n") == 1
+    listed = subprocess.run([sys.executable, "-m", "webhook.cli", "--help"], capture_output=True, text=True,
+                            timeout=60).stdout
+    assert "\n  status " in listed and "\n  logs " in listed
+
+
+async def test_watch_on_a_terminal_redraws_in_place(kube: KubeDouble, cfg: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    kube.put_pod(kpack_running())
+    out = Tty()
+    task = asyncio.create_task(status("build-1", "-w", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: kube.open_watches, "the watch")
+    finished = kpack_deadline_after_success()
+    current = kube.pod("builds", "build-1")
+    current["metadata"]["annotations"] = finished["metadata"]["annotations"]
+    kube.put_pod(current)
+    kube.set_container_statuses("builds", "build-1", finished["status"]["containerStatuses"], phase="Failed",
+                                reason="DeadlineExceeded")
+    code, text, _ = await asyncio.wait_for(task, BOUND)
+    screens = text.split("\x1b[H\x1b[J")
+    assert code == 0 and screens[0] == "" and len(screens) >= 3
+    assert "Running" in screens[1] and "\x1b[32mSucceeded\x1b[0m" in screens[-1]

@@ -1,0 +1,562 @@
+"""deploy/: every way of installing (kustomize base, overlays, components, Helm chart with
+default and non-default values) rendered by the real tools and checked object by object:
+Kubernetes schemas, exact RBAC, webhook configuration, namespace selection, Deployment,
+Service, certificates and Pod Security "restricted"."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Callable
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support import pss
+from tests.support.deploy_render import CHART, DEPLOY, NAMESPACE, Rendered, RenderError, helm, kustomize
+from tests.support.podvalidate import VERSIONS
+from waiter import protocol as p
+from webhook import __version__
+from webhook.cli import _main as cli, _serve as serve_cmd
+from webhook.admission._app import MUTATE_PATH
+from webhook.settings import Settings, settings_rows
+
+DEFAULTS = Settings()
+COMPONENTS = ("components/node-versions", "components/registry-pull-secrets")
+# Configurations that must come after ours (the apiserver calls them in name order).
+MESH_INJECTORS = ("istio-sidecar-injector", "istio-revision-tag-default", "linkerd-proxy-injector-webhook-config")
+INJECT_CA_FROM = "cert-manager.io/inject-ca-from"
+
+CUSTOM_VALUES = {
+    "image": {"repository": "registry.example/platform/initshift", "tag": "9.9.9", "pullPolicy": "Always"},
+    "replicas": 3,
+    "featureGate": False,
+    "webhook": {"failurePolicy": "Fail", "timeoutSeconds": 8, "excludeNamespaces": ["kube-system", "istio-system"]},
+    "certificates": {"mode": "cert-manager"},
+    "strategy": "waiter",
+    "nativeSidecars": "false",
+    "resourcesPolicy": "divide",
+    "sidecarNames": ["istio-proxy", "envoy"],
+    # Helm merges maps with the chart's defaults: null drops a default entry.
+    "quitEndpoints": {"envoy": "http://127.0.0.1:9901/quitquitquit", "istio-proxy": None, "linkerd-proxy": None},
+    "rbac": {"nodeVersions": True},
+    "registry": {"pullSecrets": True},
+    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+    "extraEnv": [{"name": "INITSHIFT_LOG_LEVEL", "value": "debug"}],
+}
+
+
+@dataclass(frozen=True)
+class Install:
+    """What an install is configured to do; the checks derive what must be rendered."""
+
+    render: Callable[[], list[dict]]
+    self_managed: bool = True
+    node_versions: bool = False
+    pull_secrets: bool = False
+    failure_policy: str = "Ignore"
+    replicas: int = 2
+    namespace: str = NAMESPACE
+    feature_gate: bool = True
+    has_namespace_object: bool = True
+
+
+INSTALLS = {
+    "kustomize-default": Install(lambda: kustomize(".")),
+    "kustomize-self-managed": Install(lambda: kustomize("overlays/self-managed")),
+    "kustomize-cert-manager": Install(lambda: kustomize("overlays/cert-manager"), self_managed=False),
+    "kustomize-self-managed+components": Install(lambda: kustomize("overlays/self-managed", COMPONENTS),
+                                                 node_versions=True, pull_secrets=True),
+    "kustomize-cert-manager+node-versions": Install(lambda: kustomize("overlays/cert-manager", COMPONENTS[:1]),
+                                                    self_managed=False, node_versions=True),
+    "helm-default": Install(lambda: helm(), has_namespace_object=False),
+    "helm-custom": Install(lambda: helm(CUSTOM_VALUES, namespace="platform"), self_managed=False,
+                           node_versions=True, pull_secrets=True, failure_policy="Fail", replicas=3,
+                           namespace="platform", feature_gate=False, has_namespace_object=False),
+    "helm-self-managed+registry": Install(lambda: helm({"registry": {"lookup": True, "pullSecrets": True}}),
+                                          pull_secrets=True, has_namespace_object=False),
+}
+
+
+@pytest.fixture(scope="module", params=list(INSTALLS))
+def install(request) -> tuple[Install, Rendered]:
+    spec = INSTALLS[request.param]
+    return spec, Rendered(spec.render())
+
+
+# --- schemas ---------------------------------------------------------------------------
+
+# cert-manager's CRDs are not in kubernetes-validate: the fields of cert-manager.io/v1
+# Issuer and Certificate that deploy/ may use, transcribed from its API reference, strict.
+_OBJECT_META = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string"}, "namespace": {"type": "string"},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}, "additionalProperties": False}
+CERT_MANAGER_SCHEMAS = {
+    "Issuer": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+               "properties": {
+                   "apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Issuer"}, "metadata": _OBJECT_META,
+                   "spec": {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
+                            "properties": {"selfSigned": {"type": "object", "additionalProperties": False,
+                                                          "properties": {"crlDistributionPoints": {"type": "array"}}},
+                                           "ca": {"type": "object", "required": ["secretName"]}}}}},
+    "Certificate": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+                    "additionalProperties": False, "properties": {
+                        "apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Certificate"},
+                        "metadata": _OBJECT_META,
+                        "spec": {"type": "object", "required": ["secretName", "issuerRef"], "additionalProperties": False,
+                                 "properties": {
+                                     "secretName": {"type": "string"}, "commonName": {"type": "string"},
+                                     "dnsNames": {"type": "array", "items": {"type": "string"}},
+                                     "duration": {"type": "string", "pattern": r"^(\d+h)?(\d+m)?(\d+s)?$"},
+                                     "renewBefore": {"type": "string", "pattern": r"^(\d+h)?(\d+m)?(\d+s)?$"},
+                                     "isCA": {"type": "boolean"},
+                                     "privateKey": {"type": "object", "additionalProperties": False, "properties": {
+                                         "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                                         "size": {"type": "integer"}, "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                                         "rotationPolicy": {"enum": ["Never", "Always"]}}},
+                                     "usages": {"type": "array", "items": {"enum": [
+                                         "signing", "digital signature", "content commitment", "key encipherment",
+                                         "key agreement", "data encipherment", "cert sign", "crl sign",
+                                         "encipher only", "decipher only", "any", "server auth", "client auth",
+                                         "code signing", "email protection", "s/mime", "ipsec end system",
+                                         "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+                                         "microsoft sgc", "netscape sgc"]}},
+                                     "issuerRef": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                                   "properties": {"name": {"type": "string"},
+                                                                  "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                                                                  "group": {"const": "cert-manager.io"}}}}}}},
+}
+
+
+def validate(obj: dict) -> None:
+    if str(obj.get("apiVersion", "")).startswith("cert-manager.io/"):
+        jsonschema.validate(obj, CERT_MANAGER_SCHEMAS[obj["kind"]])
+        return
+    for version in VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_every_object_validates(install):
+    _, r = install
+    assert r.objects
+    for obj in r.objects:
+        validate(obj)
+
+
+def test_base_validates():
+    objects = kustomize("base")
+    for obj in objects:
+        validate(obj)
+    assert {o["kind"] for o in objects} >= {"Namespace", "ServiceAccount", "ClusterRole", "Deployment",
+                                            "PodDisruptionBudget", "Service", "MutatingWebhookConfiguration"}
+
+
+def test_validation_catches_a_bad_object():
+    deployment = Rendered(kustomize(".")).deployment
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(deployment)
+    cert = next(o for o in kustomize("overlays/cert-manager") if o["kind"] == "Certificate")
+    del cert["spec"]["issuerRef"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(cert)
+
+
+# --- RBAC ------------------------------------------------------------------------------
+
+Grant = tuple[str, str, str, str, str]  # scope ("*" = cluster), apiGroup, resource, verb, resourceName ("*" = any)
+
+
+def grants(r: Rendered) -> set[Grant]:
+    """Every permission the webhook's ServiceAccount gets, one atomic grant per tuple."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+             for o in r.of_kind("Role") + r.of_kind("ClusterRole")}
+    bound: set[tuple] = set()
+    out: set[Grant] = set()
+    for b in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding"):
+        scope = b["metadata"]["namespace"] if b["kind"] == "RoleBinding" else "*"
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "initshift", "namespace": r.namespace}], b
+        ref = b["roleRef"]
+        key = (ref["kind"], scope if ref["kind"] == "Role" else None, ref["name"])
+        assert key in roles, f"{b['kind']} {b['metadata']['name']} refers to a missing {ref['kind']} {ref['name']}"
+        bound.add(key)
+        for rule in roles[key]["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"wildcard in {ref['name']}: {rule}"
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames") or ["*"]:
+                            out.add((scope, group, resource, verb, name))
+    assert bound == set(roles), f"roles bound to nothing: {set(roles) - bound}"
+    return out
+
+
+def expected_grants(spec: Install, r: Rendered) -> set[Grant]:
+    """The list the issue allows, and nothing else."""
+    env = r.plain_env()
+    settings = Settings.from_env(env)
+    ns = spec.namespace
+    out: set[Grant] = {("*", "", "pods", v, "*") for v in ("get", "list", "watch", "patch")}
+    out.add(("*", "", "events", "create", "*"))
+    # Leader election: create cannot be limited by name; get/update are, to our Lease.
+    out.add((ns, "coordination.k8s.io", "leases", "create", "*"))
+    out |= {(ns, "coordination.k8s.io", "leases", v, settings.watcher.lease_name) for v in ("get", "update")}
+    if spec.self_managed:  # caBundle self-injection
+        out |= {("*", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v,
+                 settings.server.webhook_config) for v in ("get", "update")}
+        out.add((ns, "", "secrets", "create", "*"))
+        out |= {(ns, "", "secrets", v, settings.server.cert_secret) for v in ("get", "patch")}
+    if spec.node_versions:
+        out.add(("*", "", "nodes", "list", "*"))
+    if spec.pull_secrets:
+        out |= {("*", "", resource, "get", "*") for resource in ("secrets", "serviceaccounts")}
+    return out
+
+
+def test_rbac_grants_exactly_the_allowed_list(install):
+    spec, r = install
+    got, want = grants(r), expected_grants(spec, r)
+    assert got - want == set(), f"granted beyond the list: {sorted(got - want)}"
+    assert want - got == set(), f"missing: {sorted(want - got)}"
+
+
+def test_secrets_and_nodes_only_when_asked(install):
+    spec, r = install
+    g = grants(r)
+    secrets = {x for x in g if x[2] == "secrets"}
+    if not spec.self_managed and not spec.pull_secrets:
+        assert not secrets
+    if not spec.pull_secrets:
+        # Only our own Secret, in our own namespace (create cannot be limited by name).
+        assert all(x[0] == spec.namespace for x in secrets)
+        assert all(x[4] != "*" for x in secrets if x[3] != "create")
+    assert any(x[2] == "nodes" for x in g) == spec.node_versions
+
+
+def test_pull_secret_component_turns_the_setting_on():
+    env = Rendered(kustomize("overlays/self-managed", COMPONENTS)).plain_env()
+    settings = Settings.from_env(env)
+    assert settings.registry.pull_secrets and settings.registry.lookup
+    assert not Settings.from_env(Rendered(kustomize(".")).plain_env()).registry.pull_secrets
+
+
+# --- webhook configuration ---------------------------------------------------------------
+
+def selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector, evaluated."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": labels.get(key) not in values,
+              "Exists": key in labels,
+              "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def namespace_labels(name: str, opted_in: bool) -> dict[str, str]:
+    labels = {"kubernetes.io/metadata.name": name}  # set by the apiserver on every namespace
+    if opted_in:
+        labels[p.LABEL_NAMESPACE_ENABLED] = "true"
+    return labels
+
+
+def test_webhook_configuration(install):
+    spec, r = install
+    mwc = r.one("MutatingWebhookConfiguration")
+    name = mwc["metadata"]["name"]
+    for injector in MESH_INJECTORS:
+        assert sorted([name, injector])[0] == name, f"{name} must sort before {injector}"
+    assert Settings.from_env(r.plain_env()).server.webhook_config == name
+    (hook,) = mwc["webhooks"]
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["failurePolicy"] == spec.failure_policy
+    assert DEFAULTS.registry.budget_seconds < hook["timeoutSeconds"] <= 10
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    service = r.one("Service")
+    assert hook["clientConfig"]["service"] == {
+        "name": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
+        "path": MUTATE_PATH, "port": 443}
+
+
+def test_namespace_selector_excludes_own_namespace_and_kube_system(install):
+    spec, r = install
+    (hook,) = r.one("MutatingWebhookConfiguration")["webhooks"]
+    selector = hook["namespaceSelector"]
+    assert hook.get("objectSelector") is None
+    for protected in (spec.namespace, "kube-system"):
+        assert not selects(selector, namespace_labels(protected, opted_in=True)), protected
+    assert selects(selector, namespace_labels("builds", opted_in=True))
+    assert not selects(selector, namespace_labels("builds", opted_in=False))
+    assert Settings.from_env({"INITSHIFT_NAMESPACE": spec.namespace}).server.namespace == r.namespace
+
+
+# --- Deployment, PDB, Service ------------------------------------------------------------
+
+def _port(container: dict, port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    (number,) = [cp["containerPort"] for cp in container["ports"] if cp["name"] == port]
+    return number
+
+
+def test_deployment(install):
+    spec, r = install
+    d = r.deployment
+    pod = d["spec"]["template"]
+    c = r.container
+    assert d["spec"]["replicas"] == spec.replicas
+    assert selects(d["spec"]["selector"], pod["metadata"]["labels"])
+    term = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["podAffinityTerm"]["labelSelector"], pod["metadata"]["labels"])
+    pdb = r.one("PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"], pod["metadata"]["labels"])
+    assert 0 < pdb["spec"]["minAvailable"] < spec.replicas
+    assert pod["spec"]["serviceAccountName"] == r.one("ServiceAccount")["metadata"]["name"]
+
+    settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": spec.namespace})
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
+        get = c[probe]["httpGet"]
+        assert (get["path"], get["scheme"], _port(c, get["port"])) == (path, "HTTPS", settings.server.port)
+    res = c["resources"]
+    assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
+
+    assert c["command"][:2] == ["initshift", "serve"] and "serve" in cli.COMMANDS
+    assert serve_cmd.parser().parse_args(c["command"][2:]).watch, "the watcher runs in-process"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsUser"] == pod["spec"]["securityContext"]["runAsUser"] == p.IMAGE_UID
+
+
+def test_deployment_env_uses_only_real_settings(install):
+    spec, r = install
+    env = r.env()
+    known = {row[0] for row in settings_rows()}
+    assert set(env) <= known, f"unknown variables: {set(env) - known}"
+    assert env["INITSHIFT_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": spec.namespace})  # every value parses
+    assert settings.feature_gate is spec.feature_gate
+    assert p.FEATURE_GATE_ENV in env
+    assert settings.server.self_managed_certs is spec.self_managed
+    assert settings.registry.pull_secrets is spec.pull_secrets
+
+
+def test_injected_image_is_the_serving_image(install):
+    _, r = install
+    settings = Settings.from_env(r.plain_env())
+    # kustomize leaves INITSHIFT_IMAGE to the image's own ENV (its tag); Helm sets it.
+    assert settings.rewrite.image == r.container["image"]
+
+
+def test_service_routes_443_to_the_server_port(install):
+    _, r = install
+    svc = r.one("Service")
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == 443
+    assert _port(r.container, port["targetPort"]) == DEFAULTS.server.port == 8443
+    assert selects({"matchLabels": svc["spec"]["selector"]}, r.deployment["spec"]["template"]["metadata"]["labels"])
+
+
+def test_tls_files_come_from_the_certificate_source(install):
+    spec, r = install
+    settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": spec.namespace})
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    volumes = {v["name"]: v for v in r.deployment["spec"]["template"]["spec"]["volumes"]}
+    tls_dir = str(PurePosixPath(settings.server.tls_cert).parent)
+    assert str(PurePosixPath(settings.server.tls_key).parent) == tls_dir
+    (mount,) = [m for m in mounts.values() if m["mountPath"] == tls_dir]
+    volume = volumes[mount["name"]]
+    mwc = r.one("MutatingWebhookConfiguration")
+    annotations = mwc["metadata"].get("annotations") or {}
+    if spec.self_managed:
+        # The server writes the pair itself: a writable emptyDir, no Secret volume.
+        assert "emptyDir" in volume and not mount.get("readOnly")
+        assert INJECT_CA_FROM not in annotations
+        assert not r.of_kind("Certificate")
+    else:
+        assert volume["secret"]["secretName"] == settings.server.cert_secret
+        assert not volume["secret"].get("optional") and mount["readOnly"] is True
+        cert = r.one("Certificate")
+        assert cert["spec"]["secretName"] == settings.server.cert_secret
+        svc = r.one("Service")["metadata"]
+        assert f"{svc['name']}.{svc['namespace']}.svc" in cert["spec"]["dnsNames"]
+        assert annotations[INJECT_CA_FROM] == f"{cert['metadata']['namespace']}/{cert['metadata']['name']}"
+        issuer = cert["spec"]["issuerRef"]
+        assert r.one(issuer["kind"], issuer["name"])
+
+
+def test_namespaced_objects_live_in_the_install_namespace(install):
+    spec, r = install
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+    for o in r.objects:
+        ns = o["metadata"].get("namespace")
+        assert (ns is None) if o["kind"] in cluster_scoped else (ns == spec.namespace), (o["kind"], ns)
+    namespaces = r.of_kind("Namespace")
+    if spec.has_namespace_object:
+        (ns_obj,) = namespaces
+        assert ns_obj["metadata"]["name"] == spec.namespace
+        assert ns_obj["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    else:
+        assert not namespaces  # Helm installs into an existing (or --create-namespace) namespace
+
+
+# --- Pod Security "restricted" -------------------------------------------------------------
+
+def test_deployment_pod_is_restricted(install):
+    _, r = install
+    assert pss.template_violations(r.deployment) == []
+
+
+def test_injected_init_container_is_restricted():
+    from webhook.rewrite._waiter import init_container
+
+    for settings in (DEFAULTS, Settings.from_env({"INITSHIFT_IMAGE": "registry.example/x:1",
+                                                  "INITSHIFT_IMAGE_PULL_POLICY": "Always"})):
+        c = init_container(settings.rewrite)
+        assert pss.container_violations(c) == []
+        assert c["name"] == p.INIT_CONTAINER_NAME
+        assert c["image"] == settings.rewrite.image
+        assert c["securityContext"]["runAsUser"] == p.IMAGE_UID
+        assert c["command"][0].startswith(p.IMAGE_WAITER_DIR + "/")
+        # It must also pass inside a pod that sets nothing at pod level.
+        assert pss.pod_violations({"spec": {"initContainers": [c], "containers": []}}) == []
+
+
+def test_rewritten_restricted_pod_stays_restricted():
+    """A build pod that passes "restricted" still passes after the waiter rewrite."""
+    from webhook.rewrite._rewrite import rewrite
+
+    from tests.support.fixtures import pods
+
+    pod = pods.load("job-git-clone")
+    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+    for c in [*(pod["spec"].get("initContainers") or []), *pod["spec"]["containers"]]:
+        c["securityContext"] = dict(restricted)
+    pod["spec"].pop("securityContext", None)
+    pod = pods.inject_istio(pod)
+    for c in [*(pod["spec"].get("initContainers") or []), *pod["spec"]["containers"]]:
+        c["securityContext"] = {**restricted, **{k: v for k, v in (c.get("securityContext") or {}).items()
+                                                 if k not in ("privileged", "capabilities", "runAsNonRoot",
+                                                              "runAsUser", "allowPrivilegeEscalation")}}
+    before = pss.pod_violations(pod)
+    assert before == [], before
+    result = rewrite(pod, Settings.from_env({p.FEATURE_GATE_ENV: "true", "INITSHIFT_MODE": "waiter"}))
+    assert result.changed, result.reason
+    assert pss.pod_violations(result.pod) == []
+
+
+# --- Helm chart against kustomize and the code's defaults ------------------------------------
+
+def _strip_helm_labels(obj: dict) -> dict:
+    obj = yaml.safe_load(yaml.safe_dump(obj))
+    for labels in (obj["metadata"].get("labels") or {},):
+        for key in ("app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
+                    "helm.sh/chart", "app.kubernetes.io/part-of", "app.kubernetes.io/component"):
+            labels.pop(key, None)
+    return obj
+
+
+def test_chart_renders_the_same_objects_as_kustomize():
+    k, h = Rendered(kustomize(".")), Rendered(helm())
+    ids = lambda r: {(o["kind"], o["metadata"]["name"]) for o in r.objects if o["kind"] != "Namespace"}  # noqa: E731
+    assert ids(h) == ids(k)
+    assert grants(h) == grants(k)
+    for kind in ("MutatingWebhookConfiguration", "Service", "PodDisruptionBudget"):
+        assert _strip_helm_labels(h.one(kind))["spec" if kind != "MutatingWebhookConfiguration" else "webhooks"] == \
+            _strip_helm_labels(k.one(kind))["spec" if kind != "MutatingWebhookConfiguration" else "webhooks"]
+    hp, kp = h.deployment["spec"]["template"]["spec"], k.deployment["spec"]["template"]["spec"]
+    for key in ("securityContext", "affinity", "volumes", "serviceAccountName"):
+        assert hp[key] == kp[key], key
+    hc, kc = dict(h.container), dict(k.container)
+    for key in ("command", "ports", "livenessProbe", "readinessProbe", "startupProbe", "resources",
+                "securityContext", "volumeMounts", "image", "imagePullPolicy"):
+        assert hc[key] == kc[key], key
+    # The chart spells out settings kustomize leaves at their defaults: same values.
+    he, ke = h.env(), k.env()
+    assert {n: e for n, e in he.items() if n in ke} == ke
+    assert Settings.from_env(h.plain_env()) == Settings.from_env(k.plain_env())
+
+
+def test_chart_rejects_bad_values():
+    import helm_python
+
+    for bad in ({"webhook": {"failurePolicy": "Sometimes"}}, {"strategy": "fast"}, {"replicas": 0},
+                {"certificates": {"mode": "vault"}}, {"quitEndpoints": {"envoy": "tcp://x"}}):
+        with pytest.raises(helm_python.HelmValuesError):
+            helm(bad)
+
+
+def test_chart_custom_values_take_effect():
+    r = Rendered(helm(CUSTOM_VALUES, namespace="platform"))
+    settings = Settings.from_env(r.plain_env())
+    assert r.container["image"] == "registry.example/platform/initshift:9.9.9" == settings.rewrite.image
+    assert settings.rewrite.image_pull_policy == "Always"
+    assert settings.rewrite.mode == "waiter"
+    assert settings.rewrite.native_sidecars == "false"
+    assert settings.rewrite.resources_policy == "divide"
+    assert settings.rewrite.sidecar_names == ("istio-proxy", "envoy")
+    assert settings.rewrite.quit_endpoints == {"envoy": "http://127.0.0.1:9901/quitquitquit"}
+    assert settings.server.log_level == "debug"
+    (hook,) = r.one("MutatingWebhookConfiguration")["webhooks"]
+    assert hook["timeoutSeconds"] == 8
+    assert not selects(hook["namespaceSelector"], namespace_labels("istio-system", opted_in=True))
+    assert r.container["resources"] == CUSTOM_VALUES["resources"]
+
+
+def test_chart_defaults_are_the_code_defaults():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    rw = DEFAULTS.rewrite
+    assert tuple(values["sidecarNames"]) == rw.sidecar_names == p.DEFAULT_SIDECAR_NAMES
+    assert values["quitEndpoints"] == rw.quit_endpoints == p.DEFAULT_QUIT_ENDPOINTS
+    assert (values["strategy"], values["nativeSidecars"], values["resourcesPolicy"]) == \
+        (rw.mode, rw.native_sidecars, rw.resources_policy)
+    assert values["webhook"]["configName"] == DEFAULTS.server.webhook_config
+    assert values["webhook"]["namespaceSelector"]["matchLabels"] == {p.LABEL_NAMESPACE_ENABLED: "true"}
+
+
+def test_versions_agree():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    (image,) = base["images"]
+    assert chart["appVersion"] == image["newTag"] == __version__
+    assert DEFAULTS.rewrite.image == f"{image['name']}:{__version__}"
+    assert Rendered(helm()).container["image"] == DEFAULTS.rewrite.image
+
+
+def test_render_errors_are_one_line(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
+    from tests.support import deploy_render
+
+    with pytest.raises(RenderError) as e:
+        deploy_render._run_kustomize(tmp_path)
+    assert "missing.yaml" in str(e.value)
+
+
+def test_installs_cover_every_component_and_overlay():
+    """A new overlay or component must be added to INSTALLS to be checked."""
+    on_disk = {f"overlays/{d}" for d in os.listdir(DEPLOY / "overlays")}
+    on_disk |= {f"components/{d}" for d in os.listdir(DEPLOY / "components")}
+    covered = {"overlays/self-managed", "overlays/cert-manager", *COMPONENTS}
+    assert on_disk == covered
+
+
+
+def test_chart_lints_clean():
+    import helm_python
+
+    report = helm_python.lint(str(CHART))
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] > 1] == []  # only "icon is recommended" (INFO)

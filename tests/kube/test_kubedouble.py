@@ -1,0 +1,303 @@
+"""The API double behaves like the apiserver where tests rely on it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import watch as k8s_watch
+
+from tests.support.kubedouble import KubeDouble, label_matcher, merge_patch, running, terminated
+from webhook.kube._api import KubeError
+
+MERGE = "application/merge-patch+json"
+BOUND = 10.0
+
+
+@pytest.fixture
+async def http(kube: KubeDouble) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(base_url=kube.url) as session:
+        yield session
+
+
+def pod(name: str, ns: str = "ns", labels: dict | None = None, containers: tuple[str, ...] = ("main",)) -> dict:
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels or {}},
+            "spec": {"containers": [{"name": c, "image": "busybox"} for c in containers]}}
+
+
+async def call(http: aiohttp.ClientSession, method: str, path: str, body: Any = None,
+               ctype: str = "application/json", **params: str) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body)
+    async with http.request(method, path, data=data, params=params, headers={"Content-Type": ctype}) as r:
+        text = await r.text()
+        return r.status, json.loads(text) if text and r.content_type == "application/json" else text
+
+
+def test_merge_patch_is_rfc7386() -> None:
+    target = {"a": "b", "c": {"d": "e", "f": "g"}, "l": [1, 2]}
+    assert merge_patch(target, {"a": "z", "c": {"f": None}, "l": [3]}) == {"a": "z", "c": {"d": "e"}, "l": [3]}
+    assert merge_patch({"a": "b"}, {"a": {"x": None}}) == {"a": {}}
+    assert target["c"] == {"d": "e", "f": "g"}  # never mutated
+
+
+@pytest.mark.parametrize("selector,expected", [
+    ("app=web", ["a"]), ("app==web", ["a"]), ("app!=web", ["b", "c"]), ("app in (web, db)", ["a", "b"]),
+    ("app notin (web)", ["b", "c"]), ("tier", ["a"]), ("!tier", ["b", "c"]), ("app=web,tier=front", ["a"]),
+    ("", ["a", "b", "c"]),
+])
+def test_label_selectors(selector: str, expected: list[str]) -> None:
+    labels = {"a": {"app": "web", "tier": "front"}, "b": {"app": "db"}, "c": {}}
+    match = label_matcher(selector)
+    assert [n for n, lb in labels.items() if match(lb)] == expected
+
+
+async def test_list_across_namespaces_with_selectors(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("a", "one", {"app": "web"}))
+    kube.put_pod(pod("b", "two", {"app": "web"}))
+    kube.put_pod(pod("c", "two", {"app": "db"}))
+    status, body = await call(http, "GET", "/api/v1/pods", labelSelector="app=web")
+    assert status == 200 and [i["metadata"]["name"] for i in body["items"]] == ["a", "b"]
+    assert body["metadata"]["resourceVersion"] == str(kube.resource_version)
+    _, body = await call(http, "GET", "/api/v1/namespaces/two/pods")
+    assert [i["metadata"]["name"] for i in body["items"]] == ["b", "c"]
+    _, body = await call(http, "GET", "/api/v1/pods", fieldSelector="metadata.name=c")
+    assert [i["metadata"]["name"] for i in body["items"]] == ["c"]
+    status, body = await call(http, "GET", "/api/v1/pods", labelSelector="app in (web")
+    assert status == 400 and body["kind"] == "Status"
+
+
+async def test_create_get_conflicts_and_generate_name(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    status, created = await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("x"))
+    assert status == 201 and created["status"]["phase"] == "Pending" and created["metadata"]["uid"]
+    status, body = await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("x"))
+    assert status == 409 and body["reason"] == "AlreadyExists"
+    status, body = await call(http, "POST", "/api/v1/namespaces/ns/pods",
+                              {"metadata": {"generateName": "build-"}, "spec": {"containers": []}})
+    assert status == 201 and body["metadata"]["name"].startswith("build-") and len(body["metadata"]["name"]) == 11
+    status, body = await call(http, "GET", "/api/v1/namespaces/ns/pods/nope")
+    assert status == 404 and body["reason"] == "NotFound" and body["code"] == 404
+    status, _ = await call(http, "GET", "/api/v1/namespaces/ns/widgets")
+    assert status == 404
+
+
+async def test_merge_patch_semantics(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    p0 = kube.put_pod({**pod("m"), "metadata": {"name": "m", "namespace": "ns", "annotations": {"keep": "1", "drop": "2"}}})
+    rv0 = p0["metadata"]["resourceVersion"]
+    status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/m",
+                              {"metadata": {"annotations": {"drop": None, "new": "3"}}}, MERGE)
+    assert status == 200 and body["metadata"]["annotations"] == {"keep": "1", "new": "3"}
+    assert int(body["metadata"]["resourceVersion"]) > int(rv0)
+    # Conditional on a stale resourceVersion: 409 and nothing changes.
+    status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/m",
+                              {"metadata": {"resourceVersion": rv0, "annotations": {"x": "y"}}}, MERGE)
+    assert status == 409 and body["reason"] == "Conflict"
+    assert "x" not in kube.pod("ns", "m")["metadata"]["annotations"]
+    # A no-op patch does not bump the resourceVersion.
+    rv1 = kube.pod("ns", "m")["metadata"]["resourceVersion"]
+    status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/m", {"metadata": {"annotations": {"keep": "1"}}},
+                              MERGE)
+    assert status == 200 and body["metadata"]["resourceVersion"] == rv1
+    # A merge patch also works on a pod without annotations.
+    kube.put_pod(pod("bare"))
+    status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/bare", {"metadata": {"annotations": {"a": "b"}}},
+                              MERGE)
+    assert status == 200 and body["metadata"]["annotations"] == {"a": "b"}
+    status, _ = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/m", {"metadata": {}},
+                           "application/strategic-merge-patch+json")
+    assert status == 415
+    status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/m",
+                              [{"op": "add", "path": "/metadata/labels", "value": {"j": "p"}}],
+                              "application/json-patch+json")
+    assert status == 200 and body["metadata"]["labels"] == {"j": "p"}
+
+
+async def test_pod_update_rules(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("r"))
+    path = "/api/v1/namespaces/ns/pods/r"
+    status, body = await call(http, "PATCH", path, {"spec": {"activeDeadlineSeconds": 5}}, MERGE)
+    assert status == 200 and body["spec"]["activeDeadlineSeconds"] == 5
+    assert (await call(http, "PATCH", path, {"spec": {"activeDeadlineSeconds": 1}}, MERGE))[0] == 200
+    status, body = await call(http, "PATCH", path, {"spec": {"activeDeadlineSeconds": 10}}, MERGE)
+    assert status == 422 and body["reason"] == "Invalid"
+    assert (await call(http, "PATCH", path, {"spec": {"activeDeadlineSeconds": 0}}, MERGE))[0] == 422
+    assert (await call(http, "PATCH", path, {"spec": {"restartPolicy": "Always"}}, MERGE))[0] == 422
+    status, body = await call(http, "PATCH", path, {"spec": {"containers": [{"name": "main", "image": "alpine"}]}},
+                              MERGE)
+    assert status == 200 and body["spec"]["containers"][0]["image"] == "alpine"
+    # Status is not written through the main resource, only through /status.
+    status, body = await call(http, "PATCH", path, {"status": {"phase": "Running"}}, MERGE)
+    assert status == 200 and body["status"]["phase"] == "Pending"
+    status, body = await call(http, "PATCH", path + "/status", {"status": {"phase": "Running"}}, MERGE)
+    assert status == 200 and body["status"]["phase"] == "Running"
+
+
+async def _read_events(resp: aiohttp.ClientResponse, n: int) -> list[dict]:
+    out = []
+    while len(out) < n:
+        line = await asyncio.wait_for(resp.content.readline(), BOUND)
+        assert line, f"stream ended after {out}"
+        out.append(json.loads(line))
+    return out
+
+
+async def test_watch_replays_streams_and_expires(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    sel = {"labelSelector": "app=web"}
+    kube.put_pod(pod("w1", labels={"app": "web"}))
+    rv = str(kube.resource_version)
+    kube.put_pod(pod("w2", labels={"app": "web"}))  # after rv: replayed
+    kube.put_pod(pod("other", labels={"app": "db"}))  # filtered out
+    async with http.get("/api/v1/namespaces/ns/pods", params={"watch": "true", "resourceVersion": rv, **sel}) as r:
+        events = await _read_events(r, 1)
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "w2")]
+        kube.set_container_statuses("ns", "w1", [running("main")], phase="Running")
+        w2 = kube.pod("ns", "w2")
+        w2["metadata"]["labels"] = {"app": "db"}  # leaves the selection: DELETED
+        kube.put_pod(w2)
+        kube.delete("pods", "ns", "w1")
+        events = await _read_events(r, 3)
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == \
+            [("MODIFIED", "w1"), ("DELETED", "w2"), ("DELETED", "w1")]
+        assert int(events[0]["object"]["metadata"]["resourceVersion"]) < int(events[2]["object"]["metadata"]["resourceVersion"])
+    # No resourceVersion: synthetic ADDED for what exists.
+    async with http.get("/api/v1/pods", params={"watch": "true", "timeoutSeconds": "1"}) as r:
+        events = await _read_events(r, 2)
+        assert {e["object"]["metadata"]["name"] for e in events} == {"w2", "other"}
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b""  # timeoutSeconds ends it
+    kube.compact()
+    async with http.get("/api/v1/pods", params={"watch": "true", "resourceVersion": rv}) as r:
+        (event,) = await _read_events(r, 1)
+        assert event["type"] == "ERROR" and event["object"]["code"] == 410
+
+
+async def test_drop_watches_cuts_the_connection(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("d"))
+    async with http.get("/api/v1/pods", params={"watch": "true"}) as r:
+        await _read_events(r, 1)
+        assert kube.drop_watches() == 1
+        with pytest.raises(aiohttp.ClientError):
+            while await asyncio.wait_for(r.content.readline(), BOUND):
+                pass
+    assert kube.open_watches == 0
+
+
+async def test_fault_injection(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("f"))
+    kube.fail_next("/api/v1/namespaces/ns/pods", 500, times=2, method="GET")
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/pods/f"))[0] == 500  # below the path: matches
+    assert (await call(http, "PATCH", "/api/v1/namespaces/ns/pods/f", {}, MERGE))[0] == 200  # other method
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/pods"))[0] == 500
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/pods"))[0] == 200  # used up
+    kube.fail_next("/api/v1/pods", 410, watch=True)
+    assert (await call(http, "GET", "/api/v1/pods"))[0] == 200  # not a watch
+    async with http.get("/api/v1/pods", params={"watch": "true"}) as r:
+        (event,) = await _read_events(r, 1)
+        assert event["type"] == "ERROR" and event["object"]["reason"] == "Expired"
+    assert [r.status for r in kube.requests[-2:]] == [200, 200]
+
+
+async def test_events_leases_and_cluster_objects(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("e"))
+    ev = {"metadata": {"generateName": "e."}, "involvedObject": {"kind": "Pod", "name": "e"}, "reason": "R"}
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/events", ev))[0] == 201
+    new = {"metadata": {"name": "e.2"}, "regarding": {"kind": "Pod", "name": "e"}, "reason": "S"}
+    assert (await call(http, "POST", "/apis/events.k8s.io/v1/namespaces/ns/events", new))[0] == 201
+    assert [e["reason"] for e in kube.events_for("ns", "e")] == ["R", "S"]
+    leases = "/apis/coordination.k8s.io/v1/namespaces/sys/leases"
+    status, lease = await call(http, "POST", leases, {"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}})
+    assert status == 201
+    lease["spec"]["holderIdentity"] = "b"
+    status, updated = await call(http, "PUT", f"{leases}/l", lease)
+    assert status == 200 and updated["spec"]["holderIdentity"] == "b"
+    status, _ = await call(http, "PUT", f"{leases}/l", lease)  # the old resourceVersion again
+    assert status == 409
+    kube.put_node("n1", "v1.29.4")
+    _, nodes = await call(http, "GET", "/api/v1/nodes")
+    assert nodes["items"][0]["status"]["nodeInfo"]["kubeletVersion"] == "v1.29.4"
+    kube.put("secrets", {"metadata": {"name": "s", "namespace": "ns"}, "data": {"k": "dg=="}})
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/secrets/s"))[1]["data"] == {"k": "dg=="}
+    kube.put("serviceaccounts", {"metadata": {"name": "default", "namespace": "ns"}})
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/serviceaccounts/default"))[0] == 200
+    kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "w"}, "webhooks": [{"name": "x"}]})
+    mwc = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/w"
+    status, body = await call(http, "PATCH", mwc, [{"op": "add", "path": "/webhooks/0/clientConfig",
+                                                    "value": {"caBundle": "Q0E="}}], "application/json-patch+json")
+    assert status == 200 and body["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
+    status, version = await call(http, "GET", "/version")
+    assert status == 200 and version["gitVersion"] == "v1.30.2" and version["minor"] == "30"
+
+
+async def test_pod_logs(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("l", containers=("step", "proxy")))
+    status, body = await call(http, "GET", "/api/v1/namespaces/ns/pods/l/log", container="step")
+    assert status == 400 and "waiting to start" in body["message"]  # no log before the container starts
+    kube.set_container_statuses("ns", "l", [running("step"), running("proxy")], phase="Running")
+    kube.append_log("ns", "l", "step", "one")
+    kube.append_log("ns", "l", "step", "two\n")
+    status, text = await call(http, "GET", "/api/v1/namespaces/ns/pods/l/log", container="step")
+    assert status == 200 and text == "one\ntwo\n"
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/pods/l/log", container="step", tailLines="1"))[1] == "two\n"
+    status, body = await call(http, "GET", "/api/v1/namespaces/ns/pods/l/log")
+    assert status == 400 and "choose one of" in body["message"]
+    async with http.get("/api/v1/namespaces/ns/pods/l/log", params={"container": "step", "follow": "true"}) as r:
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b"one\n"
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b"two\n"
+        kube.append_log("ns", "l", "step", "three")
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b"three\n"
+        kube.end_log("ns", "l", "step")
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b""
+    kube.append_log("ns", "l", "proxy", "p1")
+    async with http.get("/api/v1/namespaces/ns/pods/l/log", params={"container": "proxy", "follow": "true"}) as r:
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b"p1\n"
+        kube.set_container_statuses("ns", "l", [terminated("proxy", 0)])  # the container stopped
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b""
+
+
+async def test_kubernetes_asyncio_typed_clients_work(kube: KubeDouble) -> None:
+    """Other engineers use the generated clients: models, watch and logs must parse."""
+    kube.put_pod(pod("t", labels={"app": "web"}))
+    kube.set_container_statuses("ns", "t", [running("main")], phase="Running")
+    kube.append_log("ns", "t", "main", "hello")
+    async with kube.api_client() as api_client:
+        v1 = k8s.CoreV1Api(api_client)
+        pods = await v1.list_namespaced_pod("ns", label_selector="app=web")
+        assert [p.metadata.name for p in pods.items] == ["t"]
+        assert await v1.read_namespaced_pod_log("t", "ns", container="main") == "hello\n"
+        w = k8s_watch.Watch()
+        async with w.stream(v1.list_namespaced_pod, "ns", timeout_seconds=1) as stream:
+            async for event in stream:
+                assert event["type"] == "ADDED" and event["object"].metadata.name == "t"
+                w.stop()
+        version = await k8s.VersionApi(api_client).get_code()
+        assert version.git_version == "v1.30.2"
+
+
+async def test_kube_api_errors_carry_the_status(kube: KubeDouble) -> None:
+    api = kube.kube_api()
+    try:
+        with pytest.raises(KubeError) as err:
+            await api.get_pod("ns", "missing")
+        assert err.value.not_found and "not found" in err.value.message
+        assert await api.get_lease("sys", "missing") is None
+        kube.put_pod(pod("k"))
+        kube.fail_next("/api/v1/namespaces/ns/pods/k", 409)
+        with pytest.raises(KubeError) as err:
+            await api.patch_pod("ns", "k", {"metadata": {"labels": {"a": "b"}}})
+        assert err.value.conflict
+        kube.compact()
+        with pytest.raises(KubeError) as err:
+            async for _ in api.watch_pods("ns", resource_version="1"):
+                pass
+        assert err.value.gone
+    finally:
+        await api.close()
+    unreachable = type(api).for_host("http://127.0.0.1:9")
+    try:
+        with pytest.raises(KubeError) as err:
+            await unreachable.list_pods()
+        assert err.value.status == 0
+    finally:
+        await unreachable.close()

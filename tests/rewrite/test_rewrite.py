@@ -1,0 +1,436 @@
+"""The pure rewrite (waiter strategy) over real-shaped pods."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from tests.support.fixtures import pods
+from tests.support.podvalidate import assert_valid_pod
+from waiter import protocol as p
+from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
+from webhook.admission._patch import apply_patch, make_patch
+from webhook.rewrite._resources import pod_requests
+from webhook.rewrite._rewrite import lookups_needed, rewrite
+from webhook.settings import RewriteSettings, Settings
+
+ON = Settings(feature_gate=True)
+CATALOGUE = pods.catalogue()
+
+EXPECTED = {
+    "kpack": "no-sidecar",
+    "kpack-istio": "rewritten",
+    "kpack-istio-cni": "rewritten",
+    "kpack-istio-hold": "rewritten",
+    "kpack-istio-native": "already-native",
+    "kpack-linkerd": "rewritten",
+    "tekton": "no-sidecar",
+    "tekton-istio": "rewritten",
+    "job": "no-sidecar",
+    "job-istio": "rewritten",
+    "job-linkerd": "rewritten",
+    "deployment-istio": "restart-policy",
+    "no-init-istio": "no-init-containers",
+}
+
+
+def with_settings(**rewrite_fields) -> Settings:
+    return Settings(feature_gate=True, rewrite=RewriteSettings(**rewrite_fields))
+
+
+def names(containers) -> list[str]:
+    return [c["name"] for c in containers]
+
+
+def argv_after_separator(c: dict) -> list[str]:
+    args = c["args"]
+    return args[args.index(p.ARGV_SEPARATOR) + 1:]
+
+
+def flag_values(c: dict, flag: str) -> list[str]:
+    args = c["args"][: c["args"].index(p.ARGV_SEPARATOR)]
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_catalogue_is_complete():
+    assert set(EXPECTED) == set(CATALOGUE)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_decision_and_validity(name):
+    pod = CATALOGUE[name]
+    before = copy.deepcopy(pod)
+    result = rewrite(pod, ON)
+    assert pod == before, "the rewrite must not mutate its input"
+    assert result.reason == EXPECTED[name]
+    assert result.changed == (EXPECTED[name] == "rewritten")
+    if not result.changed:
+        assert result.pod == pod
+        assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
+        return
+    assert_valid_pod(result.pod)
+    assert apply_patch(pod, make_patch(pod, result.pod)) == result.pod
+
+
+@pytest.mark.parametrize("policy", ["preserve", "divide", "keep"])
+@pytest.mark.parametrize("name", [n for n, r in EXPECTED.items() if r == "rewritten"])
+def test_every_policy_emits_valid_pods(name, policy):
+    result = rewrite(CATALOGUE[name], with_settings(resources_policy=policy))
+    assert result.changed
+    assert_valid_pod(result.pod)
+
+
+def test_feature_gate_off_admits_everything_unchanged():
+    for pod in CATALOGUE.values():
+        result = rewrite(pod, Settings())
+        assert not result.changed and result.reason == "feature-gate-off"
+
+
+def test_kpack_layout():
+    src = CATALOGUE["kpack-istio"]
+    out = rewrite(src, ON).pod
+    spec = out["spec"]
+    steps = ["prepare", "analyze", "detect", "restore", "build", "export"]
+    assert names(spec["initContainers"]) == ["istio-init", p.INIT_CONTAINER_NAME]
+    assert names(spec["containers"]) == [*steps, "completion", "istio-proxy"]
+    meta = out["metadata"]
+    assert meta["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    assert json.loads(meta["annotations"][p.ANNOTATION_STEPS]) == steps
+    assert json.loads(meta["annotations"][p.ANNOTATION_MAINS]) == ["completion"]
+
+    originals = {c["name"]: c for c in [*src["spec"]["initContainers"], *src["spec"]["containers"]]}
+    for i, c in enumerate(spec["containers"][:7]):
+        o = originals[c["name"]]
+        assert c["command"] == [p.WAITER_PATH]
+        assert argv_after_separator(c) == [*o["command"], *o.get("args", [])]
+        for field in ("image", "env", "securityContext", "workingDir"):
+            assert c.get(field) == o.get(field), field
+        assert c["volumeMounts"][: len(o["volumeMounts"])] == o["volumeMounts"]
+        ours = {m["name"]: m for m in c["volumeMounts"][len(o["volumeMounts"]):]}
+        assert ours[p.BIN_VOLUME]["readOnly"] is True
+        assert ours[p.run_volume(i)].get("readOnly") is not True, "own run dir is writable"
+        writable = [m["name"] for m in ours.values() if not m.get("readOnly")]
+        assert writable == [p.run_volume(i)], "no container can write another's completion"
+        assert flag_values(c, p.FLAG_POST) == [p.completion_path(i)]
+        if i == 0:
+            assert flag_values(c, p.FLAG_WAIT) == []
+            assert flag_values(c, p.FLAG_READY_FILE) == [p.READY_FILE]
+            assert flag_values(c, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
+            assert ours[p.READY_VOLUME]["readOnly"] is True
+        else:
+            assert flag_values(c, p.FLAG_WAIT) == [p.completion_path(min(i - 1, 5))]
+            assert flag_values(c, p.FLAG_READY_FILE) == []
+    completion = spec["containers"][6]
+    assert flag_values(completion, p.FLAG_WAIT) == [p.completion_path(5)]
+    assert flag_values(completion, p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
+    assert flag_values(completion, p.FLAG_TERMINATION_LOG) == ["/tmp/termination-log"]
+    assert spec["containers"][7] == src["spec"]["containers"][1], "the sidecar is untouched"
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert [v["name"] for v in spec["volumes"][: len(src["spec"]["volumes"])]] == names(src["spec"]["volumes"])
+    assert vols[p.READY_VOLUME]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == \
+        f"metadata.annotations['{p.ANNOTATION_READY}']"
+    assert all(p.run_volume(i) in vols for i in range(7))
+
+
+def test_kpack_resources_preserve():
+    src = CATALOGUE["kpack-istio"]
+    out = rewrite(src, ON).pod
+    before, after = pod_requests(src["spec"]), pod_requests(out["spec"])
+    assert after == before, "the pod's effective request is unchanged"
+    steps = out["spec"]["containers"][:6]
+    # The pod reserved 1 CPU / 2Gi for the steps; mains and the proxy keep their 200m / 256Mi.
+    assert steps[0]["resources"]["requests"] == {"cpu": "800m", "memory": "1792Mi"}
+    assert all(s["resources"]["requests"] == {"cpu": "0", "memory": "0"} for s in steps[1:])
+    assert all(s["resources"]["limits"] == {"memory": "4Gi"} for s in steps), "limits are kept"
+
+
+def test_kpack_resources_divide_and_keep():
+    src = CATALOGUE["kpack-istio"]
+    divided = rewrite(src, with_settings(resources_policy="divide")).pod
+    before, after = pod_requests(src["spec"]), pod_requests(divided["spec"])
+    assert all(after[r] <= before[r] for r in before), "never grows (shares are rounded down)"
+    cpu = [s["resources"]["requests"]["cpu"] for s in divided["spec"]["containers"][:6]]
+    assert cpu == ["133m"] * 6  # 800m in proportion to six equal requests, rounded down
+    kept = rewrite(src, with_settings(resources_policy="keep"))
+    steps = kept.pod["spec"]["containers"][:6]
+    assert [s["resources"] for s in steps] == [c["resources"] for c in src["spec"]["initContainers"][1:]]
+    assert any("effective request grows" in w for w in kept.warnings)
+
+
+def test_qos_change_is_warned():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    guaranteed = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        c["resources"] = copy.deepcopy(guaranteed)
+    result = rewrite(pod, ON)
+    assert result.changed
+    assert any("QoS class changes from Guaranteed to Burstable" in w for w in result.warnings)
+    assert pod_requests(result.pod["spec"]) == pod_requests(pod["spec"])
+
+
+def test_unshareable_resource_in_two_steps_is_left_alone():
+    pod = copy.deepcopy(CATALOGUE["tekton-istio"])
+    for c in pod["spec"]["initContainers"][-2:]:
+        c["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    result = rewrite(pod, ON)
+    assert not result.changed and result.reason == "resources"
+    assert "nvidia.com/gpu" in result.warnings[0]
+
+
+def test_idempotent_on_every_rewritten_fixture():
+    for name, reason in EXPECTED.items():
+        if reason != "rewritten":
+            continue
+        once = rewrite(CATALOGUE[name], ON)
+        twice = rewrite(once.pod, ON)
+        assert twice.pod == once.pod, name
+        assert not twice.changed and make_patch(once.pod, twice.pod) == []
+
+
+def test_sidecar_injected_after_us_updates_only_gate_and_quit():
+    job = copy.deepcopy(CATALOGUE["job"])
+    job["metadata"]["annotations"][p.ISTIO_INJECT_ANNOTATION] = "true"
+    first = rewrite(job, ON)
+    assert first.changed
+    step0 = first.pod["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_READY_FILE) == [], "no sidecar yet: no wait"
+    injected = pods.inject_istio(first.pod)
+    second = rewrite(injected, ON)
+    assert second.changed and second.reason == "refreshed"
+    assert_valid_pod(second.pod)
+    new0 = second.pod["spec"]["containers"][0]
+    assert flag_values(new0, p.FLAG_READY_FILE) == [p.READY_FILE]
+    assert flag_values(new0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
+    main = next(c for c in second.pod["spec"]["containers"] if c["name"] == "build")
+    assert flag_values(main, p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
+    # Everything but step 0, the main's quit flags and the gate volume is as Istio left it.
+    main_index = second.pod["spec"]["containers"].index(main)
+    allowed = ("/spec/containers/0", f"/spec/containers/{main_index}/args", "/spec/volumes")
+    ops = make_patch(injected, second.pod)
+    assert ops and all(op["path"] in allowed or op["path"].startswith(tuple(a + "/" for a in allowed))
+                       for op in ops), ops
+    assert rewrite(second.pod, ON).pod == second.pod
+
+
+def test_hold_keeps_proxy_first_and_linkerd_proxy_first():
+    hold = rewrite(CATALOGUE["kpack-istio-hold"], ON).pod
+    assert names(hold["spec"]["containers"])[0] == "istio-proxy"
+    linkerd = rewrite(CATALOGUE["kpack-linkerd"], ON).pod
+    assert names(linkerd["spec"]["containers"])[:2] == ["linkerd-proxy", "prepare"]
+    step0 = linkerd["spec"]["containers"][1]
+    assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:4191/ready"], "named port resolved"
+    completion = linkerd["spec"]["containers"][-1]
+    assert flag_values(completion, p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["linkerd-proxy"]]
+    assert names(linkerd["spec"]["initContainers"]) == ["linkerd-init", p.INIT_CONTAINER_NAME]
+
+
+def test_sidecar_without_loopback_probe_uses_ready_file_only():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["containers"][-1]["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
+    step0 = rewrite(pod, ON).pod["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE]
+    assert flag_values(step0, p.FLAG_PROBE) == []
+
+
+def test_tcp_and_https_probes():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "cache"
+    pod["spec"]["containers"].append({
+        "name": "cache", "image": "redis:7", "ports": [{"name": "redis", "containerPort": 6379}],
+        "readinessProbe": {"tcpSocket": {"port": "redis"}}})
+    pod["spec"]["containers"][1]["readinessProbe"] = {"httpGet": {"path": "ready", "port": 8443, "scheme": "HTTPS"}}
+    step0 = rewrite(pod, ON).pod["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == ["https://127.0.0.1:8443/ready", "tcp://127.0.0.1:6379"]
+
+
+def test_mode_annotation():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["metadata"]["annotations"][p.ANNOTATION_MODE] = "disabled"
+    assert rewrite(pod, ON).reason == "disabled"
+    pod["metadata"]["annotations"][p.ANNOTATION_MODE] = "wiater"
+    result = rewrite(pod, ON)
+    assert result.reason == "invalid-mode" and "wiater" in result.warnings[0]
+    pod["metadata"]["annotations"][p.ANNOTATION_MODE] = "waiter"
+    assert rewrite(pod, with_settings(mode="disabled")).changed, "the pod's annotation wins"
+
+
+def test_keep_init_and_custom_sidecars():
+    pod = copy.deepcopy(CATALOGUE["tekton-istio"])
+    pod["metadata"]["annotations"][p.ANNOTATION_KEEP_INIT] = "prepare,place-scripts,nope"
+    result = rewrite(pod, ON)
+    spec = result.pod["spec"]
+    assert names(spec["initContainers"]) == ["istio-init", "prepare", "place-scripts", p.INIT_CONTAINER_NAME]
+    assert names(spec["containers"])[:2] == ["step-git-clone", "step-unit-test"]
+    assert any("'nope'" in w for w in result.warnings)
+
+
+def test_istio_status_lists_extra_init_container():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    status = json.loads(pod["metadata"]["annotations"][p.ISTIO_STATUS_ANNOTATION])
+    status["initContainers"].append("git-clone")
+    pod["metadata"]["annotations"][p.ISTIO_STATUS_ANNOTATION] = json.dumps(status)
+    result = rewrite(pod, ON)
+    assert result.reason == "no-init-containers"
+
+
+def test_on_failure_gets_retry():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    result = rewrite(pod, ON)
+    wrapped = [c for c in result.pod["spec"]["containers"] if c["name"] != "istio-proxy"]
+    assert all(p.FLAG_RETRY in c["args"] for c in wrapped)
+    assert any("OnFailure" in w for w in result.warnings)
+
+
+def test_step_without_command_is_denied_or_admitted():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    del pod["spec"]["initContainers"][1]["command"]  # git-clone: ENTRYPOINT of alpine/git
+    assert lookups_needed(pod, ON)[0].container == "git-clone"
+    denied = rewrite(pod, ON)
+    assert denied.denied and "'git-clone'" in denied.denied and "alpine/git:2.45.2" in denied.denied
+    assert "command" in denied.denied
+    admitted = rewrite(pod, with_settings(on_unresolved="admit"))
+    assert admitted.denied is None and not admitted.changed and admitted.reason == "unresolved-entrypoint"
+
+
+def test_step_without_command_uses_resolved_image():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    del pod["spec"]["initContainers"][1]["command"]
+    images = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("git",), ("--help",))})}
+    out = rewrite(pod, ON, images=images).pod
+    step = out["spec"]["containers"][0]
+    assert argv_after_separator(step) == ["git", "clone", "--branch", "main", "--single-branch",
+                                          "https://git.example.com/team/site.git", "/src"]
+    multi = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("git",)),
+                                                    "linux/arm64/v8": ImageConfig(("/usr/bin/git",))})}
+    step = rewrite(pod, ON, images=multi).pod["spec"]["containers"][0]
+    # The map holds the image's words; the container's own args stay words after `--`.
+    assert argv_after_separator(step) == pod["spec"]["initContainers"][1]["args"]
+    argv_map = json.loads(flag_values(step, p.FLAG_ARGV_MAP)[0])
+    assert argv_map == {"linux/amd64": ["git"], "linux/arm64/v8": ["/usr/bin/git"]}
+    assert rewrite(rewrite(pod, ON, images=multi).pod, ON).changed is False
+
+
+def test_reserved_names_are_refused():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["volumes"].append({"name": p.BIN_VOLUME, "emptyDir": {}})
+    result = rewrite(pod, ON)
+    assert not result.changed and "reserved" in result.warnings[0]
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "src", "mountPath": "/initshift/x"})
+    assert "reserved" in rewrite(pod, ON).warnings[0]
+
+
+def test_pod_without_mains_quits_from_last_step():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["containers"] = [c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy"]
+    pod["spec"]["initContainers"].append({"name": "publish", "image": "alpine", "command": ["true"]})
+    out = rewrite(pod, ON).pod
+    assert_valid_pod(out)
+    steps = [c for c in out["spec"]["containers"] if c["name"] != "istio-proxy"]
+    assert flag_values(steps[-1], p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
+    assert flag_values(steps[0], p.FLAG_QUIT) == []
+
+
+def test_windows_and_malformed_pods():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["os"] = {"name": "windows"}
+    assert rewrite(pod, ON).reason == "windows"
+    for broken in ({}, {"spec": None}, {"spec": {"containers": "x"}}, {"spec": {"containers": []}}):
+        result = rewrite(broken, ON)
+        assert not result.changed and result.reason == "invalid"
+    bad_quantity = copy.deepcopy(CATALOGUE["job-istio"])
+    bad_quantity["spec"]["initContainers"][1]["resources"] = {"requests": {"cpu": "lots"}}
+    result = rewrite(bad_quantity, ON)
+    assert not result.changed and "lots" in result.warnings[0]
+
+
+def test_broken_managed_pod_is_left_alone():
+    out = copy.deepcopy(rewrite(CATALOGUE["job-istio"], ON).pod)
+    out["metadata"]["annotations"][p.ANNOTATION_STEPS] = "not json"
+    result = rewrite(out, ON)
+    assert not result.changed and result.reason == "invalid"
+
+
+def test_image_argv_is_escaped_for_the_kubelets_expansion():
+    # The kubelet expands $(VAR) and reduces $$ to $ in command/args, never in the image's
+    # ENTRYPOINT/CMD: words taken from the image must reach the waiter unchanged.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    step = pod["spec"]["initContainers"][1]
+    del step["command"], step["args"]
+    step["env"] = [{"name": "HOME", "value": "/src"}]
+    images = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("sh", "-c"), ("kill $$ $(HOME)",))})}
+    out = rewrite(pod, ON, images=images).pod
+    assert argv_after_separator(out["spec"]["containers"][0]) == ["sh", "-c", "kill $$$$ $$(HOME)"]
+    step["args"] = ["echo $(HOME)"]  # the user's own args were expanded before initshift too
+    out = rewrite(pod, ON, images=images).pod
+    assert argv_after_separator(out["spec"]["containers"][0]) == ["sh", "-c", "echo $(HOME)"]
+    assert rewrite(out, ON).pod == out
+    multi = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("/a$b",)),
+                                                    "linux/arm64": ImageConfig(("/c",))})}
+    step0 = rewrite(pod, ON, images=multi).pod["spec"]["containers"][0]
+    # The user's $(HOME) stays a word of its own, expanded by the kubelet as before, never
+    # inside the JSON text (a value with a quote would break it).
+    assert json.loads(flag_values(step0, p.FLAG_ARGV_MAP)[0])["linux/amd64"] == ["/a$$b"]
+    assert argv_after_separator(step0) == ["echo $(HOME)"]
+
+
+def test_unshareable_resource_of_a_step_and_a_main_is_left_alone():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    gpu = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    pod["spec"]["initContainers"][1]["resources"] = copy.deepcopy(gpu)
+    pod["spec"]["containers"][0]["resources"] = copy.deepcopy(gpu)
+    result = rewrite(pod, ON)
+    assert not result.changed and result.reason == "resources"
+    assert "nvidia.com/gpu" in result.warnings[0]
+    assert rewrite(pod, with_settings(resources_policy="keep")).changed, "keep lets the pod grow, with a warning"
+    del pod["spec"]["containers"][0]["resources"]  # the step alone holds the GPU: it keeps it
+    assert rewrite(pod, ON).changed
+
+
+def test_null_maps_in_the_pod_are_not_a_crash():
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"]["initContainers"][1]["resources"]["requests"] = None  # `requests:` left empty in YAML
+    pod["metadata"]["labels"] = None
+    result = rewrite(pod, ON)
+    assert result.changed
+    assert_valid_pod(result.pod)
+    bare = copy.deepcopy(CATALOGUE["job-istio"])
+    bare["metadata"] = None
+    assert rewrite(bare, ON).reason in ("rewritten", "no-sidecar")
+
+
+def test_lookups_of_a_malformed_pod_are_none():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["metadata"]["annotations"] = [{}]
+    assert lookups_needed(pod, ON) == []
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["initContainers"][1] = [{}]
+    assert lookups_needed(pod, ON) == []
+    assert rewrite(pod, ON).reason == "invalid"
+
+
+def test_native_sidecars_already_run_before_the_steps():
+    # A sidecar named by initshift.io/sidecars that already is native: nothing to fix, as
+    # for istio-proxy; a native sidecar of another kind is no reason to rewrite a mesh-less pod.
+    job = copy.deepcopy(CATALOGUE["job"])
+    agent = {"name": "mesh-agent", "image": "mesh/agent:1", "restartPolicy": "Always"}
+    job["spec"]["initContainers"].insert(0, agent)
+    job["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "mesh-agent"
+    assert rewrite(job, ON).reason == "already-native"
+    del job["metadata"]["annotations"][p.ANNOTATION_SIDECARS]
+    assert rewrite(job, ON).reason == "no-sidecar"
+    job["metadata"]["annotations"][p.ISTIO_INJECT_ANNOTATION] = "true"
+    assert rewrite(job, ON).changed, "a proxy injected later still needs the rewrite"
+
+
+def test_main_with_liveness_probe_is_warned():
+    # The kubelet probes a regular container from its start: a main waiting for the steps
+    # under the waiter fails its liveness or startup probe, and restartPolicy Never ends it.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    assert not any("livenessProbe" in w for w in rewrite(pod, ON).warnings)
+    pod["spec"]["containers"][0]["livenessProbe"] = {"tcpSocket": {"port": 8080}}
+    warnings = rewrite(pod, ON).warnings
+    assert any("'build'" in w and "livenessProbe" in w for w in warnings), warnings

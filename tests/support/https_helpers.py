@@ -1,0 +1,73 @@
+"""Shared by the server tests and the admission benchmark: certificates in a directory,
+a real uvicorn HTTPS server on a free loopback port, and AdmissionReviews."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import ssl
+from pathlib import Path
+from typing import Any, Iterator
+
+from webhook.admission import _certs as manage
+from certs import rotation, store
+from tests.support.fixtures import pods
+from webhook.admission._https import HttpsServer, bind
+from webhook.cli._review import wrap
+from webhook.settings import ServerSettings, Settings
+
+LOOPBACK = rotation.Wanted(("localhost",), ("127.0.0.1",))
+
+
+def make_certs(directory: Path) -> Path:
+    """CA + serving pair for 127.0.0.1 in `directory`; returns the CA file."""
+    manage.ensure_local(directory, LOOPBACK)
+    return directory / store.CA_CERT
+
+
+def settings_for(directory: Path, **server: Any) -> Settings:
+    srv = ServerSettings(tls_cert=str(directory / store.TLS_CERT), tls_key=str(directory / store.TLS_KEY),
+                         host="127.0.0.1", port=0)
+    return Settings(feature_gate=True, server=dataclasses.replace(srv, **server))
+
+
+def client_context(ca: Path | str, *, cert: tuple[str, str] | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert:
+        ctx.load_cert_chain(*cert)
+    return ctx
+
+
+@contextlib.contextmanager
+def running(settings: Settings, **kwargs: Any) -> Iterator[HttpsServer]:
+    """A real server in a thread, on a free 127.0.0.1 port, stopped on exit."""
+    server = HttpsServer(settings, sock=bind(), reload_interval=0.1, graceful_seconds=2, **kwargs)
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.sock.close()
+
+
+def base_url(server: HttpsServer) -> str:
+    return f"https://127.0.0.1:{server.port}"
+
+
+def kpack_istio() -> dict:
+    return pods.inject_istio(pods.load("kpack-build"))
+
+
+def seven_step_pod() -> dict:
+    """kpack's six lifecycle steps plus one more (a cache warm-up), Istio injected."""
+    pod = pods.load("kpack-build")
+    extra = copy.deepcopy(pod["spec"]["initContainers"][0])
+    extra.update(name="warm-cache", command=["/cnb/lifecycle/restorer"], args=["-cache-dir=/cache"])
+    pod["spec"]["initContainers"].append(extra)
+    return pods.inject_istio(pod)
+
+
+def review(pod: dict, **kw: Any) -> dict:
+    kw.setdefault("uid", "00000000-0000-4000-8000-000000000001")
+    return wrap(copy.deepcopy(pod), **kw)

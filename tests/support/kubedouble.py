@@ -1,0 +1,822 @@
+"""An in-process double of the Kubernetes API server for tests (aiohttp on 127.0.0.1).
+
+Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
+
+- a global, increasing resourceVersion; lists carry it, objects carry theirs;
+- list with `labelSelector` (`=`, `==`, `!=`, `in`, `notin`, exists, `!key`) and simple
+  `fieldSelector` (`a.b=v`, `a.b!=v`), across namespaces or in one;
+- watch (`?watch=true&resourceVersion=N`): replays retained history after N, then
+  streams ADDED/MODIFIED/DELETED lines; N older than the retained window gets an ERROR
+  event with a 410 `Status`; `timeoutSeconds` ends the stream; no N (or "0") starts with
+  synthetic ADDED events for what exists;
+- create (409 AlreadyExists, `generateName`), get, PUT (409 on a stale
+  metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
+  deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
+  a patch carrying metadata.resourceVersion is conditional (409 when stale); delete;
+- pods: updates may change metadata, container images and `spec.activeDeadlineSeconds`
+  (only set when unset, or lowered, > 0) and nothing else in spec (422); status is
+  written only through `/status` or `set_container_statuses()`; a no-op update does not
+  bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
+  "waiting to start" before the container runs, a follow ends when it terminates);
+- core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
+  secrets, serviceaccounts, configmaps, mutating/validating webhook configurations,
+  `GET /version`.
+
+Test hooks: `fail_next()` (next N matching requests answer a status; 410 on a watch is
+an ERROR event), `delay()`, `drop_watches()`, `compact()` (forget history: older
+resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
+`kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests`, `patches()`,
+`events_for()`, `get()`/`pod()`. `kube_api()` / `api_client()` build clients pointed at it.
+
+Usage::
+
+    async with KubeDouble() as kube:
+        kube.put_pod(pod)
+        api = kube.kube_api()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import re
+import string
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import jsonpatch
+from aiohttp import web
+
+__all__ = ["KubeDouble", "RequestRecord", "running", "terminated", "waiting", "merge_patch", "now_rfc3339"]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- container status builders (what the kubelet writes) ---------------------------------
+def running(name: str, *, ready: bool = True, started_at: str | None = None, restart_count: int = 0,
+            image: str = "image") -> dict:
+    return {"name": name, "ready": ready, "started": True, "restartCount": restart_count, "image": image,
+            "imageID": "", "state": {"running": {"startedAt": started_at or now_rfc3339()}}}
+
+
+def terminated(name: str, exit_code: int = 0, reason: str | None = None, *, message: str | None = None,
+               started_at: str | None = None, finished_at: str | None = None, image: str = "image") -> dict:
+    t: dict[str, Any] = {"exitCode": exit_code, "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                         "startedAt": started_at or now_rfc3339(), "finishedAt": finished_at or now_rfc3339()}
+    if message is not None:
+        t["message"] = message
+    return {"name": name, "ready": False, "started": False, "restartCount": 0, "image": image, "imageID": "",
+            "state": {"terminated": t}}
+
+
+def waiting(name: str, reason: str = "ContainerCreating", *, image: str = "image") -> dict:
+    return {"name": name, "ready": False, "started": False, "restartCount": 0, "image": image, "imageID": "",
+            "state": {"waiting": {"reason": reason}}}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch; never mutates its arguments."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# --- resources -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resource:
+    key: str  # how tests name it: "pods", "leases", "events.k8s.io", ...
+    prefix: str  # "/api/v1" or "/apis/<group>/<version>"
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return "v1" if self.prefix == "/api/v1" else self.prefix[len("/apis/"):]
+
+
+RESOURCES = {r.key: r for r in [
+    Resource("pods", "/api/v1", "pods", "Pod"),
+    Resource("events", "/api/v1", "events", "Event"),
+    Resource("secrets", "/api/v1", "secrets", "Secret"),
+    Resource("serviceaccounts", "/api/v1", "serviceaccounts", "ServiceAccount"),
+    Resource("configmaps", "/api/v1", "configmaps", "ConfigMap"),
+    Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
+    Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),
+    Resource("events.k8s.io", "/apis/events.k8s.io/v1", "events", "Event"),
+    Resource("leases", "/apis/coordination.k8s.io/v1", "leases", "Lease"),
+    Resource("mutatingwebhookconfigurations", "/apis/admissionregistration.k8s.io/v1",
+             "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", namespaced=False),
+    Resource("validatingwebhookconfigurations", "/apis/admissionregistration.k8s.io/v1",
+             "validatingwebhookconfigurations", "ValidatingWebhookConfiguration", namespaced=False),
+]}
+_BY_PATH = {(r.prefix, r.plural): r for r in RESOURCES.values()}
+
+_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
+            409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
+            500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason or _REASONS.get(code, "Unknown")
+
+
+def status_body(code: int, message: str, reason: str | None = None) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason or _REASONS.get(code, "Unknown"), "code": code}
+
+
+# --- selectors -------------------------------------------------------------------------------
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [x.strip() for x in parts if x.strip()]
+
+
+def label_matcher(selector: str | None) -> Any:
+    """A predicate over a labels dict; ApiError(400) for a selector it cannot parse."""
+    tests = []
+    for req in _split_selector(selector or ""):
+        m = _SET_RE.match(req)
+        if m:
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",") if v.strip()}
+            tests.append(lambda lb, k=key, vs=values, neg=op == "notin": (lb.get(k) in vs) != neg
+                         if k in lb else neg)
+        elif "!=" in req:
+            key, value = (x.strip() for x in req.split("!=", 1))
+            tests.append(lambda lb, k=key, v=value: lb.get(k) != v)
+        elif "=" in req:
+            key, value = (x.strip() for x in req.replace("==", "=").split("=", 1))
+            tests.append(lambda lb, k=key, v=value: lb.get(k) == v)
+        elif req.startswith("!"):
+            tests.append(lambda lb, k=req[1:].strip(): k not in lb)
+        elif re.fullmatch(r"[A-Za-z0-9./_-]+", req):
+            tests.append(lambda lb, k=req: k in lb)
+        else:
+            raise ApiError(400, f"unable to parse requirement: {req!r}")
+    return lambda labels: all(t(labels or {}) for t in tests)
+
+
+def field_matcher(selector: str | None) -> Any:
+    tests = []
+    for req in _split_selector(selector or ""):
+        neg = "!=" in req
+        path, _, value = req.replace("!=", "=").replace("==", "=").partition("=")
+        if not _:
+            raise ApiError(400, f"invalid field selector: {req!r}")
+        keys = path.strip().split(".")
+
+        def lookup(obj: Any, keys: list[str] = keys) -> str:
+            for k in keys:
+                obj = obj.get(k) if isinstance(obj, dict) else None
+            return "" if obj is None else str(obj)
+        tests.append(lambda o, f=lookup, v=value.strip(), n=neg: (f(o) == v) != n)
+    return lambda obj: all(t(obj) for t in tests)
+
+
+# --- records ---------------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+    body: Any
+    user_agent: str
+    status: int = 0
+
+
+@dataclass
+class _Rule:
+    path: str
+    status: int
+    times: int
+    method: str | None
+    watch: bool | None
+    message: str
+
+    def matches(self, method: str, path: str, is_watch: bool) -> bool:
+        return (path == self.path or path.startswith(self.path.rstrip("/") + "/")) \
+            and (self.method is None or self.method == method) \
+            and (self.watch is None or self.watch == is_watch)
+
+
+@dataclass
+class _Delay:
+    path: str
+    seconds: float
+    times: int | None
+    method: str | None
+
+
+@dataclass
+class _Watcher:
+    resource: Resource
+    namespace: str | None
+    labels: Any
+    fields: Any
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _Change:
+    rv: int
+    resource: str
+    type: str
+    obj: dict
+    old: dict | None
+
+
+_DROP, _END = "drop", "end"
+
+
+class KubeDouble:
+    """The API double. `await start()` (or `async with`), then use `.url`."""
+
+    def __init__(self, *, history_limit: int = 1000, version: str = "v1.30.2") -> None:
+        self.history_limit = history_limit
+        # Every field the generated VersionInfo model requires.
+        self.version = {"major": version.lstrip("v").split(".")[0], "minor": version.split(".")[1],
+                        "gitVersion": version, "gitCommit": "0" * 40, "gitTreeState": "clean",
+                        "buildDate": "2024-01-01T00:00:00Z", "goVersion": "go1.22.0", "compiler": "gc",
+                        "platform": "linux/amd64"}
+        self.requests: list[RequestRecord] = []
+        self._objects: dict[str, dict[tuple[str, str], dict]] = {k: {} for k in RESOURCES}
+        self._rv = 100
+        self._history: list[_Change] = []
+        self._compacted = self._rv  # watches from below this resourceVersion get 410
+        self._watchers: list[_Watcher] = []
+        self._rules: list[_Rule] = []
+        self._delays: list[_Delay] = []
+        self._logs: dict[tuple[str, str, str], list[str]] = {}
+        self._log_ended: set[tuple[str, str, str]] = set()
+        self._log_changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> "KubeDouble":
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        self.drop_watches()
+        async with self._log_changed:
+            self._log_ended.update(self._logs)
+            self._log_changed.notify_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> "KubeDouble":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def api_client(self, user_agent: str | None = None) -> Any:
+        """A kubernetes-asyncio ApiClient pointed at the double (plain HTTP)."""
+        from kubernetes_asyncio import client as k8s
+        api = k8s.ApiClient(k8s.Configuration(host=self.url))
+        if user_agent:
+            api.user_agent = user_agent
+        return api
+
+    def kube_api(self, user_agent: str | None = None) -> Any:
+        """A `webhook.kube.KubeApi` pointed at the double."""
+        from webhook.kube._api import KubeApi
+        return KubeApi(self.api_client(user_agent))
+
+    # --- test hooks --------------------------------------------------------------------------
+    def fail_next(self, path: str, status: int, times: int = 1, *, method: str | None = None,
+                  watch: bool | None = None, message: str = "injected failure") -> None:
+        """The next `times` requests whose path is `path` (or below it) answer `status`.
+        `method` and `watch` (True: watches only, False: no watches) narrow the match."""
+        self._rules.append(_Rule(path, status, times, method, watch, message))
+
+    def delay(self, path: str, seconds: float, times: int | None = None, *, method: str | None = None) -> None:
+        """Matching requests (path or below) wait `seconds` first; `times=None`: always."""
+        self._delays.append(_Delay(path, seconds, times, method))
+
+    def clear_faults(self) -> None:
+        self._rules.clear()
+        self._delays.clear()
+
+    def drop_watches(self, graceful: bool = False) -> int:
+        """Cut every open watch (the connection is aborted; `graceful`: the stream just
+        ends, as on a server-side timeout). Returns how many were open."""
+        for w in self._watchers:
+            w.queue.put_nowait(_END if graceful else _DROP)
+        return len(self._watchers)
+
+    @property
+    def open_watches(self) -> int:
+        return len(self._watchers)
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def compact(self) -> None:
+        """Forget the event history: a watch from an older resourceVersion gets 410."""
+        self._history.clear()
+        self._compacted = self._rv
+
+    # --- objects ---------------------------------------------------------------------------------
+    def put(self, resource: str, obj: dict) -> dict:
+        """Create or replace an object as-is (no update rules), emitting ADDED/MODIFIED."""
+        res = RESOURCES[resource]
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            meta.setdefault("namespace", "default")
+        key = (meta.get("namespace", "") if res.namespaced else "", meta["name"])
+        old = self._objects[resource].get(key)
+        obj.setdefault("apiVersion", res.api_version)
+        obj.setdefault("kind", res.kind)
+        meta.setdefault("uid", (old or {}).get("metadata", {}).get("uid") or _uid())
+        meta.setdefault("creationTimestamp", (old or {}).get("metadata", {}).get("creationTimestamp") or now_rfc3339())
+        if resource == "pods":
+            obj.setdefault("status", {"phase": "Pending"})
+        return self._store(res, key, obj, old)
+
+    def put_pod(self, pod: dict) -> dict:
+        return self.put("pods", pod)
+
+    def put_node(self, name: str, kubelet_version: str = "v1.30.2", labels: dict | None = None) -> dict:
+        return self.put("nodes", {"metadata": {"name": name, "labels": labels or {}},
+                                  "status": {"nodeInfo": {"kubeletVersion": kubelet_version}}})
+
+    def get(self, resource: str, namespace: str | None, name: str) -> dict | None:
+        res = RESOURCES[resource]
+        obj = self._objects[resource].get((namespace or "" if res.namespaced else "", name))
+        return copy.deepcopy(obj) if obj else None
+
+    def pod(self, namespace: str, name: str) -> dict:
+        pod = self.get("pods", namespace, name)
+        if pod is None:
+            raise KeyError(f"no pod {namespace}/{name}")
+        return pod
+
+    def items(self, resource: str, namespace: str | None = None) -> list[dict]:
+        return [copy.deepcopy(o) for (ns, _), o in sorted(self._objects[resource].items())
+                if namespace is None or ns == namespace]
+
+    def delete(self, resource: str, namespace: str | None, name: str) -> None:
+        res = RESOURCES[resource]
+        key = (namespace or "" if res.namespaced else "", name)
+        old = self._objects[resource].pop(key)
+        self._emit(res, "DELETED", self._bump(copy.deepcopy(old)), old)
+
+    def set_container_statuses(self, namespace: str, name: str, containers: list[dict] | None = None, *,
+                               init: list[dict] | None = None, phase: str | None = None,
+                               reason: str | None = None, message: str | None = None,
+                               start_time: str | None = None) -> dict:
+        """Write the pod's status as the kubelet would: container statuses (replacing
+        entries by name), phase, reason/message; sets startTime once. Emits MODIFIED."""
+        pod = self.pod(namespace, name)
+        status = pod.setdefault("status", {})
+        for key, new in (("containerStatuses", containers), ("initContainerStatuses", init)):
+            if new is not None:
+                merged = {s["name"]: s for s in status.get(key) or []}
+                merged.update({s["name"]: copy.deepcopy(s) for s in new})
+                status[key] = list(merged.values())
+        if phase is not None:
+            status["phase"] = phase
+        for k, v in (("reason", reason), ("message", message)):
+            if v is not None:
+                status[k] = v
+        status.setdefault("startTime", start_time or now_rfc3339())
+        if start_time:
+            status["startTime"] = start_time
+        try:  # a follow ends when its container terminates
+            asyncio.get_running_loop().create_task(self._notify_logs())
+        except RuntimeError:  # no loop running: no reader can be following
+            pass
+        return self._store(RESOURCES["pods"], (namespace, name), pod, self._objects["pods"][(namespace, name)])
+
+    def kill_pod(self, namespace: str, name: str, reason: str = "DeadlineExceeded",
+                 message: str = "Pod was active on the node longer than the specified deadline") -> dict:
+        """End the pod as the kubelet does on a deadline or eviction: phase Failed and
+        every container that is not terminated killed (exit 137)."""
+        pod = self.pod(namespace, name)
+        killed = [terminated(s["name"], 137, "Error") if "terminated" not in s.get("state", {}) else s
+                  for s in (pod.get("status") or {}).get("containerStatuses") or []]
+        init = [terminated(s["name"], 137, "Error") if "terminated" not in s.get("state", {}) else s
+                for s in (pod.get("status") or {}).get("initContainerStatuses") or []]
+        return self.set_container_statuses(namespace, name, killed, init=init or None, phase="Failed",
+                                           reason=reason, message=message)
+
+    def append_log(self, namespace: str, name: str, container: str, text: str) -> None:
+        """Append to a container's log (a newline is added when missing)."""
+        lines = self._logs.setdefault((namespace, name, container), [])
+        lines.append(text if text.endswith("\n") else text + "\n")
+        asyncio.ensure_future(self._notify_logs())
+
+    def end_log(self, namespace: str, name: str, container: str) -> None:
+        """The container stopped: following readers see the end of the stream."""
+        self._logs.setdefault((namespace, name, container), [])
+        self._log_ended.add((namespace, name, container))
+        asyncio.ensure_future(self._notify_logs())
+
+    async def _notify_logs(self) -> None:
+        async with self._log_changed:
+            self._log_changed.notify_all()
+
+    # --- introspection -----------------------------------------------------------------------
+    def patches(self, namespace: str | None = None, name: str | None = None) -> list[RequestRecord]:
+        """PATCH and PUT requests received for pods (optionally one pod), in order."""
+        out = []
+        for r in self.requests:
+            if r.method not in ("PATCH", "PUT"):
+                continue
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?", r.path)
+            if m and (namespace is None or m.group(1) == namespace) and (name is None or m.group(2) == name):
+                out.append(r)
+        return out
+
+    def events_for(self, namespace: str, name: str) -> list[dict]:
+        """Events (both APIs) about the named object, oldest first."""
+        core = [e for e in self.items("events", namespace) if (e.get("involvedObject") or {}).get("name") == name]
+        new = [e for e in self.items("events.k8s.io", namespace) if (e.get("regarding") or {}).get("name") == name]
+        return sorted(core + new, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+    # --- internals: storage and watch fan-out ------------------------------------------------
+    def _bump(self, obj: dict) -> dict:
+        self._rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        return obj
+
+    def _store(self, res: Resource, key: tuple[str, str], obj: dict, old: dict | None) -> dict:
+        self._bump(obj)
+        self._objects[res.key][key] = obj
+        self._emit(res, "MODIFIED" if old else "ADDED", obj, old)
+        return copy.deepcopy(obj)
+
+    def _emit(self, res: Resource, kind: str, obj: dict, old: dict | None) -> None:
+        change = _Change(self._rv, res.key, kind, copy.deepcopy(obj), copy.deepcopy(old) if old else None)
+        self._history.append(change)
+        if len(self._history) > self.history_limit:
+            dropped = self._history[: len(self._history) - self.history_limit]
+            del self._history[: len(dropped)]
+            self._compacted = dropped[-1].rv
+        for w in self._watchers:
+            event = self._event_for(w, change)
+            if event:
+                w.queue.put_nowait(event)
+
+    @staticmethod
+    def _visible(w: _Watcher, obj: dict | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if w.namespace and meta.get("namespace") != w.namespace:
+            return False
+        return w.labels(meta.get("labels")) and w.fields(obj)
+
+    def _event_for(self, w: _Watcher, change: _Change) -> dict | None:
+        if change.resource != w.resource.key:
+            return None
+        now_in, was_in = self._visible(w, change.obj), self._visible(w, change.old)
+        if change.type == "DELETED":
+            return {"type": "DELETED", "object": change.obj} if was_in or now_in else None
+        if now_in:
+            return {"type": "MODIFIED" if was_in else "ADDED", "object": change.obj}
+        if was_in:  # left the selection: the apiserver reports it as deleted
+            return {"type": "DELETED", "object": change.obj}
+        return None
+
+    # --- HTTP ---------------------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        record = RequestRecord(request.method, request.path, dict(request.query), ctype, body,
+                               request.headers.get("User-Agent", ""))
+        self.requests.append(record)
+        is_watch = _flag(request.query.get("watch"))
+        for d in list(self._delays):
+            if (request.path == d.path or request.path.startswith(d.path.rstrip("/") + "/")) and \
+                    (d.method is None or d.method == request.method):
+                if d.times is not None:
+                    d.times -= 1
+                    if d.times <= 0:
+                        self._delays.remove(d)
+                await asyncio.sleep(d.seconds)
+        try:
+            for rule in self._rules:
+                if rule.times > 0 and rule.matches(request.method, request.path, is_watch):
+                    rule.times -= 1
+                    if rule.status == 410 and is_watch:
+                        record.status = 200
+                        return await self._watch_error(request, rule.message)
+                    raise ApiError(rule.status, rule.message)
+            response = await self._route(request, body, ctype, is_watch, raw)
+            record.status = response.status
+            return response
+        except ApiError as e:
+            record.status = e.code
+            return web.json_response(status_body(e.code, e.message, e.reason), status=e.code)
+
+    async def _route(self, request: web.Request, body: Any, ctype: str, is_watch: bool,
+                     raw: bytes) -> web.StreamResponse:
+        path = request.path.rstrip("/")
+        if path == "/version":
+            return web.json_response(self.version)
+        m = re.fullmatch(r"(/api/v1|/apis/[^/]+/[^/]+)/(.*)", path)
+        if not m:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        prefix, segs = m.group(1), m.group(2).split("/")
+        namespace = None
+        if segs[0] == "namespaces" and len(segs) >= 3:
+            namespace, segs = segs[1], segs[2:]
+        res = _BY_PATH.get((prefix, segs[0]))
+        if res is None or (namespace is not None and not res.namespaced) or len(segs) > 3:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        name = segs[1] if len(segs) > 1 else None
+        sub = segs[2] if len(segs) > 2 else None
+        method = request.method
+        if name is None:
+            if method == "GET" and is_watch:
+                return await self._watch(request, res, namespace)
+            if method == "GET":
+                return web.json_response(self._list(res, namespace, request.query))
+            if method == "POST":
+                return web.json_response(self._create(res, namespace, body), status=201)
+            raise ApiError(405, f"{method} is not supported on a collection")
+        key = (namespace or "" if res.namespaced else "", name)
+        if res.namespaced and namespace is None:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        if sub == "log" and res.key == "pods" and method == "GET":
+            return await self._log(request, namespace or "", name)
+        if sub not in (None, "status"):
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        current = self._objects[res.key].get(key)
+        if current is None:
+            raise ApiError(404, f'{res.plural} "{name}" not found')
+        if method == "GET":
+            return web.json_response(current)
+        if method == "DELETE":
+            self.delete(res.key, namespace, name)
+            return web.json_response(current)
+        if method == "PUT":
+            if not isinstance(body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
+            return web.json_response(self._update(res, key, current, copy.deepcopy(body), sub, body))
+        if method == "PATCH":
+            return web.json_response(self._patch(res, key, current, body, ctype, sub))
+        raise ApiError(405, f"{method} is not supported")
+
+    def _list(self, res: Resource, namespace: str | None, query: Any) -> dict:
+        labels, fields = label_matcher(query.get("labelSelector")), field_matcher(query.get("fieldSelector"))
+        items = [o for o in self.items(res.key, namespace)
+                 if labels((o.get("metadata") or {}).get("labels")) and fields(o)]
+        return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def _create(self, res: Resource, namespace: str | None, body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            if meta.get("namespace") not in (None, namespace):
+                raise ApiError(400, "the namespace of the provided object does not match the namespace "
+                                    "sent on the request")
+            meta["namespace"] = namespace
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
+            meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        key = (namespace or "" if res.namespaced else "", meta["name"])
+        if key in self._objects[res.key]:
+            raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
+        meta.pop("resourceVersion", None)
+        meta["uid"] = _uid()
+        meta["creationTimestamp"] = now_rfc3339()
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        if res.key == "pods":
+            obj["status"] = {"phase": "Pending"}
+        return self._store(res, key, obj, None)
+
+    def _patch(self, res: Resource, key: tuple[str, str], current: dict, body: Any, ctype: str,
+               sub: str | None) -> dict:
+        if ctype == "application/merge-patch+json":
+            if not isinstance(body, dict):
+                raise ApiError(400, "a merge patch must be a JSON object")
+            updated = merge_patch(current, body)
+            precondition = (body.get("metadata") or {}).get("resourceVersion") \
+                if isinstance(body.get("metadata"), dict) else None
+        elif ctype == "application/json-patch+json":
+            try:
+                updated = jsonpatch.apply_patch(current, body)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as e:
+                raise ApiError(422, f"the JSON patch cannot be applied: {e}") from None
+            precondition = None
+        else:
+            raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
+                                f"include: application/json-patch+json, application/merge-patch+json ({ctype})")
+        if precondition is None:  # unconditional: compare to the current version
+            updated.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return self._update(res, key, current, updated, sub, None)
+
+    def _update(self, res: Resource, key: tuple[str, str], current: dict, updated: dict, sub: str | None,
+                put_body: dict | None) -> dict:
+        meta = updated.setdefault("metadata", {})
+        rv = meta.get("resourceVersion")
+        if rv and str(rv) != current["metadata"]["resourceVersion"]:
+            raise ApiError(409, f'Operation cannot be fulfilled on {res.plural} "{key[1]}": the object has been '
+                                f"modified; please apply your changes to the latest version and try again")
+        for fixed in ("name", "namespace", "uid", "creationTimestamp"):
+            if fixed in current["metadata"]:
+                meta[fixed] = current["metadata"][fixed]
+        updated["apiVersion"], updated["kind"] = current.get("apiVersion"), current.get("kind")
+        if res.key == "pods":
+            if sub == "status":
+                updated = {**current, "status": updated.get("status") or {}}
+            else:
+                updated["status"] = copy.deepcopy(current.get("status"))
+                _check_pod_spec(key[1], current.get("spec") or {}, updated.get("spec") or {})
+        elif sub == "status":
+            updated = {**current, "status": updated.get("status")}
+        meta = updated["metadata"] = dict(updated["metadata"])
+        meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if updated == current:  # a no-op update does not bump the resourceVersion
+            return copy.deepcopy(current)
+        return self._store(res, key, updated, current)
+
+    # --- watch ----------------------------------------------------------------------------------------
+    async def _watch_error(self, request: web.Request, message: str, code: int = 410) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(json.dumps({"type": "ERROR", "object": status_body(code, message)}).encode() + b"\n")
+        await resp.write_eof()
+        return resp
+
+    async def _watch(self, request: web.Request, res: Resource, namespace: str | None) -> web.StreamResponse:
+        q = request.query
+        w = _Watcher(res, namespace, label_matcher(q.get("labelSelector")), field_matcher(q.get("fieldSelector")))
+        rv = q.get("resourceVersion") or "0"
+        if not rv.isdigit():
+            raise ApiError(400, f"invalid resourceVersion {rv!r}")
+        since = int(rv)
+        if since and since < self._compacted:
+            return await self._watch_error(request, f"too old resource version: {since} ({self._compacted})")
+        if since:
+            backlog = [e for e in (self._event_for(w, c) for c in self._history if c.rv > since) if e]
+        else:
+            backlog = [{"type": "ADDED", "object": o} for o in self.items(res.key, namespace)
+                       if self._visible(w, o)]
+        for event in backlog:
+            w.queue.put_nowait(event)
+        self._watchers.append(w)
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds", "").isdigit() else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout else None
+        try:
+            await resp.prepare(request)
+            while True:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(w.queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+                if item == _END:
+                    break
+                if item == _DROP:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
+                await resp.write(json.dumps(item).encode() + b"\n")
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._watchers.remove(w)
+        return resp
+
+    # --- logs ------------------------------------------------------------------------------------------
+    async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        pod = self._objects["pods"].get((namespace, name))
+        if pod is None:
+            raise ApiError(404, f'pods "{name}" not found')
+        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []] + \
+                [c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []]
+        container = request.query.get("container")
+        if not container:
+            if len(names) != 1:
+                raise ApiError(400, f"a container name must be specified for pod {name}, choose one of: {names}")
+            container = names[0]
+        if container not in names:
+            raise ApiError(400, f"container {container} is not valid for pod {name}")
+        state = _container_state(pod, container)
+        if "running" not in state and "terminated" not in state:  # as the kubelet: no log before a start
+            reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+            raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+        key = (namespace, name, container)
+        lines = self._logs.get(key, [])
+        tail = request.query.get("tailLines")
+        start = max(0, len(lines) - int(tail)) if tail and tail.isdigit() else 0
+        if not _flag(request.query.get("follow")):
+            return web.Response(text="".join(lines[start:]), content_type="text/plain")
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        sent = start
+        try:
+            while True:
+                lines = self._logs.get(key, [])
+                while sent < len(lines):
+                    await resp.write(lines[sent].encode())
+                    sent += 1
+                pod = self._objects["pods"].get((namespace, name))
+                # The kubelet ends a follow when the container stops (or the pod is gone).
+                if key in self._log_ended or pod is None or "terminated" in _container_state(pod, container):
+                    break
+                async with self._log_changed:
+                    await self._log_changed.wait()
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return resp
+
+
+def _flag(value: str | None) -> bool:
+    """A boolean query parameter as Go's strconv.ParseBool reads it (clients send "True")."""
+    return (value or "").lower() in ("1", "t", "true")
+
+
+def _container_state(pod: dict, container: str) -> dict:
+    status = pod.get("status") or {}
+    for s in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
+        if s.get("name") == container:
+            return s.get("state") or {}
+    return {}
+
+
+def _uid() -> str:
+    return "".join(random.choices("0123456789abcdef", k=8)) + "-0000-4000-8000-" + \
+        "".join(random.choices("0123456789abcdef", k=12))
+
+
+def _check_pod_spec(name: str, old: dict, new: dict) -> None:
+    """The apiserver's pod update rule, the part that matters here: only images,
+    activeDeadlineSeconds (set when unset or lowered, > 0) and added tolerations change."""
+    ads_old, ads_new = old.get("activeDeadlineSeconds"), new.get("activeDeadlineSeconds")
+    if ads_new != ads_old:
+        if ads_new is None or not isinstance(ads_new, int) or isinstance(ads_new, bool) or ads_new <= 0:
+            raise ApiError(422, f'Pod "{name}" is invalid: spec.activeDeadlineSeconds: Invalid value: {ads_new!r}: '
+                                f"must be a positive integer that is unset or lowered")
+        if ads_old is not None and ads_new > ads_old:
+            raise ApiError(422, f'Pod "{name}" is invalid: spec.activeDeadlineSeconds: Invalid value: {ads_new}: '
+                                f"must be less than or equal to the previous value")
+
+    def strip(spec: dict) -> dict:
+        s = copy.deepcopy(spec)
+        s.pop("activeDeadlineSeconds", None)
+        s.pop("tolerations", None)
+        for key in ("containers", "initContainers"):
+            for c in s.get(key) or []:
+                c.pop("image", None)
+        return s
+    if strip(old) != strip(new):
+        raise ApiError(422, f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields other '
+                            f"than `spec.containers[*].image`, `spec.initContainers[*].image`, "
+                            f"`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                            f"tolerations)")

@@ -1,0 +1,173 @@
+"""Step 0's ready gate (downward-API file, loopback probes) and the quit endpoints, against
+real servers on 127.0.0.1 and real waiter processes."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from waiter import protocol as p
+from tests.support.waiter_support import catches, record, run, start, wait_for
+
+DONE = p.COMPLETION_FILE_NAME
+
+
+class Server:
+    """HTTP on 127.0.0.1: GET answers `status`; POSTs are counted."""
+
+    def __init__(self) -> None:
+        self.status = 503
+        self.posts: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(outer.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                outer.posts.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+def kubelet_update(volume: Path, name: str, content: str, generation: int) -> None:
+    """Write a downward-API file the way kubelet does: a new timestamped dir, a `..data`
+    symlink swapped atomically, and `name` -> `..data/name`."""
+    gen = volume / f"..gen{generation}"
+    gen.mkdir()
+    (gen / name).write_text(content)
+    tmp = volume / "..data_tmp"
+    tmp.symlink_to(gen.name)
+    os.rename(tmp, volume / "..data")
+    if not (volume / name).is_symlink():
+        (volume / name).symlink_to(f"..data/{name}")
+
+
+def test_ready_file_gate_opens_on_kubelet_swap(tmp_path: Path) -> None:
+    volume = tmp_path / "ready"
+    volume.mkdir()
+    kubelet_update(volume, p.READY_FILE_NAME, "", 1)  # annotation absent: empty file
+    marker = tmp_path / "ran"
+    proc = start(tmp_path / DONE, p.FLAG_READY_FILE, str(volume / p.READY_FILE_NAME),
+                 argv=["touch", str(marker)])
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), "waiter start")
+    assert proc.poll() is None and not marker.exists()
+    kubelet_update(volume, p.READY_FILE_NAME, p.READY_TRUE, 2)
+    assert proc.wait(timeout=30) == 0
+    assert marker.exists()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_probes_gate_opens_when_every_probe_passes(tmp_path: Path, server: Server) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    tcp = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    marker = tmp_path / "ran"
+    proc = start(tmp_path / DONE, p.FLAG_READY_FILE, str(tmp_path / "absent" / "ready"),
+                 p.FLAG_PROBE, server.url("/healthz/ready"), p.FLAG_PROBE, tcp,
+                 argv=["touch", str(marker)])
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), "waiter start")
+    assert proc.poll() is None and not marker.exists()
+    server.status = 200
+    assert proc.wait(timeout=30) == 0
+    assert marker.exists()
+    listener.close()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_unreachable_probe_keeps_the_gate_closed_until_the_ready_file(tmp_path: Path) -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    volume = tmp_path / "ready"
+    volume.mkdir()
+    proc = start(tmp_path / DONE, p.FLAG_READY_FILE, str(volume / "ready"),
+                 p.FLAG_PROBE, f"http://127.0.0.1:{port}/", argv=["true"])
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), "waiter start")
+    assert proc.poll() is None
+    kubelet_update(volume, "ready", "true", 1)
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_last_main_quits_the_sidecars(tmp_path: Path, server: Server) -> None:
+    peer = tmp_path / "peer" / DONE
+    peer.parent.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    quit_flags = [p.FLAG_QUIT, server.url("/quitquitquit"), p.FLAG_PEER, str(peer)]
+    res = run(mine / DONE, *quit_flags, argv=["true"])
+    assert res.returncode == 0 and server.posts == []  # the peer still runs
+    assert "leaving the sidecars" in res.stderr.decode()
+    # The peer finishes last: it quits.
+    res = run(peer, p.FLAG_QUIT, server.url("/quitquitquit"), p.FLAG_PEER, str(mine / DONE),
+              argv=["sh", "-c", "exit 3"])
+    assert res.returncode == 3
+    assert server.posts == ["/quitquitquit"]
+
+
+def test_retry_does_not_quit_while_a_failed_peer_will_be_restarted(tmp_path: Path, server: Server) -> None:
+    """restartPolicy OnFailure: a main that failed is restarted by the kubelet and needs the
+    sidecars, so its failed record does not count as finished for the other main."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    quit_url = server.url("/quitquitquit")
+    assert run(a / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(b / DONE),
+               argv=["false"]).returncode == 1
+    res = run(b / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(a / DONE), argv=["true"])
+    assert res.returncode == 0
+    assert server.posts == [], "quit while the failed peer is still to be restarted"
+    # The kubelet restarts the failed main; it succeeds and, now last, quits.
+    assert run(a / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(b / DONE),
+               argv=["true"]).returncode == 0
+    assert server.posts == ["/quitquitquit"]
+
+
+def test_quit_errors_are_logged_not_fatal(tmp_path: Path) -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    res = run(tmp_path / DONE, p.FLAG_QUIT, f"http://127.0.0.1:{port}/quitquitquit", argv=["true"])
+    assert res.returncode == 0
+    assert f"quit http://127.0.0.1:{port}/quitquitquit:" in res.stderr.decode()
+    assert record(tmp_path / DONE)[p.RECORD_REASON] == p.REASON_COMPLETED
+
+
+def test_an_unsendable_quit_url_is_logged_not_fatal(tmp_path: Path, server: Server) -> None:
+    """A quit URL the request line cannot carry (not latin-1) must not turn a completed step
+    into a waiter error after its record was posted."""
+    url = server.url("/quit\u20ac")
+    res = run(tmp_path / DONE, p.FLAG_QUIT, url, argv=["true"])
+    assert res.returncode == 0, res.stderr
+    assert f"quit {url}:" in res.stderr.decode()
+    assert record(tmp_path / DONE)[p.RECORD_REASON] == p.REASON_COMPLETED

@@ -1,0 +1,265 @@
+"""decide(): a table of pod states (container statuses) -> the actions expected."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from tests.support.kubedouble import merge_patch, running, terminated, waiting
+from waiter import protocol as p
+from webhook.watcher._decide import decide, format_time, layout
+from webhook.settings import WatcherSettings
+
+NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+W = WatcherSettings(grace_seconds=10.0, sidecar_ready_timeout_seconds=600.0)
+
+
+def ago(seconds: float) -> str:
+    return format_time(NOW - timedelta(seconds=seconds))
+
+
+def record(name: str, code: int = 0, reason: str = p.REASON_COMPLETED, end: float = 20) -> str:
+    """A waiter termination message (the child ran 10 s)."""
+    return json.dumps({"name": name, "exitCode": code, "reason": reason, "startedAt": ago(end + 10),
+                       "finishedAt": ago(end), "message": "" if code == 0 else f"{name} exited {code}"})
+
+
+def done(name: str, code: int = 0, reason: str = p.REASON_COMPLETED, end: float = 20) -> dict:
+    return terminated(name, code, "Completed" if code == 0 else "Error", message=record(name, code, reason, end=end),
+                      started_at=ago(end + 5), finished_at=ago(end))
+
+
+def make_pod(statuses: list[dict], *, phase: str = "Running", steps=("fetch", "build"), mains=("completion",),
+             sidecars=("istio-proxy",), native=(), init_statuses=(), annotations=None, start: float = 60,
+             deadline=None, mains_annotation: bool = True, reason: str | None = None) -> dict:
+    ann = {p.ANNOTATION_STEPS: json.dumps(list(steps))}
+    if mains_annotation:
+        ann[p.ANNOTATION_MAINS] = json.dumps(list(mains))
+    ann.update(annotations or {})
+    waiter_cmd = [p.WAITER_PATH, p.CMD_RUN]
+    spec: dict = {
+        "restartPolicy": "Never",
+        "initContainers": [{"name": p.INIT_CONTAINER_NAME, "image": "initshift"}] +
+                          [{"name": n, "image": "proxy", "restartPolicy": "Always"} for n in native],
+        "containers": [{"name": n, "image": "x", "command": waiter_cmd} for n in list(steps) + list(mains)] +
+                      [{"name": n, "image": "proxy"} for n in sidecars],
+    }
+    if deadline is not None:
+        spec["activeDeadlineSeconds"] = deadline
+    status = {"phase": phase, "startTime": ago(start), "containerStatuses": statuses,
+              "initContainerStatuses": list(init_statuses)}
+    if reason:
+        status["reason"] = reason
+    return {"metadata": {"name": "build-1", "namespace": "ci", "resourceVersion": "42", "annotations": ann,
+                         "labels": {p.LABEL_MANAGED: p.MODE_WAITER}},
+            "spec": spec, "status": status}
+
+
+READY = {p.ANNOTATION_READY: p.READY_TRUE}
+OUTCOME = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Succeeded", "sidecarsStoppedBy": "deadline"})}
+ALL_DONE = [done("fetch", end=40), done("build", end=30), done("completion", end=20)]
+
+# (id, pod, expected action kinds, expected outcome fields or None)
+CASES = [
+    ("pending-sidecar-not-ready", make_pod([waiting("istio-proxy"), waiting("fetch")], phase="Pending"), [], None),
+    ("sidecar-ready-opens-gate", make_pod([running("istio-proxy"), running("fetch", ready=False)]), ["ready"], None),
+    ("sidecar-running-not-ready", make_pod([running("istio-proxy", ready=False)]), [], None),
+    ("no-sidecars-ready-at-once", make_pod([], phase="Pending", sidecars=()), ["ready"], None),
+    ("native-sidecar-ready", make_pod([running("fetch")], sidecars=(), native=("istio-proxy",),
+                                      init_statuses=[running("istio-proxy")]), ["ready"], None),
+    ("native-sidecar-not-ready", make_pod([running("fetch")], sidecars=(), native=("istio-proxy",),
+                                          init_statuses=[running("istio-proxy", ready=False)]), [], None),
+    ("gate-open-steps-running", make_pod([running("istio-proxy"), running("fetch")], annotations=READY), [], None),
+    ("sidecar-ready-timeout", make_pod([running("istio-proxy", ready=False)], start=601),
+     ["outcome", "end"], {"result": "Failed", "failed": "istio-proxy", "sidecarsStoppedBy": "deadline"}),
+    ("all-done-sidecars-quit", make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY),
+     ["outcome"], {"result": "Succeeded", "failed": None, "sidecarsStoppedBy": "quit"}),
+    ("all-done-sidecar-in-grace", make_pod([done("fetch"), done("build"), done("completion", end=3),
+                                            running("istio-proxy")], annotations=READY), [], None),
+    ("all-done-sidecar-after-grace", make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY),
+     ["outcome", "end"], {"result": "Succeeded", "sidecarsStoppedBy": "deadline"}),
+    ("step-oomkilled-later-waiting", make_pod([terminated("fetch", 137, "OOMKilled"), running("build"),
+                                               running("completion"), running("istio-proxy")], annotations=READY),
+     ["outcome", "end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "deadline"}),
+    ("step-cannot-run-no-sidecars", make_pod([terminated("fetch", 128, "ContainerCannotRun"), running("build"),
+                                              running("completion")], sidecars=(), annotations=READY),
+     ["outcome", "end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "none"}),
+    ("step-failed-rest-skipped", make_pod([done("fetch"), done("build", 2, p.REASON_ERROR),
+                                           done("completion", 2, p.REASON_SKIPPED), terminated("istio-proxy", 0)],
+                                          annotations=READY),
+     ["outcome"], {"result": "Failed", "failed": "build", "sidecarsStoppedBy": "quit"}),
+    ("outcome-present-sidecar-after-grace", make_pod(ALL_DONE + [running("istio-proxy")],
+                                                     annotations={**READY, **OUTCOME}), ["end"], None),
+    ("outcome-present-sidecar-in-grace", make_pod([done("fetch"), done("build"), done("completion", end=2),
+                                                   running("istio-proxy")], annotations={**READY, **OUTCOME}), [], None),
+    ("outcome-present-pod-ended", make_pod(ALL_DONE + [terminated("istio-proxy", 137)], phase="Failed",
+                                           annotations={**READY, **OUTCOME}, reason="DeadlineExceeded"), [], None),
+    ("outcome-present-deadline-set", make_pod(ALL_DONE + [running("istio-proxy")], deadline=1,
+                                              annotations={**READY, **OUTCOME}), [], None),
+    ("evicted-mid-build", make_pod([done("fetch"), terminated("build", 137, "Error"), terminated("completion", 137),
+                                    terminated("istio-proxy", 137)], phase="Failed", reason="Evicted",
+                                   annotations=READY),
+     ["outcome"], {"result": "Failed", "failed": "build"}),
+    ("evicted-before-start", make_pod([waiting("fetch"), waiting("build"), waiting("completion")], phase="Failed",
+                                      reason="Evicted", sidecars=()),
+     ["outcome"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "none"}),
+    ("no-sidecars-all-done", make_pod(ALL_DONE, sidecars=(), annotations=READY),
+     ["outcome"], {"result": "Succeeded", "sidecarsStoppedBy": "none"}),
+    ("only-native-sidecars-all-done", make_pod(ALL_DONE, sidecars=(), native=("istio-proxy",),
+                                               init_statuses=[running("istio-proxy")], annotations=READY),
+     ["outcome"], {"result": "Succeeded", "sidecarsStoppedBy": "native"}),
+    ("main-oomkilled-other-main-running", make_pod([done("fetch"), done("build"),
+                                                    terminated("completion", 137, "OOMKilled"), running("report"),
+                                                    running("istio-proxy")], mains=("completion", "report"),
+                                                   annotations=READY), [], None),
+    ("exit-0-without-record-is-success", make_pod([terminated("fetch", 0, finished_at=ago(40)),
+                                                   terminated("build", 0, finished_at=ago(30)),
+                                                   terminated("completion", 0, finished_at=ago(20)),
+                                                   terminated("istio-proxy", 0)], annotations=READY),
+     ["outcome"], {"result": "Succeeded"}),
+]
+
+
+@pytest.mark.parametrize("pod,kinds,fields", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_decision_table(pod: dict, kinds: list[str], fields: dict | None) -> None:
+    decision = decide(pod, NOW, W)
+    assert [a.kind for a in decision.actions] == kinds
+    outcome = next((a.outcome for a in decision.actions if a.kind == "outcome"), None)
+    if fields is not None:
+        assert outcome is not None
+        assert {k: outcome[k] for k in fields} == fields
+        written = json.loads(next(a for a in decision.actions if a.kind == "outcome")
+                             .patch["metadata"]["annotations"][p.ANNOTATION_OUTCOME])
+        assert written == outcome
+    for action in decision.actions:
+        if action.kind == "end":
+            assert action.patch == {"spec": {"activeDeadlineSeconds": 1}}
+        if action.kind == "ready":
+            assert action.patch == {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}}
+
+
+def test_waits_report_when_to_look_again() -> None:
+    in_grace = make_pod([done("fetch"), done("build"), done("completion", end=3), running("istio-proxy")],
+                        annotations=READY)
+    assert decide(in_grace, NOW, W).requeue_after == pytest.approx(7.0)
+    not_ready = make_pod([running("istio-proxy", ready=False)], start=100)
+    assert decide(not_ready, NOW, W).requeue_after == pytest.approx(500.0)
+
+
+def test_outcome_records_each_step_from_the_waiter_message() -> None:
+    pod = make_pod(ALL_DONE[:1] + [done("build", 3, p.REASON_ERROR, end=30), done("completion", 3, p.REASON_SKIPPED),
+                                   terminated("istio-proxy", 0)], annotations=READY)
+    outcome = decide(pod, NOW, W).actions[0].outcome
+    # Times come from the waiter's message (the child's run), not the container's.
+    assert outcome["steps"] == [
+        {"name": "fetch", "exitCode": 0, "reason": "Completed", "startedAt": ago(50), "finishedAt": ago(40)},
+        {"name": "build", "exitCode": 3, "reason": "Error", "startedAt": ago(40), "finishedAt": ago(30),
+         "message": "build exited 3"},
+    ]
+    assert outcome["mains"][0]["reason"] == p.REASON_SKIPPED
+    assert outcome["message"].startswith("build failed: Error (exit 3)")
+    assert outcome["decidedAt"] == format_time(NOW)
+
+
+def test_oomkilled_outcome_names_the_step_and_marks_the_rest_not_run() -> None:
+    pod = make_pod([terminated("fetch", 137, "OOMKilled"), running("build"), running("completion"),
+                    running("istio-proxy")], annotations=READY)
+    outcome = decide(pod, NOW, W).actions[0].outcome
+    assert outcome["steps"][0]["reason"] == "OOMKilled" and outcome["steps"][0]["exitCode"] == 137
+    assert outcome["steps"][1] == {"name": "build", "exitCode": None, "reason": "NotRun",
+                                   "startedAt": outcome["steps"][1]["startedAt"], "finishedAt": None}
+    assert "OOMKilled" in outcome["message"]
+
+
+def test_outcome_patch_is_conditional_on_the_resource_version() -> None:
+    pod = make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY)
+    assert decide(pod, NOW, W).actions[0].patch["metadata"]["resourceVersion"] == "42"
+
+
+def test_legacy_pod_without_mains_annotation() -> None:
+    pod = make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY, mains_annotation=False)
+    lay = layout(pod)
+    assert (lay.steps, lay.mains, lay.sidecars) == (["fetch", "build"], ["completion"], ["istio-proxy"])
+    assert [a.kind for a in decide(pod, NOW, W).actions] == ["outcome", "end"]
+
+
+def test_extra_sidecar_injected_after_the_webhook_is_a_sidecar() -> None:
+    pod = make_pod([running("istio-proxy"), running("vault-agent", ready=False)], sidecars=("istio-proxy", "vault-agent"))
+    assert decide(pod, NOW, W).actions == []
+
+
+def test_garbage_annotations_do_not_crash() -> None:
+    statuses = [running(n) for n in ("fetch", "build", "completion", "istio-proxy")]
+    pod = make_pod(statuses, annotations={p.ANNOTATION_STEPS: "{not json", p.ANNOTATION_MAINS: "7"})
+    # Every container is then a sidecar: only the ready gate applies, never an outcome.
+    assert [a.kind for a in decide(pod, NOW, W).actions] == ["ready"]
+
+
+# --- property: applying a decision's patches never leads to a second outcome ------------
+_STATE = st.sampled_from(["waiting", "running", "ok", "fail", "skipped", "oom", "plain0"])
+
+
+def _status(name: str, state: str, end: float) -> dict:
+    return {"waiting": lambda: waiting(name), "running": lambda: running(name),
+            "ok": lambda: done(name, end=end), "fail": lambda: done(name, 1, p.REASON_ERROR, end=end),
+            "skipped": lambda: done(name, 1, p.REASON_SKIPPED, end=end),
+            "oom": lambda: terminated(name, 137, "OOMKilled", finished_at=ago(end)),
+            "plain0": lambda: terminated(name, 0, finished_at=ago(end))}[state]()
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(states=st.lists(_STATE, min_size=4, max_size=4), sidecar=st.sampled_from(["ready", "unready", "gone", "none"]),
+       phase=st.sampled_from(["Pending", "Running", "Failed", "Succeeded"]),
+       end=st.floats(min_value=0, max_value=30), start=st.floats(min_value=0, max_value=700),
+       ready=st.booleans())
+def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready) -> None:
+    names = ["a", "b", "c", "m"]
+    statuses = [_status(n, s, end) for n, s in zip(names, states)]
+    sidecars = () if sidecar == "none" else ("istio-proxy",)
+    if sidecar != "none":
+        statuses.append({"ready": running("istio-proxy"), "unready": running("istio-proxy", ready=False),
+                         "gone": terminated("istio-proxy", 0)}[sidecar])
+    pod = make_pod(statuses, phase=phase, steps=names[:3], mains=("m",), sidecars=sidecars, start=start,
+                   annotations=READY if ready else None)
+    first = decide(pod, NOW, W)
+    kinds = [a.kind for a in first.actions]
+    assert kinds.count("outcome") <= 1 and kinds.count("end") <= 1 and kinds.count("ready") <= 1
+    if "end" in kinds and "outcome" in kinds:
+        assert kinds.index("outcome") < kinds.index("end")  # the outcome is written first
+    after = pod
+    for action in first.actions:
+        after = merge_patch(after, {k: v for k, v in action.patch.items()})
+        after["metadata"]["resourceVersion"] = "43"
+    again = decide(after, NOW, W)
+    assert [a.kind for a in again.actions if a.kind in ("outcome", "ready", "end")] == []
+
+
+# --- start-order pods: per-container ready annotations ----------------------------------------
+def start_order_pod(statuses: list[dict], annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": "app", "namespace": "web", "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},
+                         "annotations": {p.ANNOTATION_START_ORDER: "cache;app", **(annotations or {})}},
+            "spec": {"containers": [{"name": "cache"}, {"name": "app"}],
+                     "volumes": [{"name": p.CONTAINER_READY_VOLUME, "downwardAPI": {"items": [
+                         {"path": "cache",
+                          "fieldRef": {"fieldPath": f"metadata.annotations['{p.ANNOTATION_READY_PREFIX}cache']"}}]}}]},
+            "status": {"phase": "Running", "containerStatuses": statuses}}
+
+
+@pytest.mark.parametrize("statuses,annotations,expected", [
+    ([running("cache")], {}, {"cache": "true"}),
+    ([running("cache", ready=False)], {}, {"cache": "false"}),
+    ([running("cache")], {f"{p.ANNOTATION_READY_PREFIX}cache": "true"}, None),
+    ([running("cache", ready=False)], {f"{p.ANNOTATION_READY_PREFIX}cache": "true"}, {"cache": "false"}),
+])
+def test_start_order_ready_annotations_follow_the_kubelet(statuses, annotations, expected) -> None:
+    decision = decide(start_order_pod(statuses, annotations), NOW, W)
+    if expected is None:
+        assert decision.actions == []
+        return
+    (action,) = decision.actions
+    assert action.kind == "container-ready" and action.reason == ""  # no Event for readiness flips
+    assert action.patch == {"metadata": {"annotations": {f"{p.ANNOTATION_READY_PREFIX}{k}": v
+                                                         for k, v in expected.items()}}}

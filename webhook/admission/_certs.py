@@ -1,0 +1,81 @@
+"""Self-managed certificates: the server creates or renews its serving certificate and
+keeps the webhook's caBundle in step, at start-up and periodically while it runs.
+
+The Secret is the shared truth between replicas; each replica writes the serving pair
+to its own files (INITSHIFT_TLS_CERT / INITSHIFT_TLS_KEY, an emptyDir in self-managed
+mode), which the server's reloader picks up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from pathlib import Path
+
+from ..settings import Settings
+
+from .. import kube
+from certs import pki, rotation, store
+
+log = logging.getLogger("initshift.certs")
+RENEW_CHECK_SECONDS = 3600.0
+
+
+def wanted(settings: Settings, ips: tuple[str, ...] = (), extra_dns: tuple[str, ...] = ()) -> rotation.Wanted:
+    srv = settings.server
+    dns = (*pki.service_dns_names(srv.service_name, srv.namespace), *extra_dns)
+    # Every replica loads a new pair from the Secret within one check period: only after
+    # two of them is no replica left serving a certificate from a CA about to be pruned.
+    return rotation.Wanted(dns, ips, margin=dt.timedelta(days=srv.renew_before_days),
+                           prune_after=dt.timedelta(seconds=2 * RENEW_CHECK_SECONDS))
+
+
+async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] = (),
+                 now: dt.datetime | None = None) -> rotation.Plan:
+    """Bring Secret, caBundle and local files to the plan; returns what was done."""
+    srv = settings.server
+    want = wanted(settings, ips)
+    for _ in range(3):
+        secret, version = await kube.read_secret_versioned(api, srv.namespace, srv.cert_secret)
+        have = store.material_from_secret(secret)
+        trusted = await kube.read_ca_bundle(api, srv.webhook_config)
+        plan = rotation.plan(have, trusted, want, now)
+        if plan.serving_changed:
+            # Trust first: the apiserver must accept the new certificate before anyone serves it.
+            await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
+            data = store.secret_data(plan.serving, plan.ca.cert_pem, plan.ca.key_pem)
+            if not await kube.write_secret(api, srv.namespace, srv.cert_secret, data,
+                                           create_only=have.ca is None and have.serving is None,
+                                           resource_version=version):
+                continue  # another replica wrote it first: adopt theirs
+        else:
+            await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
+        store.write_serving(srv.tls_cert, srv.tls_key, plan.serving)
+        log.info("certificates ensured", extra={"action": plan.action, "secret": f"{srv.namespace}/{srv.cert_secret}",
+                                                "not_after": str(plan.serving.cert.not_valid_after_utc)})
+        return plan
+    raise kube.KubeError(f"Secret {srv.namespace}/{srv.cert_secret} kept changing while creating it")
+
+
+async def keep_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,
+                     every: float = RENEW_CHECK_SECONDS) -> None:
+    """Re-run `ensure` until `stop`: renews before the margin and prunes a rotated CA."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+            return
+        except asyncio.TimeoutError:
+            pass
+        try:
+            await ensure(settings, api)
+        except Exception as e:  # noqa: BLE001 - keep serving the current certificate, retry later
+            log.warning("certificate renewal failed", extra={"error": f"{type(e).__name__}: {e}"})
+
+
+def ensure_local(directory: str | Path, want: rotation.Wanted, now: dt.datetime | None = None) -> rotation.Plan:
+    """The same plan for a directory of files (dev-server): CA kept, serving pair renewed."""
+    plan = rotation.plan(store.read_dir(directory), [], want, now)
+    if plan.serving_changed:
+        store.write_dir(directory, plan.ca, plan.serving)
+    return plan

@@ -1,0 +1,155 @@
+"""The server's SSLContext, and its reload when the certificate files change.
+
+uvicorn builds its listening socket around one SSLContext for the life of the process.
+Reloading therefore means `load_cert_chain()` on that same object: new handshakes get the
+new certificate, connections already open keep theirs (OpenSSL copies the certificate
+into each connection). Kubernetes updates a Secret volume by swapping a `..data` symlink,
+so the watcher compares each file's resolved path, inode, size and mtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import ssl
+import tempfile
+from dataclasses import dataclass
+
+from cryptography import x509
+
+from .. import metrics
+
+log = logging.getLogger("initshift.tls")
+
+
+class TLSError(RuntimeError):
+    """The certificate files cannot be used; the message is one line."""
+
+
+def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """A server context: TLS 1.2 or newer, optional client-certificate verification."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.options |= ssl.OP_NO_COMPRESSION
+    _load_chain(ctx, cert, key)
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as e:
+            raise TLSError(f"cannot load client CA {client_ca}: {e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
+    try:
+        ctx.load_cert_chain(certfile=cert, keyfile=key)
+    except FileNotFoundError:
+        missing = [p for p in (cert, key) if not os.path.exists(p)] or [cert]
+        raise TLSError(f"certificate file missing: {', '.join(missing)}") from None
+    except (OSError, ssl.SSLError) as e:
+        raise TLSError(f"cannot load certificate {cert} / key {key}: {e}") from None
+
+
+def _load_pair_safely(ctx: ssl.SSLContext, cert: str, key: str) -> None:
+    """Load a new pair into the live `ctx` only once it is known to load.
+
+    A failed `load_cert_chain()` is not atomic: OpenSSL installs the new certificate, drops
+    the old key that no longer matches it, then refuses the key, leaving `ctx` with no
+    usable pair (every handshake fails). So the files are read once into a private
+    snapshot, the snapshot is tried on a scratch context, and the live one loads the same
+    bytes (the files may change again in between).
+    """
+    with tempfile.TemporaryDirectory(prefix="initshift-tls-") as tmp:
+        snap_cert, snap_key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
+        for src, dst in ((cert, snap_cert), (key, snap_key)):
+            try:
+                with open(src, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise TLSError(f"certificate file missing: {src}") from None
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        try:
+            _load_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), snap_cert, snap_key)
+        except TLSError as e:  # name the real files, not the snapshot
+            raise TLSError(str(e).replace(snap_cert, cert).replace(snap_key, key)) from None
+        _load_chain(ctx, snap_cert, snap_key)
+
+
+def _signature(path: str) -> tuple:
+    """What changes when a file (or the symlink chain leading to it) is replaced."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, None)
+    return (os.path.realpath(path), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+def not_after(cert_path: str) -> dt.datetime | None:
+    try:
+        with open(cert_path, "rb") as f:
+            return x509.load_pem_x509_certificate(f.read()).not_valid_after_utc
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class CertReloader:
+    """Keeps `ctx` serving what the certificate files hold now."""
+
+    ctx: ssl.SSLContext
+    cert: str
+    key: str
+    client_ca: str = ""
+    interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        self._seen = self._current()
+        self.expires = not_after(self.cert)
+        self.reloads = 0
+
+    def _current(self) -> tuple:
+        return tuple(_signature(p) for p in (self.cert, self.key, self.client_ca) if p)
+
+    def check(self) -> bool:
+        """Reload if the files changed; True when a new certificate was loaded.
+
+        A half-written update (new certificate, old key) fails to load: keep serving the
+        old pair and try again on the next check, when the writer has finished.
+        """
+        now = self._current()
+        if now == self._seen:
+            return False
+        try:
+            _load_pair_safely(self.ctx, self.cert, self.key)
+            if self.client_ca:
+                # OpenSSL can only add to the trust store: a removed client CA stays trusted
+                # until restart (documented in the README).
+                self.ctx.load_verify_locations(cafile=self.client_ca)
+        except (TLSError, OSError, ssl.SSLError) as e:
+            metrics.CERT_RELOADS.labels("error").inc()
+            log.warning("certificate reload failed, keeping the previous one", extra={"error": str(e)})
+            return False
+        self._seen = now
+        self.expires = not_after(self.cert)
+        self.reloads += 1
+        metrics.CERT_RELOADS.labels("ok").inc()
+        log.info("certificate reloaded", extra={"cert": self.cert, "not_after": str(self.expires)})
+        return True
+
+    def valid(self) -> bool:
+        """A certificate is loaded and has not expired (the readiness condition)."""
+        return self.expires is not None and self.expires > dt.datetime.now(dt.timezone.utc)
+
+    async def watch(self, stop: asyncio.Event | None = None) -> None:
+        """Poll in the event loop's own thread, so a reload never races a handshake."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval)
+            except asyncio.TimeoutError:
+                self.check()

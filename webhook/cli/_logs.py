@@ -1,0 +1,141 @@
+"""`initshift logs POD`: each step's log in step order, then the mains'.
+
+Every line is prefixed with its container's name (coloured on a terminal). With
+`-f`, a step that has not started yet is waited for and the running one is followed to
+its end before the next; sidecars (`--sidecars`) are followed alongside. The waiter's
+own lines (its `waiter[name]: ...` messages on stderr) are hidden unless `--waiter`.
+
+Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import datetime, timezone
+from typing import TextIO
+
+from ..watcher import (NotManaged, State, has_started, has_terminated, is_waiter_line, log_plan, pod_ended,
+                      pod_view)
+from ..kube import KubeApi, KubeError
+from ._podcli import PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
+
+SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
+_PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
+_NOTE_STATES = (State.FAILED, State.SKIPPED, State.NOT_STARTED)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="initshift logs",
+        description="Print a pod's step logs in step order, then the mains', each line prefixed with its "
+                    "container. Works for pods rewritten by either strategy and for pods that were never "
+                    "rewritten (their init containers are the steps).",
+        epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
+    add_connection_args(ap)
+    ap.add_argument("-f", "--follow", action="store_true",
+                    help="wait for steps that have not started and follow the running one, until the mains end")
+    ap.add_argument("--sidecars", action="store_true",
+                    help="also the sidecars (alongside the steps) and the mesh's and initshift's init containers")
+    ap.add_argument("--waiter", action="store_true", help="also the waiter's own lines")
+    return ap
+
+
+class Printer:
+    """Prefixes lines with their container's name and drops the waiter's own lines."""
+
+    def __init__(self, out: TextIO, names: list[str], waiter_run: frozenset[str], show_waiter: bool) -> None:
+        self.out = out
+        self.colour = use_colour(out)
+        self.width = max((len(n) for n in names), default=0) + 2
+        self.colours = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
+        self.waiter_run = waiter_run
+        self.show_waiter = show_waiter
+
+    def prefix(self, name: str) -> str:
+        return paint(f"[{name}]".ljust(self.width), self.colours.get(name, ""), self.colour)
+
+    def line(self, name: str, text: str) -> None:
+        if name in self.waiter_run and is_waiter_line(text):
+            if not self.show_waiter:
+                return
+            text = paint(text.rstrip("\n"), "2", self.colour)
+        if not text.endswith("\n"):
+            text += "\n"
+        self.out.write(f"{self.prefix(name)} {text}")
+        self.out.flush()
+
+
+class Streamer:
+    def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO) -> None:
+        self.api, self.namespace, self.pod_name = api, namespace, pod_name
+        self.printer, self.err = printer, err
+
+    async def dump(self, name: str, follow: bool = False) -> None:
+        try:
+            async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=follow):
+                self.printer.line(name, line)
+        except KubeError as e:
+            raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
+
+    def note(self, pod: dict, name: str) -> None:
+        """After a container's log: say on stderr when it failed, was skipped or did not run."""
+        try:
+            row = pod_view(pod, datetime.now(timezone.utc)).row(name)
+        except (NotManaged, StopIteration):
+            return
+        if row.state not in _NOTE_STATES:
+            return
+        code = "" if row.exit_code is None else f", exit code {row.exit_code}"
+        detail = f": {row.message}" if row.message else ""
+        self.err.write(f"{self.printer.prefix(name)} {row.state} ({row.reason or 'no reason'}{code}){detail}\n")
+        self.err.flush()
+
+    async def follow(self, tracker: PodTracker, name: str) -> None:
+        """Wait for the container to start, follow its log to the end, then note how it ended."""
+        pod = await tracker.wait(lambda p: has_started(p, name) or pod_ended(p))
+        if not has_started(pod, name):
+            self.note(pod, name)
+            return
+        await self.dump(name, follow=True)
+        try:  # the stream ends as the container stops; its status follows shortly
+            pod = await tracker.wait(lambda p: has_terminated(p, name) or pod_ended(p), SETTLE_SECONDS)
+        except asyncio.TimeoutError:
+            pod = tracker.pod
+        self.note(pod, name)
+
+
+async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace, out: TextIO,
+                err: TextIO) -> None:
+    plan = log_plan(pod, sidecars=args.sidecars)
+    printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter)
+    streamer = Streamer(api, namespace, args.pod, printer, err)
+    if not args.follow:
+        for name in [*plan.sequential, *plan.concurrent]:
+            if has_started(pod, name):
+                await streamer.dump(name)
+            streamer.note(pod, name)
+        return
+    async with PodTracker(api, namespace, args.pod, pod) as tracker:
+        alongside = [asyncio.create_task(streamer.follow(tracker, n)) for n in plan.concurrent]
+        try:
+            for name in plan.sequential:
+                await streamer.follow(tracker, name)
+            await asyncio.gather(*alongside)
+        finally:
+            for task in alongside:
+                task.cancel()
+            await asyncio.gather(*alongside, return_exceptions=True)
+
+
+async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
+        await _show(api, namespace, pod, args, out, err)
+
+    return await run_on_pod("initshift logs", _parser(), argv, show, err)
+
+
+def main(argv: list[str]) -> int:
+    return run_main(run, argv)

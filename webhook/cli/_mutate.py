@@ -1,0 +1,114 @@
+"""`initshift mutate FILE|-`: the webhook's rewrite as a dry run on the command line.
+
+Exit codes: 0 the pod was rewritten (or printed unchanged), 1 the pod is left unchanged
+(the warnings on stderr say why) and `--check` was given, 2 bad input or usage, 3 the
+webhook would deny the pod (the message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import sys
+
+from waiter import protocol as p
+
+from ..admission import make_patch
+from ._podio import InputError, dump, parse_pod, read_text
+from ..rewrite import rewrite
+from ..settings import Settings, SettingsError
+
+EXIT_OK, EXIT_UNCHANGED, EXIT_USAGE, EXIT_DENIED = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="initshift mutate",
+        description="Rewrite a Pod, the Pod inside an AdmissionReview, or a workload's pod template "
+                    "(Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob), YAML or JSON, "
+                    "the way the webhook would.",
+        epilog="Settings come from the same INITSHIFT_* variables as the server; the feature gate is on "
+               "unless --respect-gate is given. Exit codes: 0 rewritten or printed, 1 unchanged with --check, "
+               "2 bad input, 3 the webhook would deny the pod.")
+    ap.add_argument("file", help="a file, or - for standard input")
+    ap.add_argument("-o", "--output", choices=["yaml", "json", "patch", "diff"], default="yaml",
+                    help="the rewritten pod (yaml, json), the JSONPatch, or a unified diff")
+    ap.add_argument("--mode", choices=["waiter", "native", "auto", "disabled"],
+                    help="override INITSHIFT_MODE for pods without the initshift.io/mode annotation")
+    ap.add_argument("--native-sidecars", action="store_true",
+                    help="assume the cluster supports native sidecars (for mode auto)")
+    ap.add_argument("--respect-gate", action="store_true",
+                    help=f"honour {p.FEATURE_GATE_ENV} instead of forcing it on")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the pod would be left unchanged")
+    ap.add_argument("--resolve", action="store_true",
+                    help="look up the ENTRYPOINT of steps without `command` in the registry (INITSHIFT_REGISTRY_* "
+                         "settings; pull secrets through kubeconfig when INITSHIFT_REGISTRY_PULL_SECRETS is on)")
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        pod_in = parse_pod(read_text(args.file))
+    except (InputError, SettingsError) as e:
+        print(f"initshift mutate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.respect_gate:
+        settings = settings.replace(feature_gate=True)
+    if args.mode:
+        settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
+    native = True if args.native_sidecars else None
+    images, lookup_error = None, None
+    try:
+        if args.resolve:
+            images, lookup_error = _resolve(pod_in.pod, settings, native)
+    except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
+        print(f"initshift mutate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    result = rewrite(pod_in.pod, settings, images=images, native_supported=native, lookup_error=lookup_error)
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if result.denied:
+        print(f"denied: {result.denied}", file=sys.stderr)
+        return EXIT_DENIED
+    sys.stdout.write(_render(pod_in.document, pod_in.put(result.pod), args.output))
+    return EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
+
+
+def _resolve(pod: dict, settings: Settings, native: bool | None) -> tuple[dict | None, str | None]:
+    """The registry lookup the server would make: (images, None), or (None, why it failed),
+    and the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED) with that reason."""
+    import asyncio
+
+    from ..rewrite import UnresolvedEntrypoint
+    from ..registry import make_resolver
+    from ..rewrite import lookups_needed
+
+    lookups = lookups_needed(pod, settings, native_supported=native)
+    if not lookups:
+        return None, None
+    resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))
+    assert resolver is not None
+
+    async def run() -> dict:
+        try:
+            return await resolver.resolve(pod, lookups)
+        finally:
+            await resolver.aclose()
+
+    try:
+        return asyncio.run(run()), None
+    except UnresolvedEntrypoint as e:
+        return None, str(e)
+
+
+def _render(before: dict, after: dict, fmt: str) -> str:
+    if fmt == "patch":
+        return json.dumps(make_patch(before, after), indent=2) + "\n"
+    if fmt == "diff":
+        a, b = dump(before, "yaml").splitlines(True), dump(after, "yaml").splitlines(True)
+        return "".join(difflib.unified_diff(a, b, "pod", "pod (initshift)"))
+    return dump(after, fmt)

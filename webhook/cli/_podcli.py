@@ -1,0 +1,216 @@
+"""What `initshift status` and `initshift logs` share: the connection flags, one-line
+errors for the API's answers, following one pod through a watch, and colour.
+
+The API calls themselves are in webhook/kube.py (`KubeApi`); this module only turns
+them into what a person at a terminal needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable, TextIO
+
+from kubernetes_asyncio import config as k8s_config
+
+from ..kube import KubeApi, KubeError
+from ..watcher import NotManaged, pod_layout
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# What a command does once it has a client, the namespace and the pod it was asked about.
+PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
+
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
+
+
+class CliError(Exception):
+    """A one-line message for stderr; the command exits with `code`."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_connection_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("pod", help="the pod's name")
+    ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config; "
+                                         "in a pod: the service account)")
+    ap.add_argument("--context", help="kubeconfig context to use")
+
+
+def default_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The context's namespace as kubectl picks it: kubeconfig, else the service account's, else default."""
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            return _SA_NAMESPACE.read_text().strip() or "default"
+        except OSError:
+            return "default"
+    try:
+        contexts, current = k8s_config.list_kube_config_contexts(kubeconfig)
+    except Exception:  # noqa: BLE001 - no usable kubeconfig: connecting reports it properly
+        return "default"
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+
+
+async def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
+    """(api, namespace) from the connection flags."""
+    try:
+        api = await KubeApi.from_config(args.kubeconfig, args.context)
+    except KubeError as e:
+        raise CliError(e.message) from None
+    api.user_agent = "initshift-cli"
+    return api, args.namespace or default_namespace(args.kubeconfig, args.context)
+
+
+def api_error(e: KubeError, namespace: str, name: str, what: str = "read pod") -> CliError:
+    """The apiserver's answer as a line a person can act on."""
+    if e.status == 404:
+        return CliError(f"pod {name} not found in namespace {namespace}")
+    if e.status == 403:
+        return CliError(f"no permission to {what} {namespace}/{name}: {e.message}")
+    if e.status == 401:
+        return CliError(f"the API server did not accept your credentials ({e.message}); check the kubeconfig")
+    if e.status == 0:
+        return CliError(f"cannot reach the Kubernetes API: {e.message}")
+    return CliError(f"cannot {what} {namespace}/{name}: {e.status} {e.reason}: {e.message}".replace(" : ", ": "))
+
+
+async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
+    """The pod; CliError when it is missing, forbidden, or not something initshift can show."""
+    try:
+        pod = await api.get_pod(namespace, name)
+    except KubeError as e:
+        raise api_error(e, namespace, name) from None
+    try:
+        pod_layout(pod)
+    except NotManaged as e:
+        raise CliError(str(e)) from None
+    return pod
+
+
+async def follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> AsyncIterator[dict]:
+    """Yield each new version of the pod after `pod`, until it is deleted (CliError).
+
+    One watch on `metadata.name`, renewed from the last resourceVersion when the server
+    ends it; a 410 (history compacted) re-reads the pod and watches from there.
+    """
+    version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+    while True:
+        try:
+            async for kind, obj in api.watch_pods(namespace, field_selector=f"metadata.name={name}",
+                                                  resource_version=version or None,
+                                                  timeout_seconds=_WATCH_SECONDS):
+                if kind == "BOOKMARK":
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    continue
+                if kind == "DELETED":
+                    raise CliError(f"pod {namespace}/{name} was deleted")
+                version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                yield obj
+        except KubeError as e:
+            if not e.gone:
+                raise api_error(e, namespace, name, "watch pod") from None
+            pod = await get_pod(api, namespace, name)
+            version = str(pod["metadata"].get("resourceVersion") or "")
+            yield pod
+
+
+class PodTracker:
+    """The latest version of one pod, kept current by a background watch.
+
+    `async with PodTracker(...) as t:` then `await t.wait(predicate)` or
+    `await t.changed(after)`; a deleted pod or an API error raises CliError there.
+    """
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, pod: dict) -> None:
+        self.api, self.namespace, self.name = api, namespace, name
+        self.pod = pod
+        self.version = 0  # bumped on every new version of the pod
+        self._error: CliError | None = None
+        self._cond = asyncio.Condition()
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "PodTracker":
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        try:
+            async for pod in follow_pod(self.api, self.namespace, self.name, self.pod):
+                async with self._cond:
+                    self.pod, self.version = pod, self.version + 1
+                    self._cond.notify_all()
+        except CliError as e:
+            async with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    async def wait(self, predicate: Callable[[dict], bool], timeout: float | None = None) -> dict:
+        """The pod once `predicate(pod)` holds; asyncio.TimeoutError after `timeout` seconds."""
+        async def until() -> dict:
+            async with self._cond:
+                await self._cond.wait_for(lambda: self._error is not None or predicate(self.pod))
+                if self._error is not None and not predicate(self.pod):
+                    raise self._error
+                return self.pod
+        return await asyncio.wait_for(until(), timeout)
+
+    async def changed(self, after: int, timeout: float | None = None) -> bool:
+        """Wait for a version newer than `after`; False when `timeout` ran out first."""
+        async with self._cond:
+            try:
+                await asyncio.wait_for(self._cond.wait_for(lambda: self._error is not None or self.version > after),
+                                       timeout)
+            except asyncio.TimeoutError:
+                return False
+            if self._error is not None:
+                raise self._error
+            return True
+
+
+def use_colour(stream: TextIO) -> bool:
+    """ANSI colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def paint(text: str, code: str, on: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if on and code else text
+
+
+async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str], body: PodCommand,
+                     err: TextIO) -> int:
+    """Parse, connect, read the pod and run `body`; every CliError is one line on `err`."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed the usage
+        return int(e.code or 0)
+    try:
+        api, namespace = await connect(args)
+        async with api:
+            pod = await get_pod(api, namespace, args.pod)
+            await body(api, namespace, pod, args)
+    except CliError as e:
+        print(f"{prog}: {e}", file=err)
+        return e.code
+    return EXIT_OK
+
+
+def run_main(run: Callable[[list[str]], Awaitable[int]], argv: list[str]) -> int:
+    try:
+        return asyncio.run(run(argv))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

@@ -1,0 +1,76 @@
+"""`initshift review pod.yaml`: wrap a Pod into an AdmissionReview (CREATE) for curl.
+
+`initshift review pod.yaml | curl ... --data @- https://127.0.0.1:8443/mutate`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+
+import yaml
+
+from ..admission import API_V1, API_V1BETA1, KIND
+
+
+def wrap(pod: dict, *, namespace: str = "", api_version: str = API_V1, dry_run: bool = False,
+         uid: str | None = None, operation: str = "CREATE") -> dict:
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    ns = namespace or meta.get("namespace") or "default"
+    return {
+        "apiVersion": api_version, "kind": KIND,
+        "request": {
+            "uid": uid or str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": meta.get("name", ""), "namespace": ns, "operation": operation,
+            "userInfo": {"username": "initshift-review", "groups": ["system:authenticated"]},
+            "object": pod, "oldObject": None, "dryRun": dry_run,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+def load_pod(path: str) -> dict:
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    pods = [d for d in docs if isinstance(d, dict) and d.get("kind") == "Pod"]
+    if not pods and len(docs) == 1 and isinstance(docs[0], dict) and docs[0].get("kind") == KIND:
+        obj = (docs[0].get("request") or {}).get("object")
+        pods = [obj] if isinstance(obj, dict) else []
+    if len(pods) != 1:
+        raise ValueError(f"expected exactly one Pod in {path}, found {len(pods)}")
+    return pods[0]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="initshift review",
+                                 description="Wrap a Pod manifest into an AdmissionReview (CREATE) on stdout.")
+    ap.add_argument("pod", help="Pod manifest (YAML or JSON), - for stdin")
+    ap.add_argument("-n", "--namespace", default="", help="request namespace (default: the pod's, else default)")
+    ap.add_argument("--v1beta1", action="store_true", help="admission.k8s.io/v1beta1 instead of v1")
+    ap.add_argument("--dry-run", action="store_true", help="set request.dryRun")
+    ap.add_argument("--uid", help="request uid (default: a random UUID)")
+    ap.add_argument("-o", "--output", help="write to this file instead of stdout")
+    args = ap.parse_args(argv)
+    try:
+        pod = load_pod(args.pod)
+        review = wrap(pod, namespace=args.namespace, api_version=API_V1BETA1 if args.v1beta1 else API_V1,
+                      dry_run=args.dry_run, uid=args.uid)
+        text = json.dumps(review, indent=2) + "\n"
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
+    except yaml.YAMLError as e:
+        print(f"initshift review: {args.pod}: not valid YAML: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"initshift review: {e}", file=sys.stderr)
+        return 1
+    return 0

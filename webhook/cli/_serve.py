@@ -1,0 +1,117 @@
+"""`initshift serve`: the admission server over HTTPS, optionally with the watcher.
+
+Settings come from the environment (see the README table); flags override the few that
+are handy on a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from .. import logs
+from ..settings import Settings, SettingsError
+from ..admission import TLSError
+
+if TYPE_CHECKING:
+    from ..admission import HttpsServer
+
+Companion = Callable[[asyncio.Event], Awaitable[None]]
+
+
+def parser(prog: str = "initshift serve") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="Run the mutating admission webhook over HTTPS.")
+    ap.add_argument("--host", help="bind address (default: INITSHIFT_HOST)")
+    ap.add_argument("--port", type=int, help="port (default: INITSHIFT_PORT)")
+    ap.add_argument("--watch", action="store_true", help="also run the watcher in this process")
+    return ap
+
+
+def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    srv = settings.server
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    return settings.replace(server=dataclasses.replace(srv, **changes)) if changes else settings
+
+
+async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
+    """Self-managed certificates first (if on), then uvicorn with its companions."""
+    from ..admission import HttpsServer
+
+    companions: list[Companion] = []
+    api = None
+    if settings.server.self_managed_certs:
+        from ..admission import ensure_certificates, keep_certificates_fresh
+        from ..kube import KubeApi
+
+        api = await KubeApi.from_config()
+        await ensure_certificates(settings, api)
+        companions.append(lambda stop: keep_certificates_fresh(settings, api, stop))
+    resolver = None
+    if settings.registry.lookup:
+        from ..registry import make_resolver
+
+        resolver = make_resolver(settings)
+    if watch:
+        from ..watcher import run_watcher
+
+        companions.append(lambda stop: run_watcher(settings, stop))
+    from ..admission import detect_native_support as detect_native
+
+    native = await detect_native(settings, api)  # auto: apiserver and kubelet versions
+    companions.append(native.run)
+    server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy)
+    if on_started is not None:
+        companions.append(_when_started(server, on_started))
+    try:
+        await server.serve(*companions)
+    finally:
+        await native.close()
+        if api is not None:
+            await api.close()
+
+
+def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> Companion:
+    async def wait(stop: asyncio.Event) -> None:
+        while not server.uvicorn.started:
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.02)
+        callback()
+    return wait
+
+
+def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> int:
+    from uvicorn._compat import asyncio_run
+    from uvicorn.loops.auto import auto_loop_factory
+
+    logs.configure(settings.server.log_level)
+    try:
+        asyncio_run(serve(settings, watch=watch, on_started=on_started), loop_factory=auto_loop_factory())
+    except (TLSError, OSError) as e:
+        print(f"initshift serve: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # start-up failures (API, certificates) in one line
+        from certs.pki import PKIError
+
+        from ..kube import KubeError
+
+        if isinstance(e, (KubeError, PKIError)):
+            print(f"initshift serve: {e}", file=sys.stderr)
+            return 1
+        raise
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = with_flags(Settings.from_env(), args)
+    except SettingsError as e:
+        print(f"initshift serve: {e}", file=sys.stderr)
+        return 2
+    return run(settings, watch=args.watch)

@@ -1,0 +1,169 @@
+"""`initshift status POD`: the pod's steps, mains and sidecars in execution order.
+
+One row per container with its state (waiting for step N, waiting for sidecars,
+running, completed, failed, skipped, ...), exit code, reason, start and duration, then
+the pod's result from the watcher's `initshift.io/outcome` (so a pod that ended
+Failed/DeadlineExceeded only to stop its sidecars reads as Succeeded). `--watch` redraws
+as the pod progresses and stops when it has ended.
+
+Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from datetime import datetime, timezone
+from typing import TextIO
+
+from waiter import protocol as p
+
+from ..watcher import FAILED, SUCCEEDED, PodView, State, parse_time, pod_view, state_text
+from ..kube import KubeApi
+from ._podcli import PodTracker, add_connection_args, paint, run_main, run_on_pod, use_colour
+from ._podio import dump
+
+OUTCOME_GRACE_SECONDS = 15.0  # --watch: how long an ended waiter pod may wait for its outcome
+_TICK_SECONDS = 1.0  # --watch on a terminal: redraw running durations this often
+_CLEAR = "\x1b[H\x1b[J"  # cursor home, clear the screen below
+
+_STATE_COLOURS = {State.COMPLETED: "32", State.FAILED: "31", State.SKIPPED: "33", State.NOT_STARTED: "33",
+                  State.RUNNING: "36", State.PENDING: "33", State.WAITING_STEP: "2", State.WAITING_SIDECARS: "2"}
+_COLUMNS = ("#", "CONTAINER", "KIND", "STATE", "EXIT", "REASON", "STARTED", "DURATION")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="initshift status",
+        description="Show a pod's steps, mains and sidecars in execution order, with the result the "
+                    "initshift watcher recorded. Works for pods rewritten by either strategy and for pods "
+                    "that were never rewritten (their init containers are the steps).",
+        epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
+    add_connection_args(ap)
+    ap.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format")
+    ap.add_argument("-w", "--watch", action="store_true", help="redraw as the pod progresses, until it ends")
+    return ap
+
+
+# --- rendering --------------------------------------------------------------------------
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _clock(value: str | None) -> str:
+    t = parse_time(value)
+    return t.astimezone(timezone.utc).strftime("%H:%M:%SZ") if t else ""
+
+
+def _summary(view: PodView, colour: bool) -> list[str]:
+    strategy = f"rewritten by initshift ({view.strategy})" if view.strategy else "not rewritten by initshift"
+    result_colour = {SUCCEEDED: "32", FAILED: "31"}.get(view.result, "")
+    result = paint(view.result, result_colour, colour) + (f": {view.message}" if view.message else "")
+    phase = view.phase + (f" ({view.pod_reason})" if view.pod_reason else "")
+    lines = [f"Pod:     {view.namespace}/{view.name}, {strategy}", f"Result:  {result}", f"Phase:   {phase}"]
+    if view.sidecars_stopped_by:
+        lines[-1] += f"; sidecars stopped by {view.sidecars_stopped_by}"
+    if view.ended and view.result != view.phase:
+        lines.append("         (the phase comes from ending the sidecars; the result is what the steps did)")
+    return lines
+
+
+def render_table(view: PodView, colour: bool = False) -> str:
+    rows = [[str(r.number or ""), r.name, r.kind, state_text(r, view),
+             "" if r.exit_code is None else str(r.exit_code), r.reason, _clock(r.started_at),
+             duration_text(r.duration)] for r in view.rows]
+    widths = [max(len(x) for x in col) for col in zip(_COLUMNS, *rows)]
+    lines = _summary(view, colour) + [""]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(_COLUMNS, widths)).rstrip())
+    for r, cells in zip(view.rows, rows):
+        padded = [c.ljust(w) for c, w in zip(cells, widths)]
+        padded[3] = paint(padded[3], _STATE_COLOURS.get(r.state, ""), colour)
+        lines.append("  ".join(padded).rstrip())
+    notes = [f"  {r.name}: {r.message}" for r in view.rows if r.message]
+    if notes:
+        lines += ["", "Messages:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def render(view: PodView, fmt: str, colour: bool = False) -> str:
+    if fmt == "table":
+        return render_table(view, colour)
+    return dump(view.to_json(), fmt)
+
+
+def _fingerprint(view: PodView, fmt: str) -> str:
+    """What the output says, without the durations that grow while a container runs."""
+    rows = tuple(r if r.finished_at else dataclasses.replace(r, duration=None) for r in view.rows)
+    return render(dataclasses.replace(view, rows=rows), fmt)
+
+
+# --- the command ------------------------------------------------------------------------
+def _finished(view: PodView, outcome_wait_over: bool) -> bool:
+    """The pod has ended and (for a waiter pod) its outcome is in, or will not come."""
+    if not view.ended:
+        return False
+    return view.strategy != p.MODE_WAITER or view.sidecars_stopped_by is not None or outcome_wait_over
+
+
+async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> None:
+    colour = use_colour(out)
+    redraw = colour and args.output == "table"  # a terminal: clear and redraw in place
+
+    def show(view: PodView) -> None:
+        if redraw:
+            out.write(_CLEAR)
+        elif args.output == "yaml":
+            out.write("---\n")
+        elif args.output == "table":
+            out.write("\n")
+        out.write(render(view, args.output, colour))
+        out.flush()
+
+    loop = asyncio.get_running_loop()
+    view = pod_view(tracker.pod, datetime.now(timezone.utc))
+    shown, seen = _fingerprint(view, args.output), tracker.version
+    ended_at: float | None = None
+    while True:
+        if view.ended and ended_at is None:
+            ended_at = loop.time()
+        if _finished(view, ended_at is not None and loop.time() - ended_at >= OUTCOME_GRACE_SECONDS):
+            return
+        timeout = _TICK_SECONDS if redraw else None
+        if ended_at is not None:
+            left = max(0.0, OUTCOME_GRACE_SECONDS - (loop.time() - ended_at))
+            timeout = left if timeout is None else min(timeout, left)
+        changed = await tracker.changed(seen, timeout)
+        seen = tracker.version
+        view = pod_view(tracker.pod, datetime.now(timezone.utc))
+        if redraw or (changed and _fingerprint(view, args.output) != shown):
+            show(view)
+            shown = _fingerprint(view, args.output)
+
+
+async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
+        view = pod_view(pod, datetime.now(timezone.utc))
+        colour = use_colour(out)
+        if args.watch and colour and args.output == "table":
+            out.write(_CLEAR)
+        out.write(render(view, args.output, colour))
+        out.flush()
+        if args.watch:
+            async with PodTracker(api, namespace, args.pod, pod) as tracker:
+                await _watch(tracker, args, out)
+
+    return await run_on_pod("initshift status", _parser(), argv, show, err)
+
+
+def main(argv: list[str]) -> int:
+    return run_main(run, argv)

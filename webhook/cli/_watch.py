@@ -1,0 +1,78 @@
+"""`initshift watch`: run the companion watcher until SIGINT/SIGTERM.
+
+Settings come from the environment (README table, INITSHIFT_WATCH_* and friends);
+the flags override the ones handy on a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import signal
+import sys
+
+from .. import __version__, logs
+from ..kube import KubeApi, KubeError
+from ..settings import Settings, SettingsError
+
+PROG = "initshift watch"
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description="Watch managed pods: open the ready gate, record the "
+                                 "outcome, end sidecars. Uses in-cluster config, else the kubeconfig.")
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+    ap.add_argument("--context", help="kubeconfig context")
+    ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
+                    help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")
+    ap.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease "
+                    "(one replica only)")
+    ap.add_argument("--grace-seconds", type=float, help="override INITSHIFT_GRACE_SECONDS")
+    return ap
+
+
+def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    changes: dict = {}
+    if args.namespaces:
+        changes["namespaces"] = tuple(args.namespaces)
+    if args.no_leader_election:
+        changes["leader_election"] = False
+    if args.grace_seconds is not None:
+        if args.grace_seconds < 0:
+            raise SettingsError("--grace-seconds must not be negative")
+        changes["grace_seconds"] = args.grace_seconds
+    return settings.replace(watcher=dataclasses.replace(settings.watcher, **changes)) if changes else settings
+
+
+async def watch(settings: Settings, kubeconfig: str | None, context: str | None) -> None:
+    from ..watcher import COMPONENT, run_watcher
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    api = await KubeApi.from_config(kubeconfig, context)
+    api.user_agent = f"{COMPONENT}/{__version__}"
+    try:
+        await run_watcher(settings, stop, api=api)
+    finally:
+        await api.close()
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = with_flags(Settings.from_env(), args)
+    except SettingsError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    logs.configure(settings.server.log_level)
+    try:
+        asyncio.run(watch(settings, args.kubeconfig, args.context))
+    except KubeError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0

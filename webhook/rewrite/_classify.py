@@ -1,0 +1,142 @@
+"""Which container of a pod is what: kept init containers, steps, mains and sidecars.
+
+- kept init containers: native sidecars (restartPolicy Always), the mesh's init
+  containers (configured names plus those `sidecar.istio.io/status` lists), the ones named
+  in `initshift.io/keep-init`, and our own `initshift-init`;
+- steps: every other init container, in order;
+- sidecars: regular containers recognised by the mesh's markers (configured names such as
+  istio-proxy and linkerd-proxy, `sidecar.istio.io/status`, `initshift.io/sidecars`);
+- mains: the remaining regular containers (e.g. kpack's `completion`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from waiter import protocol as p
+
+from ._resources import is_restartable
+from ..settings import RewriteSettings
+from ._shape import submap
+
+
+def comma_list(value: object) -> list[str]:
+    if not isinstance(value, str):
+        return []
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def istio_status(annotations: Mapping[str, str]) -> dict:
+    raw = annotations.get(p.ISTIO_STATUS_ANNOTATION)
+    if not raw:
+        return {}
+    try:
+        status = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def _names(value: object) -> set[str]:
+    return {x for x in value if isinstance(x, str)} if isinstance(value, list) else set()
+
+
+@dataclass
+class Classification:
+    kept_init: list[dict] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    mains: list[dict] = field(default_factory=list)
+    sidecars: list[dict] = field(default_factory=list)  # regular containers
+    native_sidecars: list[dict] = field(default_factory=list)  # restartable init containers
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def all_sidecars(self) -> list[dict]:
+        return [*self.native_sidecars, *self.sidecars]
+
+
+def sidecar_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
+    status = istio_status(annotations)
+    return (set(settings.sidecar_names) | _names(status.get("containers"))
+            | set(comma_list(annotations.get(p.ANNOTATION_SIDECARS))))
+
+
+def mesh_init_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
+    return set(settings.mesh_init_names) | _names(istio_status(annotations).get("initContainers"))
+
+
+def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    inits = spec.get("initContainers") or []
+    regular = spec.get("containers") or []
+
+    sidecars = sidecar_names(annotations, settings)
+    mesh_inits = mesh_init_names(annotations, settings)
+    keep = comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
+    out = Classification()
+
+    known = {c.get("name") for c in [*inits, *regular]}
+    for name in keep:
+        if name not in {c.get("name") for c in inits}:
+            out.warnings.append(f"{p.ANNOTATION_KEEP_INIT} names {name!r}, which is not an init container of this pod")
+    for name in comma_list(annotations.get(p.ANNOTATION_SIDECARS)):
+        if name not in known:
+            out.warnings.append(f"{p.ANNOTATION_SIDECARS} names {name!r}, which is not a container of this pod")
+
+    for c in inits:
+        name = c.get("name")
+        if is_restartable(c):
+            out.kept_init.append(c)
+            out.native_sidecars.append(c)
+        elif name in mesh_inits or name in keep or name == p.INIT_CONTAINER_NAME:
+            if out.steps and name in keep:
+                out.warnings.append(
+                    f"init container {name!r} is kept ({p.ANNOTATION_KEEP_INIT}) and now runs before the steps "
+                    f"that preceded it")
+            out.kept_init.append(c)
+        else:
+            out.steps.append(c)
+    for c in regular:
+        (out.sidecars if c.get("name") in sidecars else out.mains).append(c)
+    return out
+
+
+def requested_meshes(pod: Mapping) -> dict[str, str]:
+    """The meshes this pod asks for (injection requested or already done), each as its
+    native-injection annotation key -> "true"."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    wanted: dict[str, str] = {}
+    istio = str(annotations.get(p.ISTIO_INJECT_ANNOTATION, labels.get(p.ISTIO_INJECT_LABEL, ""))).lower()
+    if istio == "true" or p.ISTIO_STATUS_ANNOTATION in annotations:
+        wanted[p.ISTIO_NATIVE_ANNOTATION] = "true"
+    linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, "")).lower()
+    if linkerd in ("enabled", "ingress") or p.LINKERD_STATUS_ANNOTATION in annotations:
+        wanted[p.LINKERD_NATIVE_ANNOTATION] = "true"
+    return wanted
+
+
+def has_mesh_marker(pod: Mapping) -> bool:
+    """The pod asks a mesh to inject a proxy (which may happen after this webhook)."""
+    return bool(requested_meshes(pod))
+
+
+def pod_mode(pod: Mapping, settings: RewriteSettings) -> str:
+    """The pod's `initshift.io/mode`, else the server's default."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(p.ANNOTATION_MODE, settings.mode)).strip()
+
+
+def managed_as(pod: Mapping) -> str | None:
+    """The value of the `initshift.io/managed` label: how initshift already rewrote the pod."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(p.LABEL_MANAGED)
+    return None if value is None else str(value)
+
+
+def mark_managed(pod: dict, how: str) -> None:
+    submap(pod, "metadata", "labels")[p.LABEL_MANAGED] = how

@@ -1,0 +1,162 @@
+"""The native strategy: the steps stay init containers; the sidecars become native sidecars.
+
+On clusters with SidecarContainers (on by default from Kubernetes 1.29) an init container
+with `restartPolicy: Always` starts in order and keeps running, and the kubelet starts
+the next init container only once it has *started* (its startupProbe passed and its
+postStart hook returned). So:
+
+- every recognised sidecar in `containers` moves into `initContainers` with
+  `restartPolicy: Always`, after the mesh's own init containers (istio-init,
+  istio-validation, linkerd-init: they set up the traffic redirection the proxy needs)
+  and before the first step, keeping its whole spec, lifecycle hooks included;
+- a sidecar without a startupProbe gets one derived from its readinessProbe, since the
+  kubelet gates the next init container on startup, not readiness;
+- a pod asking a mesh for a proxy that is not there yet (this webhook ran before the
+  injector) gets the mesh's own native-injection annotation; a sidecar that still lands
+  in `containers` is moved when the apiserver re-invokes us.
+
+Nothing else moves: kept init containers before the first step still run before the
+proxy, everything after it keeps its order. The kubelet stops native sidecars once the
+regular containers have exited, so Job pods complete without the watcher.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Mapping
+
+from waiter import protocol as p
+
+from ._classify import Classification, managed_as, mark_managed, mesh_init_names, requested_meshes
+from ._resources import growth_warning
+from ..settings import RewriteSettings
+from ._shape import submap
+
+# Fields a readiness probe and a startup probe share. successThreshold is not copied:
+# it must be 1 for startup probes. terminationGracePeriodSeconds is not allowed on
+# readiness probes, so there is none to copy.
+PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
+PROBE_TIMING = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold")
+
+
+class NativeError(Exception):
+    """The pod cannot be set up for native sidecars; the message says why."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def startup_probe(readiness: Mapping | None) -> dict | None:
+    """A startupProbe with the readiness probe's handler and timings, or None.
+
+    The readiness values are kept as they are (failureThreshold included): a startup
+    probe that runs out restarts the sidecar (restartPolicy Always) while the next init
+    container keeps waiting, so a slow proxy costs a restart, never the pod.
+    """
+    if not isinstance(readiness, Mapping):
+        return None
+    handlers = [h for h in PROBE_HANDLERS if h in readiness]
+    if len(handlers) != 1:
+        return None
+    probe: dict = {handlers[0]: copy.deepcopy(readiness[handlers[0]])}
+    for key in PROBE_TIMING:
+        if key in readiness:
+            probe[key] = readiness[key]
+    if "successThreshold" in readiness:
+        probe["successThreshold"] = 1
+    return probe
+
+
+def as_native(container: Mapping) -> tuple[dict, str | None]:
+    """The sidecar as a native sidecar, and a note on how its start is detected."""
+    out = copy.deepcopy(dict(container))
+    out["restartPolicy"] = "Always"
+    name = out.get("name")
+    if "startupProbe" in out:
+        return out, None
+    probe = startup_probe(out.get("readinessProbe"))
+    if probe is not None:
+        out["startupProbe"] = probe
+        return out, f"sidecar {name!r} got a startupProbe derived from its readinessProbe"
+    if "lifecycle" in out and "postStart" in (out.get("lifecycle") or {}):
+        return out, f"sidecar {name!r} has no probe: the steps start once its postStart hook has returned"
+    return out, (f"sidecar {name!r} has no readiness or startup probe: the steps start as soon as it has "
+                 f"started, not when it is ready")
+
+
+def _insert_at(inits: list[dict], cls: Classification, annotations: Mapping, settings: RewriteSettings,
+               warnings: list[str]) -> int:
+    """Index in initContainers where the sidecars go: before the first step, after every
+    mesh init container (which sets up the redirection the proxy relies on)."""
+    step_ids = {id(c) for c in cls.steps}
+    first_step = next((i for i, c in enumerate(inits) if id(c) in step_ids), len(inits))
+    mesh = mesh_init_names(annotations, settings)
+    after_mesh = max((i + 1 for i, c in enumerate(inits) if c.get("name") in mesh), default=0)
+    if after_mesh > first_step:
+        early = [c.get("name") for c in inits[first_step:after_mesh] if id(c) in step_ids]
+        warnings.append(f"init containers {', '.join(map(repr, early))} run before the mesh's own init "
+                        f"containers, so they still run without the sidecars")
+    return max(first_step, after_mesh)
+
+
+def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) -> tuple[dict, list[str]]:
+    """The pod with every regular sidecar moved into initContainers as a native sidecar."""
+    spec = pod.get("spec") or {}
+    moving = {id(c) for c in cls.sidecars}
+    regular = [c for c in spec.get("containers") or [] if id(c) not in moving]
+    if not regular:
+        raise NativeError("every regular container is a sidecar; moving them would leave the pod with no "
+                          "container to run", reason="no-mains")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    inits = list(spec.get("initContainers") or [])
+    warnings: list[str] = []
+    at = _insert_at(inits, cls, annotations, settings, warnings)
+    natives = []
+    for c in cls.sidecars:
+        native, note = as_native(c)
+        natives.append(native)
+        if note:
+            warnings.append(note)
+    before = inits[at]["name"] if at < len(inits) else None
+    plural = "s" if len(natives) > 1 else ""
+    warnings.insert(0, f"moved sidecar{plural} {', '.join(repr(c['name']) for c in natives)} into initContainers "
+                       f"as native sidecar{plural} (restartPolicy Always){f' before {before!r}' if before else ''}")
+
+    out = copy.deepcopy(dict(pod))
+    new_spec = out["spec"]
+    new_spec["initContainers"] = [*copy.deepcopy(inits[:at]), *natives, *copy.deepcopy(inits[at:])]
+    new_spec["containers"] = copy.deepcopy(regular)
+    mark_managed(out, p.MODE_NATIVE)
+
+    grown = growth_warning(spec, new_spec, "the sidecars now run beside the init containers")
+    if grown:
+        warnings.append(grown)
+    return out, warnings
+
+
+def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
+    """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
+    out = copy.deepcopy(dict(pod))
+    annotations = submap(out, "metadata", "annotations")
+    warnings = []
+    for key, value in requested_meshes(pod).items():
+        current = annotations.get(key)
+        if current is None:
+            annotations[key] = value
+            warnings.append(f"no sidecar yet: set {key}={value} so the mesh injects its proxy as a native "
+                            f"sidecar (one injected into containers is moved when initshift is re-invoked)")
+        elif str(current).lower() != value:
+            warnings.append(f"the pod sets {key}={current!r}; left as it is, and a proxy injected into "
+                            f"containers is moved when initshift is re-invoked")
+    mark_managed(out, p.MODE_NATIVE)
+    return out, warnings
+
+
+def resolve_support(setting: str, detected: bool | None) -> bool | None:
+    """INITSHIFT_NATIVE_SIDECARS applied to a detection result: true/false override it."""
+    return {"true": True, "false": False}.get(setting, detected)
+
+
+def is_managed(pod: Mapping) -> bool:
+    return managed_as(pod) == p.MODE_NATIVE

@@ -1,0 +1,115 @@
+"""Pod rules the apiserver enforces that the OpenAPI schema does not express.
+
+Used by the rewrite as a last guard (a pod the apiserver would reject is never emitted)
+and by the tests on every pod the rewrite produces.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from ._quantity import QuantityError, parse
+from ._resources import SHAREABLE
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ANNOTATION_REF = re.compile(r"^metadata\.annotations\['(.*)'\]$")
+
+
+def is_annotation_key(key: str) -> bool:
+    """A qualified name ([prefix/]name), which annotation keys and the downward API's
+    `metadata.annotations['key']` must be (the latter checked on the lowercased key)."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= 63 and bool(_KEY_NAME.match(name))
+
+
+def _downward_api_problems(volume: Mapping) -> list[str]:
+    out = []
+    api = volume.get("downwardAPI")
+    items = api.get("items") if isinstance(api, dict) else None
+    for item in items if isinstance(items, list) else []:
+        ref = item.get("fieldRef") if isinstance(item, dict) else None
+        m = _ANNOTATION_REF.match(str(ref.get("fieldPath", ""))) if isinstance(ref, dict) else None
+        if m and not is_annotation_key(m.group(1).lower()):
+            out.append(f"volume {volume.get('name')!r}: {m.group(1)!r} is not a valid annotation key")
+    return out
+
+
+def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
+    out: list[str] = []
+    name = c.get("name")
+    paths: set[str] = set()
+    for m in c.get("volumeMounts") or []:
+        if m.get("name") not in volumes:
+            out.append(f"{where} {name!r} mounts unknown volume {m.get('name')!r}")
+        path = m.get("mountPath")
+        if path in paths:
+            out.append(f"{where} {name!r} mounts {path!r} twice")
+        paths.add(path)
+    res = c.get("resources") or {}
+    requests, limits = res.get("requests") or {}, res.get("limits") or {}
+    try:
+        for r, value in requests.items():
+            req = parse(value)
+            if req < 0:
+                out.append(f"{where} {name!r} requests a negative {r}")
+            if r in limits and req > parse(limits[r]):
+                out.append(f"{where} {name!r} requests more {r} than its limit")
+            if r not in SHAREABLE and r in limits and req != parse(limits[r]):
+                out.append(f"{where} {name!r}: {r} must have its request equal to its limit")
+        for value in limits.values():
+            parse(value)
+    except QuantityError as e:
+        out.append(f"{where} {name!r}: {e}")
+    return out
+
+
+def pod_problems(pod: Mapping) -> list[str]:
+    spec = pod.get("spec") or {}
+    out: list[str] = []
+    volumes: set[str] = set()
+    for v in spec.get("volumes") or []:
+        name = v.get("name")
+        if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+            out.append(f"volume name {name!r} is not a DNS label")
+        if name in volumes:
+            out.append(f"volume {name!r} is defined twice")
+        volumes.add(name)
+        out += _downward_api_problems(v)
+    inits = spec.get("initContainers") or []
+    regular = spec.get("containers") or []
+    if not regular:
+        out.append("the pod has no containers")
+    names: set[str] = set()
+    for where, group in (("init container", inits), ("container", regular),
+                         ("ephemeral container", spec.get("ephemeralContainers") or [])):
+        for c in group:
+            name = c.get("name")
+            if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+                out.append(f"{where} name {name!r} is not a DNS label")
+            if name in names:
+                out.append(f"container name {name!r} is used twice")
+            names.add(name)
+            out += _container_problems(c, volumes, where)
+    for c in inits:
+        if c.get("restartPolicy") not in (None, "Always"):
+            out.append(f"init container {c.get('name')!r} has restartPolicy {c.get('restartPolicy')!r}")
+        if c.get("restartPolicy") != "Always":
+            for f in ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe"):
+                if f in c:
+                    out.append(f"init container {c.get('name')!r} may not set {f}")
+    host_ports: set[tuple] = set()
+    for c in regular:
+        if "restartPolicy" in c:
+            out.append(f"container {c.get('name')!r} may not set restartPolicy")
+        for port in c.get("ports") or []:
+            if port.get("hostPort"):
+                key = (port.get("hostIP", ""), port["hostPort"], port.get("protocol", "TCP"))
+                if key in host_ports:
+                    out.append(f"hostPort {port['hostPort']} is used by two containers")
+                host_ports.add(key)
+    return out

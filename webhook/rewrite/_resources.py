@@ -1,0 +1,197 @@
+"""Pod resource arithmetic, as the scheduler and the kubelet do it.
+
+- A container's request for a resource is `requests[r]`, else `limits[r]` (the apiserver
+  defaults requests to limits), else zero.
+- The pod's effective request (k8s.io/component-helpers resource.PodRequests): regular
+  containers and restartable (native sidecar) init containers add up; each ordinary init
+  container counts together with the restartable ones started before it; the pod takes
+  the larger of the two.
+- QoS class (pkg/apis/core/helper/qos): BestEffort, Guaranteed or Burstable.
+
+`redistribute` moves steps from init (max) to regular (sum) containers without letting the
+pod's effective request grow (policy `preserve`), proportionally (`divide`), or not at all
+(`keep`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable, Mapping
+
+from ._quantity import ZERO, format_quantity, parse
+from ._shape import submap
+
+# Resources the kubelet can overcommit; every other one (extended resources, hugepages)
+# must have requests equal to limits, so its request cannot be lowered to make room.
+SHAREABLE = ("cpu", "memory", "ephemeral-storage")
+QOS_RESOURCES = ("cpu", "memory")
+
+Amounts = dict[str, Fraction]
+
+
+def container_requests(c: Mapping) -> Amounts:
+    res = c.get("resources") or {}
+    out: Amounts = {}
+    for name, value in (res.get("limits") or {}).items():
+        out[name] = parse(value)
+    for name, value in (res.get("requests") or {}).items():
+        out[name] = parse(value)
+    return out
+
+
+def add(a: Amounts, b: Mapping[str, Fraction]) -> Amounts:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, ZERO) + v
+    return out
+
+
+def _max(a: Amounts, b: Mapping[str, Fraction]) -> Amounts:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = max(out.get(k, ZERO), v)
+    return out
+
+
+def sum_requests(containers: Iterable[Mapping]) -> Amounts:
+    total: Amounts = {}
+    for c in containers:
+        total = add(total, container_requests(c))
+    return total
+
+
+def is_restartable(c: Mapping) -> bool:
+    return c.get("restartPolicy") == "Always"
+
+
+def restartable_sum(init_containers: Iterable[Mapping]) -> Amounts:
+    return sum_requests(c for c in init_containers if is_restartable(c))
+
+
+def pod_requests(spec: Mapping) -> Amounts:
+    """The pod's effective request per resource (without overhead, which is unchanged)."""
+    sidecars: Amounts = {}
+    init_max: Amounts = {}
+    for c in spec.get("initContainers") or []:
+        reqs = container_requests(c)
+        if is_restartable(c):
+            sidecars = add(sidecars, reqs)
+            init_max = _max(init_max, sidecars)
+        else:
+            init_max = _max(init_max, add(sidecars, reqs))
+    regular: Amounts = dict(sidecars)
+    for c in spec.get("containers") or []:
+        regular = add(regular, container_requests(c))
+    return _max(regular, init_max)
+
+
+def qos_class(spec: Mapping) -> str:
+    """BestEffort, Burstable or Guaranteed, computed the way the apiserver does."""
+    requests: Amounts = defaultdict(Fraction)
+    limits: Amounts = defaultdict(Fraction)
+    guaranteed = True
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = c.get("resources") or {}
+        # The apiserver defaults requests from limits before QoS is computed.
+        reqs = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for name, value in reqs.items():
+            q = parse(value)
+            if name in QOS_RESOURCES and q > 0:
+                requests[name] += q
+        found = set()
+        for name, value in (res.get("limits") or {}).items():
+            q = parse(value)
+            if name in QOS_RESOURCES and q > 0:
+                found.add(name)
+                limits[name] += q
+        if not found.issuperset(QOS_RESOURCES):
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and all(limits.get(k) == v for k, v in requests.items()) and len(requests) == len(limits):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def describe(amounts: Mapping[str, Fraction]) -> str:
+    return ", ".join(f"{k}={format_quantity(v, k)}" for k, v in sorted(amounts.items()) if v) or "none"
+
+
+def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
+    """A warning when the pod's effective request grows from `before` to `after` (specs)."""
+    old_total, new_total = pod_requests(before), pod_requests(after)
+    grown = {r: v for r, v in new_total.items() if v > old_total.get(r, ZERO)}
+    if not grown:
+        return None
+    return f"the pod's effective request grows to {describe(grown)} (was {describe(old_total)}): {why}"
+
+
+@dataclass
+class Plan:
+    """New requests for the steps (index -> resource -> quantity string) and what to say."""
+
+    step_requests: list[dict[str, str]] = field(default_factory=list)
+    problem: str | None = None  # the pod cannot be rewritten without growing it
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_steps(
+    steps: list[Mapping], fixed_regular: Amounts, budget_total: Amounts, policy: str
+) -> Plan:
+    """Choose each step's requests once the steps run as regular containers.
+
+    `fixed_regular` is what the new pod's regular side already holds without the steps
+    (mains, sidecars, restartable init containers); `budget_total` is the old effective
+    request, which the new regular sum must not exceed under `preserve` and `divide`.
+    """
+    reqs = [container_requests(s) for s in steps]
+    plan = Plan(step_requests=[{} for _ in steps])
+    names = sorted({r for req in reqs for r in req})
+    for r in names:
+        holders = [i for i, req in enumerate(reqs) if req.get(r, ZERO) > 0]
+        if not holders:
+            continue
+        budget = max(ZERO, budget_total.get(r, ZERO) - fixed_regular.get(r, ZERO))
+        if r not in SHAREABLE:
+            if len(holders) > 1 and policy != "keep":
+                plan.problem = (
+                    f"steps {', '.join(repr(steps[i]['name']) for i in holders)} each request {r}, "
+                    f"which cannot be shared once they run side by side as regular containers"
+                )
+                return plan
+            if reqs[holders[0]][r] > budget and policy != "keep":
+                plan.problem = (
+                    f"step {steps[holders[0]]['name']!r} requests {r}, which containers running beside it once it "
+                    f"is a regular container request too and cannot share with it"
+                )
+                return plan
+            continue  # a single holder keeps its (request == limit) as it is
+        if policy == "keep":
+            continue
+        if policy == "preserve":
+            top = max(holders, key=lambda i: (reqs[i][r], -i))  # largest request, first on ties
+            for i in holders:
+                if i == top:
+                    if budget < reqs[i][r]:
+                        plan.step_requests[i][r] = format_quantity(budget, r)
+                else:
+                    plan.step_requests[i][r] = "0"
+        else:  # divide: the budget in proportion to the original requests, never more than asked
+            total = sum((reqs[i][r] for i in holders), ZERO)
+            if budget >= total:
+                continue
+            for i in holders:
+                plan.step_requests[i][r] = format_quantity(budget * reqs[i][r] / total, r)
+    return plan
+
+
+def apply_requests(container: dict, new: Mapping[str, str]) -> dict:
+    """A copy of the container with `new` requests set; limits are kept as they are."""
+    if not new:
+        return container
+    out = copy.deepcopy(container)
+    submap(out, "resources", "requests").update(new)
+    return out

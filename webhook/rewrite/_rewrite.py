@@ -1,0 +1,238 @@
+"""The pure rewrite: (pod, settings) -> RewriteResult. No I/O, never mutates its input.
+
+Every pod left unchanged carries a warning saying why; `reason` is a short slug for
+metrics and logs. The JSONPatch sent to the apiserver is the diff (webhook/patch.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from waiter import protocol as p
+
+from . import _native as native_strategy, _start_order as start_order, _waiter as waiter_strategy
+from ._classify import Classification, classify, has_mesh_marker, managed_as, pod_mode, sidecar_names
+from ._entrypoint import ImageEntrypoints, Lookup, needs_image
+from ._podcheck import pod_problems
+from ._quantity import QuantityError
+from ..settings import Settings
+from ._shape import shape_problem
+
+
+@dataclass
+class RewriteResult:
+    pod: dict
+    warnings: list[str] = field(default_factory=list)
+    changed: bool = False
+    strategy: str | None = None
+    reason: str = "rewritten"
+    denied: str | None = None
+
+
+@dataclass
+class _Skip:
+    reason: str
+    message: str
+
+
+@dataclass
+class _Go:
+    strategy: str
+    cls: Classification
+    notes: list[str] = field(default_factory=list)  # warnings about the choice itself
+
+
+def _prefix(message: str) -> str:
+    return f"initshift: {message}"
+
+
+def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
+    if native_strategy.is_managed(pod):
+        return p.MODE_NATIVE  # decided at the first admission; re-invocations finish the job
+    if mode == p.MODE_AUTO:
+        return p.MODE_NATIVE if native_supported else p.MODE_WAITER
+    return mode
+
+
+def _no_native(native_supported: bool | None) -> str:
+    return ("the cluster does not run native sidecars" if native_supported is False
+            else "native-sidecar support of the cluster is unknown")
+
+
+def _native_proxies(pod: Mapping, settings: Settings, cls: Classification) -> list[str]:
+    """Recognised sidecars already running as native sidecars."""
+    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
+    return [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+
+
+NO_SIDECAR = _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
+                                 "(re-invoked if a mesh injects later)")
+
+
+def _qualify_native(pod: Mapping, settings: Settings, mode: str, cls: Classification,
+                    native_supported: bool | None) -> _Skip | _Go:
+    managed = native_strategy.is_managed(pod)
+    notes = []
+    if mode == p.MODE_NATIVE and not managed and native_supported is not True:
+        if native_supported is False:
+            return _Skip("native-unsupported", f"{p.ANNOTATION_MODE}=native, but {_no_native(False)} "
+                                               f"(Kubernetes 1.29 or later); admitted unchanged")
+        notes.append(f"{_no_native(None)}; native sidecars used as {p.ANNOTATION_MODE}=native asks")
+    if not cls.steps:
+        return _Skip("no-init-containers", "no init container needs the sidecars; admitted unchanged")
+    if cls.sidecars:
+        return _Go(p.MODE_NATIVE, cls, notes)
+    proxies = _native_proxies(pod, settings, cls)
+    if managed and (proxies or not has_mesh_marker(pod)):
+        return _Skip("unchanged", "the pod is already set up for native sidecars; nothing to do")
+    if proxies:
+        return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
+                                       f"admitted unchanged")
+    if has_mesh_marker(pod):
+        return _Go(p.MODE_NATIVE, cls, notes)  # the proxy comes later: ask the mesh for a native one
+    return NO_SIDECAR
+
+
+def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) -> _Skip | _Go:
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
+        return _Skip("invalid", "the object has no spec.containers; admitted unchanged")
+    if not settings.feature_gate:
+        return _Skip("feature-gate-off", f"{p.FEATURE_GATE_ENV} is off; admitted unchanged")
+    mode = pod_mode(pod, settings.rewrite)
+    if mode not in p.MODES:
+        return _Skip("invalid-mode", f"{p.ANNOTATION_MODE}={mode!r} is not one of {', '.join(p.MODES)}; "
+                                     f"admitted unchanged")
+    if mode == p.MODE_DISABLED:
+        return _Skip("disabled", f"{p.ANNOTATION_MODE}=disabled; admitted unchanged")
+    if (spec.get("os") or {}).get("name") == "windows":
+        return _Skip("windows", "Windows pods are not supported; admitted unchanged")
+    strategy = _strategy(pod, mode, native_supported)
+    cls = classify(pod, settings.rewrite)
+    if strategy == p.MODE_NATIVE:
+        return _qualify_native(pod, settings, mode, cls, native_supported)
+    policy = spec.get("restartPolicy", "Always")
+    if policy not in ("Never", "OnFailure"):
+        why = f"; native sidecars would, but {_no_native(native_supported)}" if mode == p.MODE_AUTO else ""
+        return _Skip("restart-policy", f"restartPolicy {policy}: the waiter strategy runs steps only in "
+                                       f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
+    if not cls.steps:
+        return _Skip("no-init-containers", "no init container to move; admitted unchanged")
+    proxies = _native_proxies(pod, settings, cls)
+    if proxies:
+        return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
+                                       f"admitted unchanged")
+    if not cls.sidecars and not has_mesh_marker(pod):
+        return NO_SIDECAR  # native sidecars already run beside the init containers
+    return _Go(strategy, cls)
+
+
+def lookups_needed(pod: Mapping, settings: Settings, *, native_supported: bool | None = None) -> list[Lookup]:
+    """Images whose configuration the rewrite will need (containers without `command`)."""
+    if shape_problem(pod):
+        return []  # the rewrite admits it unchanged, saying why
+    if start_order.requested(pod):
+        if _final(_qualify(pod, settings, native_supported)):
+            return []
+        return start_order.lookups(pod, settings, native_supported)
+    if managed_as(pod) is not None:
+        return []
+    plan = _qualify(pod, settings, native_supported)
+    if not isinstance(plan, _Go) or plan.strategy != p.MODE_WAITER:
+        return []
+    return [Lookup(str(c.get("name")), str(c.get("image"))) for c in [*plan.cls.steps, *plan.cls.mains]
+            if needs_image(c)]
+
+
+def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
+            native_supported: bool | None = None, lookup_error: str | None = None) -> RewriteResult:
+    """`lookup_error`: why the registry lookup failed, the message given for containers
+    without `command` whose image is missing from `images`."""
+    problem = shape_problem(pod)
+    if problem:
+        return RewriteResult(pod=pod, reason="invalid", warnings=[_prefix(f"{problem}; admitted unchanged")])
+    native_supported = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
+    try:
+        return _rewrite(pod, settings, images or {}, native_supported, lookup_error)
+    except (QuantityError, waiter_strategy.BuildError) as e:
+        deny = isinstance(e, waiter_strategy.BuildError) and e.deny
+        reason = e.reason if isinstance(e, waiter_strategy.BuildError) else "invalid"
+        if deny:
+            return RewriteResult(pod=pod, reason=reason, denied=_prefix(str(e)))
+        return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=reason)
+
+
+def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoints],
+             native_supported: bool | None, lookup_error: str | None = None) -> RewriteResult:
+    if settings.feature_gate and waiter_strategy.managed_names(pod) is not None:
+        if pod_mode(pod, settings.rewrite) == p.MODE_DISABLED:
+            return RewriteResult(pod=pod, reason="disabled",
+                                 warnings=[_prefix("pod is already rewritten; mode=disabled leaves it as it is")])
+        out = waiter_strategy.refresh(pod, settings.rewrite)
+        return _checked(pod, out, [], "refreshed")
+    plan = _qualify(pod, settings, native_supported)
+    if start_order.requested(pod) and not _final(plan):
+        return _ordered(pod, plan, settings, images, native_supported)
+    if isinstance(plan, _Skip):
+        return RewriteResult(pod=pod, warnings=[_prefix(plan.message)], reason=plan.reason)
+    if plan.strategy == p.MODE_NATIVE:
+        return _native(pod, plan, settings)
+    out, warnings = waiter_strategy.build(pod, plan.cls, settings.rewrite, images, lookup_error)
+    return _checked(pod, out, [*plan.cls.warnings, *warnings], "rewritten")
+
+
+def _native_parts(pod: dict, plan: _Go, settings: Settings) -> tuple[dict, list[str], str]:
+    """The native strategy's pod, warnings and reason; raises NativeError."""
+    if plan.cls.sidecars:
+        out, warnings = native_strategy.move_sidecars(pod, plan.cls, settings.rewrite)
+        reason = "rewritten"
+    else:
+        out, warnings = native_strategy.request_native_injection(pod)
+        reason = "annotated"
+    return out, [*plan.notes, *plan.cls.warnings, *warnings], reason
+
+
+def _native(pod: dict, plan: _Go, settings: Settings) -> RewriteResult:
+    try:
+        out, warnings, reason = _native_parts(pod, plan, settings)
+    except native_strategy.NativeError as e:
+        return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
+    return _checked(pod, out, warnings, reason, p.MODE_NATIVE)
+
+
+def _final(plan: _Skip | _Go) -> bool:
+    """Skips that hold whatever the pod asks for (start order included)."""
+    return isinstance(plan, _Skip) and plan.reason in ("invalid", "feature-gate-off", "invalid-mode", "disabled",
+                                                       "windows")
+
+
+def _ordered(pod: dict, plan: _Skip | _Go, settings: Settings, images: Mapping[str, ImageEntrypoints],
+             native_supported: bool | None) -> RewriteResult:
+    """Declared start order (webhook/start_order.py), composed after the native strategy."""
+    if isinstance(plan, _Go) and plan.strategy == p.MODE_WAITER:
+        raise waiter_strategy.BuildError(
+            f"{p.ANNOTATION_START_ORDER} cannot be combined with the waiter strategy (this pod's init containers "
+            f"would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or remove "
+            f"the annotation", deny=True, reason=start_order.REASON)
+    base, notes = pod, []
+    if isinstance(plan, _Go):
+        try:
+            base, notes, _ = _native_parts(pod, plan, settings)
+        except native_strategy.NativeError as e:
+            notes = [f"{e}; admitted unchanged"]
+    out, warnings = start_order.build(base, settings, images, native_supported)
+    return _checked(pod, out, [*notes, *warnings], "rewritten", p.MANAGED_START_ORDER)
+
+
+def _checked(before: dict, after: dict, warnings: list[str], reason: str,
+             strategy: str = p.MODE_WAITER) -> RewriteResult:
+    """A last guard: a pod the apiserver would reject is never emitted."""
+    problems = pod_problems(after)
+    if problems:
+        return RewriteResult(pod=before, reason="invalid", warnings=[
+            _prefix(f"the rewritten pod would be invalid ({'; '.join(problems)}); admitted unchanged")])
+    changed = after != before
+    return RewriteResult(pod=after if changed else before, warnings=[_prefix(w) for w in warnings],
+                         changed=changed, strategy=strategy, reason=reason if changed else "unchanged")
+

@@ -1,0 +1,353 @@
+"""Declared start order of long-running containers (annotation `initshift.io/start-order`).
+
+`istio-proxy,cache;app` means: `app` starts only once `istio-proxy` and `cache` are Ready.
+Groups are separated by `;`, names inside a group by `,`. Valid for any restartPolicy.
+
+The rewrite (pure, like the rest of webhook/):
+- every container of group k >= 1 is wrapped by `waiter start-after`, which waits for each
+  container of group k-1, then execs the original argv (the user's process replaces it);
+- how a dependency's readiness is seen, per dependency:
+  * httpGet/tcpSocket readiness probe reachable on loopback: the waiter runs it (`--probe`);
+  * any other readiness probe (exec, grpc, a remote host): the watcher mirrors the kubelet's
+    `ready` into `initshift.io/ready-<name>`, exposed by a downward-API file (`--after-ready-file`);
+  * no readiness probe: Ready once started, seen through the startup marker its own waiter
+    writes in the shared emptyDir (`--after-marker`). A first-group container without a probe
+    is therefore wrapped too, with nothing to wait for: it only writes its marker and execs;
+  * a native sidecar (restartable init container): nothing; the kubelet starts regular
+    containers only after it has started (its startupProbe passed);
+- when native sidecars are supported and the first group holds only recognised sidecars
+  (istio-proxy, linkerd-proxy, ...), those become native sidecars instead (the kubelet then
+  orders start-up and shutdown), through the native strategy's own conversion;
+- a proxy named in the annotation but not injected yet is skipped with a warning: the mesh
+  injects after us and the apiserver re-invokes the webhook, which then orders it.
+
+Invalid annotations (syntax, unknown names, a name twice, a cycle, init containers, an
+entrypoint that cannot be resolved) deny the pod with one message: nothing is half-applied.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from waiter import protocol as p
+
+from . import _native as native_strategy
+from ._classify import classify, managed_as, mark_managed, pod_mode, sidecar_names
+from ._entrypoint import ImageEntrypoints, Lookup, needs_image
+from ._resources import is_restartable, pod_requests
+from ._podcheck import is_annotation_key
+from ..settings import Settings
+from ._waiter import (BuildError, argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours,
+    unwrap_argv)
+
+REASON = "invalid-start-order"
+OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
+
+
+def requested(pod: Mapping) -> bool:
+    return p.ANNOTATION_START_ORDER in (((pod.get("metadata") or {}).get("annotations")) or {})
+
+
+def is_managed(pod: Mapping) -> bool:
+    return managed_as(pod) == p.MANAGED_START_ORDER
+
+
+def _deny(problems: Sequence[str], value: object = None) -> BuildError:
+    what = p.ANNOTATION_START_ORDER if value is None else f"{p.ANNOTATION_START_ORDER}={value!r}"
+    return BuildError(f"invalid {what}: {'; '.join(problems)}", deny=True, reason=REASON)
+
+
+# --- the annotation ----------------------------------------------------------------------------
+
+def parse_groups(value: object) -> list[list[str]]:
+    """Groups of container names, in start order; raises a denying BuildError."""
+    if not isinstance(value, str) or not value.strip():
+        raise _deny(["expected groups of container names like 'istio-proxy,cache;app'"], value)
+    raw = value.split(";")
+    if not raw[-1].strip():
+        raw = raw[:-1]  # a trailing ';' is harmless
+    problems: list[str] = []
+    groups: list[list[str]] = []
+    where: dict[str, int] = {}
+    for i, text in enumerate(raw, 1):
+        names = [n.strip() for n in text.split(",")]
+        if not any(names):
+            problems.append(f"group {i} is empty")
+            continue
+        if not all(names):
+            problems.append(f"group {i} has an empty name")
+        for name in filter(None, names):
+            if name in where:
+                problems.append(f"{name!r} is listed twice in group {i}" if where[name] == i else
+                                f"{name!r} is in groups {where[name]} and {i}: it would wait for itself (a cycle)")
+            where.setdefault(name, i)
+        groups.append([n for n in dict.fromkeys(names) if n])
+    if not problems and len(groups) < 2:
+        problems.append("a single group orders nothing; separate groups with ';' (a,b;c starts c after a and b)")
+    if problems:
+        raise _deny(problems, value)
+    return groups
+
+
+@dataclass
+class Order:
+    """The annotation checked against the pod: the groups of containers present."""
+
+    groups: list[list[str]]
+    missing: list[str] = field(default_factory=list)  # recognised sidecars not injected yet
+
+
+def check(pod: Mapping, settings: Settings) -> Order:
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    value = annotations.get(p.ANNOTATION_START_ORDER)
+    groups = parse_groups(value)
+    spec = pod.get("spec") or {}
+    regular = {c.get("name") for c in spec.get("containers") or []}
+    inits = {c.get("name"): c for c in spec.get("initContainers") or []}
+    proxies = sidecar_names(annotations, settings.rewrite)
+    problems: list[str] = []
+    missing: list[str] = []
+    for i, group in enumerate(groups):
+        for name in group:
+            init = inits.get(name)
+            if name in regular:
+                continue
+            if init is not None and not is_restartable(init):
+                problems.append(f"{name!r} is an init container; only regular containers and native sidecars "
+                                f"can be ordered")
+            elif init is not None and i > 0:
+                problems.append(f"native sidecar {name!r} always starts before the regular containers; it can "
+                                f"only be in the first group")
+            elif init is None and name in proxies:
+                missing.append(name)
+            elif init is None:
+                problems.append(f"{name!r} is not a container of this pod")
+    if problems:
+        raise _deny(problems, value)
+    present = [[n for n in g if n not in missing] for g in groups]
+    return Order([g for g in present if g], missing)
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    order: Order
+    to_native: list[str] = field(default_factory=list)  # first-group sidecars made native
+    waits: dict[str, list[str]] = field(default_factory=dict)  # container -> waiter condition flags
+    markers: list[str] = field(default_factory=list)  # containers whose marker someone reads
+    ready_files: list[str] = field(default_factory=list)  # containers whose ready annotation is read
+
+    def wrapped(self, previously: Sequence[str] = ()) -> list[str]:
+        """Wrapped containers, in start order; once wrapped, always wrapped (re-invocation)."""
+        names = [n for g in self.order.groups for n in g
+                 if self.waits.get(n) or n in self.markers or n in previously]
+        return list(dict.fromkeys(names))
+
+
+def _native_wanted(pod: Mapping, settings: Settings, native_supported: bool | None, first: list[str]) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    mode = pod_mode(pod, settings.rewrite)
+    if not (mode == p.MODE_NATIVE or (mode == p.MODE_AUTO and native_supported)):
+        return False
+    regular = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
+    proxies = sidecar_names(annotations, settings.rewrite)
+    return all(n in proxies for n in first) and any(n in regular for n in first)
+
+
+def plan(pod: Mapping, settings: Settings, native_supported: bool | None) -> Plan:
+    """What the rewrite does, decided on the pod as it is (natives decided, not yet moved)."""
+    order = check(pod, settings)
+    out = Plan(order)
+    if not order.groups:
+        return out
+    spec = pod.get("spec") or {}
+    regular = {c.get("name"): c for c in spec.get("containers") or []}
+    natives = {c.get("name") for c in spec.get("initContainers") or [] if is_restartable(c)}
+    if len(order.groups) > 1 and _native_wanted(pod, settings, native_supported, order.groups[0]):
+        out.to_native = [n for n in order.groups[0] if n in regular]
+        natives |= set(out.to_native)
+    for before, group in zip(order.groups, order.groups[1:]):
+        for name in group:
+            flags: list[str] = []
+            for dep in before:
+                if dep in natives:
+                    continue  # the kubelet starts regular containers after native sidecars
+                c = regular[dep]
+                url = loopback_probe(c)
+                if url:
+                    flags += [p.FLAG_PROBE, url]
+                elif c.get("readinessProbe"):
+                    if not is_annotation_key(f"{p.ANNOTATION_READY_PREFIX}{dep}"):
+                        raise _deny([f"{dep!r} is waited for through the annotation {p.ANNOTATION_READY_PREFIX}<name>, "
+                                     f"and its name is too long for an annotation key (at most "
+                                     f"{63 - len(p.ANNOTATION_READY_PREFIX.split('/', 1)[1])} characters)"])
+                    flags += [p.FLAG_AFTER_READY_FILE, p.container_ready_path(dep)]
+                    out.ready_files.append(dep)
+                else:
+                    flags += [p.FLAG_AFTER_MARKER, p.marker_path(dep)]
+                    out.markers.append(dep)
+            out.waits[name] = flags
+    out.markers = list(dict.fromkeys(out.markers))
+    out.ready_files = list(dict.fromkeys(out.ready_files))
+    return out
+
+
+# --- re-invocation -----------------------------------------------------------------------------
+
+def _is_wrapped(c: Mapping) -> bool:
+    args = c.get("args") or []
+    return c.get("command") == [p.WAITER_PATH] and bool(args) and args[0] == p.CMD_START_AFTER
+
+
+def _ours(name: object) -> bool:
+    return name in OUR_VOLUMES
+
+
+def _prior_argvs(pod: Mapping) -> dict[str, tuple[list[str], dict | None]]:
+    """For a pod this step already rewrote: the argv of each container it wrapped (the
+    original `command` is gone, the wrapped argv is the truth)."""
+    if not is_managed(pod):
+        return {}
+    return {c["name"]: unwrap_argv(c) for c in (pod.get("spec") or {}).get("containers") or [] if _is_wrapped(c)}
+
+
+# --- building ----------------------------------------------------------------------------------
+
+def _wrap(c: Mapping, flags: list[str], marker: bool, settings: Settings,
+          argv: list[str], argv_map: dict | None) -> dict:
+    name = str(c["name"])
+    args = [p.CMD_START_AFTER, p.FLAG_NAME, name]
+    if marker:
+        args += [p.FLAG_MARKER, p.marker_path(name)]
+    args += flags
+    if flags and settings.rewrite.start_order_max_wait_seconds:
+        args += [p.FLAG_MAX_WAIT, str(settings.rewrite.start_order_max_wait_seconds)]
+    if argv_map is not None:
+        args += [p.FLAG_ARGV_MAP, json.dumps(argv_map, separators=(",", ":"), sort_keys=True)]
+    args += [p.ARGV_SEPARATOR, *argv]
+    mounts = [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT, "readOnly": True}]
+    if marker or p.FLAG_AFTER_MARKER in flags:
+        # One shared volume: the containers of one pod trust each other (unlike build steps).
+        mounts.append({"name": p.MARKER_VOLUME, "mountPath": p.MARKER_MOUNT, "readOnly": not marker})
+    if p.FLAG_AFTER_READY_FILE in flags:
+        mounts.append({"name": p.CONTAINER_READY_VOLUME, "mountPath": p.CONTAINER_READY_MOUNT, "readOnly": True})
+    out = copy.deepcopy(dict(c))
+    out["command"] = [p.WAITER_PATH]
+    out["args"] = args
+    out["volumeMounts"] = merge_ours(c.get("volumeMounts") or [], mounts, _ours)
+    return out
+
+
+def container_ready_volume(names: Sequence[str]) -> dict:
+    return {"name": p.CONTAINER_READY_VOLUME, "downwardAPI": {"items": [
+        {"path": n, "fieldRef": {"fieldPath": f"metadata.annotations['{p.ANNOTATION_READY_PREFIX}{n}']"}}
+        for n in names]}}
+
+
+def _make_native(pod: dict, names: list[str], settings: Settings) -> tuple[dict, list[str]]:
+    cls = classify(pod, settings.rewrite)
+    cls = dataclasses.replace(cls, sidecars=[c for c in cls.sidecars if c.get("name") in names])
+    try:
+        return native_strategy.move_sidecars(pod, cls, settings.rewrite)
+    except native_strategy.NativeError as e:
+        raise _deny([str(e)]) from None
+
+
+def lookups(pod: Mapping, settings: Settings, native_supported: bool | None) -> list[Lookup]:
+    """Images this step needs: wrapped containers without `command` it has not wrapped before."""
+    try:
+        prior = _prior_argvs(pod)
+        pl = plan(pod, settings, native_supported)
+    except BuildError:
+        return []  # the rewrite denies the pod with the full message
+    by_name = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or []}
+    return [Lookup(n, str(by_name[n].get("image"))) for n in pl.wrapped(list(prior))
+            if n not in prior and needs_image(by_name[n])]
+
+
+def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoints],
+          native_supported: bool | None) -> tuple[dict, list[str]]:
+    """The pod with its start order applied, and warnings; raises BuildError (denying).
+    Re-invocation recomputes everything from the pod as it is: our parts are replaced in
+    place, the argv of containers already wrapped is read back from their waiter args."""
+    managed = is_managed(pod)
+    prior = _prior_argvs(pod)
+    pl = plan(pod, settings, native_supported)
+    out = copy.deepcopy(dict(pod))
+    warnings = [f"{n!r} named in {p.ANNOTATION_START_ORDER} is not in the pod yet; it is ordered when the mesh "
+                f"injects it and initshift is re-invoked" for n in pl.order.missing]
+    if pl.to_native:
+        out, notes = _make_native(out, pl.to_native, settings)
+        warnings += notes
+    wrapped = pl.wrapped(list(prior))
+    if not wrapped:
+        if pl.to_native:
+            mark_managed(out, p.MANAGED_START_ORDER)
+        elif not pl.order.missing:
+            warnings.append(f"{p.ANNOTATION_START_ORDER}: every container waited for is a native sidecar, "
+                            f"which the kubelet starts before the regular containers")
+        return out, warnings
+    spec = out["spec"]
+    containers = spec["containers"]
+    if not managed:
+        check_reserved(out, [c for c in containers if c["name"] in wrapped])
+        taken = [v["name"] for v in spec.get("volumes") or [] if _ours(v.get("name"))]
+        if taken:
+            raise _deny([f"volume name {taken[0]!r} is reserved by initshift"])
+    try:
+        argvs = argvs_of([c for c in containers if c["name"] in wrapped], images, prior)
+    except BuildError as e:
+        raise _deny([str(e)]) from None
+    spec["containers"] = [
+        _wrap(c, pl.waits.get(c["name"], []), c["name"] in pl.markers, settings, *argvs[c["name"]])
+        if c["name"] in wrapped else c for c in containers]
+
+    # initshift-init copies the waiter; its requests fit in what the pod already reserves.
+    inits = [c for c in spec.get("initContainers") or [] if c.get("name") != p.INIT_CONTAINER_NAME]
+    ours = init_container_within(settings.rewrite, pod_requests(pod.get("spec") or {}), inits)
+    spec["initContainers"] = merge_ours(spec.get("initContainers") or [], [ours],
+                                        lambda n: n == p.INIT_CONTAINER_NAME)
+    wanted = [{"name": p.BIN_VOLUME, "emptyDir": {}}]
+    if pl.markers:
+        wanted.append({"name": p.MARKER_VOLUME, "emptyDir": {}})
+    if pl.ready_files:
+        wanted.append(container_ready_volume(pl.ready_files))
+        warnings.append(f"{', '.join(map(repr, pl.ready_files))}: readiness probes the waiter cannot run on "
+                        f"loopback; the containers after them wait for the watcher's "
+                        f"{p.ANNOTATION_READY_PREFIX}<name> annotations")
+    spec["volumes"] = merge_ours(spec.get("volumes") or [], wanted, _ours)
+    mark_managed(out, p.MANAGED_START_ORDER)
+    return out, warnings
+
+
+# --- the watcher's part ------------------------------------------------------------------------
+
+def watched_containers(pod: Mapping) -> list[str]:
+    """Containers whose readiness the pod reads through `initshift.io/ready-<name>`."""
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if v.get("name") == p.CONTAINER_READY_VOLUME:
+            return [str(i.get("path")) for i in (v.get("downwardAPI") or {}).get("items") or []]
+    return []
+
+
+def start_order_ready_patch(pod: Mapping) -> dict | None:
+    """The merge patch that makes each `initshift.io/ready-<name>` annotation equal the
+    kubelet's `ready` for that container ("true"/"false"), or None when they already agree."""
+    names = watched_containers(pod)
+    if not names:
+        return None
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    changes = {}
+    for name in names:
+        value = "true" if (statuses.get(name) or {}).get("ready") is True else "false"
+        key = f"{p.ANNOTATION_READY_PREFIX}{name}"
+        if annotations.get(key) != value:
+            changes[key] = value
+    return {"metadata": {"annotations": changes}} if changes else None

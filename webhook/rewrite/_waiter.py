@@ -1,0 +1,426 @@
+"""The waiter strategy: init containers become ordered regular containers run by the waiter.
+
+Layout written into the pod (every name from waiter/protocol.py):
+- `initshift-init` (last init container) copies the waiter into emptyDir `initshift-bin`,
+  mounted read-only at /initshift/bin in every wrapped container;
+- every wrapped container (steps in order, then the mains) gets run emptyDir number i at
+  /initshift/run/i, writable only there; it mounts read-only the run dirs it reads (the
+  previous step's, the other mains'), so no container can forge another's completion;
+- step 0 waits for the ready gate (downward-API file of `initshift.io/ready`, plus loopback
+  probes when every sidecar has an httpGet/tcpSocket readiness probe);
+- the mains wait for the last step and the last of them to finish quits the sidecars.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Mapping, Sequence
+
+from waiter import protocol as p
+
+from ._classify import Classification, managed_as, mark_managed
+from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
+from ._quantity import format_quantity
+from ._resources import (Amounts, add, apply_requests, growth_warning, plan_steps, pod_requests, qos_class,
+    restartable_sum, sum_requests)
+from ..settings import RewriteSettings
+from ._shape import submap
+
+# initshift-init copies ~20 MB once: tiny requests (capped by what the pod already
+# reserves, so the pod never grows), limits that keep a runaway copy in check.
+INIT_REQUESTS: Amounts = {"cpu": Fraction(10, 1000), "memory": Fraction(16 * 2**20)}
+INIT_LIMITS = {"cpu": "500m", "memory": "64Mi"}
+
+RESTRICTED_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": p.IMAGE_UID,
+    "runAsGroup": p.IMAGE_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
+
+
+class BuildError(Exception):
+    """The pod cannot be rewritten; the message says why (becomes a warning or a denial)."""
+
+    def __init__(self, message: str, *, deny: bool = False, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.deny, self.reason = deny, reason
+
+
+def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
+    """`initshift-init`, last of `init_containers` (so beside every native sidecar among
+    them), its requests within what the pod `reserved` before the rewrite."""
+    natives = restartable_sum(init_containers)
+    return init_container(settings, {r: max(Fraction(0), v - natives.get(r, Fraction(0))) for r, v in reserved.items()})
+
+
+def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> dict:
+    """The injected `initshift-init` container. `budget` caps its requests (None: no cap)."""
+    c: dict = {
+        "name": p.INIT_CONTAINER_NAME,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": list(p.INIT_COMMAND),
+        "volumeMounts": [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT}],
+        "securityContext": copy.deepcopy(RESTRICTED_SECURITY_CONTEXT),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if budget is not None and not any(budget.get(r) for r in INIT_REQUESTS):
+        return c  # a BestEffort-like pod: adding requests would change its class
+    requests = {r: format_quantity(min(v, budget.get(r, Fraction(0))) if budget is not None else v, r)
+                for r, v in INIT_REQUESTS.items()}
+    c["resources"] = {"requests": requests, "limits": dict(INIT_LIMITS)}
+    return c
+
+
+# --- the ready gate -------------------------------------------------------------------------
+
+def _port(container: Mapping, port: object) -> int | None:
+    if isinstance(port, int):
+        return port
+    for cp in container.get("ports") or []:
+        if cp.get("name") == port and isinstance(cp.get("containerPort"), int):
+            return cp["containerPort"]
+    return None
+
+
+def loopback_probe(container: Mapping) -> str | None:
+    """The sidecar's readiness probe as a URL the waiter can check on loopback, if it can."""
+    probe = container.get("readinessProbe") or {}
+    if "httpGet" in probe:
+        h = probe["httpGet"] or {}
+        port = _port(container, h.get("port"))
+        if h.get("host") not in LOOPBACK_HOSTS or h.get("httpHeaders") or port is None:
+            return None
+        scheme = str(h.get("scheme") or "HTTP").lower()
+        path = str(h.get("path") or "/")
+        return f"{scheme}://127.0.0.1:{port}{path if path.startswith('/') else '/' + path}"
+    if "tcpSocket" in probe:
+        t = probe["tcpSocket"] or {}
+        port = _port(container, t.get("port"))
+        if t.get("host") not in LOOPBACK_HOSTS or port is None:
+            return None
+        return f"tcp://127.0.0.1:{port}"
+    return None
+
+
+def gate_args(sidecars: Sequence[Mapping]) -> list[str]:
+    """Step 0's gate: none without sidecars; the ready file, and the loopback probes when
+    every sidecar has one (the waiter opens the gate on whichever says ready first)."""
+    if not sidecars:
+        return []
+    args = [p.FLAG_READY_FILE, p.READY_FILE]
+    probes = [loopback_probe(s) for s in sidecars]
+    if all(probes):
+        for url in probes:
+            args += [p.FLAG_PROBE, str(url)]
+    return args
+
+
+def ready_volume() -> dict:
+    return {
+        "name": p.READY_VOLUME,
+        "downwardAPI": {"items": [{
+            "path": p.READY_FILE_NAME,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{p.ANNOTATION_READY}']"},
+        }]},
+    }
+
+
+# --- wrapping one container --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything about the pod that decides a wrapped container's flags and mounts."""
+
+    n_steps: int
+    n_mains: int
+    sidecars: tuple[Mapping, ...]
+    quit_urls: tuple[str, ...]
+    retry: bool
+    step_timeout: int
+
+    def is_main(self, index: int) -> bool:
+        return index >= self.n_steps
+
+    def waits_for(self, index: int) -> int | None:
+        if index == 0:
+            return None
+        return index - 1 if index < self.n_steps else self.n_steps - 1
+
+    def peers(self, index: int) -> list[int]:
+        if not self.is_main(index):
+            return []
+        return [j for j in range(self.n_steps, self.n_steps + self.n_mains) if j != index]
+
+    def quits(self, index: int) -> bool:
+        # The mains quit the sidecars; a pod without mains lets its last step do it.
+        return self.is_main(index) or (self.n_mains == 0 and index == self.n_steps - 1)
+
+
+def _ours(mount: Mapping) -> bool:
+    return _is_our_volume(mount.get("name"))
+
+
+def wrap(container: Mapping, index: int, layout: Layout,
+         argv: list[str] | None, argv_map: Mapping[str, list[str]] | None) -> dict:
+    """The container run by the waiter at position `index` of the execution order."""
+    args: list[str] = [p.CMD_RUN, p.FLAG_NAME, str(container["name"]), p.FLAG_POST, p.completion_path(index)]
+    mounts = [m for m in container.get("volumeMounts") or [] if not _ours(m)]
+    mounts.append({"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT, "readOnly": True})
+    mounts.append({"name": p.run_volume(index), "mountPath": p.run_mount(index)})
+    wait = layout.waits_for(index)
+    if wait is not None:
+        args += [p.FLAG_WAIT, p.completion_path(wait)]
+        mounts.append({"name": p.run_volume(wait), "mountPath": p.run_mount(wait), "readOnly": True})
+    if index == 0:
+        gate = gate_args(layout.sidecars)
+        args += gate
+        if gate:
+            mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
+    if layout.step_timeout and not layout.is_main(index):
+        args += [p.FLAG_TIMEOUT, str(layout.step_timeout)]
+    if layout.retry:
+        args.append(p.FLAG_RETRY)
+    if layout.quits(index):
+        for url in layout.quit_urls:
+            args += [p.FLAG_QUIT, url]
+    for peer in layout.peers(index):
+        args += [p.FLAG_PEER, p.completion_path(peer)]
+        mounts.append({"name": p.run_volume(peer), "mountPath": p.run_mount(peer), "readOnly": True})
+    log_path = container.get("terminationMessagePath")
+    if log_path and log_path != p.DEFAULT_TERMINATION_LOG:
+        args += [p.FLAG_TERMINATION_LOG, str(log_path)]
+    if argv_map is not None:
+        args += [p.FLAG_ARGV_MAP, json.dumps(argv_map, separators=(",", ":"), sort_keys=True)]
+    args.append(p.ARGV_SEPARATOR)
+    args += argv or []
+    out = copy.deepcopy(dict(container))
+    out["command"] = [p.WAITER_PATH]
+    out["args"] = args
+    out["volumeMounts"] = mounts
+    return out
+
+
+def unwrap_argv(container: Mapping) -> tuple[list[str], dict | None]:
+    """The original argv (or per-platform map) of a container `wrap` produced."""
+    args = list(container.get("args") or [])
+    if container.get("command") != [p.WAITER_PATH] or p.ARGV_SEPARATOR not in args:
+        raise BuildError(f"container {container.get('name')!r} is not run by the waiter as this pod's "
+                         f"{p.ANNOTATION_STEPS} annotation says")
+    cut = args.index(p.ARGV_SEPARATOR)
+    flags, argv = args[:cut], args[cut + 1:]
+    argv_map = None
+    if p.FLAG_ARGV_MAP in flags and flags.index(p.FLAG_ARGV_MAP) + 1 < len(flags):
+        argv_map = json.loads(flags[flags.index(p.FLAG_ARGV_MAP) + 1])
+    return argv, argv_map
+
+
+def _layout(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
+            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping]) -> Layout:
+    quit_urls = tuple(settings.quit_endpoints[s["name"]] for s in regular_sidecars
+                      if s.get("name") in settings.quit_endpoints)
+    return Layout(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
+                  retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
+
+
+def _is_our_volume(name: object) -> bool:
+    return name in (p.BIN_VOLUME, p.READY_VOLUME) or str(name).startswith(p.RUN_VOLUME_PREFIX)
+
+
+def merge_ours(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[object], bool]) -> list[dict]:
+    """`old` with our entries (by name) replaced in place by `wanted`, dropped when no longer
+    wanted, and the missing ones appended: what another injector added after ours stays
+    after ours, so re-invocation changes nothing it does not have to."""
+    by_name = {w["name"]: w for w in wanted}
+    kept = [by_name.pop(x["name"], None) if ours(x.get("name")) else x for x in old]
+    return [x for x in kept if x is not None] + [w for w in wanted if w["name"] in by_name]
+
+
+def _volumes(spec: Mapping, n_wrapped: int, gate: bool) -> list[dict]:
+    wanted = [{"name": p.BIN_VOLUME, "emptyDir": {}}]
+    wanted += [{"name": p.run_volume(i), "emptyDir": {}} for i in range(n_wrapped)]
+    if gate:
+        wanted.append(ready_volume())
+    return merge_ours(spec.get("volumes") or [], wanted, _is_our_volume)
+
+
+# --- the whole pod ------------------------------------------------------------------------
+
+def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[str] | None, dict | None]:
+    if not needs_image(c):
+        return effective_argv(c, None), None
+    # The argv goes into `args`, where the kubelet expands $(VAR): the image's words are escaped.
+    per_platform = argv_by_platform(c, images.get(str(c.get("image"))), for_args=True)
+    if per_platform is None:
+        return None, None
+    distinct = {json.dumps(v) for v in per_platform.values()}
+    if len(distinct) == 1:
+        return next(iter(per_platform.values())), None
+    # The platforms differ: the map holds only the image's words (ENTRYPOINT, and CMD when the
+    # container sets no args); the container's own args stay separate words after `--`, so
+    # the kubelet expands $(VAR) in them exactly as before instead of inside a JSON string.
+    args = list(c.get("args") or [])
+    prefixes = {key: argv[: len(argv) - len(args)] for key, argv in per_platform.items()}
+    return args, prefixes
+
+
+Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
+
+
+def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoints],
+             known: Mapping[str, Argv] | None = None) -> dict[str, Argv]:
+    """Each container's argv for the waiter (`known`: read back from a wrapped container);
+    BuildError naming every container whose image's ENTRYPOINT is unknown."""
+    out: dict[str, Argv] = {}
+    missing = []
+    for c in containers:
+        argv, argv_map = (known or {}).get(c["name"]) or argv_for(c, images)
+        if argv is None:
+            missing.append(f"{c.get('name')!r} (image {c.get('image')!r})")
+        out[c["name"]] = (argv or [], argv_map)
+    if missing:
+        raise BuildError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
+                         f"{', '.join(missing)}; set `command` on them (or turn on registry lookup)",
+                         reason="unresolved-entrypoint")
+    return out
+
+
+def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
+    spec = pod.get("spec") or {}
+    for v in spec.get("volumes") or []:
+        if _is_our_volume(v.get("name")):
+            raise BuildError(f"volume name {v.get('name')!r} is reserved by initshift")
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") == p.INIT_CONTAINER_NAME:
+            raise BuildError(f"container name {p.INIT_CONTAINER_NAME!r} is reserved by initshift")
+    root = p.BIN_MOUNT.rsplit("/", 1)[0]
+    for c in wrapped:
+        for m in c.get("volumeMounts") or []:
+            path = str(m.get("mountPath", "")).rstrip("/")
+            if path == root or path.startswith(root + "/"):
+                raise BuildError(f"container {c.get('name')!r} mounts {path!r}; {root} is reserved by initshift")
+
+
+def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
+          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> tuple[dict, list[str]]:
+    """The rewritten pod and its warnings; raises BuildError when it cannot be done.
+    `lookup_error` says why images are missing when a registry lookup failed."""
+    spec = pod.get("spec") or {}
+    wrapped_src = [*cls.steps, *cls.mains]
+    check_reserved(pod, wrapped_src)
+
+    try:
+        argvs = argvs_of(wrapped_src, images)
+    except BuildError as e:
+        raise BuildError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
+
+    warnings: list[str] = []
+    old_total = pod_requests(spec)
+    old_qos = qos_class(spec)
+    fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
+    plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
+    if plan.problem:
+        raise BuildError(plan.problem, reason="resources")
+    steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
+
+    layout = _layout(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
+                     cls.all_sidecars, cls.sidecars)
+    wrapped_steps = [wrap(c, i, layout, *argvs[c["name"]]) for i, c in enumerate(steps)]
+    mains_by_name = {c["name"]: wrap(c, len(steps) + j, layout, *argvs[c["name"]])
+                     for j, c in enumerate(cls.mains)}
+
+    containers: list[dict] = []
+    for c in spec.get("containers") or []:
+        if c["name"] in mains_by_name and not any(x["name"] in mains_by_name for x in containers):
+            containers += wrapped_steps  # steps go right before the first main
+        containers.append(mains_by_name.get(c["name"], c))
+    if not cls.mains:
+        containers += wrapped_steps
+
+    init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
+
+    out = copy.deepcopy(dict(pod))
+    new_spec = out.setdefault("spec", {})
+    new_spec["initContainers"] = init
+    new_spec["containers"] = containers
+    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(layout.sidecars))
+    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains])
+
+    grown = growth_warning(spec, new_spec, f"policy {settings.resources_policy}")
+    if grown:
+        warnings.append(grown)
+    new_qos = qos_class(new_spec)
+    if new_qos != old_qos:
+        warnings.append(f"QoS class changes from {old_qos} to {new_qos}: steps now run as regular containers "
+                        f"and share the pod's requests")
+    for c in cls.mains:
+        probes = [f for f in ("livenessProbe", "startupProbe") if f in c]
+        if probes:
+            warnings.append(f"main container {c['name']!r} has a {' and a '.join(probes)} that the kubelet runs "
+                            f"while it waits for the steps; a build longer than the probe allows gets it killed")
+    if spec.get("restartPolicy") == "OnFailure":
+        warnings.append("restartPolicy OnFailure: a failed step is re-run by the kubelet and later steps wait for it, "
+                        "as with init containers")
+    return out, warnings
+
+
+def _mark(pod: dict, steps: list[str], mains: list[str]) -> None:
+    mark_managed(pod, p.MODE_WAITER)
+    annotations = submap(pod, "metadata", "annotations")
+    annotations[p.ANNOTATION_STEPS] = json.dumps(steps, separators=(",", ":"))
+    annotations[p.ANNOTATION_MAINS] = json.dumps(mains, separators=(",", ":"))
+
+
+def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
+    """Steps and mains of a pod this strategy already rewrote, or None."""
+    if managed_as(pod) != p.MODE_WAITER:
+        return None
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    try:
+        steps = json.loads(annotations.get(p.ANNOTATION_STEPS, ""))
+        mains = json.loads(annotations.get(p.ANNOTATION_MAINS, "[]"))
+    except (TypeError, ValueError):
+        raise BuildError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS} "
+                         f"annotation is not a JSON list") from None
+    if not (isinstance(steps, list) and isinstance(mains, list) and steps
+            and all(isinstance(x, str) for x in [*steps, *mains])):
+        raise BuildError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS}/"
+                         f"{p.ANNOTATION_MAINS} annotations are not lists of names")
+    return steps, mains
+
+
+def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
+    """Re-invocation: the same pod, with the sidecar-dependent parts (step 0's gate, the
+    quit endpoints) recomputed for the sidecars it has now."""
+    names = managed_names(pod)
+    assert names is not None
+    steps, mains = names
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    by_name = {c.get("name"): c for c in containers}
+    order = [*steps, *mains]
+    for name in order:
+        if name not in by_name:
+            raise BuildError(f"container {name!r} named in {p.ANNOTATION_STEPS}/{p.ANNOTATION_MAINS} is missing")
+    regular_sidecars = [c for c in containers if c.get("name") not in order]
+    natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    layout = _layout(settings, spec.get("restartPolicy"), len(steps), len(mains),
+                     [*natives, *regular_sidecars], regular_sidecars)
+    index = {name: i for i, name in enumerate(order)}
+    out = copy.deepcopy(dict(pod))
+    out["spec"]["containers"] = [
+        wrap(c, index[c["name"]], layout, *unwrap_argv(c)) if c.get("name") in index else c
+        for c in containers
+    ]
+    out["spec"]["volumes"] = _volumes(spec, len(order), bool(layout.sidecars))
+    return out

@@ -1,0 +1,370 @@
+"""The watcher's decisions: a pure function from a pod dict (and the time) to actions.
+
+No I/O here. `decide()` reads the annotations the webhook wrote and the kubelet's
+container statuses and returns the merge patches to apply, in order, with the Event to
+emit for each, and when to look again if nothing changes (a grace period or a timeout
+running out). Level-triggered: the same pod always gives the same answer, so a missed
+event, a restart or a second replica only repeats work that is already idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from waiter import protocol as p
+
+from ..rewrite import managed_as
+from ..settings import WatcherSettings
+
+# Outcome JSON (annotation initshift.io/outcome), documented in README "The watcher".
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the last main's quit)
+STOPPED_DEADLINE = "deadline"  # the watcher set activeDeadlineSeconds
+STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
+STOPPED_NONE = "none"  # no sidecars
+NOT_RUN = "NotRun"  # reason recorded for a step or main that never finished
+
+# Event reasons.
+EVENT_READY = "SidecarsReady"
+EVENT_SUCCEEDED = "StepsSucceeded"
+EVENT_FAILED = "StepsFailed"
+EVENT_ENDED = "SidecarsEnded"
+
+DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
+_ENDED_PHASES = ("Succeeded", "Failed")
+_RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
+_MESSAGE_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class Action:
+    """One merge patch and the Event that reports it."""
+
+    kind: str  # "ready", "outcome", "end" or "container-ready" (start-order pods)
+    patch: dict
+    reason: str  # the Event's reason; empty: no Event
+    message: str
+    warning: bool = False
+    outcome: dict | None = None  # for kind == "outcome"
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    requeue_after: float | None = None  # look again after this many seconds
+    ready_latency: float | None = None  # set with a "ready" action: seconds since the pod started
+
+
+# --- reading the pod ---------------------------------------------------------------------
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def format_time(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json_list(value: Any) -> list[str]:
+    try:
+        names = json.loads(value) if isinstance(value, str) else []
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which container is what, from the annotations and the spec."""
+
+    steps: list[str]
+    mains: list[str]
+    sidecars: list[str]  # regular containers that are neither steps nor mains
+    native: list[str]  # init containers with restartPolicy Always
+
+    @property
+    def work(self) -> list[str]:
+        return self.steps + self.mains
+
+
+def layout(pod: dict) -> Layout:
+    ann = pod.get("metadata", {}).get("annotations") or {}
+    spec = pod.get("spec") or {}
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    steps = [n for n in _json_list(ann.get(p.ANNOTATION_STEPS)) if any(c.get("name") == n for c in containers)]
+    if p.ANNOTATION_MAINS in ann:
+        mains = [n for n in _json_list(ann[p.ANNOTATION_MAINS]) if n not in steps]
+    else:  # pods written before the mains annotation: a waiter-run container is a main
+        mains = [c["name"] for c in containers
+                 if c.get("name") not in steps and (c.get("command") or [None])[0] == p.WAITER_PATH]
+    names = [c.get("name") for c in containers]
+    mains = [m for m in mains if m in names]
+    sidecars = [n for n in names if isinstance(n, str) and n not in steps and n not in mains]
+    native = [c.get("name") for c in spec.get("initContainers") or []
+              if isinstance(c, dict) and c.get("restartPolicy") == "Always" and isinstance(c.get("name"), str)]
+    return Layout(steps, mains, sidecars, native)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A step's or main's state from its container status."""
+
+    name: str
+    state: str  # "waiting", "running", "terminated" or "unknown"
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    message: str = ""
+    recorded: bool = False  # the waiter wrote its termination message (it completed its work)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "terminated" and self.exit_code == 0 and self.reason == p.REASON_COMPLETED
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"name": self.name, "exitCode": self.exit_code,
+                               "reason": self.reason if self.state == "terminated" else NOT_RUN,
+                               "startedAt": self.started_at, "finishedAt": self.finished_at}
+        if self.message:
+            out["message"] = self.message[:_MESSAGE_LIMIT]
+        return out
+
+
+def _statuses(pod: dict, key: str) -> dict[str, dict]:
+    return {s["name"]: s for s in (pod.get("status") or {}).get(key) or [] if isinstance(s, dict) and "name" in s}
+
+
+def read_run(name: str, status: dict | None) -> Run:
+    state = (status or {}).get("state")
+    if not isinstance(state, dict):  # only a malformed status lacks the object
+        state = {}
+    if "terminated" not in state:
+        started = (state.get("running") or {}).get("startedAt")
+        kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
+        return Run(name, kind, started_at=started)
+    t = state["terminated"] or {}
+    record = _waiter_record(t.get("message"))
+    if record is not None:
+        return Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
+                   record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
+                   str(record.get("message") or ""), recorded=True)
+    code = t.get("exitCode")
+    return Run(name, "terminated", code if isinstance(code, int) else None, str(t.get("reason") or ""),
+               t.get("startedAt"), t.get("finishedAt"), str(t.get("message") or ""))
+
+
+def _waiter_record(message: Any) -> dict | None:
+    """The waiter's JSON termination message, or None when the waiter did not write one."""
+    if not isinstance(message, str) or not message.lstrip().startswith("{"):
+        return None
+    try:
+        record = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not all(k in record for k in _RECORD_KEYS):
+        return None
+    return record if isinstance(record["exitCode"], int) and not isinstance(record["exitCode"], bool) else None
+
+
+def _terminated(status: dict | None) -> bool:
+    return "terminated" in ((status or {}).get("state") or {})
+
+
+def _running(status: dict | None) -> bool:
+    """Not yet terminated: a sidecar that still holds the pod open."""
+    return status is None or not _terminated(status)
+
+
+# --- the decision --------------------------------------------------------------------------
+def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
+    meta = pod.get("metadata") or {}
+    if managed_as(pod) == p.MANAGED_START_ORDER:
+        return decide_start_order(pod)
+    ann = meta.get("annotations") or {}
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    ended = phase in _ENDED_PHASES
+    lay = layout(pod)
+    cs, ics = _statuses(pod, "containerStatuses"), _statuses(pod, "initContainerStatuses")
+    runs = {n: read_run(n, cs.get(n)) for n in lay.work}
+    running_sidecars = [n for n in lay.sidecars if _running(cs.get(n))]
+    deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
+        pod["spec"]["activeDeadlineSeconds"] <= DEADLINE
+
+    if p.ANNOTATION_OUTCOME in ann:
+        # The outcome is written once; what is left is ending a pod that is still running.
+        blocked = any(r.state != "terminated" for r in runs.values())
+        return _end(lay, runs, running_sidecars, ended or deadline_set, blocked, now, settings, None)
+
+    actions: list[Action] = []
+    latency = None
+    ready = ann.get(p.ANNOTATION_READY) == p.READY_TRUE
+    started = parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp"))
+    elapsed = (now - started).total_seconds() if started else 0.0
+    unready = [n for n in lay.sidecars if not (cs.get(n) or {}).get("ready")] + \
+              [n for n in lay.native if not (ics.get(n) or {}).get("ready")]
+    requeue: float | None = None
+    all_done = bool(runs) and all(r.state == "terminated" for r in runs.values())
+
+    if not ready and not ended and not all_done:
+        if not unready and (phase == "Running" or not (lay.sidecars or lay.native)):
+            sidecars = lay.sidecars + lay.native
+            what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
+            actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
+                                  EVENT_READY, f"{what} after {elapsed:.1f}s; steps may start"))
+            latency = elapsed
+            ready = True
+        elif elapsed >= settings.sidecar_ready_timeout_seconds:
+            names = unready or lay.sidecars + lay.native
+            msg = f"sidecar {', '.join(names)} not Ready after {settings.sidecar_ready_timeout_seconds:g}s"
+            return _fail_now(pod, lay, runs, running_sidecars, names[0], msg, now, settings, deadline_set)
+        else:
+            requeue = settings.sidecar_ready_timeout_seconds - elapsed
+
+    order = lay.work
+    # A step that died without its waiter's record (OOMKilled, killed, could not run)
+    # leaves every later container waiting for a completion file that never comes.
+    for i, name in enumerate(lay.steps):
+        r = runs[name]
+        if r.state == "terminated" and not r.recorded and not r.ok and \
+                any(runs[later].state != "terminated" for later in order[i + 1:]) and not ended:
+            msg = f"{name} terminated without completing ({r.reason or 'unknown'}, exit {r.exit_code})"
+            return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
+                                                deadline_set).actions, None, latency)
+
+    if ended and not all_done:
+        # The pod ended around unfinished work (evicted, the user's own deadline, deleted node).
+        first = next(r for r in (runs[n] for n in order) if r.state != "terminated" or not r.ok)
+        why = ": ".join(x for x in (status.get("reason"), status.get("message")) if x) or f"pod {phase}"
+        outcome = _outcome(lay, runs, first.name, f"pod ended before {first.name} finished ({why})", now,
+                           STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded" else _stopped(lay, None))
+        return Decision(actions + [_outcome_action(meta, outcome)], None, latency)
+
+    if not all_done:
+        return Decision(actions, requeue, latency)
+
+    # Every step and main has terminated: wait (up to the grace period) for the sidecars
+    # to stop on their own, so the outcome can say how they stopped; then write it once.
+    left = _grace_left(runs, now, settings)
+    if running_sidecars and not ended and not deadline_set and left > 0:
+        return Decision(actions, left, latency)
+    failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason != p.REASON_SKIPPED), None) \
+        or next((r for r in (runs[n] for n in order) if not r.ok), None)
+    if failed is None:
+        message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded"
+    else:
+        message = f"{failed.name} failed: {failed.reason or 'unknown'} (exit {failed.exit_code})"
+        if failed.message:
+            message += f": {failed.message[:200]}"
+    end_now = bool(running_sidecars) and not ended and not deadline_set
+    stopped = STOPPED_DEADLINE if end_now else _stopped(lay, status)
+    outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
+    actions.append(_outcome_action(meta, outcome))
+    if end_now:
+        actions.append(_sidecars_deadline(running_sidecars, settings))
+    return Decision(actions, None, latency)
+
+
+def decide_start_order(pod: dict) -> Decision:
+    """Start-order pods: keep each `initshift.io/ready-<name>` annotation equal to the
+    kubelet's readiness (no Event: readiness flips are not news)."""
+    from ..rewrite import start_order_ready_patch
+
+    patch = start_order_ready_patch(pod)
+    return Decision([Action("container-ready", patch, "", "")]) if patch else Decision()
+
+
+def _stopped(lay: Layout, status: dict | None) -> str:
+    if status is not None and status.get("reason") == "DeadlineExceeded" and lay.sidecars:
+        return STOPPED_DEADLINE
+    if lay.sidecars:
+        return STOPPED_QUIT
+    return STOPPED_NATIVE if lay.native else STOPPED_NONE
+
+
+def _last_finish(runs: Any) -> datetime | None:
+    times = [t for t in (parse_time(r.finished_at) for r in runs) if t]
+    return max(times) if times else None
+
+
+def _outcome(lay: Layout, runs: dict[str, Run], failed: str | None, message: str, now: datetime,
+             stopped: str) -> dict:
+    return {
+        "result": FAILED if failed else SUCCEEDED,
+        "failed": failed,
+        "message": message[:_MESSAGE_LIMIT],
+        "steps": [runs[n].to_json() for n in lay.steps],
+        "mains": [runs[n].to_json() for n in lay.mains],
+        "sidecarsStoppedBy": stopped,
+        "decidedAt": format_time(now),
+    }
+
+
+def _outcome_action(meta: dict, outcome: dict) -> Action:
+    # Conditional on the resourceVersion the decision was made from: a second replica
+    # (or a stale cache) gets 409, re-reads, sees the outcome and leaves it alone.
+    patch = {"metadata": {"annotations": {p.ANNOTATION_OUTCOME: json.dumps(outcome, separators=(",", ":"))}}}
+    if meta.get("resourceVersion"):
+        patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
+    ok = outcome["result"] == SUCCEEDED
+    return Action("outcome", patch, EVENT_SUCCEEDED if ok else EVENT_FAILED,
+                  f"{outcome['result']}: {outcome['message']}; sidecars stopped by {outcome['sidecarsStoppedBy']}",
+                  warning=not ok, outcome=outcome)
+
+
+def _deadline_action(message: str) -> Action:
+    return Action("end", {"spec": {"activeDeadlineSeconds": DEADLINE}}, EVENT_ENDED,
+                  f"{message} (activeDeadlineSeconds={DEADLINE})", warning=True)
+
+
+def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: list[str], failed: str,
+              message: str, now: datetime, settings: WatcherSettings, deadline_set: bool) -> Decision:
+    """A Failed outcome naming `failed`, then the pod ended at once (nothing will finish it)."""
+    status = pod.get("status") or {}
+    ended = (status.get("phase") or "") in _ENDED_PHASES
+    stopped = STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended else _stopped(lay, status)
+    outcome = _outcome(lay, runs, failed, message, now, stopped)
+    actions = [_outcome_action(pod.get("metadata") or {}, outcome)]
+    end = _end(lay, runs, running_sidecars, ended or deadline_set, True, now, settings, message)
+    return Decision(actions + end.actions, None)
+
+
+def _end(lay: Layout, runs: dict[str, Run], running_sidecars: list[str], done: bool, blocked: bool,
+         now: datetime, settings: WatcherSettings, why: str | None) -> Decision:
+    """After the outcome: end a pod that would otherwise keep running.
+
+    Blocked work (a step or main that will never run) ends it at once; sidecars still
+    running end it once the grace period after the last step or main has passed.
+    """
+    if done:
+        return Decision()
+    if blocked:
+        return Decision([_deadline_action(f"{why or 'steps cannot finish'}; ending the pod")])
+    if not running_sidecars:
+        return Decision()
+    left = _grace_left(runs, now, settings)
+    if left > 0:
+        return Decision(requeue_after=left)
+    return Decision([_sidecars_deadline(running_sidecars, settings)])
+
+
+def _grace_left(runs: dict[str, Run], now: datetime, settings: WatcherSettings) -> float:
+    """Seconds of the grace period left, counted from the last step's or main's finish (the
+    kubelet's time, so every replica agrees)."""
+    anchor = _last_finish(runs.values()) or now
+    return settings.grace_seconds - (now - anchor).total_seconds()
+
+
+def _sidecars_deadline(running_sidecars: list[str], settings: WatcherSettings) -> Action:
+    return _deadline_action(f"sidecars {', '.join(running_sidecars)} still running "
+                            f"{settings.grace_seconds:g}s after the last step; ending the pod")

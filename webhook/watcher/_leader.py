@@ -1,0 +1,155 @@
+"""Leader election with a coordination.k8s.io/v1 Lease, as client-go does it.
+
+One replica holds the Lease and renews it every `lease_seconds / 3`; the others poll. A
+holder's Lease is taken over only after it has not changed for a full lease duration,
+measured on the local monotonic clock (not by comparing the holder's timestamps with
+ours, so clock skew between nodes cannot hand the Lease to two replicas). Every write is
+a conditional PUT (resourceVersion), so two candidates racing for it cannot both win.
+A holder that cannot renew for 2/3 of the duration (each renewal is bounded by what is
+left of that deadline) stops acting before anyone else may start. On a clean stop the Lease is released so a successor takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from datetime import datetime, timezone
+from typing import Awaitable, Callable
+
+from ..kube import KubeApi, KubeError
+from ._metrics import API_ERRORS, LEADER
+
+log = logging.getLogger("initshift.leader")
+
+
+def _micro_time() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(self, api: KubeApi, namespace: str, name: str, identity: str, lease_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
+        self.lease_seconds = lease_seconds
+        self.retry_seconds = lease_seconds / 3
+        self.renew_deadline = lease_seconds * 2 / 3
+        self._clock = clock
+        self._observed: tuple | None = None
+        self._observed_at = 0.0
+        self.leading = False
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when this replica holds the Lease afterwards."""
+        try:
+            lease = await self.api.get_lease(self.namespace, self.name)
+            if lease is None:
+                await self.api.create_lease(self.namespace, self._lease(None, {}))
+                return True
+            spec = lease.get("spec") or {}
+            holder = spec.get("holderIdentity") or ""
+            seen = (holder, spec.get("renewTime"), (lease.get("metadata") or {}).get("resourceVersion"))
+            if seen != self._observed:
+                self._observed, self._observed_at = seen, self._clock()
+            duration = max(float(spec.get("leaseDurationSeconds") or 0), self.lease_seconds)
+            if holder and holder != self.identity and self._clock() - self._observed_at < duration:
+                return False
+            await self.api.replace_lease(self.namespace, self.name, self._lease(lease, spec))
+            return True
+        except KubeError as e:
+            if not e.conflict:  # a conflict is another candidate winning the race: not an error
+                API_ERRORS.labels("lease", str(e.status)).inc()
+                log.warning("lease %s/%s: %s", self.namespace, self.name, e)
+            return False
+
+    def _lease(self, current: dict | None, spec: dict) -> dict:
+        now = _micro_time()
+        mine = spec.get("holderIdentity") == self.identity
+        meta = {"name": self.name, "namespace": self.namespace}
+        if current is not None:
+            meta["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
+        return {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": max(1, math.ceil(self.lease_seconds)),
+                "acquireTime": spec.get("acquireTime") if mine and spec.get("acquireTime") else now,
+                "renewTime": now,
+                "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (0 if mine or current is None else 1),
+            },
+        }
+
+    async def release(self) -> None:
+        """Give the Lease up (only if still ours) so a successor need not wait it out."""
+        with contextlib.suppress(KubeError):
+            lease = await self.api.get_lease(self.namespace, self.name)
+            if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease["spec"]["holderIdentity"] = ""
+                lease["spec"]["renewTime"] = _micro_time()
+                await self.api.replace_lease(self.namespace, self.name, lease)
+
+    async def run(self, lead: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+        """Run `lead()` while this replica is the leader; cancel it when leadership is lost
+        or `stop` is set. Returns when `stop` is set."""
+        try:
+            while not stop.is_set():
+                if not await self.try_acquire_or_renew():
+                    await _wait(stop, None, self.retry_seconds)
+                    continue
+                await self._lead(lead, stop)
+        finally:
+            await self.release()
+            self._set_leading(False)
+
+    async def _lead(self, lead: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+        self._set_leading(True)
+        log.info("leading", extra={"identity": self.identity, "lease": self.name})
+        task = asyncio.ensure_future(lead())
+        renewed = self._clock()
+        try:
+            while not stop.is_set() and not task.done():
+                await _wait(stop, task, self.retry_seconds)
+                if stop.is_set() or task.done():
+                    break
+                if await self._renew_within(self.renew_deadline - (self._clock() - renewed)):
+                    renewed = self._clock()
+                elif self._clock() - renewed >= self.renew_deadline:
+                    log.warning("lost the lease", extra={"identity": self.identity, "lease": self.name})
+                    break
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                try:
+                    await task
+                except Exception:  # the work failed: logged, then restarted while we lead
+                    log.exception("leader work failed")
+            self._set_leading(False)
+        if not stop.is_set():
+            await _wait(stop, None, self.retry_seconds)
+
+    async def _renew_within(self, seconds: float) -> bool:
+        """A renewal bounded by what is left of the renew deadline (client-go does the
+        same): a hung request must not keep us acting once another replica may lead."""
+        if seconds <= 0:
+            return False
+        try:
+            return await asyncio.wait_for(self.try_acquire_or_renew(), seconds)
+        except asyncio.TimeoutError:
+            log.warning("lease renewal timed out", extra={"identity": self.identity, "lease": self.name})
+            return False
+
+    def _set_leading(self, value: bool) -> None:
+        self.leading = value
+        LEADER.set(1 if value else 0)
+
+
+async def _wait(stop: asyncio.Event, task: asyncio.Future | None, timeout: float) -> None:
+    """Sleep `timeout` seconds, less if `stop` is set or `task` finishes."""
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([waiter] + ([task] if task else []), timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

@@ -1,0 +1,20 @@
+"""Prometheus metrics of the watcher, on the process-wide registry `/metrics` serves."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..metrics import REGISTRY
+
+TRACKED = Gauge("initshift_watcher_pods_tracked", "Managed pods the watcher currently tracks.", registry=REGISTRY)
+# From the pod's start to the ready annotation: image pulls and sidecar start-up dominate.
+READY_LATENCY = Histogram("initshift_watcher_ready_latency_seconds",
+                          "Seconds from pod start until every sidecar was Ready and the gate was opened.",
+                          buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)
+OUTCOMES = Counter("initshift_watcher_outcomes_total", "Outcomes written, by result and how sidecars stopped.",
+                   ["result", "sidecars_stopped_by"], registry=REGISTRY)
+DEADLINES = Counter("initshift_watcher_deadline_terminations_total",
+                    "Pods ended with activeDeadlineSeconds.", registry=REGISTRY)
+API_ERRORS = Counter("initshift_watcher_api_errors_total", "Failed Kubernetes API calls, by call and HTTP status "
+                     "(0: unreachable).", ["call", "status"], registry=REGISTRY)
+LEADER = Gauge("initshift_watcher_leader", "1 while this replica holds the leader Lease.", registry=REGISTRY)

@@ -1,0 +1,373 @@
+"""What `initshift status` and `initshift logs` see in a pod: pure functions over pod JSON.
+
+Rewriting moves steps out of `initContainers`, so the kubelet's statuses (alphabetical,
+split between two lists, and for a waiter pod every step "running" from the start)
+no longer tell the story. `pod_view()` puts the containers back in execution order and
+derives each one's state from its status, the waiter's termination message and the
+pod's annotations; `log_sequence()` is the order `initshift logs` streams them in.
+
+Three kinds of pods read the same way:
+- waiter (`initshift.io/managed: waiter`): steps and mains from the annotations, run by
+  the waiter as regular containers; the kept init containers (mesh init, initshift-init)
+  run first; every other container is a sidecar;
+- native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
+  containers run in spec order (the mesh's own and kept ones are `init`, the rest are
+  steps), regular sidecars are recognised as the rewrite does (webhook/classify.py),
+  restartable init containers are sidecars, the rest are mains.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from datetime import datetime
+from typing import Any, Mapping
+
+from waiter import protocol as p
+
+from ..rewrite import classify, managed_as
+from ._decide import NOT_RUN, Run, layout as waiter_layout, parse_time, read_run
+from ..rewrite import is_restartable
+from ..settings import RewriteSettings
+
+# Container kinds, in the order rows are listed.
+INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
+
+
+class State(StrEnum):
+    """Row states: JSON slugs (`state_text()` is the table's wording)."""
+
+    PENDING = "pending"  # not started yet (image pull, container creation) or stuck there
+    WAITING_STEP = "waiting-step"  # waiting for the container before it
+    WAITING_SIDECARS = "waiting-sidecars"  # the first step, held until the sidecars are ready
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # the waiter did not run it: an earlier step failed
+    NOT_STARTED = "not-run"  # the pod ended before it ran
+    STOPPED = "stopped"  # a sidecar that has ended (how: reason, exit code, outcome's stoppedBy)
+
+ENDED_PHASES = ("Succeeded", "Failed")
+# Kubelet waiting reasons that only mean "not yet": anything else (ImagePullBackOff,
+# CreateContainerConfigError, ...) is a problem worth showing as the row's reason.
+_QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
+_WAITER_LINE = re.compile(rf"^{re.escape(p.WAITER_LOG_PREFIX)}(\[[^\]\n]*\])?: ")
+
+
+class NotManaged(ValueError):
+    """The pod has nothing initshift can show: not rewritten and no init containers."""
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str  # INIT, STEP, MAIN or SIDECAR
+    state: str
+    number: int | None = None  # steps: 1-based position in execution order
+    waiting_for: str | None = None  # the container it waits for (State.WAITING_STEP)
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    duration: float | None = None  # seconds; for a running container, until `now`
+    restarts: int = 0
+    ready: bool | None = None  # sidecars: the kubelet's readiness
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "step": self.number, "state": str(self.state),
+                "waitingFor": self.waiting_for, "exitCode": self.exit_code, "reason": self.reason,
+                "message": self.message, "startedAt": self.started_at, "finishedAt": self.finished_at,
+                "durationSeconds": None if self.duration is None else round(self.duration, 3),
+                "restarts": self.restarts, "ready": self.ready}
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    strategy: str | None  # "waiter", "native" or None (never rewritten)
+    phase: str
+    pod_reason: str  # the pod's status.reason, e.g. DeadlineExceeded
+    result: str  # the outcome's result, else the phase
+    message: str  # the outcome's message, else the pod's
+    failed: str | None  # the outcome's failed step or main
+    sidecars_stopped_by: str | None  # the outcome's sidecarsStoppedBy
+    ready: bool | None  # waiter pods: initshift.io/ready
+    rows: tuple[Row, ...]
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED_PHASES
+
+    def row(self, name: str) -> Row:
+        return next(r for r in self.rows if r.name == name)
+
+    def to_json(self) -> dict:
+        return {"namespace": self.namespace, "name": self.name, "strategy": self.strategy, "phase": self.phase,
+                "podReason": self.pod_reason, "result": self.result, "message": self.message,
+                "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
+                "containers": [r.to_json() for r in self.rows]}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Names by kind, each list in execution order; `sequence` is what runs one after the other."""
+
+    strategy: str | None
+    inits: list[str]
+    steps: list[str]
+    mains: list[str]
+    sidecars: list[str]
+    sequence: list[str]  # inits and steps interleaved as they run (mains wait for its last)
+    in_init: frozenset[str]  # names whose status is in initContainerStatuses
+    waiter_run: frozenset[str]  # containers whose command is the waiter
+
+    def kind(self, name: str) -> str:
+        return STEP if name in self.steps else MAIN if name in self.mains else \
+            INIT if name in self.inits else SIDECAR
+
+
+def strategy_of(pod: Mapping) -> str | None:
+    value = managed_as(pod)
+    return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
+
+
+def _json_list(value: Any) -> list[str] | None:
+    try:
+        names = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
+
+
+def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
+    """Raises NotManaged for a pod that is not rewritten and has no init containers."""
+    spec = pod.get("spec") or {}
+    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    regular = [c for c in spec.get("containers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    strategy = strategy_of(pod)
+    sequential = [c["name"] for c in inits if not is_restartable(c)]
+    native_sidecars = [c["name"] for c in inits if is_restartable(c)]
+    waiter_run = frozenset(c["name"] for c in regular
+                           if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
+    in_init = frozenset(c["name"] for c in inits)
+    if strategy == p.MODE_WAITER:
+        lay = waiter_layout(dict(pod))
+        return Layout(strategy, sequential, lay.steps, lay.mains, native_sidecars + lay.sidecars,
+                      sequential + lay.steps, in_init, waiter_run)
+    if strategy is None and not sequential:
+        meta = pod.get("metadata") or {}
+        label = managed_as(pod)
+        why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
+        raise NotManaged(f"pod {meta.get('name', '')} is not managed by initshift as a build ({why}) "
+                         f"and has no init containers to show")
+    cls = classify(pod, settings or RewriteSettings())
+    annotated = _json_list(((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_STEPS))
+    step_names = [n for n in annotated if n in sequential] if annotated else [c["name"] for c in cls.steps]
+    sidecars = native_sidecars + [c["name"] for c in cls.sidecars]
+    mains = [c["name"] for c in regular if c["name"] not in sidecars]
+    return Layout(strategy, [n for n in sequential if n not in step_names], step_names, mains, sidecars,
+                  sequential, in_init, waiter_run)
+
+
+def _statuses(pod: Mapping) -> dict[str, dict]:
+    """Container statuses by name, both lists; a malformed entry or state is left out."""
+    status = pod.get("status")
+    out: dict[str, dict] = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        entries = status.get(key) if isinstance(status, dict) else None
+        for s in entries if isinstance(entries, list) else []:
+            if isinstance(s, dict) and isinstance(s.get("name"), str):
+                state = s.get("state") if isinstance(s.get("state"), dict) else {}
+                out[s["name"]] = {**s, "state": {k: v for k, v in state.items() if isinstance(v, dict)}}
+    return out
+
+
+def _outcome(pod: Mapping) -> dict:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _outcome_entries(outcome: Mapping) -> dict[str, dict]:
+    lists = [outcome.get(key) for key in ("steps", "mains")]
+    return {e["name"]: e for entries in lists if isinstance(entries, list) for e in entries
+            if isinstance(e, dict) and isinstance(e.get("name"), str)}
+
+
+def _seconds(start: str | None, end: str | datetime | None) -> float | None:
+    a = parse_time(start)
+    b = end if isinstance(end, datetime) else parse_time(end)
+    return max(0.0, (b - a).total_seconds()) if a and b else None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _later(a: str | None, b: str | None) -> str | None:
+    ta, tb = parse_time(a), parse_time(b)
+    if ta and tb:
+        return a if ta >= tb else b
+    return a or b
+
+
+def _started(status: dict | None) -> bool:
+    state = (status or {}).get("state") or {}
+    return "running" in state or "terminated" in state
+
+
+def has_started(pod: Mapping, name: str) -> bool:
+    """The kubelet has started the container (its log can be read)."""
+    return _started(_statuses(pod).get(name))
+
+
+def has_terminated(pod: Mapping, name: str) -> bool:
+    return "terminated" in ((_statuses(pod).get(name) or {}).get("state") or {})
+
+
+def pod_ended(pod: Mapping) -> bool:
+    return (pod.get("status") or {}).get("phase") in ENDED_PHASES
+
+
+def _work_state(run: Run, done_ok: bool) -> str:
+    """The state of a terminated step, main or init container."""
+    if run.reason == p.REASON_SKIPPED:
+        return State.SKIPPED
+    return State.COMPLETED if done_ok else State.FAILED
+
+
+def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = None) -> PodView:
+    """The pod as `initshift status` shows it. Raises NotManaged (see pod_layout)."""
+    lay = pod_layout(pod, settings)
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    ended = phase in ENDED_PHASES
+    statuses = _statuses(pod)
+    outcome = _outcome(pod)
+    entries = _outcome_entries(outcome)
+    runs = {n: read_run(n, statuses.get(n)) for n in [*lay.sequence, *lay.mains, *lay.sidecars]}
+    ready_gate = ann.get(p.ANNOTATION_READY) == p.READY_TRUE
+    sidecars_ready = all((statuses.get(n) or {}).get("ready") for n in lay.sidecars)
+
+    def ok(name: str) -> bool:
+        r = runs[name]
+        return r.state == "terminated" and r.exit_code == 0 and r.reason in (p.REASON_COMPLETED, "")
+
+    def predecessor(name: str) -> str | None:
+        if name in lay.mains:
+            return lay.sequence[-1] if lay.sequence else None
+        i = lay.sequence.index(name)
+        return lay.sequence[i - 1] if i else None
+
+    def work_row(name: str, kind: str) -> Row:
+        """A step's, main's or init container's row."""
+        run, st = runs[name], statuses.get(name) or {}
+        waiting = (st.get("state") or {}).get("waiting") or {}
+        waiting_reason = str(waiting.get("reason") or "")
+        base = dict(name=name, kind=kind, number=lay.steps.index(name) + 1 if kind == STEP else None,
+                    restarts=_count(st.get("restartCount")))
+        prev = predecessor(name)
+        first_step = bool(lay.steps) and name == lay.steps[0]
+        if run.state == "terminated":
+            entry = entries.get(name) or {}
+            if not run.recorded and entry.get("reason") == NOT_RUN and name in lay.waiter_run:
+                # Killed while the waiter still held it: its command never ran.
+                return Row(**base, state=State.NOT_STARTED, reason=NOT_RUN, message=run.message)
+            started = run.started_at
+            if not run.recorded and name in lay.waiter_run:  # died without a record (OOMKilled)
+                started = _later(started, runs[prev].finished_at if prev else None)
+            return Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
+                       reason=run.reason, message=run.message, started_at=started,
+                       finished_at=run.finished_at, duration=_seconds(started, run.finished_at))
+        # A waiter-run predecessor that died without its record (OOMKilled) never releases it.
+        prev_done = prev is None or (runs[prev].state == "terminated"
+                                     and (runs[prev].recorded or prev not in lay.waiter_run))
+        if ended:
+            return Row(**base, state=State.NOT_STARTED, reason=NOT_RUN)
+        if run.state == "running" and name in lay.waiter_run:
+            # Every waiter-run container starts at once; its command runs after its predecessor.
+            if not prev_done:
+                return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
+            if first_step and lay.sidecars and not ready_gate and not sidecars_ready:
+                return Row(**base, state=State.WAITING_SIDECARS)
+            # The container started with the pod; its command, when its predecessor finished.
+            started = _later(run.started_at, runs[prev].finished_at if prev else None)
+            return Row(**base, state=State.RUNNING, started_at=started, duration=_seconds(started, now))
+        if run.state == "running":
+            return Row(**base, state=State.RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now))
+        if waiting_reason not in _QUIET_WAITING:
+            return Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
+        if not prev_done:
+            return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
+        if first_step and lay.strategy == p.MODE_NATIVE and lay.sidecars and not sidecars_ready:
+            return Row(**base, state=State.WAITING_SIDECARS)  # the kubelet holds it for the startup probe
+        return Row(**base, state=State.PENDING, reason=waiting_reason)
+
+    stopped_by = outcome.get("sidecarsStoppedBy")
+    rows = [_sidecar_row(name, runs[name], statuses.get(name) or {}, now, stopped_by) if lay.kind(name) == SIDECAR
+            else work_row(name, lay.kind(name)) for name in [*lay.sequence, *lay.mains, *lay.sidecars]]
+
+    result = str(outcome.get("result") or phase)
+    message = str(outcome.get("message") or status.get("message") or "")
+    return PodView(
+        namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), strategy=lay.strategy,
+        phase=phase, pod_reason=str(status.get("reason") or ""), result=result, message=message,
+        failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else None,
+        sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
+        ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows))
+
+
+def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
+    base = dict(name=name, kind=SIDECAR, restarts=_count(st.get("restartCount")))
+    ready = bool(st.get("ready")) if st else None
+    if run.state == "terminated":
+        how = f"stopped by {stopped_by}" if isinstance(stopped_by, str) else ""
+        return Row(**base, state=State.STOPPED, exit_code=run.exit_code, reason=run.reason,
+                   message="; ".join(x for x in (how, run.message) if x), started_at=run.started_at,
+                   finished_at=run.finished_at, duration=_seconds(run.started_at, run.finished_at), ready=False)
+    if run.state == "running":
+        return Row(**base, state=State.RUNNING, reason="Ready" if ready else "NotReady", started_at=run.started_at,
+                   duration=_seconds(run.started_at, now), ready=ready)
+    waiting = str(((st.get("state") or {}).get("waiting") or {}).get("reason") or "")
+    return Row(**base, state=State.PENDING, reason=waiting, ready=ready)
+
+
+def state_text(row: Row, view: PodView) -> str:
+    """The table's wording of a row's state: "waiting for step 2", "waiting for sidecars", ..."""
+    if row.state == State.WAITING_STEP and row.waiting_for:
+        other = view.row(row.waiting_for)
+        return f"waiting for step {other.number}" if other.number else f"waiting for {other.name}"
+    if row.state == State.WAITING_SIDECARS:
+        return "waiting for sidecars"
+    if row.state == State.NOT_STARTED:
+        return "not run"
+    return row.state
+
+
+@dataclass(frozen=True)
+class LogPlan:
+    sequential: list[str]  # shown one after the other: steps, then mains
+    concurrent: list[str]  # shown alongside: the sidecars (with --sidecars)
+    waiter_run: frozenset[str]  # their logs hold the waiter's own lines too
+
+
+def log_plan(pod: Mapping, *, sidecars: bool = False, settings: RewriteSettings | None = None) -> LogPlan:
+    """The containers `initshift logs` streams; with `sidecars`, the kept init containers
+    (mesh init, initshift-init) come first and the sidecars run alongside. Raises NotManaged."""
+    lay = pod_layout(pod, settings)
+    work = [n for n in lay.sequence if sidecars or n in lay.steps]
+    return LogPlan([*work, *lay.mains], list(lay.sidecars) if sidecars else [], lay.waiter_run)
+
+
+def is_waiter_line(line: str) -> bool:
+    """One of the waiter's own stderr lines (waiter/log.py), not the step's output."""
+    return bool(_WAITER_LINE.match(line))
