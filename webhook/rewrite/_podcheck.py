@@ -54,15 +54,15 @@ def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
     requests, limits = res.get("requests") or {}, res.get("limits") or {}
     try:
         for r, value in requests.items():
-            req = parse(value)
+            req = parse(value, r)
             if req < 0:
                 out.append(f"{where} {name!r} requests a negative {r}")
-            if r in limits and req > parse(limits[r]):
+            if r in limits and req > parse(limits[r], r):
                 out.append(f"{where} {name!r} requests more {r} than its limit")
-            if r not in SHAREABLE and r in limits and req != parse(limits[r]):
+            if r not in SHAREABLE and r in limits and req != parse(limits[r], r):
                 out.append(f"{where} {name!r}: {r} must have its request equal to its limit")
-        for value in limits.values():
-            parse(value)
+        for r, value in limits.items():
+            parse(value, r)
     except QuantityError as e:
         out.append(f"{where} {name!r}: {e}")
     return out

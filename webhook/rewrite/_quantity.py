@@ -1,68 +1,118 @@
-"""Kubernetes resource quantities, parsed exactly (Fraction) and formatted canonically.
+"""Kubernetes resource quantities, parsed once into integers and formatted canonically.
 
 Grammar (k8s.io/apimachinery resource.Quantity): a signed decimal number followed by a
 binary suffix (Ki..Ei), a decimal SI suffix (n, u, m, "", k, M, G, T, P, E) or a decimal
 exponent (e3, E-2). JSON numbers are accepted as well, as the apiserver does.
+
+The value is an `int` in the unit the scheduler counts in: milli-units for `cpu`
+(resource.Quantity.MilliValue) and whole units (bytes) for everything else (Value()),
+both rounded up away from zero as those methods do. Kubernetes' own bounds hold: at most
+2^63-1 of that unit and 18 significant digits (what an int64 carries exactly); anything
+beyond is a QuantityError, found without ever building the number, so parsing costs
+O(length of the text) however large the exponent or the digit string.
 """
 
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
-            "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-            "P": Fraction(10**15), "E": Fraction(10**18)}
-_RE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d+|[numkMGTPE]?)$")
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}  # powers of two
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}  # powers of ten
+_RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE]?)")
 
-ZERO = Fraction(0)
+MAX = 2**63 - 1  # resource.Quantity's int64 bound, in the resource's own unit here
+MAX_DIGITS = 18  # significant digits an int64 holds exactly (apimachinery's maxInt64Factors)
+_MAX_EXPONENT_DIGITS = 4  # |exponent| <= 9999: anything larger is out of range whatever the digits
+ZERO = 0
 
 
 class QuantityError(ValueError):
     pass
 
 
-def parse(value: str | int | float) -> Fraction:
+def unit_exponent(resource: str) -> int:
+    """Powers of ten between the resource's unit and its integer: cpu counts milli-units."""
+    return 3 if resource == "cpu" else 0
+
+
+def parse(value: object, resource: str = "") -> int:
+    """`value` in `resource`'s integer unit (milli-CPU, bytes or units), rounded up."""
     if isinstance(value, bool):
         raise QuantityError(f"not a quantity: {value!r}")
     if isinstance(value, int):
-        return Fraction(value)
+        if value.bit_length() > 63:
+            raise QuantityError(f"quantity {_short(value)} is out of range")
+        return _bounded(value * 10 ** unit_exponent(resource), value)
     if isinstance(value, float):
-        return Fraction(str(value))
+        value = repr(value)  # '1e+20', '0.25': the decimal text the number was written as
     if not isinstance(value, str):
-        raise QuantityError(f"not a quantity: {value!r}")
-    m = _RE.match(value.strip())
-    if not m:
-        raise QuantityError(f"not a quantity: {value!r}")
-    number, suffix = Fraction(m.group(1)), m.group(2)
+        raise QuantityError(f"not a quantity: {_short(value)}")
+    text = value.strip()
+    m = _RE.fullmatch(text)
+    if not m or not (m.group(2) or m.group(3)):
+        raise QuantityError(f"not a quantity: {_short(value)}")
+    sign, whole, frac, suffix = m.group(1), m.group(2), m.group(3) or "", m.group(4)
+    two, ten = 0, -len(frac)
     if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix[:1] in ("e", "E"):
-        return number * Fraction(10) ** int(suffix[1:])
-    return number * _DECIMAL[suffix]
+        two = _BINARY[suffix]
+    elif suffix[:1] in ("e", "E"):
+        exp = suffix[1:].lstrip("+-").lstrip("0")
+        if len(exp) > _MAX_EXPONENT_DIGITS:
+            raise QuantityError(f"quantity {_short(value)}: exponent out of range")
+        ten += -int(exp or 0) if suffix[1:2] == "-" else int(exp or 0)
+    else:
+        ten += _DECIMAL[suffix]
+    digits = (whole + frac).lstrip("0")
+    stripped = digits.rstrip("0")
+    ten += len(digits) - len(stripped)
+    if not stripped:
+        return 0
+    if len(stripped) > MAX_DIGITS:
+        raise QuantityError(f"quantity {_short(value)} has more than {MAX_DIGITS} significant digits")
+    ten += unit_exponent(resource)
+    # Magnitude check before any arithmetic: the value is at least 10^(len-1+ten) * 2^two.
+    if len(stripped) - 1 + ten + two * 3 // 10 > 19:
+        raise QuantityError(f"quantity {_short(value)} is out of range")
+    mantissa = int(stripped) << two
+    if ten >= 0:
+        amount = mantissa * 10**ten
+    elif -ten > 40:  # far below one unit: rounds up to one (a non-zero request stays non-zero)
+        amount = 1
+    else:
+        amount = -(-mantissa // 10**-ten)
+    return -_bounded(amount, value) if sign == "-" else _bounded(amount, value)
 
 
-def is_valid(value: object) -> bool:
+def _bounded(amount: int, value: object) -> int:
+    if abs(amount) > MAX:
+        raise QuantityError(f"quantity {_short(value)} is out of range")
+    return amount
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else f"<{value.bit_length()}-bit integer>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_valid(value: object, resource: str = "") -> bool:
     try:
-        parse(value)  # type: ignore[arg-type]
+        parse(value, resource)
     except QuantityError:
         return False
     return True
 
 
-def format_quantity(value: Fraction, resource: str) -> str:
-    """A canonical string no larger than `value`: CPU in whole cores or millicores, other
-    resources in whole units with the largest exact binary suffix (bytes are integers)."""
+def format_quantity(value: int, resource: str) -> str:
+    """The canonical string of `value` (in `resource`'s integer unit): CPU in whole cores or
+    millicores, other resources in whole units with the largest exact binary suffix."""
     if value <= 0:
         return "0"
     if resource == "cpu":
-        millis = (value * 1000).__floor__()
-        if millis % 1000 == 0:
-            return str(millis // 1000)
-        return f"{millis}m"
-    units = value.__floor__()
+        if value % 1000 == 0:
+            return str(value // 1000)
+        return f"{value}m"
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        if units >= _BINARY[suffix] and units % _BINARY[suffix] == 0:
-            return f"{units // _BINARY[suffix]}{suffix}"
-    return str(units)
+        unit = 1 << _BINARY[suffix]
+        if value >= unit and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)

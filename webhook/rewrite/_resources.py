@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Iterable, Mapping
 
 from ._quantity import ZERO, format_quantity, parse
@@ -29,27 +28,27 @@ from ._shape import submap
 SHAREABLE = ("cpu", "memory", "ephemeral-storage")
 QOS_RESOURCES = ("cpu", "memory")
 
-Amounts = dict[str, Fraction]
+Amounts = dict[str, int]  # resource -> its integer unit (milli-CPU, bytes, units): _quantity.py
 
 
 def container_requests(c: Mapping) -> Amounts:
     res = c.get("resources") or {}
     out: Amounts = {}
     for name, value in (res.get("limits") or {}).items():
-        out[name] = parse(value)
+        out[name] = parse(value, name)
     for name, value in (res.get("requests") or {}).items():
-        out[name] = parse(value)
+        out[name] = parse(value, name)
     return out
 
 
-def add(a: Amounts, b: Mapping[str, Fraction]) -> Amounts:
+def add(a: Amounts, b: Mapping[str, int]) -> Amounts:
     out = dict(a)
     for k, v in b.items():
         out[k] = out.get(k, ZERO) + v
     return out
 
 
-def _max(a: Amounts, b: Mapping[str, Fraction]) -> Amounts:
+def _max(a: Amounts, b: Mapping[str, int]) -> Amounts:
     out = dict(a)
     for k, v in b.items():
         out[k] = max(out.get(k, ZERO), v)
@@ -90,20 +89,20 @@ def pod_requests(spec: Mapping) -> Amounts:
 
 def qos_class(spec: Mapping) -> str:
     """BestEffort, Burstable or Guaranteed, computed the way the apiserver does."""
-    requests: Amounts = defaultdict(Fraction)
-    limits: Amounts = defaultdict(Fraction)
+    requests: Amounts = defaultdict(int)
+    limits: Amounts = defaultdict(int)
     guaranteed = True
     for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         res = c.get("resources") or {}
         # The apiserver defaults requests from limits before QoS is computed.
         reqs = {**(res.get("limits") or {}), **(res.get("requests") or {})}
         for name, value in reqs.items():
-            q = parse(value)
+            q = parse(value, name)
             if name in QOS_RESOURCES and q > 0:
                 requests[name] += q
         found = set()
         for name, value in (res.get("limits") or {}).items():
-            q = parse(value)
+            q = parse(value, name)
             if name in QOS_RESOURCES and q > 0:
                 found.add(name)
                 limits[name] += q
@@ -116,7 +115,7 @@ def qos_class(spec: Mapping) -> str:
     return "Burstable"
 
 
-def describe(amounts: Mapping[str, Fraction]) -> str:
+def describe(amounts: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={format_quantity(v, k)}" for k, v in sorted(amounts.items()) if v) or "none"
 
 
@@ -184,7 +183,7 @@ def plan_steps(
             if budget >= total:
                 continue
             for i in holders:
-                plan.step_requests[i][r] = format_quantity(budget * reqs[i][r] / total, r)
+                plan.step_requests[i][r] = format_quantity(budget * reqs[i][r] // total, r)
     return plan
 
 

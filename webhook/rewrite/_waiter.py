@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Callable, Mapping, Sequence
 
 from waiter import protocol as p
@@ -31,7 +30,7 @@ from ._shape import submap
 
 # initshift-init copies ~20 MB once: tiny requests (capped by what the pod already
 # reserves, so the pod never grows), limits that keep a runaway copy in check.
-INIT_REQUESTS: Amounts = {"cpu": Fraction(10, 1000), "memory": Fraction(16 * 2**20)}
+INIT_REQUESTS: Amounts = {"cpu": 10, "memory": 16 * 2**20}  # 10m, 16Mi
 INIT_LIMITS = {"cpu": "500m", "memory": "64Mi"}
 
 RESTRICTED_SECURITY_CONTEXT = {
@@ -60,7 +59,7 @@ def init_container_within(settings: RewriteSettings, reserved: Amounts, init_con
     """`initshift-init`, last of `init_containers` (so beside every native sidecar among
     them), its requests within what the pod `reserved` before the rewrite."""
     natives = restartable_sum(init_containers)
-    return init_container(settings, {r: max(Fraction(0), v - natives.get(r, Fraction(0))) for r, v in reserved.items()})
+    return init_container(settings, {r: max(0, v - natives.get(r, 0)) for r, v in reserved.items()})
 
 
 def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> dict:
@@ -76,7 +75,7 @@ def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> 
     }
     if budget is not None and not any(budget.get(r) for r in INIT_REQUESTS):
         return c  # a BestEffort-like pod: adding requests would change its class
-    requests = {r: format_quantity(min(v, budget.get(r, Fraction(0))) if budget is not None else v, r)
+    requests = {r: format_quantity(min(v, budget.get(r, 0)) if budget is not None else v, r)
                 for r, v in INIT_REQUESTS.items()}
     c["resources"] = {"requests": requests, "limits": dict(INIT_LIMITS)}
     return c
