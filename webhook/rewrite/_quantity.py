@@ -7,8 +7,8 @@ exponent (e3, E-2). JSON numbers are accepted as well, as the apiserver does.
 The value is an `int` in the unit the scheduler counts in: milli-units for `cpu`
 (resource.Quantity.MilliValue) and whole units (bytes) for everything else (Value()),
 both rounded up away from zero as those methods do. Kubernetes' own bounds hold: at most
-2^63-1 of that unit and 18 significant digits (what an int64 carries exactly); anything
-beyond is a QuantityError, found without ever building the number, so parsing costs
+2^63-1 of that unit, so at most 19 significant digits (apimachinery keeps 18 exactly in
+its int64 fast path); anything beyond is a QuantityError, found without ever building the number, so parsing costs
 O(length of the text) however large the exponent or the digit string.
 """
 
@@ -21,7 +21,7 @@ _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "
 _RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE]?)")
 
 MAX = 2**63 - 1  # resource.Quantity's int64 bound, in the resource's own unit here
-MAX_DIGITS = 18  # significant digits an int64 holds exactly (apimachinery's maxInt64Factors)
+MAX_DIGITS = 19  # significant digits of 2^63-1: more can only be out of range or finer than a nano-unit
 _MAX_EXPONENT_DIGITS = 4  # |exponent| <= 9999: anything larger is out of range whatever the digits
 ZERO = 0
 
@@ -55,7 +55,7 @@ def parse(value: object, resource: str = "") -> int:
     two, ten = 0, -len(frac)
     if suffix in _BINARY:
         two = _BINARY[suffix]
-    elif suffix[:1] in ("e", "E"):
+    elif len(suffix) > 1:  # e3, E-2 (a lone E is exa)
         exp = suffix[1:].lstrip("+-").lstrip("0")
         if len(exp) > _MAX_EXPONENT_DIGITS:
             raise QuantityError(f"quantity {_short(value)}: exponent out of range")
