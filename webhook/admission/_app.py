@@ -88,11 +88,12 @@ class Reviewer:
     async def decide(self, review: Review) -> Decision:
         if not review.is_pod_create:
             return Decision(admission.response(review), "allowed", "not-pod-create")
-        namespace = review.namespace or _meta(review.obj).get("namespace") or ""
-        if namespace in self.protected:
-            why = f"initshift: namespace {namespace!r} is never mutated"
-            return Decision(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
         try:
+            namespace = review.namespace or _meta(review.obj).get("namespace") or ""
+            if namespace in self.protected:
+                why = f"initshift: namespace {namespace!r} is never mutated"
+                return Decision(admission.response(review, warnings=[why]), "allowed", "protected-namespace",
+                                "skipped")
             return await self._rewrite_pod(review)
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
             log.error("rewrite failed", exc_info=True, extra={"uid": review.uid})
@@ -206,7 +207,9 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Last line of defence: a bug outside the review path is logged, answered in one line.
+        # The connection is closed after it (uvicorn drops it once the app raised): say so,
+        # so an HTTP/1.1 client does not send its next request on it.
         log.error("unexpected error", exc_info=exc)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, 500)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, 500, headers={"Connection": "close"})
 
     return app

@@ -140,8 +140,12 @@ def parse_review(body: bytes) -> Review:
         namespace=_str(request, "namespace", "request"), name=_str(request, "name", "request"),
         dry_run=dry_run, obj=obj,
     )
-    if review.is_pod_create and not isinstance(obj, dict):
-        raise BadReview("request.object must be a Pod object for a Pod CREATE")
+    if review.is_pod_create:
+        if not isinstance(obj, dict):
+            raise BadReview("request.object must be a Pod object for a Pod CREATE")
+        meta = _dict(obj, "metadata", "request.object")
+        for key in ("namespace", "name", "generateName"):
+            _str(meta, key, "request.object.metadata")
     return review
 
 

@@ -6,6 +6,7 @@ and by the tests on every pod the rewrite produces.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Mapping
 
@@ -16,6 +17,11 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _ANNOTATION_REF = re.compile(r"^metadata\.annotations\['(.*)'\]$")
+# etcd refuses a value over 1.5 MiB (--max-request-bytes): the stored object (protobuf, then
+# a few bytes of etcd framing) must fit, and its JSON is never smaller. The apiserver refuses
+# annotations over 256 KiB in total (keys and values: apimachinery TotalAnnotationSizeLimitB).
+MAX_OBJECT_BYTES = 1536 * 1024
+MAX_ANNOTATION_BYTES = 256 * 1024
 
 
 def is_annotation_key(key: str) -> bool:
@@ -65,6 +71,27 @@ def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
             parse(value, r)
     except QuantityError as e:
         out.append(f"{where} {name!r}: {e}")
+    return out
+
+
+def annotation_bytes(pod: Mapping) -> int:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return sum(len(k.encode()) + len(str(v).encode()) for k, v in annotations.items())
+
+
+def object_bytes(pod: Mapping) -> int:
+    return len(json.dumps(pod, separators=(",", ":")).encode())
+
+
+def size_problems(pod: Mapping) -> list[str]:
+    """Storage limits the pod crosses (the rewrite's additions, or the input already)."""
+    out = []
+    size = object_bytes(pod)
+    if size > MAX_OBJECT_BYTES:
+        out.append(f"it would be {size} bytes, over the {MAX_OBJECT_BYTES}-byte object limit of etcd")
+    notes = annotation_bytes(pod)
+    if notes > MAX_ANNOTATION_BYTES:
+        out.append(f"its annotations would be {notes} bytes, over the apiserver's {MAX_ANNOTATION_BYTES}-byte limit")
     return out
 
 

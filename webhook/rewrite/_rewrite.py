@@ -14,7 +14,7 @@ from waiter import protocol as p
 from . import _native as native_strategy, _start_order as start_order, _waiter as waiter_strategy
 from ._classify import Classification, classify, has_mesh_marker, managed_as, pod_mode, sidecar_names
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
-from ._podcheck import pod_problems
+from ._podcheck import pod_problems, size_problems
 from ._quantity import QuantityError
 from ..settings import Settings
 from ._shape import shape_problem
@@ -153,14 +153,35 @@ def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoi
     if problem:
         return RewriteResult(pod=pod, reason="invalid", warnings=[_prefix(f"{problem}; admitted unchanged")])
     native_supported = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
+    cleaned, forged = _without_watcher_state(pod) if settings.feature_gate else (pod, [])
     try:
-        return _rewrite(pod, settings, images or {}, native_supported, lookup_error)
+        result = _rewrite(cleaned, settings, images or {}, native_supported, lookup_error)
     except (QuantityError, waiter_strategy.BuildError) as e:
         deny = isinstance(e, waiter_strategy.BuildError) and e.deny
         reason = e.reason if isinstance(e, waiter_strategy.BuildError) else "invalid"
         if deny:
             return RewriteResult(pod=pod, reason=reason, denied=_prefix(str(e)))
-        return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=reason)
+        result = RewriteResult(pod=cleaned, warnings=[_prefix(f"{e}; admitted unchanged")], reason=reason)
+    if forged and result.denied is None:
+        result.changed = True
+        result.warnings.insert(0, _prefix(f"removed {', '.join(forged)}: only the initshift watcher writes "
+                                          f"{'them' if len(forged) > 1 else 'it'}, never the pod's creator"))
+    return result
+
+
+def _is_watcher_state(key: str) -> bool:
+    return key in (p.ANNOTATION_READY, p.ANNOTATION_OUTCOME) or key.startswith(p.ANNOTATION_READY_PREFIX)
+
+
+def _without_watcher_state(pod: dict) -> tuple[dict, list[str]]:
+    """The pod without the annotations the watcher owns (a pod created with the ready gate
+    already open, or a made-up outcome, would skip or misreport its steps), and their keys."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    forged = sorted(k for k in annotations if _is_watcher_state(k))
+    if not forged:
+        return pod, []
+    kept = {k: v for k, v in annotations.items() if k not in forged}
+    return {**pod, "metadata": {**pod["metadata"], "annotations": kept}}, forged
 
 
 def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoints],
@@ -227,11 +248,15 @@ def _ordered(pod: dict, plan: _Skip | _Go, settings: Settings, images: Mapping[s
 
 def _checked(before: dict, after: dict, warnings: list[str], reason: str,
              strategy: str = p.MODE_WAITER) -> RewriteResult:
-    """A last guard: a pod the apiserver would reject is never emitted."""
+    """A last guard: a pod the apiserver would reject, or etcd could not store, is never emitted."""
     problems = pod_problems(after)
     if problems:
         return RewriteResult(pod=before, reason="invalid", warnings=[
             _prefix(f"the rewritten pod would be invalid ({'; '.join(problems)}); admitted unchanged")])
+    problems = size_problems(after)
+    if problems:
+        return RewriteResult(pod=before, reason="too-large", warnings=[
+            _prefix(f"the rewritten pod would not fit ({'; '.join(problems)}); admitted unchanged")])
     changed = after != before
     return RewriteResult(pod=after if changed else before, warnings=[_prefix(w) for w in warnings],
                          changed=changed, strategy=strategy, reason=reason if changed else "unchanged")

@@ -94,8 +94,28 @@ POD = _object(
 )
 
 
+# No Pod field nests anywhere near this deep (managedFields, the deepest, mirrors the spec's
+# ~15 levels); deeper input would only make recursive code (copy.deepcopy, the patch diff)
+# overflow the stack.
+MAX_DEPTH = 100
+
+
+def depth_over(doc: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
 def shape_problem(pod: Any) -> str | None:
     """The first field of the wrong type, as `pod.spec.containers[0].name must be a string`."""
+    if depth_over(pod):
+        return f"the pod nests deeper than {MAX_DEPTH} levels"
     return POD(pod, "pod")
 
 
