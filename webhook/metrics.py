@@ -12,7 +12,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
 
-# outcome: patched, allowed (unchanged), denied, error (internal, per failure mode), bad_request
+# outcome: patched, allowed (unchanged), denied, error (internal, per failure mode), bad_request,
+# refused (busy: 503, or a body too slow: 408)
 REQUESTS = Counter("initshift_admission_requests_total", "AdmissionReview requests by outcome.",
                    ["outcome"], registry=REGISTRY)
 # Admission webhooks time out after 10 s at most; buckets resolve the sub-millisecond path.

@@ -83,6 +83,23 @@ class ServerSettings:
                         "/etc/initshift/tls/tls.key")
     client_ca: str = _env("INITSHIFT_CLIENT_CA", "CA bundle to verify client certificates; empty: no verification.", "")
     max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes).", 7 * 1024 * 1024)
+    workers: int = _env("INITSHIFT_WORKERS", "Server processes sharing the port; 0: one per usable CPU.", 0)
+    max_connections: int = _env("INITSHIFT_MAX_CONNECTIONS",
+                                "Open connections per server process; more are closed at once.", 512)
+    max_pending_reviews: int = _env(
+        "INITSHIFT_MAX_PENDING_REVIEWS",
+        "Reviews one server process holds at a time (reading, queued, rewriting); more get HTTP 503 at once.", 64)
+    max_body_bytes_in_flight: int = _env(
+        "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT",
+        "Bytes of request bodies one server process holds at a time (Content-Length, else the body limit); "
+        "more get HTTP 503 at once.", 64 * 1024 * 1024)
+    header_timeout_seconds: float = _env(
+        "INITSHIFT_HEADER_TIMEOUT_SECONDS",
+        "Seconds a connection has for its TLS handshake and then for each request's headers.", 10.0)
+    body_timeout_seconds: float = _env("INITSHIFT_BODY_TIMEOUT_SECONDS",
+                                       "Seconds a request has to send its whole body (else HTTP 408).", 10.0)
+    keepalive_timeout_seconds: float = _env("INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS",
+                                            "Seconds an idle keep-alive connection stays open.", 5.0)
     failure_mode: str = _env("INITSHIFT_FAILURE_MODE",
                              "An internal rewrite error: `ignore` (admit unchanged, warn) or `deny`.",
                              "ignore", **_choice("ignore", "deny"))

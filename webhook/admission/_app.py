@@ -1,18 +1,24 @@
 """The FastAPI application: POST /mutate, /healthz, /readyz, /metrics.
 
-The review path reads the raw body itself (bounded), so a malformed review is a one-line
-HTTP 400 and FastAPI's own validation never runs. The rewrite is pure and synchronous
-and runs inline: it takes well under a millisecond and a thread hop would cost more.
-Everything after parsing follows the failure mode: an internal error never becomes a 500.
+The review path reads the raw body itself (bounded in size, time and bytes held across
+requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
+never runs. Parsing, the rewrite and the answer's encoding run on one worker thread per
+process: the event loop stays free to accept connections, finish TLS handshakes and answer
+/healthz while a review is being worked on, and reviews beyond a fixed number in hand are
+refused at once with a 503 (the apiserver then applies the webhook's failurePolicy) instead
+of waiting in a queue past the webhook's timeout. Everything after parsing follows the
+failure mode: an internal error never becomes a 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,8 +35,43 @@ log = logging.getLogger("initshift.server")
 MUTATE_PATH = "/mutate"
 
 
+T = TypeVar("T")
+
+
 class BodyTooLarge(BadReview):
     pass
+
+
+class Refused(Exception):
+    """A request the server will not take now: HTTP `status` with a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Capacity:
+    """What one process holds at a time: reviews in hand and the bytes of their bodies.
+    Only the event loop's thread touches it."""
+
+    def __init__(self, max_reviews: int, max_body_bytes: int) -> None:
+        self.max_reviews, self.max_body_bytes = max_reviews, max_body_bytes
+        self.reviews = 0
+        self.body_bytes = 0
+
+    def take(self, body_bytes: int) -> None:
+        if self.reviews >= self.max_reviews:
+            raise Refused(503, f"initshift: busy: {self.reviews} reviews in hand in this server process "
+                               f"(INITSHIFT_MAX_PENDING_REVIEWS); retry")
+        if self.body_bytes + body_bytes > self.max_body_bytes:
+            raise Refused(503, f"initshift: busy: {self.body_bytes} bytes of request bodies in hand in this server "
+                               f"process (INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT); retry")
+        self.reviews += 1
+        self.body_bytes += body_bytes
+
+    def give_back(self, body_bytes: int) -> None:
+        self.reviews -= 1
+        self.body_bytes -= body_bytes
 
 
 @dataclass(frozen=True)
@@ -43,26 +84,42 @@ class Decision:
     pod_result: str | None = None  # rewritten, skipped, denied; None for non-pod requests
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing early on Content-Length and again while streaming (chunked)."""
+def declared_length(request: Request, limit: int) -> int | None:
+    """Content-Length, refused early when over the limit; None for a chunked body."""
     declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise BadReview("invalid Content-Length") from None
-        if size > limit:
-            raise BodyTooLarge(f"body of {size} bytes is over the limit of {limit} bytes")
+    if declared is None:
+        return None
+    try:
+        size = int(declared)
+    except ValueError:
+        raise BadReview("invalid Content-Length") from None
+    if size < 0:
+        raise BadReview("invalid Content-Length")
+    if size > limit:
+        raise BodyTooLarge(f"body of {size} bytes is over the limit of {limit} bytes")
+    return size
+
+
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
+    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds."""
     chunks: list[bytes] = []
     total = 0
-    try:
+
+    async def read() -> None:
+        nonlocal total
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
                 raise BodyTooLarge(f"body is over the limit of {limit} bytes")
             chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
     except ClientDisconnect:
         raise BadReview("client disconnected before the body was complete") from None
+    except asyncio.TimeoutError:
+        raise Refused(408, f"initshift: the body was not complete after {timeout:g} s "
+                           f"(INITSHIFT_BODY_TIMEOUT_SECONDS)") from None
     return b"".join(chunks)
 
 
@@ -71,7 +128,10 @@ def _protected(settings: Settings) -> frozenset[str]:
 
 
 class Reviewer:
-    """Turns a parsed review into a decision; holds the hooks the app was built with."""
+    """Turns a parsed review into a decision; holds the hooks the app was built with.
+
+    `decide` runs the synchronous parts through `offload` (the app's worker thread) and
+    only the registry lookups, which are I/O, on the event loop."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None]) -> None:
@@ -85,16 +145,15 @@ class Reviewer:
         self.protected = _protected(settings)
         self._rewrite, self._lookups, self._make_patch = rewrite, lookups_needed, make_patch
 
-    async def decide(self, review: Review) -> Decision:
-        if not review.is_pod_create:
-            return Decision(admission.response(review), "allowed", "not-pod-create")
+    async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Decision:
+        run = offload or _inline
         try:
-            namespace = review.namespace or _meta(review.obj).get("namespace") or ""
-            if namespace in self.protected:
-                why = f"initshift: namespace {namespace!r} is never mutated"
-                return Decision(admission.response(review, warnings=[why]), "allowed", "protected-namespace",
-                                "skipped")
-            return await self._rewrite_pod(review)
+            first = await run(self._plan, review)
+            if isinstance(first, Decision):
+                return first
+            native, lookups = first
+            images, lookup_error = await self._resolve(review, lookups)
+            return await run(self._finish, review, native, images, lookup_error)
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
             log.error("rewrite failed", exc_info=True, extra={"uid": review.uid})
             why = f"initshift: internal error, pod {'denied' if self._deny_on_error else 'left unchanged'}: " \
@@ -107,20 +166,32 @@ class Reviewer:
     def _deny_on_error(self) -> bool:
         return self.settings.server.failure_mode == "deny"
 
-    async def _rewrite_pod(self, review: Review) -> Decision:
-        pod = review.obj
+    def _plan(self, review: Review) -> Decision | tuple[bool | None, list]:
+        """A decision without I/O, or the native support and the image lookups it needs."""
+        if not review.is_pod_create:
+            return Decision(admission.response(review), "allowed", "not-pod-create")
+        namespace = review.namespace or _meta(review.obj).get("namespace") or ""
+        if namespace in self.protected:
+            why = f"initshift: namespace {namespace!r} is never mutated"
+            return Decision(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
         native = self.native_supported()
-        images: dict[str, Any] | None = None
-        lookup_error: str | None = None
-        if self.resolver is not None:
-            lookups = self._lookups(pod, self.settings, native_supported=native)
-            if lookups:
-                try:
-                    # The pod of a CREATE review often has no namespace: the request's decides.
-                    images = await self.resolver.resolve(pod, lookups, namespace=review.namespace or None)
-                except UnresolvedEntrypoint as e:
-                    # Rewrite without the image: it denies or admits per on_unresolved, saying why.
-                    lookup_error = str(e)
+        lookups = self._lookups(review.obj, self.settings, native_supported=native) if self.resolver else []
+        if not lookups:
+            return self._finish(review, native, None, None)
+        return native, lookups
+
+    async def _resolve(self, review: Review, lookups: list) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            # The pod of a CREATE review often has no namespace: the request's decides.
+            assert self.resolver is not None
+            return await self.resolver.resolve(review.obj, lookups, namespace=review.namespace or None), None
+        except UnresolvedEntrypoint as e:
+            # Rewrite without the image: it denies or admits per on_unresolved, saying why.
+            return None, str(e)
+
+    def _finish(self, review: Review, native: bool | None, images: dict[str, Any] | None,
+                lookup_error: str | None) -> Decision:
+        pod = review.obj
         result = self._rewrite(pod, self.settings, images=images, native_supported=native,
                                lookup_error=lookup_error)
         warnings = list(result.warnings)
@@ -137,13 +208,22 @@ class Reviewer:
                         "skipped")
 
 
+async def _inline(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)
+
+
+def _encode(answer: dict) -> bytes:
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
 def _meta(obj: Any) -> dict:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     return meta if isinstance(meta, dict) else {}
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(json.dumps(data, separators=(",", ":")).encode(), status, media_type="application/json")
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(data, separators=(",", ":")).encode(), status, media_type="application/json",
+                    headers=headers)
 
 
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
@@ -159,26 +239,49 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     """
     app = FastAPI(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
     reviewer = Reviewer(settings, resolver, native_supported)
-    limit = settings.server.max_body_bytes
+    srv = settings.server
+    limit = srv.max_body_bytes
+    capacity = Capacity(srv.max_pending_reviews, srv.max_body_bytes_in_flight)
+    # One thread: reviews are CPU work under the GIL, more threads would only interleave them.
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
     app.state.reviewer = reviewer
+    app.state.capacity = capacity
+
+    async def offload(fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(worker, fn, *args)
+
+    def bad_request(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
+        metrics.REQUESTS.labels(outcome).inc()
+        metrics.LATENCY.observe(elapsed)
+        logs.log_review(uid=admission.request_uid(body) if 0 < len(body) < 65536 else "", namespace="", name="",
+                        kind="", operation="", decision=outcome, reason=str(error), dry_run=False,
+                        duration=elapsed, level=logging.WARNING)
 
     @app.post(MUTATE_PATH)
     async def mutate(request: Request) -> Response:
         start = time.perf_counter()
         body = b""
+        held: int | None = None
         try:
             admission.check_content_type(request.headers.get("content-type"))
-            body = await read_body(request, limit)
-            review = admission.parse_review(body)
+            size = declared_length(request, limit)
+            capacity.take(limit if size is None else size)
+            held = limit if size is None else size
+            body = await read_body(request, limit, srv.body_timeout_seconds)
+            review = await offload(admission.parse_review, body)
+            decision = await reviewer.decide(review, offload)
+            payload = await offload(_encode, decision.answer)
         except BadReview as e:
-            elapsed = time.perf_counter() - start
-            metrics.REQUESTS.labels("bad_request").inc()
-            metrics.LATENCY.observe(elapsed)
-            logs.log_review(uid=admission.request_uid(body) if len(body) < 65536 else "", namespace="", name="",
-                            kind="", operation="", decision="bad_request", reason=str(e), dry_run=False,
-                            duration=elapsed, level=logging.WARNING)
+            bad_request(body, e, time.perf_counter() - start, "bad_request")
             return _json({"error": str(e)}, 400)
-        decision = await reviewer.decide(review)
+        except Refused as e:
+            bad_request(body, e, time.perf_counter() - start, "refused")
+            # 408: the rest of the body may still arrive, so the connection cannot be reused.
+            headers = {"Connection": "close"} if e.status == 408 else {"Retry-After": "1"}
+            return _json({"error": str(e)}, e.status, headers)
+        finally:
+            if held is not None:
+                capacity.give_back(held)
         elapsed = time.perf_counter() - start
         metrics.REQUESTS.labels(decision.outcome).inc()
         metrics.LATENCY.observe(elapsed)
@@ -187,7 +290,7 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
         logs.log_review(uid=review.uid, namespace=review.namespace or _meta(review.obj).get("namespace") or "",
                         name=review.display_name, kind=review.kind, operation=review.operation,
                         decision=decision.outcome, reason=decision.reason, dry_run=review.dry_run, duration=elapsed)
-        return _json(decision.answer)
+        return Response(payload, media_type="application/json")
 
     @app.get("/healthz")
     async def healthz() -> Response:
