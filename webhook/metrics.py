@@ -1,12 +1,16 @@
 """Prometheus metrics of the admission server.
 
 `REGISTRY` is the one registry `/metrics` serves; other parts of the process (the
-watcher) register their own collectors on it, so one scrape sees everything.
+watcher) register their own collectors on it, so one scrape sees everything. Several
+server processes share their values through prometheus_client's multiprocess mode, so
+gauges say how to combine the processes' values (`multiprocess_mode`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 REGISTRY = CollectorRegistry()
@@ -23,9 +27,19 @@ LATENCY = Histogram("initshift_admission_duration_seconds", "Time to answer one 
 # result: rewritten, skipped, denied; reason: the rewrite's slug (or protected-namespace, internal-error)
 PODS = Counter("initshift_pods_total", "Pod CREATE reviews by result and reason.", ["result", "reason"],
                registry=REGISTRY)
+# reason: over-limit (INITSHIFT_MAX_CONNECTIONS), header-timeout (INITSHIFT_HEADER_TIMEOUT_SECONDS)
+CONNECTIONS_CLOSED = Counter("initshift_connections_closed_total", "Connections the server closed to protect "
+                             "itself, by reason.", ["reason"], registry=REGISTRY)
 CERT_RELOADS = Counter("initshift_tls_reloads_total", "Serving certificate reloads by result.", ["result"],
                        registry=REGISTRY)
 
 
 def exposition() -> tuple[bytes, str]:
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    """This process's registry; with several server processes (webhook/admission/_workers.py)
+    every worker's values, read from the shared multiprocess directory."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    ProcessCollector(registry=registry)  # process_* series: the worker that answered
+    return generate_latest(registry), CONTENT_TYPE_LATEST

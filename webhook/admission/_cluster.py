@@ -46,9 +46,10 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\D.*)?$")
 _NUMBER = re.compile(r"^(\d+)\+?$")  # /version's major and minor ("29+" on some providers)
 
 SUPPORTED = Gauge("initshift_native_sidecars_supported",
-                  "Whether the cluster runs native sidecars: 1 yes, 0 no, -1 unknown.", registry=metrics.REGISTRY)
+                  "Whether the cluster runs native sidecars: 1 yes, 0 no, -1 unknown.", registry=metrics.REGISTRY,
+                  multiprocess_mode="livemostrecent")  # each server process detects on its own
 ACTIVE = Gauge("initshift_active_strategy", "1 for the strategy pods get by default, 0 for the others.",
-               ["strategy"], registry=metrics.REGISTRY)
+               ["strategy"], registry=metrics.REGISTRY, multiprocess_mode="livemostrecent")
 
 
 def parse_version(text: object) -> Version | None:

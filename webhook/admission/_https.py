@@ -2,7 +2,10 @@
 tests run.
 
 The SSLContext is ours (uvicorn's `ssl_context_factory` hands it over), so the reloader
-holds the very object the listening socket uses.
+holds the very object the listening socket uses. The guards uvicorn lacks are added here:
+a deadline for the TLS handshake (the event loop's `create_server`), a deadline for each
+request's headers and a cap on open connections (the HTTP protocol class), so a slow or
+idle client cannot hold a connection for long and many of them cannot exhaust the process.
 """
 
 from __future__ import annotations
@@ -15,10 +18,86 @@ from typing import Any, Awaitable, Callable
 
 import uvicorn
 from uvicorn._compat import asyncio_run
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import _tls as tls
 from ._app import create_app
-from ..settings import Settings
+from .. import metrics
+from ..settings import ServerSettings, Settings
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for each request's
+    headers: it runs from the moment a connection is ready (and again after each answer on
+    a kept-alive one) until the headers are complete, however slowly bytes trickle in."""
+
+    max_connections = 512
+    header_timeout = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            metrics.CONNECTIONS_CLOSED.labels("over-limit").inc()
+            transport.abort()
+            return
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and not self.transport.is_closing():
+            metrics.CONNECTIONS_CLOSED.labels("header-timeout").inc()
+            self.transport.abort()
+
+
+def protocol_for(srv: ServerSettings) -> type[GuardedProtocol]:
+    return type("InitshiftProtocol", (GuardedProtocol,), {"max_connections": srv.max_connections,
+                                                          "header_timeout": srv.header_timeout_seconds})
+
+
+def loop_factory(handshake_timeout: float) -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop (else asyncio's loop) whose TLS servers give up on a handshake after
+    `handshake_timeout` seconds instead of asyncio's 60."""
+    try:
+        import uvloop
+
+        base: type = uvloop.Loop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
+        base = asyncio.SelectorEventLoop
+
+    class Loop(base):  # type: ignore[misc, valid-type]
+        async def create_server(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", handshake_timeout)
+            return await super().create_server(*args, **kwargs)
+
+    return Loop
 
 
 class HttpsServer:
@@ -36,6 +115,7 @@ class HttpsServer:
             self.app, host=srv.host, port=srv.port, ssl_context_factory=lambda _cfg, _default: self.ctx,
             log_config=None, access_log=False, lifespan="off", server_header=False,
             timeout_graceful_shutdown=graceful_seconds, proxy_headers=False,
+            http=protocol_for(srv), timeout_keep_alive=srv.keepalive_timeout_seconds,  # type: ignore[arg-type]
         )
         self.uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
@@ -61,7 +141,7 @@ class HttpsServer:
                     await asyncio.wait_for(t, 5)
 
     def run(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-        asyncio_run(self.serve(*companions), loop_factory=self.uvicorn.config.get_loop_factory())
+        asyncio_run(self.serve(*companions), loop_factory=loop_factory(self.settings.server.header_timeout_seconds))
 
     # --- in a thread, for tests and benchmarks ------------------------------------------
     def start_in_thread(self, timeout: float = 20.0) -> "HttpsServer":
@@ -93,6 +173,6 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(128)
+    sock.listen(1024)  # a burst of new connections waits in the kernel, not refused
     sock.set_inheritable(True)
     return sock

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
+import socket
 import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -26,7 +28,11 @@ def parser(prog: str = "initshift serve") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description="Run the mutating admission webhook over HTTPS.")
     ap.add_argument("--host", help="bind address (default: INITSHIFT_HOST)")
     ap.add_argument("--port", type=int, help="port (default: INITSHIFT_PORT)")
-    ap.add_argument("--watch", action="store_true", help="also run the watcher in this process")
+    ap.add_argument("--watch", action="store_true", help="also run the watcher (in the first server process)")
+    # A worker started by the supervisor (webhook/admission/_workers.py): not for people.
+    ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     return ap
 
 
@@ -36,13 +42,15 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.replace(server=dataclasses.replace(srv, **changes)) if changes else settings
 
 
-async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
-    """Self-managed certificates first (if on), then uvicorn with its companions."""
+async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+                sock: socket.socket | None = None, worker: int = 0) -> None:
+    """Self-managed certificates first (if on, in worker 0 only), then uvicorn with its
+    companions, on `sock` when the supervisor passed one."""
     from ..admission import HttpsServer
 
     companions: list[Companion] = []
     api = None
-    if settings.server.self_managed_certs:
+    if settings.server.self_managed_certs and worker == 0:
         from ..admission import ensure_certificates, keep_certificates_fresh
         from ..kube import KubeApi
 
@@ -62,7 +70,8 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
 
     native = await detect_native(settings, api)  # auto: apiserver and kubelet versions
     companions.append(native.run)
-    server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy)
+    server = HttpsServer(settings, sock=sock, resolver=resolver, native_supported=native.current,
+                         strategy=native.strategy)
     if on_started is not None:
         companions.append(_when_started(server, on_started))
     try:
@@ -84,12 +93,33 @@ def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> Compan
 
 
 def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> int:
+    """`initshift serve`: one process, or a supervisor and INITSHIFT_WORKERS of them."""
+    from ..admission import Supervisor, bind, worker_count
+
+    count = worker_count(settings.server.workers)
+    if count == 1:
+        return run_one(settings, watch=watch, on_started=on_started)
+    logs.configure(settings.server.log_level)
+    srv = settings.server
+    try:
+        sock = bind(srv.host, srv.port)
+    except OSError as e:
+        print(f"initshift serve: cannot listen on {srv.host}:{srv.port}: {e}", file=sys.stderr)
+        return 1
+    with sock:
+        return Supervisor(settings, sock, count, watch=watch).run(on_started)
+
+
+def run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+            sock: socket.socket | None = None, worker: int = 0) -> int:
     from uvicorn._compat import asyncio_run
-    from uvicorn.loops.auto import auto_loop_factory
+
+    from ..admission import loop_factory
 
     logs.configure(settings.server.log_level)
     try:
-        asyncio_run(serve(settings, watch=watch, on_started=on_started), loop_factory=auto_loop_factory())
+        asyncio_run(serve(settings, watch=watch, on_started=on_started, sock=sock, worker=worker),
+                    loop_factory=loop_factory(settings.server.header_timeout_seconds))
     except (TLSError, OSError) as e:
         print(f"initshift serve: {e}", file=sys.stderr)
         return 1
@@ -114,4 +144,16 @@ def main(argv: list[str]) -> int:
     except SettingsError as e:
         print(f"initshift serve: {e}", file=sys.stderr)
         return 2
-    return run(settings, watch=args.watch)
+    if args.worker_fd is None:
+        return run(settings, watch=args.watch)
+    from ..admission import die_with_parent
+
+    die_with_parent()
+    ready_fd = args.ready_fd
+
+    def started() -> None:
+        if ready_fd is not None:
+            os.write(ready_fd, f"{args.worker}\n".encode())
+
+    return run_one(settings, watch=args.watch, on_started=started, sock=socket.socket(fileno=args.worker_fd),
+                   worker=args.worker)

@@ -6,7 +6,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..metrics import REGISTRY
 
-TRACKED = Gauge("initshift_watcher_pods_tracked", "Managed pods the watcher currently tracks.", registry=REGISTRY)
+TRACKED = Gauge("initshift_watcher_pods_tracked", "Managed pods the watcher currently tracks.", registry=REGISTRY,
+                multiprocess_mode="livemax")
 # From the pod's start to the ready annotation: image pulls and sidecar start-up dominate.
 READY_LATENCY = Histogram("initshift_watcher_ready_latency_seconds",
                           "Seconds from pod start until every sidecar was Ready and the gate was opened.",
@@ -17,4 +18,5 @@ DEADLINES = Counter("initshift_watcher_deadline_terminations_total",
                     "Pods ended with activeDeadlineSeconds.", registry=REGISTRY)
 API_ERRORS = Counter("initshift_watcher_api_errors_total", "Failed Kubernetes API calls, by call and HTTP status "
                      "(0: unreachable).", ["call", "status"], registry=REGISTRY)
-LEADER = Gauge("initshift_watcher_leader", "1 while this replica holds the leader Lease.", registry=REGISTRY)
+LEADER = Gauge("initshift_watcher_leader", "1 while this replica holds the leader Lease.", registry=REGISTRY,
+               multiprocess_mode="livemax")

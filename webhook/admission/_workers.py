@@ -1,0 +1,166 @@
+"""Several server processes on one listening socket, and the small supervisor that runs them.
+
+One Python process uses one core, and a review is CPU work: `initshift serve` therefore
+binds the port once and starts `INITSHIFT_WORKERS` copies of itself (one per usable CPU by
+default) that inherit the socket. The kernel hands each new connection to whichever worker
+is waiting in accept(), so a busy worker never holds a connection another could take.
+
+Worker 0 is the one that also runs the process-wide companions: self-managed certificate
+renewal (it writes the files every worker's reloader watches) and the watcher (`--watch`).
+It starts first, so the certificates exist when the others load them. Metrics are shared
+through prometheus_client's multiprocess mode (a directory the supervisor creates), so
+`/metrics` on any worker reports every worker. The supervisor restarts a worker that dies
+once all have started; one that dies during start-up ends `initshift serve` with its code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from ..settings import Settings
+
+log = logging.getLogger("initshift.workers")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+RESTART_DELAY = 1.0
+
+
+def worker_count(setting: int) -> int:
+    """`INITSHIFT_WORKERS`, where 0 means one per CPU this process may run on."""
+    if setting > 0:
+        return setting
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this worker when the supervisor dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+class Supervisor:
+    """Starts, watches and stops the worker processes of one `initshift serve`."""
+
+    def __init__(self, settings: Settings, sock: socket.socket, count: int, *, watch: bool,
+                 graceful_seconds: float = 10.0) -> None:
+        self.settings, self.sock, self.count, self.watch = settings, sock, count, watch
+        self.graceful_seconds = graceful_seconds
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.metrics_dir = tempfile.mkdtemp(prefix="initshift-metrics-")
+        self._ready_r, self._ready_w = os.pipe()
+        os.set_blocking(self._ready_r, False)
+        self.stopping = False
+
+    def _argv(self, index: int) -> list[str]:
+        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index),
+                "--worker-fd", str(self.sock.fileno()), "--ready-fd", str(self._ready_w)]
+        return argv + (["--watch"] if self.watch and index == 0 else [])
+
+    def _start(self, index: int) -> None:
+        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir}
+        self.procs[index] = subprocess.Popen(self._argv(index), env=env,
+                                             pass_fds=(self.sock.fileno(), self._ready_w))
+
+    def _wait_ready(self, indexes: set[int], deadline: float) -> int | None:
+        """Until every worker in `indexes` said it serves; a worker's exit code if one died."""
+        buf = b""
+        while indexes:
+            for i in list(indexes):
+                code = self.procs[i].poll()
+                if code is not None:
+                    return code
+            try:
+                buf += os.read(self._ready_r, 4096)
+            except BlockingIOError:
+                pass
+            *done, buf = buf.split(b"\n")
+            indexes -= {int(x) for x in done if x.strip()}
+            if self.stopping:
+                return 0
+            if time.monotonic() > deadline:
+                log.error("workers did not start in time", extra={"workers": sorted(indexes)})
+                return 1
+            time.sleep(0.02)
+        return None
+
+    def run(self, on_started: Callable[[], None] | None = None) -> int:
+        """Serve until SIGTERM/SIGINT; returns the exit code."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            # Worker 0 first: in self-managed mode it writes the certificates the others load.
+            self._start(0)
+            failed = self._wait_ready({0}, time.monotonic() + 120)
+            if failed is None and self.count > 1:
+                for i in range(1, self.count):
+                    self._start(i)
+                failed = self._wait_ready(set(range(1, self.count)), time.monotonic() + 120)
+            if failed is not None:
+                return failed
+            if on_started is not None and not self.stopping:
+                on_started()
+            log.info("serving", extra={"workers": self.count, "pids": [p.pid for p in self.procs.values()]})
+            self._supervise()
+            return 0
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(self._ready_r)
+            os.close(self._ready_w)
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+    def _supervise(self) -> None:
+        while not self.stopping:
+            for index, proc in list(self.procs.items()):
+                code = proc.poll()
+                if code is None or self.stopping:
+                    continue
+                log.error("worker exited, restarting it", extra={"worker": index, "pid": proc.pid, "code": code})
+                self._mark_dead(proc.pid)
+                time.sleep(RESTART_DELAY)
+                if not self.stopping:
+                    self._start(index)
+            try:
+                os.read(self._ready_r, 4096)  # restarted workers report too: drain
+            except BlockingIOError:
+                pass
+            time.sleep(0.1)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def _stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.graceful_seconds + 5
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _mark_dead(self, pid: int) -> None:
+        try:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(pid, self.metrics_dir)
+        except Exception:  # noqa: BLE001 - metrics housekeeping must never stop the supervisor
+            log.warning("could not clean the metrics of a dead worker", exc_info=True)
