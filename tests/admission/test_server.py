@@ -189,6 +189,11 @@ BAD = {
     "dryRun not a bool": (_replace(["request", "dryRun"], "yes"), JSON_CT),
     "pod create without object": (_replace(["request", "object"], None), JSON_CT),
     "pod object a list": (_replace(["request", "object"], [1]), JSON_CT),
+    # issue 17 finding 3: these were a 500 (the protected-namespace check ran outside the try)
+    "pod namespace a list": (_replace(["request", "object", "metadata", "namespace"], ["kube-system"]), JSON_CT),
+    "pod namespace a map": (_replace(["request", "object", "metadata", "namespace"], {"a": 1}), JSON_CT),
+    "pod metadata a string": (_replace(["request", "object", "metadata"], "x"), JSON_CT),
+    "pod name a number": (_replace(["request", "object", "metadata", "name"], 7), JSON_CT),
 }
 
 

@@ -1,19 +1,36 @@
-"""`make bench-admission`: latency and throughput of POST /mutate for a 7-step build pod
-with an istio-proxy sidecar, against GET /healthz of the same server as the floor.
+"""`make bench-admission`: what one review costs and what the server sustains, for a 7-step
+build pod with an istio-proxy sidecar. Prints figures, asserts nothing.
 
-The server runs as `initshift serve` in its own process (its own GIL, JSON logs on, as in
-production); the client is httpx over TLS with keep-alive. Prints, asserts nothing.
+1. The in-process rewrite of the pod (rewrite + JSONPatch), no HTTP.
+2. Latency and throughput of POST /mutate against GET /healthz (httpx, keep-alive).
+3. Throughput at 16 keep-alive connections with ApacheBench (C, so the client takes little
+   of the machine's CPU away from the server).
+4. A burst: 64 keep-alive connections sending reviews as fast as they are answered, while a
+   probe opens a new TLS connection every 100 ms (handshake time) and asks /healthz on
+   its own connection (latency): the webhook's 5 s timeout must never be near.
+5. A fixed-rate run: 200 reviews/s, started on schedule whatever the answers' pace.
+
+The server runs as `initshift serve` (INITSHIFT_WORKERS processes, JSON logs on, as in
+production). `--server-tree DIR` runs the server from another checkout (e.g. the branch
+point, to measure a baseline), `--workers N` overrides INITSHIFT_WORKERS, `--quick` only
+runs 1, 3 and 4.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
+import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -23,8 +40,33 @@ from tests.support import https_helpers as h
 from webhook.admission._https import bind
 
 ROUNDS = {1: 400, 16: 2400}
+BURST_SECONDS = 10.0
+RATE, RATE_SECONDS = 200, 10.0
 
 
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))] * 1000 if values else float("nan")
+
+
+# --- 1. in-process ---------------------------------------------------------------------------
+def rewrite_cost(pod: dict, rounds: int = 300) -> tuple[float, float]:
+    from webhook.admission._patch import make_patch
+    from webhook.rewrite import rewrite
+    from webhook.settings import Settings
+
+    settings = Settings(feature_gate=True)
+    for _ in range(20):
+        make_patch(pod, rewrite(pod, settings).pod)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        make_patch(pod, rewrite(pod, settings).pod)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000, pct(times, 0.99)
+
+
+# --- 2. httpx latency -------------------------------------------------------------------------
 async def measure(client: httpx.AsyncClient, method: str, path: str, body: bytes | None, concurrency: int,
                   total: int) -> dict:
     latencies: list[float] = []
@@ -45,12 +87,10 @@ async def measure(client: httpx.AsyncClient, method: str, path: str, body: bytes
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
-    latencies.sort()
-    return {"p50": statistics.median(latencies) * 1000, "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000,
-            "rps": len(latencies) / wall}
+    return {"p50": statistics.median(latencies) * 1000, "p99": pct(latencies, 0.99), "rps": len(latencies) / wall}
 
 
-async def run(url: str, ca: Path, body: bytes) -> list[tuple[int, dict, dict]]:
+async def latency_rounds(url: str, ca: Path, body: bytes) -> list[tuple[int, dict, dict]]:
     out = []
     for concurrency, total in ROUNDS.items():
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -61,43 +101,176 @@ async def run(url: str, ca: Path, body: bytes) -> list[tuple[int, dict, dict]]:
     return out
 
 
-def main() -> int:
-    review = h.review(h.seven_step_pod(), namespace="builds")
+# --- 3./4. ApacheBench load and the probe ----------------------------------------------------
+def ab(url: str, body_file: Path, concurrency: int, seconds: float) -> dict:
+    out = subprocess.run(["ab", "-q", "-k", "-s", "30", "-c", str(concurrency), "-t", str(seconds), "-n", "10000000",
+                          "-p", str(body_file), "-T", "application/json", f"{url}/mutate"],
+                         capture_output=True, text=True).stdout
+
+    def field(pattern: str, default: float = 0.0) -> float:
+        m = re.search(pattern, out)
+        return float(m.group(1)) if m else default
+
+    return {"rps": field(r"Requests per second:\s+([\d.]+)"), "done": field(r"Complete requests:\s+(\d+)"),
+            "failed": field(r"Failed requests:\s+(\d+)"), "non2xx": field(r"Non-2xx responses:\s+(\d+)"),
+            "p99": field(r"\s99%\s+(\d+)", float("nan"))}
+
+
+class Probe(threading.Thread):
+    """Every 100 ms: a new TCP+TLS connection (handshake time), and GET /healthz on a
+    kept-alive connection of its own (latency)."""
+
+    def __init__(self, port: int, ca: Path) -> None:
+        super().__init__(daemon=True)
+        self.port, self.ctx = port, h.client_context(ca)
+        self.handshakes: list[float] = []
+        self.healthz: list[float] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+
+    def _handshake(self) -> None:
+        t = time.perf_counter()
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=10) as raw, \
+                    self.ctx.wrap_socket(raw, server_hostname="localhost"):
+                self.handshakes.append(time.perf_counter() - t)
+        except (OSError, ssl.SSLError) as e:
+            self.failures.append(f"handshake: {e!r}")
+
+    def run(self) -> None:
+        with httpx.Client(base_url=f"https://127.0.0.1:{self.port}", verify=self.ctx, timeout=10) as c:
+            while not self.stop.wait(0.1):
+                self._handshake()
+                t = time.perf_counter()
+                try:
+                    ok = c.get("/healthz").status_code == 200
+                    self.healthz.append(time.perf_counter() - t)
+                    if not ok:
+                        self.failures.append("healthz not 200")
+                except httpx.HTTPError as e:
+                    self.failures.append(f"healthz: {e!r}")
+
+
+def burst(url: str, port: int, ca: Path, body_file: Path) -> tuple[dict, Probe]:
+    probe = Probe(port, ca)
+    probe.start()
+    try:
+        load = ab(url, body_file, 64, BURST_SECONDS)
+    finally:
+        probe.stop.set()
+        probe.join(15)
+    return load, probe
+
+
+# --- 5. fixed rate ---------------------------------------------------------------------------
+async def fixed_rate(url: str, ca: Path, body: bytes) -> dict:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=url, verify=h.client_context(ca), limits=limits, timeout=10) as c:
+        async def one() -> None:
+            t = time.perf_counter()
+            try:
+                r = await c.post("/mutate", content=body, headers={"content-type": "application/json"})
+                key = None if r.status_code == 200 else f"HTTP {r.status_code}"
+            except httpx.HTTPError as e:
+                key = type(e).__name__
+            latencies.append(time.perf_counter() - t)
+            if key:
+                errors[key] = errors.get(key, 0) + 1
+
+        tasks = []
+        start = time.perf_counter()
+        for i in range(int(RATE * RATE_SECONDS)):
+            delay = start + i / RATE - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - start
+    return {"sent": len(tasks), "rps": len(tasks) / wall, "p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
+            "max": max(latencies) * 1000, "errors": errors}
+
+
+# --- the server ------------------------------------------------------------------------------
+def start_server(d: Path, tree: Path, workers: int | None) -> tuple[subprocess.Popen, int]:
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()  # the server binds it; loopback ports are not reused that fast
+    env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
+           "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(d / "tls.crt"),
+           "INITSHIFT_TLS_KEY": str(d / "tls.key"), "PYTHONPATH": str(tree)}
+    if workers is not None:
+        env["INITSHIFT_WORKERS"] = str(workers)
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+def wait_ready(url: str, ca: Path, body: bytes) -> None:
+    for _ in range(400):
+        try:
+            httpx.get(f"{url}/readyz", verify=h.client_context(ca))
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    answer = httpx.post(f"{url}/mutate", content=body, verify=h.client_context(ca),
+                        headers={"content-type": "application/json"}).json()
+    assert answer["response"].get("patch"), "the benchmark pod must be rewritten"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server-tree", type=Path, default=Path.cwd(), help="checkout the server runs from")
+    ap.add_argument("--workers", type=int, help="INITSHIFT_WORKERS for the server")
+    ap.add_argument("--quick", action="store_true", help="only the in-process cost, ApacheBench and the burst")
+    args = ap.parse_args(argv)
+    pod = h.seven_step_pod()
+    review = h.review(pod, namespace="builds")
     body = json.dumps(review).encode()
+    p50, p99 = rewrite_cost(review["request"]["object"])
+    print(f"admission benchmark: 7-step pod + istio-proxy, {len(body)} byte review, TLS, {os.cpu_count()} cores, "
+          f"server from {args.server_tree}, INITSHIFT_WORKERS={args.workers if args.workers is not None else 'default'}")
+    print(f"in-process rewrite + patch: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    have_ab = shutil.which("ab") is not None
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         ca = h.make_certs(d)
-        sock = bind()
-        port = sock.getsockname()[1]
-        sock.close()  # the child binds it; loopback ports are not reused that fast
-        env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
-               "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(d / "tls.crt"),
-               "INITSHIFT_TLS_KEY": str(d / "tls.key")}
-        proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        body_file = d / "review.json"
+        body_file.write_bytes(body)
+        proc, port = start_server(d, args.server_tree.resolve(), args.workers)
+        url = f"https://127.0.0.1:{port}"
         try:
-            url = f"https://127.0.0.1:{port}"
-            for _ in range(200):
-                try:
-                    httpx.get(f"{url}/readyz", verify=h.client_context(ca))
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.05)
-            answer = httpx.post(f"{url}/mutate", content=body, verify=h.client_context(ca),
-                                headers={"content-type": "application/json"}).json()
-            assert answer["response"].get("patch"), "the benchmark pod must be rewritten"
-            results = asyncio.run(run(url, ca, body))
+            wait_ready(url, ca, body)
+            rounds = [] if args.quick else asyncio.run(latency_rounds(url, ca, body))
+            steady = ab(url, body_file, 16, 10) if have_ab else None
+            load, probe = burst(url, port, ca, body_file) if have_ab else (None, None)
+            rate = None if args.quick else asyncio.run(fixed_rate(url, ca, body))
         finally:
             proc.terminate()
-            proc.wait(20)
-    print(f"admission benchmark: 7-step pod + istio-proxy, {len(body)} byte review, "
-          f"TLS, keep-alive, {os.cpu_count()} cores")
-    print(f"{'concurrency':>11} {'endpoint':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
-    for concurrency, mutate, trivial in results:
-        for name, r in (("/mutate", mutate), ("/healthz", trivial)):
-            print(f"{concurrency:>11} {name:>9} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps']:>8.0f}")
-        print(f"{concurrency:>11} {'ratio':>9} {mutate['p50'] / trivial['p50']:>8.1f} "
-              f"{mutate['p99'] / trivial['p99']:>8.1f} {trivial['rps'] / mutate['rps']:>8.1f}  (mutate / healthz)")
+            proc.wait(30)
+    if rounds:
+        print(f"{'concurrency':>11} {'endpoint':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}   (httpx client)")
+        for concurrency, mutate, trivial in rounds:
+            for name, r in (("/mutate", mutate), ("/healthz", trivial)):
+                print(f"{concurrency:>11} {name:>9} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps']:>8.0f}")
+    if steady is None or load is None or probe is None:
+        print("ApacheBench (ab, Debian apache2-utils) not found: no throughput or burst figures")
+    else:
+        print(f"ab, 16 keep-alive connections, 10 s: {steady['rps']:.0f} req/s, p99 {steady['p99']:.0f} ms, "
+              f"{steady['failed']:.0f} failed, {steady['non2xx']:.0f} non-2xx")
+        print(f"burst, 64 keep-alive connections, {BURST_SECONDS:g} s: {load['rps']:.0f} req/s, p99 {load['p99']:.0f} ms, "
+              f"{load['failed']:.0f} failed, {load['non2xx']:.0f} non-2xx (503: refused when busy)")
+        print(f"  new TLS handshakes during it: {len(probe.handshakes)}, p50 {pct(probe.handshakes, 0.5):.0f} ms, "
+              f"p99 {pct(probe.handshakes, 0.99):.0f} ms, max {max(probe.handshakes, default=0) * 1000:.0f} ms "
+              f"(goal: all under 1000 ms)")
+        print(f"  /healthz during it: {len(probe.healthz)}, p50 {pct(probe.healthz, 0.5):.0f} ms, "
+              f"p99 {pct(probe.healthz, 0.99):.0f} ms, max {max(probe.healthz, default=0) * 1000:.0f} ms; "
+              f"probe failures: {len(probe.failures)} {probe.failures[:3]}")
+    if rate is not None:
+        print(f"fixed rate {RATE}/s for {RATE_SECONDS:g} s (httpx, up to 64 connections): {rate['sent']} sent at "
+              f"{rate['rps']:.0f}/s, p50 {rate['p50']:.1f} ms, p99 {rate['p99']:.1f} ms, max {rate['max']:.0f} ms, "
+              f"errors {rate['errors'] or 0}")
     return 0
 
 

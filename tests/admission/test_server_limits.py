@@ -1,0 +1,197 @@
+"""The server's guards against slow, idle, many and heavy clients (issue 17 findings 3, 5,
+6, 7), over real TLS sockets: every guard answers or closes within its configured time
+(the bounds below are generous multiples of it: they check that the guard exists, not
+how fast the machine is), and the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import https_helpers as h
+
+REVIEW = h.review(h.kpack_istio(), namespace="builds")
+BODY = json.dumps(REVIEW).encode()
+JSON_CT = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    h.make_certs(d)
+    return d
+
+
+def tls(port: int, pki: Path, **ctx_kw) -> ssl.SSLSocket:
+    ctx = h.client_context(pki / "ca.crt")
+    for k, v in ctx_kw.items():
+        setattr(ctx, k, v)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname="localhost")
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `sock` (EOF or reset) within `seconds`."""
+    sock.settimeout(seconds)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionError, ssl.SSLError):
+        return True
+    except (socket.timeout, TimeoutError):
+        return False
+    return False
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        body += sock.recv(65536)
+    return int(lines[0].split()[1]), headers, body
+
+
+def request_head(length: int) -> bytes:
+    return (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+# --- finding 6: slow and idle clients ---------------------------------------------------------
+def test_slow_headers_idle_connections_and_silent_sockets_are_closed(pki):
+    settings = h.settings_for(pki, header_timeout_seconds=1.0, keepalive_timeout_seconds=1.0)
+    with h.running(settings) as server:
+        idle = tls(server.port, pki)  # handshake done, never a byte
+        assert closed_within(idle, 10)
+        slow = tls(server.port, pki)  # slowloris: a header byte every 0.3 s
+        deadline = time.monotonic() + 10
+        try:
+            for byte in request_head(len(BODY)) * 10:
+                slow.sendall(bytes([byte]))
+                time.sleep(0.3)
+                assert time.monotonic() < deadline
+        except (ConnectionError, ssl.SSLError):
+            pass
+        else:
+            pytest.fail("the slow client was never cut off")
+        silent = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # no TLS ClientHello
+        assert closed_within(silent, 10)
+        kept = tls(server.port, pki)  # an answered keep-alive connection, then idle
+        kept.sendall(request_head(len(BODY)) + BODY)
+        assert read_response(kept)[0] == 200
+        assert closed_within(kept, 10)
+        with httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:  # and it still serves
+            assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
+            metrics = c.get(f"{h.base_url(server)}/metrics").text
+        assert 'initshift_connections_closed_total{reason="header-timeout"}' in metrics
+
+
+def test_a_stalled_body_is_a_408_and_gives_its_bytes_back(pki):
+    settings = h.settings_for(pki, body_timeout_seconds=1.0)
+    with h.running(settings) as server:
+        capacity = server.app.state.capacity
+        s = tls(server.port, pki)
+        s.sendall(request_head(len(BODY)) + BODY[:100])  # 100 bytes, then nothing
+        status, headers, body = read_response(s)
+        assert status == 408 and headers.get("connection") == "close"
+        assert "not complete" in json.loads(body)["error"]
+        assert capacity.reviews == 0 and capacity.body_bytes == 0
+
+
+# --- finding 5: bounded work in hand, refused fast -------------------------------------------
+def test_reviews_beyond_the_limit_are_refused_at_once_with_503(pki):
+    settings = h.settings_for(pki, max_pending_reviews=1, body_timeout_seconds=3.0)
+    with h.running(settings) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+        holder = tls(server.port, pki)
+        holder.sendall(request_head(len(BODY)) + BODY[:10])  # holds the only slot
+        deadline = time.monotonic() + 5
+        while server.app.state.capacity.reviews == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert "busy" in r.json()["error"] and "INITSHIFT_MAX_PENDING_REVIEWS" in r.json()["error"]
+        assert c.get(f"{h.base_url(server)}/healthz").status_code == 200  # never refused
+        assert read_response(holder)[0] == 408  # the holder times out and frees its slot
+        assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
+
+
+def test_body_bytes_in_flight_are_capped(pki):
+    settings = h.settings_for(pki, max_body_bytes_in_flight=len(BODY) + 10)
+    with h.running(settings) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+        holder = tls(server.port, pki)
+        holder.sendall(request_head(len(BODY)) + BODY[:10])
+        deadline = time.monotonic() + 5
+        while server.app.state.capacity.body_bytes == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
+        assert r.status_code == 503 and "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT" in r.json()["error"]
+        holder.sendall(BODY[10:])
+        assert read_response(holder)[0] == 200
+        assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
+
+
+def test_connections_over_the_cap_are_closed_at_once(pki):
+    settings = h.settings_for(pki, max_connections=3, header_timeout_seconds=60.0)
+    with h.running(settings) as server:
+        held = [tls(server.port, pki) for _ in range(3)]
+        extra = tls(server.port, pki)
+        assert closed_within(extra, 10)
+        for s in held:
+            s.close()
+        time.sleep(0.2)
+        with httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+            assert c.get(f"{h.base_url(server)}/healthz").status_code == 200
+
+
+# --- finding 7: cipher policy --------------------------------------------------------------------
+@pytest.mark.parametrize("cipher", ["AES128-SHA", "AES256-SHA", "ECDHE-RSA-AES128-SHA", "AES128-GCM-SHA256"])
+def test_tls12_refuses_sha1_cbc_and_static_rsa_suites(pki, cipher):
+    with h.running(h.settings_for(pki)) as server:
+        ctx = h.client_context(pki / "ca.crt")
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_ciphers(cipher + ":@SECLEVEL=0")
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+                ctx.wrap_socket(raw, server_hostname="localhost").close()
+        ctx = h.client_context(pki / "ca.crt")
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            name, version, _ = s.cipher()
+            assert version == "TLSv1.2" and name.startswith("ECDHE-") and ("GCM" in name or "CHACHA20" in name)
+
+
+# --- finding 3: a 500 closes its connection properly -----------------------------------------------
+def test_an_unexpected_500_says_connection_close_and_the_next_request_works(pki):
+    with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+        reviewer = server.app.state.reviewer
+        real = reviewer.decide
+
+        async def broken(*_args, **_kw):
+            raise RuntimeError("a bug outside the failure mode")
+
+        reviewer.decide = broken
+        try:
+            r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
+        finally:
+            reviewer.decide = real
+        assert r.status_code == 500 and r.headers["connection"] == "close"
+        assert r.json() == {"error": "internal error: RuntimeError"}
+        assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
