@@ -168,10 +168,14 @@ class HttpsServer:
             self._thread.join(30)
 
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening socket; port 0 picks a free one with no race between choice and bind."""
+def bind(host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False) -> socket.socket:
+    """A listening socket; port 0 picks a free one with no race between choice and bind.
+    `reuse_port`: one of several processes' sockets on the port (SO_REUSEPORT: the kernel
+    spreads new connections evenly over them)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(1024)  # a burst of new connections waits in the kernel, not refused
     sock.set_inheritable(True)

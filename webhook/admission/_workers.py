@@ -1,9 +1,12 @@
-"""Several server processes on one listening socket, and the small supervisor that runs them.
+"""Several server processes on one port, and the small supervisor that runs them.
 
 One Python process uses one core, and a review is CPU work: `initshift serve` therefore
-binds the port once and starts `INITSHIFT_WORKERS` copies of itself (one per usable CPU by
-default) that inherit the socket. The kernel hands each new connection to whichever worker
-is waiting in accept(), so a busy worker never holds a connection another could take.
+starts `INITSHIFT_WORKERS` copies of itself (one per usable CPU by default), each with its
+own listening socket on the port (SO_REUSEPORT): the kernel spreads new connections evenly
+over them, where one shared socket would let whichever process is idle first take every
+connection (and the apiserver keeps its connections alive, so that imbalance would last).
+A worker's event loop never runs a review itself (webhook/admission/_app.py), so its
+socket's connections are accepted at once even while it works.
 
 Worker 0 is the one that also runs the process-wide companions: self-managed certificate
 renewal (it writes the files every worker's reloader watches) and the watcher (`--watch`).
@@ -19,7 +22,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,9 +59,8 @@ def die_with_parent() -> None:
 class Supervisor:
     """Starts, watches and stops the worker processes of one `initshift serve`."""
 
-    def __init__(self, settings: Settings, sock: socket.socket, count: int, *, watch: bool,
-                 graceful_seconds: float = 10.0) -> None:
-        self.settings, self.sock, self.count, self.watch = settings, sock, count, watch
+    def __init__(self, settings: Settings, count: int, *, watch: bool, graceful_seconds: float = 10.0) -> None:
+        self.settings, self.count, self.watch = settings, count, watch
         self.graceful_seconds = graceful_seconds
         self.procs: dict[int, subprocess.Popen] = {}
         self.metrics_dir = tempfile.mkdtemp(prefix="initshift-metrics-")
@@ -68,14 +69,14 @@ class Supervisor:
         self.stopping = False
 
     def _argv(self, index: int) -> list[str]:
-        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index),
-                "--worker-fd", str(self.sock.fileno()), "--ready-fd", str(self._ready_w)]
+        srv = self.settings.server
+        argv = [sys.executable, "-m", "webhook.cli", "serve", "--host", srv.host, "--port", str(srv.port),
+                "--worker", str(index), "--ready-fd", str(self._ready_w)]
         return argv + (["--watch"] if self.watch and index == 0 else [])
 
     def _start(self, index: int) -> None:
         env = {**os.environ, MULTIPROC_ENV: self.metrics_dir}
-        self.procs[index] = subprocess.Popen(self._argv(index), env=env,
-                                             pass_fds=(self.sock.fileno(), self._ready_w))
+        self.procs[index] = subprocess.Popen(self._argv(index), env=env, pass_fds=(self._ready_w,))
 
     def _wait_ready(self, indexes: set[int], deadline: float) -> int | None:
         """Until every worker in `indexes` said it serves; a worker's exit code if one died."""

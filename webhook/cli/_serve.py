@@ -30,8 +30,7 @@ def parser(prog: str = "initshift serve") -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, help="port (default: INITSHIFT_PORT)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (in the first server process)")
     # A worker started by the supervisor (webhook/admission/_workers.py): not for people.
-    ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     return ap
 
@@ -101,13 +100,12 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
         return run_one(settings, watch=watch, on_started=on_started)
     logs.configure(settings.server.log_level)
     srv = settings.server
-    try:
-        sock = bind(srv.host, srv.port)
+    try:  # fail here, once, when the port is taken (the workers bind it with SO_REUSEPORT)
+        bind(srv.host, srv.port).close()
     except OSError as e:
         print(f"initshift serve: cannot listen on {srv.host}:{srv.port}: {e}", file=sys.stderr)
         return 1
-    with sock:
-        return Supervisor(settings, sock, count, watch=watch).run(on_started)
+    return Supervisor(settings, count, watch=watch).run(on_started)
 
 
 def run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
@@ -144,9 +142,9 @@ def main(argv: list[str]) -> int:
     except SettingsError as e:
         print(f"initshift serve: {e}", file=sys.stderr)
         return 2
-    if args.worker_fd is None:
+    if args.worker is None:
         return run(settings, watch=args.watch)
-    from ..admission import die_with_parent
+    from ..admission import bind, die_with_parent
 
     die_with_parent()
     ready_fd = args.ready_fd
@@ -155,5 +153,10 @@ def main(argv: list[str]) -> int:
         if ready_fd is not None:
             os.write(ready_fd, f"{args.worker}\n".encode())
 
-    return run_one(settings, watch=args.watch, on_started=started, sock=socket.socket(fileno=args.worker_fd),
-                   worker=args.worker)
+    srv = settings.server
+    try:
+        sock = bind(srv.host, srv.port, reuse_port=True)
+    except OSError as e:
+        print(f"initshift serve: cannot listen on {srv.host}:{srv.port}: {e}", file=sys.stderr)
+        return 1
+    return run_one(settings, watch=args.watch, on_started=started, sock=sock, worker=args.worker)

@@ -1,0 +1,112 @@
+"""`initshift serve` with several worker processes, as a real process tree: every worker
+answers on the one port, `/metrics` adds them up, a certificate rotation reaches every
+worker, a worker that dies is replaced, SIGTERM ends them all."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from certs import pki
+from tests.admission.test_server_rotation import der, secret_volume
+from tests.support import https_helpers as h
+from waiter import protocol as p
+from webhook.admission._https import bind
+
+REVIEW = h.review(h.kpack_istio(), namespace="builds")
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def wait_for(condition, seconds: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def served(port: int, ctx: ssl.SSLContext) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        return s.getpeercert(binary_form=True)
+
+
+def test_workers_share_the_port_reload_certificates_and_are_replaced(tmp_path):
+    names = list(h.LOOPBACK.dns_names)
+    old_ca, new_ca = pki.create_ca("old-ca"), pki.create_ca("new-ca")
+    old = pki.create_serving(old_ca, names, h.LOOPBACK.ips)
+    new = pki.create_serving(new_ca, names, h.LOOPBACK.ips)
+    (tmp_path / "bundle.crt").write_bytes(old_ca.cert_pem + new_ca.cert_pem)
+    ctx = h.client_context(tmp_path / "bundle.crt")
+    vol = tmp_path / "tls"
+    vol.mkdir()
+    secret_volume(vol, "v1", old)
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INITSHIFT_", p.FEATURE_GATE_ENV))}
+    env.update({p.FEATURE_GATE_ENV: "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": str(port),
+                "INITSHIFT_WORKERS": "2", "INITSHIFT_TLS_CERT": str(vol / "tls.crt"),
+                "INITSHIFT_TLS_KEY": str(vol / "tls.key"), "INITSHIFT_LOG_LEVEL": "warning"})
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: len(children(proc.pid)) == 2, what="two workers")
+        first = children(proc.pid)
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{url}/readyz", verify=ctx).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(answers, what="the server")
+        for _ in range(20):  # a new connection each: the kernel spreads them over the workers
+            r = httpx.post(f"{url}/mutate", json=REVIEW, verify=ctx)
+            assert r.status_code == 200 and r.json()["response"]["patch"]
+        scrapes = set()  # (the answering worker's start time, the patched count it reports)
+
+        def both_answered() -> bool:
+            scraped = httpx.get(f"{url}/metrics", verify=ctx).text
+            started = re.search(r"^process_start_time_seconds ([\d.e+]+)$", scraped, re.M)
+            patched = re.search(r'^initshift_admission_requests_total\{outcome="patched"\} ([\d.]+)$', scraped, re.M)
+            assert started and patched
+            scrapes.add((started.group(1), float(patched.group(1))))
+            return len({start for start, _ in scrapes}) == 2
+
+        wait_for(both_answered, what="an answer from each worker")  # the second starts after the first
+        assert {count for _, count in scrapes} == {20.0}  # ...and each reported every worker's reviews
+
+        secret_volume(vol, "v2", new)  # every worker reloads on its own
+        wait_for(lambda: all(served(port, ctx) == der(new) for _ in range(20)), what="the new certificate everywhere")
+
+        victim = sorted(first)[-1]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(children(proc.pid)) == 2 and victim not in children(proc.pid), what="a replacement")
+        wait_for(answers, what="the server after the replacement")
+        assert served(port, ctx) == der(new)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
+    assert not children(proc.pid)
