@@ -76,14 +76,14 @@ class Reviewer:
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None]) -> None:
         # Imported here so the app module stays importable (and /healthz cheap) on its own.
+        from ..rewrite import plan
         from ._patch import make_patch
-        from ..rewrite import lookups_needed, rewrite
 
         self.settings = settings
         self.resolver = resolver
         self.native_supported = native_supported
         self.protected = _protected(settings)
-        self._rewrite, self._lookups, self._make_patch = rewrite, lookups_needed, make_patch
+        self._plan, self._make_patch = plan, make_patch
 
     async def decide(self, review: Review) -> Decision:
         if not review.is_pod_create:
@@ -108,11 +108,11 @@ class Reviewer:
 
     async def _rewrite_pod(self, review: Review) -> Decision:
         pod = review.obj
-        native = self.native_supported()
+        plan = self._plan(pod, self.settings, native_supported=self.native_supported())
         images: dict[str, Any] | None = None
         lookup_error: str | None = None
         if self.resolver is not None:
-            lookups = self._lookups(pod, self.settings, native_supported=native)
+            lookups = plan.lookups()
             if lookups:
                 try:
                     # The pod of a CREATE review often has no namespace: the request's decides.
@@ -120,8 +120,7 @@ class Reviewer:
                 except UnresolvedEntrypoint as e:
                     # Rewrite without the image: it denies or admits per on_unresolved, saying why.
                     lookup_error = str(e)
-        result = self._rewrite(pod, self.settings, images=images, native_supported=native,
-                               lookup_error=lookup_error)
+        result = plan.rewrite(images=images, lookup_error=lookup_error)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)

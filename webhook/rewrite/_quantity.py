@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from ._errors import RewriteError
+
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
             "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
@@ -19,8 +21,8 @@ _RE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d
 ZERO = Fraction(0)
 
 
-class QuantityError(ValueError):
-    pass
+class QuantityError(RewriteError, ValueError):
+    """Not a Kubernetes quantity (the pod is left unchanged, reason `invalid`)."""
 
 
 def parse(value: str | int | float) -> Fraction:
