@@ -336,7 +336,7 @@ def test_waiter_lines_are_recognised_by_the_protocol_prefix(line: str, ours: boo
 
 def test_record_helper_is_what_the_watcher_parses() -> None:
     """The fixtures' termination messages are real waiter records (decide reads them)."""
-    from webhook.watcher._decide import read_run
+    from webhook.watcher._podstate import read_run
     r = read_run("x", done("x", 1, 2))
     assert r.recorded and r.reason == p.REASON_COMPLETED and json.loads(record("x"))["name"] == "x"
 

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 from kubernetes_asyncio import config as k8s_config
 
 from ..kube import KubeApi, KubeError
-from ..watcher import NotManaged, pod_layout
+from ..watcher import NotManaged, layout
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -88,7 +88,7 @@ async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
     except KubeError as e:
         raise api_error(e, namespace, name) from None
     try:
-        pod_layout(pod)
+        layout(pod)
     except NotManaged as e:
         raise CliError(str(e)) from None
     return pod
