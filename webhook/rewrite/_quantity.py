@@ -7,6 +7,7 @@ exponent (e3, E-2). JSON numbers are accepted as well, as the apiserver does.
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -25,6 +26,9 @@ class QuantityError(RewriteError, ValueError):
     """Not a Kubernetes quantity (the pod is left unchanged, reason `invalid`)."""
 
 
+# A pod's quantities are read by several rules (requests, QoS, growth, the safety net) and
+# the same few strings recur across pods: each distinct value is parsed once.
+@functools.lru_cache(maxsize=4096, typed=True)
 def parse(value: str | int | float) -> Fraction:
     if isinstance(value, bool):
         raise QuantityError(f"not a quantity: {value!r}")
