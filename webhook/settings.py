@@ -15,12 +15,13 @@ from typing import Any, Mapping
 from waiter import protocol as p
 
 from . import __version__
+from .errors import InitshiftError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-class SettingsError(ValueError):
+class SettingsError(InitshiftError, ValueError):
     """A variable has a value the server cannot use."""
 
 

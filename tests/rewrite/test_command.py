@@ -5,7 +5,6 @@ argv it wrote. Property-based: any names, paths, URLs and argv words round-trip.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st

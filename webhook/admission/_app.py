@@ -29,10 +29,6 @@ log = logging.getLogger("initshift.server")
 MUTATE_PATH = "/mutate"
 
 
-class BodyTooLarge(BadReview):
-    pass
-
-
 @dataclass(frozen=True)
 class Decision:
     """What the server answered, for the response, the log line and the metrics."""
@@ -52,14 +48,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         except ValueError:
             raise BadReview("invalid Content-Length") from None
         if size > limit:
-            raise BodyTooLarge(f"body of {size} bytes is over the limit of {limit} bytes")
+            raise BadReview(f"body of {size} bytes is over the limit of {limit} bytes")
     chunks: list[bytes] = []
     total = 0
     try:
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
-                raise BodyTooLarge(f"body is over the limit of {limit} bytes")
+                raise BadReview(f"body is over the limit of {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
         raise BadReview("client disconnected before the body was complete") from None

@@ -28,6 +28,7 @@ from waiter import protocol as p
 
 from .. import metrics
 from ..rewrite import resolve_support as resolve
+from ..errors import InitshiftError
 
 if TYPE_CHECKING:
     from ..kube import KubeApi
@@ -123,7 +124,7 @@ def default_strategy(settings: "Settings", supported: bool | None) -> str:
 
 # --- reading the cluster -------------------------------------------------------------------
 
-class NodesForbidden(Exception):
+class NodesForbidden(InitshiftError):
     """RBAC does not allow listing nodes."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import InitshiftError
 
-class RewriteError(Exception):
+
+class RewriteError(InitshiftError):
     """The pod cannot be rewritten; the message says why.
 
     `reason` is the slug metrics and logs use; `deny` turns the admitted-unchanged-with-a-

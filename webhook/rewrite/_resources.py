@@ -8,9 +8,9 @@
   the larger of the two.
 - QoS class (pkg/apis/core/helper/qos): BestEffort, Guaranteed or Burstable.
 
-`redistribute` moves steps from init (max) to regular (sum) containers without letting the
-pod's effective request grow (policy `preserve`), proportionally (`divide`), or not at all
-(`keep`).
+`plan_steps` gives the steps' requests once they move from init (max) to regular (sum)
+containers: without letting the pod's effective request grow (policy `preserve`),
+proportionally (`divide`), or as they were (`keep`).
 """
 
 from __future__ import annotations

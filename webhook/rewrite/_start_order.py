@@ -28,7 +28,6 @@ entrypoint that cannot be resolved) deny the pod with one message: nothing is ha
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 

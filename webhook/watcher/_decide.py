@@ -18,7 +18,7 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
-from ._podstate import MESSAGE_LIMIT, NOT_RUN, Layout, Run, layout, parse_time, read_run, statuses
+from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, read_run, statuses
 
 # Outcome JSON (annotation initshift.io/outcome), documented in README "The watcher".
 SUCCEEDED = "Succeeded"

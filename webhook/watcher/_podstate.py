@@ -24,6 +24,7 @@ from waiter import protocol as p
 
 from ..rewrite import classify, is_restartable, managed_as
 from ..settings import RewriteSettings
+from ..errors import InitshiftError
 
 # Container kinds.
 INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
@@ -32,7 +33,7 @@ _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message ha
 MESSAGE_LIMIT = 1024
 
 
-class NotManaged(ValueError):
+class NotManaged(InitshiftError, ValueError):
     """The pod has nothing initshift can show: not rewritten and no init containers."""
 
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from waiter import protocol as p
 
 from ..settings import RewriteSettings
-from ._podstate import (INIT, MAIN, NOT_RUN, SIDECAR, STEP, NotManaged, Run, layout, parse_time, read_run,
+from ._podstate import (NOT_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
                         statuses)
 
 
