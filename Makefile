@@ -11,6 +11,8 @@ PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])
 # Debian packages the tests and the waiter build use; installed with apt-get when missing (root only).
 # PyInstaller freezes against Python's shared library (libpythonX.Y), which a bare python3 lacks.
 APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
+# Benchmarks only: wrk, a C load generator, so the client is never the bottleneck.
+BENCH_APT_PACKAGES := wrk
 PYTEST_ARGS ?=
 
 .PHONY: help venv system-deps run test waiter wheel bench bench-waiter bench-admission clean
@@ -58,6 +60,8 @@ bench-waiter: waiter
 	$(PY) -m tests.bench.waiter_bench
 
 bench-admission: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
+	$(PY) -m tests.bench.latency_bench
 	$(PY) -m tests.bench.admission_bench
 
 clean:

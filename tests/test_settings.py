@@ -45,3 +45,17 @@ def test_every_variable_is_prefixed_and_unique():
     names = [row[0] for row in settings_rows()]
     assert len(names) == len(set(names))
     assert all(n.startswith(p.ENV_PREFIX) or n == p.FEATURE_GATE_ENV for n in names)
+
+
+def test_to_env_round_trips_every_setting():
+    """The server's worker processes get their settings through the environment."""
+    import dataclasses
+
+    from webhook.settings import Settings, to_env
+
+    settings = Settings.from_env({"SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_SIDECAR_NAMES": "a,b",
+                                  "INITSHIFT_QUIT_ENDPOINTS": "a=http://127.0.0.1:1/q",
+                                  "INITSHIFT_HEADER_TIMEOUT_SECONDS": "2.5", "INITSHIFT_WATCH_NAMESPACES": ""})
+    settings = settings.replace(server=dataclasses.replace(settings.server, host="10.0.0.1", port=9443))
+    assert Settings.from_env(to_env(settings)) == settings
+    assert Settings.from_env(to_env(Settings())) == Settings()

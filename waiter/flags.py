@@ -12,10 +12,22 @@ from . import protocol as p
 from .errors import UsageError
 from .loopback import Endpoint
 
-_VALUED = {p.FLAG_NAME, p.FLAG_WAIT, p.FLAG_POST, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT,
-           p.FLAG_QUIT, p.FLAG_PEER, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP}
-_REPEATABLE = {p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_PEER}
-_SWITCHES = {p.FLAG_RETRY}
+# Each command's grammar for `split`: (flags taking a value, the repeatable ones, switches).
+# The webhook reads a wrapped container's command line back with these same grammars.
+Grammar = tuple[frozenset[str], frozenset[str], frozenset[str]]
+RUN: Grammar = (
+    frozenset({p.FLAG_NAME, p.FLAG_WAIT, p.FLAG_POST, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT, p.FLAG_QUIT,
+               p.FLAG_PEER, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP}),
+    frozenset({p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_PEER}),
+    frozenset({p.FLAG_RETRY}),
+)
+START_AFTER: Grammar = (
+    frozenset({p.FLAG_NAME, p.FLAG_MARKER, p.FLAG_MAX_WAIT, p.FLAG_ARGV_MAP, p.FLAG_LOG_INTERVAL, p.FLAG_PROBE,
+               p.FLAG_AFTER_MARKER, p.FLAG_AFTER_READY_FILE}),
+    frozenset({p.FLAG_PROBE, p.FLAG_AFTER_MARKER, p.FLAG_AFTER_READY_FILE}),
+    frozenset(),
+)
+GRAMMARS = {p.CMD_RUN: RUN, p.CMD_START_AFTER: START_AFTER}
 
 USAGE = (f"usage: waiter run {p.FLAG_POST} FILE [{p.FLAG_NAME} NAME] [{p.FLAG_WAIT} FILE] "
          f"[{p.FLAG_READY_FILE} FILE] [{p.FLAG_PROBE} URL]... [{p.FLAG_TIMEOUT} SECONDS] "
@@ -41,10 +53,10 @@ class RunOptions:
         self.argv: list[bytes] = []
 
 
-def split(args: list[str], valued: set[str], repeatable: set[str] = frozenset(),
-          switches: set[str] = frozenset()) -> tuple[list[tuple[str, str | None]], list[str]]:
+def split(args: list[str], grammar: Grammar) -> tuple[list[tuple[str, str | None]], list[str]]:
     """Flags before the separator as (flag, value) pairs (None for a switch), and the argv
     after it; a flag given twice (unless repeatable) or with an empty value is refused."""
+    valued, repeatable, switches = grammar
     pairs: list[tuple[str, str | None]] = []
     seen: set[str] = set()
     i = 0
@@ -108,7 +120,7 @@ def endpoint(flag: str, url: str, schemes: tuple[str, ...] = ("http", "https", "
 
 
 def parse_run(args: list[str]) -> RunOptions:
-    pairs, argv = split(args, _VALUED, _REPEATABLE, _SWITCHES)
+    pairs, argv = split(args, RUN)
     opts = RunOptions()
     argv_map = None
     for flag, value in pairs:

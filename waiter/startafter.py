@@ -46,10 +46,6 @@ USAGE = (f"usage: waiter start-after [{p.FLAG_NAME} NAME] [{p.FLAG_MARKER} FILE]
          f"[{p.FLAG_AFTER_MARKER} FILE]... [{p.FLAG_AFTER_READY_FILE} FILE]... [{p.FLAG_MAX_WAIT} SECONDS] "
          f"[{p.FLAG_ARGV_MAP} JSON] {p.ARGV_SEPARATOR} COMMAND [ARGS...]")
 
-_SINGLE = {p.FLAG_NAME, p.FLAG_MARKER, p.FLAG_MAX_WAIT, p.FLAG_ARGV_MAP, p.FLAG_LOG_INTERVAL}
-_REPEATABLE = {p.FLAG_PROBE, p.FLAG_AFTER_MARKER, p.FLAG_AFTER_READY_FILE}
-
-
 # --- conditions ------------------------------------------------------------------------------
 
 # A condition has `what` (for the log), `polled` (no file event announces it: re-check on a
@@ -170,7 +166,7 @@ class StartOptions:
 
 
 def parse(args: list[str]) -> StartOptions:
-    pairs, argv = flags.split(args, _SINGLE | _REPEATABLE, _REPEATABLE)
+    pairs, argv = flags.split(args, flags.START_AFTER)
     opts = StartOptions()
     argv_map = None
     for flag, value in pairs:

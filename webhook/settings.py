@@ -15,12 +15,13 @@ from typing import Any, Mapping
 from waiter import protocol as p
 
 from . import __version__
+from .errors import InitshiftError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-class SettingsError(ValueError):
+class SettingsError(InitshiftError, ValueError):
     """A variable has a value the server cannot use."""
 
 
@@ -220,6 +221,19 @@ def _fmt(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
     return str(value)
+
+
+def to_env(settings: Any) -> dict[str, str]:
+    """The variables that make `Settings.from_env` return `settings` again (for the server's
+    worker processes, which must run with exactly the settings the command computed)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if "env" not in f.metadata:
+            out.update(to_env(value))
+        else:
+            out[f.metadata["env"]] = _fmt(value)
+    return out
 
 
 def settings_rows(cls: type = Settings) -> list[tuple[str, str, str]]:

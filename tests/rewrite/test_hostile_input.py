@@ -14,7 +14,7 @@ from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
 from webhook.admission._patch import apply_patch, make_patch
 from webhook.rewrite._podcheck import MAX_ANNOTATION_BYTES, MAX_OBJECT_BYTES, annotation_bytes, object_bytes
-from webhook.rewrite._rewrite import lookups_needed, rewrite
+from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import Settings
 
 ON = Settings(feature_gate=True)
@@ -51,7 +51,7 @@ def nested(depth: int) -> dict:
 def test_deep_nesting_is_refused_before_anything_recurses():
     pod = job()
     pod["spec"]["affinity"] = nested(900)  # copy.deepcopy overflowed the stack here
-    assert lookups_needed(pod, ON) == []
+    assert plan(pod, ON).lookups() == []
     result = rewrite(pod, ON)
     unchanged_saying(result, "deeper than 100 levels")
 

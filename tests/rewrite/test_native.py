@@ -14,7 +14,7 @@ from tests.support.podvalidate import NEWEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.rewrite._native import startup_probe
 from webhook.admission._patch import apply_patch, make_patch
-from webhook.rewrite._rewrite import lookups_needed, rewrite
+from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
 
 ON = Settings(feature_gate=True)
@@ -243,7 +243,7 @@ def test_mode_native_on_unsupported_and_unknown_clusters():
 def test_native_needs_no_image_lookups():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     del pod["spec"]["initContainers"][1]["command"]
-    assert lookups_needed(pod, ON, native_supported=True) == []
+    assert plan(pod, ON, native_supported=True).lookups() == []
     assert native(pod).changed, "steps keep running as init containers: no ENTRYPOINT needed"
 
 

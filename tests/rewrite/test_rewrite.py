@@ -13,7 +13,7 @@ from waiter import protocol as p
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
 from webhook.admission._patch import apply_patch, make_patch
 from webhook.rewrite._resources import pod_requests
-from webhook.rewrite._rewrite import lookups_needed, rewrite
+from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
 
 ON = Settings(feature_gate=True)
@@ -287,7 +287,7 @@ def test_on_failure_gets_retry():
 def test_step_without_command_is_denied_or_admitted():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     del pod["spec"]["initContainers"][1]["command"]  # git-clone: ENTRYPOINT of alpine/git
-    assert lookups_needed(pod, ON)[0].container == "git-clone"
+    assert plan(pod, ON).lookups()[0].container == "git-clone"
     denied = rewrite(pod, ON)
     assert denied.denied and "'git-clone'" in denied.denied and "alpine/git:2.45.2" in denied.denied
     assert "command" in denied.denied
@@ -405,10 +405,10 @@ def test_null_maps_in_the_pod_are_not_a_crash():
 def test_lookups_of_a_malformed_pod_are_none():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     pod["metadata"]["annotations"] = [{}]
-    assert lookups_needed(pod, ON) == []
+    assert plan(pod, ON).lookups() == []
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     pod["spec"]["initContainers"][1] = [{}]
-    assert lookups_needed(pod, ON) == []
+    assert plan(pod, ON).lookups() == []
     assert rewrite(pod, ON).reason == "invalid"
 
 

@@ -16,9 +16,9 @@ from webhook.rewrite import _start_order as start_order
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
 from webhook.admission._patch import apply_patch, make_patch
 from webhook.rewrite._resources import pod_requests
-from webhook.rewrite._rewrite import lookups_needed, rewrite
+from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
-from webhook.rewrite._waiter import BuildError
+from webhook.rewrite._errors import RewriteError
 
 ON = Settings(feature_gate=True)
 
@@ -98,7 +98,7 @@ def test_groups_parse() -> None:
     ("a;b;a", "'a' is in groups 1 and 3: it would wait for itself (a cycle)"),
 ])
 def test_bad_annotations(value: str, message: str) -> None:
-    with pytest.raises(BuildError) as e:
+    with pytest.raises(RewriteError) as e:
         start_order.parse_groups(value)
     assert message in str(e.value) and e.value.deny
 
@@ -176,13 +176,13 @@ def test_max_wait_setting_reaches_the_gated_containers() -> None:
 def test_entrypointless_container_uses_the_image_or_is_denied() -> None:
     pod = web_pod("istio-proxy;app")
     del pod["spec"]["containers"][0]["command"]
-    assert [(x.container, x.image) for x in lookups_needed(pod, ON)] == [("app", "shop/web:1.4")]
+    assert [(x.container, x.image) for x in plan(pod, ON).lookups()] == [("app", "shop/web:1.4")]
     message = denied(pod)
     assert "'app' (image 'shop/web:1.4')" in message and "ENTRYPOINT" in message
     images = {"shop/web:1.4": ImageEntrypoints({"linux/amd64": ImageConfig(("/entry",), ("serve",))})}
     out = ok(pod, images=images)
     assert argv(by_name(out)["app"]) == ["/entry", "--port", "8080"]
-    assert lookups_needed(out, ON) == [], "a wrapped container's argv is read back, not looked up again"
+    assert plan(out, ON).lookups() == [], "a wrapped container's argv is read back, not looked up again"
     multi = {"shop/web:1.4": ImageEntrypoints({"linux/amd64": ImageConfig(("/amd",)),
                                                "linux/arm64": ImageConfig(("/arm",))})}
     app = by_name(ok(pod, images=multi))["app"]

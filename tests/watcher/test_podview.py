@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.support.podstatus import T0, at, done, init_done, native_pod, pod, record, run, wait, with_status
 from tests.support.kubedouble import terminated
 from waiter import protocol as p
-from webhook.watcher import _podview as pv
+from webhook.watcher import NotManaged, _podview as pv
 from webhook.watcher._decide import decide
 from webhook.settings import WatcherSettings
 
@@ -304,7 +304,7 @@ def test_json_rows_are_stable_and_complete() -> None:
 
 def test_a_pod_that_is_neither_managed_nor_has_init_containers_is_refused() -> None:
     plain = with_status(pod("no-init-istio", rewritten=False), containers=[run("build"), run("istio-proxy")])
-    with pytest.raises(pv.NotManaged, match="not managed by initshift"):
+    with pytest.raises(NotManaged, match="not managed by initshift"):
         pv.pod_view(plain, NOW)
 
 
@@ -336,7 +336,7 @@ def test_waiter_lines_are_recognised_by_the_protocol_prefix(line: str, ours: boo
 
 def test_record_helper_is_what_the_watcher_parses() -> None:
     """The fixtures' termination messages are real waiter records (decide reads them)."""
-    from webhook.watcher._decide import read_run
+    from webhook.watcher._podstate import read_run
     r = read_run("x", done("x", 1, 2))
     assert r.recorded and r.reason == p.REASON_COMPLETED and json.loads(record("x"))["name"] == "x"
 
@@ -379,7 +379,7 @@ def test_any_status_gives_a_view_or_not_managed(fixture, rewritten, names, state
     pod_["status"] = {"phase": phase, "containerStatuses": entries, "initContainerStatuses": entries[::-1]}
     try:
         view = pv.pod_view(pod_, NOW)
-    except pv.NotManaged:
+    except NotManaged:
         return
     for row in view.rows:
         pv.state_text(row, view)

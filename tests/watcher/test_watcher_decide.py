@@ -10,7 +10,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from tests.support.kubedouble import merge_patch, running, terminated, waiting
 from waiter import protocol as p
-from webhook.watcher._decide import decide, format_time, layout
+from webhook.watcher._decide import decide, format_time
+from webhook.watcher._podstate import layout
 from webhook.settings import WatcherSettings
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)

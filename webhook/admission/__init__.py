@@ -24,7 +24,11 @@ _EXPORTS = {
 _RENAMED = {"ensure_certificates": "ensure", "keep_certificates_fresh": "keep_fresh",
             "ensure_local_certificates": "ensure_local", "detect_native_support": "start"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "HttpsServer", "KIND", "MUTATE_PATH", "NativeSupport",
+           "Review", "Supervisor", "TLSError", "apply_patch", "bind", "create_app", "detect_native_support",
+           "die_with_parent", "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh",
+           "loop_factory", "make_patch", "parse_review", "response", "worker_count"]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -38,10 +38,6 @@ MUTATE_PATH = "/mutate"
 T = TypeVar("T")
 
 
-class BodyTooLarge(BadReview):
-    pass
-
-
 class Refused(Exception):
     """A request the server will not take now: HTTP `status` with a one-line message."""
 
@@ -96,7 +92,7 @@ def declared_length(request: Request, limit: int) -> int | None:
     if size < 0:
         raise BadReview("invalid Content-Length")
     if size > limit:
-        raise BodyTooLarge(f"body of {size} bytes is over the limit of {limit} bytes")
+        raise BadReview(f"body of {size} bytes is over the limit of {limit} bytes")
     return size
 
 
@@ -110,7 +106,7 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
         async for chunk in request.stream():
             total += len(chunk)
             if total > limit:
-                raise BodyTooLarge(f"body is over the limit of {limit} bytes")
+                raise BadReview(f"body is over the limit of {limit} bytes")
             chunks.append(chunk)
 
     try:
@@ -136,14 +132,14 @@ class Reviewer:
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None]) -> None:
         # Imported here so the app module stays importable (and /healthz cheap) on its own.
+        from ..rewrite import plan
         from ._patch import make_patch
-        from ..rewrite import lookups_needed, rewrite
 
         self.settings = settings
         self.resolver = resolver
         self.native_supported = native_supported
         self.protected = _protected(settings)
-        self._rewrite, self._lookups, self._make_patch = rewrite, lookups_needed, make_patch
+        self._make_plan, self._make_patch = plan, make_patch
 
     async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Decision:
         run = offload or _inline
@@ -151,9 +147,9 @@ class Reviewer:
             first = await run(self._plan, review)
             if isinstance(first, Decision):
                 return first
-            native, lookups = first
+            plan, lookups = first
             images, lookup_error = await self._resolve(review, lookups)
-            return await run(self._finish, review, native, images, lookup_error)
+            return await run(self._finish, review, plan, images, lookup_error)
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
             log.error("rewrite failed", exc_info=True, extra={"uid": review.uid})
             why = f"initshift: internal error, pod {'denied' if self._deny_on_error else 'left unchanged'}: " \
@@ -166,19 +162,19 @@ class Reviewer:
     def _deny_on_error(self) -> bool:
         return self.settings.server.failure_mode == "deny"
 
-    def _plan(self, review: Review) -> Decision | tuple[bool | None, list]:
-        """A decision without I/O, or the native support and the image lookups it needs."""
+    def _plan(self, review: Review) -> Decision | tuple[Any, list]:
+        """A decision without I/O, or the rewrite's plan and the image lookups it needs."""
         if not review.is_pod_create:
             return Decision(admission.response(review), "allowed", "not-pod-create")
         namespace = review.namespace or _meta(review.obj).get("namespace") or ""
         if namespace in self.protected:
             why = f"initshift: namespace {namespace!r} is never mutated"
             return Decision(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
-        native = self.native_supported()
-        lookups = self._lookups(review.obj, self.settings, native_supported=native) if self.resolver else []
+        plan = self._make_plan(review.obj, self.settings, native_supported=self.native_supported())
+        lookups = plan.lookups() if self.resolver is not None else []
         if not lookups:
-            return self._finish(review, native, None, None)
-        return native, lookups
+            return self._finish(review, plan, None, None)
+        return plan, lookups
 
     async def _resolve(self, review: Review, lookups: list) -> tuple[dict[str, Any] | None, str | None]:
         try:
@@ -189,11 +185,10 @@ class Reviewer:
             # Rewrite without the image: it denies or admits per on_unresolved, saying why.
             return None, str(e)
 
-    def _finish(self, review: Review, native: bool | None, images: dict[str, Any] | None,
+    def _finish(self, review: Review, plan: Any, images: dict[str, Any] | None,
                 lookup_error: str | None) -> Decision:
         pod = review.obj
-        result = self._rewrite(pod, self.settings, images=images, native_supported=native,
-                               lookup_error=lookup_error)
+        result = plan.rewrite(images=images, lookup_error=lookup_error)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)

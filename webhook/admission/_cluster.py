@@ -28,6 +28,7 @@ from waiter import protocol as p
 
 from .. import metrics
 from ..rewrite import resolve_support as resolve
+from ..errors import InitshiftError
 
 if TYPE_CHECKING:
     from ..kube import KubeApi
@@ -86,30 +87,30 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Verdict:
     supported: bool | None
     why: str
 
 
-def decide(obs: Observation) -> Decision:
+def decide(obs: Observation) -> Verdict:
     """Native sidecars work when the apiserver and every kubelet are at least 1.29."""
     need = fmt(MIN_VERSION)
     if obs.apiserver is None:
-        return Decision(None, f"apiserver version unknown ({obs.error or 'not read'})")
+        return Verdict(None, f"apiserver version unknown ({obs.error or 'not read'})")
     if obs.apiserver < MIN_VERSION:
-        return Decision(False, f"apiserver {fmt(obs.apiserver)} is older than {need}")
+        return Verdict(False, f"apiserver {fmt(obs.apiserver)} is older than {need}")
     if obs.kubelets is None:
-        return Decision(True, f"apiserver {fmt(obs.apiserver)}; kubelet versions not read "
+        return Verdict(True, f"apiserver {fmt(obs.apiserver)}; kubelet versions not read "
                               f"({obs.nodes_error or 'unknown'}), so the apiserver alone decides")
     if not obs.kubelets:
-        return Decision(True, f"apiserver {fmt(obs.apiserver)}; no nodes yet")
+        return Verdict(True, f"apiserver {fmt(obs.apiserver)}; no nodes yet")
     if any(v is None for v in obs.kubelets):
-        return Decision(None, f"apiserver {fmt(obs.apiserver)}; a node reports no readable kubelet version")
+        return Verdict(None, f"apiserver {fmt(obs.apiserver)}; a node reports no readable kubelet version")
     lowest = min(v for v in obs.kubelets if v is not None)
     where = f"lowest kubelet {fmt(lowest)} of {len(obs.kubelets)} node(s)"
     if lowest < MIN_VERSION:
-        return Decision(False, f"apiserver {fmt(obs.apiserver)}, {where} is older than {need}")
-    return Decision(True, f"apiserver {fmt(obs.apiserver)}, {where}")
+        return Verdict(False, f"apiserver {fmt(obs.apiserver)}, {where} is older than {need}")
+    return Verdict(True, f"apiserver {fmt(obs.apiserver)}, {where}")
 
 
 def default_strategy(settings: "Settings", supported: bool | None) -> str:
@@ -124,7 +125,7 @@ def default_strategy(settings: "Settings", supported: bool | None) -> str:
 
 # --- reading the cluster -------------------------------------------------------------------
 
-class NodesForbidden(Exception):
+class NodesForbidden(InitshiftError):
     """RBAC does not allow listing nodes."""
 
 
@@ -200,7 +201,7 @@ class NativeSupport:
         self.setting = settings.rewrite.native_sidecars
         self.fetcher = fetcher
         forced = f"set to {self.setting} by {p.ENV_PREFIX}NATIVE_SIDECARS"
-        self.detected = Decision(None, unknown_why if self._detects else forced)
+        self.detected = Verdict(None, unknown_why if self._detects else forced)
         self._api = api  # closed by close(): built by start() for detection alone
         self._nodes_warned = False
         self._publish(quiet=self._detects and fetcher is not None)  # the first refresh will say it
@@ -220,7 +221,7 @@ class NativeSupport:
     def strategy(self) -> str:
         return default_strategy(self.settings, self.current())
 
-    async def refresh(self) -> Decision:
+    async def refresh(self) -> Verdict:
         """Look again (auto only); returns the decision now in force."""
         if not self._detects or self.fetcher is None:
             return self.detected

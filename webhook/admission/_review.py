@@ -11,6 +11,7 @@ import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from ..errors import InitshiftError
 
 API_V1 = "admission.k8s.io/v1"
 API_V1BETA1 = "admission.k8s.io/v1beta1"
@@ -20,7 +21,7 @@ KIND = "AdmissionReview"
 ALWAYS_PROTECTED = ("kube-system",)
 
 
-class BadReview(ValueError):
+class BadReview(InitshiftError, ValueError):
     """The body is not an AdmissionReview the server can answer; message is one line."""
 
 

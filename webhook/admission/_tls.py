@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from cryptography import x509
 
 from .. import metrics
+from ..errors import InitshiftError
 
 log = logging.getLogger("initshift.tls")
 
 
-class TLSError(RuntimeError):
+class TLSError(InitshiftError, RuntimeError):
     """The certificate files cannot be used; the message is one line."""
 
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from typing import Callable
 
-from ..settings import Settings
+from ..settings import Settings, to_env
 
 log = logging.getLogger("initshift.workers")
 
@@ -69,13 +69,13 @@ class Supervisor:
         self.stopping = False
 
     def _argv(self, index: int) -> list[str]:
-        srv = self.settings.server
-        argv = [sys.executable, "-m", "webhook.cli", "serve", "--host", srv.host, "--port", str(srv.port),
-                "--worker", str(index), "--ready-fd", str(self._ready_w)]
+        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index), "--ready-fd", str(self._ready_w)]
         return argv + (["--watch"] if self.watch and index == 0 else [])
 
     def _start(self, index: int) -> None:
-        env = {**os.environ, MULTIPROC_ENV: self.metrics_dir}
+        # The settings travel as the environment: the worker's are exactly the command's
+        # (flags and `dev-server` defaults included).
+        env = {**os.environ, **to_env(self.settings), MULTIPROC_ENV: self.metrics_dir}
         self.procs[index] = subprocess.Popen(self._argv(index), env=env, pass_fds=(self._ready_w,))
 
     def _wait_ready(self, indexes: set[int], deadline: float) -> int | None:

@@ -17,7 +17,7 @@ from waiter import protocol as p
 
 from ..admission import make_patch
 from ._podio import InputError, dump, parse_pod, read_text
-from ..rewrite import rewrite
+from ..rewrite import Lookup, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
 EXIT_OK, EXIT_UNCHANGED, EXIT_USAGE, EXIT_DENIED = 0, 1, 2, 3
@@ -60,15 +60,15 @@ def main(argv: list[str]) -> int:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
-    native = True if args.native_sidecars else None
+    the_plan = plan(pod_in.pod, settings, native_supported=True if args.native_sidecars else None)
     images, lookup_error = None, None
     try:
         if args.resolve:
-            images, lookup_error = _resolve(pod_in.pod, settings, native)
+            images, lookup_error = _resolve(pod_in.pod, settings, the_plan.lookups())
     except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    result = rewrite(pod_in.pod, settings, images=images, native_supported=native, lookup_error=lookup_error)
+    result = the_plan.rewrite(images=images, lookup_error=lookup_error)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.denied:
@@ -78,16 +78,13 @@ def main(argv: list[str]) -> int:
     return EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
 
 
-def _resolve(pod: dict, settings: Settings, native: bool | None) -> tuple[dict | None, str | None]:
+def _resolve(pod: dict, settings: Settings, lookups: list[Lookup]) -> tuple[dict | None, str | None]:
     """The registry lookup the server would make: (images, None), or (None, why it failed),
     and the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED) with that reason."""
     import asyncio
 
-    from ..rewrite import UnresolvedEntrypoint
     from ..registry import make_resolver
-    from ..rewrite import lookups_needed
 
-    lookups = lookups_needed(pod, settings, native_supported=native)
     if not lookups:
         return None, None
     resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))

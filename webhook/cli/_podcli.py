@@ -16,7 +16,8 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 from kubernetes_asyncio import config as k8s_config
 
 from ..kube import KubeApi, KubeError
-from ..watcher import NotManaged, pod_layout
+from ..watcher import NotManaged, layout
+from ..errors import InitshiftError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -27,7 +28,7 @@ _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
 
 
-class CliError(Exception):
+class CliError(InitshiftError):
     """A one-line message for stderr; the command exits with `code`."""
 
     def __init__(self, message: str, code: int = 1) -> None:
@@ -88,7 +89,7 @@ async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
     except KubeError as e:
         raise api_error(e, namespace, name) from None
     try:
-        pod_layout(pod)
+        layout(pod)
     except NotManaged as e:
         raise CliError(str(e)) from None
     return pod

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from ..errors import InitshiftError
 
 
-class InputError(ValueError):
+class InputError(InitshiftError, ValueError):
     """The input is not a Pod or an AdmissionReview of a Pod; the message says why."""
 
 

@@ -19,6 +19,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
+from ..errors import InitshiftError
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON = "application/json"
@@ -41,7 +42,7 @@ async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes
         yield line
 
 
-class KubeError(Exception):
+class KubeError(InitshiftError):
     """An API call failed. `status` is the HTTP status, 0 when the server was unreachable."""
 
     def __init__(self, status: int, message: str, reason: str = "") -> None:

@@ -24,6 +24,7 @@ import httpx
 from ._credentials import Credential
 from ..rewrite import ImageConfig
 from ._imageref import ImageRef
+from ..errors import InitshiftError
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -40,7 +41,7 @@ _TOKEN_DEFAULT_SECONDS = 60  # the distribution token spec's default lifetime
 _TOKEN_CACHE_SIZE = 1024
 
 
-class RegistryError(Exception):
+class RegistryError(InitshiftError):
     """A lookup failed; the message is one line fit for a user."""
 
 

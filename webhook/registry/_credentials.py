@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
+from ..errors import InitshiftError
 
 SECRET_TYPE_DOCKERCONFIGJSON = "kubernetes.io/dockerconfigjson"
 SECRET_TYPE_DOCKERCFG = "kubernetes.io/dockercfg"
@@ -28,7 +29,7 @@ _KEY_DOCKERCFG = ".dockercfg"
 _DEFAULT_REGISTRY_HOST = "index.docker.io"
 
 
-class CredentialError(ValueError):
+class CredentialError(InitshiftError, ValueError):
     """A Secret's docker config cannot be read; the message names the Secret."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from ..errors import InitshiftError
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's distribution API answers
@@ -32,7 +33,7 @@ _DIGEST_RE = re.compile(_DIGEST)
 _DIGEST_HEX_LEN = {"sha256": 64, "sha512": 128}
 
 
-class InvalidReference(ValueError):
+class InvalidReference(InitshiftError, ValueError):
     """The string is not an image reference; the message says why."""
 
 

@@ -6,9 +6,10 @@ from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Loo
                           effective_argv)
 from ._native import resolve_support
 from ._resources import is_restartable
-from ._rewrite import RewriteResult, lookups_needed, rewrite
+from ._errors import RewriteError
+from ._rewrite import Plan, RewriteResult, plan, rewrite
 from ._start_order import start_order_ready_patch
 
-__all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "RewriteResult", "UnresolvedEntrypoint",
-           "classify", "effective_argv", "is_restartable", "lookups_needed", "managed_as", "resolve_support",
-           "rewrite", "start_order_ready_patch"]
+__all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "Plan", "RewriteError", "RewriteResult",
+           "UnresolvedEntrypoint", "classify", "effective_argv", "is_restartable", "managed_as", "plan",
+           "resolve_support", "rewrite", "start_order_ready_patch"]

@@ -10,8 +10,9 @@ pure rewrite runs and handed to it as a plain mapping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
+from ..errors import InitshiftError
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Lookup:
     image: str
 
 
-class UnresolvedEntrypoint(Exception):
+class UnresolvedEntrypoint(InitshiftError):
     """The image configuration could not be found; the message names container and image."""
 
     def __init__(self, container: str, image: str, why: str) -> None:
@@ -56,8 +57,10 @@ class UnresolvedEntrypoint(Exception):
 class EntrypointResolver(Protocol):
     """Resolves images for a pod; implementations cache and enforce a time budget."""
 
-    async def resolve(self, pod: Mapping, lookups: Sequence[Lookup]) -> dict[str, ImageEntrypoints]:
-        """Map each looked-up image reference to its entrypoints, or raise UnresolvedEntrypoint."""
+    async def resolve(self, pod: Mapping, lookups: Sequence[Lookup], *,
+                      namespace: str | None = None) -> dict[str, ImageEntrypoints]:
+        """Map each looked-up image reference to its entrypoints, or raise UnresolvedEntrypoint.
+        `namespace`: where the pod's pull secrets are (a CREATE review's pod often has none)."""
         ...
 
 
@@ -98,13 +101,3 @@ def argv_by_platform(container: Mapping, image: ImageEntrypoints | None, *,
         if argv is not None:
             out[platform] = argv
     return out or None
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """Images resolved for one review: image reference -> entrypoints."""
-
-    images: Mapping[str, ImageEntrypoints] = field(default_factory=dict)
-
-    def get(self, image: str) -> ImageEntrypoints | None:
-        return self.images.get(image)

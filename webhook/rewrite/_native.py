@@ -27,6 +27,7 @@ from typing import Mapping
 
 from waiter import protocol as p
 
+from ._errors import RewriteError
 from ._classify import Classification, managed_as, mark_managed, mesh_init_names, requested_meshes
 from ._resources import growth_warning
 from ..settings import RewriteSettings
@@ -37,14 +38,6 @@ from ._shape import submap
 # readiness probes, so there is none to copy.
 PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
 PROBE_TIMING = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold")
-
-
-class NativeError(Exception):
-    """The pod cannot be set up for native sidecars; the message says why."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def startup_probe(readiness: Mapping | None) -> dict | None:
@@ -70,7 +63,7 @@ def startup_probe(readiness: Mapping | None) -> dict | None:
 
 def as_native(container: Mapping) -> tuple[dict, str | None]:
     """The sidecar as a native sidecar, and a note on how its start is detected."""
-    out = copy.deepcopy(dict(container))
+    out = dict(container)
     out["restartPolicy"] = "Always"
     name = out.get("name")
     if "startupProbe" in out:
@@ -106,7 +99,7 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
     moving = {id(c) for c in cls.sidecars}
     regular = [c for c in spec.get("containers") or [] if id(c) not in moving]
     if not regular:
-        raise NativeError("every regular container is a sidecar; moving them would leave the pod with no "
+        raise RewriteError("every regular container is a sidecar; moving them would leave the pod with no "
                           "container to run", reason="no-mains")
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     inits = list(spec.get("initContainers") or [])
@@ -123,10 +116,8 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
     warnings.insert(0, f"moved sidecar{plural} {', '.join(repr(c['name']) for c in natives)} into initContainers "
                        f"as native sidecar{plural} (restartPolicy Always){f' before {before!r}' if before else ''}")
 
-    out = copy.deepcopy(dict(pod))
-    new_spec = out["spec"]
-    new_spec["initContainers"] = [*copy.deepcopy(inits[:at]), *natives, *copy.deepcopy(inits[at:])]
-    new_spec["containers"] = copy.deepcopy(regular)
+    out = dict(pod)
+    new_spec = out["spec"] = {**spec, "initContainers": [*inits[:at], *natives, *inits[at:]], "containers": regular}
     mark_managed(out, p.MODE_NATIVE)
 
     grown = growth_warning(spec, new_spec, "the sidecars now run beside the init containers")
@@ -137,7 +128,7 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
 
 def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
     """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
-    out = copy.deepcopy(dict(pod))
+    out = dict(pod)
     annotations = submap(out, "metadata", "annotations")
     warnings = []
     for key, value in requested_meshes(pod).items():

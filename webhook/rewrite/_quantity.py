@@ -14,7 +14,10 @@ O(length of the text) however large the exponent or the digit string.
 
 from __future__ import annotations
 
+import functools
 import re
+
+from ._errors import RewriteError
 
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}  # powers of two
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}  # powers of ten
@@ -26,8 +29,8 @@ _MAX_EXPONENT_DIGITS = 4  # |exponent| <= 9999: anything larger is out of range 
 ZERO = 0
 
 
-class QuantityError(ValueError):
-    pass
+class QuantityError(RewriteError, ValueError):
+    """Not a Kubernetes quantity (the pod is left unchanged, reason `invalid`)."""
 
 
 def unit_exponent(resource: str) -> int:
@@ -35,14 +38,30 @@ def unit_exponent(resource: str) -> int:
     return 3 if resource == "cpu" else 0
 
 
+_CACHED_LENGTH = 64  # longer text is never a real quantity: parse it (linearly), keep nothing
+
+
 def parse(value: object, resource: str = "") -> int:
     """`value` in `resource`'s integer unit (milli-CPU, bytes or units), rounded up."""
+    if isinstance(value, str) and len(value) <= _CACHED_LENGTH:
+        return _parse_cached(value, unit_exponent(resource))
+    return _parse(value, unit_exponent(resource))
+
+
+# A pod's quantities are read by several rules (requests, QoS, growth, the safety net) and
+# the same few strings recur across pods: each distinct short value is parsed once.
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(value: str, unit: int) -> int:
+    return _parse(value, unit)
+
+
+def _parse(value: object, unit: int) -> int:
     if isinstance(value, bool):
         raise QuantityError(f"not a quantity: {value!r}")
     if isinstance(value, int):
         if value.bit_length() > 63:
             raise QuantityError(f"quantity {_short(value)} is out of range")
-        return _bounded(value * 10 ** unit_exponent(resource), value)
+        return _bounded(value * 10**unit, value)
     if isinstance(value, float):
         value = repr(value)  # '1e+20', '0.25': the decimal text the number was written as
     if not isinstance(value, str):
@@ -69,7 +88,7 @@ def parse(value: object, resource: str = "") -> int:
         return 0
     if len(stripped) > MAX_DIGITS:
         raise QuantityError(f"quantity {_short(value)} has more than {MAX_DIGITS} significant digits")
-    ten += unit_exponent(resource)
+    ten += unit
     # Magnitude check before any arithmetic: the value is at least 10^(len-1+ten) * 2^two.
     if len(stripped) - 1 + ten + two * 3 // 10 > 19:
         raise QuantityError(f"quantity {_short(value)} is out of range")

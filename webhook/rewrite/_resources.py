@@ -8,14 +8,13 @@
   the larger of the two.
 - QoS class (pkg/apis/core/helper/qos): BestEffort, Guaranteed or Burstable.
 
-`redistribute` moves steps from init (max) to regular (sum) containers without letting the
-pod's effective request grow (policy `preserve`), proportionally (`divide`), or not at all
-(`keep`).
+`plan_steps` gives the steps' requests once they move from init (max) to regular (sum)
+containers: without letting the pod's effective request grow (policy `preserve`),
+proportionally (`divide`), or as they were (`keep`).
 """
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -129,7 +128,7 @@ def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
 
 
 @dataclass
-class Plan:
+class StepPlan:
     """New requests for the steps (index -> resource -> quantity string) and what to say."""
 
     step_requests: list[dict[str, str]] = field(default_factory=list)
@@ -139,7 +138,7 @@ class Plan:
 
 def plan_steps(
     steps: list[Mapping], fixed_regular: Amounts, budget_total: Amounts, policy: str
-) -> Plan:
+) -> StepPlan:
     """Choose each step's requests once the steps run as regular containers.
 
     `fixed_regular` is what the new pod's regular side already holds without the steps
@@ -147,7 +146,7 @@ def plan_steps(
     request, which the new regular sum must not exceed under `preserve` and `divide`.
     """
     reqs = [container_requests(s) for s in steps]
-    plan = Plan(step_requests=[{} for _ in steps])
+    plan = StepPlan(step_requests=[{} for _ in steps])
     names = sorted({r for req in reqs for r in req})
     for r in names:
         holders = [i for i, req in enumerate(reqs) if req.get(r, ZERO) > 0]
@@ -191,6 +190,6 @@ def apply_requests(container: dict, new: Mapping[str, str]) -> dict:
     """A copy of the container with `new` requests set; limits are kept as they are."""
     if not new:
         return container
-    out = copy.deepcopy(container)
+    out = dict(container)
     submap(out, "resources", "requests").update(new)
     return out

@@ -1,22 +1,27 @@
 """The pure rewrite: (pod, settings) -> RewriteResult. No I/O, never mutates its input.
 
+One admission makes one `Plan`: the pod is checked and classified once, the strategy is
+chosen once (with INITSHIFT_NATIVE_SIDECARS applied here and nowhere else), and both the
+registry lookups (`Plan.lookups`) and the rewrite (`Plan.rewrite`) read that plan.
+
 Every pod left unchanged carries a warning saying why; `reason` is a short slug for
-metrics and logs. The JSONPatch sent to the apiserver is the diff (webhook/patch.py).
+metrics and logs. The JSONPatch sent to the apiserver is the diff (webhook/admission/_patch.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from waiter import protocol as p
 
-from . import _native as native_strategy, _start_order as start_order, _waiter as waiter_strategy
-from ._classify import Classification, classify, has_mesh_marker, managed_as, pod_mode, sidecar_names
-from ._entrypoint import ImageEntrypoints, Lookup, needs_image
-from ._podcheck import pod_problems, size_problems
-from ._quantity import QuantityError
 from ..settings import Settings
+from . import _native as native_strategy, _start_order as start_order, _waiter as waiter_strategy
+from ._classify import Classification, classify, has_mesh_marker, pod_mode, sidecar_names
+from ._entrypoint import ImageEntrypoints, Lookup, needs_image
+from ._errors import RewriteError
+from ._podcheck import pod_problems, size_problems
 from ._shape import shape_problem
 
 
@@ -128,122 +133,158 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
     return _Go(strategy, cls)
 
 
-def lookups_needed(pod: Mapping, settings: Settings, *, native_supported: bool | None = None) -> list[Lookup]:
-    """Images whose configuration the rewrite will need (containers without `command`)."""
-    if shape_problem(pod):
-        return []  # the rewrite admits it unchanged, saying why
-    if start_order.requested(pod):
-        if _final(_qualify(pod, settings, native_supported)):
+# What a plan does with the pod.
+_SKIP, _FAIL, _REFRESH, _ORDERED = "skip", "fail", "refresh", "ordered"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one admission does with one pod, decided once (see the module docstring).
+    `action` is `skip`, `fail`, `refresh`, `ordered`, or the strategy (`waiter`, `native`)."""
+
+    pod: dict
+    settings: Settings
+    native_supported: bool | None  # the cluster's support with INITSHIFT_NATIVE_SIDECARS applied
+    action: str
+    skip: _Skip | None = None
+    error: RewriteError | None = None
+    go: _Go | None = None
+    base: dict | None = None  # start order: the pod it orders (the native strategy's, when it applies)
+    notes: tuple[str, ...] = ()
+    order: start_order.Ordering | None = None
+    forged: tuple[str, ...] = ()  # watcher-owned annotations the pod came with, removed from `pod`
+
+    def lookups(self) -> list[Lookup]:
+        """Images whose configuration the rewrite will need (containers without `command`)."""
+        if self.action == _ORDERED:
+            assert self.base is not None and self.order is not None
+            return start_order.lookups(self.base, self.order)
+        if self.action != p.MODE_WAITER or self.go is None:
             return []
-        return start_order.lookups(pod, settings, native_supported)
-    if managed_as(pod) is not None:
-        return []
-    plan = _qualify(pod, settings, native_supported)
-    if not isinstance(plan, _Go) or plan.strategy != p.MODE_WAITER:
-        return []
-    return [Lookup(str(c.get("name")), str(c.get("image"))) for c in [*plan.cls.steps, *plan.cls.mains]
-            if needs_image(c)]
+        return [Lookup(str(c.get("name")), str(c.get("image"))) for c in [*self.go.cls.steps, *self.go.cls.mains]
+                if needs_image(c)]
+
+    def rewrite(self, *, images: Mapping[str, ImageEntrypoints] | None = None,
+                lookup_error: str | None = None) -> RewriteResult:
+        """`lookup_error`: why the registry lookup failed, the message given for containers
+        without `command` whose image is missing from `images`."""
+        try:
+            result = self._rewrite(images or {}, lookup_error)
+        except RewriteError as e:
+            result = _failed(self.pod, e)
+        if self.forged and result.denied is None:
+            result.changed = True  # `pod` is already without them: whatever else happens, they go
+            result.warnings.insert(0, _prefix(
+                f"removed {', '.join(self.forged)}: only the initshift watcher writes "
+                f"{'them' if len(self.forged) > 1 else 'it'}, never the pod's creator"))
+        return result
+
+    def _rewrite(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
+        pod, settings = self.pod, self.settings
+        if self.error is not None:
+            raise self.error
+        if self.skip is not None:
+            return RewriteResult(pod=pod, warnings=[_prefix(self.skip.message)], reason=self.skip.reason)
+        if self.action == _REFRESH:
+            return _checked(pod, waiter_strategy.refresh(pod, settings.rewrite), [], "refreshed")
+        if self.action == _ORDERED:
+            assert self.base is not None and self.order is not None
+            out, warnings = start_order.build(self.base, settings, images, self.order)
+            return _checked(pod, out, [*self.notes, *warnings], "rewritten", p.MANAGED_START_ORDER)
+        assert self.go is not None
+        if self.action == p.MODE_NATIVE:
+            out, warnings, reason = _native_parts(pod, self.go, settings)
+            return _checked(pod, out, warnings, reason, p.MODE_NATIVE)
+        out, warnings = waiter_strategy.build(pod, self.go.cls, settings.rewrite, images, lookup_error)
+        return _checked(pod, out, [*self.go.cls.warnings, *warnings], "rewritten")
 
 
-def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
-            native_supported: bool | None = None, lookup_error: str | None = None) -> RewriteResult:
-    """`lookup_error`: why the registry lookup failed, the message given for containers
-    without `command` whose image is missing from `images`."""
+def plan(pod: dict, settings: Settings, *, native_supported: bool | None = None) -> Plan:
+    """The plan for one pod; never raises (a pod it cannot handle is a `skip` or a `fail`)."""
+    native = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
     problem = shape_problem(pod)
     if problem:
-        return RewriteResult(pod=pod, reason="invalid", warnings=[_prefix(f"{problem}; admitted unchanged")])
-    native_supported = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
-    cleaned, forged = _without_watcher_state(pod) if settings.feature_gate else (pod, [])
+        return Plan(pod, settings, native, _SKIP, skip=_Skip("invalid", f"{problem}; admitted unchanged"))
+    cleaned, forged = _without_watcher_state(pod) if settings.feature_gate else (pod, ())
     try:
-        result = _rewrite(cleaned, settings, images or {}, native_supported, lookup_error)
-    except (QuantityError, waiter_strategy.BuildError) as e:
-        deny = isinstance(e, waiter_strategy.BuildError) and e.deny
-        reason = e.reason if isinstance(e, waiter_strategy.BuildError) else "invalid"
-        if deny:
-            return RewriteResult(pod=pod, reason=reason, denied=_prefix(str(e)))
-        result = RewriteResult(pod=cleaned, warnings=[_prefix(f"{e}; admitted unchanged")], reason=reason)
-    if forged and result.denied is None:
-        result.changed = True
-        result.warnings.insert(0, _prefix(f"removed {', '.join(forged)}: only the initshift watcher writes "
-                                          f"{'them' if len(forged) > 1 else 'it'}, never the pod's creator"))
-    return result
+        return dataclasses.replace(_plan(cleaned, settings, native), forged=forged)
+    except RewriteError as e:
+        return Plan(cleaned, settings, native, _FAIL, error=e, forged=forged)
 
 
 def _is_watcher_state(key: str) -> bool:
     return key in (p.ANNOTATION_READY, p.ANNOTATION_OUTCOME) or key.startswith(p.ANNOTATION_READY_PREFIX)
 
 
-def _without_watcher_state(pod: dict) -> tuple[dict, list[str]]:
+def _without_watcher_state(pod: dict) -> tuple[dict, tuple[str, ...]]:
     """The pod without the annotations the watcher owns (a pod created with the ready gate
     already open, or a made-up outcome, would skip or misreport its steps), and their keys."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    forged = sorted(k for k in annotations if _is_watcher_state(k))
+    forged = tuple(sorted(k for k in annotations if _is_watcher_state(k)))
     if not forged:
-        return pod, []
+        return pod, ()
     kept = {k: v for k, v in annotations.items() if k not in forged}
     return {**pod, "metadata": {**pod["metadata"], "annotations": kept}}, forged
 
 
-def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoints],
-             native_supported: bool | None, lookup_error: str | None = None) -> RewriteResult:
+def _plan(pod: dict, settings: Settings, native: bool | None) -> Plan:
     if settings.feature_gate and waiter_strategy.managed_names(pod) is not None:
         if pod_mode(pod, settings.rewrite) == p.MODE_DISABLED:
-            return RewriteResult(pod=pod, reason="disabled",
-                                 warnings=[_prefix("pod is already rewritten; mode=disabled leaves it as it is")])
-        out = waiter_strategy.refresh(pod, settings.rewrite)
-        return _checked(pod, out, [], "refreshed")
-    plan = _qualify(pod, settings, native_supported)
-    if start_order.requested(pod) and not _final(plan):
-        return _ordered(pod, plan, settings, images, native_supported)
-    if isinstance(plan, _Skip):
-        return RewriteResult(pod=pod, warnings=[_prefix(plan.message)], reason=plan.reason)
-    if plan.strategy == p.MODE_NATIVE:
-        return _native(pod, plan, settings)
-    out, warnings = waiter_strategy.build(pod, plan.cls, settings.rewrite, images, lookup_error)
-    return _checked(pod, out, [*plan.cls.warnings, *warnings], "rewritten")
+            return Plan(pod, settings, native, _SKIP, skip=_Skip(
+                "disabled", "pod is already rewritten; mode=disabled leaves it as it is"))
+        return Plan(pod, settings, native, _REFRESH)
+    choice = _qualify(pod, settings, native)
+    if start_order.requested(pod) and not _final(choice):
+        return _ordered(pod, choice, settings, native)
+    if isinstance(choice, _Skip):
+        return Plan(pod, settings, native, _SKIP, skip=choice)
+    return Plan(pod, settings, native, choice.strategy, go=choice)
 
 
-def _native_parts(pod: dict, plan: _Go, settings: Settings) -> tuple[dict, list[str], str]:
-    """The native strategy's pod, warnings and reason; raises NativeError."""
-    if plan.cls.sidecars:
-        out, warnings = native_strategy.move_sidecars(pod, plan.cls, settings.rewrite)
-        reason = "rewritten"
-    else:
-        out, warnings = native_strategy.request_native_injection(pod)
-        reason = "annotated"
-    return out, [*plan.notes, *plan.cls.warnings, *warnings], reason
-
-
-def _native(pod: dict, plan: _Go, settings: Settings) -> RewriteResult:
-    try:
-        out, warnings, reason = _native_parts(pod, plan, settings)
-    except native_strategy.NativeError as e:
-        return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
-    return _checked(pod, out, warnings, reason, p.MODE_NATIVE)
-
-
-def _final(plan: _Skip | _Go) -> bool:
-    """Skips that hold whatever the pod asks for (start order included)."""
-    return isinstance(plan, _Skip) and plan.reason in ("invalid", "feature-gate-off", "invalid-mode", "disabled",
-                                                       "windows")
-
-
-def _ordered(pod: dict, plan: _Skip | _Go, settings: Settings, images: Mapping[str, ImageEntrypoints],
-             native_supported: bool | None) -> RewriteResult:
-    """Declared start order (webhook/start_order.py), composed after the native strategy."""
-    if isinstance(plan, _Go) and plan.strategy == p.MODE_WAITER:
-        raise waiter_strategy.BuildError(
+def _ordered(pod: dict, choice: _Skip | _Go, settings: Settings, native: bool | None) -> Plan:
+    """Declared start order (webhook/rewrite/_start_order.py), composed after the native strategy."""
+    if isinstance(choice, _Go) and choice.strategy == p.MODE_WAITER:
+        raise RewriteError(
             f"{p.ANNOTATION_START_ORDER} cannot be combined with the waiter strategy (this pod's init containers "
             f"would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or remove "
             f"the annotation", deny=True, reason=start_order.REASON)
     base, notes = pod, []
-    if isinstance(plan, _Go):
+    if isinstance(choice, _Go):
         try:
-            base, notes, _ = _native_parts(pod, plan, settings)
-        except native_strategy.NativeError as e:
+            base, notes, _ = _native_parts(pod, choice, settings)
+        except RewriteError as e:
             notes = [f"{e}; admitted unchanged"]
-    out, warnings = start_order.build(base, settings, images, native_supported)
-    return _checked(pod, out, [*notes, *warnings], "rewritten", p.MANAGED_START_ORDER)
+    return Plan(pod, settings, native, _ORDERED, base=base, notes=tuple(notes),
+                order=start_order.ordering(base, settings, native))
+
+
+def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
+            native_supported: bool | None = None, lookup_error: str | None = None) -> RewriteResult:
+    """`plan(...).rewrite(...)` in one call, for callers that make no registry lookup."""
+    return plan(pod, settings, native_supported=native_supported).rewrite(images=images, lookup_error=lookup_error)
+
+
+def _failed(pod: dict, e: RewriteError) -> RewriteResult:
+    if e.deny:
+        return RewriteResult(pod=pod, reason=e.reason, denied=_prefix(str(e)))
+    return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
+
+
+def _native_parts(pod: dict, go: _Go, settings: Settings) -> tuple[dict, list[str], str]:
+    """The native strategy's pod, warnings and reason; raises RewriteError."""
+    if go.cls.sidecars:
+        out, warnings = native_strategy.move_sidecars(pod, go.cls, settings.rewrite)
+        reason = "rewritten"
+    else:
+        out, warnings = native_strategy.request_native_injection(pod)
+        reason = "annotated"
+    return out, [*go.notes, *go.cls.warnings, *warnings], reason
+
+
+def _final(choice: _Skip | _Go) -> bool:
+    """Skips that hold whatever the pod asks for (start order included)."""
+    return isinstance(choice, _Skip) and choice.reason in ("invalid", "feature-gate-off", "invalid-mode", "disabled",
+                                                           "windows")
 
 
 def _checked(before: dict, after: dict, warnings: list[str], reason: str,
@@ -260,4 +301,3 @@ def _checked(before: dict, after: dict, warnings: list[str], reason: str,
     changed = after != before
     return RewriteResult(pod=after if changed else before, warnings=[_prefix(w) for w in warnings],
                          changed=changed, strategy=strategy, reason=reason if changed else "unchanged")
-

@@ -120,10 +120,11 @@ def shape_problem(pod: Any) -> str | None:
 
 
 def submap(obj: dict, *keys: str) -> dict:
-    """The object at obj[k1][k2]..., created where missing or null (`labels:` left empty in
-    YAML is null, and JSON null passes the shape check), for the rewrite to write into."""
+    """A copy of the object at obj[k1][k2]..., put in its place along the way, for the
+    rewrite to write into: `obj` (already the rewrite's own) shares the rest with its
+    input, which is never changed. Created where missing or null (`labels:` left empty in
+    YAML is null, and JSON null passes the shape check)."""
     for key in keys:
-        if obj.get(key) is None:
-            obj[key] = {}
+        obj[key] = dict(obj.get(key) or {})
         obj = obj[key]
     return obj

@@ -27,9 +27,7 @@ entrypoint that cannot be resolved) deny the pod with one message: nothing is ha
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -41,8 +39,9 @@ from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._resources import is_restartable, pod_requests
 from ._podcheck import is_annotation_key
 from ..settings import Settings
-from ._waiter import (BuildError, argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours,
-    unwrap_argv)
+from ._command import Argv, read_argv, start_after_command, waiter_command
+from ._errors import RewriteError
+from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours
 
 REASON = "invalid-start-order"
 OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
@@ -56,15 +55,15 @@ def is_managed(pod: Mapping) -> bool:
     return managed_as(pod) == p.MANAGED_START_ORDER
 
 
-def _deny(problems: Sequence[str], value: object = None) -> BuildError:
+def _deny(problems: Sequence[str], value: object = None) -> RewriteError:
     what = p.ANNOTATION_START_ORDER if value is None else f"{p.ANNOTATION_START_ORDER}={value!r}"
-    return BuildError(f"invalid {what}: {'; '.join(problems)}", deny=True, reason=REASON)
+    return RewriteError(f"invalid {what}: {'; '.join(problems)}", deny=True, reason=REASON)
 
 
 # --- the annotation ----------------------------------------------------------------------------
 
 def parse_groups(value: object) -> list[list[str]]:
-    """Groups of container names, in start order; raises a denying BuildError."""
+    """Groups of container names, in start order; raises a denying RewriteError."""
     if not isinstance(value, str) or not value.strip():
         raise _deny(["expected groups of container names like 'istio-proxy,cache;app'"], value)
     raw = value.split(";")
@@ -136,10 +135,10 @@ def check(pod: Mapping, settings: Settings) -> Order:
 # --- the plan ----------------------------------------------------------------------------------
 
 @dataclass
-class Plan:
+class Ordering:
     order: Order
     to_native: list[str] = field(default_factory=list)  # first-group sidecars made native
-    waits: dict[str, list[str]] = field(default_factory=dict)  # container -> waiter condition flags
+    waits: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # container -> (flag, value) conditions
     markers: list[str] = field(default_factory=list)  # containers whose marker someone reads
     ready_files: list[str] = field(default_factory=list)  # containers whose ready annotation is read
 
@@ -160,10 +159,10 @@ def _native_wanted(pod: Mapping, settings: Settings, native_supported: bool | No
     return all(n in proxies for n in first) and any(n in regular for n in first)
 
 
-def plan(pod: Mapping, settings: Settings, native_supported: bool | None) -> Plan:
+def ordering(pod: Mapping, settings: Settings, native_supported: bool | None) -> Ordering:
     """What the rewrite does, decided on the pod as it is (natives decided, not yet moved)."""
     order = check(pod, settings)
-    out = Plan(order)
+    out = Ordering(order)
     if not order.groups:
         return out
     spec = pod.get("spec") or {}
@@ -174,23 +173,23 @@ def plan(pod: Mapping, settings: Settings, native_supported: bool | None) -> Pla
         natives |= set(out.to_native)
     for before, group in zip(order.groups, order.groups[1:]):
         for name in group:
-            flags: list[str] = []
+            flags: list[tuple[str, str]] = []
             for dep in before:
                 if dep in natives:
                     continue  # the kubelet starts regular containers after native sidecars
                 c = regular[dep]
                 url = loopback_probe(c)
                 if url:
-                    flags += [p.FLAG_PROBE, url]
+                    flags.append((p.FLAG_PROBE, url))
                 elif c.get("readinessProbe"):
                     if not is_annotation_key(f"{p.ANNOTATION_READY_PREFIX}{dep}"):
                         raise _deny([f"{dep!r} is waited for through the annotation {p.ANNOTATION_READY_PREFIX}<name>, "
                                      f"and its name is too long for an annotation key (at most "
                                      f"{63 - len(p.ANNOTATION_READY_PREFIX.split('/', 1)[1])} characters)"])
-                    flags += [p.FLAG_AFTER_READY_FILE, p.container_ready_path(dep)]
+                    flags.append((p.FLAG_AFTER_READY_FILE, p.container_ready_path(dep)))
                     out.ready_files.append(dep)
                 else:
-                    flags += [p.FLAG_AFTER_MARKER, p.marker_path(dep)]
+                    flags.append((p.FLAG_AFTER_MARKER, p.marker_path(dep)))
                     out.markers.append(dep)
             out.waits[name] = flags
     out.markers = list(dict.fromkeys(out.markers))
@@ -201,45 +200,38 @@ def plan(pod: Mapping, settings: Settings, native_supported: bool | None) -> Pla
 # --- re-invocation -----------------------------------------------------------------------------
 
 def _is_wrapped(c: Mapping) -> bool:
-    args = c.get("args") or []
-    return c.get("command") == [p.WAITER_PATH] and bool(args) and args[0] == p.CMD_START_AFTER
+    return waiter_command(c) == p.CMD_START_AFTER
 
 
 def _ours(name: object) -> bool:
     return name in OUR_VOLUMES
 
 
-def _prior_argvs(pod: Mapping) -> dict[str, tuple[list[str], dict | None]]:
+def _prior_argvs(pod: Mapping) -> dict[str, Argv]:
     """For a pod this step already rewrote: the argv of each container it wrapped (the
     original `command` is gone, the wrapped argv is the truth)."""
     if not is_managed(pod):
         return {}
-    return {c["name"]: unwrap_argv(c) for c in (pod.get("spec") or {}).get("containers") or [] if _is_wrapped(c)}
+    return {c["name"]: read_argv(c) for c in (pod.get("spec") or {}).get("containers") or [] if _is_wrapped(c)}
 
 
 # --- building ----------------------------------------------------------------------------------
 
-def _wrap(c: Mapping, flags: list[str], marker: bool, settings: Settings,
+def _wrap(c: Mapping, conditions: list[tuple[str, str]], marker: bool, settings: Settings,
           argv: list[str], argv_map: dict | None) -> dict:
     name = str(c["name"])
-    args = [p.CMD_START_AFTER, p.FLAG_NAME, name]
-    if marker:
-        args += [p.FLAG_MARKER, p.marker_path(name)]
-    args += flags
-    if flags and settings.rewrite.start_order_max_wait_seconds:
-        args += [p.FLAG_MAX_WAIT, str(settings.rewrite.start_order_max_wait_seconds)]
-    if argv_map is not None:
-        args += [p.FLAG_ARGV_MAP, json.dumps(argv_map, separators=(",", ":"), sort_keys=True)]
-    args += [p.ARGV_SEPARATOR, *argv]
+    flags = {flag for flag, _ in conditions}
     mounts = [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT, "readOnly": True}]
     if marker or p.FLAG_AFTER_MARKER in flags:
         # One shared volume: the containers of one pod trust each other (unlike build steps).
         mounts.append({"name": p.MARKER_VOLUME, "mountPath": p.MARKER_MOUNT, "readOnly": not marker})
     if p.FLAG_AFTER_READY_FILE in flags:
         mounts.append({"name": p.CONTAINER_READY_VOLUME, "mountPath": p.CONTAINER_READY_MOUNT, "readOnly": True})
-    out = copy.deepcopy(dict(c))
+    out = dict(c)
     out["command"] = [p.WAITER_PATH]
-    out["args"] = args
+    out["args"] = start_after_command(name=name, argv=argv, marker=p.marker_path(name) if marker else None,
+                                      conditions=conditions, max_wait=settings.rewrite.start_order_max_wait_seconds,
+                                      argv_map=argv_map)
     out["volumeMounts"] = merge_ours(c.get("volumeMounts") or [], mounts, _ours)
     return out
 
@@ -255,31 +247,28 @@ def _make_native(pod: dict, names: list[str], settings: Settings) -> tuple[dict,
     cls = dataclasses.replace(cls, sidecars=[c for c in cls.sidecars if c.get("name") in names])
     try:
         return native_strategy.move_sidecars(pod, cls, settings.rewrite)
-    except native_strategy.NativeError as e:
+    except RewriteError as e:
         raise _deny([str(e)]) from None
 
 
-def lookups(pod: Mapping, settings: Settings, native_supported: bool | None) -> list[Lookup]:
+def lookups(pod: Mapping, pl: Ordering) -> list[Lookup]:
     """Images this step needs: wrapped containers without `command` it has not wrapped before."""
     try:
         prior = _prior_argvs(pod)
-        pl = plan(pod, settings, native_supported)
-    except BuildError:
-        return []  # the rewrite denies the pod with the full message
+    except RewriteError:
+        return []  # the rewrite refuses the pod with the full message
     by_name = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or []}
     return [Lookup(n, str(by_name[n].get("image"))) for n in pl.wrapped(list(prior))
             if n not in prior and needs_image(by_name[n])]
 
 
-def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoints],
-          native_supported: bool | None) -> tuple[dict, list[str]]:
-    """The pod with its start order applied, and warnings; raises BuildError (denying).
+def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoints], pl: Ordering) -> tuple[dict, list[str]]:
+    """The pod with its start order applied, and warnings; raises RewriteError (denying); `pl` is `plan(pod, ...)`.
     Re-invocation recomputes everything from the pod as it is: our parts are replaced in
     place, the argv of containers already wrapped is read back from their waiter args."""
     managed = is_managed(pod)
     prior = _prior_argvs(pod)
-    pl = plan(pod, settings, native_supported)
-    out = copy.deepcopy(dict(pod))
+    out = dict(pod)
     warnings = [f"{n!r} named in {p.ANNOTATION_START_ORDER} is not in the pod yet; it is ordered when the mesh "
                 f"injects it and initshift is re-invoked" for n in pl.order.missing]
     if pl.to_native:
@@ -293,7 +282,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
             warnings.append(f"{p.ANNOTATION_START_ORDER}: every container waited for is a native sidecar, "
                             f"which the kubelet starts before the regular containers")
         return out, warnings
-    spec = out["spec"]
+    spec = out["spec"] = dict(out["spec"])
     containers = spec["containers"]
     if not managed:
         check_reserved(out, [c for c in containers if c["name"] in wrapped])
@@ -302,7 +291,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
             raise _deny([f"volume name {taken[0]!r} is reserved by initshift"])
     try:
         argvs = argvs_of([c for c in containers if c["name"] in wrapped], images, prior)
-    except BuildError as e:
+    except RewriteError as e:
         raise _deny([str(e)]) from None
     spec["containers"] = [
         _wrap(c, pl.waits.get(c["name"], []), c["name"] in pl.markers, settings, *argvs[c["name"]])

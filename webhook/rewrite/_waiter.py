@@ -1,6 +1,6 @@
 """The waiter strategy: init containers become ordered regular containers run by the waiter.
 
-Layout written into the pod (every name from waiter/protocol.py):
+Chain written into the pod (every name from waiter/protocol.py):
 - `initshift-init` (last init container) copies the waiter into emptyDir `initshift-bin`,
   mounted read-only at /initshift/bin in every wrapped container;
 - every wrapped container (steps in order, then the mains) gets run emptyDir number i at
@@ -21,6 +21,8 @@ from typing import Callable, Mapping, Sequence
 from waiter import protocol as p
 
 from ._classify import Classification, managed_as, mark_managed
+from ._command import Argv, read_argv, run_command
+from ._errors import RewriteError
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
 from ._resources import (Amounts, add, apply_requests, growth_warning, plan_steps, pod_requests, qos_class,
@@ -45,14 +47,6 @@ RESTRICTED_SECURITY_CONTEXT = {
 }
 
 LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
-
-
-class BuildError(Exception):
-    """The pod cannot be rewritten; the message says why (becomes a warning or a denial)."""
-
-    def __init__(self, message: str, *, deny: bool = False, reason: str = "invalid") -> None:
-        super().__init__(message)
-        self.deny, self.reason = deny, reason
 
 
 def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
@@ -112,17 +106,14 @@ def loopback_probe(container: Mapping) -> str | None:
     return None
 
 
-def gate_args(sidecars: Sequence[Mapping]) -> list[str]:
-    """Step 0's gate: none without sidecars; the ready file, and the loopback probes when
-    every sidecar has one (the waiter opens the gate on whichever says ready first)."""
+def gate(sidecars: Sequence[Mapping]) -> tuple[str | None, list[str]]:
+    """Step 0's gate, as (ready file, loopback probes): none without sidecars; the ready
+    file, and the probes when every sidecar has one (the waiter opens the gate on whichever
+    says ready first)."""
     if not sidecars:
-        return []
-    args = [p.FLAG_READY_FILE, p.READY_FILE]
+        return None, []
     probes = [loopback_probe(s) for s in sidecars]
-    if all(probes):
-        for url in probes:
-            args += [p.FLAG_PROBE, str(url)]
-    return args
+    return p.READY_FILE, [str(url) for url in probes] if all(probes) else []
 
 
 def ready_volume() -> dict:
@@ -138,7 +129,7 @@ def ready_volume() -> dict:
 # --- wrapping one container --------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Layout:
+class Chain:
     """Everything about the pod that decides a wrapped container's flags and mounts."""
 
     n_steps: int
@@ -170,65 +161,39 @@ def _ours(mount: Mapping) -> bool:
     return _is_our_volume(mount.get("name"))
 
 
-def wrap(container: Mapping, index: int, layout: Layout,
+def wrap(container: Mapping, index: int, chain: Chain,
          argv: list[str] | None, argv_map: Mapping[str, list[str]] | None) -> dict:
     """The container run by the waiter at position `index` of the execution order."""
-    args: list[str] = [p.CMD_RUN, p.FLAG_NAME, str(container["name"]), p.FLAG_POST, p.completion_path(index)]
     mounts = [m for m in container.get("volumeMounts") or [] if not _ours(m)]
     mounts.append({"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT, "readOnly": True})
     mounts.append({"name": p.run_volume(index), "mountPath": p.run_mount(index)})
-    wait = layout.waits_for(index)
+    wait = chain.waits_for(index)
     if wait is not None:
-        args += [p.FLAG_WAIT, p.completion_path(wait)]
         mounts.append({"name": p.run_volume(wait), "mountPath": p.run_mount(wait), "readOnly": True})
-    if index == 0:
-        gate = gate_args(layout.sidecars)
-        args += gate
-        if gate:
-            mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
-    if layout.step_timeout and not layout.is_main(index):
-        args += [p.FLAG_TIMEOUT, str(layout.step_timeout)]
-    if layout.retry:
-        args.append(p.FLAG_RETRY)
-    if layout.quits(index):
-        for url in layout.quit_urls:
-            args += [p.FLAG_QUIT, url]
-    for peer in layout.peers(index):
-        args += [p.FLAG_PEER, p.completion_path(peer)]
+    ready_file, probes = gate(chain.sidecars) if index == 0 else (None, [])
+    if ready_file:
+        mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
+    peers = chain.peers(index)
+    for peer in peers:
         mounts.append({"name": p.run_volume(peer), "mountPath": p.run_mount(peer), "readOnly": True})
-    log_path = container.get("terminationMessagePath")
-    if log_path and log_path != p.DEFAULT_TERMINATION_LOG:
-        args += [p.FLAG_TERMINATION_LOG, str(log_path)]
-    if argv_map is not None:
-        args += [p.FLAG_ARGV_MAP, json.dumps(argv_map, separators=(",", ":"), sort_keys=True)]
-    args.append(p.ARGV_SEPARATOR)
-    args += argv or []
-    out = copy.deepcopy(dict(container))
+    out = dict(container)
     out["command"] = [p.WAITER_PATH]
-    out["args"] = args
+    out["args"] = run_command(
+        name=str(container["name"]), post=p.completion_path(index), argv=argv or [],
+        wait=None if wait is None else p.completion_path(wait), ready_file=ready_file, probes=probes,
+        timeout=0 if chain.is_main(index) else chain.step_timeout, retry=chain.retry,
+        quits=chain.quit_urls if chain.quits(index) else (), peers=[p.completion_path(j) for j in peers],
+        termination_log=container.get("terminationMessagePath"),
+        argv_map=None if argv_map is None else dict(argv_map))
     out["volumeMounts"] = mounts
     return out
 
 
-def unwrap_argv(container: Mapping) -> tuple[list[str], dict | None]:
-    """The original argv (or per-platform map) of a container `wrap` produced."""
-    args = list(container.get("args") or [])
-    if container.get("command") != [p.WAITER_PATH] or p.ARGV_SEPARATOR not in args:
-        raise BuildError(f"container {container.get('name')!r} is not run by the waiter as this pod's "
-                         f"{p.ANNOTATION_STEPS} annotation says")
-    cut = args.index(p.ARGV_SEPARATOR)
-    flags, argv = args[:cut], args[cut + 1:]
-    argv_map = None
-    if p.FLAG_ARGV_MAP in flags and flags.index(p.FLAG_ARGV_MAP) + 1 < len(flags):
-        argv_map = json.loads(flags[flags.index(p.FLAG_ARGV_MAP) + 1])
-    return argv, argv_map
-
-
-def _layout(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
-            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping]) -> Layout:
+def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
+            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping]) -> Chain:
     quit_urls = tuple(settings.quit_endpoints[s["name"]] for s in regular_sidecars
                       if s.get("name") in settings.quit_endpoints)
-    return Layout(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
+    return Chain(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
@@ -273,13 +238,10 @@ def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[s
     return args, prefixes
 
 
-Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
-
-
 def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoints],
              known: Mapping[str, Argv] | None = None) -> dict[str, Argv]:
     """Each container's argv for the waiter (`known`: read back from a wrapped container);
-    BuildError naming every container whose image's ENTRYPOINT is unknown."""
+    RewriteError naming every container whose image's ENTRYPOINT is unknown."""
     out: dict[str, Argv] = {}
     missing = []
     for c in containers:
@@ -288,7 +250,7 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
             missing.append(f"{c.get('name')!r} (image {c.get('image')!r})")
         out[c["name"]] = (argv or [], argv_map)
     if missing:
-        raise BuildError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
+        raise RewriteError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
                          f"{', '.join(missing)}; set `command` on them (or turn on registry lookup)",
                          reason="unresolved-entrypoint")
     return out
@@ -298,21 +260,21 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     spec = pod.get("spec") or {}
     for v in spec.get("volumes") or []:
         if _is_our_volume(v.get("name")):
-            raise BuildError(f"volume name {v.get('name')!r} is reserved by initshift")
+            raise RewriteError(f"volume name {v.get('name')!r} is reserved by initshift")
     for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         if c.get("name") == p.INIT_CONTAINER_NAME:
-            raise BuildError(f"container name {p.INIT_CONTAINER_NAME!r} is reserved by initshift")
+            raise RewriteError(f"container name {p.INIT_CONTAINER_NAME!r} is reserved by initshift")
     root = p.BIN_MOUNT.rsplit("/", 1)[0]
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
             path = str(m.get("mountPath", "")).rstrip("/")
             if path == root or path.startswith(root + "/"):
-                raise BuildError(f"container {c.get('name')!r} mounts {path!r}; {root} is reserved by initshift")
+                raise RewriteError(f"container {c.get('name')!r} mounts {path!r}; {root} is reserved by initshift")
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
           images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> tuple[dict, list[str]]:
-    """The rewritten pod and its warnings; raises BuildError when it cannot be done.
+    """The rewritten pod and its warnings; raises RewriteError when it cannot be done.
     `lookup_error` says why images are missing when a registry lookup failed."""
     spec = pod.get("spec") or {}
     wrapped_src = [*cls.steps, *cls.mains]
@@ -320,8 +282,8 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
 
     try:
         argvs = argvs_of(wrapped_src, images)
-    except BuildError as e:
-        raise BuildError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
+    except RewriteError as e:
+        raise RewriteError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
 
     warnings: list[str] = []
     old_total = pod_requests(spec)
@@ -329,13 +291,13 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
     if plan.problem:
-        raise BuildError(plan.problem, reason="resources")
+        raise RewriteError(plan.problem, reason="resources")
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
-    layout = _layout(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
+    chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
                      cls.all_sidecars, cls.sidecars)
-    wrapped_steps = [wrap(c, i, layout, *argvs[c["name"]]) for i, c in enumerate(steps)]
-    mains_by_name = {c["name"]: wrap(c, len(steps) + j, layout, *argvs[c["name"]])
+    wrapped_steps = [wrap(c, i, chain, *argvs[c["name"]]) for i, c in enumerate(steps)]
+    mains_by_name = {c["name"]: wrap(c, len(steps) + j, chain, *argvs[c["name"]])
                      for j, c in enumerate(cls.mains)}
 
     containers: list[dict] = []
@@ -348,11 +310,11 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
 
     init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
 
-    out = copy.deepcopy(dict(pod))
-    new_spec = out.setdefault("spec", {})
+    out = dict(pod)
+    new_spec = out["spec"] = dict(spec)
     new_spec["initContainers"] = init
     new_spec["containers"] = containers
-    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(layout.sidecars))
+    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(chain.sidecars))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains])
 
     grown = growth_warning(spec, new_spec, f"policy {settings.resources_policy}")
@@ -389,11 +351,11 @@ def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
         steps = json.loads(annotations.get(p.ANNOTATION_STEPS, ""))
         mains = json.loads(annotations.get(p.ANNOTATION_MAINS, "[]"))
     except (TypeError, ValueError):
-        raise BuildError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS} "
+        raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS} "
                          f"annotation is not a JSON list") from None
     if not (isinstance(steps, list) and isinstance(mains, list) and steps
             and all(isinstance(x, str) for x in [*steps, *mains])):
-        raise BuildError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS}/"
+        raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS}/"
                          f"{p.ANNOTATION_MAINS} annotations are not lists of names")
     return steps, mains
 
@@ -410,16 +372,17 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     order = [*steps, *mains]
     for name in order:
         if name not in by_name:
-            raise BuildError(f"container {name!r} named in {p.ANNOTATION_STEPS}/{p.ANNOTATION_MAINS} is missing")
+            raise RewriteError(f"container {name!r} named in {p.ANNOTATION_STEPS}/{p.ANNOTATION_MAINS} is missing")
     regular_sidecars = [c for c in containers if c.get("name") not in order]
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
-    layout = _layout(settings, spec.get("restartPolicy"), len(steps), len(mains),
+    chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
                      [*natives, *regular_sidecars], regular_sidecars)
     index = {name: i for i, name in enumerate(order)}
-    out = copy.deepcopy(dict(pod))
+    out = dict(pod)
+    out["spec"] = dict(spec)
     out["spec"]["containers"] = [
-        wrap(c, index[c["name"]], layout, *unwrap_argv(c)) if c.get("name") in index else c
+        wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else c
         for c in containers
     ]
-    out["spec"]["volumes"] = _volumes(spec, len(order), bool(layout.sidecars))
+    out["spec"]["volumes"] = _volumes(spec, len(order), bool(chain.sidecars))
     return out

@@ -18,6 +18,7 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
+from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, read_run, statuses
 
 # Outcome JSON (annotation initshift.io/outcome), documented in README "The watcher".
 SUCCEEDED = "Succeeded"
@@ -26,7 +27,6 @@ STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the 
 STOPPED_DEADLINE = "deadline"  # the watcher set activeDeadlineSeconds
 STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
 STOPPED_NONE = "none"  # no sidecars
-NOT_RUN = "NotRun"  # reason recorded for a step or main that never finished
 
 # Event reasons.
 EVENT_READY = "SidecarsReady"
@@ -36,8 +36,6 @@ EVENT_ENDED = "SidecarsEnded"
 
 DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
 _ENDED_PHASES = ("Succeeded", "Failed")
-_RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
-_MESSAGE_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -59,121 +57,8 @@ class Decision:
     ready_latency: float | None = None  # set with a "ready" action: seconds since the pod started
 
 
-# --- reading the pod ---------------------------------------------------------------------
-def parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
 def format_time(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _json_list(value: Any) -> list[str]:
-    try:
-        names = json.loads(value) if isinstance(value, str) else []
-    except ValueError:
-        return []
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Which container is what, from the annotations and the spec."""
-
-    steps: list[str]
-    mains: list[str]
-    sidecars: list[str]  # regular containers that are neither steps nor mains
-    native: list[str]  # init containers with restartPolicy Always
-
-    @property
-    def work(self) -> list[str]:
-        return self.steps + self.mains
-
-
-def layout(pod: dict) -> Layout:
-    ann = pod.get("metadata", {}).get("annotations") or {}
-    spec = pod.get("spec") or {}
-    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
-    steps = [n for n in _json_list(ann.get(p.ANNOTATION_STEPS)) if any(c.get("name") == n for c in containers)]
-    if p.ANNOTATION_MAINS in ann:
-        mains = [n for n in _json_list(ann[p.ANNOTATION_MAINS]) if n not in steps]
-    else:  # pods written before the mains annotation: a waiter-run container is a main
-        mains = [c["name"] for c in containers
-                 if c.get("name") not in steps and (c.get("command") or [None])[0] == p.WAITER_PATH]
-    names = [c.get("name") for c in containers]
-    mains = [m for m in mains if m in names]
-    sidecars = [n for n in names if isinstance(n, str) and n not in steps and n not in mains]
-    native = [c.get("name") for c in spec.get("initContainers") or []
-              if isinstance(c, dict) and c.get("restartPolicy") == "Always" and isinstance(c.get("name"), str)]
-    return Layout(steps, mains, sidecars, native)
-
-
-@dataclass(frozen=True)
-class Run:
-    """A step's or main's state from its container status."""
-
-    name: str
-    state: str  # "waiting", "running", "terminated" or "unknown"
-    exit_code: int | None = None
-    reason: str = ""
-    started_at: str | None = None
-    finished_at: str | None = None
-    message: str = ""
-    recorded: bool = False  # the waiter wrote its termination message (it completed its work)
-
-    @property
-    def ok(self) -> bool:
-        return self.state == "terminated" and self.exit_code == 0 and self.reason == p.REASON_COMPLETED
-
-    def to_json(self) -> dict:
-        out: dict[str, Any] = {"name": self.name, "exitCode": self.exit_code,
-                               "reason": self.reason if self.state == "terminated" else NOT_RUN,
-                               "startedAt": self.started_at, "finishedAt": self.finished_at}
-        if self.message:
-            out["message"] = self.message[:_MESSAGE_LIMIT]
-        return out
-
-
-def _statuses(pod: dict, key: str) -> dict[str, dict]:
-    return {s["name"]: s for s in (pod.get("status") or {}).get(key) or [] if isinstance(s, dict) and "name" in s}
-
-
-def read_run(name: str, status: dict | None) -> Run:
-    state = (status or {}).get("state")
-    if not isinstance(state, dict):  # only a malformed status lacks the object
-        state = {}
-    if "terminated" not in state:
-        started = (state.get("running") or {}).get("startedAt")
-        kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
-        return Run(name, kind, started_at=started)
-    t = state["terminated"] or {}
-    record = _waiter_record(t.get("message"))
-    if record is not None:
-        return Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
-                   record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
-                   str(record.get("message") or ""), recorded=True)
-    code = t.get("exitCode")
-    return Run(name, "terminated", code if isinstance(code, int) else None, str(t.get("reason") or ""),
-               t.get("startedAt"), t.get("finishedAt"), str(t.get("message") or ""))
-
-
-def _waiter_record(message: Any) -> dict | None:
-    """The waiter's JSON termination message, or None when the waiter did not write one."""
-    if not isinstance(message, str) or not message.lstrip().startswith("{"):
-        return None
-    try:
-        record = json.loads(message)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not all(k in record for k in _RECORD_KEYS):
-        return None
-    return record if isinstance(record["exitCode"], int) and not isinstance(record["exitCode"], bool) else None
 
 
 def _terminated(status: dict | None) -> bool:
@@ -195,7 +80,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     phase = status.get("phase") or "Pending"
     ended = phase in _ENDED_PHASES
     lay = layout(pod)
-    cs, ics = _statuses(pod, "containerStatuses"), _statuses(pod, "initContainerStatuses")
+    cs = ics = statuses(pod)  # names are unique across both lists
     runs = {n: read_run(n, cs.get(n)) for n in lay.work}
     running_sidecars = [n for n in lay.sidecars if _running(cs.get(n))]
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
@@ -302,7 +187,7 @@ def _outcome(lay: Layout, runs: dict[str, Run], failed: str | None, message: str
     return {
         "result": FAILED if failed else SUCCEEDED,
         "failed": failed,
-        "message": message[:_MESSAGE_LIMIT],
+        "message": message[:MESSAGE_LIMIT],
         "steps": [runs[n].to_json() for n in lay.steps],
         "mains": [runs[n].to_json() for n in lay.mains],
         "sidecarsStoppedBy": stopped,

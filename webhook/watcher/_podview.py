@@ -4,16 +4,8 @@ Rewriting moves steps out of `initContainers`, so the kubelet's statuses (alphab
 split between two lists, and for a waiter pod every step "running" from the start)
 no longer tell the story. `pod_view()` puts the containers back in execution order and
 derives each one's state from its status, the waiter's termination message and the
-pod's annotations; `log_sequence()` is the order `initshift logs` streams them in.
-
-Three kinds of pods read the same way:
-- waiter (`initshift.io/managed: waiter`): steps and mains from the annotations, run by
-  the waiter as regular containers; the kept init containers (mesh init, initshift-init)
-  run first; every other container is a sidecar;
-- native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
-  containers run in spec order (the mesh's own and kept ones are `init`, the rest are
-  steps), regular sidecars are recognised as the rewrite does (webhook/classify.py),
-  restartable init containers are sidecars, the rest are mains.
+pod's annotations, all read through the one reader (`_podstate.py`); `log_plan()` is the
+order `initshift logs` streams them in.
 """
 
 from __future__ import annotations
@@ -21,19 +13,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from enum import StrEnum
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Mapping
 
 from waiter import protocol as p
 
-from ..rewrite import classify, managed_as
-from ._decide import NOT_RUN, Run, layout as waiter_layout, parse_time, read_run
-from ..rewrite import is_restartable
 from ..settings import RewriteSettings
-
-# Container kinds, in the order rows are listed.
-INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
+from ._podstate import (NOT_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
+                        statuses)
 
 
 class State(StrEnum):
@@ -54,10 +42,6 @@ ENDED_PHASES = ("Succeeded", "Failed")
 # CreateContainerConfigError, ...) is a problem worth showing as the row's reason.
 _QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
 _WAITER_LINE = re.compile(rf"^{re.escape(p.WAITER_LOG_PREFIX)}(\[[^\]\n]*\])?: ")
-
-
-class NotManaged(ValueError):
-    """The pod has nothing initshift can show: not rewritten and no init containers."""
 
 
 @dataclass(frozen=True)
@@ -112,80 +96,6 @@ class PodView:
                 "containers": [r.to_json() for r in self.rows]}
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Names by kind, each list in execution order; `sequence` is what runs one after the other."""
-
-    strategy: str | None
-    inits: list[str]
-    steps: list[str]
-    mains: list[str]
-    sidecars: list[str]
-    sequence: list[str]  # inits and steps interleaved as they run (mains wait for its last)
-    in_init: frozenset[str]  # names whose status is in initContainerStatuses
-    waiter_run: frozenset[str]  # containers whose command is the waiter
-
-    def kind(self, name: str) -> str:
-        return STEP if name in self.steps else MAIN if name in self.mains else \
-            INIT if name in self.inits else SIDECAR
-
-
-def strategy_of(pod: Mapping) -> str | None:
-    value = managed_as(pod)
-    return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
-
-
-def _json_list(value: Any) -> list[str] | None:
-    try:
-        names = json.loads(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
-
-
-def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
-    """Raises NotManaged for a pod that is not rewritten and has no init containers."""
-    spec = pod.get("spec") or {}
-    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
-    regular = [c for c in spec.get("containers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
-    strategy = strategy_of(pod)
-    sequential = [c["name"] for c in inits if not is_restartable(c)]
-    native_sidecars = [c["name"] for c in inits if is_restartable(c)]
-    waiter_run = frozenset(c["name"] for c in regular
-                           if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
-    in_init = frozenset(c["name"] for c in inits)
-    if strategy == p.MODE_WAITER:
-        lay = waiter_layout(dict(pod))
-        return Layout(strategy, sequential, lay.steps, lay.mains, native_sidecars + lay.sidecars,
-                      sequential + lay.steps, in_init, waiter_run)
-    if strategy is None and not sequential:
-        meta = pod.get("metadata") or {}
-        label = managed_as(pod)
-        why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
-        raise NotManaged(f"pod {meta.get('name', '')} is not managed by initshift as a build ({why}) "
-                         f"and has no init containers to show")
-    cls = classify(pod, settings or RewriteSettings())
-    annotated = _json_list(((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_STEPS))
-    step_names = [n for n in annotated if n in sequential] if annotated else [c["name"] for c in cls.steps]
-    sidecars = native_sidecars + [c["name"] for c in cls.sidecars]
-    mains = [c["name"] for c in regular if c["name"] not in sidecars]
-    return Layout(strategy, [n for n in sequential if n not in step_names], step_names, mains, sidecars,
-                  sequential, in_init, waiter_run)
-
-
-def _statuses(pod: Mapping) -> dict[str, dict]:
-    """Container statuses by name, both lists; a malformed entry or state is left out."""
-    status = pod.get("status")
-    out: dict[str, dict] = {}
-    for key in ("initContainerStatuses", "containerStatuses"):
-        entries = status.get(key) if isinstance(status, dict) else None
-        for s in entries if isinstance(entries, list) else []:
-            if isinstance(s, dict) and isinstance(s.get("name"), str):
-                state = s.get("state") if isinstance(s.get("state"), dict) else {}
-                out[s["name"]] = {**s, "state": {k: v for k, v in state.items() if isinstance(v, dict)}}
-    return out
-
-
 def _outcome(pod: Mapping) -> dict:
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
     try:
@@ -225,11 +135,11 @@ def _started(status: dict | None) -> bool:
 
 def has_started(pod: Mapping, name: str) -> bool:
     """The kubelet has started the container (its log can be read)."""
-    return _started(_statuses(pod).get(name))
+    return _started(statuses(pod).get(name))
 
 
 def has_terminated(pod: Mapping, name: str) -> bool:
-    return "terminated" in ((_statuses(pod).get(name) or {}).get("state") or {})
+    return "terminated" in ((statuses(pod).get(name) or {}).get("state") or {})
 
 
 def pod_ended(pod: Mapping) -> bool:
@@ -245,18 +155,18 @@ def _work_state(run: Run, done_ok: bool) -> str:
 
 def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = None) -> PodView:
     """The pod as `initshift status` shows it. Raises NotManaged (see pod_layout)."""
-    lay = pod_layout(pod, settings)
+    lay = layout(pod, settings)
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = str(status.get("phase") or "Pending")
     ended = phase in ENDED_PHASES
-    statuses = _statuses(pod)
+    status_of = statuses(pod)
     outcome = _outcome(pod)
     entries = _outcome_entries(outcome)
-    runs = {n: read_run(n, statuses.get(n)) for n in [*lay.sequence, *lay.mains, *lay.sidecars]}
+    runs = {n: read_run(n, status_of.get(n)) for n in [*lay.sequence, *lay.mains, *lay.all_sidecars]}
     ready_gate = ann.get(p.ANNOTATION_READY) == p.READY_TRUE
-    sidecars_ready = all((statuses.get(n) or {}).get("ready") for n in lay.sidecars)
+    sidecars_ready = all((status_of.get(n) or {}).get("ready") for n in lay.all_sidecars)
 
     def ok(name: str) -> bool:
         r = runs[name]
@@ -270,7 +180,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
 
     def work_row(name: str, kind: str) -> Row:
         """A step's, main's or init container's row."""
-        run, st = runs[name], statuses.get(name) or {}
+        run, st = runs[name], status_of.get(name) or {}
         waiting = (st.get("state") or {}).get("waiting") or {}
         waiting_reason = str(waiting.get("reason") or "")
         base = dict(name=name, kind=kind, number=lay.steps.index(name) + 1 if kind == STEP else None,
@@ -297,7 +207,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             # Every waiter-run container starts at once; its command runs after its predecessor.
             if not prev_done:
                 return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
-            if first_step and lay.sidecars and not ready_gate and not sidecars_ready:
+            if first_step and lay.all_sidecars and not ready_gate and not sidecars_ready:
                 return Row(**base, state=State.WAITING_SIDECARS)
             # The container started with the pod; its command, when its predecessor finished.
             started = _later(run.started_at, runs[prev].finished_at if prev else None)
@@ -308,13 +218,13 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             return Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
         if not prev_done:
             return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
-        if first_step and lay.strategy == p.MODE_NATIVE and lay.sidecars and not sidecars_ready:
+        if first_step and lay.strategy == p.MODE_NATIVE and lay.all_sidecars and not sidecars_ready:
             return Row(**base, state=State.WAITING_SIDECARS)  # the kubelet holds it for the startup probe
         return Row(**base, state=State.PENDING, reason=waiting_reason)
 
     stopped_by = outcome.get("sidecarsStoppedBy")
-    rows = [_sidecar_row(name, runs[name], statuses.get(name) or {}, now, stopped_by) if lay.kind(name) == SIDECAR
-            else work_row(name, lay.kind(name)) for name in [*lay.sequence, *lay.mains, *lay.sidecars]]
+    rows = [_sidecar_row(name, runs[name], status_of.get(name) or {}, now, stopped_by) if lay.kind(name) == SIDECAR
+            else work_row(name, lay.kind(name)) for name in [*lay.sequence, *lay.mains, *lay.all_sidecars]]
 
     result = str(outcome.get("result") or phase)
     message = str(outcome.get("message") or status.get("message") or "")
@@ -363,9 +273,9 @@ class LogPlan:
 def log_plan(pod: Mapping, *, sidecars: bool = False, settings: RewriteSettings | None = None) -> LogPlan:
     """The containers `initshift logs` streams; with `sidecars`, the kept init containers
     (mesh init, initshift-init) come first and the sidecars run alongside. Raises NotManaged."""
-    lay = pod_layout(pod, settings)
+    lay = layout(pod, settings)
     work = [n for n in lay.sequence if sidecars or n in lay.steps]
-    return LogPlan([*work, *lay.mains], list(lay.sidecars) if sidecars else [], lay.waiter_run)
+    return LogPlan([*work, *lay.mains], list(lay.all_sidecars) if sidecars else [], lay.waiter_run)
 
 
 def is_waiter_line(line: str) -> bool:

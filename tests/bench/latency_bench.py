@@ -1,0 +1,130 @@
+"""`make bench-admission`, part one: what one review costs.
+
+1. In process: the rewrite of the 7-step kpack pod with istio-proxy (plan, rewrite, JSONPatch),
+   timed over many runs after a warm-up.
+2. Over HTTPS: `initshift serve` in its own process and wrk (C, one thread, one keep-alive
+   TLS connection, so the client is not the bottleneck) against POST /mutate and GET /healthz
+   of the same server, side by side.
+
+Prints figures, asserts nothing but that the pod is rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.support import https_helpers as h
+from webhook.admission import bind, make_patch
+from webhook.rewrite import plan
+from webhook.settings import Settings
+
+RUNS = 3000
+WRK_SECONDS = int(os.environ.get("INITSHIFT_BENCH_SECONDS", "10"))
+_WRK_LINE = re.compile(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s)\s*$")
+_UNIT = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def in_process() -> dict[str, float]:
+    pod = h.seven_step_pod()
+    settings = Settings(feature_gate=True)
+
+    def once() -> None:
+        result = plan(pod, settings).rewrite()
+        assert result.changed, "the benchmark pod must be rewritten"
+        make_patch(pod, result.pod)
+
+    for _ in range(200):
+        once()
+    times = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        once()
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    return {"p50": statistics.median(times), "p99": times[int(RUNS * 0.99) - 1], "min": times[0]}
+
+
+def wrk(url: str, body_file: Path | None) -> dict[str, float]:
+    script = ""
+    if body_file is not None:
+        script = (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                  f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*a")\nf:close()\n')
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
+        lua.write(script)
+        lua.flush()
+        out = subprocess.run(["wrk", "-t1", "-c1", f"-d{WRK_SECONDS}s", "--latency", "-s", lua.name, url],
+                             capture_output=True, text=True, timeout=WRK_SECONDS + 60, check=True).stdout
+    figures = {f"p{m.group(1)}": float(m.group(2)) * _UNIT[m.group(3)]
+               for m in map(_WRK_LINE.match, out.splitlines()) if m}
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise SystemExit(f"{url}: {errors.group(1)} error answers\n{out}")
+    figures["rps"] = float(rate.group(1)) if rate else 0.0
+    return figures
+
+
+def over_https() -> tuple[dict, dict, int] | None:
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (make bench-admission installs it as root): HTTPS figures skipped")
+        return None
+    body = json.dumps(h.review(h.seven_step_pod(), namespace="builds")).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        ca = h.make_certs(d)
+        (d / "review.json").write_bytes(body)
+        sock = bind()
+        port = sock.getsockname()[1]
+        sock.close()
+        env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
+               "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(d / "tls.crt"),
+               "INITSHIFT_TLS_KEY": str(d / "tls.key")}
+        proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"https://127.0.0.1:{port}"
+            for _ in range(400):
+                try:
+                    httpx.get(f"{url}/readyz", verify=h.client_context(ca))
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+            answer = httpx.post(f"{url}/mutate", content=body, verify=h.client_context(ca),
+                                headers={"content-type": "application/json"}).json()
+            assert answer["response"].get("patch"), "the benchmark pod must be rewritten"
+            # wrk does not verify certificates; the check above did, with the same server.
+            return wrk(f"{url}/mutate", d / "review.json"), wrk(f"{url}/healthz", None), len(body)
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+
+def main() -> int:
+    r = in_process()
+    print(f"in-process rewrite of the 7-step kpack pod + istio-proxy (plan, rewrite, JSONPatch), {RUNS} runs:")
+    print(f"  p50 {r['p50']:.3f} ms   p99 {r['p99']:.3f} ms   min {r['min']:.3f} ms")
+    https = over_https()
+    if https is None:
+        return 0
+    mutate, healthz, size = https
+    print(f"over HTTPS: wrk, 1 thread, 1 keep-alive TLS connection, {WRK_SECONDS} s each, {size} byte review, "
+          f"{os.cpu_count()} cores")
+    print(f"{'endpoint':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+    for name, f in (("/mutate", mutate), ("/healthz", healthz)):
+        print(f"{name:>9} {f.get('p50', 0):>8.2f} {f.get('p90', 0):>8.2f} {f.get('p99', 0):>8.2f} {f['rps']:>8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The waiter's command line in a wrapped container: the one writer (`run_command`,
+`start_after_command`) and the one reader (`read_argv`).
+
+The reader parses with the waiter's own grammars (`waiter.flags`), so what the webhook
+writes is exactly what the waiter accepts; a round-trip property test holds them together.
+Flag order is fixed (the patch of a re-invocation must be empty when nothing changed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence
+
+from waiter import flags as waiter_flags
+from waiter import protocol as p
+from waiter.errors import UsageError
+
+from ._errors import RewriteError
+
+Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
+
+
+def _argv_map(value: dict | None) -> list[str]:
+    return [] if value is None else [p.FLAG_ARGV_MAP, json.dumps(value, separators=(",", ":"), sort_keys=True)]
+
+
+def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None = None, ready_file: str | None = None,
+                probes: Sequence[str] = (), timeout: int = 0, retry: bool = False, quits: Sequence[str] = (),
+                peers: Sequence[str] = (), termination_log: str | None = None,
+                argv_map: dict | None = None) -> list[str]:
+    """`waiter run ...` as the container's `args` (the `command` is the waiter itself)."""
+    args = [p.CMD_RUN, p.FLAG_NAME, name, p.FLAG_POST, post]
+    if wait:
+        args += [p.FLAG_WAIT, wait]
+    if ready_file:
+        args += [p.FLAG_READY_FILE, ready_file]
+    for url in probes:
+        args += [p.FLAG_PROBE, url]
+    if timeout:
+        args += [p.FLAG_TIMEOUT, str(timeout)]
+    if retry:
+        args.append(p.FLAG_RETRY)
+    for url in quits:
+        args += [p.FLAG_QUIT, url]
+    for path in peers:
+        args += [p.FLAG_PEER, path]
+    if termination_log and termination_log != p.DEFAULT_TERMINATION_LOG:
+        args += [p.FLAG_TERMINATION_LOG, termination_log]
+    return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
+
+
+def start_after_command(*, name: str, argv: Sequence[str], marker: str | None = None,
+                        conditions: Sequence[tuple[str, str]] = (), max_wait: int = 0,
+                        argv_map: dict | None = None) -> list[str]:
+    """`waiter start-after ...`; `conditions` are (flag, value) pairs in the order they are checked."""
+    args = [p.CMD_START_AFTER, p.FLAG_NAME, name]
+    if marker:
+        args += [p.FLAG_MARKER, marker]
+    for flag, value in conditions:
+        args += [flag, value]
+    if conditions and max_wait:
+        args += [p.FLAG_MAX_WAIT, str(max_wait)]
+    return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
+
+
+def waiter_command(container: Mapping) -> str | None:
+    """`run` or `start-after` when the waiter runs this container, else None."""
+    args = container.get("args")
+    if container.get("command") != [p.WAITER_PATH] or not isinstance(args, list) or not args:
+        return None
+    return args[0] if args[0] in waiter_flags.GRAMMARS else None
+
+
+def read_argv(container: Mapping) -> Argv:
+    """The original argv (and per-platform map) of a container the waiter runs."""
+    command = waiter_command(container)
+    if command is None:
+        raise RewriteError(f"container {container.get('name')!r} is not run by the waiter as this pod's "
+                           f"{p.ANNOTATION_STEPS} annotation says")
+    try:
+        pairs, argv = waiter_flags.split(list(container["args"][1:]), waiter_flags.GRAMMARS[command])
+        argv_map = next((json.loads(v) for f, v in pairs if f == p.FLAG_ARGV_MAP and v), None)
+    except (UsageError, ValueError) as e:
+        raise RewriteError(f"container {container.get('name')!r}: its waiter command line does not parse "
+                           f"({e})") from None
+    return argv, argv_map

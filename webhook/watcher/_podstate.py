@@ -1,0 +1,194 @@
+"""The one reader of a managed pod's state: which container is what (`layout`), each
+container's status (`statuses`), and what a step or main did (`read_run`: the waiter's
+record in the termination message, else the kubelet's). Pure functions over pod JSON;
+the watcher's decisions and `initshift status`/`logs` read pods only through these.
+
+Three kinds of pods read the same way:
+- waiter (`initshift.io/managed: waiter`): steps and mains from the annotations, run by
+  the waiter as regular containers; the kept init containers (mesh init, initshift-init)
+  run first; every other container is a sidecar;
+- native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
+  containers run in spec order (the mesh's own and kept ones are `init`, the rest are
+  steps), regular sidecars are recognised as the rewrite does, restartable init
+  containers are sidecars, the rest are mains.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from waiter import protocol as p
+
+from ..rewrite import classify, is_restartable, managed_as
+from ..settings import RewriteSettings
+from ..errors import InitshiftError
+
+# Container kinds.
+INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
+NOT_RUN = "NotRun"  # reason recorded for a step or main that never finished
+_RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
+MESSAGE_LIMIT = 1024
+
+
+class NotManaged(InitshiftError, ValueError):
+    """The pod has nothing initshift can show: not rewritten and no init containers."""
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _json_list(value: Any) -> list[str] | None:
+    try:
+        names = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Names by kind, each list in execution order; `sequence` is what runs one after the other."""
+
+    strategy: str | None  # "waiter", "native" or None (never rewritten)
+    inits: list[str]  # init containers that are not steps (mesh init, initshift-init, kept ones)
+    steps: list[str]
+    mains: list[str]
+    sidecars: list[str]  # regular containers that are sidecars
+    native: list[str]  # native sidecars: init containers with restartPolicy Always
+    sequence: list[str]  # inits and steps interleaved as they run (mains wait for its last)
+    in_init: frozenset[str]  # names whose status is in initContainerStatuses
+    waiter_run: frozenset[str]  # containers whose command is the waiter
+
+    @property
+    def work(self) -> list[str]:
+        return self.steps + self.mains
+
+    @property
+    def all_sidecars(self) -> list[str]:
+        return self.native + self.sidecars
+
+    def kind(self, name: str) -> str:
+        return STEP if name in self.steps else MAIN if name in self.mains else \
+            INIT if name in self.inits else SIDECAR
+
+
+def strategy_of(pod: Mapping) -> str | None:
+    value = managed_as(pod)
+    return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
+
+
+def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
+    """Raises NotManaged for a pod that is not rewritten and has no init containers."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    regular = [c for c in spec.get("containers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    strategy = strategy_of(pod)
+    sequential = [c["name"] for c in inits if not is_restartable(c)]
+    native = [c["name"] for c in inits if is_restartable(c)]
+    waiter_run = frozenset(c["name"] for c in regular
+                           if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
+    in_init = frozenset(c["name"] for c in inits)
+    names = [c["name"] for c in regular]
+    if strategy == p.MODE_WAITER:
+        steps = [n for n in _json_list(annotations.get(p.ANNOTATION_STEPS)) or [] if n in names]
+        if p.ANNOTATION_MAINS in annotations:
+            mains = [n for n in _json_list(annotations[p.ANNOTATION_MAINS]) or [] if n not in steps and n in names]
+        else:  # pods written before the mains annotation: a waiter-run container is a main
+            mains = [n for n in names if n not in steps and n in waiter_run]
+        sidecars = [n for n in names if n not in steps and n not in mains]
+        return Layout(strategy, sequential, steps, mains, sidecars, native, sequential + steps, in_init, waiter_run)
+    if strategy is None and not sequential:
+        label = managed_as(pod)
+        why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
+        raise NotManaged(f"pod {meta.get('name', '')} is not managed by initshift as a build ({why}) "
+                         f"and has no init containers to show")
+    cls = classify(pod, settings or RewriteSettings())
+    annotated = _json_list(annotations.get(p.ANNOTATION_STEPS))
+    steps = [n for n in annotated if n in sequential] if annotated else [c["name"] for c in cls.steps]
+    sidecars = [c["name"] for c in cls.sidecars]
+    mains = [n for n in names if n not in sidecars and n not in native]
+    return Layout(strategy, [n for n in sequential if n not in steps], steps, mains, sidecars, native,
+                  sequential, in_init, waiter_run)
+
+
+def statuses(pod: Mapping) -> dict[str, dict]:
+    """Container statuses by name, both lists; a malformed entry or state is left out."""
+    status = pod.get("status")
+    out: dict[str, dict] = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        entries = status.get(key) if isinstance(status, dict) else None
+        for s in entries if isinstance(entries, list) else []:
+            if isinstance(s, dict) and isinstance(s.get("name"), str):
+                state = s.get("state") if isinstance(s.get("state"), dict) else {}
+                out[s["name"]] = {**s, "state": {k: v for k, v in state.items() if isinstance(v, dict)}}
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """A step's or main's state from its container status."""
+
+    name: str
+    state: str  # "waiting", "running", "terminated" or "unknown"
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    message: str = ""
+    recorded: bool = False  # the waiter wrote its termination message (it completed its work)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "terminated" and self.exit_code == 0 and self.reason == p.REASON_COMPLETED
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"name": self.name, "exitCode": self.exit_code,
+                               "reason": self.reason if self.state == "terminated" else NOT_RUN,
+                               "startedAt": self.started_at, "finishedAt": self.finished_at}
+        if self.message:
+            out["message"] = self.message[:MESSAGE_LIMIT]
+        return out
+
+
+def read_run(name: str, status: dict | None) -> Run:
+    state = (status or {}).get("state")
+    if not isinstance(state, dict):  # only a malformed status lacks the object
+        state = {}
+    if "terminated" not in state:
+        started = (state.get("running") or {}).get("startedAt")
+        kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
+        return Run(name, kind, started_at=started)
+    t = state["terminated"] or {}
+    record = _waiter_record(t.get("message"))
+    if record is not None:
+        return Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
+                   record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
+                   str(record.get("message") or ""), recorded=True)
+    code = t.get("exitCode")
+    return Run(name, "terminated", code if isinstance(code, int) else None, str(t.get("reason") or ""),
+               t.get("startedAt"), t.get("finishedAt"), str(t.get("message") or ""))
+
+
+def _waiter_record(message: Any) -> dict | None:
+    """The waiter's JSON termination message, or None when the waiter did not write one."""
+    if not isinstance(message, str) or not message.lstrip().startswith("{"):
+        return None
+    try:
+        record = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not all(k in record for k in _RECORD_KEYS):
+        return None
+    return record if isinstance(record["exitCode"], int) and not isinstance(record["exitCode"], bool) else None
