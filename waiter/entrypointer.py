@@ -13,7 +13,7 @@ from .errors import UsageError, WaiterError
 from .env import child_environment
 from .flags import USAGE, RunOptions, parse_run, post_path_of
 from .gate import Gate
-from .quit import quit_sidecars
+from .quit import quit_sidecars, record_main
 from .record import Record, now, read_record, rfc3339
 from .signals import TERMINATING, SignalBox
 from .wait import DirWatch
@@ -93,7 +93,9 @@ class Entrypointer:
                 code = code or p.EXIT_USAGE
         # Under --retry a failed container is restarted: its sidecars must stay up for it.
         if rec.ok or not opts.retry:
-            quit_sidecars(opts.quit, opts.peers, opts.retry)
+            if opts.mains_dir:
+                record_main(opts.mains_dir, opts.name, rec)
+            quit_sidecars(opts.quit, opts.mains_dir, opts.mains, opts.retry)
         return code
 
     def fail(self, exc: WaiterError) -> int:

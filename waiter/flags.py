@@ -17,8 +17,8 @@ from .loopback import Endpoint
 Grammar = tuple[frozenset[str], frozenset[str], frozenset[str]]
 RUN: Grammar = (
     frozenset({p.FLAG_NAME, p.FLAG_WAIT, p.FLAG_POST, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT, p.FLAG_QUIT,
-               p.FLAG_PEER, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP}),
-    frozenset({p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_PEER}),
+               p.FLAG_MAINS_DIR, p.FLAG_MAINS, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP}),
+    frozenset({p.FLAG_PROBE, p.FLAG_QUIT}),
     frozenset({p.FLAG_RETRY}),
 )
 START_AFTER: Grammar = (
@@ -31,7 +31,7 @@ GRAMMARS = {p.CMD_RUN: RUN, p.CMD_START_AFTER: START_AFTER}
 
 USAGE = (f"usage: waiter run {p.FLAG_POST} FILE [{p.FLAG_NAME} NAME] [{p.FLAG_WAIT} FILE] "
          f"[{p.FLAG_READY_FILE} FILE] [{p.FLAG_PROBE} URL]... [{p.FLAG_TIMEOUT} SECONDS] "
-         f"[{p.FLAG_QUIT} URL]... [{p.FLAG_PEER} FILE]... [{p.FLAG_TERMINATION_LOG} FILE] "
+         f"[{p.FLAG_QUIT} URL]... [{p.FLAG_MAINS_DIR} DIR {p.FLAG_MAINS} N] [{p.FLAG_TERMINATION_LOG} FILE] "
          f"[{p.FLAG_RETRY}] [{p.FLAG_ARGV_MAP} JSON] {p.ARGV_SEPARATOR} COMMAND [ARGS...]")
 
 
@@ -46,7 +46,8 @@ class RunOptions:
         self.probes: list[Endpoint] = []
         self.timeout: float | None = None
         self.quit: list[Endpoint] = []
-        self.peers: list[str] = []
+        self.mains_dir = ""
+        self.mains = 0
         self.termination_log = p.DEFAULT_TERMINATION_LOG
         self.termination_log_explicit = False
         self.retry = False
@@ -96,6 +97,16 @@ def seconds(flag: str, value: str) -> float:
     return number
 
 
+def count(flag: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r} is not a whole number") from None
+    if number < 1:
+        raise UsageError(f"{flag} must be at least 1")
+    return number
+
+
 def post_path_of(args: list[str]) -> str:
     """Best effort: this container's completion file even when other flags are bad,
     so a failure record can still be written and later steps do not hang."""
@@ -137,8 +148,10 @@ def parse_run(args: list[str]) -> RunOptions:
             opts.probes.append(endpoint(flag, v))
         elif flag == p.FLAG_QUIT:
             opts.quit.append(endpoint(flag, v, ("http", "https")))
-        elif flag == p.FLAG_PEER:
-            opts.peers.append(v)
+        elif flag == p.FLAG_MAINS_DIR:
+            opts.mains_dir = v
+        elif flag == p.FLAG_MAINS:
+            opts.mains = count(flag, v)
         elif flag == p.FLAG_TERMINATION_LOG:
             opts.termination_log, opts.termination_log_explicit = v, True
         elif flag == p.FLAG_RETRY:
@@ -153,5 +166,11 @@ def parse_run(args: list[str]) -> RunOptions:
         raise UsageError(f"{p.FLAG_POST} {opts.post}: directory does not exist")
     if opts.wait and not os.path.isdir(os.path.dirname(opts.wait) or "."):
         raise UsageError(f"{p.FLAG_WAIT} {opts.wait}: directory does not exist")
+    if bool(opts.mains_dir) != bool(opts.mains):
+        raise UsageError(f"{p.FLAG_MAINS_DIR} and {p.FLAG_MAINS} go together")
+    if opts.mains_dir and not os.path.isdir(opts.mains_dir):
+        raise UsageError(f"{p.FLAG_MAINS_DIR} {opts.mains_dir}: directory does not exist")
+    if opts.mains_dir and (not opts.name or "/" in opts.name or opts.name.startswith(".")):
+        raise UsageError(f"{p.FLAG_MAINS_DIR} needs {p.FLAG_NAME} with a container name (its record's name there)")
     opts.argv = argvmap.final_argv(argv, argv_map)
     return opts

@@ -76,6 +76,11 @@ INIT_COMMAND = (f"{IMAGE_WAITER_DIR}/{WAITER_INIT_EXE_NAME}", "init", BIN_MOUNT)
 RUN_VOLUME_PREFIX = "initshift-run-"  # + index in execution order
 RUN_MOUNT_ROOT = "/initshift/run"  # + "/" + index
 
+# The mains' shared directory: each main, once finished, writes its record there under its
+# own container name; the one that then finds every main's record quits the sidecars.
+MAINS_VOLUME = "initshift-mains"
+MAINS_MOUNT = "/initshift/mains"
+
 READY_VOLUME = "initshift-ready"
 READY_MOUNT = "/initshift/ready"
 READY_FILE_NAME = "ready"
@@ -127,7 +132,8 @@ FLAG_READY_FILE = "--ready-file"  # downward-API file of ANNOTATION_READY
 FLAG_PROBE = "--probe"  # loopback readiness probe: http(s)://127.0.0.1:P/path or tcp://127.0.0.1:P
 FLAG_TIMEOUT = "--timeout"  # seconds the child may run
 FLAG_QUIT = "--quit"  # sidecar quit endpoint, POSTed by the last main to finish
-FLAG_PEER = "--peer"  # completion file of another main (the last finisher quits)
+FLAG_MAINS_DIR = "--mains-dir"  # the mains' shared directory (MAINS_MOUNT)
+FLAG_MAINS = "--mains"  # how many mains write their record there (the last finisher quits)
 FLAG_TERMINATION_LOG = "--termination-log"
 FLAG_RETRY = "--retry"  # restartPolicy OnFailure: re-run own failed record, wait through failures
 FLAG_ARGV_MAP = "--argv-map"  # JSON {"os/arch[/variant]": [argv...]}, chosen at run time

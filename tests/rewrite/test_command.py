@@ -33,20 +33,22 @@ def _container(args: list[str]) -> dict:
 @settings(max_examples=200, deadline=None)
 @given(name=nonempty, argv=words, waits=st.booleans(), gate=st.booleans(),
        probes=st.lists(urls, max_size=3), timeout=st.integers(0, 10**6), retry=st.booleans(),
-       quits=st.lists(urls, max_size=2), peers=st.integers(0, 3), log=st.none() | st.just("/dev/termination-log")
+       quits=st.lists(urls, max_size=2), mains=st.integers(0, 3), log=st.none() | st.just("/dev/termination-log")
        | st.just("/tmp/custom-log"), argv_map=argv_maps)
 def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: pytest.TempPathFactory, name: str,
                                                              argv: list[str], waits: bool, gate: bool,
                                                              probes: list[str], timeout: int, retry: bool,
-                                                             quits: list[str], peers: int, log: str | None,
+                                                             quits: list[str], mains: int, log: str | None,
                                                              argv_map: dict | None) -> None:
     root = tmp_path_factory.mktemp("run")
     post, wait = str(root / "self" / "done"), str(root / "before" / "done") if waits else None
-    for d in ("self", "before"):
+    for d in ("self", "before", "mains"):
         (root / d).mkdir()
-    peer_paths = [str(root / f"peer{i}" / "done") for i in range(peers)]
+    if "/" in name or name.startswith("."):
+        mains = 0  # a container name is neither (the mains' records are files named after them)
+    mains_dir = str(root / "mains") if mains else None
     args = run_command(name=name, post=post, argv=argv, wait=wait, ready_file="/ready" if gate else None,
-                       probes=probes, timeout=timeout, retry=retry, quits=quits, peers=peer_paths,
+                       probes=probes, timeout=timeout, retry=retry, quits=quits, mains_dir=mains_dir, mains=mains,
                        termination_log=log, argv_map=argv_map)
     assert args[0] == p.CMD_RUN and waiter_command(_container(args)) == p.CMD_RUN
     if argv or argv_map:
@@ -54,7 +56,7 @@ def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: py
         assert (opts.name, opts.post, opts.wait, opts.ready_file) == (name, post, wait or "", "/ready" if gate else "")
         assert [e.url for e in opts.probes] == probes and [e.url for e in opts.quit] == quits
         assert opts.timeout == (float(timeout) if timeout else None) and opts.retry is retry
-        assert opts.peers == peer_paths
+        assert (opts.mains_dir, opts.mains) == (mains_dir or "", mains)
         assert opts.termination_log == (log or p.DEFAULT_TERMINATION_LOG)
         expected = [*(argv_map[HERE] if argv_map else []), *argv]
         assert opts.argv == [os.fsencode(a) for a in expected]
@@ -98,8 +100,8 @@ def test_flag_order_is_fixed() -> None:
     """Re-invocation must give the same args, so the order is part of the contract."""
     args = run_command(name="s", post="/initshift/run/1/done", argv=["make"], wait="/initshift/run/0/done",
                        ready_file="/r", probes=["tcp://127.0.0.1:1"], timeout=5, retry=True,
-                       quits=["http://127.0.0.1:15020/quitquitquit"], peers=["/p"], termination_log="/log",
+                       quits=["http://127.0.0.1:15020/quitquitquit"], mains_dir="/m", mains=2, termination_log="/log",
                        argv_map={"linux/amd64": ["/a"]})
     assert [a for a in args if a.startswith("--")] == [
         p.FLAG_NAME, p.FLAG_POST, p.FLAG_WAIT, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT, p.FLAG_RETRY,
-        p.FLAG_QUIT, p.FLAG_PEER, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP, p.ARGV_SEPARATOR]
+        p.FLAG_QUIT, p.FLAG_MAINS_DIR, p.FLAG_MAINS, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP, p.ARGV_SEPARATOR]

@@ -112,7 +112,9 @@ def test_kpack_layout():
         assert ours[p.BIN_VOLUME]["readOnly"] is True
         assert ours[p.run_volume(i)].get("readOnly") is not True, "own run dir is writable"
         writable = [m["name"] for m in ours.values() if not m.get("readOnly")]
-        assert writable == [p.run_volume(i)], "no container can write another's completion"
+        # No container can write a step's completion but the step itself; the mains share
+        # one directory for their own records (the last of them quits the sidecars).
+        assert writable == [p.run_volume(i), *([p.MAINS_VOLUME] if i == 6 else [])]
         assert flag_values(c, p.FLAG_POST) == [p.completion_path(i)]
         if i == 0:
             assert flag_values(c, p.FLAG_WAIT) == []
@@ -125,6 +127,7 @@ def test_kpack_layout():
     completion = spec["containers"][6]
     assert flag_values(completion, p.FLAG_WAIT) == [p.completion_path(5)]
     assert flag_values(completion, p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
+    assert flag_values(completion, p.FLAG_MAINS_DIR) == [p.MAINS_MOUNT] and flag_values(completion, p.FLAG_MAINS) == ["1"]
     assert flag_values(completion, p.FLAG_TERMINATION_LOG) == ["/tmp/termination-log"]
     assert spec["containers"][7] == src["spec"]["containers"][1], "the sidecar is untouched"
     vols = {v["name"]: v for v in spec["volumes"]}

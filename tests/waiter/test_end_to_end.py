@@ -77,7 +77,7 @@ def build_pod(proxy_port: int, scripts: dict[str, str]) -> dict:
 
 
 def remap(arg: str, root: Path) -> str:
-    for pod_path in (p.RUN_MOUNT_ROOT, p.READY_MOUNT):
+    for pod_path in (p.RUN_MOUNT_ROOT, p.READY_MOUNT, p.MAINS_MOUNT):
         if arg.startswith(pod_path):
             return str(root / pod_path.lstrip("/")) + arg[len(pod_path):]
     return arg
@@ -87,6 +87,7 @@ def run_pod(pod: dict, root: Path, timeout: float = 60) -> dict[str, subprocess.
     """Start every wrapped container at once (last first) and wait for all of them."""
     wrapped = [c for c in pod["spec"]["containers"] if c.get("command") == [p.WAITER_PATH]]
     (root / p.READY_MOUNT.lstrip("/")).mkdir(parents=True)
+    (root / p.MAINS_MOUNT.lstrip("/")).mkdir(parents=True)
     procs = {}
     for i, c in reversed(list(enumerate(wrapped))):
         (root / p.run_mount(i).lstrip("/")).mkdir(parents=True)

@@ -119,37 +119,65 @@ def test_unreachable_probe_keeps_the_gate_closed_until_the_ready_file(tmp_path: 
     proc.stderr.close()
 
 
+def mains_flags(mains: Path, name: str, count: int, quit_url: str) -> list[str]:
+    return [p.FLAG_NAME, name, p.FLAG_QUIT, quit_url, p.FLAG_MAINS_DIR, str(mains), p.FLAG_MAINS, str(count)]
+
+
 def test_last_main_quits_the_sidecars(tmp_path: Path, server: Server) -> None:
-    peer = tmp_path / "peer" / DONE
-    peer.parent.mkdir()
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    quit_flags = [p.FLAG_QUIT, server.url("/quitquitquit"), p.FLAG_PEER, str(peer)]
-    res = run(mine / DONE, *quit_flags, argv=["true"])
-    assert res.returncode == 0 and server.posts == []  # the peer still runs
+    mains, a, b = tmp_path / "mains", tmp_path / "a", tmp_path / "b"
+    for d in (mains, a, b):
+        d.mkdir()
+    quit_url = server.url("/quitquitquit")
+    res = run(a / DONE, *mains_flags(mains, "main-a", 2, quit_url), argv=["true"])
+    assert res.returncode == 0 and server.posts == []  # the other main still runs
     assert "leaving the sidecars" in res.stderr.decode()
-    # The peer finishes last: it quits.
-    res = run(peer, p.FLAG_QUIT, server.url("/quitquitquit"), p.FLAG_PEER, str(mine / DONE),
-              argv=["sh", "-c", "exit 3"])
+    assert sorted(os.listdir(mains)) == ["main-a"]  # its record, under its own name
+    # The other main finishes last (failing): it finds both records and quits.
+    res = run(b / DONE, *mains_flags(mains, "main-b", 2, quit_url), argv=["sh", "-c", "exit 3"])
     assert res.returncode == 3
     assert server.posts == ["/quitquitquit"]
+    assert record(mains / "main-b")[p.RECORD_EXIT_CODE] == 3
 
 
-def test_retry_does_not_quit_while_a_failed_peer_will_be_restarted(tmp_path: Path, server: Server) -> None:
+def test_many_mains_finishing_at_once_quit_the_sidecars(tmp_path: Path, server: Server) -> None:
+    """Every main writes before it counts, so whatever the interleaving the last to count
+    sees them all: the sidecars are quit (one POST or a few, never none)."""
+    mains = tmp_path / "mains"
+    mains.mkdir()
+    (mains / ".main-0.1.tmp").write_text("{}")  # a record being written: not counted
+    n = 12
+    procs = []
+    for i in range(n):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        procs.append(start(d / DONE, *mains_flags(mains, f"main-{i}", n, server.url("/quitquitquit")),
+                           argv=["true"]))
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+        proc.stdout.close()
+        proc.stderr.close()
+    assert 1 <= len(server.posts) <= n and set(server.posts) == {"/quitquitquit"}
+
+
+def test_mains_flags_go_together(tmp_path: Path) -> None:
+    res = run(tmp_path / DONE, p.FLAG_NAME, "m", p.FLAG_MAINS, "2", argv=["true"])
+    assert res.returncode == p.EXIT_USAGE and "go together" in res.stderr.decode()
+
+
+def test_retry_does_not_quit_while_a_failed_main_will_be_restarted(tmp_path: Path, server: Server) -> None:
     """restartPolicy OnFailure: a main that failed is restarted by the kubelet and needs the
     sidecars, so its failed record does not count as finished for the other main."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
+    mains, a, b = tmp_path / "mains", tmp_path / "a", tmp_path / "b"
+    for d in (mains, a, b):
+        d.mkdir()
     quit_url = server.url("/quitquitquit")
-    assert run(a / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(b / DONE),
-               argv=["false"]).returncode == 1
-    res = run(b / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(a / DONE), argv=["true"])
+    assert run(a / DONE, p.FLAG_RETRY, *mains_flags(mains, "a", 2, quit_url), argv=["false"]).returncode == 1
+    assert not (mains / "a").exists()  # a failure to be retried is not final: not recorded there
+    res = run(b / DONE, p.FLAG_RETRY, *mains_flags(mains, "b", 2, quit_url), argv=["true"])
     assert res.returncode == 0
-    assert server.posts == [], "quit while the failed peer is still to be restarted"
+    assert server.posts == [], "quit while the failed main is still to be restarted"
     # The kubelet restarts the failed main; it succeeds and, now last, quits.
-    assert run(a / DONE, p.FLAG_RETRY, p.FLAG_QUIT, quit_url, p.FLAG_PEER, str(b / DONE),
-               argv=["true"]).returncode == 0
+    assert run(a / DONE, p.FLAG_RETRY, *mains_flags(mains, "a", 2, quit_url), argv=["true"]).returncode == 0
     assert server.posts == ["/quitquitquit"]
 
 

@@ -91,18 +91,19 @@ def test_argv_map_rejects_bad_tables(text: str) -> None:
 
 
 def test_parse_run_reads_every_flag(tmp_path) -> None:
-    post, wait = tmp_path / "a" / "done", tmp_path / "b" / "done"
+    post, wait, mains = tmp_path / "a" / "done", tmp_path / "b" / "done", tmp_path / "mains"
     post.parent.mkdir()
     wait.parent.mkdir()
+    mains.mkdir()
     opts = flags.parse_run([
         f"{p.FLAG_POST}={post}", p.FLAG_NAME, "build", p.FLAG_WAIT, str(wait),
         p.FLAG_READY_FILE, "/initshift/ready/ready", p.FLAG_PROBE, "http://127.0.0.1:15021/healthz/ready",
         p.FLAG_PROBE, "tcp://127.0.0.1:15090", p.FLAG_TIMEOUT, "2.5", p.FLAG_QUIT,
-        "http://127.0.0.1:15020/quitquitquit", p.FLAG_PEER, "/initshift/run/3/done", p.FLAG_RETRY,
+        "http://127.0.0.1:15020/quitquitquit", p.FLAG_MAINS_DIR, str(mains), p.FLAG_MAINS, "3", p.FLAG_RETRY,
         p.FLAG_TERMINATION_LOG, "/tmp/t", "--", "echo", "--timeout", "", "é"])
     assert (opts.post, opts.name, opts.wait, opts.timeout, opts.retry) == (str(post), "build", str(wait), 2.5, True)
     assert [e.port for e in opts.probes] == [15021, 15090]
-    assert opts.quit[0].path == "/quitquitquit" and opts.peers == ["/initshift/run/3/done"]
+    assert opts.quit[0].path == "/quitquitquit" and (opts.mains_dir, opts.mains) == (str(mains), 3)
     assert opts.termination_log == "/tmp/t" and opts.termination_log_explicit
     assert opts.argv == [b"echo", b"--timeout", b"", "é".encode()]
 

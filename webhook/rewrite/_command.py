@@ -26,7 +26,7 @@ def _argv_map(value: dict | None) -> list[str]:
 
 def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None = None, ready_file: str | None = None,
                 probes: Sequence[str] = (), timeout: int = 0, retry: bool = False, quits: Sequence[str] = (),
-                peers: Sequence[str] = (), termination_log: str | None = None,
+                mains_dir: str | None = None, mains: int = 0, termination_log: str | None = None,
                 argv_map: dict | None = None) -> list[str]:
     """`waiter run ...` as the container's `args` (the `command` is the waiter itself)."""
     args = [p.CMD_RUN, p.FLAG_NAME, name, p.FLAG_POST, post]
@@ -42,8 +42,8 @@ def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None =
         args.append(p.FLAG_RETRY)
     for url in quits:
         args += [p.FLAG_QUIT, url]
-    for path in peers:
-        args += [p.FLAG_PEER, path]
+    if mains_dir and mains:
+        args += [p.FLAG_MAINS_DIR, mains_dir, p.FLAG_MAINS, str(mains)]
     if termination_log and termination_log != p.DEFAULT_TERMINATION_LOG:
         args += [p.FLAG_TERMINATION_LOG, termination_log]
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]

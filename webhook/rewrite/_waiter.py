@@ -4,11 +4,18 @@ Chain written into the pod (every name from waiter/protocol.py):
 - `initshift-init` (last init container) copies the waiter into emptyDir `initshift-bin`,
   mounted read-only at /initshift/bin in every wrapped container;
 - every wrapped container (steps in order, then the mains) gets run emptyDir number i at
-  /initshift/run/i, writable only there; it mounts read-only the run dirs it reads (the
-  previous step's, the other mains'), so no container can forge another's completion;
+  /initshift/run/i, writable only there; it mounts read-only the run dir it waits for (the
+  previous step's; the last step's for the mains), so no container can forge a step's
+  completion;
 - step 0 waits for the ready gate (downward-API file of `initshift.io/ready`, plus loopback
   probes when every sidecar has an httpGet/tcpSocket readiness probe);
-- the mains wait for the last step and the last of them to finish quits the sidecars.
+- the mains wait for the last step; each writes its record under its own name into the one
+  emptyDir they share (`initshift-mains`) and the one that then finds every main's record
+  there quits the sidecars. Each main's flags and mounts are the same few whatever the
+  number of mains, so the pod grows linearly with them. The trade-off: any main can write
+  there, so it could forge another main's record (the sidecars quit early, which only cuts
+  the mesh from its own pod's mains) or delete one (the sidecars stay up until the watcher
+  ends the pod); it cannot forge a step's completion, so no step can be skipped.
 """
 
 from __future__ import annotations
@@ -147,11 +154,6 @@ class Chain:
             return None
         return index - 1 if index < self.n_steps else self.n_steps - 1
 
-    def peers(self, index: int) -> list[int]:
-        if not self.is_main(index):
-            return []
-        return [j for j in range(self.n_steps, self.n_steps + self.n_mains) if j != index]
-
     def quits(self, index: int) -> bool:
         # The mains quit the sidecars; a pod without mains lets its last step do it.
         return self.is_main(index) or (self.n_mains == 0 and index == self.n_steps - 1)
@@ -173,16 +175,16 @@ def wrap(container: Mapping, index: int, chain: Chain,
     ready_file, probes = gate(chain.sidecars) if index == 0 else (None, [])
     if ready_file:
         mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
-    peers = chain.peers(index)
-    for peer in peers:
-        mounts.append({"name": p.run_volume(peer), "mountPath": p.run_mount(peer), "readOnly": True})
+    if chain.is_main(index):  # the mains learn about each other through one shared directory
+        mounts.append({"name": p.MAINS_VOLUME, "mountPath": p.MAINS_MOUNT})
     out = dict(container)
     out["command"] = [p.WAITER_PATH]
     out["args"] = run_command(
         name=str(container["name"]), post=p.completion_path(index), argv=argv or [],
         wait=None if wait is None else p.completion_path(wait), ready_file=ready_file, probes=probes,
         timeout=0 if chain.is_main(index) else chain.step_timeout, retry=chain.retry,
-        quits=chain.quit_urls if chain.quits(index) else (), peers=[p.completion_path(j) for j in peers],
+        quits=chain.quit_urls if chain.quits(index) else (),
+        mains_dir=p.MAINS_MOUNT if chain.is_main(index) else None, mains=chain.n_mains if chain.is_main(index) else 0,
         termination_log=container.get("terminationMessagePath"),
         argv_map=None if argv_map is None else dict(argv_map))
     out["volumeMounts"] = mounts
@@ -198,7 +200,7 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
 
 
 def _is_our_volume(name: object) -> bool:
-    return name in (p.BIN_VOLUME, p.READY_VOLUME) or str(name).startswith(p.RUN_VOLUME_PREFIX)
+    return name in (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME) or str(name).startswith(p.RUN_VOLUME_PREFIX)
 
 
 def merge_ours(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[object], bool]) -> list[dict]:
@@ -210,9 +212,11 @@ def merge_ours(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[obje
     return [x for x in kept if x is not None] + [w for w in wanted if w["name"] in by_name]
 
 
-def _volumes(spec: Mapping, n_wrapped: int, gate: bool) -> list[dict]:
+def _volumes(spec: Mapping, n_wrapped: int, gate: bool, mains: bool) -> list[dict]:
     wanted = [{"name": p.BIN_VOLUME, "emptyDir": {}}]
     wanted += [{"name": p.run_volume(i), "emptyDir": {}} for i in range(n_wrapped)]
+    if mains:
+        wanted.append({"name": p.MAINS_VOLUME, "emptyDir": {}})
     if gate:
         wanted.append(ready_volume())
     return merge_ours(spec.get("volumes") or [], wanted, _is_our_volume)
@@ -314,7 +318,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec = out["spec"] = dict(spec)
     new_spec["initContainers"] = init
     new_spec["containers"] = containers
-    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(chain.sidecars))
+    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(chain.sidecars), bool(cls.mains))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains])
 
     grown = growth_warning(spec, new_spec, f"policy {settings.resources_policy}")
@@ -384,5 +388,5 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else c
         for c in containers
     ]
-    out["spec"]["volumes"] = _volumes(spec, len(order), bool(chain.sidecars))
+    out["spec"]["volumes"] = _volumes(spec, len(order), bool(chain.sidecars), bool(mains))
     return out
