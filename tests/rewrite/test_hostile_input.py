@@ -123,3 +123,107 @@ def test_feature_gate_off_touches_nothing():
     pod = job()
     pod["metadata"].setdefault("annotations", {}).update(FORGED)
     assert not rewrite(pod, Settings(feature_gate=False)).changed
+
+
+# --- finding 1: linear in the number of mains ------------------------------------------------------
+def with_mains(n: int) -> dict:
+    pod = job()
+    main = next(c for c in pod["spec"]["containers"] if c["name"] != "istio-proxy")
+    pod["spec"]["containers"] += [{**copy.deepcopy(main), "name": f"main-{i}"} for i in range(n)]
+    return pod
+
+
+def test_each_main_costs_the_same_whatever_the_number_of_mains():
+    outs = {}
+    for n in (10, 1000):  # 1,000 mains once took 7 s, 700 MB and a 151 MB answer
+        pod = with_mains(n)
+        result = rewrite(pod, ON)
+        assert result.changed, result.warnings
+        outs[n] = (pod, result.pod)
+    small, large = ({c["name"]: c for c in out["spec"]["containers"]} for _, out in outs.values())
+    for name in ("main-0", "main-9"):  # the same main: the same number of flags and mounts
+        assert len(small[name]["args"]) == len(large[name]["args"])
+        assert len(small[name]["volumeMounts"]) == len(large[name]["volumeMounts"])
+        assert flag_value(large[name], p.FLAG_MAINS) == str(1000 + 1)
+    growth = {n: object_bytes(out) - object_bytes(pod) for n, (pod, out) in outs.items()}
+    per_main = growth[10] / 11
+    assert growth[1000] <= per_main * 1001 * 1.1 + 20_000, growth  # linear, not quadratic
+    assert object_bytes(outs[1000][1]) < MAX_OBJECT_BYTES
+    assert_valid_pod(rewrite(with_mains(30), ON).pod)
+
+
+def flag_value(c: dict, flag: str) -> str:
+    args = c["args"]
+    return args[args.index(flag) + 1]
+
+
+def test_the_issues_118_main_pod_now_fits_with_room_to_spare():
+    """A valid 7 KB pod with 118 mains became 1.58 MB (over etcd's limit) with N² peers."""
+    pod = with_mains(117)
+    out = rewrite(pod, ON).pod
+    assert object_bytes(out) < 200_000
+    assert_valid_pod(out)
+
+
+# --- finding 8: initshift's volumes and paths are reserved everywhere ----------------------------
+def _unwrapped_pods() -> dict[str, tuple[dict, str]]:
+    """(pod, container) where the container is one initshift does not wrap."""
+    out = {}
+    pod = job()
+    out["istio-proxy"] = (pod, "istio-proxy")
+    pod = job()
+    out["mesh init"] = (pod, pod["spec"]["initContainers"][0]["name"])
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    step = pod["spec"]["initContainers"][-1]["name"]
+    pod["metadata"].setdefault("annotations", {})[p.ANNOTATION_KEEP_INIT] = step
+    out["keep-init"] = (pod, step)
+    pod = job()
+    main = next(c for c in pod["spec"]["containers"] if c["name"] != "istio-proxy")["name"]
+    pod["metadata"].setdefault("annotations", {})[p.ANNOTATION_SIDECARS] = main
+    out["named sidecar"] = (pod, main)
+    pod = job()
+    pod["spec"]["initContainers"].insert(0, {"name": "agent", "image": "agent", "restartPolicy": "Always"})
+    out["native sidecar"] = (pod, "agent")
+    return out
+
+
+@pytest.mark.parametrize("volume", [p.run_volume(0), p.BIN_VOLUME, p.MAINS_VOLUME, p.READY_VOLUME])
+@pytest.mark.parametrize("kind", list(_unwrapped_pods()))
+def test_a_container_initshift_does_not_wrap_may_not_mount_its_volumes(kind, volume):
+    pod, name = _unwrapped_pods()[kind]
+    c = next(c for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]] if c["name"] == name)
+    c.setdefault("volumeMounts", []).append({"name": volume, "mountPath": "/forge"})
+    result = rewrite(pod, ON)
+    unchanged_saying(result, repr(name), repr(volume), "admitted unchanged")
+
+
+@pytest.mark.parametrize("path", ["//initshift/run/0", "/./initshift/run/0", "/work/../initshift/bin", "/initshift/",
+                                  "initshift/x"])
+def test_reserved_paths_are_normalised(path):
+    pod = job()
+    step = pod["spec"]["initContainers"][-1]
+    step.setdefault("volumeMounts", []).append({"name": pod["spec"]["volumes"][0]["name"], "mountPath": path})
+    unchanged_saying(rewrite(pod, ON), "is reserved by initshift")
+
+
+def test_a_container_injected_after_the_rewrite_may_not_mount_its_volumes():
+    """Re-invocation: initshift's volumes exist now; a container another webhook added since
+    must not reach them, and admitting the pod as it is would leave it so: denied."""
+    first = rewrite(job(), ON).pod
+    later = copy.deepcopy(first)
+    later["spec"]["containers"].append({"name": "injected", "image": "x", "volumeMounts": [
+        {"name": p.run_volume(0), "mountPath": "/forge"}]})
+    result = rewrite(later, ON)
+    assert result.denied and "'injected'" in result.denied and not result.changed
+    assert not rewrite(first, ON).changed  # our own containers are fine
+
+
+def test_start_order_collisions_deny():
+    """A declared start order is never dropped silently: a collision denies the pod."""
+    from tests.rewrite.test_start_order import web_pod
+
+    pod = web_pod("istio-proxy;app")
+    proxy = next(c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy")
+    proxy.setdefault("volumeMounts", []).append({"name": p.MARKER_VOLUME, "mountPath": "/forge"})
+    result = rewrite(pod, ON)
+    assert result.denied and p.MARKER_VOLUME in result.denied and "'istio-proxy'" in result.denied

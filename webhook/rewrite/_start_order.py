@@ -41,7 +41,7 @@ from ._podcheck import is_annotation_key
 from ..settings import Settings
 from ._command import Argv, read_argv, start_after_command, waiter_command
 from ._errors import RewriteError
-from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours
+from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours, reserved_mounts
 
 REASON = "invalid-start-order"
 OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
@@ -284,11 +284,16 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
         return out, warnings
     spec = out["spec"] = dict(out["spec"])
     containers = spec["containers"]
-    if not managed:
-        check_reserved(out, [c for c in containers if c["name"] in wrapped])
-        taken = [v["name"] for v in spec.get("volumes") or [] if _ours(v.get("name"))]
-        if taken:
-            raise _deny([f"volume name {taken[0]!r} is reserved by initshift"])
+    try:
+        if not managed:  # a declared order is never dropped silently: a collision denies the pod
+            check_reserved(out, [c for c in containers if c["name"] in wrapped])
+        else:  # re-invoked: a container added since (another webhook's) must not reach our volumes
+            problems = reserved_mounts([c for c in [*(spec.get("initContainers") or []), *containers]
+                                        if c["name"] not in wrapped and c["name"] != p.INIT_CONTAINER_NAME])
+            if problems:
+                raise RewriteError(problems[0])
+    except RewriteError as e:
+        raise _deny([str(e)]) from None
     try:
         argvs = argvs_of([c for c in containers if c["name"] in wrapped], images, prior)
     except RewriteError as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -260,20 +261,56 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
     return out
 
 
+RESERVED_ROOT = p.BIN_MOUNT.rsplit("/", 1)[0]  # /initshift: every path initshift mounts is under it
+# Every volume initshift adds, whatever the strategy (the run dirs are p.RUN_VOLUME_PREFIX + i).
+RESERVED_VOLUMES = (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
+
+
+def is_reserved_volume(name: object) -> bool:
+    return name in RESERVED_VOLUMES or str(name).startswith(p.RUN_VOLUME_PREFIX)
+
+
+def normalised_path(path: object) -> str:
+    """A mountPath as the container sees it: `//initshift/run/0`, `/./initshift/run/0` and
+    `/x/../initshift/run/0` are all /initshift/run/0 (normpath keeps a leading `//`)."""
+    return posixpath.normpath("/" + str(path).lstrip("/"))
+
+
+def under_reserved_root(path: object) -> bool:
+    normal = normalised_path(path)
+    return normal == RESERVED_ROOT or normal.startswith(RESERVED_ROOT + "/")
+
+
+def reserved_mounts(containers: Sequence[Mapping]) -> list[str]:
+    """Containers mounting a volume initshift adds: only the ones it wraps may (a container
+    it does not wrap could forge a step's completion or replace the waiter every step runs)."""
+    return [f"container {c.get('name')!r} mounts {m.get('name')!r}, a volume only initshift's own containers mount"
+            for c in containers for m in c.get("volumeMounts") or [] if is_reserved_volume(m.get("name"))]
+
+
+def _every_container(spec: Mapping) -> list[Mapping]:
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or []),
+            *(spec.get("ephemeralContainers") or [])]
+
+
 def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
+    """Before the first rewrite: the pod uses none of initshift's names or paths."""
     spec = pod.get("spec") or {}
     for v in spec.get("volumes") or []:
-        if _is_our_volume(v.get("name")):
+        if is_reserved_volume(v.get("name")):
             raise RewriteError(f"volume name {v.get('name')!r} is reserved by initshift")
-    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+    containers = _every_container(spec)
+    for c in containers:
         if c.get("name") == p.INIT_CONTAINER_NAME:
             raise RewriteError(f"container name {p.INIT_CONTAINER_NAME!r} is reserved by initshift")
-    root = p.BIN_MOUNT.rsplit("/", 1)[0]
+    problems = reserved_mounts(containers)
+    if problems:
+        raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
-            path = str(m.get("mountPath", "")).rstrip("/")
-            if path == root or path.startswith(root + "/"):
-                raise RewriteError(f"container {c.get('name')!r} mounts {path!r}; {root} is reserved by initshift")
+            if under_reserved_root(m.get("mountPath", "")):
+                raise RewriteError(f"container {c.get('name')!r} mounts {m.get('mountPath')!r}; {RESERVED_ROOT} "
+                                   f"is reserved by initshift")
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
@@ -378,6 +415,12 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         if name not in by_name:
             raise RewriteError(f"container {name!r} named in {p.ANNOTATION_STEPS}/{p.ANNOTATION_MAINS} is missing")
     regular_sidecars = [c for c in containers if c.get("name") not in order]
+    # A container added since the first rewrite (another webhook's) must not reach our
+    # volumes, which exist now: admitting the pod as it is would leave it able to forge.
+    problems = reserved_mounts([c for c in _every_container(spec)
+                                if c.get("name") not in order and c.get("name") != p.INIT_CONTAINER_NAME])
+    if problems:
+        raise RewriteError(f"{problems[0]}", deny=True, reason="reserved")
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
                      [*natives, *regular_sidecars], regular_sidecars)
