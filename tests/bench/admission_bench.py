@@ -1,19 +1,17 @@
-"""`make bench-admission`: what one review costs and what the server sustains, for a 7-step
-build pod with an istio-proxy sidecar. Prints figures, asserts nothing.
+"""`make bench-admission`, part two: what the server sustains under load, for the 7-step
+build pod with an istio-proxy sidecar (part one, tests/bench/latency_bench.py, times one
+review in process and over one connection). Prints figures, asserts nothing.
 
-1. The in-process rewrite of the pod (rewrite + JSONPatch), no HTTP.
-2. Latency and throughput of POST /mutate against GET /healthz (httpx, keep-alive).
-3. Throughput at 16 keep-alive connections with ApacheBench (C, so the client takes little
-   of the machine's CPU away from the server).
-4. A burst: 64 keep-alive connections sending reviews as fast as they are answered, while a
+1. Throughput at 16 keep-alive connections (ApacheBench: C, so the client takes little of
+   the machine's CPU away from the server).
+2. A burst: 64 keep-alive connections sending reviews as fast as they are answered, while a
    probe opens a new TLS connection every 100 ms (handshake time) and asks /healthz on
    its own connection (latency): the webhook's 5 s timeout must never be near.
-5. A fixed-rate run: 200 reviews/s, started on schedule whatever the answers' pace.
+3. A fixed-rate run: 200 reviews/s for 10 s, started on schedule whatever the answers' pace.
 
 The server runs as `initshift serve` (INITSHIFT_WORKERS processes, JSON logs on, as in
 production). `--server-tree DIR` runs the server from another checkout (e.g. the branch
-point, to measure a baseline), `--workers N` overrides INITSHIFT_WORKERS, `--quick` only
-runs 1, 3 and 4.
+point, for a baseline), `--workers N` sets INITSHIFT_WORKERS, `--quick` skips the fixed-rate run.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import re
 import shutil
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +36,6 @@ import httpx
 from tests.support import https_helpers as h
 from webhook.admission._https import bind
 
-ROUNDS = {1: 400, 16: 2400}
 BURST_SECONDS = 10.0
 RATE, RATE_SECONDS = 200, 10.0
 
@@ -49,59 +45,7 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(len(values) * q))] * 1000 if values else float("nan")
 
 
-# --- 1. in-process ---------------------------------------------------------------------------
-def rewrite_cost(pod: dict, rounds: int = 300) -> tuple[float, float]:
-    from webhook.admission._patch import make_patch
-    from webhook.rewrite import rewrite
-    from webhook.settings import Settings
-
-    settings = Settings(feature_gate=True)
-    for _ in range(20):
-        make_patch(pod, rewrite(pod, settings).pod)
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        make_patch(pod, rewrite(pod, settings).pod)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1000, pct(times, 0.99)
-
-
-# --- 2. httpx latency -------------------------------------------------------------------------
-async def measure(client: httpx.AsyncClient, method: str, path: str, body: bytes | None, concurrency: int,
-                  total: int) -> dict:
-    latencies: list[float] = []
-    remaining = total
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            t = time.perf_counter()
-            r = await client.request(method, path, content=body, headers={"content-type": "application/json"})
-            latencies.append(time.perf_counter() - t)
-            if r.status_code != 200:
-                raise SystemExit(f"{path}: HTTP {r.status_code}: {r.text[:200]}")
-
-    for _ in range(20):  # warm-up: connections, caches
-        await client.request(method, path, content=body, headers={"content-type": "application/json"})
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - start
-    return {"p50": statistics.median(latencies) * 1000, "p99": pct(latencies, 0.99), "rps": len(latencies) / wall}
-
-
-async def latency_rounds(url: str, ca: Path, body: bytes) -> list[tuple[int, dict, dict]]:
-    out = []
-    for concurrency, total in ROUNDS.items():
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(base_url=url, verify=h.client_context(ca), limits=limits, timeout=30) as c:
-            mutate = await measure(c, "POST", "/mutate", body, concurrency, total)
-            trivial = await measure(c, "GET", "/healthz", None, concurrency, total)
-        out.append((concurrency, mutate, trivial))
-    return out
-
-
-# --- 3./4. ApacheBench load and the probe ----------------------------------------------------
+# --- ApacheBench load and the probe --------------------------------------------------------
 def ab(url: str, body_file: Path, concurrency: int, seconds: float) -> dict:
     out = subprocess.run(["ab", "-q", "-k", "-s", "30", "-c", str(concurrency), "-t", str(seconds), "-n", "10000000",
                           "-p", str(body_file), "-T", "application/json", f"{url}/mutate"],
@@ -162,7 +106,7 @@ def burst(url: str, port: int, ca: Path, body_file: Path) -> tuple[dict, Probe]:
     return load, probe
 
 
-# --- 5. fixed rate ---------------------------------------------------------------------------
+# --- fixed rate ---------------------------------------------------------------------------
 async def fixed_rate(url: str, ca: Path, body: bytes) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     latencies: list[float] = []
@@ -223,15 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-tree", type=Path, default=Path.cwd(), help="checkout the server runs from")
     ap.add_argument("--workers", type=int, help="INITSHIFT_WORKERS for the server")
-    ap.add_argument("--quick", action="store_true", help="only the in-process cost, ApacheBench and the burst")
+    ap.add_argument("--quick", action="store_true", help="skip the fixed-rate run")
     args = ap.parse_args(argv)
     pod = h.seven_step_pod()
     review = h.review(pod, namespace="builds")
     body = json.dumps(review).encode()
-    p50, p99 = rewrite_cost(review["request"]["object"])
     print(f"admission benchmark: 7-step pod + istio-proxy, {len(body)} byte review, TLS, {os.cpu_count()} cores, "
           f"server from {args.server_tree}, INITSHIFT_WORKERS={args.workers if args.workers is not None else 'default'}")
-    print(f"in-process rewrite + patch: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
     have_ab = shutil.which("ab") is not None
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -242,18 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         url = f"https://127.0.0.1:{port}"
         try:
             wait_ready(url, ca, body)
-            rounds = [] if args.quick else asyncio.run(latency_rounds(url, ca, body))
             steady = ab(url, body_file, 16, 10) if have_ab else None
             load, probe = burst(url, port, ca, body_file) if have_ab else (None, None)
             rate = None if args.quick else asyncio.run(fixed_rate(url, ca, body))
         finally:
             proc.terminate()
             proc.wait(30)
-    if rounds:
-        print(f"{'concurrency':>11} {'endpoint':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}   (httpx client)")
-        for concurrency, mutate, trivial in rounds:
-            for name, r in (("/mutate", mutate), ("/healthz", trivial)):
-                print(f"{concurrency:>11} {name:>9} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps']:>8.0f}")
     if steady is None or load is None or probe is None:
         print("ApacheBench (ab, Debian apache2-utils) not found: no throughput or burst figures")
     else:
