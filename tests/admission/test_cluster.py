@@ -18,7 +18,7 @@ from webhook.admission import _review as admission, _cluster as cluster
 from webhook import metrics
 from webhook.admission._cluster import KubeFetcher, NativeSupport, NodesForbidden, Observation, decide
 from webhook.kube._api import KubeError
-from webhook.admission._patch import apply_patch
+from tests.support.patching import apply_patch
 from webhook.admission._app import create_app
 from webhook.settings import RewriteSettings, Settings
 

@@ -21,7 +21,7 @@ from waiter import protocol as p
 from webhook.admission import _review as admission
 from webhook import logs
 from webhook.cli import _review as review_cmd
-from webhook.admission._patch import apply_patch
+from tests.support.patching import apply_patch
 from webhook.rewrite._rewrite import rewrite
 from webhook.admission._https import bind
 from webhook.admission._app import create_app

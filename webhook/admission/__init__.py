@@ -15,7 +15,7 @@ _EXPORTS = {
     "HttpsServer": "_https", "bind": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
     "Review": "_review", "parse_review": "_review", "response": "_review",
-    "make_patch": "_patch", "apply_patch": "_patch",
+    "make_patch": "_patch",
     "TLSError": "_tls", "CertReloader": "_tls",
     "ensure_certificates": "_certs", "keep_certificates_fresh": "_certs", "ensure_local_certificates": "_certs",
     "detect_native_support": "_cluster", "NativeSupport": "_cluster",
@@ -41,6 +41,6 @@ if TYPE_CHECKING:
     from ._certs import keep_fresh as keep_certificates_fresh
     from ._cluster import NativeSupport, start as detect_native_support
     from ._https import HttpsServer, bind
-    from ._patch import apply_patch, make_patch
+    from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
     from ._tls import CertReloader, TLSError
