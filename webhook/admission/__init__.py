@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "create_app": "_app", "MUTATE_PATH": "_app",
-    "HttpsServer": "_https", "bind": "_https",
+    "HttpsServer": "_https", "bind": "_https", "run_loop": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
     "Review": "_review", "parse_review": "_review", "response": "_review",
     "make_patch": "_patch",
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ._certs import ensure as ensure_certificates, ensure_local as ensure_local_certificates
     from ._certs import keep_fresh as keep_certificates_fresh
     from ._cluster import NativeSupport, start as detect_native_support
-    from ._https import HttpsServer, bind
+    from ._https import HttpsServer, bind, run_loop
     from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
     from ._tls import CertReloader, TLSError
