@@ -26,7 +26,8 @@ from ._decide import Action, decide, format_time, parse_time
 from ..kube import KubeApi, KubeError
 from ._leader import LeaderElector
 from ..settings import Settings
-from ._metrics import API_ERRORS, DEADLINES, IN_FLIGHT, OLDEST_ENDING, OUTCOMES, REACTION, READY_LATENCY, TRACKED
+from ._metrics import (API_ERRORS, DEADLINES, IN_FLIGHT, LEADER, OLDEST_ENDING, OUTCOMES, REACTION, READY_LATENCY,
+                       TRACKED)
 
 log = logging.getLogger("initshift.watcher")
 
@@ -348,11 +349,13 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
                                     settings.watcher.lease_seconds)
             await elector.run(lead, stop)
         else:
+            LEADER.set(1)  # without election this replica acts: it is the leader
             task = asyncio.ensure_future(lead())
             waiter = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
             finally:
+                LEADER.set(0)
                 for t in (task, waiter):
                     t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
