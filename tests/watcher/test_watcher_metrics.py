@@ -48,6 +48,7 @@ async def test_reaction_latency_and_in_flight_while_running(kube: KubeDouble, mo
         kube.set_container_statuses(NS, "m1", [running("istio-proxy"), running("fetch")], phase="Running")
         await eventually(lambda: annotation(kube, "m1", p.ANNOTATION_READY), "the ready gate")
         await eventually(lambda: value(count) > before, "a reaction observed")
+        assert value("initshift_watcher_leader") == 1  # no election: this replica acts
         await eventually(lambda: value("initshift_watcher_pods_in_flight", {"stage": "steps"}) == 1, "steps: 1")
         kube.set_container_statuses(NS, "m1", [step_done("fetch"), step_done("build"), step_done("completion")])
         await eventually(lambda: outcome(kube, "m1"), "the outcome")
@@ -60,4 +61,5 @@ async def test_reaction_latency_and_in_flight_while_running(kube: KubeDouble, mo
         assert value("initshift_watcher_oldest_ending_timestamp_seconds") == decided
     # the leader stopped: its gauges say nothing any more
     assert value("initshift_watcher_pods_in_flight", {"stage": "steps"}) == 0
+    assert value("initshift_watcher_leader") == 0
     assert value("initshift_watcher_reaction_seconds_sum") > 0
