@@ -9,6 +9,7 @@ import tomllib
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from tests.support import imports
 from tests.support.deploy_render import REPO
@@ -71,8 +72,8 @@ def test_every_requirement_has_a_floor_and_a_ceiling():
 
 
 def test_floors_file_is_exactly_the_lower_bounds():
-    want = {name: floor(req) for g in (None, "test", "build") for name, req in requirements(g).items()}
-    assert pins(FLOORS) == want
+    want = {name: Version(floor(req)) for g in (None, "test", "build") for name, req in requirements(g).items()}
+    assert {name: Version(v) for name, v in pins(FLOORS).items()} == want
 
 
 def test_image_lock_pins_every_runtime_dependency_within_its_bounds():
