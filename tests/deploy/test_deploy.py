@@ -595,6 +595,16 @@ def test_versions_agree():
         "app.kubernetes.io/version"] == __version__
 
 
+def test_chart_kube_version_is_the_oldest_validated():
+    from tests.support.podvalidate import OLDEST
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    major_minor = ".".join(OLDEST.split(".")[:2])
+    assert chart["kubeVersion"] == f">={major_minor}.0-0"
+    readme = (DEPLOY.parent / "README.md").read_text()
+    assert f"Kubernetes {major_minor} or newer" in readme
+
+
 def test_render_errors_are_one_line(tmp_path):
     (tmp_path / "kustomization.yaml").write_text("resources: [missing.yaml]\n")
     from tests.support import deploy_render
