@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "create_app": "_app", "MUTATE_PATH": "_app",
-    "HttpsServer": "_https", "bind": "_https",
+    "HttpsServer": "_https", "bind": "_https", "run_loop": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
     "Review": "_review", "parse_review": "_review", "response": "_review",
-    "make_patch": "_patch", "apply_patch": "_patch",
+    "make_patch": "_patch",
     "TLSError": "_tls", "CertReloader": "_tls",
     "ensure_certificates": "_certs", "keep_certificates_fresh": "_certs", "ensure_local_certificates": "_certs",
     "detect_native_support": "_cluster", "NativeSupport": "_cluster",
@@ -24,8 +24,9 @@ _RENAMED = {"ensure_certificates": "ensure", "keep_certificates_fresh": "keep_fr
             "ensure_local_certificates": "ensure_local", "detect_native_support": "start"}
 
 __all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "HttpsServer", "KIND", "MUTATE_PATH", "NativeSupport",
-           "Review", "TLSError", "apply_patch", "bind", "create_app", "detect_native_support", "ensure_certificates",
-           "ensure_local_certificates", "keep_certificates_fresh", "make_patch", "parse_review", "response"]
+           "Review", "TLSError", "bind", "create_app", "detect_native_support", "ensure_certificates",
+           "ensure_local_certificates", "keep_certificates_fresh", "make_patch", "parse_review", "response",
+           "run_loop"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ._certs import ensure as ensure_certificates, ensure_local as ensure_local_certificates
     from ._certs import keep_fresh as keep_certificates_fresh
     from ._cluster import NativeSupport, start as detect_native_support
-    from ._https import HttpsServer, bind
-    from ._patch import apply_patch, make_patch
+    from ._https import HttpsServer, bind, run_loop
+    from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
     from ._tls import CertReloader, TLSError

@@ -3,6 +3,11 @@ tests run.
 
 The SSLContext is ours (uvicorn's `ssl_context_factory` hands it over), so the reloader
 holds the very object the listening socket uses.
+
+Metrics are not on the TLS port: like cert-manager (9402) or controller-runtime (8080),
+`/metrics` is plain HTTP on its own port (INITSHIFT_METRICS_PORT, 0: off), which a
+ServiceMonitor scrapes without the webhook's CA. prometheus_client serves it from a
+thread of its own, so a slow scrape never delays an admission review.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import threading
 from typing import Any, Awaitable, Callable
 
 import uvicorn
-from uvicorn._compat import asyncio_run
+from prometheus_client import start_http_server
 
 from . import _tls as tls
 from ._app import create_app
+from .. import metrics
 from ..settings import Settings
 
 
@@ -25,7 +31,9 @@ class HttpsServer:
     """The webhook app behind uvicorn, TLS 1.2+, reloading its certificate."""
 
     def __init__(self, settings: Settings, *, sock: socket.socket | None = None, reload_interval: float = 1.0,
-                 graceful_seconds: float = 10.0, **app_kwargs: Any) -> None:
+                 graceful_seconds: float = 10.0, metrics_port: int | None = None, **app_kwargs: Any) -> None:
+        """`metrics_port`: None uses INITSHIFT_METRICS_PORT (0 there turns metrics off); a
+        number overrides it, 0 picking a free port (tests)."""
         srv = settings.server
         self.settings = settings
         self.ctx = tls.make_context(srv.tls_cert, srv.tls_key, srv.client_ca)
@@ -40,6 +48,10 @@ class HttpsServer:
         self.uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._metrics_wanted = srv.metrics_port if metrics_port is None else metrics_port
+        self._metrics_on = metrics_port is not None or srv.metrics_port != 0
+        self._metrics_server: Any = None
+        self.metrics_port: int | None = None  # the bound port while serving, None when off
 
     @property
     def port(self) -> int:
@@ -50,6 +62,7 @@ class HttpsServer:
     async def serve(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         """Serve until uvicorn exits (signal or `stop()`); companions get a stop event."""
         stop = asyncio.Event()
+        self._start_metrics()
         tasks = [asyncio.create_task(self.reloader.watch(stop))]
         tasks += [asyncio.create_task(c(stop)) for c in companions]
         try:
@@ -59,9 +72,24 @@ class HttpsServer:
             for t in tasks:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(t, 5)
+            self._stop_metrics()
+
+    def _start_metrics(self) -> None:
+        if not self._metrics_on or self._metrics_server is not None:
+            return
+        server, _thread = start_http_server(self._metrics_wanted, self.settings.server.host,
+                                            registry=metrics.REGISTRY)
+        self._metrics_server = server
+        self.metrics_port = server.server_port
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server, self.metrics_port = None, None
 
     def run(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-        asyncio_run(self.serve(*companions), loop_factory=self.uvicorn.config.get_loop_factory())
+        run_loop(self.serve(*companions), self.uvicorn.config)
 
     # --- in a thread, for tests and benchmarks ------------------------------------------
     def start_in_thread(self, timeout: float = 20.0) -> "HttpsServer":
@@ -86,6 +114,14 @@ class HttpsServer:
         self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(30)
+
+
+def run_loop(main: Awaitable[None], config: uvicorn.Config | None = None) -> None:
+    """Run `main` on the event loop uvicorn would pick (uvloop when installed), with the
+    standard library's Runner rather than uvicorn's private helper."""
+    factory = (config or uvicorn.Config(app=None)).get_loop_factory()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)  # type: ignore[arg-type]
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

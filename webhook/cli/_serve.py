@@ -84,12 +84,11 @@ def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> Compan
 
 
 def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> int:
-    from uvicorn._compat import asyncio_run
-    from uvicorn.loops.auto import auto_loop_factory
+    from ..admission import run_loop
 
     logs.configure(settings.server.log_level)
     try:
-        asyncio_run(serve(settings, watch=watch, on_started=on_started), loop_factory=auto_loop_factory())
+        run_loop(serve(settings, watch=watch, on_started=on_started))
     except (TLSError, OSError) as e:
         print(f"initshift serve: {e}", file=sys.stderr)
         return 1
