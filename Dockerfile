@@ -30,13 +30,17 @@ ENV INITSHIFT_IMAGE=${IMAGE} \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1
 COPY --from=builder /src/dist/wheels/ /tmp/wheels/
-RUN pip install --no-cache-dir /tmp/wheels/*.whl \
- && rm -rf /tmp/wheels
+# The dependencies at the versions CI tested (constraints/image.txt, `make lock`), not
+# whatever is newest on the day the image is built.
+COPY constraints/image.txt /tmp/constraints.txt
+RUN pip install --no-cache-dir -c /tmp/constraints.txt /tmp/wheels/*.whl \
+ && rm -rf /tmp/wheels /tmp/constraints.txt
 # The bundle's `waiter-init` has its ELF interpreter at this exact path (protocol.IMAGE_WAITER_DIR).
 COPY --from=builder /src/dist/waiter/ /opt/initshift/waiter/
 # Non-root (protocol.IMAGE_UID); nothing in the image needs to be written at run time,
 # so the Deployment runs it with a read-only root filesystem.
 USER 65532:65532
-EXPOSE 8443
+# 8443: admission (HTTPS); 8080: /metrics (plain HTTP, INITSHIFT_METRICS_PORT).
+EXPOSE 8443 8080
 ENTRYPOINT ["initshift"]
 CMD ["serve", "--watch"]

@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 # Debian's python3 builds a smaller frozen waiter than pyenv's; fall back to whatever python3 is on PATH.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -14,23 +14,29 @@ APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils $(if $(fil
 # Benchmarks only: wrk, a C load generator, so the client is never the bottleneck.
 BENCH_APT_PACKAGES := wrk
 PYTEST_ARGS ?=
+# pip constraints for the venv: empty installs the newest versions pyproject allows;
+# `make test-floors` sets constraints/floors.txt (every lower bound) in its own venv.
+PIP_CONSTRAINTS ?=
+FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test waiter wheel bench bench-waiter bench-admission clean
+.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
 	@echo "make test           bootstrap .venv, install, run every test"
+	@echo "make test-floors    the same in .venv-floors with the lowest versions pyproject allows"
+	@echo "make lock           regenerate constraints/image.txt (the versions the image installs)"
 	@echo "make waiter         build the frozen waiter bundle in dist/waiter/"
 	@echo "make wheel          build the initshift wheel in dist/wheels/ (the image installs it)"
 	@echo "make bench          run every benchmark (prints figures)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PIP_CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
 	@if ! $(PYTHON) -m venv --help >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip' 2>/dev/null; then \
 	  echo "installing python3-venv"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,build]'
+	$(PY) -m pip install -q -e '.[test,build]' $(if $(PIP_CONSTRAINTS),-c $(PIP_CONSTRAINTS))
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -47,12 +53,22 @@ run: $(STAMP)
 test: $(STAMP) system-deps waiter
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The floors job: its own venv, every dependency at pyproject's lower bound, every test
+# (the frozen waiter is rebuilt with the lowest PyInstaller too).
+test-floors:
+	$(MAKE) test VENV=$(FLOORS_VENV) PIP_CONSTRAINTS=constraints/floors.txt
+
 waiter: $(STAMP) system-deps
 	$(PY) -m waiter.build dist/waiter
 
 # The installable wheel (the Dockerfile's runtime stage installs it from dist/wheels/).
 wheel: $(STAMP)
 	$(PY) -m pip wheel -q --no-deps -w dist/wheels .
+
+# constraints/image.txt: the runtime dependencies resolved newest within pyproject's bounds
+# (the Dockerfile installs the wheel with -c it); commit the result.
+lock: $(STAMP)
+	$(PY) -m tests.support.lockfile
 
 bench: bench-waiter bench-admission
 

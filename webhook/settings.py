@@ -77,7 +77,10 @@ class RewriteSettings:
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds.", "0.0.0.0")
-    port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on.", 8443)
+    port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on (admission and health only).", 8443)
+    metrics_port: int = _env("INITSHIFT_METRICS_PORT",
+                             "Plain-HTTP port serving `/metrics` (Prometheus), on INITSHIFT_HOST; 0 turns it off.",
+                             8080)
     tls_cert: str = _env("INITSHIFT_TLS_CERT", "Serving certificate (PEM); reloaded when it changes.",
                          "/etc/initshift/tls/tls.crt")
     tls_key: str = _env("INITSHIFT_TLS_KEY", "Serving key (PEM); reloaded when it changes.",

@@ -1,6 +1,6 @@
 """Native-sidecar detection: version parsing, the `auto` decision table, NativeSupport's
 refresh and setting overrides, the in-process API double, and the server's /readyz,
-/metrics and /mutate with detection wired in."""
+the metrics and /mutate with detection wired in."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from webhook.admission import _review as admission, _cluster as cluster
 from webhook import metrics
 from webhook.admission._cluster import KubeFetcher, NativeSupport, NodesForbidden, Observation, decide
 from webhook.kube._api import KubeError
-from webhook.admission._patch import apply_patch
+from tests.support.patching import apply_patch
 from webhook.admission._app import create_app
 from webhook.settings import RewriteSettings, Settings
 
@@ -250,7 +250,8 @@ async def test_server_reports_and_uses_the_detected_strategy(tmp_path):
         await support.refresh()
         ready = (await c.get("/readyz")).json()
         assert ready["strategy"] == p.MODE_NATIVE and ready["native_supported"] is True
-        text = (await c.get("/metrics")).text
+        assert (await c.get("/metrics")).status_code == 404  # metrics have their own port
+        text = metrics.exposition()[0].decode()
         assert 'initshift_active_strategy{strategy="native"} 1.0' in text
         assert "initshift_native_sidecars_supported 1.0" in text
         pod = h.kpack_istio()

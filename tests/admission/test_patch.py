@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.admission._patch import apply_patch, make_patch
+from tests.support.patching import apply_patch
+from webhook.admission._patch import make_patch
 
 KEYS = st.sampled_from(["a", "b", "x/y", "~t", "", "spec"])
 JSON = st.recursive(

@@ -21,7 +21,7 @@ from waiter import protocol as p
 from webhook.admission import _review as admission
 from webhook import logs
 from webhook.cli import _review as review_cmd
-from webhook.admission._patch import apply_patch
+from tests.support.patching import apply_patch
 from webhook.rewrite._rewrite import rewrite
 from webhook.admission._https import bind
 from webhook.admission._app import create_app
@@ -39,7 +39,7 @@ def pki(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(pki):
-    with h.running(h.settings_for(pki, namespace=OWN_NS)) as srv:
+    with h.running(h.settings_for(pki, namespace=OWN_NS), metrics_port=0) as srv:  # metrics on a free port
         yield srv
 
 
@@ -136,17 +136,54 @@ def test_feature_gate_off_admits_unchanged(pki):
     assert "patch" not in resp and resp["warnings"]
 
 
-def test_health_ready_and_metrics(client):
+def scrape(server) -> str:
+    r = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return r.text
+
+
+def test_health_ready_and_metrics(client, server):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["certificate"] is True and "strategy" in ready.json()
     mutate(client, h.review(h.kpack_istio(), namespace="builds"))
     client.post("/mutate", content=b"nope", headers={"content-type": "application/json"})
-    text = client.get("/metrics").text
+    text = scrape(server)
     assert 'initshift_admission_requests_total{outcome="patched"}' in text
     assert 'initshift_admission_requests_total{outcome="bad_request"}' in text
-    assert 'initshift_pods_total{reason="rewritten",result="rewritten"}' in text
+    # the reason of a rewritten pod names the strategy, never repeats the result
+    assert 'initshift_pods_total{reason="waiter",result="rewritten"}' in text
+    assert 'reason="rewritten"' not in text
     assert "initshift_admission_duration_seconds_bucket" in text
+    from webhook import __version__
+
+    assert f'initshift_build_info{{version="{__version__}"}} 1.0' in text
+    assert "_created" not in text, "no _created series"
+    expiry = [line for line in text.splitlines()
+              if line.startswith('initshift_certificate_expiration_timestamp_seconds{certificate="serving"}')]
+    from certs import pki as certs_pki
+    from webhook.admission._tls import not_after
+
+    assert len(expiry) == 1 and float(expiry[0].split()[-1]) == not_after(server.settings.server.tls_cert).timestamp()
+    assert certs_pki.utcnow().timestamp() < float(expiry[0].split()[-1])
+
+
+def test_tls_port_serves_only_admission_and_health(client):
+    assert client.get("/metrics").status_code == 404
+
+
+def test_metrics_port_off_and_in_use(pki):
+    with h.running(h.settings_for(pki)) as srv:  # INITSHIFT_METRICS_PORT=0
+        assert srv.metrics_port is None
+    busy = bind()
+    try:
+        settings = h.settings_for(pki, metrics_port=busy.getsockname()[1])
+        server = h.HttpsServer(settings, sock=bind(), graceful_seconds=1)
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            server.start_in_thread()
+        server.sock.close()
+    finally:
+        busy.close()
 
 
 # --- bad input, against the real server ----------------------------------------------------

@@ -26,7 +26,7 @@ from tests.support.fixtures import pods
 from tests.support.podvalidate import OLDEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.admission import _review as admission
-from webhook.admission._patch import apply_patch
+from tests.support.patching import apply_patch
 from webhook.cli._review import wrap
 from webhook.rewrite._podcheck import MAX_OBJECT_BYTES, object_bytes, pod_problems
 

@@ -287,14 +287,16 @@ async def test_serve_self_managed_starts_with_certificates_it_made(tmp_path):
     from tests.support import https_helpers as h
     from webhook.admission._https import bind
 
-    sock = bind()
-    port = sock.getsockname()[1]
+    sock, metrics_sock = bind(), bind()
+    port, metrics_port = sock.getsockname()[1], metrics_sock.getsockname()[1]
     sock.close()
+    metrics_sock.close()
     async with KubeDouble() as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_")}
         env.update(KUBECONFIG=kubeconfig(double, tmp_path / "kubeconfig"), INITSHIFT_SELF_MANAGED_CERTS="true",
                    INITSHIFT_HOST="127.0.0.1", INITSHIFT_PORT=str(port), KUBERNETES_SERVICE_HOST="",
+                   INITSHIFT_METRICS_PORT=str(metrics_port),
                    INITSHIFT_TLS_CERT=str(tmp_path / "tls/tls.crt"), INITSHIFT_TLS_KEY=str(tmp_path / "tls/tls.key"))
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "webhook.cli", "serve", env=env,
                                                     stderr=asyncio.subprocess.DEVNULL)
@@ -318,6 +320,19 @@ async def test_serve_self_managed_starts_with_certificates_it_made(tmp_path):
                 pytest.fail("the server never became reachable")
             assert proc.returncode is None, "the server exited"
             assert r.status_code == 200
+            # the plain-HTTP metrics port: both certificates' expiry and the rotation that made them
+            async with httpx.AsyncClient() as c:
+                text = (await c.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+            values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                      if line and not line.startswith("#")}
+            serving = pki.load_certs((tmp_path / "tls/tls.crt").read_bytes())[0]
+            assert values['initshift_certificate_expiration_timestamp_seconds{certificate="serving"}'] == \
+                serving.not_valid_after_utc.timestamp()
+            ca = bundle_in(double)[0]
+            assert values['initshift_certificate_expiration_timestamp_seconds{certificate="ca"}'] == \
+                ca.not_valid_after_utc.timestamp()
+            assert values['initshift_certificate_rotations_total{certificate="serving"}'] == 1
+            assert values['initshift_certificate_rotations_total{certificate="ca"}'] == 1
         finally:
             if proc.returncode is None:
                 proc.terminate()

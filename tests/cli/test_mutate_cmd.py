@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.fixtures import pods
 from waiter import protocol as p
-from webhook.admission._patch import apply_patch
+from tests.support.patching import apply_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 INITSHIFT = [sys.executable, "-m", "webhook.cli"]

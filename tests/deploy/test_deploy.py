@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support import pss
+from tests.support import promoperator, pss
 from tests.support.deploy_render import CHART, DEPLOY, NAMESPACE, Rendered, RenderError, helm, kustomize
 from tests.support.podvalidate import VERSIONS
 from waiter import protocol as p
@@ -26,6 +26,7 @@ from webhook.settings import Settings, settings_rows
 
 DEFAULTS = Settings()
 COMPONENTS = ("components/node-versions", "components/registry-pull-secrets")
+MONITORING = "components/monitoring"
 # Configurations that must come after ours (the apiserver calls them in name order).
 MESH_INJECTORS = ("istio-sidecar-injector", "istio-revision-tag-default", "linkerd-proxy-injector-webhook-config")
 INJECT_CA_FROM = "cert-manager.io/inject-ca-from"
@@ -45,7 +46,25 @@ CUSTOM_VALUES = {
     "rbac": {"nodeVersions": True},
     "registry": {"pullSecrets": True},
     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-    "extraEnv": [{"name": "INITSHIFT_LOG_LEVEL", "value": "debug"}],
+    "logLevel": "debug",
+    "extraEnv": [{"name": "INITSHIFT_GRACE_SECONDS", "value": "20"}],
+}
+# Every other chart value set, and every monitoring object on.
+POD_VALUES = {
+    "image": {"repository": "mirror.example/initshift", "digest": "sha256:" + "0123456789abcdef" * 4},
+    "imagePullSecrets": [{"name": "mirror-pull"}],
+    "priorityClassName": "system-cluster-critical",
+    "podAnnotations": {"example.com/owner": "platform"},
+    "podLabels": {"team": "platform"},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                   "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "initshift"}}}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+    "podDisruptionBudget": {"enabled": False},
+    "metrics": {"port": 9402, "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                "dashboard": {"enabled": True}},
 }
 
 
@@ -62,6 +81,8 @@ class Install:
     namespace: str = NAMESPACE
     feature_gate: bool = True
     has_namespace_object: bool = True
+    pdb: bool = True
+    anti_affinity: bool = True  # the default preferred anti-affinity (a custom affinity replaces it)
 
 
 INSTALLS = {
@@ -78,6 +99,9 @@ INSTALLS = {
                            namespace="platform", feature_gate=False, has_namespace_object=False),
     "helm-self-managed+registry": Install(lambda: helm({"registry": {"lookup": True, "pullSecrets": True}}),
                                           pull_secrets=True, has_namespace_object=False),
+    "kustomize-default+monitoring": Install(lambda: kustomize(".", [MONITORING])),
+    "helm-pod-values+monitoring": Install(lambda: helm(POD_VALUES), has_namespace_object=False, pdb=False,
+                                          anti_affinity=False),
 }
 
 
@@ -135,6 +159,9 @@ CERT_MANAGER_SCHEMAS = {
 def validate(obj: dict) -> None:
     if str(obj.get("apiVersion", "")).startswith("cert-manager.io/"):
         jsonschema.validate(obj, CERT_MANAGER_SCHEMAS[obj["kind"]])
+        return
+    if obj.get("apiVersion") == promoperator.GROUP_VERSION:
+        promoperator.validate(obj)
         return
     for version in VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -318,12 +345,18 @@ def test_deployment(install):
     c = r.container
     assert d["spec"]["replicas"] == spec.replicas
     assert selects(d["spec"]["selector"], pod["metadata"]["labels"])
-    term = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
-    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert selects(term["podAffinityTerm"]["labelSelector"], pod["metadata"]["labels"])
-    pdb = r.one("PodDisruptionBudget")
-    assert selects(pdb["spec"]["selector"], pod["metadata"]["labels"])
-    assert 0 < pdb["spec"]["minAvailable"] < spec.replicas
+    labels = pod["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] and labels["app.kubernetes.io/version"] == __version__
+    if spec.anti_affinity:
+        term = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert selects(term["podAffinityTerm"]["labelSelector"], pod["metadata"]["labels"])
+    if spec.pdb:
+        pdb = r.one("PodDisruptionBudget")
+        assert selects(pdb["spec"]["selector"], pod["metadata"]["labels"])
+        assert 0 < pdb["spec"]["minAvailable"] < spec.replicas
+    else:
+        assert not r.of_kind("PodDisruptionBudget")
     assert pod["spec"]["serviceAccountName"] == r.one("ServiceAccount")["metadata"]["name"]
 
     settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": spec.namespace})
@@ -355,17 +388,39 @@ def test_deployment_env_uses_only_real_settings(install):
 
 def test_injected_image_is_the_serving_image(install):
     _, r = install
-    settings = Settings.from_env(r.plain_env())
-    # kustomize leaves INITSHIFT_IMAGE to the image's own ENV (its tag); Helm sets it.
-    assert settings.rewrite.image == r.container["image"]
+    # Both set INITSHIFT_IMAGE from the very reference the Deployment runs.
+    assert r.plain_env()["INITSHIFT_IMAGE"] == r.container["image"]
+    assert Settings.from_env(r.plain_env()).rewrite.image == r.container["image"]
 
 
-def test_service_routes_443_to_the_server_port(install):
+def test_kustomize_images_moves_the_injected_image_too(tmp_path):
+    """A user's overlay mirroring the image with `images:` (name and digest): INITSHIFT_IMAGE
+    follows the container image, and no other value changes."""
+    from tests.support import deploy_render
+
+    mirror = "mirror.example/platform/initshift"
+    digest = "sha256:" + "ab" * 32
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(DEPLOY, tmp_path)],
+        "images": [{"name": "ghcr.io/initshift/initshift", "newName": mirror, "digest": digest}]}))
+    mirrored = Rendered(deploy_render._run_kustomize(tmp_path))
+    assert mirrored.container["image"] == f"{mirror}@{digest}" == mirrored.plain_env()["INITSHIFT_IMAGE"]
+    plain = Rendered(kustomize("."))
+    changed = {k for k, v in mirrored.plain_env().items() if plain.plain_env()[k] != v}
+    assert changed == {"INITSHIFT_IMAGE"}
+
+
+def test_service_routes_443_to_the_server_port_and_carries_metrics(install):
     _, r = install
     svc = r.one("Service")
-    (port,) = svc["spec"]["ports"]
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert set(ports) == {"https", "metrics"}
+    port = ports["https"]
     assert port["port"] == 443
     assert _port(r.container, port["targetPort"]) == DEFAULTS.server.port == 8443
+    settings = Settings.from_env(r.plain_env())
+    assert ports["metrics"]["port"] == _port(r.container, ports["metrics"]["targetPort"]) == \
+        settings.server.metrics_port != settings.server.port
     assert selects({"matchLabels": svc["spec"]["selector"]}, r.deployment["spec"]["template"]["metadata"]["labels"])
 
 
@@ -477,6 +532,7 @@ def test_chart_renders_the_same_objects_as_kustomize():
     for kind in ("MutatingWebhookConfiguration", "Service", "PodDisruptionBudget"):
         assert _strip_helm_labels(h.one(kind))["spec" if kind != "MutatingWebhookConfiguration" else "webhooks"] == \
             _strip_helm_labels(k.one(kind))["spec" if kind != "MutatingWebhookConfiguration" else "webhooks"]
+    assert h.deployment["spec"]["template"]["metadata"] == k.deployment["spec"]["template"]["metadata"]
     hp, kp = h.deployment["spec"]["template"]["spec"], k.deployment["spec"]["template"]["spec"]
     for key in ("securityContext", "affinity", "volumes", "serviceAccountName"):
         assert hp[key] == kp[key], key
@@ -510,6 +566,7 @@ def test_chart_custom_values_take_effect():
     assert settings.rewrite.sidecar_names == ("istio-proxy", "envoy")
     assert settings.rewrite.quit_endpoints == {"envoy": "http://127.0.0.1:9901/quitquitquit"}
     assert settings.server.log_level == "debug"
+    assert settings.watcher.grace_seconds == 20
     (hook,) = r.one("MutatingWebhookConfiguration")["webhooks"]
     assert hook["timeoutSeconds"] == 8
     assert not selects(hook["namespaceSelector"], namespace_labels("istio-system", opted_in=True))
@@ -533,7 +590,19 @@ def test_versions_agree():
     (image,) = base["images"]
     assert chart["appVersion"] == image["newTag"] == __version__
     assert DEFAULTS.rewrite.image == f"{image['name']}:{__version__}"
-    assert Rendered(helm()).container["image"] == DEFAULTS.rewrite.image
+    assert Rendered(helm()).container["image"] == DEFAULTS.rewrite.image == Rendered(kustomize(".")).container["image"]
+    assert Rendered(kustomize(".")).deployment["spec"]["template"]["metadata"]["labels"][
+        "app.kubernetes.io/version"] == __version__
+
+
+def test_chart_kube_version_is_the_oldest_validated():
+    from tests.support.podvalidate import OLDEST
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    major_minor = ".".join(OLDEST.split(".")[:2])
+    assert chart["kubeVersion"] == f">={major_minor}.0-0"
+    readme = (DEPLOY.parent / "README.md").read_text()
+    assert f"Kubernetes {major_minor} or newer" in readme
 
 
 def test_render_errors_are_one_line(tmp_path):
@@ -549,7 +618,7 @@ def test_installs_cover_every_component_and_overlay():
     """A new overlay or component must be added to INSTALLS to be checked."""
     on_disk = {f"overlays/{d}" for d in os.listdir(DEPLOY / "overlays")}
     on_disk |= {f"components/{d}" for d in os.listdir(DEPLOY / "components")}
-    covered = {"overlays/self-managed", "overlays/cert-manager", *COMPONENTS}
+    covered = {"overlays/self-managed", "overlays/cert-manager", *COMPONENTS, MONITORING}
     assert on_disk == covered
 
 

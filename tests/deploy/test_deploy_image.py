@@ -150,6 +150,12 @@ def test_make_targets_write_what_the_runtime_copies(runtime):
     assert from_builder["/src/dist/wheels/"] == "/tmp/wheels/"
     (install,) = [r for r in runtime.args("RUN") if "pip install" in r]
     assert "/tmp/wheels/*.whl" in install
+    # the dependencies come from the lock file, copied from the build context
+    from_context = {c[0]: c[1] for c in copies if not c[0].startswith("--")}
+    lock = from_context["constraints/image.txt"]
+    assert f"-c {lock}" in install
+    assert not ignored([ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+                        if ln.strip() and not ln.startswith("#")], "constraints/image.txt")
 
 
 def test_builder_copies_the_source_to_where_it_builds(builder):
@@ -196,8 +202,8 @@ def test_entrypoint_is_the_deployments_command(runtime):
     assert argv[0] in scripts and scripts[argv[0]] == "webhook.cli:main"
     assert argv[1] in cli.COMMANDS
     assert Rendered(kustomize(".")).container["command"] == argv
-    (port,) = runtime.args("EXPOSE")
-    assert int(port) == Settings().server.port
+    (ports,) = runtime.args("EXPOSE")
+    assert [int(x) for x in ports.split()] == [Settings().server.port, Settings().server.metrics_port]
 
 
 def ignored(patterns: list[str], path: str) -> bool:
@@ -224,7 +230,7 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_host_state():
     needed += [str(f.relative_to(REPO)) for f in (REPO / "waiter").glob("*.py")]
     for path in needed:
         assert not ignored(patterns, path), path
-    for path in (".venv/bin/python", "dist/waiter/waiter", ".git/HEAD", "webhook/__pycache__/x.pyc",
+    for path in (".venv/bin/python", ".venv-floors/bin/python", "dist/waiter/waiter", ".git/HEAD", "webhook/__pycache__/x.pyc",
                  "tests/test_deploy.py", "initshift.egg-info/PKG-INFO"):
         assert ignored(patterns, path), path
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]

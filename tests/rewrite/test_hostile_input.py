@@ -12,7 +12,8 @@ import pytest
 from tests.support.fixtures import pods
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
-from webhook.admission._patch import apply_patch, make_patch
+from tests.support.patching import apply_patch
+from webhook.admission._patch import make_patch
 from webhook.rewrite._podcheck import MAX_ANNOTATION_BYTES, MAX_OBJECT_BYTES, annotation_bytes, object_bytes
 from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import Settings

@@ -13,7 +13,8 @@ from tests.rewrite.test_rewrite import EXPECTED as WAITER_EXPECTED
 from tests.support.podvalidate import NEWEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.rewrite._native import startup_probe
-from webhook.admission._patch import apply_patch, make_patch
+from tests.support.patching import apply_patch
+from webhook.admission._patch import make_patch
 from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
 

@@ -12,7 +12,8 @@ from tests.support.podvalidate import assert_valid_pod
 from tests.rewrite.test_native import NATIVE_VERSIONS
 from tests.rewrite.test_rewrite_properties import NAME, VOLUMES, container
 from waiter import protocol as p
-from webhook.admission._patch import apply_patch, make_patch
+from tests.support.patching import apply_patch
+from webhook.admission._patch import make_patch
 from webhook.rewrite._podcheck import pod_problems
 from webhook.rewrite._rewrite import rewrite
 from webhook.settings import Settings

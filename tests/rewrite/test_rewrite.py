@@ -11,7 +11,8 @@ from tests.support.fixtures import pods
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
-from webhook.admission._patch import apply_patch, make_patch
+from tests.support.patching import apply_patch
+from webhook.admission._patch import make_patch
 from webhook.rewrite._resources import pod_requests
 from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings

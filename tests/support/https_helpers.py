@@ -28,7 +28,7 @@ def make_certs(directory: Path) -> Path:
 
 def settings_for(directory: Path, **server: Any) -> Settings:
     srv = ServerSettings(tls_cert=str(directory / store.TLS_CERT), tls_key=str(directory / store.TLS_KEY),
-                         host="127.0.0.1", port=0)
+                         host="127.0.0.1", port=0, metrics_port=0)  # metrics off unless a test asks
     return Settings(feature_gate=True, server=dataclasses.replace(srv, **server))
 
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "create_app": "_app", "MUTATE_PATH": "_app",
-    "HttpsServer": "_https", "bind": "_https", "loop_factory": "_https",
+    "HttpsServer": "_https", "bind": "_https", "run_loop": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
     "Review": "_review", "parse_review": "_review", "response": "_review",
-    "make_patch": "_patch", "apply_patch": "_patch",
+    "make_patch": "_patch",
     "TLSError": "_tls", "CertReloader": "_tls",
     "ensure_certificates": "_certs", "keep_certificates_fresh": "_certs", "ensure_local_certificates": "_certs",
     "detect_native_support": "_cluster", "NativeSupport": "_cluster",
@@ -25,9 +25,9 @@ _RENAMED = {"ensure_certificates": "ensure", "keep_certificates_fresh": "keep_fr
             "ensure_local_certificates": "ensure_local", "detect_native_support": "start"}
 
 __all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "HttpsServer", "KIND", "MUTATE_PATH", "NativeSupport",
-           "Review", "Supervisor", "TLSError", "apply_patch", "bind", "create_app", "detect_native_support",
-           "die_with_parent", "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh",
-           "loop_factory", "make_patch", "parse_review", "response", "worker_count"]
+           "Review", "Supervisor", "TLSError", "bind", "create_app", "detect_native_support", "die_with_parent",
+           "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh", "make_patch", "parse_review",
+           "response", "run_loop", "worker_count"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from ._certs import ensure as ensure_certificates, ensure_local as ensure_local_certificates
     from ._certs import keep_fresh as keep_certificates_fresh
     from ._cluster import NativeSupport, start as detect_native_support
-    from ._https import HttpsServer, bind, loop_factory
-    from ._patch import apply_patch, make_patch
+    from ._https import HttpsServer, bind, run_loop
+    from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
     from ._tls import CertReloader, TLSError
     from ._workers import Supervisor, die_with_parent, worker_count

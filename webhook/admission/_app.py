@@ -1,4 +1,5 @@
-"""The FastAPI application: POST /mutate, /healthz, /readyz, /metrics.
+"""The FastAPI application: POST /mutate, /healthz, /readyz (metrics have their own plain-HTTP
+port, see _https.py).
 
 The review path reads the raw body itself (bounded in size, time and bytes held across
 requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
@@ -195,8 +196,10 @@ class Reviewer:
             return Decision(answer, "denied", result.reason or "denied", "denied")
         patch = self._make_patch(pod, result.pod) if result.changed else []
         if patch:
+            # "rewritten" would repeat the result: the reason says which strategy did it.
+            reason = result.strategy if result.reason == "rewritten" and result.strategy else result.reason
             return Decision(admission.response(review, patch=patch, warnings=warnings), "patched",
-                            result.reason or "rewritten", "rewritten")
+                            reason or "rewritten", "rewritten")
         if not warnings:  # every pod left unchanged says why
             warnings = [f"initshift: pod left unchanged ({result.reason or 'nothing to do'})"]
         return Decision(admission.response(review, warnings=warnings), "allowed", result.reason or "unchanged",
@@ -296,11 +299,6 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
         ok = ready()
         return _json({"status": "ok" if ok else "not ready", "certificate": ok, "strategy": strategy(),
                       "native_supported": native_supported()}, 200 if ok else 503)
-
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        data, content_type = metrics.exposition()
-        return Response(data, media_type=content_type)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..settings import Settings
 
-from .. import kube
+from .. import kube, metrics
 from certs import pki, rotation, store
 
 log = logging.getLogger("initshift.certs")
@@ -49,13 +49,22 @@ async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] 
                                            create_only=have.ca is None and have.serving is None,
                                            resource_version=version):
                 continue  # another replica wrote it first: adopt theirs
+            _count_rotation(plan)
         else:
             await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
         store.write_serving(srv.tls_cert, srv.tls_key, plan.serving)
+        metrics.set_expiry("ca", plan.ca.cert.not_valid_after_utc)
         log.info("certificates ensured", extra={"action": plan.action, "secret": f"{srv.namespace}/{srv.cert_secret}",
                                                 "not_after": str(plan.serving.cert.not_valid_after_utc)})
         return plan
-    raise kube.KubeError(f"Secret {srv.namespace}/{srv.cert_secret} kept changing while creating it")
+    raise kube.KubeError(0, f"Secret {srv.namespace}/{srv.cert_secret} kept changing while creating it")
+
+
+def _count_rotation(plan: rotation.Plan) -> None:
+    """Count what this replica issued (a replica adopting another's write counts nothing)."""
+    metrics.CERT_ROTATIONS.labels("serving").inc()
+    if plan.action in ("created", "ca-rotated"):
+        metrics.CERT_ROTATIONS.labels("ca").inc()
 
 
 async def keep_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,

@@ -6,6 +6,11 @@ holds the very object the listening socket uses. The guards uvicorn lacks are ad
 a deadline for the TLS handshake (the event loop's `create_server`), a deadline for each
 request's headers and a cap on open connections (the HTTP protocol class), so a slow or
 idle client cannot hold a connection for long and many of them cannot exhaust the process.
+
+Metrics are not on the TLS port: like cert-manager (9402) or controller-runtime (8080),
+`/metrics` is plain HTTP on its own port (INITSHIFT_METRICS_PORT, 0: off), which a
+ServiceMonitor scrapes without the webhook's CA. prometheus_client serves it from a
+thread of its own, so a slow scrape never delays an admission review.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 from typing import Any, Awaitable, Callable
 
 import uvicorn
-from uvicorn._compat import asyncio_run
+from prometheus_client import start_http_server
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from . import _tls as tls
@@ -104,7 +109,9 @@ class HttpsServer:
     """The webhook app behind uvicorn, TLS 1.2+, reloading its certificate."""
 
     def __init__(self, settings: Settings, *, sock: socket.socket | None = None, reload_interval: float = 1.0,
-                 graceful_seconds: float = 10.0, **app_kwargs: Any) -> None:
+                 graceful_seconds: float = 10.0, metrics_port: int | None = None, **app_kwargs: Any) -> None:
+        """`metrics_port`: None uses INITSHIFT_METRICS_PORT (0 there turns metrics off); a
+        number overrides it, 0 picking a free port (tests)."""
         srv = settings.server
         self.settings = settings
         self.ctx = tls.make_context(srv.tls_cert, srv.tls_key, srv.client_ca)
@@ -120,6 +127,10 @@ class HttpsServer:
         self.uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._metrics_wanted = srv.metrics_port if metrics_port is None else metrics_port
+        self._metrics_on = metrics_port is not None or srv.metrics_port != 0
+        self._metrics_server: Any = None
+        self.metrics_port: int | None = None  # the bound port while serving, None when off
 
     @property
     def port(self) -> int:
@@ -130,6 +141,7 @@ class HttpsServer:
     async def serve(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         """Serve until uvicorn exits (signal or `stop()`); companions get a stop event."""
         stop = asyncio.Event()
+        self._start_metrics()
         tasks = [asyncio.create_task(self.reloader.watch(stop))]
         tasks += [asyncio.create_task(c(stop)) for c in companions]
         try:
@@ -139,9 +151,24 @@ class HttpsServer:
             for t in tasks:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(t, 5)
+            self._stop_metrics()
+
+    def _start_metrics(self) -> None:
+        if not self._metrics_on or self._metrics_server is not None:
+            return
+        server, _thread = start_http_server(self._metrics_wanted, self.settings.server.host,
+                                            registry=metrics.serving_registry())
+        self._metrics_server = server
+        self.metrics_port = server.server_port
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server, self.metrics_port = None, None
 
     def run(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-        asyncio_run(self.serve(*companions), loop_factory=loop_factory(self.settings.server.header_timeout_seconds))
+        run_loop(self.serve(*companions), self.settings.server.header_timeout_seconds)
 
     # --- in a thread, for tests and benchmarks ------------------------------------------
     def start_in_thread(self, timeout: float = 20.0) -> "HttpsServer":
@@ -166,6 +193,13 @@ class HttpsServer:
         self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(30)
+
+
+def run_loop(main: Awaitable[None], handshake_timeout: float = 10.0) -> None:
+    """Run `main` on the guarded event loop (`loop_factory`) with the standard library's
+    Runner rather than uvicorn's private helper."""
+    with asyncio.Runner(loop_factory=loop_factory(handshake_timeout)) as runner:
+        runner.run(main)  # type: ignore[arg-type]
 
 
 def bind(host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False) -> socket.socket:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import jsonpatch
-
 
 def _token(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
@@ -44,7 +42,3 @@ def make_patch(before: Mapping, after: Mapping) -> list[dict]:
     ops: list[dict] = []
     _diff("", before, after, ops)
     return ops
-
-
-def apply_patch(doc: Mapping, ops: list[dict]) -> dict:
-    return jsonpatch.apply_patch(doc, ops, in_place=False)

@@ -125,6 +125,7 @@ class CertReloader:
     def __post_init__(self) -> None:
         self._seen = self._current()
         self.expires = not_after(self.cert)
+        metrics.set_expiry("serving", self.expires)
         self.reloads = 0
 
     def _current(self) -> tuple:
@@ -151,6 +152,7 @@ class CertReloader:
             return False
         self._seen = now
         self.expires = not_after(self.cert)
+        metrics.set_expiry("serving", self.expires)
         self.reloads += 1
         metrics.CERT_RELOADS.labels("ok").inc()
         log.info("certificate reloaded", extra={"cert": self.cert, "not_after": str(self.expires)})

@@ -31,14 +31,14 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     c.add_argument("--ca-cert", help="sign with this existing CA certificate (with --ca-key)")
     c.add_argument("--ca-key", help="key of --ca-cert")
     c.add_argument("--secret", help="also write a kubernetes.io/tls Secret with this name in --namespace")
-    c.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    c.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
 
     i = sub.add_parser("inject", help="put a CA bundle into the MutatingWebhookConfiguration's caBundle")
     i.add_argument("--ca-file", required=True, help="PEM file with the CA certificate(s)")
     i.add_argument("--webhook-config", default=srv.webhook_config, help="configuration name (default: %(default)s)")
     i.add_argument("--keep-old", action="store_true",
                    help="keep the CAs already trusted (for a rotation: trust old and new until the new is in use)")
-    i.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    i.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
     return ap
 
 

@@ -56,6 +56,14 @@ def curl_command(ca: str, host: str, port: int, example: str = EXAMPLE) -> str:
             f"--data @{example} {url}")
 
 
+def metrics_url(host: str, port: int) -> str:
+    """Where `curl` finds the metrics, or why it does not."""
+    if not port:
+        return "metrics off (INITSHIFT_METRICS_PORT=0)"
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"metrics on http://{shown}:{port}/metrics"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="initshift dev-server", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
@@ -83,6 +91,7 @@ def main(argv: list[str]) -> int:
     def banner() -> None:
         gate = "on" if settings.feature_gate else "off"
         print(f"\ninitshift dev-server on https://{srv.host}:{srv.port} (feature gate {gate}, CA {ca})\n"
+              f"{metrics_url(srv.host, srv.metrics_port)}\n"
               f"try:\n  {curl}\ndecoded patch:\n  {curl}{pipe}\n", file=sys.stderr, flush=True)
 
     from ._serve import run

@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, TextIO
-
-from kubernetes_asyncio import config as k8s_config
 
 from ..kube import KubeApi, KubeError
 from ..watcher import NotManaged, layout
@@ -24,7 +21,6 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # What a command does once it has a client, the namespace and the pod it was asked about.
 PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
 
-_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
 
 
@@ -39,24 +35,9 @@ class CliError(InitshiftError):
 def add_connection_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("pod", help="the pod's name")
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
-    ap.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config; "
-                                         "in a pod: the service account)")
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl: $KUBECONFIG, else ~/.kube/config, "
+                                         "else the pod's service account)")
     ap.add_argument("--context", help="kubeconfig context to use")
-
-
-def default_namespace(kubeconfig: str | None, context: str | None) -> str:
-    """The context's namespace as kubectl picks it: kubeconfig, else the service account's, else default."""
-    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            return _SA_NAMESPACE.read_text().strip() or "default"
-        except OSError:
-            return "default"
-    try:
-        contexts, current = k8s_config.list_kube_config_contexts(kubeconfig)
-    except Exception:  # noqa: BLE001 - no usable kubeconfig: connecting reports it properly
-        return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
 
 
 async def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
@@ -66,7 +47,7 @@ async def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
     except KubeError as e:
         raise CliError(e.message) from None
     api.user_agent = "initshift-cli"
-    return api, args.namespace or default_namespace(args.kubeconfig, args.context)
+    return api, args.namespace or api.namespace
 
 
 def api_error(e: KubeError, namespace: str, name: str, what: str = "read pod") -> CliError:

@@ -47,6 +47,8 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
     companions, on `sock` when the supervisor passed one."""
     from ..admission import HttpsServer
 
+    if worker > 0:  # the metrics port is worker 0's: it serves every worker's values
+        settings = settings.replace(server=dataclasses.replace(settings.server, metrics_port=0))
     companions: list[Companion] = []
     api = None
     if settings.server.self_managed_certs and worker == 0:
@@ -110,14 +112,12 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
 
 def run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
             sock: socket.socket | None = None, worker: int = 0) -> int:
-    from uvicorn._compat import asyncio_run
-
-    from ..admission import loop_factory
+    from ..admission import run_loop
 
     logs.configure(settings.server.log_level)
     try:
-        asyncio_run(serve(settings, watch=watch, on_started=on_started, sock=sock, worker=worker),
-                    loop_factory=loop_factory(settings.server.header_timeout_seconds))
+        run_loop(serve(settings, watch=watch, on_started=on_started, sock=sock, worker=worker),
+                 settings.server.header_timeout_seconds)
     except (TLSError, OSError) as e:
         print(f"initshift serve: {e}", file=sys.stderr)
         return 1

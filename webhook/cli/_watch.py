@@ -21,8 +21,8 @@ PROG = "initshift watch"
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description="Watch managed pods: open the ready gate, record the "
-                                 "outcome, end sidecars. Uses in-cluster config, else the kubeconfig.")
-    ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+                                 "outcome, end sidecars. Finds the API server as kubectl does.")
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
     ap.add_argument("--context", help="kubeconfig context")
     ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                     help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")

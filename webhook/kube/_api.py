@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any, AsyncIterator
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from ..errors import InitshiftError
 
@@ -85,22 +83,23 @@ class KubeApi:
 
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self.client = api_client
+        self.namespace = "default"  # the configuration's namespace (from_config sets it)
 
     # --- construction ---------------------------------------------------------------
     @classmethod
     async def from_config(cls, kubeconfig: str | None = None, context: str | None = None) -> "KubeApi":
-        """In-cluster config when running in a pod (and no kubeconfig was named), else kubeconfig."""
-        cfg = k8s.Configuration()
-        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=cfg)
-        else:
-            if kubeconfig is not None and not os.path.isfile(kubeconfig):
-                raise KubeError(0, f"kubeconfig {kubeconfig}: no such file")
-            try:
-                await k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-            except (k8s_config.ConfigException, OSError) as e:
-                raise KubeError(0, f"cannot load kubeconfig: {e}") from None
-        return cls(k8s.ApiClient(cfg))
+        """kubectl's choice of configuration (`_config.resolve`): `--kubeconfig`, `$KUBECONFIG`,
+        `~/.kube/config`, else the pod's service account. `namespace` is the one it implies."""
+        from ._config import KubeConfigError, client_configuration, resolve
+
+        try:
+            source = resolve(kubeconfig, context)
+            cfg = await client_configuration(source)
+        except KubeConfigError as e:
+            raise KubeError(0, str(e)) from None
+        api = cls(k8s.ApiClient(cfg))
+        api.namespace = source.namespace
+        return api
 
     @classmethod
     def for_host(cls, url: str, *, token: str | None = None, verify: bool | str = True) -> "KubeApi":

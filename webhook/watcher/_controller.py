@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import socket
@@ -21,11 +22,12 @@ from datetime import datetime, timezone
 from waiter import protocol as p
 
 from .. import __version__
-from ._decide import Action, decide, format_time
+from ._decide import Action, decide, format_time, parse_time
 from ..kube import KubeApi, KubeError
 from ._leader import LeaderElector
 from ..settings import Settings
-from ._metrics import API_ERRORS, DEADLINES, OUTCOMES, READY_LATENCY, TRACKED
+from ._metrics import (API_ERRORS, DEADLINES, IN_FLIGHT, LEADER, OLDEST_ENDING, OUTCOMES, REACTION, READY_LATENCY,
+                       TRACKED)
 
 log = logging.getLogger("initshift.watcher")
 
@@ -34,6 +36,7 @@ COMPONENT = "initshift-watcher"
 WORKERS = 2
 _CONFLICT_RETRIES = 5
 _WATCH_MAX_SECONDS = 300  # a watch is re-opened at least this often
+_GAUGE_SECONDS = 5.0  # how often the in-flight gauges are recomputed from the store
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -81,6 +84,7 @@ class Controller:
         self._processing: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._failures: dict[Key, int] = {}
+        self._event_at: dict[Key, float] = {}  # first unhandled watch event per pod (monotonic)
 
     # --- store and queue -----------------------------------------------------------------
     def enqueue(self, key: Key) -> None:
@@ -112,6 +116,7 @@ class Controller:
         if _newer(pod, self.store.get(key)):
             self.store[key] = pod
         TRACKED.set(len(self.store))
+        self._event_at.setdefault(key, time.monotonic())
         self.enqueue(key)
 
     def forget(self, key: Key) -> None:
@@ -120,6 +125,7 @@ class Controller:
         if timer is not None:
             timer.cancel()
         self._failures.pop(key, None)
+        self._event_at.pop(key, None)
         TRACKED.set(len(self.store))
 
     def _replace(self, namespace: str | None, pods: list[dict]) -> None:
@@ -136,6 +142,7 @@ class Controller:
         namespaces: list[str | None] = list(self.settings.watcher.namespaces) or [None]
         tasks = [asyncio.ensure_future(self._list_watch(ns)) for ns in namespaces]
         tasks += [asyncio.ensure_future(self._worker()) for _ in range(WORKERS)]
+        tasks.append(asyncio.ensure_future(self._export_gauges()))
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -146,6 +153,7 @@ class Controller:
                 timer.cancel()
             self._timers.clear()
             TRACKED.set(0)
+            export_in_flight([])
 
     async def _list_watch(self, namespace: str | None) -> None:
         backoff = Backoff(self.backoff_initial)
@@ -189,8 +197,10 @@ class Controller:
             key = await self._queue.get()
             self._dirty.discard(key)
             self._processing.add(key)
+            since = self._event_at.pop(key, None)
             try:
-                await self.reconcile(key)
+                if await self.reconcile(key) and since is not None:
+                    REACTION.observe(time.monotonic() - since)
                 self._failures.pop(key, None)
             except KubeError as e:
                 n = self._failures.get(key, 0)
@@ -205,12 +215,13 @@ class Controller:
                 if key in self._dirty:
                     self._queue.put_nowait(key)
 
-    async def reconcile(self, key: Key) -> None:
-        """Decide on the latest pod and apply the actions in order. A 409 (the pod changed
-        under a conditional patch) re-reads the pod and decides again."""
+    async def reconcile(self, key: Key) -> int:
+        """Decide on the latest pod and apply the actions in order; returns how many were
+        applied. A 409 (the pod changed under a conditional patch) re-reads the pod and
+        decides again."""
         pod = self.store.get(key)
         if pod is None:
-            return
+            return 0
         for _ in range(_CONFLICT_RETRIES):
             decision = decide(pod, datetime.now(timezone.utc), self.settings.watcher)
             try:
@@ -221,17 +232,22 @@ class Controller:
             except KubeError as e:
                 if e.not_found:
                     self.forget(key)
-                    return
+                    return 0
                 if not e.conflict:
                     raise
                 pod = await self._get(key)
                 if pod is None:
-                    return
+                    return 0
                 continue
             if decision.requeue_after is not None:
                 self._enqueue_after(key, decision.requeue_after)
-            return
+            return len(decision.actions)
         raise KubeError(409, f"pod {key[0]}/{key[1]} kept changing; retrying later", "Conflict")
+
+    async def _export_gauges(self) -> None:
+        while True:
+            export_in_flight(self.store.values())
+            await asyncio.sleep(_GAUGE_SECONDS)
 
     async def _get(self, key: Key) -> dict | None:
         try:
@@ -284,6 +300,31 @@ class Controller:
             log.warning("event not written: %s", e, extra={"pod": meta.get("name")})
 
 
+def export_in_flight(pods) -> None:  # noqa: ANN001 - any iterable of pod dicts
+    """Set the in-flight gauges from the pods the leader tracks (waiter-managed only:
+    start-order pods are long-running by design and never get an outcome)."""
+    steps, ending, oldest = 0, 0, 0.0
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (meta.get("labels") or {}).get(p.LABEL_MANAGED) != p.MODE_WAITER or \
+                (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        outcome = (meta.get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
+        if outcome is None:
+            steps += 1
+            continue
+        ending += 1
+        try:
+            decided = parse_time(json.loads(outcome).get("decidedAt"))
+        except (ValueError, AttributeError):
+            decided = None
+        if decided is not None:
+            oldest = min(oldest, decided.timestamp()) if oldest else decided.timestamp()
+    IN_FLIGHT.labels("steps").set(steps)
+    IN_FLIGHT.labels("ending").set(ending)
+    OLDEST_ENDING.set(oldest)
+
+
 def default_identity() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
@@ -308,11 +349,13 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
                                     settings.watcher.lease_seconds)
             await elector.run(lead, stop)
         else:
+            LEADER.set(1)  # without election this replica acts: it is the leader
             task = asyncio.ensure_future(lead())
             waiter = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
             finally:
+                LEADER.set(0)
                 for t in (task, waiter):
                     t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the watcher, on the process-wide registry `/metrics` serves."""
+"""Prometheus metrics of the watcher, on the process-wide registry `/metrics` serves (the
+watcher runs in one server process: its gauges combine as `livemax`)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,14 @@ API_ERRORS = Counter("initshift_watcher_api_errors_total", "Failed Kubernetes AP
                      "(0: unreachable).", ["call", "status"], registry=REGISTRY)
 LEADER = Gauge("initshift_watcher_leader", "1 while this replica holds the leader Lease.", registry=REGISTRY,
                multiprocess_mode="livemax")
+# From the watch event that showed a pod's change to the patch that acted on it.
+REACTION = Histogram("initshift_watcher_reaction_seconds",
+                     "Seconds from a managed pod's watch event to the patch the watcher made for it.",
+                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY)
+# stage: steps (no outcome yet) or ending (outcome recorded, the pod still runs). Leader only.
+IN_FLIGHT = Gauge("initshift_watcher_pods_in_flight", "Waiter-managed pods not ended yet, by stage.", ["stage"],
+                  registry=REGISTRY, multiprocess_mode="livemax")
+# A timestamp, not an age: it stays right between updates; 0 when no pod is ending.
+OLDEST_ENDING = Gauge("initshift_watcher_oldest_ending_timestamp_seconds",
+                      "When the outcome of the oldest pod still not ended was recorded (Unix time); 0: none.",
+                      registry=REGISTRY, multiprocess_mode="livemax")

@@ -14,8 +14,19 @@ app.kubernetes.io/name: initshift
 app.kubernetes.io/component: webhook
 {{- end -}}
 
+{{/* repository@digest when a digest is given (the tag is then ignored), else repository:tag. */}}
 {{- define "initshift.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* What the monitors select: the Service (ServiceMonitor) carries these labels too. */}}
+{{- define "initshift.metricsSelector" -}}
+app.kubernetes.io/name: initshift
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "initshift.subject" -}}

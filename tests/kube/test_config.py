@@ -1,0 +1,182 @@
+"""kubeconfig resolution as kubectl does it (webhook/kube/_config.py), and the one-line
+errors of every command that connects, run as real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.kubedouble import KubeDouble
+from webhook.kube import KubeApi, KubeError
+from webhook.kube._config import KubeConfigError, client_configuration, resolve
+
+
+def kubeconfig(path: Path, *, server: str = "https://a.example", context: str = "a", cluster: str = "a",
+               user: str = "a", namespace: str | None = None, current: str | None = "a", **cluster_extra) -> Path:
+    ctx: dict = {"cluster": cluster, "user": user}
+    if namespace:
+        ctx["namespace"] = namespace
+    doc = {"apiVersion": "v1", "kind": "Config",
+           "clusters": [{"name": cluster, "cluster": {"server": server, **cluster_extra}}],
+           "users": [{"name": user, "user": {"token": f"token-{user}"}}],
+           "contexts": [{"name": context, "context": ctx}]}
+    if current:
+        doc["current-context"] = current
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def sa(tmp_path) -> Path:
+    """A service-account directory as the kubelet mounts it."""
+    d = tmp_path / "sa"
+    d.mkdir()
+    (d / "token").write_text("sa-token")
+    (d / "namespace").write_text("initshift-system")
+    from certs import pki
+
+    (d / "ca.crt").write_bytes(pki.create_ca(days=1).cert_pem)
+    return d
+
+
+IN_POD = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+
+
+def test_explicit_kubeconfig_wins_over_everything(tmp_path, sa):
+    explicit = kubeconfig(tmp_path / "explicit", server="https://explicit", namespace="x")
+    kubeconfig(tmp_path / "home/.kube/config", server="https://home")
+    env = {**IN_POD, "KUBECONFIG": str(kubeconfig(tmp_path / "env", server="https://env"))}
+    src = resolve(str(explicit), environ=env, home=tmp_path / "home", sa_dir=sa)
+    assert (src.kind, src.files, src.namespace) == ("kubeconfig", [str(explicit)], "x")
+
+
+def test_missing_explicit_kubeconfig_is_an_error(tmp_path):
+    with pytest.raises(KubeConfigError, match="no such file"):
+        resolve(str(tmp_path / "nope"), environ={}, home=tmp_path)
+
+
+def test_kubeconfig_list_merges_first_wins(tmp_path, sa):
+    first = kubeconfig(tmp_path / "one", server="https://one", context="shared", cluster="c1", current="shared")
+    second = kubeconfig(tmp_path / "two", server="https://two", context="shared", cluster="c2", current="other")
+    # the second also brings a context of its own that the first lacks
+    doc = yaml.safe_load(second.read_text())
+    doc["contexts"].append({"name": "only-two", "context": {"cluster": "c2", "user": "a", "namespace": "two"}})
+    second.write_text(yaml.safe_dump(doc))
+    env = {**IN_POD, "KUBECONFIG": os.pathsep.join([str(tmp_path / "missing"), str(first), str(second)])}
+    src = resolve(environ=env, home=tmp_path / "home", sa_dir=sa)
+    assert src.kind == "kubeconfig" and src.files == [str(first), str(second)]
+    assert src.context == "shared"  # current-context: the first file that sets it
+    (shared,) = [c for c in src.config["contexts"] if c["name"] == "shared"]
+    assert shared["context"]["cluster"] == "c1"  # same name in both: the first wins
+    assert {c["name"] for c in src.config["clusters"]} == {"c1", "c2"}
+    assert resolve(context="only-two", environ=env, home=tmp_path, sa_dir=sa).namespace == "two"
+
+
+def test_relative_paths_are_relative_to_their_file(tmp_path):
+    cfg = kubeconfig(tmp_path / "conf/dir/config", **{"certificate-authority": "ca.crt"})
+    src = resolve(environ={"KUBECONFIG": str(cfg)}, home=tmp_path)
+    assert src.config["clusters"][0]["cluster"]["certificate-authority"] == str(tmp_path / "conf/dir/ca.crt")
+
+
+def test_kubeconfig_env_before_home(tmp_path):
+    kubeconfig(tmp_path / "home/.kube/config", server="https://home", namespace="home")
+    env_file = kubeconfig(tmp_path / "env", server="https://env", namespace="env")
+    assert resolve(environ={"KUBECONFIG": str(env_file)}, home=tmp_path / "home").namespace == "env"
+    assert resolve(environ={}, home=tmp_path / "home").namespace == "home"
+
+
+def test_home_kubeconfig_before_in_cluster_as_client_go(tmp_path, sa):
+    """client-go uses the service account only when the kubeconfig files give nothing."""
+    kubeconfig(tmp_path / "home/.kube/config", namespace="home")
+    assert resolve(environ=IN_POD, home=tmp_path / "home", sa_dir=sa).kind == "kubeconfig"
+    src = resolve(environ=IN_POD, home=tmp_path / "empty", sa_dir=sa)
+    assert (src.kind, src.namespace) == ("in-cluster", "initshift-system")
+    # a KUBECONFIG that names only missing files is empty too
+    src = resolve(environ={**IN_POD, "KUBECONFIG": str(tmp_path / "missing")}, home=tmp_path / "home", sa_dir=sa)
+    assert src.kind == "in-cluster"
+    assert resolve(environ={**IN_POD, "POD_NAMESPACE": "p"}, home=tmp_path, sa_dir=sa).namespace == "p"
+
+
+async def test_in_cluster_configuration_uses_the_service_account(tmp_path, sa):
+    src = resolve(environ=IN_POD, home=tmp_path, sa_dir=sa)
+    cfg = await client_configuration(src, environ=IN_POD, sa_dir=sa)
+    assert cfg.host == "https://10.0.0.1:443"
+    assert cfg.api_key["BearerToken"].endswith("sa-token")
+
+
+@pytest.mark.parametrize("env,sa_token,message", [
+    ({}, False, "no kubeconfig found"),
+    (IN_POD, False, "no service account token"),
+])
+def test_nothing_usable_is_one_clear_error(tmp_path, sa, env, sa_token, message):
+    if not sa_token:
+        (sa / "token").unlink()
+    with pytest.raises(KubeConfigError, match=message):
+        resolve(environ=env, home=tmp_path, sa_dir=sa)
+
+
+def test_bad_kubeconfigs(tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_text("clusters: [\n")
+    with pytest.raises(KubeConfigError, match="not YAML"):
+        resolve(str(bad), environ={}, home=tmp_path)
+    cfg = kubeconfig(tmp_path / "nocurrent", current=None)
+    with pytest.raises(KubeConfigError, match="no current-context"):
+        resolve(str(cfg), environ={}, home=tmp_path)
+    with pytest.raises(KubeConfigError, match="context 'x' not found"):
+        resolve(str(cfg), "x", environ={}, home=tmp_path)
+
+
+async def test_from_config_talks_to_the_api(tmp_path, monkeypatch):
+    async with KubeDouble() as kube:
+        cfg = kubeconfig(tmp_path / "a", server=kube.url, namespace="builds")
+        monkeypatch.setenv("KUBECONFIG", str(cfg))
+        async with await KubeApi.from_config() as api:
+            assert api.namespace == "builds"
+            assert (await api.list_pods("builds"))[0] == []
+    with pytest.raises(KubeError, match="no such file"):
+        await KubeApi.from_config(str(tmp_path / "nope"))
+
+
+# --- the commands that connect: one line on stderr, no traceback, no library lines -------------
+
+COMMANDS = {
+    "status": ["status", "pod-1"],
+    "logs": ["logs", "pod-1"],
+    "watch": ["watch"],
+    "certs inject": ["certs", "inject", "--ca-file", "{ca}"],
+}
+
+
+def run_cli(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *argv], capture_output=True, text=True,
+                          env={"PATH": os.environ.get("PATH", ""), **env}, timeout=60)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("situation", ["no-config", "pod-without-token", "missing-kubeconfig-list"])
+def test_connecting_commands_fail_in_one_line(tmp_path, command, situation):
+    from certs import pki
+
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(pki.create_ca(days=1).cert_pem)
+    env = {"HOME": str(tmp_path / "home")}
+    if situation == "pod-without-token":
+        env.update(IN_POD)  # the token file is the real path, absent on this machine
+        assert not Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
+    if situation == "missing-kubeconfig-list":
+        env["KUBECONFIG"] = os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
+    proc = run_cli([a.format(ca=ca) for a in COMMANDS[command]], env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, proc
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"initshift {command.split()[0]}: ") or lines[0].startswith("error: "), lines
+    assert "Traceback" not in proc.stderr and "Config not found" not in proc.stderr
+    want = "no service account token" if situation == "pod-without-token" else "no kubeconfig found"
+    assert want in lines[0]

@@ -1,0 +1,189 @@
+"""Where the API server and the credentials come from: kubectl's rules, in one place.
+
+client-go (and so kubectl) decides in this order:
+
+1. `--kubeconfig FILE`: that file only; a missing file is an error.
+2. else `$KUBECONFIG`: every file of the list (`:`-separated), merged; missing files are
+   skipped. For each named cluster, user and context, and for `current-context`, the
+   first file that sets it wins. Relative paths are relative to the file that holds them.
+3. else `~/.kube/config`.
+4. Only when 1-3 give an empty configuration (no file, or files without clusters, users
+   and contexts): the pod's service account (`KUBERNETES_SERVICE_HOST`/`_PORT` and the
+   token file), as client-go's `DeferredLoadingClientConfig` does.
+
+The namespace follows the same source: the context's (else `default`) for a kubeconfig,
+`$POD_NAMESPACE` or the service account's namespace file in a pod. Every failure is one
+`KubeConfigError` line naming the file or variable at fault; the library's own log lines
+never reach a terminal (a NullHandler; `initshift serve` still logs them as JSON).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
+
+# The library logs (e.g. "Config not found") on its own logger; without any handler
+# Python's last-resort handler would print them, unprefixed, before our one-line error.
+logging.getLogger("kubernetes_asyncio").addHandler(logging.NullHandler())
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+HOME_CONFIG = Path("~/.kube/config")
+_NAMED = ("clusters", "users", "contexts")
+# Fields that name files, per section, resolved against the kubeconfig's directory.
+_FILE_FIELDS = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key", "tokenFile")}
+
+
+class KubeConfigError(Exception):
+    """No usable configuration: one line saying which source and why."""
+
+
+@dataclass
+class Source:
+    """The resolved configuration: a merged kubeconfig, or the pod's service account."""
+
+    kind: str  # "kubeconfig" or "in-cluster"
+    files: list[str] = field(default_factory=list)  # the kubeconfig files read, in order
+    config: dict[str, Any] = field(default_factory=dict)  # merged kubeconfig (kind == "kubeconfig")
+    context: str | None = None  # the context in use (kind == "kubeconfig")
+    namespace: str = "default"
+
+    def describe(self) -> str:
+        if self.kind == "in-cluster":
+            return "in-cluster service account"
+        return f"kubeconfig {os.pathsep.join(self.files)}, context {self.context}"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise KubeConfigError(f"kubeconfig {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise KubeConfigError(f"kubeconfig {path}: not YAML ({str(e).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise KubeConfigError(f"kubeconfig {path}: not a kubeconfig (a YAML mapping)")
+    return data
+
+
+def _absolute(entry: dict[str, Any], section: str, base: Path) -> dict[str, Any]:
+    """A copy of a named entry with its relative file paths made absolute."""
+    body = entry.get(section)
+    if not isinstance(body, dict):
+        return entry
+    body = dict(body)
+    for key in _FILE_FIELDS.get(section, ()):
+        value = body.get(key)
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            body[key] = str(base / os.path.expanduser(value))
+    if section == "user" and isinstance(body.get("exec"), dict):
+        command = body["exec"].get("command")
+        # client-go resolves an exec command only when it is a relative path, not a bare name.
+        if isinstance(command, str) and os.sep in command and not os.path.isabs(command):
+            body["exec"] = {**body["exec"], "command": str(base / command)}
+    return {**entry, section: body}
+
+
+def merge(files: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """kubectl's merge: the first file that names an entry (or sets current-context) wins."""
+    merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [], "contexts": []}
+    for path, data in files:
+        base = path.parent
+        for key in _NAMED:
+            entries = data.get(key) or []
+            if not isinstance(entries, list):
+                raise KubeConfigError(f"kubeconfig {path}: {key} is not a list")
+            section = key[:-1]
+            seen = {e.get("name") for e in merged[key]}
+            for entry in entries:
+                if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                    raise KubeConfigError(f"kubeconfig {path}: an entry of {key} has no name")
+                if entry["name"] not in seen:
+                    merged[key].append(_absolute(entry, section, base))
+                    seen.add(entry["name"])
+        if data.get("current-context") and "current-context" not in merged:
+            merged["current-context"] = data["current-context"]
+    return merged
+
+
+def kubeconfig_files(explicit: str | None, environ: Mapping[str, str], home: Path | None = None) -> list[Path]:
+    """The files kubectl would read, in precedence order (steps 1-3)."""
+    if explicit:
+        return [Path(os.path.expanduser(explicit))]
+    listed = environ.get("KUBECONFIG", "")
+    if listed:
+        paths = [Path(os.path.expanduser(p)) for p in listed.split(os.pathsep) if p]
+        return list(dict.fromkeys(paths))
+    return [home / ".kube" / "config" if home is not None else Path(os.path.expanduser(str(HOME_CONFIG)))]
+
+
+def _in_cluster_possible(environ: Mapping[str, str], sa_dir: Path) -> bool:
+    return bool(environ.get("KUBERNETES_SERVICE_HOST")) and bool(environ.get("KUBERNETES_SERVICE_PORT")) and \
+        (sa_dir / "token").is_file()
+
+
+def resolve(kubeconfig: str | None = None, context: str | None = None, *,
+            environ: Mapping[str, str] | None = None, home: Path | None = None,
+            sa_dir: Path = SERVICE_ACCOUNT_DIR) -> Source:
+    """Which configuration kubectl would use (see the module docstring)."""
+    env = os.environ if environ is None else environ
+    paths = kubeconfig_files(kubeconfig, env, home)
+    if kubeconfig and not paths[0].is_file():
+        raise KubeConfigError(f"kubeconfig {paths[0]}: no such file")
+    found = [(p, _read(p)) for p in paths if p.is_file()]
+    merged = merge(found)
+    if any(merged[key] for key in _NAMED) or context:
+        name = context or merged.get("current-context")
+        where = os.pathsep.join(str(p) for p, _ in found) or os.pathsep.join(str(p) for p in paths)
+        if not name:
+            raise KubeConfigError(f"kubeconfig {where}: no current-context (pass --context)")
+        ctx = next((c for c in merged["contexts"] if c["name"] == name), None)
+        if ctx is None:
+            raise KubeConfigError(f"kubeconfig {where}: context {name!r} not found")
+        namespace = str((ctx.get("context") or {}).get("namespace") or "default")
+        return Source("kubeconfig", [str(p) for p, _ in found], merged, name, namespace)
+    if _in_cluster_possible(env, sa_dir):
+        return Source("in-cluster", namespace=_pod_namespace(env, sa_dir))
+    looked = os.pathsep.join(str(p) for p in paths)
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        raise KubeConfigError(f"no kubeconfig ({looked}) and no service account token ({sa_dir / 'token'})")
+    raise KubeConfigError(f"no kubeconfig found ({looked}); pass --kubeconfig or set KUBECONFIG")
+
+
+def _pod_namespace(environ: Mapping[str, str], sa_dir: Path) -> str:
+    if environ.get("POD_NAMESPACE"):
+        return environ["POD_NAMESPACE"]
+    try:
+        return (sa_dir / "namespace").read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+async def client_configuration(source: Source, *, environ: Mapping[str, str] | None = None,
+                               sa_dir: Path = SERVICE_ACCOUNT_DIR) -> k8s.Configuration:
+    """The client Configuration for a resolved source; library errors become one line."""
+    cfg = k8s.Configuration()
+    try:
+        if source.kind == "in-cluster":
+            env = dict(os.environ if environ is None else environ)
+            InClusterConfigLoader(str(sa_dir / "token"), str(sa_dir / "ca.crt"), environ=env).load_and_set(cfg)
+        else:
+            await k8s_config.load_kube_config_from_dict(source.config, context=source.context,
+                                                        client_configuration=cfg)
+    except (k8s_config.ConfigException, OSError, ValueError, KeyError, TypeError) as e:
+        raise KubeConfigError(f"{source.describe()}: {_one_line(e)}") from None
+    return cfg
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
