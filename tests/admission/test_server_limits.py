@@ -183,16 +183,16 @@ def test_tls12_refuses_sha1_cbc_and_static_rsa_suites(pki, cipher):
 def test_an_unexpected_500_says_connection_close_and_the_next_request_works(pki):
     with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
         reviewer = server.app.state.reviewer
-        real = reviewer.decide
+        real = reviewer.start
 
-        async def broken(*_args, **_kw):
+        def broken(*_args, **_kw):
             raise RuntimeError("a bug outside the failure mode")
 
-        reviewer.decide = broken
+        reviewer.start = broken
         try:
             r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
         finally:
-            reviewer.decide = real
+            reviewer.start = real
         assert r.status_code == 500 and r.headers["connection"] == "close"
         assert r.json() == {"error": "internal error: RuntimeError"}
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200

@@ -142,22 +142,41 @@ class Reviewer:
         self.protected = _protected(settings)
         self._make_plan, self._make_patch = plan, make_patch
 
+    def start(self, body: bytes) -> tuple[Review, Decision | tuple[Any, list], bytes | None]:
+        """On the worker thread, in one hop: parse (BadReview propagates), plan, and when no
+        registry lookup is needed the whole decision and its encoded answer."""
+        review = admission.parse_review(body)
+        first = self._safe(review, self._plan, review)
+        return review, first, _encode(first.answer) if isinstance(first, Decision) else None
+
     async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Decision:
         run = offload or _inline
+        return await self.complete(review, await run(self._safe, review, self._plan, review), run)
+
+    async def complete(self, review: Review, first: Decision | tuple[Any, list], run: Callable[..., Any]) -> Decision:
+        """The decision once the registry lookups `first` asks for are done (on the loop)."""
+        if isinstance(first, Decision):
+            return first
+        plan, lookups = first
         try:
-            first = await run(self._plan, review)
-            if isinstance(first, Decision):
-                return first
-            plan, lookups = first
             images, lookup_error = await self._resolve(review, lookups)
-            return await run(self._finish, review, plan, images, lookup_error)
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
-            log.error("rewrite failed", exc_info=True, extra={"uid": review.uid})
-            why = f"initshift: internal error, pod {'denied' if self._deny_on_error else 'left unchanged'}: " \
-                  f"{type(e).__name__}: {e}"
-            if self._deny_on_error:
-                return Decision(admission.response(review, denied=why, code=500), "error", "internal-error", "denied")
-            return Decision(admission.response(review, warnings=[why]), "error", "internal-error", "skipped")
+            return self._failed(review, e)
+        return await run(self._safe, review, self._finish, review, plan, images, lookup_error)
+
+    def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Decision:
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
+            return self._failed(review, e)
+
+    def _failed(self, review: Review, e: Exception) -> Decision:
+        log.error("rewrite failed", exc_info=e, extra={"uid": review.uid})
+        why = f"initshift: internal error, pod {'denied' if self._deny_on_error else 'left unchanged'}: " \
+              f"{type(e).__name__}: {e}"
+        if self._deny_on_error:
+            return Decision(admission.response(review, denied=why, code=500), "error", "internal-error", "denied")
+        return Decision(admission.response(review, warnings=[why]), "error", "internal-error", "skipped")
 
     @property
     def _deny_on_error(self) -> bool:
@@ -266,9 +285,12 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
             capacity.take(limit if size is None else size)
             held = limit if size is None else size
             body = await read_body(request, limit, srv.body_timeout_seconds)
-            review = await offload(admission.parse_review, body)
-            decision = await reviewer.decide(review, offload)
-            payload = await offload(_encode, decision.answer)
+            review, first, payload = await offload(reviewer.start, body)
+            if payload is None:  # registry lookups first (I/O, on the loop)
+                decision = await reviewer.complete(review, first, offload)
+                payload = await offload(_encode, decision.answer)
+            else:
+                decision = first
         except BadReview as e:
             bad_request(body, e, time.perf_counter() - start, "bad_request")
             return _json({"error": str(e)}, 400)
