@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.admission.test_server_fuzz import _paths, json_values
 from tests.support import https_helpers as h
 from tests.support.fixtures import pods
 from tests.support.podvalidate import OLDEST, assert_valid_pod
@@ -42,27 +43,11 @@ RESERVED_MOUNTS = [
     {"name": "scratch", "mountPath": "//initshift/run/0"}, {"name": "scratch", "mountPath": "/./initshift/run/0"},
     {"name": "scratch", "mountPath": p.BIN_MOUNT + "/"}, {"name": "scratch", "mountPath": p.RUN_MOUNT_ROOT},
 ]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63), st.floats(allow_nan=False,
-                    allow_infinity=False), st.text(max_size=12))
-json_values = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=3),
-                                                           st.dictionaries(st.text(max_size=6), kids, max_size=3)),
-                           max_leaves=8)
 
 
 def _containers(pod: dict) -> list[dict]:
     spec = pod["spec"]
     return [*spec.get("initContainers", []), *spec["containers"]]
-
-
-def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix] if prefix else []
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, (*prefix, i))
-    return out
 
 
 KINDS = ["mains", "quantity", "depth", "namespace", "mount", "annotations", "pad", "random", "random"]

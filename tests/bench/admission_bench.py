@@ -34,7 +34,6 @@ from pathlib import Path
 import httpx
 
 from tests.support import https_helpers as h
-from webhook.admission._https import bind
 
 BURST_SECONDS = 10.0
 RATE, RATE_SECONDS = 200, 10.0
@@ -168,33 +167,6 @@ async def fixed_rate(port: int, ca: Path, body: bytes) -> dict:
             "max": max(latencies) * 1000, "errors": errors, "reopened": reopened}
 
 
-# --- the server ------------------------------------------------------------------------------
-def start_server(d: Path, tree: Path, workers: int | None) -> tuple[subprocess.Popen, int]:
-    sock = bind()
-    port = sock.getsockname()[1]
-    sock.close()  # the server binds it; loopback ports are not reused that fast
-    env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
-           "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(d / "tls.crt"),
-           "INITSHIFT_TLS_KEY": str(d / "tls.key"), "PYTHONPATH": str(tree)}
-    if workers is not None:
-        env["INITSHIFT_WORKERS"] = str(workers)
-    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, port
-
-
-def wait_ready(url: str, ca: Path, body: bytes) -> None:
-    for _ in range(400):
-        try:
-            httpx.get(f"{url}/readyz", verify=h.client_context(ca))
-            break
-        except httpx.TransportError:
-            time.sleep(0.05)
-    answer = httpx.post(f"{url}/mutate", content=body, verify=h.client_context(ca),
-                        headers={"content-type": "application/json"}).json()
-    assert answer["response"].get("patch"), "the benchmark pod must be rewritten"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-tree", type=Path, default=Path.cwd(), help="checkout the server runs from")
@@ -212,10 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         ca = h.make_certs(d)
         body_file = d / "review.json"
         body_file.write_bytes(body)
-        proc, port = start_server(d, args.server_tree.resolve(), args.workers)
+        proc, port = h.serve_process(d, body, tree=args.server_tree.resolve(), workers=args.workers)
         url = f"https://127.0.0.1:{port}"
         try:
-            wait_ready(url, ca, body)
             steady = ab(url, body_file, 16, 10) if have_ab else None
             load, probe = burst(url, port, ca, body_file) if have_ab else (None, None)
             rate = None if args.quick else asyncio.run(fixed_rate(port, ca, body))

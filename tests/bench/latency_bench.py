@@ -22,10 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from tests.support import https_helpers as h
-from webhook.admission import bind, make_patch
+from webhook.admission import make_patch
 from webhook.rewrite import plan
 from webhook.settings import Settings
 
@@ -84,25 +82,9 @@ def over_https() -> tuple[dict, dict, int] | None:
         d = Path(tmp)
         ca = h.make_certs(d)
         (d / "review.json").write_bytes(body)
-        sock = bind()
-        port = sock.getsockname()[1]
-        sock.close()
-        env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
-               "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(d / "tls.crt"),
-               "INITSHIFT_TLS_KEY": str(d / "tls.key")}
-        proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc, port = h.serve_process(d, body)
         try:
             url = f"https://127.0.0.1:{port}"
-            for _ in range(400):
-                try:
-                    httpx.get(f"{url}/readyz", verify=h.client_context(ca))
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.05)
-            answer = httpx.post(f"{url}/mutate", content=body, verify=h.client_context(ca),
-                                headers={"content-type": "application/json"}).json()
-            assert answer["response"].get("patch"), "the benchmark pod must be rewritten"
             # wrk does not verify certificates; the check above did, with the same server.
             return wrk(f"{url}/mutate", d / "review.json"), wrk(f"{url}/healthz", None), len(body)
         finally:

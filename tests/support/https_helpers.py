@@ -71,3 +71,45 @@ def seven_step_pod() -> dict:
 def review(pod: dict, **kw: Any) -> dict:
     kw.setdefault("uid", "00000000-0000-4000-8000-000000000001")
     return wrap(copy.deepcopy(pod), **kw)
+
+
+def serve_process(directory: Path, body: bytes, *, tree: Path | None = None, workers: int | None = None,
+                  ) -> tuple["subprocess.Popen", int]:
+    """`initshift serve` as a process (JSON logs on, as in production) with the certificates
+    of `directory`, on a free port, once it answers and rewrites `body`; the benchmarks'
+    server. `tree`: the checkout it runs from (default: this one); `workers`: INITSHIFT_WORKERS."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    sock = bind()
+    port = sock.getsockname()[1]
+    sock.close()  # the server binds it; loopback ports are not reused that fast
+    env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
+           "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(directory / store.TLS_CERT),
+           "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY)}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    if workers is not None:
+        env["INITSHIFT_WORKERS"] = str(workers)
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, ctx = f"https://127.0.0.1:{port}", client_context(directory / store.CA_CERT)
+    try:
+        for _ in range(400):
+            try:
+                httpx.get(f"{url}/readyz", verify=ctx)
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        answer = httpx.post(f"{url}/mutate", content=body, verify=ctx,
+                            headers={"content-type": "application/json"}).json()
+        assert answer["response"].get("patch"), "the benchmark pod must be rewritten"
+    except BaseException:
+        proc.terminate()
+        proc.wait(30)
+        raise
+    return proc, port
