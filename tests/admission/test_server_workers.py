@@ -113,3 +113,20 @@ def test_workers_share_the_port_reload_certificates_and_are_replaced(tmp_path):
         code = proc.wait(60)
     assert code == 0
     assert not children(proc.pid)
+
+
+def test_worker_count_follows_the_cpu_limit(tmp_path):
+    from webhook.admission._workers import AUTO_MAX_WORKERS, worker_count
+
+    cpus = min(len(os.sched_getaffinity(0)), AUTO_MAX_WORKERS)
+    assert worker_count(3, str(tmp_path)) == 3  # explicit wins
+    assert worker_count(0, str(tmp_path)) == cpus  # no cgroup files: the CPUs it may run on
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert worker_count(0, str(tmp_path)) == cpus
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a CPU (cgroup v2)
+    assert worker_count(0, str(tmp_path)) == 1
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("150000\n")  # 1.5 CPUs (cgroup v1): 2 workers at most
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert worker_count(0, str(tmp_path)) == min(cpus, 2)

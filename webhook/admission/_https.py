@@ -87,14 +87,12 @@ def protocol_for(srv: ServerSettings) -> type[GuardedProtocol]:
 
 
 def loop_factory(handshake_timeout: float) -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop (else asyncio's loop) whose TLS servers give up on a handshake after
-    `handshake_timeout` seconds instead of asyncio's 60."""
-    try:
-        import uvloop
-
-        base: type = uvloop.Loop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
-        base = asyncio.SelectorEventLoop
+    """The event loop uvicorn would pick (uvloop when installed), whose TLS servers give up
+    on a handshake after `handshake_timeout` seconds instead of asyncio's 60."""
+    factory = uvicorn.Config(app=None).get_loop_factory() or asyncio.new_event_loop
+    probe = factory()
+    base: type = type(probe)
+    probe.close()
 
     class Loop(base):  # type: ignore[misc, valid-type]
         async def create_server(self, *args: Any, **kwargs: Any) -> Any:

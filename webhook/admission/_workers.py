@@ -36,14 +36,47 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 RESTART_DELAY = 1.0
 
 
-def worker_count(setting: int) -> int:
-    """`INITSHIFT_WORKERS`, where 0 means one per CPU this process may run on."""
+AUTO_MAX_WORKERS = 8  # `0` never starts more: each worker holds ~60 MB whether it is busy or not
+
+
+def worker_count(setting: int, cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """`INITSHIFT_WORKERS`, where 0 means one per CPU this process may use: the CPUs it may
+    run on, fewer under a CPU limit (a container sees every core of its node, its cgroup's
+    quota says how many it gets), at most AUTO_MAX_WORKERS."""
     if setting > 0:
         return setting
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_limit(cgroup_root)
+    if quota is not None:
+        cpus = min(cpus, quota)
+    return max(1, min(cpus, AUTO_MAX_WORKERS))
+
+
+def cgroup_cpu_limit(root: str) -> int | None:
+    """Whole CPUs of the cgroup's quota, rounded up (cgroup v2 cpu.max, else v1 cfs); None: no limit."""
+    def read(name: str) -> str | None:
+        try:
+            with open(os.path.join(root, name)) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    v2 = read("cpu.max")  # "max 100000" or "200000 100000"
+    if v2 is not None:
+        quota, _, period = v2.partition(" ")
+        pair = (quota, period)
+    else:
+        pair = (read("cpu/cpu.cfs_quota_us") or "-1", read("cpu/cpu.cfs_period_us") or "100000")
+    try:
+        q, per = int(pair[0]), int(pair[1])
+    except ValueError:
+        return None  # "max": no limit
+    if q <= 0 or per <= 0:
+        return None
+    return max(1, -(-q // per))
 
 
 def die_with_parent() -> None:
