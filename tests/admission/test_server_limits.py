@@ -196,3 +196,36 @@ def test_an_unexpected_500_says_connection_close_and_the_next_request_works(pki)
         assert r.status_code == 500 and r.headers["connection"] == "close"
         assert r.json() == {"error": "internal error: RuntimeError"}
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
+
+
+def test_a_review_being_worked_on_never_holds_the_event_loop(pki):
+    """Finding 5: reviews run on the process's worker thread, so while one is in progress
+    (here: held until released) the loop still completes new TLS handshakes and answers
+    /healthz; the held review is answered afterwards."""
+    import threading
+
+    with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+        reviewer = server.app.state.reviewer
+        real, release, entered = reviewer.start, threading.Event(), threading.Event()
+
+        def held(body: bytes):
+            entered.set()
+            assert release.wait(30)
+            return real(body)
+
+        reviewer.start = held
+        answers: list[int] = []
+        poster = threading.Thread(target=lambda: answers.append(
+            c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code))
+        try:
+            poster.start()
+            assert entered.wait(30)
+            for _ in range(5):  # new connections, each a full handshake, answered meanwhile
+                with httpx.Client(verify=h.client_context(pki / "ca.crt")) as fresh:
+                    assert fresh.get(f"{h.base_url(server)}/healthz").status_code == 200
+            assert answers == [] and poster.is_alive()  # the review is still held
+        finally:
+            release.set()
+            poster.join(30)
+            reviewer.start = real
+        assert answers == [200]
