@@ -22,6 +22,9 @@ from ._shape import shape_problem
 
 @dataclass
 class RewriteResult:
+    """`changed`: a strategy rewrote the pod. A pod left as it is may still differ from the
+    input by one annotation, ANNOTATION_NOT_REWRITTEN (the reason); the patch is the diff."""
+
     pod: dict
     warnings: list[str] = field(default_factory=list)
     changed: bool = False
@@ -154,13 +157,35 @@ def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoi
         return RewriteResult(pod=pod, reason="invalid", warnings=[_prefix(f"{problem}; admitted unchanged")])
     native_supported = native_strategy.resolve_support(settings.rewrite.native_sidecars, native_supported)
     try:
-        return _rewrite(pod, settings, images or {}, native_supported, lookup_error)
+        result = _rewrite(pod, settings, images or {}, native_supported, lookup_error)
     except (QuantityError, waiter_strategy.BuildError) as e:
         deny = isinstance(e, waiter_strategy.BuildError) and e.deny
         reason = e.reason if isinstance(e, waiter_strategy.BuildError) else "invalid"
         if deny:
             return RewriteResult(pod=pod, reason=reason, denied=_prefix(str(e)))
-        return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=reason)
+        result = RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=reason)
+    return _decision_on_pod(pod, result)
+
+
+# Skips where initshift was told to leave pods alone: those pods are not touched at all.
+_SWITCHED_OFF = ("feature-gate-off", "disabled")
+
+
+def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
+    """A pod with init containers that is not rewritten says why on itself (the one change
+    made to it); a rewritten pod drops the reason an earlier admission left."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    inits = (pod.get("spec") or {}).get("initContainers")
+    if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
+        annotations = dict(result.pod["metadata"]["annotations"])
+        del annotations[p.ANNOTATION_NOT_REWRITTEN]
+        result.pod = {**result.pod, "metadata": {**result.pod["metadata"], "annotations": annotations}}
+    elif not result.changed and result.strategy is None and result.reason not in _SWITCHED_OFF \
+            and isinstance(inits, list) and inits and managed_as(pod) is None \
+            and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
+        result.pod = {**pod, "metadata": {**meta, "annotations": {**notes, p.ANNOTATION_NOT_REWRITTEN: result.reason}}}
+    return result
 
 
 def _rewrite(pod: dict, settings: Settings, images: Mapping[str, ImageEntrypoints],
