@@ -387,6 +387,8 @@ class KubeDouble:
         meta.setdefault("creationTimestamp", (old or {}).get("metadata", {}).get("creationTimestamp") or now_rfc3339())
         if resource == "pods":
             obj.setdefault("status", {"phase": "Pending"})
+        if resource == "namespaces":  # the apiserver labels every namespace with its name
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, old)
 
     def put_pod(self, pod: dict) -> dict:
@@ -685,6 +687,8 @@ class KubeDouble:
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         if res.key == "pods":
             obj["status"] = {"phase": "Pending"}
+        if res.key == "namespaces":
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, None)
 
     def _patch(self, res: Resource, key: tuple[str, str], current: dict, body: Any, ctype: str,

@@ -266,6 +266,10 @@ class KubeApi:
         return await self.request("PUT", self._lease_path(namespace, name), body=lease)
 
     # --- what `initshift check` reads and creates (the user's credentials, never the server's) ---
+    async def get_version(self) -> dict:
+        """The apiserver's `GET /version` (gitVersion, major, minor...)."""
+        return await self.request("GET", "/version")
+
     async def create_pod(self, namespace: str, pod: dict) -> dict:
         return await self.request("POST", self._pods_path(namespace), body=pod)
 
