@@ -153,8 +153,8 @@ async def watcher(kube: KubeDouble) -> AsyncIterator[None]:
 
 
 @contextlib.contextmanager
-def server(directory: Path, **app: Any) -> Iterator[HttpsServer]:
-    with h.running(h.settings_for(directory, namespace=NS), **app) as srv:
+def server(directory: Path, *, gate: bool = True, **app: Any) -> Iterator[HttpsServer]:
+    with h.running(h.settings_for(directory, namespace=NS).replace(feature_gate=gate), **app) as srv:
         yield srv
 
 
@@ -181,11 +181,12 @@ def admission_chain(kube: KubeDouble, srv: HttpsServer, ca_pem: bytes) -> None:
 
 
 @contextlib.asynccontextmanager
-async def healthy(kube: KubeDouble, tmp_path: Path, **app: Any) -> AsyncIterator[Install]:
+async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, **app: Any) -> AsyncIterator[Install]:
+    """`gate`: the server's feature gate; `app`: create_app's hooks (native_supported, strategy)."""
     ca_pem = make_pki(tmp_path / "pki")
     put_install(kube, ca_pem)
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
-    with server(tmp_path / "pki", **app) as srv:
+    with server(tmp_path / "pki", gate=gate, **app) as srv:
         admission_chain(kube, srv, ca_pem)
         async with watcher(kube):
             yield Install(kube, kubeconfig, srv, ca_pem, h.base_url(srv))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -134,8 +135,8 @@ class Run:
         else:
             self.line(False, f"rewritten by initshift: not rewritten ({reason or 'no decision recorded'})",
                       f"{p.ANNOTATION_NOT_REWRITTEN}={reason}: see the README's table of reasons" if reason else
-                      "the webhook was not called or failed (failurePolicy Ignore admits the pod unchanged): "
-                      "read the server's log and the preflight lines above", reason=reason)
+                      "the webhook was not called, failed (failurePolicy Ignore admits the pod unchanged) or its "
+                      f"feature gate {p.FEATURE_GATE_ENV} is off: read the server's log and the lines above", reason=reason)
             return
         layout = pod_layout(pod)
         async with PodTracker(self.api, self.namespace, name, pod) as tracker:
@@ -224,8 +225,14 @@ class Run:
         self.stage = "outcome annotation"
         outcome = ((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
         if strategy == p.MODE_WAITER:
-            self.line(bool(outcome), f"{p.ANNOTATION_OUTCOME}: {outcome}", "" if outcome else
-                      "the watcher did not record the outcome: check its Lease above")
+            try:
+                record = json.loads(outcome) if outcome else None
+            except ValueError:
+                record = None
+            ok = isinstance(record, dict) and record.get("result") == "Succeeded"
+            summary = f"{record.get('result')} ({record.get('message')})" if isinstance(record, dict) else outcome
+            self.line(ok, f"{p.ANNOTATION_OUTCOME}: {summary}", "" if ok else
+                      "the watcher did not record a success: check its Lease above", outcome=record)
         else:
             self.line(True, f"no {p.ANNOTATION_OUTCOME} needed: the kubelet orders native sidecars "
                             f"(the watcher records waiter pods only)")
