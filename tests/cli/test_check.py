@@ -175,3 +175,37 @@ async def test_unreachable_api(tmp_path) -> None:
     cfg = inst.write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
     code, out, _ = await check("--kubeconfig", cfg)
     assert code == 1 and failed(out) == ["can reach the Kubernetes API"]
+
+
+async def test_linkerd_injector_and_where_it_injects(kube: KubeDouble, tmp_path) -> None:
+    svc = {"name": "linkerd-proxy-injector", "namespace": "linkerd", "path": "/", "port": 443}
+    kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "linkerd-proxy-injector-webhook-config"},
+                                               "webhooks": [{"name": "linkerd-proxy-injector.linkerd.io",
+                                                             "clientConfig": {"service": svc},
+                                                             "namespaceSelector": {"matchExpressions": [
+                                                                 {"key": "config.linkerd.io/admission-webhooks",
+                                                                  "operator": "NotIn", "values": ["disabled"]}]}}]})
+    kube.put("configmaps", {"metadata": {"name": "linkerd-config", "namespace": "linkerd"},
+                            "data": {"values": "proxy:\n  nativeSidecar: true\n"}})
+    kube.put("namespaces", {"metadata": {"name": "ci", "labels": {"initshift.io/enabled": "true"},
+                                         "annotations": {"linkerd.io/inject": "enabled"}}})
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check(*i.argv())
+    assert code == 0, out
+    titles = list(marks(out))
+    assert "opted-in namespaces: builds (Istio injects), ci (Linkerd injects), plain (no mesh injects)" in titles
+    assert "Linkerd injector linkerd-proxy-injector-webhook-config: called after initshift-webhook; injects " \
+           "natively: yes (proxy.nativeSidecar: true in linkerd/linkerd-config)" in titles
+
+
+def test_label_selectors_as_the_apiserver_reads_them() -> None:
+    from webhook.cli._check_preflight import selects
+
+    sel = {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "NotIn", "values": ["x"]},
+                                                           {"key": "c", "operator": "DoesNotExist"}]}
+    assert selects(sel, {"a": "1"})  # NotIn and DoesNotExist hold for a missing key
+    assert not selects(sel, {"a": "1", "b": "x"}) and not selects(sel, {"a": "1", "c": ""})
+    assert not selects(sel, {"a": "2"}) and selects(None, {}) and selects({}, {"z": "1"})
+    assert selects({"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}, {"k": "v"})
+    assert not selects({"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}, {})
+    assert not selects({"matchExpressions": [{"key": "k", "operator": "Exists"}]}, {})

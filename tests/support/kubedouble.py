@@ -646,11 +646,10 @@ class KubeDouble:
             resource = str(attrs.get("resource") or "") + (f"/{attrs['subresource']}" if attrs.get("subresource")
                                                            else "")
             ns, name = str(attrs.get("namespace") or ""), str(attrs.get("name") or "")
-            allowed = any(scope in ("*", ns) and ns_ok and grp == str(attrs.get("group") or "")
-                          and res == resource and verb == attrs.get("verb") and rn in ("*", name)
-                          and (rn == "*" or name)
-                          for scope, grp, res, verb, rn in self.rbac.get(str(spec.get("user") or ""), set())
-                          for ns_ok in [scope == "*" or bool(ns)])
+            # A Role's grant (scope = its namespace) never covers a cluster-wide request (ns "").
+            allowed = any(scope in ("*", ns) and grp == str(attrs.get("group") or "") and res == resource
+                          and verb == attrs.get("verb") and rn in ("*", name)
+                          for scope, grp, res, verb, rn in self.rbac.get(str(spec.get("user") or ""), set()))
         out = copy.deepcopy(body)
         out.update(apiVersion="authorization.k8s.io/v1", kind="SubjectAccessReview")
         out.setdefault("metadata", {}).update(creationTimestamp=None)
