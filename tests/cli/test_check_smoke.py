@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 
 import pytest
 
@@ -42,6 +43,8 @@ def starts(lines: list[str], *prefixes: str) -> None:
     assert len(lines) == len(prefixes), "\n".join(lines)
     for line, prefix in zip(lines, prefixes):
         assert line.startswith(prefix), (line, prefix)
+    latency = [line for line in lines if "step 0 started" in line]
+    assert all(re.search(r"\(\d+\.\d\ds after the sidecar started\)$", line) for line in latency), latency
 
 
 async def test_waiter_strategy_under_istio(kube: KubeDouble, tmp_path) -> None:

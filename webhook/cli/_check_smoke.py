@@ -187,9 +187,10 @@ class Run:
         if sidecars:
             started = {s.get("name"): s for s in (pod.get("status") or {}).get("initContainerStatuses") or []}
             started.update({s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []})
-            first = min((str(((started.get(n) or {}).get("state") or {}).get(k, {}).get("startedAt") or "")
-                         for n in sidecars for k in ("running", "terminated")), default="")
-            latency = _seconds(first or None, step0.started_at)
+            times = [((started.get(n) or {}).get("state") or {}).get(k, {}).get("startedAt")
+                     for n in sidecars for k in ("running", "terminated")]
+            first = min((t for t in times if parse_time(t)), key=parse_time, default=None)
+            latency = _seconds(first, step0.started_at)
             ok = ready_then and (latency is None or latency >= 0)
             text = f"{latency:.2f}s after the sidecar started" if latency is not None else "latency unknown"
             self.line(ok, f"step 0 started after the sidecar was Ready ({text})",
