@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +57,19 @@ async def test_waiter_strategy_under_istio(kube: KubeDouble, tmp_path) -> None:
            "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by quit",
            f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 mains succeeded)", "✔ deleted pod builds/initshift-smoke-")
     assert kube.items("pods", inst.BUILDS) == []
+    assert _normal(out) == _normal(readme_sample()), "the README's sample is this run's output"
+
+
+def readme_sample() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return text.split("$ initshift check --service-url https://127.0.0.1:8443 --smoke builds\n", 1)[1] \
+        .split("\n```", 1)[0]
+
+
+def _normal(text: str) -> str:
+    """The output without what differs between runs: the pod's suffix, the port, numbers."""
+    text = re.sub(r"initshift-smoke-[a-z0-9]{5}", "initshift-smoke-X", text.strip())
+    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:P", text))
 
 
 async def test_native_strategy_and_keep(kube: KubeDouble, tmp_path) -> None:
