@@ -173,6 +173,15 @@ class KubeApi:
         except ValueError:
             raise KubeError(resp.status, f"{method} {path}: response is not JSON") from None
 
+    async def _get_or_none(self, path: str) -> dict | None:
+        """GET; None when the object does not exist."""
+        try:
+            return await self.request("GET", path)
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
     # --- pods ---------------------------------------------------------------------------
     @staticmethod
     def _pods_path(namespace: str | None) -> str:
@@ -251,12 +260,7 @@ class KubeApi:
 
     async def get_lease(self, namespace: str, name: str) -> dict | None:
         """The Lease, or None when it does not exist."""
-        try:
-            return await self.request("GET", self._lease_path(namespace, name))
-        except KubeError as e:
-            if e.not_found:
-                return None
-            raise
+        return await self._get_or_none(self._lease_path(namespace, name))
 
     async def create_lease(self, namespace: str, lease: dict) -> dict:
         return await self.request("POST", self._lease_path(namespace), body=lease)
@@ -280,14 +284,6 @@ class KubeApi:
         except KubeError as e:
             if not e.not_found:
                 raise
-
-    async def _get_or_none(self, path: str) -> dict | None:
-        try:
-            return await self.request("GET", path)
-        except KubeError as e:
-            if e.not_found:
-                return None
-            raise
 
     async def get_webhook_config(self, name: str) -> dict | None:
         """A MutatingWebhookConfiguration, or None when it does not exist."""
