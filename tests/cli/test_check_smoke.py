@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_check import failed, marks
+from tests.cli.test_check import failed
 from tests.support import install as inst
 from tests.support.kubedouble import KubeDouble
 from waiter import protocol as p

@@ -34,7 +34,6 @@ from webhook.admission._https import HttpsServer
 from webhook.admission._patch import apply_patch
 from webhook.admission._review import decode_patch
 from webhook.cli._review import wrap
-from webhook.kube import KubeApi
 from webhook.settings import Settings, WatcherSettings
 from webhook.watcher import run_watcher
 

@@ -65,6 +65,7 @@ class Target:
     @classmethod
     def defaults(cls, namespace: str | None = None) -> "Target":
         s = Settings()
+        # deploy/ names the ServiceAccount like the Service.
         return cls(namespace or s.server.namespace, s.server.webhook_config, s.server.service_name,
                    s.watcher.lease_name)
 
