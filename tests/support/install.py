@@ -212,8 +212,9 @@ class Kubelet:
     def _set(self, key: str, entry: dict) -> list[dict]:
         entries = {s["name"]: s for s in self.status.get(key) or []}
         old = (entries.get(entry["name"]) or {}).get("state", {}).get("running")
-        if old and "running" in entry["state"]:  # readiness changes; the start time does not
-            entry["state"]["running"]["startedAt"] = old["startedAt"]
+        for state in ("running", "terminated"):  # readiness and the end change; the start does not
+            if old and state in entry["state"]:
+                entry["state"][state]["startedAt"] = old["startedAt"]
         entries[entry["name"]] = entry
         return list(entries.values())
 

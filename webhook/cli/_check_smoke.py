@@ -158,12 +158,16 @@ class Run:
             view = _view(pod)
             return ended(pod) or (view is not None and view.row(STEPS[0]).state in _STARTED)
 
+        sidecar_start = None
         if sidecars:
             pod = await self.until(tracker, "sidecar Ready", lambda q: sidecars_ready(q) or ended(q))
             if not sidecars_ready(pod):
                 self.line(False, f"sidecar {', '.join(sidecars)} Ready: the pod ended first", _where(pod))
                 return
             self.line(True, f"sidecar {', '.join(sidecars)} Ready", sidecars=sidecars)
+            times = [((statuses(pod).get(n) or {}).get("state") or {}).get("running", {}).get("startedAt")
+                     for n in sidecars]
+            sidecar_start = min((t for t in times if parse_time(t)), key=parse_time, default=None)
         else:
             self.line(True, "no sidecar in the pod: the steps need no proxy")
         pod = await self.until(tracker, "step 0 started", step0_started)
@@ -171,7 +175,7 @@ class Run:
         pod = await self.until(tracker, "steps and main finished", ended)
         view = _view(pod)
         assert view is not None
-        self._steps(view, pod, sidecars, ready_then)
+        self._steps(view, sidecars, ready_then, sidecar_start)
         if strategy == p.MODE_WAITER:
             self.stage = "outcome recorded"
             pod = await self.until(tracker, "outcome recorded",
@@ -181,16 +185,12 @@ class Run:
             assert view is not None
         self._ended(view, pod, strategy)
 
-    def _steps(self, view: PodView, pod: dict, sidecars: list[str], ready_then: bool) -> None:
+    def _steps(self, view: PodView, sidecars: list[str], ready_then: bool, sidecar_start: str | None) -> None:
+        """`sidecar_start`: when the kubelet started the first sidecar, read when it was Ready."""
         self.stage = "step 0 started"
         step0 = view.row(STEPS[0])
         if sidecars:
-            started = {s.get("name"): s for s in (pod.get("status") or {}).get("initContainerStatuses") or []}
-            started.update({s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []})
-            times = [((started.get(n) or {}).get("state") or {}).get(k, {}).get("startedAt")
-                     for n in sidecars for k in ("running", "terminated")]
-            first = min((t for t in times if parse_time(t)), key=parse_time, default=None)
-            latency = _seconds(first, step0.started_at)
+            latency = _seconds(sidecar_start, step0.started_at)
             ok = ready_then and (latency is None or latency >= 0)
             text = f"{latency:.2f}s after the sidecar started" if latency is not None else "latency unknown"
             self.line(ok, f"step 0 started after the sidecar was Ready ({text})",
