@@ -209,3 +209,12 @@ def test_label_selectors_as_the_apiserver_reads_them() -> None:
     assert selects({"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}, {"k": "v"})
     assert not selects({"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}, {})
     assert not selects({"matchExpressions": [{"key": "k", "operator": "Exists"}]}, {})
+
+
+async def test_outside_the_cluster_without_service_url(kube: KubeDouble, tmp_path) -> None:
+    """The Service's name resolves only inside the cluster: the line says how to get there."""
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check("--kubeconfig", i.kubeconfig)
+    assert code == 1
+    assert failed(out) == ["initshift answers on initshift.initshift-system.svc:443 (initshift.initshift-system.svc)"]
+    assert "Outside the cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT" in out

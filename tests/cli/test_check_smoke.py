@@ -95,10 +95,10 @@ async def test_namespace_without_a_mesh(kube: KubeDouble, tmp_path) -> None:
 
 async def test_stuck_stage_is_named_and_the_pod_deleted(kube: KubeDouble, tmp_path) -> None:
     async with inst.healthy(kube, tmp_path) as i:
-        code, lines, out = await smoke(i, inst.BUILDS, "--timeout", "1.5", hold="sidecar-ready")
+        code, lines, out = await smoke(i, inst.BUILDS, "--timeout", "3", hold="sidecar-ready")
     assert code == 1
     starts(lines, "✔ created pod", "✔ rewritten by initshift (strategy waiter)",
-           "✘ timed out after 1.5s at stage: sidecar Ready", "✔ deleted pod builds/initshift-smoke-")
+           "✘ timed out after 3s at stage: sidecar Ready", "✔ deleted pod builds/initshift-smoke-")
     hint = out.split("at stage: sidecar Ready\n", 1)[1].splitlines()[0]
     assert "pod phase Running" in hint and "istio-proxy: running (NotReady)" in hint
     assert "step-0: waiting-sidecars" in hint
