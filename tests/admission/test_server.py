@@ -77,9 +77,12 @@ def test_kpack_build_pod_gets_the_rewrite_as_a_patch(client, server):
 ])
 def test_unchanged_pods_have_no_patch_and_say_why(client, pod, reason):
     assert rewrite(pod, h.settings_for(Path("."))).reason == reason  # the case is what it claims
-    resp = mutate(client, h.review(pod, namespace="builds"))["response"]
+    answer = mutate(client, h.review(pod, namespace="builds"))
+    resp = answer["response"]
     assert resp["allowed"] is True
-    assert "patch" not in resp and "patchType" not in resp
+    # The one change: the reason on a pod with init containers; nothing on a pod without.
+    assert apply_patch(pod, admission.decode_patch(answer)) == pods.not_rewritten(pod, reason)
+    assert ("patch" in resp) == bool(pod["spec"].get("initContainers"))
     assert resp["warnings"] and all(w.strip() and "\n" not in w for w in resp["warnings"])
 
 

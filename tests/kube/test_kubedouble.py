@@ -301,3 +301,65 @@ async def test_kube_api_errors_carry_the_status(kube: KubeDouble) -> None:
         assert err.value.status == 0
     finally:
         await unreachable.close()
+
+
+SAR = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
+def review(user: str, **attrs: str) -> dict:
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attrs}}
+
+
+async def test_subject_access_reviews_answer_from_the_rbac_table(kube: KubeDouble,
+                                                                 http: aiohttp.ClientSession) -> None:
+    kube.grant("sa", {("*", "", "pods", "get", "*"), ("ns", "coordination.k8s.io", "leases", "update", "lease"),
+                      ("ns", "coordination.k8s.io", "leases", "create", "*")})
+
+    async def allowed(**attrs: str) -> bool:
+        status, body = await call(http, "POST", SAR, review("sa", **attrs))
+        assert status == 201 and body["kind"] == "SubjectAccessReview" and body["spec"]["user"] == "sa"
+        return body["status"]["allowed"]
+
+    assert await allowed(verb="get", resource="pods")  # a ClusterRoleBinding: every namespace
+    assert await allowed(verb="get", resource="pods", namespace="x", name="p")
+    assert not await allowed(verb="list", resource="pods")  # RBAC denies by default
+    lease = dict(group="coordination.k8s.io", resource="leases")
+    assert await allowed(verb="update", namespace="ns", name="lease", **lease)
+    assert not await allowed(verb="update", namespace="ns", name="other", **lease)  # resourceNames
+    assert not await allowed(verb="update", namespace="other", name="lease", **lease)  # a Role: one namespace
+    assert not await allowed(verb="create", **lease)  # cluster-wide needs a cluster grant
+    assert await allowed(verb="create", namespace="ns", **lease)
+    kube.revoke("sa", "get", "pods")
+    assert not await allowed(verb="get", resource="pods")
+    status, body = await call(http, "POST", SAR, {"spec": {"resourceAttributes": {"verb": "get"}}})
+    assert status == 422 and "at least one of user or group" in body["message"]
+    status, body = await call(http, "POST", SAR, {"spec": {"user": "sa"}})
+    assert status == 422 and "exactly one of" in body["message"]
+    assert (await call(http, "GET", SAR))[0] == 405
+    assert kube.items("pods") == []  # nothing is stored
+
+
+async def test_namespaces_are_labelled_with_their_name(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put("namespaces", {"metadata": {"name": "a"}})
+    await call(http, "POST", "/api/v1/namespaces", {"metadata": {"name": "b", "labels": {"x": "y"}}})
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kube.items("namespaces")}
+    assert labels == {"a": {"kubernetes.io/metadata.name": "a"}, "b": {"x": "y", "kubernetes.io/metadata.name": "b"}}
+
+
+async def test_pod_creation_runs_the_admission_chain_in_order(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    seen: list[str] = []
+
+    def hook(tag: str) -> Any:
+        async def mutate(body: dict, namespace: str) -> dict:
+            seen.append(f"{tag}:{namespace}")
+            body["metadata"].setdefault("labels", {})[tag] = str(len(seen))
+            return body
+        return mutate
+
+    kube.admission = [hook("first"), hook("second")]
+    status, created = await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("p"))
+    assert status == 201 and seen == ["first:ns", "second:ns"]
+    assert created["metadata"]["labels"] == {"first": "1", "second": "2"}
+    await call(http, "POST", "/api/v1/namespaces/ns/configmaps", {"metadata": {"name": "c"}})
+    assert len(seen) == 2, "only pod creation is admitted"

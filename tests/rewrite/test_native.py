@@ -54,7 +54,7 @@ def test_decision_and_validity(name):
     assert result.changed == (EXPECTED[name] == "rewritten")
     assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
     if not result.changed:
-        assert result.pod == pod
+        assert result.pod == pods.not_rewritten(pod, result.reason)
         return
     assert result.strategy == p.MODE_NATIVE
     assert_valid_pod(result.pod, NATIVE_VERSIONS)

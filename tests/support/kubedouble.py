@@ -19,8 +19,13 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
   "waiting to start" before the container runs, a follow ends when it terminates);
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
-  secrets, serviceaccounts, configmaps, mutating/validating webhook configurations,
-  `GET /version`.
+  secrets, serviceaccounts, configmaps, services, apps/v1 deployments, mutating/validating
+  webhook configurations, `GET /version`;
+- SubjectAccessReview creation (`authorization.k8s.io/v1`, never stored), answered from the
+  RBAC table `grant()` fills (RBAC denies by default; at least one of user/groups and
+  exactly one of resourceAttributes/nonResourceAttributes, else 422);
+- pod creation runs the `admission` chain first (async callables pod -> pod, in order, as
+  the apiserver calls mutating webhooks), e.g. the real initshift server and a mesh injector.
 
 Test hooks: `fail_next()` (next N matching requests answer a status; 410 on a watch is
 an ERROR event), `delay()`, `drop_watches()`, `compact()` (forget history: older
@@ -112,6 +117,8 @@ RESOURCES = {r.key: r for r in [
     Resource("secrets", "/api/v1", "secrets", "Secret"),
     Resource("serviceaccounts", "/api/v1", "serviceaccounts", "ServiceAccount"),
     Resource("configmaps", "/api/v1", "configmaps", "ConfigMap"),
+    Resource("services", "/api/v1", "services", "Service"),
+    Resource("deployments", "/apis/apps/v1", "deployments", "Deployment"),
     Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
     Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),
     Resource("events.k8s.io", "/apis/events.k8s.io/v1", "events", "Event"),
@@ -277,6 +284,9 @@ class KubeDouble:
         self._log_changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""
+        # user -> {(namespace or "*", group, resource[/subresource], verb, name or "*")}
+        self.rbac: dict[str, set[tuple[str, str, str, str, str]]] = {}
+        self.admission: list[Any] = []  # async (pod, namespace) -> pod, run on every pod create
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> "KubeDouble":
@@ -353,6 +363,14 @@ class KubeDouble:
         self._history.clear()
         self._compacted = self._rv
 
+    def grant(self, user: str, grants: Any) -> None:
+        """Let `user` do what `grants` lists: (namespace or "*", group, resource, verb, name or "*")."""
+        self.rbac.setdefault(user, set()).update(grants)
+
+    def revoke(self, user: str, verb: str, resource: str) -> None:
+        """Take every grant of `verb` on `resource` away from `user`."""
+        self.rbac[user] = {g for g in self.rbac.get(user, set()) if (g[2], g[3]) != (resource, verb)}
+
     # --- objects ---------------------------------------------------------------------------------
     def put(self, resource: str, obj: dict) -> dict:
         """Create or replace an object as-is (no update rules), emitting ADDED/MODIFIED."""
@@ -369,6 +387,8 @@ class KubeDouble:
         meta.setdefault("creationTimestamp", (old or {}).get("metadata", {}).get("creationTimestamp") or now_rfc3339())
         if resource == "pods":
             obj.setdefault("status", {"phase": "Pending"})
+        if resource == "namespaces":  # the apiserver labels every namespace with its name
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, old)
 
     def put_pod(self, pod: dict) -> dict:
@@ -557,6 +577,15 @@ class KubeDouble:
         path = request.path.rstrip("/")
         if path == "/version":
             return web.json_response(self.version)
+        if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            if request.method != "POST":
+                raise ApiError(405, f"{request.method} is not supported on subjectaccessreviews")
+            return web.json_response(self._access_review(body), status=201)
+        if request.method == "POST" and self.admission and \
+                re.fullmatch(r"/api/v1/namespaces/[^/]+/pods", path) and isinstance(body, dict):
+            namespace = path.split("/")[4]
+            for hook in self.admission:
+                body = await hook(copy.deepcopy(body), namespace)
         m = re.fullmatch(r"(/api/v1|/apis/[^/]+/[^/]+)/(.*)", path)
         if not m:
             raise ApiError(404, f"the server could not find the requested resource ({path})")
@@ -601,6 +630,32 @@ class KubeDouble:
             return web.json_response(self._patch(res, key, current, body, ctype, sub))
         raise ApiError(405, f"{method} is not supported")
 
+    def _access_review(self, body: Any) -> dict:
+        """What the RBAC authorizer answers; the review is returned with its status, not stored."""
+        spec = (body or {}).get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict) or not (spec.get("user") or spec.get("groups")):
+            raise ApiError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.user: Invalid value: \"\": "
+                                "at least one of user or group must be specified")
+        attrs, non_resource = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if (attrs is None) == (non_resource is None):
+            raise ApiError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.resourceAttributes: "
+                                "Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be "
+                                "specified")
+        allowed = False
+        if attrs is not None:
+            resource = str(attrs.get("resource") or "") + (f"/{attrs['subresource']}" if attrs.get("subresource")
+                                                           else "")
+            ns, name = str(attrs.get("namespace") or ""), str(attrs.get("name") or "")
+            # A Role's grant (scope = its namespace) never covers a cluster-wide request (ns "").
+            allowed = any(scope in ("*", ns) and grp == str(attrs.get("group") or "") and res == resource
+                          and verb == attrs.get("verb") and rn in ("*", name)
+                          for scope, grp, res, verb, rn in self.rbac.get(str(spec.get("user") or ""), set()))
+        out = copy.deepcopy(body)
+        out.update(apiVersion="authorization.k8s.io/v1", kind="SubjectAccessReview")
+        out.setdefault("metadata", {}).update(creationTimestamp=None)
+        out["status"] = {"allowed": allowed, **({"reason": "RBAC: allowed by the double's table"} if allowed else {})}
+        return out
+
     def _list(self, res: Resource, namespace: str | None, query: Any) -> dict:
         labels, fields = label_matcher(query.get("labelSelector")), field_matcher(query.get("fieldSelector"))
         items = [o for o in self.items(res.key, namespace)
@@ -631,6 +686,8 @@ class KubeDouble:
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         if res.key == "pods":
             obj["status"] = {"phase": "Pending"}
+        if res.key == "namespaces":
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, None)
 
     def _patch(self, res: Resource, key: tuple[str, str], current: dict, body: Any, ctype: str,

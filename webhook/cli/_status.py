@@ -67,6 +67,8 @@ def _clock(value: str | None) -> str:
 
 def _summary(view: PodView, colour: bool) -> list[str]:
     strategy = f"rewritten by initshift ({view.strategy})" if view.strategy else "not rewritten by initshift"
+    if view.not_rewritten:
+        strategy += f" (reason: {view.not_rewritten})"
     result_colour = {SUCCEEDED: "32", FAILED: "31"}.get(view.result, "")
     result = paint(view.result, result_colour, colour) + (f": {view.message}" if view.message else "")
     phase = view.phase + (f" ({view.pod_reason})" if view.pod_reason else "")

@@ -26,6 +26,7 @@ _AUTH = ["BearerToken"]
 # connection is noticed; the client gives it this much extra before giving up.
 _WATCH_SLACK_SECONDS = 30.0
 _REQUEST_TIMEOUT_SECONDS = 30.0
+MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
 async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
@@ -172,6 +173,15 @@ class KubeApi:
         except ValueError:
             raise KubeError(resp.status, f"{method} {path}: response is not JSON") from None
 
+    async def _get_or_none(self, path: str) -> dict | None:
+        """GET; None when the object does not exist."""
+        try:
+            return await self.request("GET", path)
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
     # --- pods ---------------------------------------------------------------------------
     @staticmethod
     def _pods_path(namespace: str | None) -> str:
@@ -250,12 +260,7 @@ class KubeApi:
 
     async def get_lease(self, namespace: str, name: str) -> dict | None:
         """The Lease, or None when it does not exist."""
-        try:
-            return await self.request("GET", self._lease_path(namespace, name))
-        except KubeError as e:
-            if e.not_found:
-                return None
-            raise
+        return await self._get_or_none(self._lease_path(namespace, name))
 
     async def create_lease(self, namespace: str, lease: dict) -> dict:
         return await self.request("POST", self._lease_path(namespace), body=lease)
@@ -263,3 +268,48 @@ class KubeApi:
     async def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
         """PUT; the lease's metadata.resourceVersion makes it fail with 409 when stale."""
         return await self.request("PUT", self._lease_path(namespace, name), body=lease)
+
+    # --- what `initshift check` reads and creates (the user's credentials, never the server's) ---
+    async def get_version(self) -> dict:
+        """The apiserver's `GET /version` (gitVersion, major, minor...)."""
+        return await self.request("GET", "/version")
+
+    async def create_pod(self, namespace: str, pod: dict) -> dict:
+        return await self.request("POST", self._pods_path(namespace), body=pod)
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete the pod; one that is already gone is not an error."""
+        try:
+            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except KubeError as e:
+            if not e.not_found:
+                raise
+
+    async def get_webhook_config(self, name: str) -> dict | None:
+        """A MutatingWebhookConfiguration, or None when it does not exist."""
+        return await self._get_or_none(f"{MWC_PATH}/{name}")
+
+    async def list_webhook_configs(self) -> list[dict]:
+        """Every MutatingWebhookConfiguration (the mesh injectors are among them)."""
+        return list((await self.request("GET", MWC_PATH)).get("items") or [])
+
+    async def list_namespaces(self) -> list[dict]:
+        return list((await self.request("GET", "/api/v1/namespaces")).get("items") or [])
+
+    async def get_service(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/services/{name}")
+
+    async def get_deployment(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+
+    async def get_configmap(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+
+    async def review_access(self, user: str, groups: list[str], attributes: dict) -> tuple[bool, str]:
+        """(allowed, the authorizer's reason) for `user` doing what `attributes` (a
+        SubjectAccessReview's resourceAttributes) describe."""
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": user, "groups": groups, "resourceAttributes": attributes}}
+        status = (await self.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                                     body=body)).get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")

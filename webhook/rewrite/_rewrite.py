@@ -17,7 +17,7 @@ from waiter import protocol as p
 
 from ..settings import Settings
 from . import _native as native_strategy, _start_order as start_order, _waiter as waiter_strategy
-from ._classify import Classification, classify, has_mesh_marker, pod_mode, sidecar_names
+from ._classify import Classification, classify, has_mesh_marker, managed_as, pod_mode, sidecar_names
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems
@@ -26,6 +26,9 @@ from ._shape import shape_problem
 
 @dataclass
 class RewriteResult:
+    """`changed`: a strategy rewrote the pod. A pod left as it is may still differ from the
+    input by one annotation, ANNOTATION_NOT_REWRITTEN (the reason); the patch is the diff."""
+
     pod: dict
     warnings: list[str] = field(default_factory=list)
     changed: bool = False
@@ -167,9 +170,10 @@ class Plan:
         """`lookup_error`: why the registry lookup failed, the message given for containers
         without `command` whose image is missing from `images`."""
         try:
-            return self._rewrite(images or {}, lookup_error)
+            result = self._rewrite(images or {}, lookup_error)
         except RewriteError as e:
-            return _failed(self.pod, e)
+            result = _failed(self.pod, e)
+        return result if result.denied else _decision_on_pod(self.pod, result)
 
     def _rewrite(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
         pod, settings = self.pod, self.settings
@@ -201,6 +205,27 @@ def plan(pod: dict, settings: Settings, *, native_supported: bool | None = None)
         return _plan(pod, settings, native)
     except RewriteError as e:
         return Plan(pod, settings, native, _FAIL, error=e)
+
+
+# Skips where initshift was told to leave pods alone: those pods are not touched at all.
+_SWITCHED_OFF = ("feature-gate-off", "disabled")
+
+
+def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
+    """A pod with init containers that is not rewritten says why on itself (the one change
+    made to it); a rewritten pod drops the reason an earlier admission left."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    inits = (pod.get("spec") or {}).get("initContainers")
+    if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
+        annotations = dict(result.pod["metadata"]["annotations"])
+        del annotations[p.ANNOTATION_NOT_REWRITTEN]
+        result.pod = {**result.pod, "metadata": {**result.pod["metadata"], "annotations": annotations}}
+    elif not result.changed and result.strategy is None and result.reason not in _SWITCHED_OFF \
+            and isinstance(inits, list) and inits and managed_as(pod) is None \
+            and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
+        result.pod = {**pod, "metadata": {**meta, "annotations": {**notes, p.ANNOTATION_NOT_REWRITTEN: result.reason}}}
+    return result
 
 
 def _plan(pod: dict, settings: Settings, native: bool | None) -> Plan:

@@ -81,6 +81,7 @@ class PodView:
     sidecars_stopped_by: str | None  # the outcome's sidecarsStoppedBy
     ready: bool | None  # waiter pods: initshift.io/ready
     rows: tuple[Row, ...]
+    not_rewritten: str | None = None  # why the webhook left the pod as it was (its reason slug)
 
     @property
     def ended(self) -> bool:
@@ -93,7 +94,7 @@ class PodView:
         return {"namespace": self.namespace, "name": self.name, "strategy": self.strategy, "phase": self.phase,
                 "podReason": self.pod_reason, "result": self.result, "message": self.message,
                 "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
-                "containers": [r.to_json() for r in self.rows]}
+                "notRewritten": self.not_rewritten, "containers": [r.to_json() for r in self.rows]}
 
 
 def _outcome(pod: Mapping) -> dict:
@@ -154,7 +155,7 @@ def _work_state(run: Run, done_ok: bool) -> str:
 
 
 def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = None) -> PodView:
-    """The pod as `initshift status` shows it. Raises NotManaged (see pod_layout)."""
+    """The pod as `initshift status` shows it. Raises NotManaged (see `_podstate.layout`)."""
     lay = layout(pod, settings)
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
@@ -233,7 +234,9 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         phase=phase, pod_reason=str(status.get("reason") or ""), result=result, message=message,
         failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else None,
         sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
-        ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows))
+        ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows),
+        not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
+        and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None)
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
