@@ -201,7 +201,8 @@ async def test_fault_injection(kube: KubeDouble, http: aiohttp.ClientSession) ->
 
 async def test_events_leases_and_cluster_objects(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
     kube.put_pod(pod("e"))
-    ev = {"metadata": {"generateName": "e."}, "involvedObject": {"kind": "Pod", "name": "e"}, "reason": "R"}
+    ev = {"metadata": {"generateName": "e."}, "involvedObject": {"kind": "Pod", "name": "e", "namespace": "ns"},
+          "reason": "R"}
     assert (await call(http, "POST", "/api/v1/namespaces/ns/events", ev))[0] == 201
     new = {"metadata": {"name": "e.2"}, "regarding": {"kind": "Pod", "name": "e"}, "reason": "S"}
     assert (await call(http, "POST", "/apis/events.k8s.io/v1/namespaces/ns/events", new))[0] == 201

@@ -10,7 +10,7 @@ event, a restart or a second replica only repeats work that is already idempoten
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,6 +37,9 @@ EVENT_ENDED = "SidecarsEnded"
 DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
 _ENDED_PHASES = ("Succeeded", "Failed")
 _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
+# Kubelet reasons that say no more than the waiter's record does; any other (OOMKilled,
+# Evicted, ContainerCannotRun, ...) or a signal is news the outcome must name.
+_PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
 _MESSAGE_LIMIT = 1024
 
 
@@ -126,6 +129,8 @@ class Run:
     finished_at: str | None = None
     message: str = ""
     recorded: bool = False  # the waiter wrote its termination message (it completed its work)
+    signal: int | None = None  # the kubelet's terminated.signal, when it reported one
+    waiter: dict | None = None  # the waiter's own record, when the kubelet's report was taken over it
 
     @property
     def ok(self) -> bool:
@@ -137,7 +142,19 @@ class Run:
                                "startedAt": self.started_at, "finishedAt": self.finished_at}
         if self.message:
             out["message"] = self.message[:_MESSAGE_LIMIT]
+        if self.signal is not None:
+            out["signal"] = self.signal
+        if self.waiter is not None:
+            out["waiter"] = self.waiter
         return out
+
+    def summary(self) -> str:
+        """"OOMKilled (exit 137): killed by SIGKILL", for the outcome's message."""
+        exit_part = f"exit {self.exit_code}" + (f", signal {self.signal}" if self.signal is not None else "")
+        text = f"{self.reason or 'unknown'} ({exit_part})"
+        if self.waiter is not None:
+            text += f"; the waiter recorded {self.waiter['reason']} (exit {self.waiter['exitCode']})"
+        return text + (f": {self.message[:200]}" if self.message else "")
 
 
 def _statuses(pod: dict, key: str) -> dict[str, dict]:
@@ -153,14 +170,26 @@ def read_run(name: str, status: dict | None) -> Run:
         kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
         return Run(name, kind, started_at=started)
     t = state["terminated"] or {}
+    code = t.get("exitCode")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    signal = t.get("signal") if isinstance(t.get("signal"), int) and t.get("signal") else None
+    kubelet_reason = str(t.get("reason") or "")
     record = _waiter_record(t.get("message"))
     if record is not None:
-        return Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
-                   record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
-                   str(record.get("message") or ""), recorded=True)
-    code = t.get("exitCode")
-    return Run(name, "terminated", code if isinstance(code, int) else None, str(t.get("reason") or ""),
-               t.get("startedAt"), t.get("finishedAt"), str(t.get("message") or ""))
+        run = Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
+                  record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
+                  str(record.get("message") or ""), recorded=True)
+        # The waiter survives its child (an OOM kill hits the child) and writes its record,
+        # but the kubelet knows why the container died: its reason wins, the record stays beside.
+        if not run.ok and (kubelet_reason not in _PLAIN_KUBELET_REASONS or signal is not None):
+            waiter = {"exitCode": run.exit_code, "reason": run.reason}
+            if run.message:
+                waiter["message"] = run.message[:_MESSAGE_LIMIT]
+            return replace(run, exit_code=code if code is not None else run.exit_code,
+                           reason=kubelet_reason or "Error", signal=signal, waiter=waiter)
+        return run
+    return Run(name, "terminated", code, kubelet_reason, t.get("startedAt"), t.get("finishedAt"),
+               str(t.get("message") or ""), signal=signal)
 
 
 def _waiter_record(message: Any) -> dict | None:
@@ -183,6 +212,39 @@ def _terminated(status: dict | None) -> bool:
 def _running(status: dict | None) -> bool:
     """Not yet terminated: a sidecar that still holds the pod open."""
     return status is None or not _terminated(status)
+
+
+def slim_pod(pod: dict) -> dict:
+    """The part of a pod that `decide()` and `notices()` read (and the ready patch of
+    start-order pods): what the watcher keeps of each pod in flight, a fraction of the whole."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    prefix = f"{p.GROUP}/"
+    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                 if k in meta}
+    slim_meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k == p.LABEL_MANAGED}
+    slim_meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(prefix)}
+    containers = []
+    for c in spec.get("containers") or []:
+        if isinstance(c, dict):
+            entry = {"name": c.get("name")}
+            if isinstance(c.get("command"), list) and c["command"]:
+                entry["command"] = c["command"][:1]  # only whether the waiter runs it
+            containers.append(entry)
+    slim_spec: dict[str, Any] = {
+        "containers": containers,
+        "initContainers": [{"name": c.get("name"), "restartPolicy": c.get("restartPolicy")}
+                           for c in spec.get("initContainers") or [] if isinstance(c, dict)],
+        "volumes": [v for v in spec.get("volumes") or []
+                    if isinstance(v, dict) and v.get("name") == p.CONTAINER_READY_VOLUME],
+    }
+    if "activeDeadlineSeconds" in spec:
+        slim_spec["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+    slim_status = {k: status[k] for k in ("phase", "reason", "message", "startTime") if k in status}
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in status:
+            slim_status[key] = [{k: s[k] for k in ("name", "ready", "state") if k in s}
+                                for s in status[key] or [] if isinstance(s, dict)]
+    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
 
 
 # --- the decision --------------------------------------------------------------------------
@@ -238,7 +300,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
         r = runs[name]
         if r.state == "terminated" and not r.recorded and not r.ok and \
                 any(runs[later].state != "terminated" for later in order[i + 1:]) and not ended:
-            msg = f"{name} terminated without completing ({r.reason or 'unknown'}, exit {r.exit_code})"
+            msg = f"{name} terminated without completing: {r.summary()}"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
                                                 deadline_set).actions, None, latency)
 
@@ -263,9 +325,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     if failed is None:
         message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded"
     else:
-        message = f"{failed.name} failed: {failed.reason or 'unknown'} (exit {failed.exit_code})"
-        if failed.message:
-            message += f": {failed.message[:200]}"
+        message = f"{failed.name} failed: {failed.summary()}"
     end_now = bool(running_sidecars) and not ended and not deadline_set
     stopped = STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
@@ -316,10 +376,47 @@ def _outcome_action(meta: dict, outcome: dict) -> Action:
     patch = {"metadata": {"annotations": {p.ANNOTATION_OUTCOME: json.dumps(outcome, separators=(",", ":"))}}}
     if meta.get("resourceVersion"):
         patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
-    ok = outcome["result"] == SUCCEEDED
-    return Action("outcome", patch, EVENT_SUCCEEDED if ok else EVENT_FAILED,
-                  f"{outcome['result']}: {outcome['message']}; sidecars stopped by {outcome['sidecarsStoppedBy']}",
-                  warning=not ok, outcome=outcome)
+    reason, message, warning = _outcome_event(outcome)
+    return Action("outcome", patch, reason, message, warning=warning, outcome=outcome)
+
+
+def _outcome_event(outcome: dict) -> tuple[str, str, bool]:
+    ok = outcome.get("result") == SUCCEEDED
+    return (EVENT_SUCCEEDED if ok else EVENT_FAILED,
+            f"{outcome.get('result')}: {outcome.get('message')}; sidecars stopped by {outcome.get('sidecarsStoppedBy')}",
+            not ok)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An Event the pod's state says is due: one for each action done on it, known by the
+    action's kind (so a replica that did not act can still tell it is due, and send it)."""
+
+    kind: str
+    reason: str
+    message: str
+    warning: bool = False
+
+
+def notices(pod: dict) -> list[Notice]:
+    """The Events that the pod's annotations and spec show actions for (start-order pods: none).
+    The message is what can be told from the pod alone; the replica that acted sends its own."""
+    if managed_as(pod) == p.MANAGED_START_ORDER:
+        return []
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    out = []
+    if ann.get(p.ANNOTATION_READY) == p.READY_TRUE:
+        out.append(Notice("ready", EVENT_READY, "sidecars Ready; steps may start"))
+    try:
+        outcome = json.loads(ann[p.ANNOTATION_OUTCOME]) if p.ANNOTATION_OUTCOME in ann else None
+    except ValueError:
+        outcome = None
+    if isinstance(outcome, dict):
+        out.append(Notice("outcome", *_outcome_event(outcome)))
+        ads = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if isinstance(ads, int) and ads <= DEADLINE:
+            out.append(Notice("end", EVENT_ENDED, f"ending the pod (activeDeadlineSeconds={DEADLINE})", True))
+    return out
 
 
 def _deadline_action(message: str) -> Action:
