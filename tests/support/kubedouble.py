@@ -30,7 +30,8 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 Test hooks: `fail_next()` (next N matching requests answer a status; 410 on a watch is
 an ERROR event), `delay()`, `write_latency` (every write waits a random time in the range
 before it commits, as a loaded apiserver does), `outage()` (the server gone: connections
-reset; or a network blip: requests and watches stall, then reset), `drop_watches()`,
+reset; or a network blip: requests and watches stall, then reset), `silence()` (one
+client's requests are reset from now on: a process killed without warning), `drop_watches()`,
 `compact()` (forget history: older resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
 `kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests` (each with its
 arrival and answer time), `patches()`,
@@ -259,6 +260,7 @@ class _Watcher:
     fields: Any
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     bookmarks: bool = False
+    user_agent: str = ""
 
 
 @dataclass
@@ -301,6 +303,7 @@ class KubeDouble:
         self._outage_until = 0.0
         self._outage_blip = False
         self._continues: dict[str, tuple[int, list[dict]]] = {}
+        self._silenced: list[tuple[str, str | None]] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> "KubeDouble":
@@ -365,6 +368,20 @@ class KubeDouble:
         self._outage_blip = blip
         for w in self._watchers:
             w.queue.put_nowait(_DROP)
+
+    def silence(self, user_agent: str, method: str | None = None) -> None:
+        """From now on, requests from `user_agent` (only `method` ones if given) are reset
+        before they reach the store, and its open watches are cut: that client is dead to
+        the cluster (SIGKILL, a lost node), or just its writes of one kind are."""
+        self._silenced.append((user_agent, method))
+        if method is None:
+            for w in self._watchers:
+                if w.user_agent == user_agent:
+                    w.queue.put_nowait(_DROP)
+
+    def _is_silenced(self, request: web.Request) -> bool:
+        agent = request.headers.get("User-Agent", "")
+        return any(agent == a and m in (None, request.method) for a, m in self._silenced)
 
     @property
     def in_outage(self) -> bool:
@@ -582,6 +599,10 @@ class KubeDouble:
         if self.in_outage:
             await self._outage_cut(request)
             return web.Response(status=503)
+        if self._is_silenced(request):
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=503)
         if self.write_latency and request.method in ("POST", "PUT", "PATCH", "DELETE"):
             await asyncio.sleep(random.uniform(*self.write_latency))
             if self.in_outage:  # the server went away while the write was queued
@@ -770,7 +791,8 @@ class KubeDouble:
     async def _watch(self, request: web.Request, res: Resource, namespace: str | None) -> web.StreamResponse:
         q = request.query
         w = _Watcher(res, namespace, label_matcher(q.get("labelSelector")),
-                     field_matcher(q.get("fieldSelector"), res.key), bookmarks=_flag(q.get("allowWatchBookmarks")))
+                     field_matcher(q.get("fieldSelector"), res.key), bookmarks=_flag(q.get("allowWatchBookmarks")),
+                     user_agent=request.headers.get("User-Agent", ""))
         rv = q.get("resourceVersion") or "0"
         if not rv.isdigit():
             raise ApiError(400, f"invalid resourceVersion {rv!r}")
