@@ -819,23 +819,33 @@ class KubeDouble:
                     break
                 wait = left if not w.bookmarks else min(left or self.bookmark_seconds, self.bookmark_seconds)
                 try:
-                    item = await asyncio.wait_for(w.queue.get(), wait)
+                    items = [w.queue.get_nowait() if not w.queue.empty() else
+                             await asyncio.wait_for(w.queue.get(), wait)]
                 except asyncio.TimeoutError:
                     if left is not None and wait >= left:
                         break
-                    item = _BOOKMARK
-                if item == _END:
+                    items = [_BOOKMARK]
+                while not w.queue.empty():  # what queued meanwhile goes in the same write
+                    items.append(w.queue.get_nowait())
+                lines, stop = [], None
+                for item in items:
+                    if item in (_END, _DROP):
+                        stop = item
+                        break
+                    if item == _BOOKMARK:  # only the resourceVersion the watch has reached
+                        item = {"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version,
+                                                               "metadata": {"resourceVersion": str(self._rv)}}}
+                    lines.append(json.dumps(item).encode() + b"\n")
+                if lines and stop != _DROP:
+                    await resp.write(b"".join(lines))
+                if stop == _END:
                     break
-                if item == _DROP:
+                if stop == _DROP:
                     if self.in_outage:
                         await self._outage_cut(request)
                     elif request.transport is not None:
                         request.transport.abort()
                     return resp
-                if item == _BOOKMARK:  # only the resourceVersion the watch has reached
-                    item = {"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version,
-                                                           "metadata": {"resourceVersion": str(self._rv)}}}
-                await resp.write(json.dumps(item).encode() + b"\n")
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):
             pass

@@ -47,7 +47,7 @@ from ..rewrite import managed_as
 from ..settings import Settings
 from ._decide import Action, decide, format_time, notices, slim_pod
 from ._leader import LeaderElector
-from ._metrics import API_ERRORS, DEADLINES, OUTCOMES, READY_LATENCY, TRACKED
+from ._metrics import API_ERRORS, DEADLINES, OUTCOMES, REACTION, READY_LATENCY, TRACKED
 
 log = logging.getLogger("initshift.watcher")
 
@@ -135,6 +135,9 @@ class Controller:
         self.sent: dict[str, set[str]] = {}  # pod uid -> kinds of the Events that exist
         self._sending: set[tuple[str, str]] = set()  # (uid, kind) this replica is sending
         self._event_tasks: set[asyncio.Task] = set()
+        # As many Events in flight as patches at most: a burst of Events must not take the
+        # client's connections from the patches they report.
+        self._event_slots = asyncio.Semaphore(max(1, settings.watcher.concurrency))
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._dirty: set[Key] = set()
         self._processing: set[Key] = set()
@@ -142,6 +145,7 @@ class Controller:
         self._failures: dict[Key, int] = {}
         self._due: dict[Key, tuple[tuple, float]] = {}  # a follower: what was due, since when
         self._stale: dict[Key, str] = {}  # a 409 on this resourceVersion: wait for a newer one
+        self._changed: dict[Key, float] = {}  # the first change not yet answered (reaction time)
         self._synced = asyncio.Event()
         self._unsynced = 0
 
@@ -188,6 +192,7 @@ class Controller:
         slim = slim_pod(pod)
         if _newer(slim, self.store.get(key)):
             self.store[key] = slim
+            self._changed.setdefault(key, self._clock())
             if self._stale.get(key) not in (None, _rv(slim)):
                 del self._stale[key]
         TRACKED.set(len(self.store))
@@ -227,7 +232,7 @@ class Controller:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
-        for table in (self._failures, self._due, self._stale):
+        for table in (self._failures, self._due, self._stale, self._changed):
             table.pop(key, None)  # type: ignore[attr-defined]
         TRACKED.set(len(self.store))
 
@@ -374,6 +379,7 @@ class Controller:
         due = [n for n in unsent if (uid, n.kind) not in self._sending]
         if not decision.actions and not due:
             self._due.pop(key, None)
+            self._changed.pop(key, None)
             if decision.requeue_after is not None:
                 self._enqueue_after(key, decision.requeue_after)
             elif not unsent and _finished(pod):
@@ -405,6 +411,9 @@ class Controller:
                 return
             if action.kind == "ready" and decision.ready_latency is not None:
                 READY_LATENCY.observe(decision.ready_latency)
+            changed = self._changed.pop(key, None)
+            if changed is not None:
+                REACTION.observe(self._clock() - changed)
         if decision.requeue_after is not None:
             self._enqueue_after(key, decision.requeue_after)
 
@@ -480,7 +489,8 @@ class Controller:
         try:
             while True:
                 try:
-                    await self.api.create_event(key[0] or "default", event)
+                    async with self._event_slots:
+                        await self.api.create_event(key[0] or "default", event)
                     break
                 except KubeError as e:
                     if e.conflict:  # AlreadyExists: another replica (or an earlier try) sent it
@@ -531,6 +541,8 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
         tasks.append(asyncio.ensure_future(elector.run(lead, stop)))
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if work.done() and not work.cancelled() and work.exception() is not None:
+            raise work.exception()  # type: ignore[misc]
     finally:
         stop.set()  # the elector releases the Lease on its way out
         for task in tasks:
