@@ -107,6 +107,10 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
     await rec.get_pod("builds", "p")
     await rec.patch_pod("builds", "p", {"metadata": {"annotations": {}}})
     await rec.create_event("builds", {"metadata": {"generateName": "p."}})
+    async for _ in rec.list_pages("events", None, field_selector="source=initshift-watcher"):
+        pass
+    async for _ in rec.watch("events", None, field_selector="source=initshift-watcher", resource_version="1"):
+        pass
     assert await rec.get_lease(ns, lease) is None
     await rec.create_lease(ns, {"metadata": {"name": lease}})
     await rec.replace_lease(ns, lease, {"metadata": {"name": lease}})
@@ -114,7 +118,7 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
 
 
 WATCHER_METHODS = {"list_pods", "watch_pods", "get_pod", "patch_pod", "create_event", "get_lease", "create_lease",
-                   "replace_lease"}
+                   "replace_lease", "list_pages", "watch"}
 
 
 async def certificate_calls(settings: Settings, tls_dir: Path) -> list[Attrs]:

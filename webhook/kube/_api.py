@@ -41,6 +41,10 @@ async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes
         yield line
 
 
+def _core_path(plural: str, namespace: str | None) -> str:
+    return f"/api/v1/namespaces/{namespace}/{plural}" if namespace else f"/api/v1/{plural}"
+
+
 class KubeError(InitshiftError):
     """An API call failed. `status` is the HTTP status, 0 when the server was unreachable."""
 
@@ -85,6 +89,9 @@ class KubeApi:
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self.client = api_client
         self.namespace = "default"  # the configuration's namespace (from_config sets it)
+        # Each call (not a watch or a follow) gives up after this many seconds: a caller that
+        # must keep a deadline (a Lease holder, the watcher's workers) lowers it.
+        self.request_timeout = _REQUEST_TIMEOUT_SECONDS
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -135,8 +142,9 @@ class KubeApi:
     # --- raw request ------------------------------------------------------------------
     async def _open(self, method: str, path: str, *, query: dict[str, Any] | None = None,
                     body: Any = None, content_type: str = JSON,
-                    timeout: float | aiohttp.ClientTimeout | None = _REQUEST_TIMEOUT_SECONDS,
+                    timeout: float | aiohttp.ClientTimeout | None = None,
                     accept: str = JSON) -> aiohttp.ClientResponse:
+        timeout = self.request_timeout if timeout is None else timeout
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         try:
             resp = await self.client.call_api(
@@ -185,7 +193,24 @@ class KubeApi:
     # --- pods ---------------------------------------------------------------------------
     @staticmethod
     def _pods_path(namespace: str | None) -> str:
-        return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return _core_path("pods", namespace)
+
+    async def list_pages(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
+                         field_selector: str | None = None,
+                         limit: int = 500) -> AsyncIterator[tuple[list[dict], str]]:
+        """A core/v1 collection (`pods`, `events`) page by page (`limit`/`continue`), so a
+        caller can keep what it needs of each page before the next arrives. Yields (items,
+        resourceVersion of the list); a continue token that expired is a 410 KubeError."""
+        token: str | None = None
+        while True:
+            body = await self.request("GET", _core_path(plural, namespace), query={
+                "labelSelector": label_selector, "fieldSelector": field_selector,
+                "limit": str(limit) if limit else None, "continue": token})
+            meta = body.get("metadata") or {}
+            yield list(body.get("items") or []), str(meta.get("resourceVersion", ""))
+            token = meta.get("continue") or None
+            if not token:
+                return
 
     async def list_pods(self, namespace: str | None = None, *,
                         label_selector: str | None = None) -> tuple[list[dict], str]:
@@ -199,12 +224,21 @@ class KubeApi:
         """Yield (type, object) for ADDED/MODIFIED/DELETED/BOOKMARK events until the server
         ends the stream. An ERROR event raises KubeError (410 Gone: re-list).
         `field_selector="metadata.name=NAME"` watches one pod."""
+        async for item in self.watch("pods", namespace, label_selector=label_selector,
+                                     resource_version=resource_version, timeout_seconds=timeout_seconds,
+                                     field_selector=field_selector):
+            yield item
+
+    async def watch(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
+                    resource_version: str | None = None, timeout_seconds: int = 300,
+                    field_selector: str | None = None) -> AsyncIterator[tuple[str, dict]]:
+        """Watch a core/v1 collection (`pods`, `events`) with bookmarks; see `watch_pods`."""
         query = {"watch": "true", "labelSelector": label_selector, "resourceVersion": resource_version,
                  "fieldSelector": field_selector,
                  "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_seconds))}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=timeout_seconds + _WATCH_SLACK_SECONDS)
-        resp = await self._open("GET", self._pods_path(namespace), query=query, timeout=timeout)
+        resp = await self._open("GET", _core_path(plural, namespace), query=query, timeout=timeout)
         try:
             async for line in _lines(resp, "watch"):
                 if not line.strip():
@@ -249,8 +283,9 @@ class KubeApi:
 
     # --- events -------------------------------------------------------------------------
     async def create_event(self, namespace: str, event: dict) -> dict:
-        """A core/v1 Event (what `kubectl describe` shows)."""
-        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+        """A core/v1 Event (what `kubectl describe` shows). An Event with a fixed
+        `metadata.name` that exists already is a 409 (AlreadyExists) KubeError."""
+        return await self.request("POST", _core_path("events", namespace), body=event)
 
     # --- leases -------------------------------------------------------------------------
     @staticmethod

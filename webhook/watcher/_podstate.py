@@ -16,7 +16,7 @@ Three kinds of pods read the same way:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -30,6 +30,9 @@ from ..errors import InitshiftError
 INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
 NOT_RUN = "NotRun"  # reason recorded for a step or main that never finished
 _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
+# Kubelet reasons that say no more than the waiter's record does; any other (OOMKilled,
+# Evicted, ContainerCannotRun, ...) or a signal is news the outcome must name.
+_PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
 MESSAGE_LIMIT = 1024
 
 
@@ -148,6 +151,8 @@ class Run:
     finished_at: str | None = None
     message: str = ""
     recorded: bool = False  # the waiter wrote its termination message (it completed its work)
+    signal: int | None = None  # the kubelet's terminated.signal, when it reported one
+    waiter: dict | None = None  # the waiter's own record, when the kubelet's report was taken over it
 
     @property
     def ok(self) -> bool:
@@ -159,7 +164,19 @@ class Run:
                                "startedAt": self.started_at, "finishedAt": self.finished_at}
         if self.message:
             out["message"] = self.message[:MESSAGE_LIMIT]
+        if self.signal is not None:
+            out["signal"] = self.signal
+        if self.waiter is not None:
+            out["waiter"] = self.waiter
         return out
+
+    def summary(self) -> str:
+        """"OOMKilled (exit 137): killed by SIGKILL", for the outcome's message."""
+        exit_part = f"exit {self.exit_code}" + (f", signal {self.signal}" if self.signal is not None else "")
+        text = f"{self.reason or 'unknown'} ({exit_part})"
+        if self.waiter is not None:
+            text += f"; the waiter recorded {self.waiter['reason']} (exit {self.waiter['exitCode']})"
+        return text + (f": {self.message[:200]}" if self.message else "")
 
 
 def read_run(name: str, status: dict | None) -> Run:
@@ -171,14 +188,26 @@ def read_run(name: str, status: dict | None) -> Run:
         kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
         return Run(name, kind, started_at=started)
     t = state["terminated"] or {}
+    code = t.get("exitCode")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    signal = t.get("signal") if isinstance(t.get("signal"), int) and t.get("signal") else None
+    kubelet_reason = str(t.get("reason") or "")
     record = _waiter_record(t.get("message"))
     if record is not None:
-        return Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
-                   record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
-                   str(record.get("message") or ""), recorded=True)
-    code = t.get("exitCode")
-    return Run(name, "terminated", code if isinstance(code, int) else None, str(t.get("reason") or ""),
-               t.get("startedAt"), t.get("finishedAt"), str(t.get("message") or ""))
+        run = Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
+                  record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
+                  str(record.get("message") or ""), recorded=True)
+        # The waiter survives its child (an OOM kill hits the child) and writes its record,
+        # but the kubelet knows why the container died: its reason wins, the record stays beside.
+        if not run.ok and (kubelet_reason not in _PLAIN_KUBELET_REASONS or signal is not None):
+            waiter = {"exitCode": run.exit_code, "reason": run.reason}
+            if run.message:
+                waiter["message"] = run.message[:MESSAGE_LIMIT]
+            return replace(run, exit_code=code if code is not None else run.exit_code,
+                           reason=kubelet_reason or "Error", signal=signal, waiter=waiter)
+        return run
+    return Run(name, "terminated", code, kubelet_reason, t.get("startedAt"), t.get("finishedAt"),
+               str(t.get("message") or ""), signal=signal)
 
 
 def _waiter_record(message: Any) -> dict | None:
