@@ -141,6 +141,9 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
                                            f"admitted unchanged")
         strategy = p.MODE_HYBRID  # the proxy is (or will be) native: steps beside it are the hybrid's
     notes = []
+    if strategy == p.MODE_HYBRID and proxies:
+        notes.append(f"the proxy {proxies[0]!r} already runs as a native sidecar: the steps run beside it under "
+                     f"the waiter (hybrid)")
     if strategy == p.MODE_HYBRID and mode == p.MODE_HYBRID and native_supported is not True and \
             (cls.sidecars or (has_mesh_marker(pod) and not proxies)):
         if native_supported is False:
