@@ -109,10 +109,11 @@ def _fingerprint(view: PodView, fmt: str) -> str:
 
 # --- the command ------------------------------------------------------------------------
 def _finished(view: PodView, outcome_wait_over: bool) -> bool:
-    """The pod has ended and (for a waiter pod) its outcome is in, or will not come."""
+    """The pod has ended and (for a waiter or hybrid pod) its outcome is in, or will not come."""
     if not view.ended:
         return False
-    return view.strategy != p.MODE_WAITER or view.sidecars_stopped_by is not None or outcome_wait_over
+    return view.strategy not in (p.MODE_WAITER, p.MODE_HYBRID) or view.sidecars_stopped_by is not None \
+        or outcome_wait_over
 
 
 async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> None:

@@ -29,7 +29,7 @@ from ._metrics import API_ERRORS, DEADLINES, OUTCOMES, READY_LATENCY, TRACKED
 
 log = logging.getLogger("initshift.watcher")
 
-LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MANAGED_START_ORDER})"
+LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MODE_HYBRID},{p.MANAGED_START_ORDER})"
 COMPONENT = "initshift-watcher"
 WORKERS = 2
 _CONFLICT_RETRIES = 5

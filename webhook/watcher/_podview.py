@@ -7,8 +7,8 @@ derives each one's state from its status, the waiter's termination message and t
 pod's annotations; `log_sequence()` is the order `initshift logs` streams them in.
 
 Three kinds of pods read the same way:
-- waiter (`initshift.io/managed: waiter`): steps and mains from the annotations, run by
-  the waiter as regular containers; the kept init containers (mesh init, initshift-init)
+- waiter and hybrid (`initshift.io/managed: waiter|hybrid`): steps and mains from the
+  annotations, run by the waiter as regular containers; the kept init containers (mesh init, initshift-init)
   run first; every other container is a sidecar;
 - native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
   containers run in spec order (the mesh's own and kept ones are `init`, the rest are
@@ -31,6 +31,8 @@ from ..rewrite import classify, managed_as
 from ._decide import NOT_RUN, Run, layout as waiter_layout, parse_time, read_run
 from ..rewrite import is_restartable
 from ..settings import RewriteSettings
+
+WAITER_RUN = (p.MODE_WAITER, p.MODE_HYBRID)  # strategies whose steps the waiter runs as regular containers
 
 # Container kinds, in the order rows are listed.
 INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
@@ -88,7 +90,7 @@ class Row:
 class PodView:
     namespace: str
     name: str
-    strategy: str | None  # "waiter", "native" or None (never rewritten)
+    strategy: str | None  # "waiter", "hybrid", "native" or None (never rewritten)
     phase: str
     pod_reason: str  # the pod's status.reason, e.g. DeadlineExceeded
     result: str  # the outcome's result, else the phase
@@ -132,7 +134,7 @@ class Layout:
 
 def strategy_of(pod: Mapping) -> str | None:
     value = managed_as(pod)
-    return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
+    return value if value in (p.MODE_WAITER, p.MODE_HYBRID, p.MODE_NATIVE) else None
 
 
 def _json_list(value: Any) -> list[str] | None:
@@ -154,7 +156,7 @@ def pod_layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
     waiter_run = frozenset(c["name"] for c in regular
                            if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
     in_init = frozenset(c["name"] for c in inits)
-    if strategy == p.MODE_WAITER:
+    if strategy in WAITER_RUN:
         lay = waiter_layout(dict(pod))
         return Layout(strategy, sequential, lay.steps, lay.mains, native_sidecars + lay.sidecars,
                       sequential + lay.steps, in_init, waiter_run)
@@ -308,7 +310,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             return Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
         if not prev_done:
             return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
-        if first_step and lay.strategy == p.MODE_NATIVE and lay.sidecars and not sidecars_ready:
+        if first_step and lay.strategy in (p.MODE_NATIVE, p.MODE_HYBRID) and lay.sidecars and not sidecars_ready:
             return Row(**base, state=State.WAITING_SIDECARS)  # the kubelet holds it for the startup probe
         return Row(**base, state=State.PENDING, reason=waiting_reason)
 
@@ -323,7 +325,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         phase=phase, pod_reason=str(status.get("reason") or ""), result=result, message=message,
         failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else None,
         sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
-        ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows))
+        ready=ready_gate if lay.strategy in WAITER_RUN else None, rows=tuple(rows))
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
