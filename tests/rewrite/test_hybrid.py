@@ -139,8 +139,8 @@ def test_kpack_layout_gate_and_resources():
         "the proxy keeps its spec (Istio's own startupProbe included)"
     step0 = spec["containers"][0]
     assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
-    assert flag_values(step0, p.FLAG_READY_FILE) == [], "no ready file: no watcher on the happy path"
-    assert p.READY_VOLUME not in [v["name"] for v in spec["volumes"]]
+    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the waiter's gate: probe, file as fallback"
+    assert p.READY_VOLUME in [v["name"] for v in spec["volumes"]]
     assert all(flag_values(c, p.FLAG_WAIT) == [p.completion_path(i - 1)] for i, c in enumerate(spec["containers"])
                if i), "each waits for the one before; the main for the last step"
     assert pod_requests(spec) == pod_requests(src["spec"]), "preserve: the effective request is unchanged"
@@ -172,9 +172,17 @@ def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():
     assert "startupProbe" not in by_name(out)["cache"]
     step0 = out["spec"]["containers"][0]
     assert flag_values(step0, p.FLAG_PROBE) == ["tcp://127.0.0.1:6379"], "the one it can probe"
-    assert flag_values(step0, p.FLAG_READY_FILE) == []
+    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE]
     assert any("'istio-proxy' got a startupProbe" in w for w in result.warnings)
     check_hybrid_pod(pod, out)
+    # Only sidecars step 0 cannot probe: the kubelet's start order is the whole gate.
+    del pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS]
+    pod["spec"]["containers"].pop()
+    alone = hybrid(pod).pod
+    step0 = alone["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
+    assert p.READY_VOLUME not in [v["name"] for v in alone["spec"]["volumes"]]
+    check_hybrid_pod(pod, alone)
 
 
 def test_sidecar_without_any_probe_is_warned():
@@ -332,15 +340,19 @@ def test_reinvocation_after_the_mesh_injected(variant):
     assert rewrite(out, AUTO, native_supported=False).pod == out
 
 
-def test_unrecognised_regular_sidecar_injected_later_falls_back_to_the_ready_file():
-    first = hybrid(CATALOGUE["kpack-istio"]).pod
+def test_unrecognised_regular_sidecar_injected_later_is_gated_by_the_ready_file():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    proxy = pod["spec"]["containers"][-1]
+    proxy["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
+    first = hybrid(pod).pod
+    assert flag_values(first["spec"]["containers"][0], p.FLAG_READY_FILE) == []
     late = copy.deepcopy(first)
     late["spec"]["containers"].append({"name": "log-shipper", "image": "fluent-bit:3",
                                        "readinessProbe": {"exec": {"command": ["true"]}}})
     out = hybrid(late).pod
     step0 = out["spec"]["containers"][0]
     assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the kubelet does not order a regular sidecar"
-    assert flag_values(step0, p.FLAG_PROBE) == [], "the ready file covers all (the waiter's rule)"
+    assert flag_values(step0, p.FLAG_PROBE) == []
     assert p.READY_VOLUME in [v["name"] for v in out["spec"]["volumes"]]
     assert_valid_pod(out)
     assert hybrid(out).pod == out

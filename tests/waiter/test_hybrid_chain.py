@@ -1,9 +1,10 @@
 """A hybrid pod's step chain run for real: every wrapped container of the rewritten pod
 started as a process from the exact args the webhook emitted (tests/waiter/test_end_to_end.py
 does the same for the waiter strategy), with a proxy-like server on loopback that becomes
-ready late. The proxy is a native sidecar there: step 0 gates on its loopback probe alone
-(no ready file, no watcher), the steps run in order, a failure skips the rest with its exit
-code, and nothing POSTs a quit endpoint (the kubelet stops native sidecars)."""
+ready late. The proxy is a native sidecar there: step 0 gates on its loopback probe (the
+watcher's ready file, its fallback, never comes here), the steps run in order, a failure
+skips the rest with its exit code, and nothing POSTs a quit endpoint (the kubelet stops
+native sidecars)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_gate_on_the_loopback_probe_then_steps_in_order_and_no_quit(tmp_path, pr
     pod = hybrid(build_pod(proxy.port, scripts), proxy)
     assert [c["name"] for c in pod["spec"]["initContainers"]][-2:] == ["istio-proxy", p.INIT_CONTAINER_NAME]
     step0 = pod["spec"]["containers"][0]["args"]
-    assert p.FLAG_READY_FILE not in step0 and p.FLAG_PROBE in step0, "the probe alone gates step 0"
+    assert p.FLAG_PROBE in step0 and all(p.FLAG_QUIT not in c["args"] for c in pod["spec"]["containers"])
     ready_at: list[float] = []
 
     def become_ready() -> None:

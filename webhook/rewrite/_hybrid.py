@@ -10,10 +10,11 @@ in order by the waiter (the waiter strategy's chain), for run-to-completion pods
 - the kubelet starts the regular containers once the native sidecars have started and
   stops the sidecars once every regular container has exited: no quit endpoint (only
   regular sidecars are quit) and no deadline;
-- step 0 probes on loopback every sidecar whose readiness probe it can check (the kubelet
-  starts it beside the proxy); a sidecar whose probe it cannot check gets a startupProbe
-  derived from that probe, so the kubelet holds every regular container until it passes.
-  No ready file: see `_waiter.gate`.
+- step 0's gate is the waiter's (loopback probes, the ready file as their fallback) over the
+  sidecars whose readiness probe it can check on loopback; those get no startupProbe, so
+  the kubelet starts the regular containers beside the proxy. A sidecar step 0 cannot probe
+  gets a startupProbe derived from its readinessProbe instead, and the kubelet holds every
+  regular container until it passes (`_waiter.gate`; the README says why).
 
 Re-invocation (the mesh injected after us) moves a recognised proxy that landed in
 `containers` before `initshift-init`, as the first admission would have, and recomputes

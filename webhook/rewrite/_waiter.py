@@ -112,16 +112,14 @@ def gate(sidecars: Sequence[Mapping], hybrid: bool = False) -> tuple[str | None,
     file, and the probes when every sidecar has one (the waiter opens the gate on whichever
     says ready first).
 
-    `hybrid`: the probes of the sidecars that have one, and no ready file: a native sidecar
-    without one holds every regular container back by the kubelet's start order (its
-    startupProbe), which is sooner than the watcher's ready annotation and needs no API
-    write. Only a regular sidecar without one (injected after initshift, not recognised)
-    still needs the ready file, and then the waiter's rule applies."""
+    `hybrid`: a native sidecar without a loopback probe is left out: it holds every regular
+    container back by the kubelet's start order (its startupProbe), which needs no watcher
+    and comes sooner than the watcher's ready annotation for the same check."""
+    if hybrid:
+        sidecars = [s for s in sidecars if loopback_probe(s) or not is_restartable(s)]
     if not sidecars:
         return None, []
     probes = [loopback_probe(s) for s in sidecars]
-    if hybrid and all(url or is_restartable(s) for s, url in zip(sidecars, probes)):
-        return None, [str(url) for url in probes if url]
     return p.READY_FILE, [str(url) for url in probes] if all(probes) else []
 
 
