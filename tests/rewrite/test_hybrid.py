@@ -86,7 +86,8 @@ def check_hybrid_pod(src: dict, out: dict) -> None:
     assert all(c.get("restartPolicy") == "Always" for c in inits if c["name"] in PROXIES)
     meta = out["metadata"]
     assert meta["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
-    steps, mains = json.loads(meta["annotations"][p.ANNOTATION_STEPS]), json.loads(meta["annotations"][p.ANNOTATION_MAINS])
+    steps = json.loads(meta["annotations"][p.ANNOTATION_STEPS])
+    mains = json.loads(meta["annotations"][p.ANNOTATION_MAINS])
     assert [c["name"] for c in regular if c["name"] in steps + mains] == steps + mains
     for c in regular:
         if c["name"] in steps + mains:

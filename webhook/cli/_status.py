@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="initshift status",
         description="Show a pod's steps, mains and sidecars in execution order, with the result the "
-                    "initshift watcher recorded. Works for pods rewritten by either strategy and for pods "
+                    "initshift watcher recorded. Works for pods rewritten by any strategy and for pods "
                     "that were never rewritten (their init containers are the steps).",
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap)

@@ -252,9 +252,9 @@ def _ordered(pod: dict, choice: _Skip | _Go, settings: Settings, native: bool | 
     """Declared start order (webhook/rewrite/_start_order.py), composed after the native strategy."""
     if isinstance(choice, _Go) and choice.strategy in (p.MODE_WAITER, p.MODE_HYBRID):
         raise RewriteError(
-            f"{p.ANNOTATION_START_ORDER} cannot be combined with the {choice.strategy} strategy (this pod's init containers "
-            f"would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or remove "
-            f"the annotation", deny=True, reason=start_order.REASON)
+            f"{p.ANNOTATION_START_ORDER} cannot be combined with the {choice.strategy} strategy (this pod's init "
+            f"containers would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or "
+            f"remove the annotation", deny=True, reason=start_order.REASON)
     base, notes = pod, []
     if isinstance(choice, _Go):
         try:
