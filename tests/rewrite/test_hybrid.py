@@ -261,6 +261,8 @@ def test_native_sidecar_annotation_gets_hybrid_and_asks_the_mesh():
     job["metadata"]["annotations"].update({p.ISTIO_INJECT_ANNOTATION: "true", p.ISTIO_NATIVE_ANNOTATION: "true"})
     result = rewrite(job, AUTO, native_supported=None)
     assert result.strategy == p.MODE_HYBRID, "the pod asks for a native proxy"
+    classic = rewrite(pods.inject_istio(job), AUTO, native_supported=None)
+    assert classic.strategy == p.MODE_WAITER, "the mesh injected a regular proxy anyway: not made native here"
     plain = copy.deepcopy(CATALOGUE["job"])
     plain["metadata"]["annotations"][p.LINKERD_INJECT_ANNOTATION] = "enabled"
     asked = hybrid(plain)

@@ -135,7 +135,9 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
     if not cls.steps:
         return _Skip("no-init-containers", "no init container to move; admitted unchanged")
     proxies = native_proxies(pod, cls, settings.rewrite)
-    if strategy == p.MODE_WAITER and (proxies or native_requested(pod)):
+    # A proxy already native, or asked for natively and not injected yet (one that still
+    # landed in containers says the mesh found no native support: the waiter keeps it).
+    if strategy == p.MODE_WAITER and (proxies or (native_requested(pod) and not cls.sidecars)):
         if start_order.requested(pod) and proxies:
             return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                            f"admitted unchanged")
