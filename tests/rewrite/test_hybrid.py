@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 
 from tests.support.fixtures import pods
-from tests.rewrite.test_rewrite import argv_after_separator, flag_values, names
+from tests.rewrite.test_rewrite import EXPECTED as WAITER_EXPECTED, argv_after_separator, flag_values, names
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
 from webhook.admission._patch import apply_patch, make_patch
@@ -24,21 +24,8 @@ AUTO = Settings(feature_gate=True)
 HYBRID = Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_HYBRID))
 CATALOGUE = pods.catalogue()
 
-EXPECTED = {
-    "kpack": "no-sidecar",
-    "kpack-istio": "rewritten",
-    "kpack-istio-cni": "rewritten",
-    "kpack-istio-hold": "rewritten",
-    "kpack-istio-native": "rewritten",
-    "kpack-linkerd": "rewritten",
-    "tekton": "no-sidecar",
-    "tekton-istio": "rewritten",
-    "job": "no-sidecar",
-    "job-istio": "rewritten",
-    "job-linkerd": "rewritten",
-    "deployment-istio": "restart-policy",
-    "no-init-istio": "no-init-containers",
-}
+# The waiter strategy's decisions (a proxy already native is rewritten by both, as hybrid).
+EXPECTED = WAITER_EXPECTED
 PROXIES = ("istio-proxy", "linkerd-proxy")
 TORTURE = ["", " ", "a b", "'q'", '"dq"', "$(HOME)", "$$(HOME)", "back\\slash", "new\nline", "tab\there",
            "ünï©ødé", "--", "-c", "*", "; rm -rf /", "--name"]
