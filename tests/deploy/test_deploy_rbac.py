@@ -260,7 +260,10 @@ DIRECT_REQUESTS = {"webhook.kube._api", "webhook.kube._certs", "webhook.registry
 
 def test_every_direct_api_request_is_covered():
     """A server module calling `api.request(...)` itself needs its grant in deploy/ and a scenario here."""
-    users = {m for m in server_modules() if re.search(r"\.(request|_open)\(", _source(m).read_text())}
+    # The waiter's modules the server imports (its command-line grammar) make loopback probe
+    # requests inside pods, never API calls.
+    users = {m for m in server_modules() if not m.startswith("waiter.")
+             and re.search(r"\.(request|_open)\(", _source(m).read_text())}
     assert users - DIRECT_REQUESTS == set(), users - DIRECT_REQUESTS
     assert {"webhook.kube._api", "webhook.kube._certs", "webhook.registry._pullsecrets"} <= users
 
