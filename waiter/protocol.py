@@ -28,8 +28,9 @@ ANNOTATION_NOT_REWRITTEN = f"{GROUP}/not-rewritten"
 MODE_DISABLED = "disabled"
 MODE_WAITER = "waiter"
 MODE_NATIVE = "native"
+MODE_HYBRID = "hybrid"  # native sidecars + waiter-run steps
 MODE_AUTO = "auto"
-MODES = (MODE_DISABLED, MODE_WAITER, MODE_NATIVE, MODE_AUTO)
+MODES = (MODE_DISABLED, MODE_WAITER, MODE_NATIVE, MODE_HYBRID, MODE_AUTO)
 MANAGED_START_ORDER = "start-order"  # LABEL_MANAGED value of pods given a start order
 
 READY_TRUE = "true"

@@ -73,7 +73,8 @@ def _normal(text: str) -> str:
 
 
 async def test_native_strategy_and_keep(kube: KubeDouble, tmp_path) -> None:
-    async with inst.healthy(kube, tmp_path, native_supported=lambda: True, strategy=lambda: "native") as i:
+    async with inst.healthy(kube, tmp_path, mode=p.MODE_NATIVE, native_supported=lambda: True,
+                            strategy=lambda: "native") as i:
         code, lines, out = await smoke(i, inst.BUILDS, "--keep")
     assert code == 0 and failed(out) == [], out
     starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy native)",
@@ -82,6 +83,17 @@ async def test_native_strategy_and_keep(kube: KubeDouble, tmp_path) -> None:
            "istio-proxy Completed (exit 0)", f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ kept pod builds/initshift-smoke-")
     kept = kube.items("pods", inst.BUILDS)
     assert len(kept) == 1 and kept[0]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
+
+
+async def test_hybrid_strategy_where_native_sidecars_run(kube: KubeDouble, tmp_path) -> None:
+    """auto on a cluster with native sidecars: the proxy native, the steps under the waiter."""
+    async with inst.healthy(kube, tmp_path, native_supported=lambda: True, strategy=lambda: "hybrid") as i:
+        code, lines, out = await smoke(i, inst.BUILDS)
+    assert code == 0 and failed(out) == [], out
+    starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy hybrid)",
+           "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
+           "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by native",
+           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (", "✔ deleted pod builds/initshift-smoke-")
 
 
 async def test_namespace_without_a_mesh(kube: KubeDouble, tmp_path) -> None:
@@ -135,4 +147,4 @@ def test_smoke_pod_is_valid_and_rewritten_by_both_strategies() -> None:
     injected = pods.inject_istio(pod)
     for native in (None, True):
         result = rewrite(injected, Settings(feature_gate=True), native_supported=native)
-        assert result.changed and result.strategy == (p.MODE_NATIVE if native else p.MODE_WAITER)
+        assert result.changed and result.strategy == (p.MODE_HYBRID if native else p.MODE_WAITER)

@@ -5,6 +5,7 @@ Service, certificates and Pod Security "restricted"."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -581,6 +582,8 @@ def test_chart_defaults_are_the_code_defaults():
     assert values["quitEndpoints"] == rw.quit_endpoints == p.DEFAULT_QUIT_ENDPOINTS
     assert (values["strategy"], values["nativeSidecars"], values["resourcesPolicy"]) == \
         (rw.mode, rw.native_sidecars, rw.resources_policy)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert sorted(schema["properties"]["strategy"]["enum"]) == sorted(p.MODES), "every INITSHIFT_MODE value"
     assert values["webhook"]["configName"] == DEFAULTS.server.webhook_config
     assert values["webhook"]["namespaceSelector"]["matchLabels"] == {p.LABEL_NAMESPACE_ENABLED: "true"}
 

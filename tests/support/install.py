@@ -152,8 +152,11 @@ async def watcher(kube: KubeDouble) -> AsyncIterator[None]:
 
 
 @contextlib.contextmanager
-def server(directory: Path, *, gate: bool = True, **app: Any) -> Iterator[HttpsServer]:
-    with h.running(h.settings_for(directory, namespace=NS).replace(feature_gate=gate), **app) as srv:
+def server(directory: Path, *, gate: bool = True, mode: str | None = None, **app: Any) -> Iterator[HttpsServer]:
+    settings = h.settings_for(directory, namespace=NS).replace(feature_gate=gate)
+    if mode is not None:
+        settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=mode))
+    with h.running(settings, **app) as srv:
         yield srv
 
 
@@ -180,12 +183,14 @@ def admission_chain(kube: KubeDouble, srv: HttpsServer, ca_pem: bytes) -> None:
 
 
 @contextlib.asynccontextmanager
-async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, **app: Any) -> AsyncIterator[Install]:
-    """`gate`: the server's feature gate; `app`: create_app's hooks (native_supported, strategy)."""
+async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, mode: str | None = None,
+                  **app: Any) -> AsyncIterator[Install]:
+    """`gate`: the server's feature gate; `mode`: its INITSHIFT_MODE; `app`: create_app's hooks
+    (native_supported, strategy)."""
     ca_pem = make_pki(tmp_path / "pki")
     put_install(kube, ca_pem)
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
-    with server(tmp_path / "pki", gate=gate, **app) as srv:
+    with server(tmp_path / "pki", gate=gate, mode=mode, **app) as srv:
         admission_chain(kube, srv, ca_pem)
         async with watcher(kube):
             yield Install(kube, kubeconfig, srv, ca_pem, h.base_url(srv))
@@ -234,8 +239,8 @@ class Kubelet:
         pod = self.kube.pod(self.namespace, self.name)
         try:
             managed = (pod["metadata"].get("labels") or {}).get(p.LABEL_MANAGED)
-            await (self._native if managed == p.MODE_NATIVE else self._waiter if managed == p.MODE_WAITER
-                   else self._plain)(pod)
+            play = {p.MODE_NATIVE: self._native, p.MODE_WAITER: self._waiter, p.MODE_HYBRID: self._hybrid}
+            await play.get(managed, self._plain)(pod)
         finally:
             await self.api.close()
 
@@ -256,8 +261,6 @@ class Kubelet:
         await self.regular(terminated(main), phase="Succeeded")
 
     async def _waiter(self, pod: dict) -> None:
-        import json
-
         await self._inits_in_order(pod)
         names = [c["name"] for c in pod["spec"]["containers"]]
         work = [n for n in names if n != p.ISTIO_PROXY]
@@ -266,6 +269,31 @@ class Kubelet:
         if self.hold == "sidecar-ready":
             return
         await self.regular(running(p.ISTIO_PROXY))
+        await self._steps(pod)
+        await self.regular(terminated(p.ISTIO_PROXY), phase="Succeeded")  # the last main POSTed quitquitquit
+
+    async def _hybrid(self, pod: dict) -> None:
+        """The proxy is a native sidecar: the kubelet starts the regular containers (the
+        waiter's steps and mains) once its startup probe passed, and stops it after them."""
+        inits = pod["spec"]["initContainers"]
+        proxy = next(c["name"] for c in inits if c.get("restartPolicy") == "Always")
+        await self._inits_in_order(pod, until=proxy)
+        await self.init(running(proxy, ready=False))
+        if self.hold == "sidecar-ready":
+            return
+        await self.init(running(proxy))
+        for c in inits[[c["name"] for c in inits].index(proxy) + 1:]:
+            await self.init(running(c["name"], ready=False))
+            await self.init(terminated(c["name"]))
+        await self.regular(*[running(c["name"], ready=False) for c in pod["spec"]["containers"]], phase="Running")
+        await self._steps(pod)
+        await self.init(terminated(proxy))  # the kubelet stops native sidecars once the mains have exited
+        await self.write(phase="Succeeded")
+
+    async def _steps(self, pod: dict) -> None:
+        """Each waiter runs its command after the previous one's record; step 0 after the gate."""
+        import json
+
         step0 = pod["spec"]["containers"][0]
         if p.FLAG_READY_FILE in (step0.get("args") or []):  # the gate is the watcher's annotation
             for _ in range(400):
@@ -281,7 +309,6 @@ class Kubelet:
             record = {"name": n, "exitCode": 0, "reason": p.REASON_COMPLETED, "startedAt": started,
                       "finishedAt": _micro(), "message": ""}
             await self.regular(terminated(n, message=json.dumps(record)))
-        await self.regular(terminated(p.ISTIO_PROXY), phase="Succeeded")  # the last main POSTed quitquitquit
 
     async def _native(self, pod: dict) -> None:
         inits = pod["spec"]["initContainers"]

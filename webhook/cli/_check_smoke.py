@@ -19,7 +19,7 @@ from typing import Callable
 from waiter import protocol as p
 
 from ..kube import KubeApi, KubeError
-from ..watcher import NotManaged, PodView, State, layout, parse_time, pod_view, statuses
+from ..watcher import WAITER_RUN, NotManaged, PodView, State, layout, parse_time, pod_view, statuses
 from ._check_preflight import Line, Report, Target, calls_for, find_injectors, pod_webhook
 from ._podcli import CliError, PodTracker
 
@@ -170,7 +170,7 @@ class Run:
         view = _view(pod)
         assert view is not None
         self._steps(view, sidecars, ready_then, sidecar_start)
-        if strategy == p.MODE_WAITER:
+        if strategy in WAITER_RUN:
             self.stage = "outcome recorded"
             pod = await self.until(tracker, "outcome recorded",
                                    lambda q: bool(((q.get("metadata") or {}).get("annotations") or {})
@@ -219,7 +219,7 @@ class Run:
                   result=view.result, phase=view.phase, sidecarsStoppedBy=how)
         self.stage = "outcome annotation"
         outcome = ((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
-        if strategy == p.MODE_WAITER:
+        if strategy in WAITER_RUN:
             try:
                 record = json.loads(outcome) if outcome else None
             except ValueError:
@@ -230,7 +230,7 @@ class Run:
                       "the watcher did not record a success: check its Lease above", outcome=record)
         else:
             self.line(True, f"no {p.ANNOTATION_OUTCOME} needed: the kubelet orders native sidecars "
-                            f"(the watcher records waiter pods only)")
+                            f"(the watcher records waiter and hybrid pods only)")
 
 
 async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOptions, report: Report) -> None:

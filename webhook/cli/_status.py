@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="initshift status",
         description="Show a pod's steps, mains and sidecars in execution order, with the result the "
-                    "initshift watcher recorded. Works for pods rewritten by either strategy and for pods "
+                    "initshift watcher recorded. Works for pods rewritten by any strategy and for pods "
                     "that were never rewritten (their init containers are the steps).",
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap)
@@ -111,10 +111,11 @@ def _fingerprint(view: PodView, fmt: str) -> str:
 
 # --- the command ------------------------------------------------------------------------
 def _finished(view: PodView, outcome_wait_over: bool) -> bool:
-    """The pod has ended and (for a waiter pod) its outcome is in, or will not come."""
+    """The pod has ended and (for a waiter or hybrid pod) its outcome is in, or will not come."""
     if not view.ended:
         return False
-    return view.strategy != p.MODE_WAITER or view.sidecars_stopped_by is not None or outcome_wait_over
+    return view.strategy not in (p.MODE_WAITER, p.MODE_HYBRID) or view.sidecars_stopped_by is not None \
+        or outcome_wait_over
 
 
 async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> None:

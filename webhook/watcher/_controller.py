@@ -47,14 +47,14 @@ from ..kube import KubeApi, KubeError
 from ..rewrite import managed_as
 from ..settings import Settings
 from ._decide import Action, decide, format_time, notices, slim_pod
-from ._podstate import parse_time
+from ._podstate import WAITER_RUN, parse_time
 from ._leader import LeaderElector
 from ._metrics import (API_ERRORS, DEADLINES, IN_FLIGHT, LEADER, OLDEST_ENDING, OUTCOMES, REACTION, READY_LATENCY,
                        TRACKED)
 
 log = logging.getLogger("initshift.watcher")
 
-LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MANAGED_START_ORDER})"
+LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MODE_HYBRID},{p.MANAGED_START_ORDER})"
 COMPONENT = "initshift-watcher"
 EVENT_SELECTOR = f"source={COMPONENT}"  # the apiserver's field label for source.component
 _WATCH_SECONDS = (300, 600)  # a watch asks the server to end it after a random time in this range
@@ -531,12 +531,12 @@ class Controller:
 
 
 def _ending_since(pod: dict) -> float | None:
-    """When the outcome of a waiter pod that has not ended yet was decided (Unix time; 0 when
+    """When the outcome of a waiter or hybrid pod that has not ended yet was decided (Unix time; 0 when
     unknown), or None for a pod that has no outcome yet, has ended, or is not a waiter pod
     (start-order pods are long-running by design and never get an outcome)."""
     meta = pod.get("metadata") or {}
     outcome = (meta.get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
-    if outcome is None or managed_as(pod) != p.MODE_WAITER or \
+    if outcome is None or managed_as(pod) not in WAITER_RUN or \
             (pod.get("status") or {}).get("phase") in _ENDED_PHASES:
         return None
     try:
@@ -554,7 +554,7 @@ def export_in_flight(pods: Any, dropped_ending: Any = ()) -> None:
         since = _ending_since(pod)
         if since is not None:
             ending.append(since)
-        elif managed_as(pod) == p.MODE_WAITER and (pod.get("status") or {}).get("phase") not in _ENDED_PHASES:
+        elif managed_as(pod) in WAITER_RUN and (pod.get("status") or {}).get("phase") not in _ENDED_PHASES:
             steps += 1
     IN_FLIGHT.labels("steps").set(steps)
     IN_FLIGHT.labels("ending").set(len(ending))

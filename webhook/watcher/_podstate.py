@@ -4,8 +4,8 @@ record in the termination message, else the kubelet's). Pure functions over pod 
 the watcher's decisions and `initshift status`/`logs` read pods only through these.
 
 Three kinds of pods read the same way:
-- waiter (`initshift.io/managed: waiter`): steps and mains from the annotations, run by
-  the waiter as regular containers; the kept init containers (mesh init, initshift-init)
+- waiter and hybrid (`initshift.io/managed: waiter|hybrid`): steps and mains from the
+  annotations, run by the waiter as regular containers; the kept init containers (mesh init, initshift-init)
   run first; every other container is a sidecar;
 - native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
   containers run in spec order (the mesh's own and kept ones are `init`, the rest are
@@ -28,6 +28,7 @@ from ..errors import InitshiftError
 
 # Container kinds.
 INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
+WAITER_RUN = (p.MODE_WAITER, p.MODE_HYBRID)  # strategies whose steps the waiter runs as regular containers
 NOT_RUN = "NotRun"  # reason recorded for a step or main that never finished
 _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
 # Kubelet reasons that say no more than the waiter's record does; any other (OOMKilled,
@@ -62,7 +63,7 @@ def _json_list(value: Any) -> list[str] | None:
 class Layout:
     """Names by kind, each list in execution order; `sequence` is what runs one after the other."""
 
-    strategy: str | None  # "waiter", "native" or None (never rewritten)
+    strategy: str | None  # "waiter", "hybrid", "native" or None (never rewritten)
     inits: list[str]  # init containers that are not steps (mesh init, initshift-init, kept ones)
     steps: list[str]
     mains: list[str]
@@ -87,7 +88,7 @@ class Layout:
 
 def strategy_of(pod: Mapping) -> str | None:
     value = managed_as(pod)
-    return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
+    return value if value in (p.MODE_WAITER, p.MODE_HYBRID, p.MODE_NATIVE) else None
 
 
 def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
@@ -104,7 +105,7 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
                            if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
     in_init = frozenset(c["name"] for c in inits)
     names = [c["name"] for c in regular]
-    if strategy == p.MODE_WAITER:
+    if strategy in WAITER_RUN:
         steps = [n for n in _json_list(annotations.get(p.ANNOTATION_STEPS)) or [] if n in names]
         if p.ANNOTATION_MAINS in annotations:
             mains = [n for n in _json_list(annotations[p.ANNOTATION_MAINS]) or [] if n not in steps and n in names]
