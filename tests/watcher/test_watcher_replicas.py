@@ -201,6 +201,7 @@ async def test_a_410_on_resume_relists_once_and_loses_nothing(kube: KubeDouble) 
     names = [f"g{i}" for i in range(4)]
 
     async def expire() -> None:  # history compacted while the watches are down: resuming gets 410 Gone
+        kube.put("configmaps", {"metadata": {"name": "unwatched", "namespace": NS}})  # past what they saw
         kube.compact()
         kube.drop_watches()
     async with fleet(kube, 2):
