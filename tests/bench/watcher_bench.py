@@ -26,11 +26,9 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 from tests.support.kubedouble import KubeDouble, running, terminated, waiting

@@ -163,8 +163,8 @@ async def test_dropped_watch_mid_build_still_finishes(kube: KubeDouble) -> None:
     async with watcher(kube, settings()):
         kube.set_container_statuses(NS, "b3", [running("istio-proxy"), running("fetch")], phase="Running")
         await eventually(lambda: annotation(kube, "b3", p.ANNOTATION_READY), "the ready gate")
-        await eventually(lambda: kube.open_watches, "a watch")
-        assert kube.drop_watches() == 2  # the pods' and the Events'
+        await eventually(lambda: kube.open_watches == 2, "the pods' and the Events' watches")
+        assert kube.drop_watches() == 2
         kube.set_container_statuses(NS, "b3", [step_done("fetch"), step_done("build"), step_done("completion"),
                                                terminated("istio-proxy", 0)], phase="Succeeded")
         got = await eventually(lambda: outcome(kube, "b3"), "the outcome after the drop")

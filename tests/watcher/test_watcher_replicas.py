@@ -182,13 +182,13 @@ async def test_leader_killed_mid_build_costs_about_the_takeover_delay(kube: Kube
 
 
 @pytest.mark.parametrize("seconds", [0.5, 1.3])
-async def test_network_blips_keep_the_leader_and_lose_nothing(kube: KubeDouble, seconds: float) -> None:
+async def test_network_blips_lose_nothing_and_a_short_one_keeps_the_leader(kube: KubeDouble, seconds: float) -> None:
     names = [f"b{i}" for i in range(6)]
     async with fleet(kube, 3) as f:
         leader, transitions = f.holder(), f.lease()["spec"].get("leaseTransitions", 0)
         await build_through(kube, names, lambda: blip(kube, seconds))
-        # Shorter than the renew deadline: the holder renewed through it.
-        assert f.holder() == leader and f.lease()["spec"].get("leaseTransitions", 0) == transitions
+        if seconds + 0.3 < 1.6:  # blip + one renew period within the renew deadline: the holder renewed through it
+            assert f.holder() == leader and f.lease()["spec"].get("leaseTransitions", 0) == transitions
     assert_exactly_once(kube, names)
 
 
@@ -201,6 +201,7 @@ async def test_a_410_on_resume_relists_once_and_loses_nothing(kube: KubeDouble) 
     names = [f"g{i}" for i in range(4)]
 
     async def expire() -> None:  # history compacted while the watches are down: resuming gets 410 Gone
+        kube.put("configmaps", {"metadata": {"name": "unwatched", "namespace": NS}})  # past what they saw
         kube.compact()
         kube.drop_watches()
     async with fleet(kube, 2):
