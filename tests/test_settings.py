@@ -33,7 +33,7 @@ def test_parsing_every_kind():
 @pytest.mark.parametrize("env, message", [
     ({p.FEATURE_GATE_ENV: "maybe"}, "expected true or false"),
     ({"INITSHIFT_PORT": "https"}, "INITSHIFT_PORT: cannot parse"),
-    ({"INITSHIFT_MODE": "fast"}, "expected one of disabled, waiter, native, auto"),
+    ({"INITSHIFT_MODE": "fast"}, "expected one of disabled, waiter, native, hybrid, auto"),
     ({"INITSHIFT_QUIT_ENDPOINTS": "istio-proxy"}, "expected name=value"),
 ])
 def test_bad_values_name_the_variable(env, message):

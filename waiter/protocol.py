@@ -22,12 +22,15 @@ ANNOTATION_READY = f"{GROUP}/ready"  # written by the watcher: "true"
 ANNOTATION_OUTCOME = f"{GROUP}/outcome"  # written by the watcher: JSON
 ANNOTATION_START_ORDER = f"{GROUP}/start-order"
 ANNOTATION_READY_PREFIX = f"{GROUP}/ready-"  # + container name: per-container ready (start-order)
+# written: why a pod with init containers was left as it is (the reason slug of the warning)
+ANNOTATION_NOT_REWRITTEN = f"{GROUP}/not-rewritten"
 
 MODE_DISABLED = "disabled"
 MODE_WAITER = "waiter"
 MODE_NATIVE = "native"
+MODE_HYBRID = "hybrid"  # native sidecars + waiter-run steps
 MODE_AUTO = "auto"
-MODES = (MODE_DISABLED, MODE_WAITER, MODE_NATIVE, MODE_AUTO)
+MODES = (MODE_DISABLED, MODE_WAITER, MODE_NATIVE, MODE_HYBRID, MODE_AUTO)
 MANAGED_START_ORDER = "start-order"  # LABEL_MANAGED value of pods given a start order
 
 READY_TRUE = "true"

@@ -127,10 +127,28 @@ class WatcherSettings:
                                 "Seconds a sidecar may keep running after the outcome before the pod is ended.", 10.0)
     sidecar_ready_timeout_seconds: float = _env("INITSHIFT_SIDECAR_READY_TIMEOUT_SECONDS",
                                                 "Seconds sidecars may take to become Ready before the pod fails.", 600.0)
-    resync_seconds: float = _env("INITSHIFT_RESYNC_SECONDS", "Periodic full re-list.", 300.0)
-    leader_election: bool = _env("INITSHIFT_LEADER_ELECTION", "Use a Lease so only one replica acts.", True)
+    resync_seconds: float = _env("INITSHIFT_RESYNC_SECONDS",
+                                 "Periodic full re-list; 0: never (re-list only on 410 Gone or a failed list).", 0.0)
+    leader_election: bool = _env("INITSHIFT_LEADER_ELECTION",
+                                 "Use a Lease: the holder acts at once, the others only on work it left overdue.",
+                                 True)
     lease_name: str = _env("INITSHIFT_LEASE_NAME", "Name of the leader-election Lease.", "initshift-watcher")
     lease_seconds: float = _env("INITSHIFT_LEASE_SECONDS", "Lease duration.", 15.0)
+    renew_seconds: float = _env("INITSHIFT_WATCHER_RENEW_SECONDS",
+                                "How often the holder renews the Lease (and a follower retries it); each attempt "
+                                "may take this long at most.", 2.0)
+    renew_deadline_seconds: float = _env("INITSHIFT_WATCHER_RENEW_DEADLINE_SECONDS",
+                                         "The holder stops leading when it could not renew for this long "
+                                         "(below the Lease duration).", 10.0)
+    takeover_seconds: float = _env("INITSHIFT_WATCHER_TAKEOVER_SECONDS",
+                                   "A replica that does not hold the Lease acts on a pod whose action or Event "
+                                   "has been due this long (the standstill after a leader dies silently).", 1.5)
+    concurrency: int = _env("INITSHIFT_WATCHER_CONCURRENCY",
+                            "Pods acted on at once (one action at a time per pod; Events are sent beside).", 32)
+    request_timeout_seconds: float = _env("INITSHIFT_WATCHER_REQUEST_TIMEOUT_SECONDS",
+                                          "Time allowed for one API call of the watcher (not the watch).", 10.0)
+    list_page_size: int = _env("INITSHIFT_WATCHER_LIST_PAGE_SIZE",
+                               "Pods per page when the watcher lists (bounds its memory on a re-list).", 500)
 
 
 @dataclass(frozen=True)

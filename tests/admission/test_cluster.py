@@ -110,7 +110,7 @@ async def test_auto_decision_table(version, kubelets, expected):
     support = NativeSupport(settings(), Cluster(version, kubelets))
     await support.refresh()
     assert support.current() is expected
-    want = {True: p.MODE_NATIVE, False: p.MODE_WAITER, None: p.MODE_WAITER}[expected]
+    want = {True: p.MODE_HYBRID, False: p.MODE_WAITER, None: p.MODE_WAITER}[expected]
     assert support.strategy() == want
 
 
@@ -141,7 +141,7 @@ async def test_failed_refresh_keeps_the_last_answer_and_upgrades_are_seen():
     assert support.current() is False, "a transient failure does not flip the strategy"
     fetcher.answer_version, fetcher.kubelets = git("v1.29.1"), ["v1.29.1", "v1.29.0"]
     await support.refresh()
-    assert support.current() is True and support.strategy() == p.MODE_NATIVE
+    assert support.current() is True and support.strategy() == p.MODE_HYBRID
 
 
 def test_default_strategy_follows_mode_and_feature_gate():
@@ -149,7 +149,8 @@ def test_default_strategy_follows_mode_and_feature_gate():
     assert cluster.default_strategy(settings(mode="waiter"), True) == p.MODE_WAITER
     assert cluster.default_strategy(settings(mode="native"), None) == p.MODE_NATIVE
     assert cluster.default_strategy(settings(mode="disabled"), True) == "disabled"
-    assert cluster.default_strategy(settings(), True) == p.MODE_NATIVE
+    assert cluster.default_strategy(settings(), True) == p.MODE_HYBRID
+    assert cluster.default_strategy(settings(mode="hybrid"), None) == p.MODE_HYBRID
 
 
 async def test_metrics_follow_the_decision():
@@ -161,7 +162,8 @@ async def test_metrics_follow_the_decision():
     assert value("initshift_native_sidecars_supported") == -1
     await support.refresh()
     assert value("initshift_native_sidecars_supported") == 1
-    assert value("initshift_active_strategy", strategy="native") == 1
+    assert value("initshift_active_strategy", strategy="hybrid") == 1
+    assert value("initshift_active_strategy", strategy="native") == 0
     assert value("initshift_active_strategy", strategy="waiter") == 0
     NativeSupport(settings(native_sidecars="false"))
     assert value("initshift_native_sidecars_supported") == 0
@@ -249,13 +251,14 @@ async def test_server_reports_and_uses_the_detected_strategy(tmp_path):
         assert ready["strategy"] == p.MODE_WAITER and ready["native_supported"] is None
         await support.refresh()
         ready = (await c.get("/readyz")).json()
-        assert ready["strategy"] == p.MODE_NATIVE and ready["native_supported"] is True
+        assert ready["strategy"] == p.MODE_HYBRID and ready["native_supported"] is True
         assert (await c.get("/metrics")).status_code == 404  # metrics have their own port
         text = metrics.exposition()[0].decode()
-        assert 'initshift_active_strategy{strategy="native"} 1.0' in text
+        assert 'initshift_active_strategy{strategy="hybrid"} 1.0' in text
         assert "initshift_native_sidecars_supported 1.0" in text
         pod = h.kpack_istio()
         answer = (await c.post("/mutate", json=h.review(pod, namespace="builds"))).json()
     patched = apply_patch(pod, admission.decode_patch(answer))
-    assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
-    assert [x["name"] for x in patched["spec"]["initContainers"]][:3] == ["istio-init", "istio-proxy", "prepare"]
+    assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
+    assert [x["name"] for x in patched["spec"]["initContainers"]] == ["istio-init", "istio-proxy",
+                                                                      p.INIT_CONTAINER_NAME]

@@ -69,17 +69,27 @@ def test_kpack_build_pod_gets_the_rewrite_as_a_patch(client, server):
     assert [c["name"] for c in patched["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]
 
 
+def asking(pod: dict, mode: str) -> dict:
+    """The pod with its own `initshift.io/mode`."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"].setdefault("annotations", {})[p.ANNOTATION_MODE] = mode
+    return pod
+
+
 @pytest.mark.parametrize("pod, reason", [
     (pods.load("kpack-build"), "no-sidecar"),
     (pods.without_init(h.kpack_istio()), "no-init-containers"),
     (pods.as_deployment_pod(h.kpack_istio()), "restart-policy"),
-    (pods.inject_istio(pods.load("kpack-build"), "native"), "already-native"),
+    (asking(pods.inject_istio(pods.load("kpack-build"), "native"), p.MODE_NATIVE), "already-native"),
 ])
 def test_unchanged_pods_have_no_patch_and_say_why(client, pod, reason):
     assert rewrite(pod, h.settings_for(Path("."))).reason == reason  # the case is what it claims
-    resp = mutate(client, h.review(pod, namespace="builds"))["response"]
+    answer = mutate(client, h.review(pod, namespace="builds"))
+    resp = answer["response"]
     assert resp["allowed"] is True
-    assert "patch" not in resp and "patchType" not in resp
+    # The one change: the reason on a pod with init containers; nothing on a pod without.
+    assert apply_patch(pod, admission.decode_patch(answer)) == pods.not_rewritten(pod, reason)
+    assert ("patch" in resp) == bool(pod["spec"].get("initContainers"))
     assert resp["warnings"] and all(w.strip() and "\n" not in w for w in resp["warnings"])
 
 

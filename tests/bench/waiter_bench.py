@@ -5,6 +5,10 @@
   in batches of 21 chained waiters, all waiting before the first is released
 - CPU time used while waiting 10 s for a completion file that never comes
 - peak RSS (VmHWM) of a waiting waiter
+- step 0's gate: from a loopback server turning ready (`--probe`, what waiter and hybrid
+  pods use) or the ready file appearing (`--ready-file`, the waiter's own part of the
+  watcher's path) to step 0's startedAt, 20 runs each
+- a chain of 20 steps of 0.2 s (the issue's kubelet measurement): first start to last end
 
 Runs the bundle where pods run it, chrooted into a busybox root with the bundle at
 /initshift/bin/waiter (needs root); otherwise it measures the source waiter and says so.
@@ -13,23 +17,29 @@ Runs the bundle where pods run it, chrooted into a busybox root with the bundle 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from waiter import protocol as p
+from waiter.gate import PROBE_INTERVAL
 from waiter.post import write_atomic
 from tests.support.waiter_support import SOURCE_WAITER, catches, ensure_bundle, record, waiter_env
 
 COLD_RUNS = 20
 BATCHES, CHAIN = 10, 21  # 10 x 20 = 200 handoffs
 IDLE_SECONDS = 10
+GATE_RUNS = 20
+STEPS, STEP_SECONDS = 20, 0.2
 
 
 class Target:
@@ -47,6 +57,7 @@ class Target:
             (self.root / "bin").mkdir()
             shutil.copy(shutil.which("busybox") or "/bin/busybox", self.root / "bin" / "busybox")
             (self.root / "bin" / "true").symlink_to("busybox")
+            (self.root / "bin" / "sleep").symlink_to("busybox")
             self.work = self.root / "work"
             self.inside = "/work"
         else:
@@ -66,6 +77,9 @@ class Target:
 
     def true(self) -> str:
         return "/bin/true" if self.frozen else shutil.which("true") or "/bin/true"
+
+    def sleep(self) -> str:
+        return "/bin/sleep" if self.frozen else shutil.which("sleep") or "/bin/sleep"
 
 
 def _ts(value: str) -> float:
@@ -128,6 +142,74 @@ def idle(t: Target) -> tuple[float, int]:
     return used, hwm
 
 
+class Sidecar:
+    """A loopback HTTP server whose readiness endpoint answers 503 until `ready` is set."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        sidecar = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200 if sidecar.ready.is_set() else 503)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/ready"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _gated(t: Target, name: str, flags: tuple[str, ...], open_gate) -> float:
+    """Seconds from open_gate() to the step's startedAt."""
+    (t.work / name).mkdir()
+    proc = t.popen(f"{t.inside}/{name}/done", *flags, argv=[t.true()])
+    _wait_ready([proc])
+    time.sleep(0.3 + random.uniform(0, PROBE_INTERVAL))  # well into its waiting, at any phase of its probe rounds
+    opened = time.time()
+    open_gate()
+    proc.wait()
+    return _ts(record(t.work / name / "done")[p.RECORD_STARTED_AT]) - opened
+
+
+def gate_latency(t: Target) -> tuple[list[float], list[float]]:
+    sidecar = Sidecar()
+    probe, ready_file = [], []
+    try:
+        for i in range(GATE_RUNS):
+            sidecar.ready.clear()
+            probe.append(_gated(t, f"probe{i}", (p.FLAG_PROBE, sidecar.url), sidecar.ready.set))
+            path = t.work / f"file{i}" / "ready"
+            ready_file.append(_gated(t, f"file{i}", (p.FLAG_READY_FILE, f"{t.inside}/file{i}/ready"),
+                                     lambda: write_atomic(str(path), p.READY_TRUE.encode())))
+    finally:
+        sidecar.close()
+    return probe, ready_file
+
+
+def chain(t: Target) -> float:
+    """First step's start to last step's end, STEPS steps of STEP_SECONDS, all started at once."""
+    (t.work / "chain").mkdir()
+    inside = f"{t.inside}/chain"
+    procs = [t.popen(f"{inside}/{i}", *((p.FLAG_WAIT, f"{inside}/{i - 1}") if i else ()),
+                     argv=[t.sleep(), str(STEP_SECONDS)]) for i in range(STEPS)]
+    for proc in procs:
+        proc.wait()
+    recs = [record(t.work / "chain" / str(i)) for i in range(STEPS)]
+    return _ts(recs[-1][p.RECORD_FINISHED_AT]) - _ts(recs[0][p.RECORD_STARTED_AT])
+
+
+def _ms(values: list[float]) -> str:
+    return f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, " \
+           f"max {max(values) * 1000:.1f})"
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="waiter-bench-") as tmp:
         t = Target(Path(tmp))
@@ -144,6 +226,13 @@ def main() -> int:
         tick = 1000 / os.sysconf("SC_CLK_TCK")
         print(f"CPU time while waiting {IDLE_SECONDS} s: {used * 1000:.0f} ms (resolution {tick:.0f} ms)")
         print(f"peak RSS of a waiting waiter (VmHWM): {hwm / 1024:.1f} MiB")
+        probe, ready_file = gate_latency(t)
+        print(f"step 0 gate, loopback probe turns ready -> step starts: {_ms(probe)}")
+        print(f"step 0 gate, ready file appears -> step starts: {_ms(ready_file)} "
+              f"(on a cluster add the watcher's patch and the kubelet's downward-API refresh)")
+        span = chain(t)
+        print(f"{STEPS} steps of {STEP_SECONDS} s under the waiter, first start -> last end: {span:.2f} s "
+              f"(the limit is {STEPS * STEP_SECONDS:.1f} s)")
     return 0
 
 

@@ -19,7 +19,8 @@ from webhook.cli._main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / "mutate.json"
-MODES = {"waiter": ["--mode", "waiter"], "native": ["--mode", "native"], "auto": ["--mode", "auto"],
+MODES = {"waiter": ["--mode", "waiter"], "native": ["--mode", "native"], "hybrid": ["--mode", "hybrid"],
+         "auto": ["--mode", "auto"],
          "auto-native": ["--mode", "auto", "--native-sidecars"]}
 
 

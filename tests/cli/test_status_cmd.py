@@ -12,6 +12,7 @@ from typing import Callable
 import pytest
 import yaml
 
+from tests.support.fixtures import pods
 from tests.support.kubedouble import KubeDouble, terminated
 from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
 from tests.watcher.test_podview import kpack_deadline_after_success, kpack_running
@@ -109,6 +110,16 @@ async def test_never_rewritten_pod_shows_its_init_containers(kube: KubeDouble, c
     assert code == 0 and "not rewritten by initshift" in out and "Result:  Failed" in out
     assert [(r["#"], r["KIND"], r["STATE"], r["EXIT"], r["REASON"]) for r in rows.values()] == [
         ("1", "step", "failed", "128", "Error"), ("", "main", "not run", "", "NotRun")]
+
+
+async def test_a_pod_left_as_it_was_shows_the_reason(kube: KubeDouble, cfg: str) -> None:
+    plain = with_status(pods.not_rewritten(pod("job", rewritten=False), "no-sidecar"),
+                        init=[init_done("git-clone", 0, 4, 0)], containers=[run("build")], phase="Running")
+    kube.put_pod(plain)
+    code, out, _ = await status("build-1", "--kubeconfig", cfg)
+    assert code == 0 and "not rewritten by initshift (reason: no-sidecar)" in out
+    code, out, _ = await status("build-1", "--kubeconfig", cfg, "-o", "json")
+    assert code == 0 and json.loads(out)["notRewritten"] == "no-sidecar"
 
 
 @pytest.mark.parametrize("setup, message", [

@@ -5,6 +5,7 @@ Service, certificates and Pod Security "restricted"."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -229,7 +230,8 @@ def expected_grants(spec: Install, r: Rendered) -> set[Grant]:
     settings = Settings.from_env(env)
     ns = spec.namespace
     out: set[Grant] = {("*", "", "pods", v, "*") for v in ("get", "list", "watch", "patch")}
-    out.add(("*", "", "events", "create", "*"))
+    # Events: created, and listed/watched so each replica knows which are sent (each once).
+    out |= {("*", "", "events", v, "*") for v in ("create", "list", "watch")}
     # Leader election: create cannot be limited by name; get/update are, to our Lease.
     out.add((ns, "coordination.k8s.io", "leases", "create", "*"))
     out |= {(ns, "coordination.k8s.io", "leases", v, settings.watcher.lease_name) for v in ("get", "update")}
@@ -580,6 +582,8 @@ def test_chart_defaults_are_the_code_defaults():
     assert values["quitEndpoints"] == rw.quit_endpoints == p.DEFAULT_QUIT_ENDPOINTS
     assert (values["strategy"], values["nativeSidecars"], values["resourcesPolicy"]) == \
         (rw.mode, rw.native_sidecars, rw.resources_policy)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert sorted(schema["properties"]["strategy"]["enum"]) == sorted(p.MODES), "every INITSHIFT_MODE value"
     assert values["webhook"]["configName"] == DEFAULTS.server.webhook_config
     assert values["webhook"]["namespaceSelector"]["matchLabels"] == {p.LABEL_NAMESPACE_ENABLED: "true"}
 

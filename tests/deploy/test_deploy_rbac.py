@@ -25,7 +25,9 @@ Attrs = tuple[str, str, str, str, str]  # verb, group, resource, namespace ("" =
 Responder = Callable[[str, str, dict], tuple[int, Any]]
 
 # KubeApi methods the running server never calls (test and debugging helpers); RBAC need not cover them.
-NOT_USED_BY_THE_SERVER = {"pod_log"}
+# `initshift check` runs with the user's credentials: its calls are listed here too.
+NOT_USED_BY_THE_SERVER = {"pod_log", "create_pod", "delete_pod", "get_webhook_config", "list_webhook_configs",
+                          "list_namespaces", "get_service", "get_deployment", "get_configmap", "review_access", "get_version"}
 
 
 class _Resp:
@@ -105,6 +107,10 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
     await rec.get_pod("builds", "p")
     await rec.patch_pod("builds", "p", {"metadata": {"annotations": {}}})
     await rec.create_event("builds", {"metadata": {"generateName": "p."}})
+    async for _ in rec.list_pages("events", None, field_selector="source=initshift-watcher"):
+        pass
+    async for _ in rec.watch("events", None, field_selector="source=initshift-watcher", resource_version="1"):
+        pass
     assert await rec.get_lease(ns, lease) is None
     await rec.create_lease(ns, {"metadata": {"name": lease}})
     await rec.replace_lease(ns, lease, {"metadata": {"name": lease}})
@@ -112,7 +118,7 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
 
 
 WATCHER_METHODS = {"list_pods", "watch_pods", "get_pod", "patch_pod", "create_event", "get_lease", "create_lease",
-                   "replace_lease"}
+                   "replace_lease", "list_pages", "watch"}
 
 
 async def certificate_calls(settings: Settings, tls_dir: Path) -> list[Attrs]:
@@ -186,6 +192,50 @@ async def test_rbac_allows_every_call_the_code_makes(name, tmp_path):
         calls += await pull_secret_calls()
     denied = [c for c in calls if not allowed(g, c)]
     assert denied == [], f"{name}: the code would be forbidden: {denied}"
+
+
+async def node_calls() -> list[Attrs]:
+    from webhook.admission._cluster import KubeFetcher, observe
+
+    rec = Recorder(lambda m, path, q: (200, {"major": "1", "minor": "30", "gitVersion": "v1.30.2"})
+                   if path == "/version" else (200, {"items": [], "metadata": {}}))
+    await observe(KubeFetcher(rec))
+    return [c for c in rec.calls if c[2] not in PUBLIC_INFO]
+
+
+async def test_server_access_is_exactly_what_the_code_calls(tmp_path):
+    """`webhook.kube.server_access` (what `initshift check` asks a SubjectAccessReview for)
+    describes every call the server makes, and nothing it does not make."""
+    from webhook.kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, server_access
+
+    settings = Settings()
+    calls = {ALWAYS: await watcher_calls(settings), SELF_MANAGED_CERTS: await certificate_calls(settings, tmp_path),
+             NODE_VERSIONS: await node_calls(), PULL_SECRETS: await pull_secret_calls()}
+    listed = server_access(settings)
+    for needed, made in calls.items():
+        entries = [a for a in listed if a.needed == needed]
+        uncovered = [c for c in made if not any(a.covers(*c) for a in entries)]
+        assert uncovered == [], f"{needed}: calls missing from server_access: {uncovered}"
+        unused = [a.text() for a in entries if not any(a.covers(*c) for c in made)]
+        assert unused == [], f"{needed}: server_access lists calls the code does not make: {unused}"
+    assert {a.needed for a in listed} == set(calls)
+
+
+@pytest.mark.parametrize("name", list(INSTALLS))
+def test_every_install_grants_what_server_access_lists(name):
+    from webhook.kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, server_access
+
+    render, self_managed, pull_secrets = INSTALLS[name]
+    r = Rendered(render())
+    settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": r.namespace})
+    wanted = {ALWAYS, *([SELF_MANAGED_CERTS] if self_managed else []), *([PULL_SECRETS] if pull_secrets else [])}
+    g = grants(r)
+    for a in server_access(settings):
+        attrs = (a.verb, a.group, a.resource, a.namespace, a.name)
+        if a.needed in wanted:
+            assert allowed(g, attrs), f"{name}: {a.text()} is not granted"
+        elif a.needed == NODE_VERSIONS:
+            assert allowed(g, attrs) == name.endswith("+components"), a.text()
 
 
 async def test_certificate_code_needs_rights_cert_manager_installs_do_not_grant(tmp_path):

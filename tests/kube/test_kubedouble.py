@@ -201,7 +201,8 @@ async def test_fault_injection(kube: KubeDouble, http: aiohttp.ClientSession) ->
 
 async def test_events_leases_and_cluster_objects(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
     kube.put_pod(pod("e"))
-    ev = {"metadata": {"generateName": "e."}, "involvedObject": {"kind": "Pod", "name": "e"}, "reason": "R"}
+    ev = {"metadata": {"generateName": "e."}, "involvedObject": {"kind": "Pod", "name": "e", "namespace": "ns"},
+          "reason": "R"}
     assert (await call(http, "POST", "/api/v1/namespaces/ns/events", ev))[0] == 201
     new = {"metadata": {"name": "e.2"}, "regarding": {"kind": "Pod", "name": "e"}, "reason": "S"}
     assert (await call(http, "POST", "/apis/events.k8s.io/v1/namespaces/ns/events", new))[0] == 201
@@ -301,3 +302,166 @@ async def test_kube_api_errors_carry_the_status(kube: KubeDouble) -> None:
         assert err.value.status == 0
     finally:
         await unreachable.close()
+
+
+SAR = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
+def review(user: str, **attrs: str) -> dict:
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attrs}}
+
+
+async def test_subject_access_reviews_answer_from_the_rbac_table(kube: KubeDouble,
+                                                                 http: aiohttp.ClientSession) -> None:
+    kube.grant("sa", {("*", "", "pods", "get", "*"), ("ns", "coordination.k8s.io", "leases", "update", "lease"),
+                      ("ns", "coordination.k8s.io", "leases", "create", "*")})
+
+    async def allowed(**attrs: str) -> bool:
+        status, body = await call(http, "POST", SAR, review("sa", **attrs))
+        assert status == 201 and body["kind"] == "SubjectAccessReview" and body["spec"]["user"] == "sa"
+        return body["status"]["allowed"]
+
+    assert await allowed(verb="get", resource="pods")  # a ClusterRoleBinding: every namespace
+    assert await allowed(verb="get", resource="pods", namespace="x", name="p")
+    assert not await allowed(verb="list", resource="pods")  # RBAC denies by default
+    lease = dict(group="coordination.k8s.io", resource="leases")
+    assert await allowed(verb="update", namespace="ns", name="lease", **lease)
+    assert not await allowed(verb="update", namespace="ns", name="other", **lease)  # resourceNames
+    assert not await allowed(verb="update", namespace="other", name="lease", **lease)  # a Role: one namespace
+    assert not await allowed(verb="create", **lease)  # cluster-wide needs a cluster grant
+    assert await allowed(verb="create", namespace="ns", **lease)
+    kube.revoke("sa", "get", "pods")
+    assert not await allowed(verb="get", resource="pods")
+    status, body = await call(http, "POST", SAR, {"spec": {"resourceAttributes": {"verb": "get"}}})
+    assert status == 422 and "at least one of user or group" in body["message"]
+    status, body = await call(http, "POST", SAR, {"spec": {"user": "sa"}})
+    assert status == 422 and "exactly one of" in body["message"]
+    assert (await call(http, "GET", SAR))[0] == 405
+    assert kube.items("pods") == []  # nothing is stored
+
+
+async def test_namespaces_are_labelled_with_their_name(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put("namespaces", {"metadata": {"name": "a"}})
+    await call(http, "POST", "/api/v1/namespaces", {"metadata": {"name": "b", "labels": {"x": "y"}}})
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kube.items("namespaces")}
+    assert labels == {"a": {"kubernetes.io/metadata.name": "a"}, "b": {"x": "y", "kubernetes.io/metadata.name": "b"}}
+
+
+async def test_pod_creation_runs_the_admission_chain_in_order(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    seen: list[str] = []
+
+    def hook(tag: str) -> Any:
+        async def mutate(body: dict, namespace: str) -> dict:
+            seen.append(f"{tag}:{namespace}")
+            body["metadata"].setdefault("labels", {})[tag] = str(len(seen))
+            return body
+        return mutate
+
+    kube.admission = [hook("first"), hook("second")]
+    status, created = await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("p"))
+    assert status == 201 and seen == ["first:ns", "second:ns"]
+    assert created["metadata"]["labels"] == {"first": "1", "second": "2"}
+    await call(http, "POST", "/api/v1/namespaces/ns/configmaps", {"metadata": {"name": "c"}})
+    assert len(seen) == 2, "only pod creation is admitted"
+
+
+async def test_paged_lists_come_from_one_snapshot(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    for i in range(5):
+        kube.put_pod(pod(f"p{i}"))
+    status, first = await call(http, "GET", "/api/v1/pods", limit="2")
+    assert status == 200 and [o["metadata"]["name"] for o in first["items"]] == ["p0", "p1"]
+    assert first["metadata"]["remainingItemCount"] == 3
+    kube.put_pod(pod("p9"))  # after the snapshot: not in its pages
+    _, second = await call(http, "GET", "/api/v1/pods", limit="2", **{"continue": first["metadata"]["continue"]})
+    _, third = await call(http, "GET", "/api/v1/pods", limit="2", **{"continue": second["metadata"]["continue"]})
+    assert [o["metadata"]["name"] for o in second["items"] + third["items"]] == ["p2", "p3", "p4"]
+    assert "continue" not in third["metadata"]
+    assert first["metadata"]["resourceVersion"] == third["metadata"]["resourceVersion"]
+    _, again = await call(http, "GET", "/api/v1/pods", limit="2")
+    kube.put_pod(pod("p10"))
+    kube.compact()  # etcd compacted the snapshot's revision
+    status, body = await call(http, "GET", "/api/v1/pods", limit="2", **{"continue": again["metadata"]["continue"]})
+    assert status == 410 and "too old" in body["message"]
+    api = kube.kube_api()
+    try:
+        pages = [(len(items), rv) async for items, rv in api.list_pages("pods", "ns", limit=4)]
+    finally:
+        await api.close()
+    assert [n for n, _ in pages] == [4, 3] and len({rv for _, rv in pages}) == 1
+
+
+async def test_bookmarks_only_when_asked(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.bookmark_seconds = 0.1
+    kube.put_pod(pod("b"))
+    rv = str(kube.resource_version)
+    kube.put("configmaps", {"metadata": {"name": "c", "namespace": "ns"}})  # moves the resourceVersion on
+    params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
+    async with http.get("/api/v1/pods", params=params) as r:
+        (event,) = await _read_events(r, 1)
+        assert event["type"] == "BOOKMARK" and event["object"]["kind"] == "Pod"
+        assert event["object"]["metadata"] == {"resourceVersion": str(kube.resource_version)}
+    async with http.get("/api/v1/pods", params={"watch": "true", "resourceVersion": rv, "timeoutSeconds": "1"}) as r:
+        assert await asyncio.wait_for(r.content.readline(), BOUND) == b""  # none without allowWatchBookmarks
+
+
+async def test_write_latency_delays_writes_not_reads(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    kube.put_pod(pod("l"))
+    kube.write_latency = (0.2, 0.25)
+    await call(http, "GET", "/api/v1/namespaces/ns/pods/l")
+    await call(http, "PATCH", "/api/v1/namespaces/ns/pods/l", {"metadata": {"annotations": {"a": "b"}}}, MERGE)
+    get, patch = kube.requests[-2:]
+    assert get.finished - get.started < 0.2 <= patch.finished - patch.started
+
+
+@pytest.mark.parametrize("blip", [False, True])
+async def test_outages_reset_requests_and_watches(kube: KubeDouble, http: aiohttp.ClientSession, blip: bool) -> None:
+    kube.put_pod(pod("o"))
+    async with http.get("/api/v1/pods", params={"watch": "true"}) as r:
+        await _read_events(r, 1)
+        kube.outage(0.4, blip=blip)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(aiohttp.ClientError):  # (a PATCH: aiohttp retries a reset GET once by itself)
+            await call(http, "PATCH", "/api/v1/namespaces/ns/pods/o", {"metadata": {"labels": {"a": "b"}}}, MERGE)
+        # A blip holds the request until the network comes back; a server that is gone answers nothing at once.
+        assert (asyncio.get_running_loop().time() - began >= 0.2) is blip
+        with pytest.raises(aiohttp.ClientError):  # the open watch is cut too
+            while await asyncio.wait_for(r.content.readline(), BOUND):
+                pass
+    await asyncio.sleep(0.45)
+    assert (await call(http, "GET", "/api/v1/namespaces/ns/pods/o"))[0] == 200
+    assert kube.pod("ns", "o")["metadata"]["labels"] == {}  # the write never landed
+
+
+async def test_a_silenced_client_reaches_nothing(kube: KubeDouble) -> None:
+    kube.put_pod(pod("s"))
+    dead, alive = kube.kube_api("dead"), kube.kube_api("alive")
+    try:
+        kube.silence("dead", "POST")
+        with pytest.raises(KubeError) as e:
+            await dead.create_event("ns", {"metadata": {"name": "s.1"}, "involvedObject": {"namespace": "ns"}})
+        assert e.value.status == 0
+        assert (await dead.get_pod("ns", "s"))["metadata"]["name"] == "s"  # only its POSTs
+        kube.silence("dead")
+        with pytest.raises(KubeError):
+            await dead.get_pod("ns", "s")
+        assert (await alive.get_pod("ns", "s"))["metadata"]["name"] == "s"
+    finally:
+        await dead.close()
+        await alive.close()
+
+
+async def test_events_are_validated_and_selected_by_source(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    ev = {"metadata": {"name": "x.1"}, "involvedObject": {"kind": "Pod", "name": "x", "namespace": "ns"},
+          "source": {"component": "initshift-watcher"}, "reason": "R"}
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/events", ev))[0] == 201
+    status, body = await call(http, "POST", "/api/v1/namespaces/ns/events", ev)
+    assert status == 409 and body["reason"] == "AlreadyExists"
+    bad_name = {**ev, "metadata": {"name": "X_1"}}
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/events", bad_name))[0] == 422
+    elsewhere = {**ev, "metadata": {"name": "x.2"}, "involvedObject": {"name": "x", "namespace": "other"}}
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/events", elsewhere))[0] == 422
+    other = {**ev, "metadata": {"name": "y.1"}, "source": {"component": "kubelet"}}
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/events", other))[0] == 201
+    _, listed = await call(http, "GET", "/api/v1/events", fieldSelector="source=initshift-watcher")
+    assert [e["metadata"]["name"] for e in listed["items"]] == ["x.1"]

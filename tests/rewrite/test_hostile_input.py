@@ -228,3 +228,17 @@ def test_start_order_collisions_deny():
     proxy.setdefault("volumeMounts", []).append({"name": p.MARKER_VOLUME, "mountPath": "/forge"})
     result = rewrite(pod, ON)
     assert result.denied and p.MARKER_VOLUME in result.denied and "'istio-proxy'" in result.denied
+
+
+def test_the_not_rewritten_note_is_left_off_a_pod_it_would_push_over_etcds_limit():
+    """Found by the TLS fuzz: a skipped pod gets a note saying why, which must not push a
+    pod that fits over the limit."""
+    pod = copy.deepcopy(CATALOGUE["deployment-istio"])
+    c = pod["spec"]["containers"][0]
+    c.setdefault("env", []).append({"name": "PAD", "value": ""})
+    c["env"][-1]["value"] = "x" * (MAX_OBJECT_BYTES - object_bytes(pod))
+    assert object_bytes(pod) == MAX_OBJECT_BYTES
+    result = rewrite(pod, ON)
+    assert object_bytes(result.pod) <= MAX_OBJECT_BYTES and result.warnings
+    small = rewrite(CATALOGUE["deployment-istio"], ON)
+    assert small.pod is not CATALOGUE["deployment-istio"]  # with room, the note is there

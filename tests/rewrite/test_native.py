@@ -19,20 +19,22 @@ from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
 
 ON = Settings(feature_gate=True)
+NATIVE = Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_NATIVE))  # auto picks hybrid for builds
 CATALOGUE = pods.catalogue()
 # Native sidecars need the 1.29+ schemas (restartPolicy on init containers).
 NATIVE_VERSIONS = ("1.29.0", NEWEST)
 
-# The waiter strategy's decisions, except that every restartPolicy works natively.
-EXPECTED = {**WAITER_EXPECTED, "deployment-istio": "rewritten"}
+# The waiter strategy's decisions, except that every restartPolicy works natively and a
+# proxy already native leaves nothing to do.
+EXPECTED = {**WAITER_EXPECTED, "deployment-istio": "rewritten", "kpack-istio-native": "already-native"}
 
 
-def native(pod: dict, settings: Settings = ON, **kw) -> object:
+def native(pod: dict, settings: Settings = NATIVE, **kw) -> object:
     return rewrite(pod, settings, native_supported=True, **kw)
 
 
 def with_settings(**fields) -> Settings:
-    return Settings(feature_gate=True, rewrite=RewriteSettings(**fields))
+    return Settings(feature_gate=True, rewrite=RewriteSettings(**{"mode": p.MODE_NATIVE, **fields}))
 
 
 def names(containers) -> list[str]:
@@ -54,7 +56,7 @@ def test_decision_and_validity(name):
     assert result.changed == (EXPECTED[name] == "rewritten")
     assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
     if not result.changed:
-        assert result.pod == pod
+        assert result.pod == pods.not_rewritten(pod, result.reason)
         return
     assert result.strategy == p.MODE_NATIVE
     assert_valid_pod(result.pod, NATIVE_VERSIONS)
@@ -159,8 +161,9 @@ def test_derived_probe_in_a_pod_validates_and_sidecar_without_probe_is_warned():
 def test_already_native_proxy_is_admitted_unchanged():
     result = native(CATALOGUE["kpack-istio-native"])
     assert not result.changed and "already runs as a native sidecar" in result.warnings[0]
-    # The waiter strategy agrees: nothing to do for a native proxy.
-    assert rewrite(CATALOGUE["kpack-istio-native"], ON).reason == "already-native"
+    # The other strategies run its steps under the waiter beside the native proxy (hybrid).
+    for settings in (ON, with_settings(mode=p.MODE_WAITER)):
+        assert rewrite(CATALOGUE["kpack-istio-native"], settings).strategy == p.MODE_HYBRID
 
 
 @pytest.mark.parametrize("inject, key", [
@@ -227,7 +230,10 @@ def test_auto_follows_detection():
 def test_native_sidecars_setting_overrides_detection():
     pod = CATALOGUE["job-istio"]
     assert rewrite(pod, with_settings(native_sidecars="true"), native_supported=None).strategy == p.MODE_NATIVE
-    assert rewrite(pod, with_settings(native_sidecars="false"), native_supported=True).strategy == p.MODE_WAITER
+    assert rewrite(pod, with_settings(mode="auto", native_sidecars="true"), native_supported=None).strategy == \
+        p.MODE_HYBRID
+    assert rewrite(pod, with_settings(mode="auto", native_sidecars="false"), native_supported=True).strategy == \
+        p.MODE_WAITER
 
 
 def test_mode_native_on_unsupported_and_unknown_clusters():
@@ -244,7 +250,7 @@ def test_mode_native_on_unsupported_and_unknown_clusters():
 def test_native_needs_no_image_lookups():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     del pod["spec"]["initContainers"][1]["command"]
-    assert plan(pod, ON, native_supported=True).lookups() == []
+    assert plan(pod, NATIVE, native_supported=True).lookups() == []
     assert native(pod).changed, "steps keep running as init containers: no ENTRYPOINT needed"
 
 

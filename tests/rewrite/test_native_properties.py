@@ -16,9 +16,9 @@ from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
 from webhook.rewrite._podcheck import pod_problems
 from webhook.rewrite._rewrite import rewrite
-from webhook.settings import Settings
+from webhook.settings import RewriteSettings, Settings
 
-ON = Settings(feature_gate=True)
+ON = Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_NATIVE))
 PROXIES = ("istio-proxy", "linkerd-proxy")
 MESH_INITS = ("istio-init", "istio-validation", "linkerd-init")
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

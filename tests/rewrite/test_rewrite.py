@@ -25,7 +25,7 @@ EXPECTED = {
     "kpack-istio": "rewritten",
     "kpack-istio-cni": "rewritten",
     "kpack-istio-hold": "rewritten",
-    "kpack-istio-native": "already-native",
+    "kpack-istio-native": "rewritten",  # as hybrid: the proxy is native already
     "kpack-linkerd": "rewritten",
     "tekton": "no-sidecar",
     "tekton-istio": "rewritten",
@@ -68,7 +68,7 @@ def test_decision_and_validity(name):
     assert result.reason == EXPECTED[name]
     assert result.changed == (EXPECTED[name] == "rewritten")
     if not result.changed:
-        assert result.pod == pod
+        assert result.pod == pods.not_rewritten(pod, result.reason)
         assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
         return
     assert_valid_pod(result.pod)
@@ -417,13 +417,14 @@ def test_lookups_of_a_malformed_pod_are_none():
 
 
 def test_native_sidecars_already_run_before_the_steps():
-    # A sidecar named by initshift.io/sidecars that already is native: nothing to fix, as
-    # for istio-proxy; a native sidecar of another kind is no reason to rewrite a mesh-less pod.
+    # A sidecar named by initshift.io/sidecars that already is native: the steps get the
+    # hybrid treatment, as for istio-proxy; a native sidecar of another kind is no reason to
+    # rewrite a mesh-less pod.
     job = copy.deepcopy(CATALOGUE["job"])
     agent = {"name": "mesh-agent", "image": "mesh/agent:1", "restartPolicy": "Always"}
     job["spec"]["initContainers"].insert(0, agent)
     job["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "mesh-agent"
-    assert rewrite(job, ON).reason == "already-native"
+    assert rewrite(job, ON).strategy == p.MODE_HYBRID
     del job["metadata"]["annotations"][p.ANNOTATION_SIDECARS]
     assert rewrite(job, ON).reason == "no-sidecar"
     job["metadata"]["annotations"][p.ISTIO_INJECT_ANNOTATION] = "true"

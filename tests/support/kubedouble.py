@@ -4,28 +4,42 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 
 - a global, increasing resourceVersion; lists carry it, objects carry theirs;
 - list with `labelSelector` (`=`, `==`, `!=`, `in`, `notin`, exists, `!key`) and simple
-  `fieldSelector` (`a.b=v`, `a.b!=v`), across namespaces or in one;
+  `fieldSelector` (`a.b=v`, `a.b!=v`; on events `source` means `source.component`), across
+  namespaces or in one; `limit`/`continue` pages served from one snapshot (a token older
+  than the retained history gets 410);
 - watch (`?watch=true&resourceVersion=N`): replays retained history after N, then
   streams ADDED/MODIFIED/DELETED lines; N older than the retained window gets an ERROR
   event with a 410 `Status`; `timeoutSeconds` ends the stream; no N (or "0") starts with
-  synthetic ADDED events for what exists;
+  synthetic ADDED events for what exists; with `allowWatchBookmarks=true`, a BOOKMARK
+  (only `metadata.resourceVersion`) every `bookmark_seconds` and on `send_bookmarks()`;
 - create (409 AlreadyExists, `generateName`), get, PUT (409 on a stale
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
   a patch carrying metadata.resourceVersion is conditional (409 when stale); delete;
+- events: the name must be a DNS subdomain and `involvedObject.namespace` the event's
+  own namespace (422), as the apiserver validates them;
 - pods: updates may change metadata, container images and `spec.activeDeadlineSeconds`
   (only set when unset, or lowered, > 0) and nothing else in spec (422); status is
   written only through `/status` or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
   "waiting to start" before the container runs, a follow ends when it terminates);
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
-  secrets, serviceaccounts, configmaps, mutating/validating webhook configurations,
-  `GET /version`.
+  secrets, serviceaccounts, configmaps, services, apps/v1 deployments, mutating/validating
+  webhook configurations, `GET /version`;
+- SubjectAccessReview creation (`authorization.k8s.io/v1`, never stored), answered from the
+  RBAC table `grant()` fills (RBAC denies by default; at least one of user/groups and
+  exactly one of resourceAttributes/nonResourceAttributes, else 422);
+- pod creation runs the `admission` chain first (async callables pod -> pod, in order, as
+  the apiserver calls mutating webhooks), e.g. the real initshift server and a mesh injector.
 
 Test hooks: `fail_next()` (next N matching requests answer a status; 410 on a watch is
-an ERROR event), `delay()`, `drop_watches()`, `compact()` (forget history: older
-resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
-`kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests`, `patches()`,
+an ERROR event), `delay()`, `write_latency` (every write waits a random time in the range
+before it commits, as a loaded apiserver does), `outage()` (the server gone: connections
+reset; or a network blip: requests and watches stall, then reset), `silence()` (one
+client's requests are reset from now on: a process killed without warning), `drop_watches()`,
+`compact()` (forget history: older resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
+`kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests` (each with its
+arrival and answer time), `patches()`,
 `events_for()`, `get()`/`pod()`. `kube_api()` / `api_client()` build clients pointed at it.
 
 Usage::
@@ -38,11 +52,13 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import random
 import re
 import string
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -112,6 +128,8 @@ RESOURCES = {r.key: r for r in [
     Resource("secrets", "/api/v1", "secrets", "Secret"),
     Resource("serviceaccounts", "/api/v1", "serviceaccounts", "ServiceAccount"),
     Resource("configmaps", "/api/v1", "configmaps", "ConfigMap"),
+    Resource("services", "/api/v1", "services", "Service"),
+    Resource("deployments", "/apis/apps/v1", "deployments", "Deployment"),
     Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
     Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),
     Resource("events.k8s.io", "/apis/events.k8s.io/v1", "events", "Event"),
@@ -181,13 +199,19 @@ def label_matcher(selector: str | None) -> Any:
     return lambda labels: all(t(labels or {}) for t in tests)
 
 
-def field_matcher(selector: str | None) -> Any:
+# Field labels the apiserver maps to another path (pkg/registry/core/event: `source` is the component).
+_FIELD_LABELS = {"events": {"source": "source.component"}}
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def field_matcher(selector: str | None, resource: str = "") -> Any:
     tests = []
     for req in _split_selector(selector or ""):
         neg = "!=" in req
         path, _, value = req.replace("!=", "=").replace("==", "=").partition("=")
         if not _:
             raise ApiError(400, f"invalid field selector: {req!r}")
+        path = _FIELD_LABELS.get(resource, {}).get(path.strip(), path)
         keys = path.strip().split(".")
 
         def lookup(obj: Any, keys: list[str] = keys) -> str:
@@ -208,6 +232,8 @@ class RequestRecord:
     body: Any
     user_agent: str
     status: int = 0
+    started: float = 0.0  # time.monotonic() on arrival
+    finished: float = 0.0  # when answered (0: never, e.g. cut by an outage)
 
 
 @dataclass
@@ -240,6 +266,8 @@ class _Watcher:
     labels: Any
     fields: Any
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    bookmarks: bool = False
+    user_agent: str = ""
 
 
 @dataclass
@@ -251,7 +279,7 @@ class _Change:
     old: dict | None
 
 
-_DROP, _END = "drop", "end"
+_DROP, _END, _BOOKMARK = "drop", "end", "bookmark"
 
 
 class KubeDouble:
@@ -277,6 +305,15 @@ class KubeDouble:
         self._log_changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""
+        # user -> {(namespace or "*", group, resource[/subresource], verb, name or "*")}
+        self.rbac: dict[str, set[tuple[str, str, str, str, str]]] = {}
+        self.admission: list[Any] = []  # async (pod, namespace) -> pod, run on every pod create
+        self.write_latency: tuple[float, float] | None = None  # (min, max) seconds before a write commits
+        self.bookmark_seconds = 60.0  # the apiserver sends a bookmark about once a minute
+        self._outage_until = 0.0
+        self._outage_blip = False
+        self._continues: dict[str, tuple[int, list[dict]]] = {}
+        self._silenced: list[tuple[str, str | None]] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> "KubeDouble":
@@ -333,6 +370,46 @@ class KubeDouble:
         self._rules.clear()
         self._delays.clear()
 
+    def outage(self, seconds: float, *, blip: bool = False) -> None:
+        """For `seconds`, the apiserver is unreachable. Gone (default): every request and
+        open watch is reset at once. `blip` (a network partition): requests and watches
+        hang, then are reset when it ends, as TCP connections that stalled."""
+        self._outage_until = time.monotonic() + seconds
+        self._outage_blip = blip
+        for w in self._watchers:
+            w.queue.put_nowait(_DROP)
+
+    def silence(self, user_agent: str, method: str | None = None) -> None:
+        """From now on, requests from `user_agent` (only `method` ones if given) are reset
+        before they reach the store, and its open watches are cut: that client is dead to
+        the cluster (SIGKILL, a lost node), or just its writes of one kind are."""
+        self._silenced.append((user_agent, method))
+        if method is None:
+            for w in self._watchers:
+                if w.user_agent == user_agent:
+                    w.queue.put_nowait(_DROP)
+
+    def _is_silenced(self, request: web.Request) -> bool:
+        agent = request.headers.get("User-Agent", "")
+        return any(agent == a and m in (None, request.method) for a, m in self._silenced)
+
+    @property
+    def in_outage(self) -> bool:
+        return time.monotonic() < self._outage_until
+
+    async def _outage_cut(self, request: web.Request) -> None:
+        """Reset the connection as the outage wants it (a blip first stalls until it ends)."""
+        if self._outage_blip:
+            await asyncio.sleep(max(0.0, self._outage_until - time.monotonic()))
+        if request.transport is not None:
+            request.transport.abort()
+
+    def send_bookmarks(self) -> None:
+        """Every open watch that allows bookmarks gets one now."""
+        for w in self._watchers:
+            if w.bookmarks:
+                w.queue.put_nowait(_BOOKMARK)
+
     def drop_watches(self, graceful: bool = False) -> int:
         """Cut every open watch (the connection is aborted; `graceful`: the stream just
         ends, as on a server-side timeout). Returns how many were open."""
@@ -353,6 +430,14 @@ class KubeDouble:
         self._history.clear()
         self._compacted = self._rv
 
+    def grant(self, user: str, grants: Any) -> None:
+        """Let `user` do what `grants` lists: (namespace or "*", group, resource, verb, name or "*")."""
+        self.rbac.setdefault(user, set()).update(grants)
+
+    def revoke(self, user: str, verb: str, resource: str) -> None:
+        """Take every grant of `verb` on `resource` away from `user`."""
+        self.rbac[user] = {g for g in self.rbac.get(user, set()) if (g[2], g[3]) != (resource, verb)}
+
     # --- objects ---------------------------------------------------------------------------------
     def put(self, resource: str, obj: dict) -> dict:
         """Create or replace an object as-is (no update rules), emitting ADDED/MODIFIED."""
@@ -369,6 +454,8 @@ class KubeDouble:
         meta.setdefault("creationTimestamp", (old or {}).get("metadata", {}).get("creationTimestamp") or now_rfc3339())
         if resource == "pods":
             obj.setdefault("status", {"phase": "Pending"})
+        if resource == "namespaces":  # the apiserver labels every namespace with its name
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, old)
 
     def put_pod(self, pod: dict) -> dict:
@@ -526,9 +613,21 @@ class KubeDouble:
         except ValueError:
             body = raw.decode(errors="replace")
         record = RequestRecord(request.method, request.path, dict(request.query), ctype, body,
-                               request.headers.get("User-Agent", ""))
+                               request.headers.get("User-Agent", ""), started=time.monotonic())
         self.requests.append(record)
         is_watch = _flag(request.query.get("watch"))
+        if self.in_outage:
+            await self._outage_cut(request)
+            return web.Response(status=503)
+        if self._is_silenced(request):
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=503)
+        if self.write_latency and request.method in ("POST", "PUT", "PATCH", "DELETE"):
+            await asyncio.sleep(random.uniform(*self.write_latency))
+            if self.in_outage:  # the server went away while the write was queued
+                await self._outage_cut(request)
+                return web.Response(status=503)
         for d in list(self._delays):
             if (request.path == d.path or request.path.startswith(d.path.rstrip("/") + "/")) and \
                     (d.method is None or d.method == request.method):
@@ -547,9 +646,11 @@ class KubeDouble:
                     raise ApiError(rule.status, rule.message)
             response = await self._route(request, body, ctype, is_watch, raw)
             record.status = response.status
+            record.finished = time.monotonic()
             return response
         except ApiError as e:
             record.status = e.code
+            record.finished = time.monotonic()
             return web.json_response(status_body(e.code, e.message, e.reason), status=e.code)
 
     async def _route(self, request: web.Request, body: Any, ctype: str, is_watch: bool,
@@ -557,6 +658,15 @@ class KubeDouble:
         path = request.path.rstrip("/")
         if path == "/version":
             return web.json_response(self.version)
+        if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            if request.method != "POST":
+                raise ApiError(405, f"{request.method} is not supported on subjectaccessreviews")
+            return web.json_response(self._access_review(body), status=201)
+        if request.method == "POST" and self.admission and \
+                re.fullmatch(r"/api/v1/namespaces/[^/]+/pods", path) and isinstance(body, dict):
+            namespace = path.split("/")[4]
+            for hook in self.admission:
+                body = await hook(copy.deepcopy(body), namespace)
         m = re.fullmatch(r"(/api/v1|/apis/[^/]+/[^/]+)/(.*)", path)
         if not m:
             raise ApiError(404, f"the server could not find the requested resource ({path})")
@@ -601,12 +711,56 @@ class KubeDouble:
             return web.json_response(self._patch(res, key, current, body, ctype, sub))
         raise ApiError(405, f"{method} is not supported")
 
+    def _access_review(self, body: Any) -> dict:
+        """What the RBAC authorizer answers; the review is returned with its status, not stored."""
+        spec = (body or {}).get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict) or not (spec.get("user") or spec.get("groups")):
+            raise ApiError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.user: Invalid value: \"\": "
+                                "at least one of user or group must be specified")
+        attrs, non_resource = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if (attrs is None) == (non_resource is None):
+            raise ApiError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.resourceAttributes: "
+                                "Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be "
+                                "specified")
+        allowed = False
+        if attrs is not None:
+            resource = str(attrs.get("resource") or "") + (f"/{attrs['subresource']}" if attrs.get("subresource")
+                                                           else "")
+            ns, name = str(attrs.get("namespace") or ""), str(attrs.get("name") or "")
+            # A Role's grant (scope = its namespace) never covers a cluster-wide request (ns "").
+            allowed = any(scope in ("*", ns) and grp == str(attrs.get("group") or "") and res == resource
+                          and verb == attrs.get("verb") and rn in ("*", name)
+                          for scope, grp, res, verb, rn in self.rbac.get(str(spec.get("user") or ""), set()))
+        out = copy.deepcopy(body)
+        out.update(apiVersion="authorization.k8s.io/v1", kind="SubjectAccessReview")
+        out.setdefault("metadata", {}).update(creationTimestamp=None)
+        out["status"] = {"allowed": allowed, **({"reason": "RBAC: allowed by the double's table"} if allowed else {})}
+        return out
+
     def _list(self, res: Resource, namespace: str | None, query: Any) -> dict:
-        labels, fields = label_matcher(query.get("labelSelector")), field_matcher(query.get("fieldSelector"))
-        items = [o for o in self.items(res.key, namespace)
-                 if labels((o.get("metadata") or {}).get("labels")) and fields(o)]
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+        token = query.get("continue")
+        if token:
+            if token not in self._continues:
+                raise ApiError(400, "continue key is not valid")
+            rv, items = self._continues.pop(token)
+            if rv < self._compacted:  # etcd compacted the snapshot the pages come from
+                raise ApiError(410, "The provided continue parameter is too old to display a consistent list "
+                                    "result. You can start a new list without the continue parameter.")
+        else:
+            labels = label_matcher(query.get("labelSelector"))
+            fields = field_matcher(query.get("fieldSelector"), res.key)
+            rv = self._rv
+            items = [o for o in self.items(res.key, namespace)
+                     if labels((o.get("metadata") or {}).get("labels")) and fields(o)]
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        limit = query.get("limit", "")
+        if limit.isdigit() and 0 < int(limit) < len(items):
+            items, rest = items[: int(limit)], items[int(limit):]
+            token = base64.urlsafe_b64encode(json.dumps([rv, len(self._continues), random.random()]).encode()).decode()
+            self._continues[token] = (rv, rest)
+            meta["continue"] = token
+            meta["remainingItemCount"] = len(rest)
+        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": items}
 
     def _create(self, res: Resource, namespace: str | None, body: Any) -> dict:
         if not isinstance(body, dict):
@@ -623,6 +777,8 @@ class KubeDouble:
                 raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
+        if res.key == "events":
+            _check_event(obj, namespace or "")
         if key in self._objects[res.key]:
             raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
         meta.pop("resourceVersion", None)
@@ -631,6 +787,8 @@ class KubeDouble:
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         if res.key == "pods":
             obj["status"] = {"phase": "Pending"}
+        if res.key == "namespaces":
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, None)
 
     def _patch(self, res: Resource, key: tuple[str, str], current: dict, body: Any, ctype: str,
@@ -689,7 +847,9 @@ class KubeDouble:
 
     async def _watch(self, request: web.Request, res: Resource, namespace: str | None) -> web.StreamResponse:
         q = request.query
-        w = _Watcher(res, namespace, label_matcher(q.get("labelSelector")), field_matcher(q.get("fieldSelector")))
+        w = _Watcher(res, namespace, label_matcher(q.get("labelSelector")),
+                     field_matcher(q.get("fieldSelector"), res.key), bookmarks=_flag(q.get("allowWatchBookmarks")),
+                     user_agent=request.headers.get("User-Agent", ""))
         rv = q.get("resourceVersion") or "0"
         if not rv.isdigit():
             raise ApiError(400, f"invalid resourceVersion {rv!r}")
@@ -714,17 +874,35 @@ class KubeDouble:
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
                     break
+                wait = left if not w.bookmarks else min(left or self.bookmark_seconds, self.bookmark_seconds)
                 try:
-                    item = await asyncio.wait_for(w.queue.get(), left)
+                    items = [w.queue.get_nowait() if not w.queue.empty() else
+                             await asyncio.wait_for(w.queue.get(), wait)]
                 except asyncio.TimeoutError:
+                    if left is not None and wait >= left:
+                        break
+                    items = [_BOOKMARK]
+                while not w.queue.empty():  # what queued meanwhile goes in the same write
+                    items.append(w.queue.get_nowait())
+                lines, stop = [], None
+                for item in items:
+                    if item in (_END, _DROP):
+                        stop = item
+                        break
+                    if item == _BOOKMARK:  # only the resourceVersion the watch has reached
+                        item = {"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version,
+                                                               "metadata": {"resourceVersion": str(self._rv)}}}
+                    lines.append(json.dumps(item).encode() + b"\n")
+                if lines and stop != _DROP:
+                    await resp.write(b"".join(lines))
+                if stop == _END:
                     break
-                if item == _END:
-                    break
-                if item == _DROP:
-                    if request.transport is not None:
+                if stop == _DROP:
+                    if self.in_outage:
+                        await self._outage_cut(request)
+                    elif request.transport is not None:
                         request.transport.abort()
                     return resp
-                await resp.write(json.dumps(item).encode() + b"\n")
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):
             pass
@@ -793,6 +971,19 @@ def _container_state(pod: dict, container: str) -> dict:
 def _uid() -> str:
     return "".join(random.choices("0123456789abcdef", k=8)) + "-0000-4000-8000-" + \
         "".join(random.choices("0123456789abcdef", k=12))
+
+
+def _check_event(event: dict, namespace: str) -> None:
+    """What the apiserver's Event validation refuses (the parts a client can get wrong)."""
+    name = event["metadata"]["name"]
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise ApiError(422, f'Event "{name}" is invalid: metadata.name: Invalid value: "{name}": a lowercase '
+                            f"RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")
+    involved = (event.get("involvedObject") or {}).get("namespace") or ""
+    # An empty involvedObject.namespace is accepted only in "default" (old clients).
+    if involved != namespace and not (involved == "" and namespace in ("", "default")):
+        raise ApiError(422, f'Event "{name}" is invalid: involvedObject.namespace: Invalid value: "{involved}": '
+                            f"does not match event.namespace")
 
 
 def _check_pod_spec(name: str, old: dict, new: dict) -> None:

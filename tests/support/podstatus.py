@@ -55,6 +55,16 @@ def native_pod(fixture: str = "kpack-istio", name: str = "build-1", namespace: s
     return out
 
 
+def hybrid_pod(fixture: str = "kpack-istio", name: str = "build-1", namespace: str = "builds") -> dict:
+    """A fixture pod rewritten by the real hybrid strategy (auto on a cluster with native
+    sidecars): the proxy a restartable init container, the steps waiter-run regular containers."""
+    out = rewrite(catalogue()[fixture], Settings(feature_gate=True), native_supported=True).pod
+    assert out["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
+    out["metadata"].pop("generateName", None)
+    out["metadata"].update(name=name, namespace=namespace)
+    return out
+
+
 def record(name: str, code: int = 0, reason: str = p.REASON_COMPLETED, start: float = 0, end: float = 1,
            message: str = "", failed_step: str = "") -> str:
     """The waiter's termination message."""

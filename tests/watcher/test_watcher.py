@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
@@ -12,15 +13,15 @@ from tests.support.kubedouble import KubeDouble, now_rfc3339, running, terminate
 from waiter import protocol as p
 from webhook.metrics import REGISTRY
 from webhook.settings import Settings, WatcherSettings
-from webhook.watcher._controller import run_watcher
+from webhook.watcher._controller import event_name, run_watcher
 
 NS = "ci"
 BOUND = 20.0  # no single wait in these tests may take longer: a bug fails instead of hanging
 
 
 def settings(**watcher: object) -> Settings:
-    base = dict(grace_seconds=0.5, sidecar_ready_timeout_seconds=60.0, resync_seconds=60.0,
-                leader_election=False, lease_seconds=1.5)
+    base = dict(grace_seconds=0.5, sidecar_ready_timeout_seconds=60.0, leader_election=False, lease_seconds=1.5,
+                renew_seconds=0.3, renew_deadline_seconds=1.0, takeover_seconds=0.4, request_timeout_seconds=2.0)
     base.update(watcher)
     return Settings(watcher=WatcherSettings(**base))  # type: ignore[arg-type]
 
@@ -162,14 +163,15 @@ async def test_dropped_watch_mid_build_still_finishes(kube: KubeDouble) -> None:
     async with watcher(kube, settings()):
         kube.set_container_statuses(NS, "b3", [running("istio-proxy"), running("fetch")], phase="Running")
         await eventually(lambda: annotation(kube, "b3", p.ANNOTATION_READY), "the ready gate")
-        await eventually(lambda: kube.open_watches, "a watch")
-        assert kube.drop_watches() == 1
+        await eventually(lambda: kube.open_watches == 2, "the pods' and the Events' watches")
+        assert kube.drop_watches() == 2
         kube.set_container_statuses(NS, "b3", [step_done("fetch"), step_done("build"), step_done("completion"),
                                                terminated("istio-proxy", 0)], phase="Succeeded")
         got = await eventually(lambda: outcome(kube, "b3"), "the outcome after the drop")
         assert got["result"] == "Succeeded" and got["sidecarsStoppedBy"] == "quit"
-    watches = [r for r in kube.requests if r.query.get("watch") == "true"]
+    watches = [r for r in kube.requests if r.query.get("watch") == "true" and r.path == "/api/v1/pods"]
     assert len(watches) >= 2 and watches[1].query.get("resourceVersion")  # resumed, not restarted
+    assert len([r for r in kube.requests if r.path == "/api/v1/pods" and "watch" not in r.query]) == 1
 
 
 async def test_expired_resource_version_relists(kube: KubeDouble) -> None:
@@ -303,29 +305,46 @@ async def test_follower_takes_over_when_the_leader_stops(kube: KubeDouble) -> No
     assert first in ("replica-a", "replica-b")
 
 
-async def test_a_lost_lease_stops_the_work(kube: KubeDouble) -> None:
-    """Another identity holds a fresh Lease: this replica never acts."""
-    s = settings(leader_election=True, lease_seconds=1.5)
+async def test_a_follower_leaves_work_to_a_live_holder_and_takes_over_what_it_leaves(kube: KubeDouble) -> None:
+    """Another identity holds a fresh Lease and does the work (patch and Event): this replica
+    never writes. Work that holder leaves undone is done by this replica, but only once it
+    has been due for INITSHIFT_WATCHER_TAKEOVER_SECONDS."""
+    s = settings(leader_election=True, lease_seconds=1.5, takeover_seconds=0.8)
     kube.put("leases", {"metadata": {"name": s.watcher.lease_name, "namespace": s.server.namespace},
                         "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 60,
                                  "renewTime": now_rfc3339()}})
     kube.put_pod(build_pod("c3", sidecars=()))
 
-    async def renew_forever() -> None:  # the other holder keeps renewing
+    async def live_holder() -> None:  # renews, and opens c3's gate (with its Event) as the watcher would
         while True:
             lease = kube.get("leases", s.server.namespace, s.watcher.lease_name)
             lease["spec"]["renewTime"] = now_rfc3339()
             kube.put("leases", lease)
-            await asyncio.sleep(0.3)
-    renewer = asyncio.ensure_future(renew_forever())
+            pod = kube.pod(NS, "c3")
+            if annotation(kube, "c3", p.ANNOTATION_READY) is None:
+                pod["metadata"]["annotations"][p.ANNOTATION_READY] = p.READY_TRUE
+                kube.put_pod(pod)
+                uid = pod["metadata"]["uid"]
+                kube.put("events", {"metadata": {"name": event_name("c3", uid, "ready"), "namespace": NS},
+                                    "involvedObject": {"kind": "Pod", "namespace": NS, "name": "c3", "uid": uid},
+                                    "reason": "SidecarsReady", "action": "ready",
+                                    "source": {"component": "initshift-watcher"}})
+            await asyncio.sleep(0.1)
+    holder = asyncio.ensure_future(live_holder())
     try:
         async with watcher(kube, s, user_agent="replica-c"):
-            await asyncio.sleep(2.5)  # more than a lease duration
+            await asyncio.sleep(1.5)  # more than the takeover delay
+            assert kube.patches() == [] and len(kube.events_for(NS, "c3")) == 1
+            kube.put_pod(build_pod("c4", sidecars=()))  # the holder leaves this one alone
+            put_at = time.monotonic()
+            await eventually(lambda: annotation(kube, "c4", p.ANNOTATION_READY), "the follower takes over")
+            await eventually(lambda: kube.events_for(NS, "c4"), "the follower's Event")
     finally:
-        renewer.cancel()
-    assert kube.patches() == []
+        holder.cancel()
+    patches = kube.patches()
+    assert [r.path.rsplit("/", 1)[1] for r in patches] == ["c4"] and patches[0].started - put_at >= 0.8
     assert kube.get("leases", s.server.namespace, s.watcher.lease_name)["spec"]["holderIdentity"] == "someone-else"
-
+    assert [e["reason"] for e in kube.events_for(NS, "c3")] == ["SidecarsReady"]
 
 
 class HangingLeaseApi:

@@ -264,3 +264,83 @@ def test_start_order_ready_annotations_follow_the_kubelet(statuses, annotations,
     assert action.kind == "container-ready" and action.reason == ""  # no Event for readiness flips
     assert action.patch == {"metadata": {"annotations": {f"{p.ANNOTATION_READY_PREFIX}{k}": v
                                                          for k, v in expected.items()}}}
+
+
+def killed_with_record(name: str, kubelet_reason: str, *, signal: int | None = None, end: float = 30) -> dict:
+    """The waiter survived its child and recorded how it died; the kubelet reports the container."""
+    record = json.dumps({"name": name, "exitCode": 137, "reason": p.REASON_ERROR, "startedAt": ago(end + 10),
+                         "finishedAt": ago(end), "message": "killed by SIGKILL"})
+    status = terminated(name, 137, kubelet_reason, message=record, started_at=ago(end + 11), finished_at=ago(end))
+    if signal is not None:
+        status["state"]["terminated"]["signal"] = signal
+    return status
+
+
+@pytest.mark.parametrize("kubelet_reason,signal,named", [
+    ("OOMKilled", None, "OOMKilled"), ("Evicted", None, "Evicted"), ("Error", 9, "Error"),
+])
+def test_the_kubelets_reason_is_named_with_the_waiters_record_beside(kubelet_reason: str, signal: int | None,
+                                                                     named: str) -> None:
+    pod = make_pod([done("fetch", end=40), killed_with_record("build", kubelet_reason, signal=signal),
+                    done("completion", 137, p.REASON_SKIPPED, end=29), terminated("istio-proxy", 0)],
+                   annotations=READY)
+    outcome = next(a.outcome for a in decide(pod, NOW, W).actions if a.kind == "outcome")
+    build = outcome["steps"][1]
+    assert outcome["failed"] == "build" and build["reason"] == named and build["exitCode"] == 137
+    assert build["waiter"] == {"exitCode": 137, "reason": p.REASON_ERROR, "message": "killed by SIGKILL"}
+    assert build.get("signal") == signal
+    assert outcome["message"].startswith(f"build failed: {named} (exit 137")
+    assert "the waiter recorded Error (exit 137): killed by SIGKILL" in outcome["message"]
+    assert build["finishedAt"] == ago(30)  # the waiter's own times stay
+
+
+def test_a_plain_kubelet_error_leaves_the_waiters_record_alone() -> None:
+    pod = make_pod([done("fetch", end=40), killed_with_record("build", "Error"),
+                    done("completion", 137, p.REASON_SKIPPED, end=29), terminated("istio-proxy", 0)],
+                   annotations=READY)
+    build = next(a.outcome for a in decide(pod, NOW, W).actions if a.kind == "outcome")["steps"][1]
+    assert build["reason"] == p.REASON_ERROR and "waiter" not in build and build["message"] == "killed by SIGKILL"
+
+
+def test_a_success_record_wins_over_a_later_kill() -> None:
+    """The child finished its work (the waiter recorded Completed) before the container was killed."""
+    status = done("build", end=30)
+    status["state"]["terminated"]["reason"] = "OOMKilled"
+    pod = make_pod([done("fetch", end=40), status, done("completion", end=20), terminated("istio-proxy", 0)],
+                   annotations=READY)
+    outcome = next(a.outcome for a in decide(pod, NOW, W).actions if a.kind == "outcome")
+    assert outcome["result"] == "Succeeded" and outcome["steps"][1]["reason"] == p.REASON_COMPLETED
+
+
+def test_notices_follow_the_actions_done() -> None:
+    from webhook.watcher._decide import notices
+
+    assert notices(make_pod([running("istio-proxy")])) == []
+    assert [n.reason for n in notices(make_pod([], annotations=READY))] == ["SidecarsReady"]
+    ended = make_pod([], annotations={**READY, **OUTCOME}, deadline=1)
+    assert [(n.kind, n.reason, n.warning) for n in notices(ended)] == [
+        ("ready", "SidecarsReady", False), ("outcome", "StepsSucceeded", False), ("end", "SidecarsEnded", True)]
+    # The outcome Event's message is the one the acting replica sends.
+    pod = make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY)
+    action = next(a for a in decide(pod, NOW, W).actions if a.kind == "outcome")
+    written = merge_patch(pod, action.patch)
+    assert next(n for n in notices(written) if n.kind == "outcome").message == action.message
+    start_order = make_pod([], annotations=READY)
+    start_order["metadata"]["labels"][p.LABEL_MANAGED] = p.MANAGED_START_ORDER
+    assert notices(start_order) == []
+
+
+@given(st.sampled_from([c[1] for c in CASES]))
+@hsettings(max_examples=40, deadline=None)
+def test_the_slim_pod_decides_as_the_whole_pod(pod: dict) -> None:
+    from webhook.watcher._decide import notices, slim_pod
+
+    fat = json.loads(json.dumps(pod))
+    fat["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "x" * 5000
+    for c in fat["spec"]["containers"]:
+        c.update(env=[{"name": "A", "value": "b"}], resources={"limits": {"memory": "1Gi"}}, args=["-v"])
+    for s in fat["status"]["containerStatuses"]:
+        s.update(imageID="sha256:" + "0" * 64, containerID="containerd://" + "1" * 64)
+    slim = slim_pod(fat)
+    assert decide(slim, NOW, W) == decide(fat, NOW, W) and notices(slim) == notices(fat)
+    assert len(json.dumps(slim)) < len(json.dumps(fat)) / 2

@@ -55,7 +55,7 @@ async def test_reaction_latency_and_in_flight_while_running(kube: KubeDouble, mo
         # the proxy keeps running: the pod is ending until the kubelet acts on the deadline
         await eventually(lambda: value("initshift_watcher_pods_in_flight", {"stage": "ending"}) == 1, "ending: 1")
         assert value("initshift_watcher_pods_in_flight", {"stage": "steps"}) == 0
-        from webhook.watcher._decide import parse_time
+        from webhook.watcher._podstate import parse_time
 
         decided = parse_time(outcome(kube, "m1")["decidedAt"]).timestamp()
         assert value("initshift_watcher_oldest_ending_timestamp_seconds") == decided

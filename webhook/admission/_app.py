@@ -213,16 +213,17 @@ class Reviewer:
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)
             return Decision(answer, "denied", result.reason or "denied", "denied")
-        patch = self._make_patch(pod, result.pod) if result.changed else []
-        if patch:
+        patch = self._make_patch(pod, result.pod) if result.pod is not pod else []
+        if patch and result.changed:
             # "rewritten" would repeat the result: the reason says which strategy did it.
             reason = result.strategy if result.reason == "rewritten" and result.strategy else result.reason
             return Decision(admission.response(review, patch=patch, warnings=warnings), "patched",
                             reason or "rewritten", "rewritten")
         if not warnings:  # every pod left unchanged says why
             warnings = [f"initshift: pod left unchanged ({result.reason or 'nothing to do'})"]
-        return Decision(admission.response(review, warnings=warnings), "allowed", result.reason or "unchanged",
-                        "skipped")
+        # Not rewritten: the patch, if any, only records the reason on the pod.
+        return Decision(admission.response(review, patch=patch or None, warnings=warnings), "allowed",
+                        result.reason or "unchanged", "skipped")
 
 
 async def _inline(fn: Callable[..., T], *args: Any) -> T:

@@ -114,12 +114,13 @@ def decide(obs: Observation) -> Verdict:
 
 
 def default_strategy(settings: "Settings", supported: bool | None) -> str:
-    """The strategy a pod without `initshift.io/mode` gets."""
+    """The strategy a build pod (run to completion) without `initshift.io/mode` gets; under
+    `auto` a long-running pod gets native where a build pod gets hybrid."""
     mode = settings.rewrite.mode
     if not settings.feature_gate or mode == p.MODE_DISABLED:
         return STRATEGY_DISABLED
     if mode == p.MODE_AUTO:
-        return p.MODE_NATIVE if resolve(settings.rewrite.native_sidecars, supported) else p.MODE_WAITER
+        return p.MODE_HYBRID if resolve(settings.rewrite.native_sidecars, supported) else p.MODE_WAITER
     return mode
 
 
@@ -257,7 +258,7 @@ class NativeSupport:
     def _publish(self, quiet: bool = False) -> None:
         supported, strategy = self.current(), self.strategy()
         SUPPORTED.set(-1 if supported is None else int(supported))
-        for name in (p.MODE_WAITER, p.MODE_NATIVE, STRATEGY_DISABLED):
+        for name in (p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID, STRATEGY_DISABLED):
             ACTIVE.labels(name).set(1 if name == strategy else 0)
         if quiet:
             return

@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="initshift logs",
         description="Print a pod's step logs in step order, then the mains', each line prefixed with its "
-                    "container. Works for pods rewritten by either strategy and for pods that were never "
+                    "container. Works for pods rewritten by any strategy and for pods that were never "
                     "rewritten (their init containers are the steps).",
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap)

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("webhook.cli._certs", "certs create: CA + serving certificate; certs inject: set the caBundle"),
     "status": ("webhook.cli._status", "a pod's steps, mains and sidecars in execution order, and its result"),
     "logs": ("webhook.cli._logs", "a pod's step logs in step order, then the mains' (-f: follow)"),
+    "check": ("webhook.cli._check", "verify the install (webhook, certificate, watcher, RBAC, meshes); --smoke runs a pod"),
 }
 
 USAGE = "usage: initshift [--version] COMMAND [ARGS...]"

@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("file", help="a file, or - for standard input")
     ap.add_argument("-o", "--output", choices=["yaml", "json", "patch", "diff"], default="yaml",
                     help="the rewritten pod (yaml, json), the JSONPatch, or a unified diff")
-    ap.add_argument("--mode", choices=["waiter", "native", "auto", "disabled"],
+    ap.add_argument("--mode", choices=list(p.MODES),
                     help="override INITSHIFT_MODE for pods without the initshift.io/mode annotation")
     ap.add_argument("--native-sidecars", action="store_true",
                     help="assume the cluster supports native sidecars (for mode auto)")

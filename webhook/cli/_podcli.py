@@ -35,6 +35,10 @@ class CliError(InitshiftError):
 def add_connection_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("pod", help="the pod's name")
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
+    add_kubeconfig_args(ap)
+
+
+def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl: $KUBECONFIG, else ~/.kube/config, "
                                          "else the pod's service account)")
     ap.add_argument("--context", help="kubeconfig context to use")

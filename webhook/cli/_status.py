@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="initshift status",
         description="Show a pod's steps, mains and sidecars in execution order, with the result the "
-                    "initshift watcher recorded. Works for pods rewritten by either strategy and for pods "
+                    "initshift watcher recorded. Works for pods rewritten by any strategy and for pods "
                     "that were never rewritten (their init containers are the steps).",
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap)
@@ -67,6 +67,8 @@ def _clock(value: str | None) -> str:
 
 def _summary(view: PodView, colour: bool) -> list[str]:
     strategy = f"rewritten by initshift ({view.strategy})" if view.strategy else "not rewritten by initshift"
+    if view.not_rewritten:
+        strategy += f" (reason: {view.not_rewritten})"
     result_colour = {SUCCEEDED: "32", FAILED: "31"}.get(view.result, "")
     result = paint(view.result, result_colour, colour) + (f": {view.message}" if view.message else "")
     phase = view.phase + (f" ({view.pod_reason})" if view.pod_reason else "")
@@ -109,10 +111,11 @@ def _fingerprint(view: PodView, fmt: str) -> str:
 
 # --- the command ------------------------------------------------------------------------
 def _finished(view: PodView, outcome_wait_over: bool) -> bool:
-    """The pod has ended and (for a waiter pod) its outcome is in, or will not come."""
+    """The pod has ended and (for a waiter or hybrid pod) its outcome is in, or will not come."""
     if not view.ended:
         return False
-    return view.strategy != p.MODE_WAITER or view.sidecars_stopped_by is not None or outcome_wait_over
+    return view.strategy not in (p.MODE_WAITER, p.MODE_HYBRID) or view.sidecars_stopped_by is not None \
+        or outcome_wait_over
 
 
 async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> None:

@@ -26,6 +26,7 @@ _AUTH = ["BearerToken"]
 # connection is noticed; the client gives it this much extra before giving up.
 _WATCH_SLACK_SECONDS = 30.0
 _REQUEST_TIMEOUT_SECONDS = 30.0
+MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
 async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
@@ -38,6 +39,10 @@ async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes
         if not line:
             return
         yield line
+
+
+def _core_path(plural: str, namespace: str | None) -> str:
+    return f"/api/v1/namespaces/{namespace}/{plural}" if namespace else f"/api/v1/{plural}"
 
 
 class KubeError(InitshiftError):
@@ -84,6 +89,9 @@ class KubeApi:
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self.client = api_client
         self.namespace = "default"  # the configuration's namespace (from_config sets it)
+        # Each call (not a watch or a follow) gives up after this many seconds: a caller that
+        # must keep a deadline (a Lease holder, the watcher's workers) lowers it.
+        self.request_timeout = _REQUEST_TIMEOUT_SECONDS
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -134,8 +142,9 @@ class KubeApi:
     # --- raw request ------------------------------------------------------------------
     async def _open(self, method: str, path: str, *, query: dict[str, Any] | None = None,
                     body: Any = None, content_type: str = JSON,
-                    timeout: float | aiohttp.ClientTimeout | None = _REQUEST_TIMEOUT_SECONDS,
+                    timeout: float | aiohttp.ClientTimeout | None = None,
                     accept: str = JSON) -> aiohttp.ClientResponse:
+        timeout = self.request_timeout if timeout is None else timeout
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         try:
             resp = await self.client.call_api(
@@ -172,10 +181,36 @@ class KubeApi:
         except ValueError:
             raise KubeError(resp.status, f"{method} {path}: response is not JSON") from None
 
+    async def _get_or_none(self, path: str) -> dict | None:
+        """GET; None when the object does not exist."""
+        try:
+            return await self.request("GET", path)
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+
     # --- pods ---------------------------------------------------------------------------
     @staticmethod
     def _pods_path(namespace: str | None) -> str:
-        return f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        return _core_path("pods", namespace)
+
+    async def list_pages(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
+                         field_selector: str | None = None,
+                         limit: int = 500) -> AsyncIterator[tuple[list[dict], str]]:
+        """A core/v1 collection (`pods`, `events`) page by page (`limit`/`continue`), so a
+        caller can keep what it needs of each page before the next arrives. Yields (items,
+        resourceVersion of the list); a continue token that expired is a 410 KubeError."""
+        token: str | None = None
+        while True:
+            body = await self.request("GET", _core_path(plural, namespace), query={
+                "labelSelector": label_selector, "fieldSelector": field_selector,
+                "limit": str(limit) if limit else None, "continue": token})
+            meta = body.get("metadata") or {}
+            yield list(body.get("items") or []), str(meta.get("resourceVersion", ""))
+            token = meta.get("continue") or None
+            if not token:
+                return
 
     async def list_pods(self, namespace: str | None = None, *,
                         label_selector: str | None = None) -> tuple[list[dict], str]:
@@ -189,12 +224,21 @@ class KubeApi:
         """Yield (type, object) for ADDED/MODIFIED/DELETED/BOOKMARK events until the server
         ends the stream. An ERROR event raises KubeError (410 Gone: re-list).
         `field_selector="metadata.name=NAME"` watches one pod."""
+        async for item in self.watch("pods", namespace, label_selector=label_selector,
+                                     resource_version=resource_version, timeout_seconds=timeout_seconds,
+                                     field_selector=field_selector):
+            yield item
+
+    async def watch(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
+                    resource_version: str | None = None, timeout_seconds: int = 300,
+                    field_selector: str | None = None) -> AsyncIterator[tuple[str, dict]]:
+        """Watch a core/v1 collection (`pods`, `events`) with bookmarks; see `watch_pods`."""
         query = {"watch": "true", "labelSelector": label_selector, "resourceVersion": resource_version,
                  "fieldSelector": field_selector,
                  "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_seconds))}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=timeout_seconds + _WATCH_SLACK_SECONDS)
-        resp = await self._open("GET", self._pods_path(namespace), query=query, timeout=timeout)
+        resp = await self._open("GET", _core_path(plural, namespace), query=query, timeout=timeout)
         try:
             async for line in _lines(resp, "watch"):
                 if not line.strip():
@@ -239,8 +283,9 @@ class KubeApi:
 
     # --- events -------------------------------------------------------------------------
     async def create_event(self, namespace: str, event: dict) -> dict:
-        """A core/v1 Event (what `kubectl describe` shows)."""
-        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+        """A core/v1 Event (what `kubectl describe` shows). An Event with a fixed
+        `metadata.name` that exists already is a 409 (AlreadyExists) KubeError."""
+        return await self.request("POST", _core_path("events", namespace), body=event)
 
     # --- leases -------------------------------------------------------------------------
     @staticmethod
@@ -250,12 +295,7 @@ class KubeApi:
 
     async def get_lease(self, namespace: str, name: str) -> dict | None:
         """The Lease, or None when it does not exist."""
-        try:
-            return await self.request("GET", self._lease_path(namespace, name))
-        except KubeError as e:
-            if e.not_found:
-                return None
-            raise
+        return await self._get_or_none(self._lease_path(namespace, name))
 
     async def create_lease(self, namespace: str, lease: dict) -> dict:
         return await self.request("POST", self._lease_path(namespace), body=lease)
@@ -263,3 +303,48 @@ class KubeApi:
     async def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
         """PUT; the lease's metadata.resourceVersion makes it fail with 409 when stale."""
         return await self.request("PUT", self._lease_path(namespace, name), body=lease)
+
+    # --- what `initshift check` reads and creates (the user's credentials, never the server's) ---
+    async def get_version(self) -> dict:
+        """The apiserver's `GET /version` (gitVersion, major, minor...)."""
+        return await self.request("GET", "/version")
+
+    async def create_pod(self, namespace: str, pod: dict) -> dict:
+        return await self.request("POST", self._pods_path(namespace), body=pod)
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete the pod; one that is already gone is not an error."""
+        try:
+            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except KubeError as e:
+            if not e.not_found:
+                raise
+
+    async def get_webhook_config(self, name: str) -> dict | None:
+        """A MutatingWebhookConfiguration, or None when it does not exist."""
+        return await self._get_or_none(f"{MWC_PATH}/{name}")
+
+    async def list_webhook_configs(self) -> list[dict]:
+        """Every MutatingWebhookConfiguration (the mesh injectors are among them)."""
+        return list((await self.request("GET", MWC_PATH)).get("items") or [])
+
+    async def list_namespaces(self) -> list[dict]:
+        return list((await self.request("GET", "/api/v1/namespaces")).get("items") or [])
+
+    async def get_service(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/services/{name}")
+
+    async def get_deployment(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+
+    async def get_configmap(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+
+    async def review_access(self, user: str, groups: list[str], attributes: dict) -> tuple[bool, str]:
+        """(allowed, the authorizer's reason) for `user` doing what `attributes` (a
+        SubjectAccessReview's resourceAttributes) describe."""
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": user, "groups": groups, "resourceAttributes": attributes}}
+        status = (await self.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                                     body=body)).get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")

@@ -9,12 +9,11 @@ import base64
 
 from cryptography import x509
 
-from ._api import KubeApi, KubeError
+from ._api import MWC_PATH, KubeApi, KubeError
 
 from certs import pki, store
 
 CONFLICT_RETRIES = 5
-MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 __all__ = ["read_secret", "read_secret_versioned", "write_secret", "read_ca_bundle", "inject_ca_bundle"]
 

@@ -1,5 +1,5 @@
-"""The pure rewrite: classification, the waiter and native strategies, declared start
-order, resources, and the safety net that never lets an invalid pod out. No I/O."""
+"""The pure rewrite: classification, the waiter, native and hybrid strategies, declared
+start order, resources, and the safety net that never lets an invalid pod out. No I/O."""
 
 from ._classify import classify, managed_as
 from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Lookup, UnresolvedEntrypoint,

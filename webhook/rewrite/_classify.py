@@ -121,6 +121,19 @@ def requested_meshes(pod: Mapping) -> dict[str, str]:
     return wanted
 
 
+def native_proxies(pod: Mapping, cls: Classification, settings: RewriteSettings) -> list[str]:
+    """Recognised sidecars already running as native sidecars (the mesh injected them so)."""
+    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
+    return [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+
+
+def native_requested(pod: Mapping) -> bool:
+    """The pod asks its mesh for a native proxy (`sidecar.istio.io/nativeSidecar: "true"`, Linkerd's)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return any(str(annotations.get(key, "")).lower() == "true"
+               for key in (p.ISTIO_NATIVE_ANNOTATION, p.LINKERD_NATIVE_ANNOTATION))
+
+
 def has_mesh_marker(pod: Mapping) -> bool:
     """The pod asks a mesh to inject a proxy (which may happen after this webhook)."""
     return bool(requested_meshes(pod))

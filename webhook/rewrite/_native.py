@@ -23,7 +23,8 @@ regular containers have exited, so Job pods complete without the watcher.
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Collection, Mapping, Sequence
 
 from waiter import protocol as p
 
@@ -61,12 +62,14 @@ def startup_probe(readiness: Mapping | None) -> dict | None:
     return probe
 
 
-def as_native(container: Mapping) -> tuple[dict, str | None]:
-    """The sidecar as a native sidecar, and a note on how its start is detected."""
+def as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
+    """The sidecar as a native sidecar, and a note on how its start is detected. `derive`:
+    give it a startupProbe from its readinessProbe when it has none (hybrid leaves that off
+    for sidecars step 0 probes on loopback itself)."""
     out = dict(container)
     out["restartPolicy"] = "Always"
     name = out.get("name")
-    if "startupProbe" in out:
+    if "startupProbe" in out or not derive:
         return out, None
     probe = startup_probe(out.get("readinessProbe"))
     if probe is not None:
@@ -78,58 +81,83 @@ def as_native(container: Mapping) -> tuple[dict, str | None]:
                  f"started, not when it is ready")
 
 
-def _insert_at(inits: list[dict], cls: Classification, annotations: Mapping, settings: RewriteSettings,
-               warnings: list[str]) -> int:
-    """Index in initContainers where the sidecars go: before the first step, after every
-    mesh init container (which sets up the redirection the proxy relies on)."""
-    step_ids = {id(c) for c in cls.steps}
-    first_step = next((i for i, c in enumerate(inits) if id(c) in step_ids), len(inits))
+def _insert_at(inits: list[dict], anchors: Collection[int], annotations: Mapping,
+               settings: RewriteSettings) -> tuple[int, list[str]]:
+    """Index in initContainers where the sidecars go: before the first anchor (the first
+    step; `initshift-init` in a hybrid pod), after every mesh init container (which sets up
+    the redirection the proxy relies on); and the steps that still run before the mesh's."""
+    first = next((i for i, c in enumerate(inits) if id(c) in anchors), len(inits))
     mesh = mesh_init_names(annotations, settings)
     after_mesh = max((i + 1 for i, c in enumerate(inits) if c.get("name") in mesh), default=0)
-    if after_mesh > first_step:
-        early = [c.get("name") for c in inits[first_step:after_mesh] if id(c) in step_ids]
-        warnings.append(f"init containers {', '.join(map(repr, early))} run before the mesh's own init "
-                        f"containers, so they still run without the sidecars")
-    return max(first_step, after_mesh)
+    early = [str(c.get("name")) for c in inits[first:after_mesh] if id(c) in anchors]
+    return max(first, after_mesh), early
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Regular sidecars moved into initContainers as native sidecars (no label, no checks)."""
+
+    pod: dict
+    natives: list[dict]
+    notes: list[str]  # how each sidecar's start is detected
+    before: str | None  # the init container they now precede
+    early: list[str]  # anchors that still run before the mesh's init containers
+
+
+def place_sidecars(pod: Mapping, sidecars: Sequence[Mapping], anchors: Sequence[Mapping], settings: RewriteSettings,
+                   derive: Callable[[Mapping], bool] = lambda c: True) -> Placement:
+    """`sidecars` (regular containers of `pod`) moved to initContainers with restartPolicy
+    Always, before the first of `anchors`; `derive(sidecar)`: whether it gets a startupProbe."""
+    spec = pod.get("spec") or {}
+    moving = {id(c) for c in sidecars}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    inits = list(spec.get("initContainers") or [])
+    at, early = _insert_at(inits, {id(c) for c in anchors}, annotations, settings)
+    natives, notes = [], []
+    for c in sidecars:
+        native, note = as_native(c, derive(c))
+        natives.append(native)
+        if note:
+            notes.append(note)
+    out = dict(pod)
+    out["spec"] = {**spec, "initContainers": [*inits[:at], *natives, *inits[at:]],
+                   "containers": [c for c in spec.get("containers") or [] if id(c) not in moving]}
+    return Placement(out, natives, notes, inits[at]["name"] if at < len(inits) else None, early)
+
+
+def moved_note(placement: Placement, where: bool = True) -> str:
+    natives = placement.natives
+    plural = "s" if len(natives) > 1 else ""
+    before = f" before {placement.before!r}" if where and placement.before else ""
+    return (f"moved sidecar{plural} {', '.join(repr(c['name']) for c in natives)} into initContainers as native "
+            f"sidecar{plural} (restartPolicy Always){before}")
 
 
 def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) -> tuple[dict, list[str]]:
     """The pod with every regular sidecar moved into initContainers as a native sidecar."""
     spec = pod.get("spec") or {}
     moving = {id(c) for c in cls.sidecars}
-    regular = [c for c in spec.get("containers") or [] if id(c) not in moving]
-    if not regular:
+    if not [c for c in spec.get("containers") or [] if id(c) not in moving]:
         raise RewriteError("every regular container is a sidecar; moving them would leave the pod with no "
                           "container to run", reason="no-mains")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    inits = list(spec.get("initContainers") or [])
-    warnings: list[str] = []
-    at = _insert_at(inits, cls, annotations, settings, warnings)
-    natives = []
-    for c in cls.sidecars:
-        native, note = as_native(c)
-        natives.append(native)
-        if note:
-            warnings.append(note)
-    before = inits[at]["name"] if at < len(inits) else None
-    plural = "s" if len(natives) > 1 else ""
-    warnings.insert(0, f"moved sidecar{plural} {', '.join(repr(c['name']) for c in natives)} into initContainers "
-                       f"as native sidecar{plural} (restartPolicy Always){f' before {before!r}' if before else ''}")
-
-    out = dict(pod)
-    new_spec = out["spec"] = {**spec, "initContainers": [*inits[:at], *natives, *inits[at:]], "containers": regular}
+    placed = place_sidecars(pod, cls.sidecars, cls.steps, settings)
+    warnings = [moved_note(placed)]
+    if placed.early:
+        warnings.append(f"init containers {', '.join(map(repr, placed.early))} run before the mesh's own init "
+                        f"containers, so they still run without the sidecars")
+    warnings += placed.notes
+    out = placed.pod
     mark_managed(out, p.MODE_NATIVE)
-
-    grown = growth_warning(spec, new_spec, "the sidecars now run beside the init containers")
+    grown = growth_warning(spec, out["spec"], "the sidecars now run beside the init containers")
     if grown:
         warnings.append(grown)
     return out, warnings
 
 
-def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
-    """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
-    out = dict(pod)
-    annotations = submap(out, "metadata", "annotations")
+def ask_native_injection(pod: dict) -> list[str]:
+    """Annotate `pod` (a copy the caller owns) so the mesh injects its proxy as a native
+    sidecar itself; what to tell the user."""
+    annotations = submap(pod, "metadata", "annotations")
     warnings = []
     for key, value in requested_meshes(pod).items():
         current = annotations.get(key)
@@ -140,6 +168,13 @@ def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
         elif str(current).lower() != value:
             warnings.append(f"the pod sets {key}={current!r}; left as it is, and a proxy injected into "
                             f"containers is moved when initshift is re-invoked")
+    return warnings
+
+
+def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
+    """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
+    out = dict(pod)
+    warnings = ask_native_injection(out)
     mark_managed(out, p.MODE_NATIVE)
     return out, warnings
 

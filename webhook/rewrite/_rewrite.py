@@ -17,8 +17,10 @@ from typing import Mapping
 from waiter import protocol as p
 
 from ..settings import Settings
-from . import _native as native_strategy, _start_order as start_order, _waiter as waiter_strategy
-from ._classify import Classification, classify, has_mesh_marker, pod_mode, sidecar_names
+from . import _hybrid as hybrid_strategy, _native as native_strategy, _start_order as start_order
+from . import _waiter as waiter_strategy
+from ._classify import (Classification, classify, has_mesh_marker, managed_as, native_proxies, native_requested,
+                        pod_mode)
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
@@ -27,6 +29,9 @@ from ._shape import shape_problem
 
 @dataclass
 class RewriteResult:
+    """`changed`: a strategy rewrote the pod. A pod left as it is may still differ from the
+    input by one annotation, ANNOTATION_NOT_REWRITTEN (the reason); the patch is the diff."""
+
     pod: dict
     warnings: list[str] = field(default_factory=list)
     changed: bool = False
@@ -52,23 +57,31 @@ def _prefix(message: str) -> str:
     return f"initshift: {message}"
 
 
+_RUN_TO_COMPLETION = ("Never", "OnFailure")
+
+
 def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
     if native_strategy.is_managed(pod):
         return p.MODE_NATIVE  # decided at the first admission; re-invocations finish the job
     if mode == p.MODE_AUTO:
-        return p.MODE_NATIVE if native_supported else p.MODE_WAITER
+        if not native_supported:
+            return p.MODE_WAITER
+        # Hybrid runs the steps as regular containers: a run-to-completion pod's only, and
+        # never a declared start order (its init containers stay in place).
+        restart = (pod.get("spec") or {}).get("restartPolicy", "Always")
+        return p.MODE_HYBRID if restart in _RUN_TO_COMPLETION and not start_order.requested(pod) else p.MODE_NATIVE
     return mode
+
+
+def _asked(pod: Mapping, *modes: str) -> bool:
+    """The pod's own `initshift.io/mode` annotation is one of `modes` (not the server's default)."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_MODE)
+    return str(value).strip() in modes
 
 
 def _no_native(native_supported: bool | None) -> str:
     return ("the cluster does not run native sidecars" if native_supported is False
             else "native-sidecar support of the cluster is unknown")
-
-
-def _native_proxies(pod: Mapping, settings: Settings, cls: Classification) -> list[str]:
-    """Recognised sidecars already running as native sidecars."""
-    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings.rewrite)
-    return [c["name"] for c in cls.native_sidecars if c.get("name") in names]
 
 
 NO_SIDECAR = _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
@@ -88,7 +101,7 @@ def _qualify_native(pod: Mapping, settings: Settings, mode: str, cls: Classifica
         return _Skip("no-init-containers", "no init container needs the sidecars; admitted unchanged")
     if cls.sidecars:
         return _Go(p.MODE_NATIVE, cls, notes)
-    proxies = _native_proxies(pod, settings, cls)
+    proxies = native_proxies(pod, cls, settings.rewrite)
     if managed and (proxies or not has_mesh_marker(pod)):
         return _Skip("unchanged", "the pod is already set up for native sidecars; nothing to do")
     if proxies:
@@ -118,19 +131,37 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
     if strategy == p.MODE_NATIVE:
         return _qualify_native(pod, settings, mode, cls, native_supported)
     policy = spec.get("restartPolicy", "Always")
-    if policy not in ("Never", "OnFailure"):
-        why = f"; native sidecars would, but {_no_native(native_supported)}" if mode == p.MODE_AUTO else ""
-        return _Skip("restart-policy", f"restartPolicy {policy}: the waiter strategy runs steps only in "
+    if policy not in _RUN_TO_COMPLETION:
+        why = f"; native sidecars would, but {_no_native(native_supported)}" if mode == p.MODE_AUTO else \
+            f"; {p.ANNOTATION_MODE}=native handles it" if strategy == p.MODE_HYBRID else ""
+        return _Skip("restart-policy", f"restartPolicy {policy}: the {strategy} strategy runs steps only in "
                                        f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
     if not cls.steps:
         return _Skip("no-init-containers", "no init container to move; admitted unchanged")
-    proxies = _native_proxies(pod, settings, cls)
-    if proxies:
-        return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
-                                       f"admitted unchanged")
-    if not cls.sidecars and not has_mesh_marker(pod):
+    proxies = native_proxies(pod, cls, settings.rewrite)
+    # A proxy already native, or asked for natively and not injected yet (one that still
+    # landed in containers says the mesh found no native support: the waiter keeps it).
+    if strategy == p.MODE_WAITER and (proxies or (native_requested(pod) and not cls.sidecars)):
+        if start_order.requested(pod) and proxies:
+            return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar; "
+                                           f"admitted unchanged")
+        strategy = p.MODE_HYBRID  # the proxy is (or will be) native: steps beside it are the hybrid's
+    notes = []
+    if strategy == p.MODE_HYBRID and proxies:
+        notes.append(f"the proxy {proxies[0]!r} already runs as a native sidecar: the steps run beside it under "
+                     f"the waiter (hybrid)")
+    if strategy == p.MODE_HYBRID and mode == p.MODE_HYBRID and native_supported is not True and \
+            (cls.sidecars or (has_mesh_marker(pod) and not proxies)):
+        if native_supported is False:
+            return _Skip("native-unsupported", f"{p.ANNOTATION_MODE}=hybrid, but {_no_native(False)} "
+                                               f"(Kubernetes 1.29 or later); admitted unchanged")
+        notes.append(f"{_no_native(None)}; native sidecars used as {p.ANNOTATION_MODE}=hybrid asks")
+    if not cls.sidecars and not has_mesh_marker(pod) and not proxies:
+        if len(cls.steps) > 1 and _asked(pod, p.MODE_WAITER, p.MODE_HYBRID):
+            return _Go(strategy, cls, [f"no sidecar: the steps run under the waiter as {p.ANNOTATION_MODE} "
+                                       f"asks, handed off in milliseconds instead of the kubelet's init order"])
         return NO_SIDECAR  # native sidecars already run beside the init containers
-    return _Go(strategy, cls)
+    return _Go(strategy, cls, notes)
 
 
 # What a plan does with the pod.
@@ -140,7 +171,7 @@ _SKIP, _FAIL, _REFRESH, _ORDERED = "skip", "fail", "refresh", "ordered"
 @dataclass(frozen=True)
 class Plan:
     """What one admission does with one pod, decided once (see the module docstring).
-    `action` is `skip`, `fail`, `refresh`, `ordered`, or the strategy (`waiter`, `native`)."""
+    `action` is `skip`, `fail`, `refresh`, `ordered`, or the strategy (`waiter`, `native`, `hybrid`)."""
 
     pod: dict
     settings: Settings
@@ -159,7 +190,7 @@ class Plan:
         if self.action == _ORDERED:
             assert self.base is not None and self.order is not None
             return start_order.lookups(self.base, self.order)
-        if self.action != p.MODE_WAITER or self.go is None:
+        if self.action not in (p.MODE_WAITER, p.MODE_HYBRID) or self.go is None:
             return []
         return [Lookup(str(c.get("name")), str(c.get("image"))) for c in [*self.go.cls.steps, *self.go.cls.mains]
                 if needs_image(c)]
@@ -172,6 +203,11 @@ class Plan:
             result = self._rewrite(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
+        if not result.denied:
+            before = result.pod
+            result = _decision_on_pod(self.pod, result)
+            if result.pod is not before and size_problems(result.pod):
+                result.pod = before  # the note would not fit etcd's limit: the warning still says why
         if self.forged and result.denied is None:
             result.changed = True  # `pod` is already without them: whatever else happens, they go
             result.warnings.insert(0, _prefix(
@@ -186,6 +222,8 @@ class Plan:
         if self.skip is not None:
             return RewriteResult(pod=pod, warnings=[_prefix(self.skip.message)], reason=self.skip.reason)
         if self.action == _REFRESH:
+            if managed_as(pod) == p.MODE_HYBRID:
+                return _checked(pod, hybrid_strategy.refresh(pod, settings.rewrite), [], "refreshed", p.MODE_HYBRID)
             return _checked(pod, waiter_strategy.refresh(pod, settings.rewrite), [], "refreshed")
         if self.action == _ORDERED:
             assert self.base is not None and self.order is not None
@@ -195,8 +233,11 @@ class Plan:
         if self.action == p.MODE_NATIVE:
             out, warnings, reason = _native_parts(pod, self.go, settings)
             return _checked(pod, out, warnings, reason, p.MODE_NATIVE)
+        if self.action == p.MODE_HYBRID:
+            out, warnings = hybrid_strategy.build(pod, self.go.cls, settings.rewrite, images, lookup_error)
+            return _checked(pod, out, [*self.go.notes, *self.go.cls.warnings, *warnings], "rewritten", p.MODE_HYBRID)
         out, warnings = waiter_strategy.build(pod, self.go.cls, settings.rewrite, images, lookup_error)
-        return _checked(pod, out, [*self.go.cls.warnings, *warnings], "rewritten")
+        return _checked(pod, out, [*self.go.notes, *self.go.cls.warnings, *warnings], "rewritten")
 
 
 def plan(pod: dict, settings: Settings, *, native_supported: bool | None = None) -> Plan:
@@ -227,6 +268,27 @@ def _without_watcher_state(pod: dict) -> tuple[dict, tuple[str, ...]]:
     return {**pod, "metadata": {**pod["metadata"], "annotations": kept}}, forged
 
 
+# Skips where initshift was told to leave pods alone: those pods are not touched at all.
+_SWITCHED_OFF = ("feature-gate-off", "disabled")
+
+
+def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
+    """A pod with init containers that is not rewritten says why on itself (the one change
+    made to it); a rewritten pod drops the reason an earlier admission left."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    inits = (pod.get("spec") or {}).get("initContainers")
+    if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
+        annotations = dict(result.pod["metadata"]["annotations"])
+        del annotations[p.ANNOTATION_NOT_REWRITTEN]
+        result.pod = {**result.pod, "metadata": {**result.pod["metadata"], "annotations": annotations}}
+    elif not result.changed and result.strategy is None and result.reason not in _SWITCHED_OFF \
+            and isinstance(inits, list) and inits and managed_as(pod) is None \
+            and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
+        result.pod = {**pod, "metadata": {**meta, "annotations": {**notes, p.ANNOTATION_NOT_REWRITTEN: result.reason}}}
+    return result
+
+
 def _plan(pod: dict, settings: Settings, native: bool | None) -> Plan:
     if settings.feature_gate and waiter_strategy.managed_names(pod) is not None:
         if pod_mode(pod, settings.rewrite) == p.MODE_DISABLED:
@@ -243,11 +305,11 @@ def _plan(pod: dict, settings: Settings, native: bool | None) -> Plan:
 
 def _ordered(pod: dict, choice: _Skip | _Go, settings: Settings, native: bool | None) -> Plan:
     """Declared start order (webhook/rewrite/_start_order.py), composed after the native strategy."""
-    if isinstance(choice, _Go) and choice.strategy == p.MODE_WAITER:
+    if isinstance(choice, _Go) and choice.strategy in (p.MODE_WAITER, p.MODE_HYBRID):
         raise RewriteError(
-            f"{p.ANNOTATION_START_ORDER} cannot be combined with the waiter strategy (this pod's init containers "
-            f"would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or remove "
-            f"the annotation", deny=True, reason=start_order.REASON)
+            f"{p.ANNOTATION_START_ORDER} cannot be combined with the {choice.strategy} strategy (this pod's init "
+            f"containers would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or "
+            f"remove the annotation", deny=True, reason=start_order.REASON)
     base, notes = pod, []
     if isinstance(choice, _Go):
         try:

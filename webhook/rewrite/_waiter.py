@@ -33,8 +33,8 @@ from ._command import Argv, read_argv, run_command
 from ._errors import RewriteError
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
-from ._resources import (Amounts, add, apply_requests, growth_warning, plan_steps, pod_requests, qos_class,
-    restartable_sum, sum_requests)
+from ._resources import (Amounts, add, apply_requests, growth_warning, is_restartable, plan_steps, pod_requests,
+    qos_class, restartable_sum, sum_requests)
 from ..settings import RewriteSettings
 from ._shape import submap
 
@@ -114,10 +114,16 @@ def loopback_probe(container: Mapping) -> str | None:
     return None
 
 
-def gate(sidecars: Sequence[Mapping]) -> tuple[str | None, list[str]]:
+def gate(sidecars: Sequence[Mapping], hybrid: bool = False) -> tuple[str | None, list[str]]:
     """Step 0's gate, as (ready file, loopback probes): none without sidecars; the ready
     file, and the probes when every sidecar has one (the waiter opens the gate on whichever
-    says ready first)."""
+    says ready first).
+
+    `hybrid`: a native sidecar without a loopback probe is left out: it holds every regular
+    container back by the kubelet's start order (its startupProbe), which needs no watcher
+    and comes sooner than the watcher's ready annotation for the same check."""
+    if hybrid:
+        sidecars = [s for s in sidecars if loopback_probe(s) or not is_restartable(s)]
     if not sidecars:
         return None, []
     probes = [loopback_probe(s) for s in sidecars]
@@ -146,6 +152,10 @@ class Chain:
     quit_urls: tuple[str, ...]
     retry: bool
     step_timeout: int
+    hybrid: bool = False  # the sidecars are native: see gate()
+
+    def gate(self) -> tuple[str | None, list[str]]:
+        return gate(self.sidecars, self.hybrid)
 
     def is_main(self, index: int) -> bool:
         return index >= self.n_steps
@@ -173,7 +183,7 @@ def wrap(container: Mapping, index: int, chain: Chain,
     wait = chain.waits_for(index)
     if wait is not None:
         mounts.append({"name": p.run_volume(wait), "mountPath": p.run_mount(wait), "readOnly": True})
-    ready_file, probes = gate(chain.sidecars) if index == 0 else (None, [])
+    ready_file, probes = chain.gate() if index == 0 else (None, [])
     if ready_file:
         mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
     if chain.is_main(index):  # the mains learn about each other through one shared directory
@@ -193,11 +203,12 @@ def wrap(container: Mapping, index: int, chain: Chain,
 
 
 def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
-            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping]) -> Chain:
+            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], hybrid: bool = False) -> Chain:
+    # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
     quit_urls = tuple(settings.quit_endpoints[s["name"]] for s in regular_sidecars
                       if s.get("name") in settings.quit_endpoints)
     return Chain(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
-                  retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
+                  retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds, hybrid=hybrid)
 
 
 def _is_our_volume(name: object) -> bool:
@@ -314,10 +325,14 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
-          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> tuple[dict, list[str]]:
+          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None, *,
+          origin: Mapping | None = None, how: str = p.MODE_WAITER) -> tuple[dict, list[str]]:
     """The rewritten pod and its warnings; raises RewriteError when it cannot be done.
-    `lookup_error` says why images are missing when a registry lookup failed."""
+    `lookup_error` says why images are missing when a registry lookup failed. `origin`: the
+    pod as admitted when `pod` is already another strategy's work (hybrid: the sidecars made
+    native), whose effective request and QoS class are the ones to keep; `how`: the label."""
     spec = pod.get("spec") or {}
+    origin_spec = (origin or pod).get("spec") or {}
     wrapped_src = [*cls.steps, *cls.mains]
     check_reserved(pod, wrapped_src)
 
@@ -327,8 +342,8 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
         raise RewriteError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
 
     warnings: list[str] = []
-    old_total = pod_requests(spec)
-    old_qos = qos_class(spec)
+    old_total = pod_requests(origin_spec)
+    old_qos = qos_class(origin_spec)
     fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
     if plan.problem:
@@ -336,7 +351,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
-                     cls.all_sidecars, cls.sidecars)
+                     cls.all_sidecars, cls.sidecars, how == p.MODE_HYBRID)
     wrapped_steps = [wrap(c, i, chain, *argvs[c["name"]]) for i, c in enumerate(steps)]
     mains_by_name = {c["name"]: wrap(c, len(steps) + j, chain, *argvs[c["name"]])
                      for j, c in enumerate(cls.mains)}
@@ -355,10 +370,11 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec = out["spec"] = dict(spec)
     new_spec["initContainers"] = init
     new_spec["containers"] = containers
-    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), bool(chain.sidecars), bool(cls.mains))
-    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains])
+    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), chain.gate()[0] is not None,
+                                   bool(cls.mains))
+    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
-    grown = growth_warning(spec, new_spec, f"policy {settings.resources_policy}")
+    grown = growth_warning(origin_spec, new_spec, f"policy {settings.resources_policy}")
     if grown:
         warnings.append(grown)
     new_qos = qos_class(new_spec)
@@ -376,27 +392,28 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     return out, warnings
 
 
-def _mark(pod: dict, steps: list[str], mains: list[str]) -> None:
-    mark_managed(pod, p.MODE_WAITER)
+def _mark(pod: dict, steps: list[str], mains: list[str], how: str) -> None:
+    mark_managed(pod, how)
     annotations = submap(pod, "metadata", "annotations")
     annotations[p.ANNOTATION_STEPS] = json.dumps(steps, separators=(",", ":"))
     annotations[p.ANNOTATION_MAINS] = json.dumps(mains, separators=(",", ":"))
 
 
 def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
-    """Steps and mains of a pod this strategy already rewrote, or None."""
-    if managed_as(pod) != p.MODE_WAITER:
+    """Steps and mains of a pod this strategy (or hybrid) already rewrote, or None."""
+    how = managed_as(pod)
+    if how not in (p.MODE_WAITER, p.MODE_HYBRID):
         return None
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     try:
         steps = json.loads(annotations.get(p.ANNOTATION_STEPS, ""))
         mains = json.loads(annotations.get(p.ANNOTATION_MAINS, "[]"))
     except (TypeError, ValueError):
-        raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS} "
+        raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={how} but its {p.ANNOTATION_STEPS} "
                          f"annotation is not a JSON list") from None
     if not (isinstance(steps, list) and isinstance(mains, list) and steps
             and all(isinstance(x, str) for x in [*steps, *mains])):
-        raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_WAITER} but its {p.ANNOTATION_STEPS}/"
+        raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={how} but its {p.ANNOTATION_STEPS}/"
                          f"{p.ANNOTATION_MAINS} annotations are not lists of names")
     return steps, mains
 
@@ -423,7 +440,7 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         raise RewriteError(f"{problems[0]}", deny=True, reason="reserved")
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
-                     [*natives, *regular_sidecars], regular_sidecars)
+                     [*natives, *regular_sidecars], regular_sidecars, managed_as(pod) == p.MODE_HYBRID)
     index = {name: i for i, name in enumerate(order)}
     out = dict(pod)
     out["spec"] = dict(spec)
@@ -431,5 +448,5 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else c
         for c in containers
     ]
-    out["spec"]["volumes"] = _volumes(spec, len(order), bool(chain.sidecars), bool(mains))
+    out["spec"]["volumes"] = _volumes(spec, len(order), chain.gate()[0] is not None, bool(mains))
     return out

@@ -4,10 +4,10 @@ and `logs` share."""
 
 from ._controller import COMPONENT, run_watcher
 from ._decide import FAILED, SUCCEEDED
-from ._podstate import Layout, NotManaged, layout, parse_time
+from ._podstate import WAITER_RUN, Layout, NotManaged, layout, parse_time, statuses
 from ._podview import (PodView, State, has_started, has_terminated, is_waiter_line, log_plan, pod_ended, pod_view,
                        state_text)
 
-__all__ = ["COMPONENT", "FAILED", "Layout", "NotManaged", "PodView", "SUCCEEDED", "State", "has_started",
+__all__ = ["WAITER_RUN", "COMPONENT", "FAILED", "Layout", "NotManaged", "PodView", "SUCCEEDED", "State", "has_started",
            "has_terminated", "is_waiter_line", "layout", "log_plan", "parse_time", "pod_ended", "pod_view",
-           "run_watcher", "state_text"]
+           "run_watcher", "state_text", "statuses"]

@@ -70,6 +70,39 @@ def _running(status: dict | None) -> bool:
     return status is None or not _terminated(status)
 
 
+def slim_pod(pod: dict) -> dict:
+    """The part of a pod that `decide()` and `notices()` read (and the ready patch of
+    start-order pods): what the watcher keeps of each pod in flight, a fraction of the whole."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    prefix = f"{p.GROUP}/"
+    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                 if k in meta}
+    slim_meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k == p.LABEL_MANAGED}
+    slim_meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(prefix)}
+    containers = []
+    for c in spec.get("containers") or []:
+        if isinstance(c, dict):
+            entry = {"name": c.get("name")}
+            if isinstance(c.get("command"), list) and c["command"]:
+                entry["command"] = c["command"][:1]  # only whether the waiter runs it
+            containers.append(entry)
+    slim_spec: dict[str, Any] = {
+        "containers": containers,
+        "initContainers": [{"name": c.get("name"), "restartPolicy": c.get("restartPolicy")}
+                           for c in spec.get("initContainers") or [] if isinstance(c, dict)],
+        "volumes": [v for v in spec.get("volumes") or []
+                    if isinstance(v, dict) and v.get("name") == p.CONTAINER_READY_VOLUME],
+    }
+    if "activeDeadlineSeconds" in spec:
+        slim_spec["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+    slim_status = {k: status[k] for k in ("phase", "reason", "message", "startTime") if k in status}
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in status:
+            slim_status[key] = [{k: s[k] for k in ("name", "ready", "state") if k in s}
+                                for s in status[key] or [] if isinstance(s, dict)]
+    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
+
+
 # --- the decision --------------------------------------------------------------------------
 def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     meta = pod.get("metadata") or {}
@@ -123,7 +156,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
         r = runs[name]
         if r.state == "terminated" and not r.recorded and not r.ok and \
                 any(runs[later].state != "terminated" for later in order[i + 1:]) and not ended:
-            msg = f"{name} terminated without completing ({r.reason or 'unknown'}, exit {r.exit_code})"
+            msg = f"{name} terminated without completing: {r.summary()}"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
                                                 deadline_set).actions, None, latency)
 
@@ -148,9 +181,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     if failed is None:
         message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded"
     else:
-        message = f"{failed.name} failed: {failed.reason or 'unknown'} (exit {failed.exit_code})"
-        if failed.message:
-            message += f": {failed.message[:200]}"
+        message = f"{failed.name} failed: {failed.summary()}"
     end_now = bool(running_sidecars) and not ended and not deadline_set
     stopped = STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
@@ -201,10 +232,47 @@ def _outcome_action(meta: dict, outcome: dict) -> Action:
     patch = {"metadata": {"annotations": {p.ANNOTATION_OUTCOME: json.dumps(outcome, separators=(",", ":"))}}}
     if meta.get("resourceVersion"):
         patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
-    ok = outcome["result"] == SUCCEEDED
-    return Action("outcome", patch, EVENT_SUCCEEDED if ok else EVENT_FAILED,
-                  f"{outcome['result']}: {outcome['message']}; sidecars stopped by {outcome['sidecarsStoppedBy']}",
-                  warning=not ok, outcome=outcome)
+    reason, message, warning = _outcome_event(outcome)
+    return Action("outcome", patch, reason, message, warning=warning, outcome=outcome)
+
+
+def _outcome_event(outcome: dict) -> tuple[str, str, bool]:
+    ok = outcome.get("result") == SUCCEEDED
+    return (EVENT_SUCCEEDED if ok else EVENT_FAILED,
+            f"{outcome.get('result')}: {outcome.get('message')}; sidecars stopped by {outcome.get('sidecarsStoppedBy')}",
+            not ok)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An Event the pod's state says is due: one for each action done on it, known by the
+    action's kind (so a replica that did not act can still tell it is due, and send it)."""
+
+    kind: str
+    reason: str
+    message: str
+    warning: bool = False
+
+
+def notices(pod: dict) -> list[Notice]:
+    """The Events that the pod's annotations and spec show actions for (start-order pods: none).
+    The message is what can be told from the pod alone; the replica that acted sends its own."""
+    if managed_as(pod) == p.MANAGED_START_ORDER:
+        return []
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    out = []
+    if ann.get(p.ANNOTATION_READY) == p.READY_TRUE:
+        out.append(Notice("ready", EVENT_READY, "sidecars Ready; steps may start"))
+    try:
+        outcome = json.loads(ann[p.ANNOTATION_OUTCOME]) if p.ANNOTATION_OUTCOME in ann else None
+    except ValueError:
+        outcome = None
+    if isinstance(outcome, dict):
+        out.append(Notice("outcome", *_outcome_event(outcome)))
+        ads = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if isinstance(ads, int) and ads <= DEADLINE:
+            out.append(Notice("end", EVENT_ENDED, f"ending the pod (activeDeadlineSeconds={DEADLINE})", True))
+    return out
 
 
 def _deadline_action(message: str) -> Action:

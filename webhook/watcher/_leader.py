@@ -1,12 +1,16 @@
 """Leader election with a coordination.k8s.io/v1 Lease, as client-go does it.
 
-One replica holds the Lease and renews it every `lease_seconds / 3`; the others poll. A
-holder's Lease is taken over only after it has not changed for a full lease duration,
-measured on the local monotonic clock (not by comparing the holder's timestamps with
-ours, so clock skew between nodes cannot hand the Lease to two replicas). Every write is
-a conditional PUT (resourceVersion), so two candidates racing for it cannot both win.
-A holder that cannot renew for 2/3 of the duration (each renewal is bounded by what is
-left of that deadline) stops acting before anyone else may start. On a clean stop the Lease is released so a successor takes over at once.
+One replica holds the Lease and renews it every `retry_seconds` (2 s by default); the
+others poll as often. A holder's Lease is taken over only after it has not changed for a
+full lease duration, measured on the local monotonic clock (not by comparing the holder's
+timestamps with ours, so clock skew between nodes cannot hand the Lease to two replicas).
+Every write is a conditional PUT (resourceVersion), so two candidates racing for it cannot
+both win. Each renewal attempt gets at most `retry_seconds` (a hung request is abandoned and
+the next one tried at once), and a failed one is retried soon, so the holder keeps leading
+through API blips shorter than `renew_deadline`; one that cannot renew for `renew_deadline`
+stops leading, before anyone else may start. On a clean stop the Lease is released so a
+successor takes over at once. The watcher does not wait for the Lease to act on work a
+dead holder left (see `_controller`): the Lease only says who acts first.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ def _micro_time() -> str:
 
 class LeaderElector:
     def __init__(self, api: KubeApi, namespace: str, name: str, identity: str, lease_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, retry_seconds: float | None = None,
+                 renew_deadline: float | None = None) -> None:
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
         self.lease_seconds = lease_seconds
-        self.retry_seconds = lease_seconds / 3
-        self.renew_deadline = lease_seconds * 2 / 3
+        self.retry_seconds = retry_seconds or lease_seconds / 3
+        # Strictly below the lease: the holder stops before a candidate may take over.
+        self.renew_deadline = min(renew_deadline or lease_seconds * 2 / 3, lease_seconds * 0.9)
         self._clock = clock
         self._observed: tuple | None = None
         self._observed_at = 0.0
@@ -95,7 +101,7 @@ class LeaderElector:
         or `stop` is set. Returns when `stop` is set."""
         try:
             while not stop.is_set():
-                if not await self.try_acquire_or_renew():
+                if not await self._renew_within(self.retry_seconds):
                     await _wait(stop, None, self.retry_seconds)
                     continue
                 await self._lead(lead, stop)
@@ -108,16 +114,20 @@ class LeaderElector:
         log.info("leading", extra={"identity": self.identity, "lease": self.name})
         task = asyncio.ensure_future(lead())
         renewed = self._clock()
+        pause = self.retry_seconds
         try:
             while not stop.is_set() and not task.done():
-                await _wait(stop, task, self.retry_seconds)
+                await _wait(stop, task, pause)
                 if stop.is_set() or task.done():
                     break
-                if await self._renew_within(self.renew_deadline - (self._clock() - renewed)):
-                    renewed = self._clock()
+                left = self.renew_deadline - (self._clock() - renewed)
+                if await self._renew_within(min(self.retry_seconds, left)):
+                    renewed, pause = self._clock(), self.retry_seconds
                 elif self._clock() - renewed >= self.renew_deadline:
                     log.warning("lost the lease", extra={"identity": self.identity, "lease": self.name})
                     break
+                else:  # a blip: try again soon, the deadline is what counts
+                    pause = min(self.retry_seconds, max(0.05, self.retry_seconds / 4))
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -7,8 +7,12 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..metrics import REGISTRY
 
-TRACKED = Gauge("initshift_watcher_pods_tracked", "Managed pods the watcher currently tracks.", registry=REGISTRY,
-                multiprocess_mode="livemax")
+TRACKED = Gauge("initshift_watcher_pods_tracked", "Managed pods in flight the watcher keeps (finished ones are "
+                "dropped).", registry=REGISTRY, multiprocess_mode="livemax")
+# From the watch event that made an action due to its patch's answer: what the queue and the API add.
+REACTION = Histogram("initshift_watcher_reaction_seconds",
+                     "Seconds from the pod change that called for an action to its patch being written.",
+                     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY)
 # From the pod's start to the ready annotation: image pulls and sidecar start-up dominate.
 READY_LATENCY = Histogram("initshift_watcher_ready_latency_seconds",
                           "Seconds from pod start until every sidecar was Ready and the gate was opened.",
@@ -21,10 +25,6 @@ API_ERRORS = Counter("initshift_watcher_api_errors_total", "Failed Kubernetes AP
                      "(0: unreachable).", ["call", "status"], registry=REGISTRY)
 LEADER = Gauge("initshift_watcher_leader", "1 while this replica holds the leader Lease.", registry=REGISTRY,
                multiprocess_mode="livemax")
-# From the watch event that showed a pod's change to the patch that acted on it.
-REACTION = Histogram("initshift_watcher_reaction_seconds",
-                     "Seconds from a managed pod's watch event to the patch the watcher made for it.",
-                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY)
 # stage: steps (no outcome yet) or ending (outcome recorded, the pod still runs). Leader only.
 IN_FLIGHT = Gauge("initshift_watcher_pods_in_flight", "Waiter-managed pods not ended yet, by stage.", ["stage"],
                   registry=REGISTRY, multiprocess_mode="livemax")

@@ -4,8 +4,8 @@ record in the termination message, else the kubelet's). Pure functions over pod 
 the watcher's decisions and `initshift status`/`logs` read pods only through these.
 
 Three kinds of pods read the same way:
-- waiter (`initshift.io/managed: waiter`): steps and mains from the annotations, run by
-  the waiter as regular containers; the kept init containers (mesh init, initshift-init)
+- waiter and hybrid (`initshift.io/managed: waiter|hybrid`): steps and mains from the
+  annotations, run by the waiter as regular containers; the kept init containers (mesh init, initshift-init)
   run first; every other container is a sidecar;
 - native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
   containers run in spec order (the mesh's own and kept ones are `init`, the rest are
@@ -16,7 +16,7 @@ Three kinds of pods read the same way:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -28,8 +28,12 @@ from ..errors import InitshiftError
 
 # Container kinds.
 INIT, STEP, MAIN, SIDECAR = "init", "step", "main", "sidecar"
+WAITER_RUN = (p.MODE_WAITER, p.MODE_HYBRID)  # strategies whose steps the waiter runs as regular containers
 NOT_RUN = "NotRun"  # reason recorded for a step or main that never finished
 _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message has these
+# Kubelet reasons that say no more than the waiter's record does; any other (OOMKilled,
+# Evicted, ContainerCannotRun, ...) or a signal is news the outcome must name.
+_PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
 MESSAGE_LIMIT = 1024
 
 
@@ -59,7 +63,7 @@ def _json_list(value: Any) -> list[str] | None:
 class Layout:
     """Names by kind, each list in execution order; `sequence` is what runs one after the other."""
 
-    strategy: str | None  # "waiter", "native" or None (never rewritten)
+    strategy: str | None  # "waiter", "hybrid", "native" or None (never rewritten)
     inits: list[str]  # init containers that are not steps (mesh init, initshift-init, kept ones)
     steps: list[str]
     mains: list[str]
@@ -84,7 +88,7 @@ class Layout:
 
 def strategy_of(pod: Mapping) -> str | None:
     value = managed_as(pod)
-    return value if value in (p.MODE_WAITER, p.MODE_NATIVE) else None
+    return value if value in (p.MODE_WAITER, p.MODE_HYBRID, p.MODE_NATIVE) else None
 
 
 def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
@@ -101,7 +105,7 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
                            if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
     in_init = frozenset(c["name"] for c in inits)
     names = [c["name"] for c in regular]
-    if strategy == p.MODE_WAITER:
+    if strategy in WAITER_RUN:
         steps = [n for n in _json_list(annotations.get(p.ANNOTATION_STEPS)) or [] if n in names]
         if p.ANNOTATION_MAINS in annotations:
             mains = [n for n in _json_list(annotations[p.ANNOTATION_MAINS]) or [] if n not in steps and n in names]
@@ -148,6 +152,8 @@ class Run:
     finished_at: str | None = None
     message: str = ""
     recorded: bool = False  # the waiter wrote its termination message (it completed its work)
+    signal: int | None = None  # the kubelet's terminated.signal, when it reported one
+    waiter: dict | None = None  # the waiter's own record, when the kubelet's report was taken over it
 
     @property
     def ok(self) -> bool:
@@ -159,7 +165,19 @@ class Run:
                                "startedAt": self.started_at, "finishedAt": self.finished_at}
         if self.message:
             out["message"] = self.message[:MESSAGE_LIMIT]
+        if self.signal is not None:
+            out["signal"] = self.signal
+        if self.waiter is not None:
+            out["waiter"] = self.waiter
         return out
+
+    def summary(self) -> str:
+        """"OOMKilled (exit 137): killed by SIGKILL", for the outcome's message."""
+        exit_part = f"exit {self.exit_code}" + (f", signal {self.signal}" if self.signal is not None else "")
+        text = f"{self.reason or 'unknown'} ({exit_part})"
+        if self.waiter is not None:
+            text += f"; the waiter recorded {self.waiter['reason']} (exit {self.waiter['exitCode']})"
+        return text + (f": {self.message[:200]}" if self.message else "")
 
 
 def read_run(name: str, status: dict | None) -> Run:
@@ -171,14 +189,26 @@ def read_run(name: str, status: dict | None) -> Run:
         kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
         return Run(name, kind, started_at=started)
     t = state["terminated"] or {}
+    code = t.get("exitCode")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    signal = t.get("signal") if isinstance(t.get("signal"), int) and t.get("signal") else None
+    kubelet_reason = str(t.get("reason") or "")
     record = _waiter_record(t.get("message"))
     if record is not None:
-        return Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
-                   record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
-                   str(record.get("message") or ""), recorded=True)
-    code = t.get("exitCode")
-    return Run(name, "terminated", code if isinstance(code, int) else None, str(t.get("reason") or ""),
-               t.get("startedAt"), t.get("finishedAt"), str(t.get("message") or ""))
+        run = Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
+                  record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
+                  str(record.get("message") or ""), recorded=True)
+        # The waiter survives its child (an OOM kill hits the child) and writes its record,
+        # but the kubelet knows why the container died: its reason wins, the record stays beside.
+        if not run.ok and (kubelet_reason not in _PLAIN_KUBELET_REASONS or signal is not None):
+            waiter = {"exitCode": run.exit_code, "reason": run.reason}
+            if run.message:
+                waiter["message"] = run.message[:MESSAGE_LIMIT]
+            return replace(run, exit_code=code if code is not None else run.exit_code,
+                           reason=kubelet_reason or "Error", signal=signal, waiter=waiter)
+        return run
+    return Run(name, "terminated", code, kubelet_reason, t.get("startedAt"), t.get("finishedAt"),
+               str(t.get("message") or ""), signal=signal)
 
 
 def _waiter_record(message: Any) -> dict | None:

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from waiter import protocol as p
 
 from ..settings import RewriteSettings
-from ._podstate import (NOT_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
+from ._podstate import (NOT_RUN, WAITER_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
                         statuses)
 
 
@@ -72,7 +72,7 @@ class Row:
 class PodView:
     namespace: str
     name: str
-    strategy: str | None  # "waiter", "native" or None (never rewritten)
+    strategy: str | None  # "waiter", "hybrid", "native" or None (never rewritten)
     phase: str
     pod_reason: str  # the pod's status.reason, e.g. DeadlineExceeded
     result: str  # the outcome's result, else the phase
@@ -81,6 +81,7 @@ class PodView:
     sidecars_stopped_by: str | None  # the outcome's sidecarsStoppedBy
     ready: bool | None  # waiter pods: initshift.io/ready
     rows: tuple[Row, ...]
+    not_rewritten: str | None = None  # why the webhook left the pod as it was (its reason slug)
 
     @property
     def ended(self) -> bool:
@@ -93,7 +94,7 @@ class PodView:
         return {"namespace": self.namespace, "name": self.name, "strategy": self.strategy, "phase": self.phase,
                 "podReason": self.pod_reason, "result": self.result, "message": self.message,
                 "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
-                "containers": [r.to_json() for r in self.rows]}
+                "notRewritten": self.not_rewritten, "containers": [r.to_json() for r in self.rows]}
 
 
 def _outcome(pod: Mapping) -> dict:
@@ -154,7 +155,7 @@ def _work_state(run: Run, done_ok: bool) -> str:
 
 
 def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = None) -> PodView:
-    """The pod as `initshift status` shows it. Raises NotManaged (see pod_layout)."""
+    """The pod as `initshift status` shows it. Raises NotManaged (see `_podstate.layout`)."""
     lay = layout(pod, settings)
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
@@ -218,7 +219,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             return Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
         if not prev_done:
             return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
-        if first_step and lay.strategy == p.MODE_NATIVE and lay.all_sidecars and not sidecars_ready:
+        if first_step and lay.strategy in (p.MODE_NATIVE, p.MODE_HYBRID) and lay.all_sidecars and not sidecars_ready:
             return Row(**base, state=State.WAITING_SIDECARS)  # the kubelet holds it for the startup probe
         return Row(**base, state=State.PENDING, reason=waiting_reason)
 
@@ -233,7 +234,9 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         phase=phase, pod_reason=str(status.get("reason") or ""), result=result, message=message,
         failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else None,
         sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
-        ready=ready_gate if lay.strategy == p.MODE_WAITER else None, rows=tuple(rows))
+        ready=ready_gate if lay.strategy in WAITER_RUN else None, rows=tuple(rows),
+        not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
+        and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None)
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:

@@ -1,0 +1,220 @@
+"""`initshift check` against the API double holding the default install, the real HTTPS
+server and the real watcher: a healthy install passes, and each failure it detects is a ✘
+line and exit code 1."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+
+from tests.support import install as inst
+from tests.support.kubedouble import KubeDouble
+from webhook.cli import _check as check_cmd
+
+
+async def check(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = await check_cmd.run(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def marks(out: str) -> dict[str, str]:
+    """Title -> ✔/✘ for every check line."""
+    return {line[2:]: line[0] for line in out.splitlines() if line[:1] in ("✔", "✘")}
+
+
+def failed(out: str) -> list[str]:
+    return [title for title, mark in marks(out).items() if mark == "✘"]
+
+
+async def test_healthy_install_passes(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, err = await check(*i.argv())
+    assert (code, failed(out), err) == (0, [], ""), out
+    titles = list(marks(out))
+    for expected in ["can reach the Kubernetes API (v1.30.2)",
+                     "MutatingWebhookConfiguration initshift-webhook exists (webhook pods.initshift.io)",
+                     "sideEffects: None", "reinvocationPolicy: IfNeeded",
+                     "timeoutSeconds: 5 (above the 4s registry lookup budget)",
+                     "namespaceSelector never selects initshift-system or kube-system",
+                     "Service initshift-system/initshift exists",
+                     "the caBundle verifies the certificate the server presents",
+                     "/readyz: ready, strategy unknown, native sidecars unknown",
+                     "service account initshift-system/initshift may make the 13 calls the server makes "
+                     "(with self-managed certificates)",
+                     "opted-in namespaces: builds (Istio injects), plain (no mesh injects)"]:
+        assert expected in titles, (expected, out)
+    assert any(t.startswith("serving certificate valid until") and "days left" in t for t in titles)
+    assert any(t.startswith("watcher Lease initshift-system/initshift-watcher held by initshift-0, renewed")
+               for t in titles)
+    assert any(t.startswith("Istio injector istio-sidecar-injector: called after initshift-webhook; injects "
+                            "natively: no (ENABLE_NATIVE_SIDECARS=false on Deployment istio-system/istiod)")
+               for t in titles)
+    assert out.rstrip().endswith("Status check results are ✔")
+    # Every SubjectAccessReview asked about initshift's service account, never about the caller.
+    reviews = [r.body for r in kube.requests if r.path.endswith("/subjectaccessreviews")]
+    assert reviews and {r["spec"]["user"] for r in reviews} == {inst.SA_USER}
+
+
+async def test_json_output(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path, native_supported=lambda: True, strategy=lambda: "native") as i:
+        code, out, _ = await check(*i.argv("-o", "json"))
+    report = json.loads(out)
+    assert code == 0 and report["ok"] is True
+    ready = next(c for c in report["checks"] if c["title"].startswith("/readyz"))
+    assert ready["title"] == "/readyz: ready, strategy native, native sidecars supported"
+    assert ready["readyz"]["strategy"] == "native" and ready["section"] == "webhook-server"
+    assert {c["section"] for c in report["checks"]} >= {"kubernetes-api", "webhook-configuration", "webhook-server",
+                                                         "watcher", "rbac", "namespaces", "mesh"}
+
+
+async def test_no_configuration(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        kube.delete("mutatingwebhookconfigurations", None, "initshift-webhook")
+        code, out, _ = await check(*i.argv())
+    assert code == 1
+    assert failed(out) == ["MutatingWebhookConfiguration initshift-webhook exists"]
+    assert "no configuration: pods are never sent to initshift. Install it: kubectl apply -k deploy/" in out
+
+
+async def test_ca_bundle_that_does_not_verify(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        mwc = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")
+        other = inst.make_pki(tmp_path / "other")
+        mwc["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(other).decode()
+        kube.put("mutatingwebhookconfigurations", mwc)
+        code, out, _ = await check(*i.argv())
+    assert code == 1 and failed(out) == ["the caBundle verifies the certificate the server presents"]
+    assert "unable to get local issuer certificate: the apiserver cannot call the webhook" in out
+
+
+async def test_server_down(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        i.server.stop()
+        i.server.sock.close()
+        code, out, _ = await check(*i.argv())
+    host = i.url.removeprefix("https://")
+    assert code == 1 and failed(out) == [f"initshift answers on {host} (initshift.initshift-system.svc)"]
+    assert "ConnectionRefusedError" in out and "--service-url" in out
+
+
+async def test_expired_certificate(kube: KubeDouble, tmp_path) -> None:
+    ca = inst.make_pki(tmp_path / "pki", expired=True)
+    inst.put_install(kube, ca)
+    cfg = inst.write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    with inst.server(tmp_path / "pki") as srv:
+        async with inst.watcher(kube):
+            code, out, _ = await check("--kubeconfig", cfg, "--service-url", inst.h.base_url(srv))
+    bad = failed(out)
+    assert code == 1 and len(bad) == 3, out
+    assert bad[0] == "the caBundle verifies the certificate the server presents"
+    assert bad[1].startswith("serving certificate expired ") and bad[1].endswith("(24 hours ago)")
+    assert bad[2] == "/readyz: 503 not ready"
+    assert "certificate has expired" in out
+
+
+async def test_lease_not_renewed(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        pass  # the watcher stopped and released the Lease; the server stopped too: start another
+    lease = kube.get("leases", inst.NS, "initshift-watcher")
+    lease["spec"].update(holderIdentity="initshift-0", renewTime="2026-01-01T00:00:00.000000Z")
+    kube.put("leases", lease)
+    with inst.server(tmp_path / "pki") as srv:
+        code, out, _ = await check("--kubeconfig", i.kubeconfig, "--service-url", inst.h.base_url(srv))
+    bad = failed(out)
+    assert code == 1 and len(bad) == 1 and bad[0].startswith(
+        "watcher Lease initshift-system/initshift-watcher held by initshift-0, last renewed "), out
+    assert "(duration 3s)" in bad[0] and "not renewed within its duration" in out
+
+
+async def test_lease_released(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        pass
+    with inst.server(tmp_path / "pki") as srv:
+        code, out, _ = await check("--kubeconfig", i.kubeconfig, "--service-url", inst.h.base_url(srv))
+    assert code == 1 and failed(out) == ["watcher Lease initshift-system/initshift-watcher is held"]
+
+
+@pytest.mark.parametrize("verb, resource, denied", [
+    ("patch", "pods", "patch pods (the watcher follows managed pods and writes their annotations)"),
+    ("update", "leases", "update leases.coordination.k8s.io initshift-watcher in initshift-system (leader election)"),
+])
+async def test_rbac_missing(kube: KubeDouble, tmp_path, verb, resource, denied) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        kube.revoke(inst.SA_USER, verb, resource)
+        code, out, _ = await check(*i.argv())
+    assert code == 1 and failed(out) == ["service account initshift-system/initshift may make the 13 calls the "
+                                         "server makes (with self-managed certificates)"]
+    assert f"forbidden: {denied}. Re-apply deploy/" in out
+
+
+async def test_configuration_that_drifted_from_the_install(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        mwc = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")
+        wh = mwc["webhooks"][0]
+        wh.update(reinvocationPolicy="Never", sideEffects="Unknown", timeoutSeconds=3)
+        wh["namespaceSelector"] = {"matchLabels": {"initshift.io/enabled": "true"}}
+        mwc["metadata"]["name"] = "zz-initshift"
+        kube.put("mutatingwebhookconfigurations", mwc)
+        code, out, _ = await check(*i.argv("--webhook-config", "zz-initshift"))
+    assert code == 1
+    assert failed(out) == ["sideEffects: Unknown", "reinvocationPolicy: Never",
+                           "timeoutSeconds: 3 (above the 4s registry lookup budget)",
+                           "namespaceSelector never selects initshift-system or kube-system",
+                           # RBAC names initshift-webhook: the renamed configuration cannot get its caBundle
+                           "service account initshift-system/initshift may make the 13 calls the server makes "
+                           "(with self-managed certificates)",
+                           "Istio injector istio-sidecar-injector is called before zz-initshift; injects natively: "
+                           "no (ENABLE_NATIVE_SIDECARS=false on Deployment istio-system/istiod)"]
+
+
+async def test_unreachable_api(tmp_path) -> None:
+    cfg = inst.write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    code, out, _ = await check("--kubeconfig", cfg)
+    assert code == 1 and failed(out) == ["can reach the Kubernetes API"]
+
+
+async def test_linkerd_injector_and_where_it_injects(kube: KubeDouble, tmp_path) -> None:
+    svc = {"name": "linkerd-proxy-injector", "namespace": "linkerd", "path": "/", "port": 443}
+    kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "linkerd-proxy-injector-webhook-config"},
+                                               "webhooks": [{"name": "linkerd-proxy-injector.linkerd.io",
+                                                             "clientConfig": {"service": svc},
+                                                             "namespaceSelector": {"matchExpressions": [
+                                                                 {"key": "config.linkerd.io/admission-webhooks",
+                                                                  "operator": "NotIn", "values": ["disabled"]}]}}]})
+    kube.put("configmaps", {"metadata": {"name": "linkerd-config", "namespace": "linkerd"},
+                            "data": {"values": "proxy:\n  nativeSidecar: true\n"}})
+    kube.put("namespaces", {"metadata": {"name": "ci", "labels": {"initshift.io/enabled": "true"},
+                                         "annotations": {"linkerd.io/inject": "enabled"}}})
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check(*i.argv())
+    assert code == 0, out
+    titles = list(marks(out))
+    assert "opted-in namespaces: builds (Istio injects), ci (Linkerd injects), plain (no mesh injects)" in titles
+    assert "Linkerd injector linkerd-proxy-injector-webhook-config: called after initshift-webhook; injects " \
+           "natively: yes (proxy.nativeSidecar: true in linkerd/linkerd-config)" in titles
+
+
+def test_label_selectors_as_the_apiserver_reads_them() -> None:
+    from webhook.cli._check_preflight import selects
+
+    sel = {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "NotIn", "values": ["x"]},
+                                                           {"key": "c", "operator": "DoesNotExist"}]}
+    assert selects(sel, {"a": "1"})  # NotIn and DoesNotExist hold for a missing key
+    assert not selects(sel, {"a": "1", "b": "x"}) and not selects(sel, {"a": "1", "c": ""})
+    assert not selects(sel, {"a": "2"}) and selects(None, {}) and selects({}, {"z": "1"})
+    assert selects({"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}, {"k": "v"})
+    assert not selects({"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}, {})
+    assert not selects({"matchExpressions": [{"key": "k", "operator": "Exists"}]}, {})
+
+
+async def test_outside_the_cluster_without_service_url(kube: KubeDouble, tmp_path) -> None:
+    """The Service's name resolves only inside the cluster: the line says how to get there."""
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check("--kubeconfig", i.kubeconfig)
+    assert code == 1
+    assert failed(out) == ["initshift answers on initshift.initshift-system.svc:443 (initshift.initshift-system.svc)"]
+    assert "Outside the cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT" in out

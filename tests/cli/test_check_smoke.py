@@ -1,0 +1,150 @@
+"""`initshift check --smoke`: a tiny build pod through the double (which calls the real
+initshift server and injects Istio like the apiserver would), a kubelet player writing
+the pod's status, and the real watcher."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_check import failed
+from tests.support import install as inst
+from tests.support.kubedouble import KubeDouble
+from waiter import protocol as p
+from webhook.cli import _check as check_cmd
+from webhook.cli._check_smoke import SmokeOptions, smoke_pod
+
+BOUND = 60.0  # the whole run; a bug fails instead of hanging
+
+
+async def smoke(i: inst.Install, namespace: str, *more: str, hold: str | None = None) -> tuple[int, list[str], str]:
+    """Run the check with --smoke while a kubelet plays the pod; (exit code, smoke lines, output)."""
+    kubelet = inst.Kubelet(i.kube, namespace, hold=hold)
+    player = asyncio.ensure_future(kubelet.run())
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        code = await asyncio.wait_for(check_cmd.run(i.argv("--smoke", namespace, *more), out, err), BOUND)
+    finally:
+        player.cancel()
+        await asyncio.gather(player, return_exceptions=True)
+    text = out.getvalue()
+    section = text.split("smoke\n-----\n", 1)[1] if "smoke\n-----\n" in text else ""
+    return code, [line for line in section.splitlines() if line[:1] in ("✔", "✘")], text
+
+
+def titles(lines: list[str]) -> list[str]:
+    return [line[2:] for line in lines]
+
+
+def starts(lines: list[str], *prefixes: str) -> None:
+    assert len(lines) == len(prefixes), "\n".join(lines)
+    for line, prefix in zip(lines, prefixes):
+        assert line.startswith(prefix), (line, prefix)
+    latency = [line for line in lines if "step 0 started" in line]
+    assert all(re.search(r"\(\d+\.\d\ds after the sidecar started\)$", line) for line in latency), latency
+
+
+async def test_waiter_strategy_under_istio(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, inst.BUILDS)
+    assert code == 0 and failed(out) == [], out
+    starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy waiter)",
+           "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
+           "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by quit",
+           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 mains succeeded)", "✔ deleted pod builds/initshift-smoke-")
+    assert kube.items("pods", inst.BUILDS) == []
+    assert _normal(out) == _normal(readme_sample()), "the README's sample is this run's output"
+
+
+def readme_sample() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return text.split("$ initshift check --service-url https://127.0.0.1:8443 --smoke builds\n", 1)[1] \
+        .split("\n```", 1)[0]
+
+
+def _normal(text: str) -> str:
+    """The output without what differs between runs: the pod's suffix, the port, numbers."""
+    text = re.sub(r"initshift-smoke-[a-z0-9]{5}", "initshift-smoke-X", text.strip())
+    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:P", text))
+
+
+async def test_native_strategy_and_keep(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path, mode=p.MODE_NATIVE, native_supported=lambda: True,
+                            strategy=lambda: "native") as i:
+        code, lines, out = await smoke(i, inst.BUILDS, "--keep")
+    assert code == 0 and failed(out) == [], out
+    starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy native)",
+           "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
+           "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by "
+           "istio-proxy Completed (exit 0)", f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ kept pod builds/initshift-smoke-")
+    kept = kube.items("pods", inst.BUILDS)
+    assert len(kept) == 1 and kept[0]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
+
+
+async def test_hybrid_strategy_where_native_sidecars_run(kube: KubeDouble, tmp_path) -> None:
+    """auto on a cluster with native sidecars: the proxy native, the steps under the waiter."""
+    async with inst.healthy(kube, tmp_path, native_supported=lambda: True, strategy=lambda: "hybrid") as i:
+        code, lines, out = await smoke(i, inst.BUILDS)
+    assert code == 0 and failed(out) == [], out
+    starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy hybrid)",
+           "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
+           "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by native",
+           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (", "✔ deleted pod builds/initshift-smoke-")
+
+
+async def test_namespace_without_a_mesh(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, inst.PLAIN)
+    assert code == 0, out
+    starts(lines, "✔ created pod plain/initshift-smoke-", "✔ not rewritten: no mesh injects in this namespace",
+           "✔ no sidecar in the pod", "✔ steps ran in order", "✔ pod ended Succeeded (phase Succeeded)",
+           f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ deleted pod plain/")
+
+
+async def test_stuck_stage_is_named_and_the_pod_deleted(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, inst.BUILDS, "--timeout", "3", hold="sidecar-ready")
+    assert code == 1
+    starts(lines, "✔ created pod", "✔ rewritten by initshift (strategy waiter)",
+           "✘ timed out after 3s at stage: sidecar Ready", "✔ deleted pod builds/initshift-smoke-")
+    hint = out.split("at stage: sidecar Ready\n", 1)[1].splitlines()[0]
+    assert "pod phase Running" in hint and "istio-proxy: running (NotReady)" in hint
+    assert "step-0: waiting-sidecars" in hint
+    assert kube.items("pods", inst.BUILDS) == []
+
+
+async def test_not_rewritten_where_a_mesh_injects_fails(kube: KubeDouble, tmp_path) -> None:
+    """The feature gate off: the pod gets its proxy but initshift leaves it alone."""
+    async with inst.healthy(kube, tmp_path, gate=False) as i:
+        code, lines, out = await smoke(i, inst.BUILDS, "--timeout", "5")
+    assert code == 1
+    starts(lines, "✔ created pod", "✘ rewritten by initshift: not rewritten (no decision recorded)",
+           "✔ deleted pod")
+
+
+@pytest.mark.parametrize("namespace, why", [("default", "namespace default is not opted in"),
+                                            ("nope", "namespace nope does not exist")])
+async def test_namespace_that_is_not_opted_in(kube: KubeDouble, tmp_path, namespace, why) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, namespace)
+    assert code == 1 and titles(lines) == [f"{namespace} is an opted-in namespace"]
+    assert f"{why}: kubectl label namespace {namespace} initshift.io/enabled=true" in out
+    assert kube.items("pods") == []
+
+
+def test_smoke_pod_is_valid_and_rewritten_by_both_strategies() -> None:
+    from tests.support.fixtures import pods
+    from tests.support.podvalidate import assert_valid_pod
+    from webhook.rewrite import rewrite
+    from webhook.settings import Settings
+
+    pod = smoke_pod(SmokeOptions())
+    assert_valid_pod({**pod, "metadata": {**pod["metadata"], "name": "x"}})
+    injected = pods.inject_istio(pod)
+    for native in (None, True):
+        result = rewrite(injected, Settings(feature_gate=True), native_supported=native)
+        assert result.changed and result.strategy == (p.MODE_HYBRID if native else p.MODE_WAITER)

@@ -1,0 +1,349 @@
+"""The hybrid strategy of the pure rewrite (native sidecars + waiter-run steps) over
+real-shaped pods: every catalogue pod, argv torture, Guaranteed QoS, the gate, what `auto`
+picks, pods without sidecars, and re-invocation after the mesh injected."""
+
+from __future__ import annotations
+
+import copy
+import json
+from fractions import Fraction
+
+import pytest
+
+from tests.support.fixtures import pods
+from tests.rewrite.test_rewrite import EXPECTED as WAITER_EXPECTED, argv_after_separator, flag_values, names
+from tests.support.podvalidate import assert_valid_pod
+from waiter import protocol as p
+from tests.support.patching import apply_patch
+from webhook.admission._patch import make_patch
+from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
+from webhook.rewrite._resources import pod_requests
+from webhook.rewrite._rewrite import plan, rewrite
+from webhook.settings import RewriteSettings, Settings
+
+AUTO = Settings(feature_gate=True)
+HYBRID = Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_HYBRID))
+CATALOGUE = pods.catalogue()
+
+# The waiter strategy's decisions (a proxy already native is rewritten by both, as hybrid).
+EXPECTED = WAITER_EXPECTED
+PROXIES = ("istio-proxy", "linkerd-proxy")
+TORTURE = ["", " ", "a b", "'q'", '"dq"', "$(HOME)", "$$(HOME)", "back\\slash", "new\nline", "tab\there",
+           "ünï©ødé", "--", "-c", "*", "; rm -rf /", "--name"]
+
+
+def hybrid(pod: dict, settings: Settings = HYBRID, **kw):
+    return rewrite(pod, settings, native_supported=True, **kw)
+
+
+def by_name(pod: dict) -> dict[str, dict]:
+    spec = pod["spec"]
+    return {c["name"]: c for c in [*(spec.get("initContainers") or []), *spec["containers"]]}
+
+
+def torture_pod() -> dict:
+    pod = copy.deepcopy(CATALOGUE["tekton-istio"])
+    for i, c in enumerate(pod["spec"]["initContainers"][1:]):
+        c["command"] = ["/bin/sh", "-c", 'printf "%s|" "$@"', TORTURE[i]]
+        c["args"] = TORTURE[i:] + [""]
+    return pod
+
+
+def guaranteed_pod() -> dict:
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    guaranteed = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        c["resources"] = copy.deepcopy(guaranteed)
+    return pod
+
+
+SHAPES = {**CATALOGUE, "argv-torture": torture_pod(), "guaranteed": guaranteed_pod()}
+EXPECTED_SHAPES = {**EXPECTED, "argv-torture": "rewritten", "guaranteed": "rewritten"}
+
+
+def check_hybrid_pod(src: dict, out: dict) -> None:
+    """Valid, every container once, proxies native before initshift-init, steps in order
+    under the waiter, no quit, the effective request not grown, idempotent."""
+    assert_valid_pod(out)
+    assert apply_patch(src, make_patch(src, out)) == out
+    before, after = by_name(src), by_name(out)
+    assert sorted(after) == sorted([*before, p.INIT_CONTAINER_NAME])
+    inits, regular = out["spec"]["initContainers"], out["spec"]["containers"]
+    assert not any(c["name"] in PROXIES for c in regular), "no proxy among the regular containers"
+    assert names(inits)[-1] == p.INIT_CONTAINER_NAME
+    assert all(c.get("restartPolicy") == "Always" for c in inits if c["name"] in PROXIES)
+    meta = out["metadata"]
+    assert meta["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
+    steps = json.loads(meta["annotations"][p.ANNOTATION_STEPS])
+    mains = json.loads(meta["annotations"][p.ANNOTATION_MAINS])
+    assert [c["name"] for c in regular if c["name"] in steps + mains] == steps + mains
+    for c in regular:
+        if c["name"] in steps + mains:
+            o = before[c["name"]]
+            assert c["command"] == [p.WAITER_PATH]
+            assert argv_after_separator(c) == [*o["command"], *o.get("args", [])], "argv kept as a list"
+            assert flag_values(c, p.FLAG_QUIT) == [], "the kubelet stops native sidecars: nothing to quit"
+    for r, value in pod_requests(out["spec"]).items():
+        assert value <= pod_requests(src["spec"]).get(r, Fraction(0)), (r, "effective request grew")
+    again = hybrid(out)
+    assert again.pod == out and not again.changed and make_patch(out, again.pod) == [], "idempotent"
+
+
+def test_shapes_are_complete():
+    assert set(EXPECTED) == set(CATALOGUE)
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("settings", [HYBRID, AUTO], ids=["hybrid", "auto-native"])
+def test_every_shape_hybrid_and_auto_with_native_support(name, settings):
+    pod = SHAPES[name]
+    src = copy.deepcopy(pod)
+    result = hybrid(pod, settings)
+    assert pod == src, "the rewrite must not mutate its input"
+    want = EXPECTED_SHAPES[name]
+    if settings is AUTO and name == "deployment-istio":
+        want = "rewritten"  # auto: native for restartPolicy Always
+    assert result.reason == want, result.warnings
+    assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
+    if not result.changed:
+        assert result.pod == pods.not_rewritten(pod, result.reason)
+        return
+    if name == "deployment-istio":
+        assert result.strategy == p.MODE_NATIVE
+        return
+    assert result.strategy == p.MODE_HYBRID
+    check_hybrid_pod(src, result.pod)
+
+
+def test_kpack_layout_gate_and_resources():
+    src = CATALOGUE["kpack-istio"]
+    result = hybrid(src)
+    out = result.pod
+    spec = out["spec"]
+    steps = ["prepare", "analyze", "detect", "restore", "build", "export"]
+    assert names(spec["initContainers"]) == ["istio-init", "istio-proxy", p.INIT_CONTAINER_NAME]
+    assert names(spec["containers"]) == [*steps, "completion"]
+    proxy = by_name(out)["istio-proxy"]
+    assert {k: v for k, v in proxy.items() if k != "restartPolicy"} == by_name(src)["istio-proxy"], \
+        "the proxy keeps its spec (Istio's own startupProbe included)"
+    step0 = spec["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
+    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the waiter's gate: probe, file as fallback"
+    assert p.READY_VOLUME in [v["name"] for v in spec["volumes"]]
+    assert all(flag_values(c, p.FLAG_WAIT) == [p.completion_path(i - 1)] for i, c in enumerate(spec["containers"])
+               if i), "each waits for the one before; the main for the last step"
+    assert pod_requests(spec) == pod_requests(src["spec"]), "preserve: the effective request is unchanged"
+    assert spec["containers"][0]["resources"]["requests"] == {"cpu": "800m", "memory": "1792Mi"}
+    assert not any("grows" in w for w in result.warnings)
+
+
+def test_linkerd_probed_on_loopback_gets_no_startup_probe():
+    out = hybrid(CATALOGUE["kpack-linkerd"]).pod
+    proxy = by_name(out)["linkerd-proxy"]
+    assert proxy["restartPolicy"] == "Always" and "startupProbe" not in proxy, \
+        "step 0 probes it itself: the kubelet need not hold the regular containers back"
+    assert flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == ["http://127.0.0.1:4191/ready"]
+    assert names(out["spec"]["initContainers"]) == ["linkerd-init", "linkerd-proxy", p.INIT_CONTAINER_NAME]
+
+
+def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    proxy = pod["spec"]["containers"][-1]
+    del proxy["startupProbe"]
+    proxy["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}, "periodSeconds": 1}
+    pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "cache"
+    pod["spec"]["containers"].append({"name": "cache", "image": "redis:7",
+                                      "readinessProbe": {"tcpSocket": {"port": 6379}}})
+    result = hybrid(pod)
+    out = result.pod
+    assert by_name(out)["istio-proxy"]["startupProbe"] == {"exec": {"command": ["pilot-agent", "ready"]},
+                                                           "periodSeconds": 1}
+    assert "startupProbe" not in by_name(out)["cache"]
+    step0 = out["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == ["tcp://127.0.0.1:6379"], "the one it can probe"
+    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE]
+    assert any("'istio-proxy' got a startupProbe" in w for w in result.warnings)
+    check_hybrid_pod(pod, out)
+    # Only sidecars step 0 cannot probe: the kubelet's start order is the whole gate.
+    del pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS]
+    pod["spec"]["containers"].pop()
+    alone = hybrid(pod).pod
+    step0 = alone["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
+    assert p.READY_VOLUME not in [v["name"] for v in alone["spec"]["volumes"]]
+    check_hybrid_pod(pod, alone)
+
+
+def test_sidecar_without_any_probe_is_warned():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    proxy = pod["spec"]["containers"][-1]
+    del proxy["startupProbe"], proxy["readinessProbe"]
+    result = hybrid(pod)
+    assert any("no readiness or startup probe" in w for w in result.warnings)
+    step0 = result.pod["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
+
+
+def test_guaranteed_pod_keeps_its_request_and_warns_of_the_qos_change():
+    src = guaranteed_pod()
+    result = hybrid(src)
+    assert pod_requests(result.pod["spec"]) == pod_requests(src["spec"])
+    assert any("QoS class changes from Guaranteed to Burstable" in w for w in result.warnings)
+
+
+def test_argv_torture_reaches_the_waiter_word_for_word():
+    src = torture_pod()
+    out = hybrid(src).pod
+    for c in out["spec"]["containers"]:
+        o = by_name(src)[c["name"]]
+        assert argv_after_separator(c) == [*o["command"], *o.get("args", [])]
+
+
+def test_auto_picks_hybrid_native_or_waiter():
+    job = CATALOGUE["job-istio"]
+    assert rewrite(job, AUTO, native_supported=True).strategy == p.MODE_HYBRID
+    assert rewrite(job, AUTO, native_supported=None).strategy == p.MODE_WAITER
+    assert rewrite(job, AUTO, native_supported=False).strategy == p.MODE_WAITER
+    assert rewrite(CATALOGUE["deployment-istio"], AUTO, native_supported=True).strategy == p.MODE_NATIVE
+    on_failure = copy.deepcopy(job)
+    on_failure["spec"]["restartPolicy"] = "OnFailure"
+    result = rewrite(on_failure, AUTO, native_supported=True)
+    assert result.strategy == p.MODE_HYBRID
+    assert all(p.FLAG_RETRY in c["args"] for c in result.pod["spec"]["containers"])
+    ordered = copy.deepcopy(job)
+    ordered["metadata"]["annotations"][p.ANNOTATION_START_ORDER] = "istio-proxy;build"
+    result = rewrite(ordered, AUTO, native_supported=True)
+    assert result.strategy == p.MANAGED_START_ORDER, "start order stays with native sidecars"
+    assert "git-clone" in names(result.pod["spec"]["initContainers"])
+
+
+def test_hybrid_refuses_what_it_cannot_handle():
+    always = hybrid(CATALOGUE["deployment-istio"])
+    assert always.reason == "restart-policy" and "mode=native" in always.warnings[0]
+    refused = rewrite(CATALOGUE["job-istio"], HYBRID, native_supported=False)
+    assert refused.reason == "native-unsupported" and "1.29" in refused.warnings[0]
+    unknown = rewrite(CATALOGUE["job-istio"], HYBRID, native_supported=None)
+    assert unknown.strategy == p.MODE_HYBRID and any("unknown" in w for w in unknown.warnings)
+    ordered = copy.deepcopy(CATALOGUE["job-istio"])
+    ordered["metadata"]["annotations"][p.ANNOTATION_START_ORDER] = "istio-proxy;build"
+    denied = hybrid(ordered)
+    assert denied.denied and "hybrid strategy" in denied.denied
+
+
+def test_already_native_proxy_gets_hybrid_on_any_detection():
+    pod = CATALOGUE["kpack-istio-native"]
+    for settings in (AUTO, Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_WAITER))):
+        for detected in (True, None, False):
+            result = rewrite(pod, settings, native_supported=detected)
+            assert result.strategy == p.MODE_HYBRID, (detected, result.warnings)
+            assert names(result.pod["spec"]["initContainers"]) == ["istio-init", "istio-proxy",
+                                                                   p.INIT_CONTAINER_NAME]
+            assert result.pod["spec"]["initContainers"][1] == pod["spec"]["initContainers"][1], "left as Istio made it"
+    native = rewrite(pod, Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_NATIVE)),
+                     native_supported=True)
+    assert native.reason == "already-native", "native stays for users who ask for it"
+
+
+def test_native_sidecar_annotation_gets_hybrid_and_asks_the_mesh():
+    job = copy.deepcopy(CATALOGUE["job"])
+    job["metadata"]["annotations"].update({p.ISTIO_INJECT_ANNOTATION: "true", p.ISTIO_NATIVE_ANNOTATION: "true"})
+    result = rewrite(job, AUTO, native_supported=None)
+    assert result.strategy == p.MODE_HYBRID, "the pod asks for a native proxy"
+    classic = rewrite(pods.inject_istio(job), AUTO, native_supported=None)
+    assert classic.strategy == p.MODE_WAITER, "the mesh injected a regular proxy anyway: not made native here"
+    plain = copy.deepcopy(CATALOGUE["job"])
+    plain["metadata"]["annotations"][p.LINKERD_INJECT_ANNOTATION] = "enabled"
+    asked = hybrid(plain)
+    assert asked.pod["metadata"]["annotations"][p.LINKERD_NATIVE_ANNOTATION] == "true"
+    assert any("no sidecar yet" in w for w in asked.warnings)
+
+
+@pytest.mark.parametrize("mode", [p.MODE_WAITER, p.MODE_HYBRID])
+def test_explicit_mode_rewrites_several_steps_without_sidecar(mode):
+    for name in ("kpack", "tekton"):
+        pod = copy.deepcopy(CATALOGUE[name])
+        assert rewrite(pod, AUTO, native_supported=True).reason == "no-sidecar", "auto leaves it alone"
+        assert rewrite(pod, Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode)),
+                       native_supported=True).reason == "no-sidecar", "the server's default is not a request"
+        pod["metadata"].setdefault("annotations", {})[p.ANNOTATION_MODE] = mode
+        for detected in (True, None, False):
+            result = rewrite(pod, AUTO, native_supported=detected)
+            assert result.changed and result.strategy == mode, result.warnings
+            assert any("no sidecar" in w for w in result.warnings)
+            assert_valid_pod(result.pod)
+            step0 = result.pod["spec"]["containers"][0]
+            assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
+            assert result.pod["metadata"]["labels"][p.LABEL_MANAGED] == mode
+            assert rewrite(result.pod, AUTO, native_supported=detected).pod == result.pod
+    one_step = copy.deepcopy(CATALOGUE["job"])
+    one_step["metadata"]["annotations"][p.ANNOTATION_MODE] = mode
+    assert rewrite(one_step, AUTO).reason == "no-sidecar", "one step: nothing to hand off"
+
+
+def test_steps_without_command_need_lookups():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    del pod["spec"]["initContainers"][1]["command"]
+    the_plan = plan(pod, HYBRID, native_supported=True)
+    assert [x.container for x in the_plan.lookups()] == ["git-clone"]
+    images = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("git",))})}
+    out = the_plan.rewrite(images=images).pod
+    assert argv_after_separator(out["spec"]["containers"][0])[0] == "git"
+    assert the_plan.rewrite().denied, "unresolved: denied as for the waiter strategy"
+
+
+@pytest.mark.parametrize("variant", ["classic", "native", "linkerd"])
+def test_reinvocation_after_the_mesh_injected(variant):
+    job = copy.deepcopy(CATALOGUE["tekton"])
+    asks = (p.LINKERD_INJECT_ANNOTATION, "enabled") if variant == "linkerd" else (p.ISTIO_INJECT_ANNOTATION, "true")
+    job["metadata"]["annotations"] = {**(job["metadata"].get("annotations") or {}), asks[0]: asks[1]}
+    first = hybrid(job)
+    assert first.changed and first.strategy == p.MODE_HYBRID
+    key = p.LINKERD_NATIVE_ANNOTATION if variant == "linkerd" else p.ISTIO_NATIVE_ANNOTATION
+    assert first.pod["metadata"]["annotations"][key] == "true", "the mesh is asked for a native proxy"
+    step0 = first.pod["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == [], "no sidecar yet: no wait"
+    assert_valid_pod(first.pod)
+
+    injected = pods.inject_linkerd(first.pod) if variant == "linkerd" else pods.inject_istio(first.pod, variant)
+    second = hybrid(injected)
+    assert second.changed and second.reason == "refreshed" and second.strategy == p.MODE_HYBRID
+    out = second.pod
+    assert_valid_pod(out)
+    proxy = "linkerd-proxy" if variant == "linkerd" else "istio-proxy"
+    mesh_init = "linkerd-init" if variant == "linkerd" else "istio-init"
+    assert names(out["spec"]["initContainers"]) == [mesh_init, proxy, p.INIT_CONTAINER_NAME]
+    assert by_name(out)[proxy]["restartPolicy"] == "Always"
+    url = "http://127.0.0.1:4191/ready" if variant == "linkerd" else "http://127.0.0.1:15021/healthz/ready"
+    assert flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == [url]
+    assert all(flag_values(c, p.FLAG_QUIT) == [] for c in out["spec"]["containers"])
+    assert hybrid(out).pod == out and not hybrid(out).changed, "idempotent"
+    # The same pod as a first admission after the injection, but for the requests planned
+    # without the proxy and the annotation asking for a native one.
+    direct = hybrid(pods.inject_linkerd(job) if variant == "linkerd" else pods.inject_istio(job, variant)).pod
+
+    def shape(pod: dict) -> list:
+        return [(c["name"], c.get("args"), c.get("restartPolicy"), c.get("volumeMounts"))
+                for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]]
+
+    assert shape(out) == shape(direct)
+    assert sorted(v["name"] for v in out["spec"]["volumes"]) == sorted(v["name"] for v in direct["spec"]["volumes"])
+    # Detection flipping between the calls does not change the strategy.
+    assert rewrite(out, AUTO, native_supported=False).pod == out
+
+
+def test_unrecognised_regular_sidecar_injected_later_is_gated_by_the_ready_file():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    proxy = pod["spec"]["containers"][-1]
+    proxy["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
+    first = hybrid(pod).pod
+    assert flag_values(first["spec"]["containers"][0], p.FLAG_READY_FILE) == []
+    late = copy.deepcopy(first)
+    late["spec"]["containers"].append({"name": "log-shipper", "image": "fluent-bit:3",
+                                       "readinessProbe": {"exec": {"command": ["true"]}}})
+    out = hybrid(late).pod
+    step0 = out["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the kubelet does not order a regular sidecar"
+    assert flag_values(step0, p.FLAG_PROBE) == []
+    assert p.READY_VOLUME in [v["name"] for v in out["spec"]["volumes"]]
+    assert_valid_pod(out)
+    assert hybrid(out).pod == out

@@ -1,0 +1,90 @@
+"""Property tests of the hybrid strategy over generated pods and mesh injections (before
+and after initshift), as tests/rewrite/test_rewrite_properties.py and
+test_native_properties.py do for the other strategies."""
+
+from __future__ import annotations
+
+import copy
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.rewrite import test_rewrite_properties as waiter_props
+from tests.rewrite.test_hybrid import check_hybrid_pod, names
+from tests.support.fixtures import pods
+from tests.support.podvalidate import assert_valid_pod
+from waiter import protocol as p
+from webhook.rewrite._rewrite import rewrite
+from webhook.settings import RewriteSettings, Settings
+
+SETTINGS = {policy: Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_HYBRID, resources_policy=policy))
+            for policy in ("preserve", "divide")}
+AUTO = Settings(feature_gate=True)
+PROPERTY = waiter_props.PROPERTY
+
+
+def inject(pod: dict, mesh: str) -> dict:
+    return pods.inject_linkerd(pod) if mesh == "linkerd" else pods.inject_istio(pod, mesh)
+
+
+@st.composite
+def meshed_pod(draw) -> tuple[dict, str]:
+    """A run-to-completion pod with steps and mains, injected by a mesh (the proxy regular or
+    native) or only asking for one, and the mesh that injects late."""
+    names_ = draw(st.lists(waiter_props.NAME.filter(lambda n: not n.startswith("linkerd")), min_size=2, max_size=8,
+                           unique=True))
+    n_init = draw(st.integers(1, len(names_) - 1))
+    mesh = None if draw(st.booleans()) else draw(st.sampled_from(["classic", "cni", "hold", "native", "linkerd"]))
+    asks = {p.LINKERD_INJECT_ANNOTATION: "enabled"} if mesh == "linkerd" else {p.ISTIO_INJECT_ANNOTATION: "true"}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "generated", "namespace": "builds", "annotations": asks},
+        "spec": {
+            "restartPolicy": draw(st.sampled_from(["Never", "OnFailure"])),
+            "initContainers": [draw(waiter_props.container(n)) for n in names_[:n_init]],
+            "containers": [draw(waiter_props.container(n)) for n in names_[n_init:]],
+            "volumes": [{"name": v, "emptyDir": {}} for v in waiter_props.VOLUMES],
+        },
+    }
+    late = draw(st.sampled_from(["classic", "cni", "hold", "native", "linkerd"]))
+    return (inject(pod, mesh) if mesh else pod), late
+
+
+def pods_injected(pod: dict) -> bool:
+    return any(c["name"] in ("istio-init", "linkerd-init", "istio-validation") for c in pod["spec"]["initContainers"])
+
+
+@PROPERTY
+@given(meshed_pod(), st.sampled_from(sorted(SETTINGS)), st.booleans())
+def test_valid_unique_request_kept_idempotent_and_reinvocation(case, policy, auto):
+    pod, late_mesh = case
+    src = copy.deepcopy(pod)
+    settings = AUTO if auto else SETTINGS[policy]
+    once = rewrite(pod, settings, native_supported=True)
+    assert pod == src, "the input is never mutated"
+    assert once.changed and once.strategy == p.MODE_HYBRID, once.warnings
+    check_hybrid_pod(src, once.pod)
+    if pods_injected(src):
+        return
+    # No proxy yet: the mesh injects after initshift (natively as asked, or into containers).
+    injected = inject(once.pod, late_mesh)
+    again = rewrite(injected, settings, native_supported=True)
+    assert again.changed and again.reason == "refreshed", again.warnings
+    out = again.pod
+    assert_valid_pod(out)
+    inits = names(out["spec"]["initContainers"])
+    proxy = "linkerd-proxy" if late_mesh == "linkerd" else "istio-proxy"
+    assert inits.index(proxy) < inits.index(p.INIT_CONTAINER_NAME), "the proxy starts before the waiter is copied"
+    assert proxy not in names(out["spec"]["containers"])
+    assert all(p.FLAG_QUIT not in c.get("args", []) for c in out["spec"]["containers"])
+    assert rewrite(out, settings, native_supported=True).pod == out, "idempotent"
+
+
+@PROPERTY
+@given(waiter_props.build_pod(), st.sampled_from(sorted(SETTINGS)))
+def test_waiter_generated_pods_as_hybrid(pod, policy):
+    """The waiter strategy's generated pods (argv of any text, any requests and limits)."""
+    src = copy.deepcopy(pod)
+    result = rewrite(pod, SETTINGS[policy], native_supported=True)
+    assert result.changed and result.strategy == p.MODE_HYBRID, result.warnings
+    check_hybrid_pod(src, result.pod)

@@ -1,0 +1,78 @@
+"""The watcher on hybrid pods (native proxy, waiter-run steps), as the real rewrite writes
+them, against the API double: the outcome is recorded like a waiter pod's, the kubelet
+stops the native proxy so no deadline is ever set on the happy path, and a step that died
+without its waiter's record still ends the pod."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.support.fixtures.pods import catalogue
+from tests.support.kubedouble import KubeDouble, running, terminated
+from tests.watcher.test_watcher import (NS, annotation, deadline_patches, eventually, outcome, settings, step_done,
+                                        watcher)
+from tests.watcher.test_watcher_decide import NOW, W, ago, record
+from waiter import protocol as p
+from webhook.rewrite import rewrite
+from webhook.settings import Settings
+from webhook.watcher._decide import decide, layout
+
+
+def hybrid_pod(name: str) -> dict:
+    pod = rewrite(catalogue()["job-istio"], Settings(feature_gate=True), native_supported=True).pod
+    assert pod["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
+    pod["metadata"].pop("generateName", None)
+    pod["metadata"].update(name=name, namespace=NS)
+    return pod
+
+
+def test_layout_of_a_hybrid_pod():
+    lay = layout(hybrid_pod("h0"))
+    assert (lay.steps, lay.mains, lay.sidecars, lay.native) == (["git-clone"], ["build"], [], ["istio-proxy"])
+
+
+def test_done_with_the_proxy_still_running_records_the_outcome_and_never_a_deadline():
+    pod = hybrid_pod("h0")
+    pod["metadata"]["annotations"][p.ANNOTATION_READY] = p.READY_TRUE
+    pod["status"] = {"phase": "Running", "startTime": ago(600),
+                     "initContainerStatuses": [terminated("istio-init", 0), running("istio-proxy"),
+                                               terminated(p.INIT_CONTAINER_NAME, 0)],
+                     "containerStatuses": [terminated("git-clone", 0, message=record("git-clone", end=100)),
+                                           terminated("build", 0, message=record("build", end=1))]}
+    d = decide(pod, NOW, W)
+    assert [a.kind for a in d.actions] == ["outcome"] and d.requeue_after is None
+    assert d.actions[0].outcome["sidecarsStoppedBy"] == "native"
+    pod["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = "{}"
+    assert decide(pod, NOW, W).actions == [], "the kubelet stops the native proxy: nothing to end"
+
+
+async def test_hybrid_pod_from_pending_to_outcome_without_a_deadline(kube: KubeDouble) -> None:
+    kube.put_pod(hybrid_pod("h1"))
+    async with watcher(kube, settings(grace_seconds=0.3)):
+        kube.set_container_statuses(NS, "h1", [running("git-clone"), running("build")],
+                                    init=[terminated("istio-init", 0), running("istio-proxy"),
+                                          terminated(p.INIT_CONTAINER_NAME, 0)], phase="Running")
+        await eventually(lambda: annotation(kube, "h1", p.ANNOTATION_READY), "the ready annotation")
+        kube.set_container_statuses(NS, "h1", [step_done("git-clone")])
+        kube.set_container_statuses(NS, "h1", [step_done("build")])
+        got = await eventually(lambda: outcome(kube, "h1"), "the outcome")
+        assert got["result"] == "Succeeded" and got["sidecarsStoppedBy"] == "native"
+        await asyncio.sleep(0.6)  # past the grace period: the proxy is still running
+        kube.set_container_statuses(NS, "h1", init=[terminated("istio-proxy", 0)], phase="Succeeded")
+        await asyncio.sleep(0.2)
+    assert deadline_patches(kube, "h1") == [], "the kubelet stops native sidecars"
+    assert [e["reason"] for e in kube.events_for(NS, "h1")] == ["SidecarsReady", "StepsSucceeded"]
+
+
+async def test_a_step_killed_with_its_waiter_ends_the_hybrid_pod(kube: KubeDouble) -> None:
+    kube.put_pod(hybrid_pod("h2"))
+    async with watcher(kube, settings(grace_seconds=30.0)):
+        kube.set_container_statuses(NS, "h2", [running("git-clone"), running("build")],
+                                    init=[running("istio-proxy")], phase="Running")
+        await eventually(lambda: annotation(kube, "h2", p.ANNOTATION_READY), "the ready annotation")
+        # A cgroup-wide OOM kill took the waiter with the step: no record, and `build` waits forever.
+        kube.set_container_statuses(NS, "h2", [terminated("git-clone", 137, "OOMKilled")])
+        await eventually(lambda: kube.pod(NS, "h2")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
+    got = outcome(kube, "h2")
+    assert got["result"] == "Failed" and got["failed"] == "git-clone" and "OOMKilled" in got["message"]
+    assert [m["reason"] for m in got["mains"]] == ["NotRun"]

@@ -1,0 +1,117 @@
+"""`initshift check`: verify an install the way `linkerd check` does, one ✔ or ✘ per fact.
+
+Preflight (webhook/cli/_check_preflight.py): the API, the MutatingWebhookConfiguration
+against what deploy/ ships, the certificate the server really presents (verified with the
+configuration's caBundle), `/readyz`, the watcher's Lease, the service account's RBAC
+(SubjectAccessReviews), the opted-in namespaces and the mesh injectors. `--smoke NAMESPACE`
+then runs a tiny build pod through the whole path (webhook/cli/_check_smoke.py).
+
+Exit codes: 0 every check passed, 1 something failed, 2 usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from ._check_preflight import Line, Target, preflight
+from ._check_smoke import SmokeOptions, smoke
+from ._podcli import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, connect, paint, run_main, use_colour
+
+OK_MARK, FAIL_MARK = "✔", "✘"
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Target.defaults()
+    o = SmokeOptions()
+    ap = argparse.ArgumentParser(
+        prog="initshift check",
+        description="Verify an initshift install: the webhook configuration, the certificate the server presents, "
+                    "its readiness, the watcher's Lease, RBAC, opted-in namespaces and mesh injectors. Nothing is "
+                    "changed, except with --smoke, which runs one tiny build pod (and deletes it).",
+        epilog="The server is reached at the address the apiserver uses (the Service's NAME.NAMESPACE.svc, "
+               "or the configuration's URL): from inside the cluster as is; from outside, port-forward the "
+               "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed, 2 usage.")
+    add_kubeconfig_args(ap)
+    ap.add_argument("-n", "--namespace", default=d.namespace, help=f"initshift's namespace (default {d.namespace})")
+    ap.add_argument("--webhook-config", default=d.webhook_config, help="the MutatingWebhookConfiguration's name")
+    ap.add_argument("--service-account", default=d.service_account, help="the server's service account")
+    ap.add_argument("--lease", default=d.lease, help="the watcher's leader-election Lease")
+    ap.add_argument("--service-url", help="reach the server here instead (e.g. https://127.0.0.1:8443 after "
+                                          "`kubectl -n initshift-system port-forward svc/initshift 8443:443`); "
+                                          "the certificate is still verified for the Service's name")
+    ap.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
+    ap.add_argument("--smoke", metavar="NAMESPACE", help="run a tiny build pod in this opted-in namespace")
+    ap.add_argument("--keep", action="store_true", help="--smoke: keep the pod afterwards")
+    ap.add_argument("--timeout", type=float, default=o.timeout, help=f"--smoke: seconds for the whole run "
+                                                                      f"(default {o.timeout:g})")
+    ap.add_argument("--image", default=o.image, help=f"--smoke: image of step 0 and the main (default {o.image})")
+    ap.add_argument("--net-image", default=o.net_image, help=f"--smoke: image of step 1, which reaches the network "
+                                                             f"(default {o.net_image})")
+    ap.add_argument("--net-url", default=o.net_url, help=f"--smoke: what step 1 fetches (default {o.net_url})")
+    return ap
+
+
+class Printer:
+    """Text lines as they come, grouped by section; or everything as JSON at the end."""
+
+    def __init__(self, out: TextIO, fmt: str) -> None:
+        self.out, self.fmt = out, fmt
+        self.colour = use_colour(out)
+        self.lines: list[Line] = []
+        self._section = ""
+
+    def __call__(self, line: Line) -> None:
+        self.lines.append(line)
+        if self.fmt != "text":
+            return
+        if line.section != self._section:
+            self.out.write(("\n" if self._section else "") + f"{line.section}\n{'-' * len(line.section)}\n")
+            self._section = line.section
+        mark = paint(OK_MARK, "32", self.colour) if line.ok else paint(FAIL_MARK, "31", self.colour)
+        self.out.write(f"{mark} {line.title}\n")
+        if line.hint:
+            self.out.write(f"    {line.hint}\n")
+        self.out.flush()
+
+    @property
+    def ok(self) -> bool:
+        return all(line.ok for line in self.lines)
+
+    def finish(self) -> None:
+        if self.fmt == "json":
+            json.dump({"ok": self.ok, "checks": [line.to_json() for line in self.lines]}, self.out, indent=2)
+            self.out.write("\n")
+        else:
+            failed = sum(not line.ok for line in self.lines)
+            self.out.write(f"\nStatus check results are {OK_MARK if self.ok else FAIL_MARK}"
+                           + (f" ({failed} failed)" if failed else "") + "\n")
+        self.out.flush()
+
+
+async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    target = Target(args.namespace, args.webhook_config, args.service_account, args.lease, args.service_url)
+    printer = Printer(out, args.output)
+    try:
+        api, _ = await connect(args)
+    except CliError as e:
+        print(f"initshift check: {e}", file=err)
+        return e.code
+    async with api:
+        await preflight(api, target, printer)
+        if args.smoke:
+            options = SmokeOptions(timeout=args.timeout, keep=args.keep, image=args.image,
+                                   net_image=args.net_image, net_url=args.net_url)
+            await smoke(api, args.smoke, target, options, printer)
+    printer.finish()
+    return EXIT_OK if printer.ok else EXIT_ERROR
+
+
+def main(argv: list[str]) -> int:
+    return run_main(run, argv)

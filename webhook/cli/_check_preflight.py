@@ -1,0 +1,450 @@
+"""`initshift check`'s preflight: the install as the cluster sees it, one line per fact.
+
+Every check reads through `KubeApi` with the caller's credentials; nothing is changed. The
+rules a configuration must follow are the ones deploy/ ships (see the README's "The webhook
+configuration"): name order before the mesh injectors, `reinvocationPolicy: IfNeeded`,
+`sideEffects: None`, a timeout above the registry budget, a namespaceSelector that never
+selects initshift's own namespace or kube-system.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
+
+import yaml
+
+from waiter import protocol as p
+
+from ..kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, KubeApi, KubeError, server_access
+from ..settings import Settings
+from ..watcher import parse_time
+from ._check_tls import Served, probe
+
+API_TIMEOUT_MAX_SECONDS = 30  # the apiserver's limit for timeoutSeconds
+CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
+NAME_LABEL = "kubernetes.io/metadata.name"  # the apiserver sets it on every namespace
+ALWAYS_EXCLUDED = ("kube-system",)
+# Istio: istio-sidecar-injector, istio-revision-tag-*; webhooks *.sidecar-injector.istio.io.
+_ISTIO = re.compile(r"(^|\.)sidecar-injector\.istio\.io$")
+_LINKERD = re.compile(r"(^|\.)linkerd-proxy-injector\.linkerd\.io$")
+ISTIO, LINKERD = "Istio", "Linkerd"
+ISTIO_NATIVE_ENV = "ENABLE_NATIVE_SIDECARS"  # istiod's switch for native sidecars
+LINKERD_CONFIG = "linkerd-config"  # its `values` hold proxy.nativeSidecar
+
+
+@dataclass
+class Line:
+    """One line of the report: ✔ or ✘, a title, and for a failure the hint to act on."""
+
+    section: str
+    ok: bool
+    title: str
+    hint: str = ""
+    data: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"section": self.section, "ok": self.ok, "title": self.title, "hint": self.hint, **self.data}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is checked: initshift's names in the cluster."""
+
+    namespace: str
+    webhook_config: str
+    service_account: str
+    lease: str
+    service_url: str | None = None  # connect here instead of the configuration's address
+
+    @classmethod
+    def defaults(cls, namespace: str | None = None) -> "Target":
+        s = Settings()
+        # deploy/ names the ServiceAccount like the Service.
+        return cls(namespace or s.server.namespace, s.server.webhook_config, s.server.service_name,
+                   s.watcher.lease_name)
+
+
+# --- label selectors, as the apiserver evaluates them -------------------------------------------
+def selects(selector: dict | None, labels: dict) -> bool:
+    """A metav1.LabelSelector against labels (an empty selector selects everything)."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def _labels(obj: dict) -> dict:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _annotations(obj: dict) -> dict:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def pod_webhook(config: dict) -> dict | None:
+    """The configuration's webhook that is called for pod creation."""
+    for wh in config.get("webhooks") or []:
+        for rule in wh.get("rules") or []:
+            if set(rule.get("resources") or []) & {"pods", "*"} and \
+                    set(rule.get("operations") or []) & {"CREATE", "*"} and "" in (rule.get("apiGroups") or []):
+                return wh
+    return None
+
+
+def calls_for(wh: dict, namespace: dict, pod_labels: dict | None = None) -> bool:
+    """Whether the apiserver calls this webhook for a pod with `pod_labels` in `namespace`."""
+    return selects(wh.get("namespaceSelector"), _labels(namespace)) and \
+        selects(wh.get("objectSelector"), pod_labels or {})
+
+
+# --- mesh injectors -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Injector:
+    mesh: str
+    config: dict  # the MutatingWebhookConfiguration
+    native: str  # "yes", "no" or what could not be told, with where it was read
+
+    @property
+    def name(self) -> str:
+        return str(self.config["metadata"]["name"])
+
+    def injects_in(self, namespace: dict) -> bool:
+        hooks = [wh for wh in self.config.get("webhooks") or [] if calls_for(wh, namespace)]
+        if self.mesh == LINKERD:  # Linkerd's injector is called everywhere; the annotation decides
+            return bool(hooks) and _annotations(namespace).get(p.LINKERD_INJECT_ANNOTATION) == "enabled"
+        return bool(hooks)
+
+
+def mesh_of(config: dict) -> str | None:
+    names = [str(wh.get("name") or "") for wh in config.get("webhooks") or []]
+    if any(_ISTIO.search(n) for n in names):
+        return ISTIO
+    if any(_LINKERD.search(n) for n in names):
+        return LINKERD
+    return None
+
+
+async def _istio_native(api: KubeApi, service: dict) -> str:
+    where = f"{service.get('namespace')}/{service.get('name')}"
+    deployment = await api.get_deployment(str(service.get("namespace")), str(service.get("name")))
+    if deployment is None:
+        return f"unknown (no Deployment {where})"
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    for c in containers:
+        for env in c.get("env") or []:
+            if env.get("name") == ISTIO_NATIVE_ENV:
+                value = str(env.get("value") or "")
+                return f"{'yes' if value == 'true' else 'no'} ({ISTIO_NATIVE_ENV}={value} on Deployment {where})"
+    image = next((str(c.get("image")) for c in containers), "")
+    return f"Istio's default ({ISTIO_NATIVE_ENV} unset on Deployment {where}, image {image}; on from Istio 1.27)"
+
+
+async def _linkerd_native(api: KubeApi, service: dict) -> str:
+    ns = str(service.get("namespace"))
+    cm = await api.get_configmap(ns, LINKERD_CONFIG)
+    if cm is None:
+        return f"unknown (no ConfigMap {ns}/{LINKERD_CONFIG})"
+    try:
+        values = yaml.safe_load((cm.get("data") or {}).get("values") or "") or {}
+    except yaml.YAMLError:
+        values = {}
+    native = ((values.get("proxy") or {}) if isinstance(values, dict) else {}).get("nativeSidecar")
+    return f"{'yes' if native is True else 'no'} (proxy.nativeSidecar: {str(native).lower()} in {ns}/{LINKERD_CONFIG})"
+
+
+async def find_injectors(api: KubeApi, configs: list[dict]) -> list[Injector]:
+    out = []
+    for config in configs:
+        mesh = mesh_of(config)
+        if mesh is None:
+            continue
+        service = next(((wh.get("clientConfig") or {}).get("service") for wh in config.get("webhooks") or []
+                        if (wh.get("clientConfig") or {}).get("service")), None)
+        try:
+            native = "unknown (the injector is not a Service)" if service is None else \
+                await (_istio_native if mesh == ISTIO else _linkerd_native)(api, service)
+        except KubeError as e:
+            native = f"unknown ({e.status or ''} {e.message})".replace("( ", "(")
+        out.append(Injector(mesh, config, native))
+    return out
+
+
+# --- the checks -----------------------------------------------------------------------------------
+Report = Callable[[Line], None]
+
+
+async def check_api(api: KubeApi, report: Report) -> bool:
+    try:
+        version = await api.get_version()
+    except KubeError as e:
+        report(Line("kubernetes-api", False, "can reach the Kubernetes API",
+                    f"{e.message}; check the kubeconfig, the context and the network"))
+        return False
+    report(Line("kubernetes-api", True, f"can reach the Kubernetes API ({version.get('gitVersion', '?')})",
+                data={"version": version.get("gitVersion")}))
+    return True
+
+
+def configuration_lines(config: dict, wh: dict, target: Target, budget: float) -> list[Line]:
+    """What the configuration must hold, as deploy/ ships it."""
+    s = "webhook-configuration"
+    out = []
+    side = wh.get("sideEffects")
+    out.append(Line(s, side == "None", f"sideEffects: {side}",
+                    "" if side == "None" else "initshift has no side effects: set sideEffects: None (dry-run "
+                                              "requests are refused by the apiserver otherwise)"))
+    again = wh.get("reinvocationPolicy", "Never")
+    out.append(Line(s, again == "IfNeeded", f"reinvocationPolicy: {again}",
+                    "" if again == "IfNeeded" else "set reinvocationPolicy: IfNeeded, so initshift sees the pod "
+                                                   "again after the mesh injected its proxy"))
+    timeout = wh.get("timeoutSeconds", 10)
+    fits = isinstance(timeout, int) and budget < timeout <= API_TIMEOUT_MAX_SECONDS
+    out.append(Line(s, fits, f"timeoutSeconds: {timeout} (above the {budget:g}s registry lookup budget)",
+                    "" if fits else f"set timeoutSeconds between {int(budget) + 1} and {API_TIMEOUT_MAX_SECONDS}"))
+    excluded = [n for n in (target.namespace, *ALWAYS_EXCLUDED)
+                if not calls_for(wh, {"metadata": {"labels": {NAME_LABEL: n, p.LABEL_NAMESPACE_ENABLED: "true"}}})]
+    missing = [n for n in (target.namespace, *ALWAYS_EXCLUDED) if n not in excluded]
+    out.append(Line(s, not missing, f"namespaceSelector never selects {' or '.join((target.namespace, *ALWAYS_EXCLUDED))}",
+                    "" if not missing else f"the selector would send pods of {', '.join(missing)} to initshift: add "
+                                           f"{NAME_LABEL} NotIn [{', '.join((target.namespace, *ALWAYS_EXCLUDED))}]"))
+    return out
+
+
+def _address(wh: dict, target: Target) -> tuple[str, int, str] | str:
+    """(host, port, name the certificate must carry), or why there is none."""
+    cc = wh.get("clientConfig") or {}
+    if cc.get("url"):
+        url = urlsplit(cc["url"])
+        name = url.hostname or ""
+        where = urlsplit(target.service_url) if target.service_url else url
+        return where.hostname or name, where.port or 443, name
+    svc = cc.get("service") or {}
+    if not svc.get("name"):
+        return "the configuration has neither clientConfig.url nor clientConfig.service"
+    name = f"{svc['name']}.{svc.get('namespace', 'default')}.svc"
+    if target.service_url:
+        url = urlsplit(target.service_url)
+        return url.hostname or "", url.port or 443, name
+    return name, int(svc.get("port") or 443), name
+
+
+def _days(delta: dt.timedelta) -> str:
+    days = delta.total_seconds() / 86400
+    return f"{days:.0f} days" if abs(days) >= 2 else f"{delta.total_seconds() / 3600:.0f} hours"
+
+
+def server_lines(served: Served, now: dt.datetime) -> list[Line]:
+    s = "webhook-server"
+    if served.error:
+        return [Line(s, False, f"initshift answers on {served.address} ({served.server_name})",
+                     f"{served.error}. Is the Deployment running (kubectl -n NAMESPACE get pods)? Outside the "
+                     f"cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT")]
+    out = [Line(s, True, f"initshift answers on {served.address} ({served.server_name})")]
+    out.append(Line(s, not served.verify_error, "the caBundle verifies the certificate the server presents",
+                    f"{served.verify_error}: the apiserver cannot call the webhook (failurePolicy decides what "
+                    f"happens to pods). Self-managed: restart the Deployment to re-inject the caBundle; "
+                    f"cert-manager: check its cainjector" if served.verify_error else ""))
+    cert = served.certificate
+    if cert is not None:
+        left = cert.not_valid_after_utc - now
+        if left.total_seconds() <= 0:
+            out.append(Line(s, False, f"serving certificate expired {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z "
+                                      f"({_days(-left)} ago)",
+                            "renewal is not happening: self-managed, the server renews at start-up and "
+                            "before expiry (restart it and read its log); cert-manager, check the Certificate",
+                            {"notAfter": cert.not_valid_after_utc.isoformat()}))
+        else:
+            out.append(Line(s, True, f"serving certificate valid until {cert.not_valid_after_utc:%Y-%m-%d}, "
+                                     f"{_days(left)} left", data={"notAfter": cert.not_valid_after_utc.isoformat()}))
+    ready = served.ready or {}
+    if served.ready_status == 200:
+        native = {True: "supported", False: "not supported", None: "unknown"}.get(ready.get("native_supported"),
+                                                                                   "unknown")
+        out.append(Line(s, True, f"/readyz: ready, strategy {ready.get('strategy') or 'unknown'}, native sidecars "
+                                 f"{native}", data={"readyz": ready}))
+    else:
+        why = served.ready_error or f"{served.ready_status} {ready.get('status', '')}".strip()
+        out.append(Line(s, False, f"/readyz: {why}", "the server is not ready: read its log "
+                                                     "(kubectl -n NAMESPACE logs deploy/initshift)",
+                        {"readyz": ready}))
+    return out
+
+
+def lease_line(lease: dict | None, target: Target, now: dt.datetime) -> Line:
+    s, where = "watcher", f"{target.namespace}/{target.lease}"
+    if lease is None:
+        return Line(s, False, f"watcher Lease {where} exists",
+                    "no watcher ever ran: start it with `initshift serve --watch` (the Deployment does), or "
+                    "INITSHIFT_LEADER_ELECTION=false was set and nothing holds a Lease")
+    spec = lease.get("spec") or {}
+    holder, renewed = spec.get("holderIdentity") or "", parse_time(spec.get("renewTime"))
+    duration = float(spec.get("leaseDurationSeconds") or 0)
+    if not holder:
+        return Line(s, False, f"watcher Lease {where} is held", "released and not taken again: no watcher is running")
+    if renewed is None:
+        return Line(s, False, f"watcher Lease {where} held by {holder} was renewed", "it has no renewTime")
+    age = (now - renewed).total_seconds()
+    if age > duration:
+        return Line(s, False, f"watcher Lease {where} held by {holder}, last renewed {age:.0f}s ago "
+                              f"(duration {duration:g}s)",
+                    "not renewed within its duration: the watcher is stuck or gone; pods wait for "
+                    f"{p.ANNOTATION_READY} (kubectl -n {target.namespace} logs deploy/initshift)",
+                    {"holder": holder, "renewedSecondsAgo": round(age, 1)})
+    return Line(s, True, f"watcher Lease {where} held by {holder}, renewed {max(age, 0):.0f}s ago",
+                data={"holder": holder, "renewedSecondsAgo": round(max(age, 0), 1)})
+
+
+async def rbac_lines(api: KubeApi, target: Target, needed: set[str]) -> list[Line]:
+    s = "rbac"
+    user = f"system:serviceaccount:{target.namespace}:{target.service_account}"
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{target.namespace}", "system:authenticated"]
+    settings = Settings()
+    settings = settings.replace(server=dataclasses.replace(settings.server, namespace=target.namespace,
+                                                webhook_config=target.webhook_config),
+                                watcher=dataclasses.replace(settings.watcher, lease_name=target.lease))
+    answers: list[tuple[Access, bool]] = []
+    for access in server_access(settings):
+        allowed, _ = await api.review_access(user, groups, access.attributes())
+        answers.append((access, allowed))
+    denied = [a for a, ok in answers if not ok and a.needed in needed]
+    required = [a for a, _ in answers if a.needed in needed]
+    who = f"service account {target.namespace}/{target.service_account}"
+    out = [Line(s, not denied, f"{who} may make the {len(required)} calls the server makes"
+                + (f" (with {SELF_MANAGED_CERTS})" if SELF_MANAGED_CERTS in needed else ""),
+                "" if not denied else "forbidden: " + "; ".join(f"{a.text()} ({a.why})" for a in denied)
+                + ". Re-apply deploy/ (or the chart) so its Roles and bindings are back",
+                {"denied": [a.attributes() for a in denied]})]
+    for optional in (NODE_VERSIONS, PULL_SECRETS):
+        entries = [(a, ok) for a, ok in answers if a.needed == optional]
+        granted = all(ok for _, ok in entries)
+        what = ", ".join(a.text() for a, _ in entries)
+        out.append(Line(s, True, f"{optional}: {what} {'granted' if granted else 'not granted'}",
+                        data={"optional": optional, "granted": granted}))
+    return out
+
+
+def namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[Injector]) -> list[Line]:
+    s = "namespaces"
+    if wh is None:
+        return []
+    opted = [ns for ns in namespaces if calls_for(wh, ns)]
+    if not opted:
+        return [Line(s, True, "no namespace is opted in yet",
+                     f"kubectl label namespace NAME {p.LABEL_NAMESPACE_ENABLED}=true")]
+    def meshes(ns: dict) -> str:
+        found = sorted({i.mesh for i in injectors if i.injects_in(ns)})
+        return f" ({', '.join(found)} injects)" if found else " (no mesh injects)"
+    names = [f"{ns['metadata']['name']}{meshes(ns)}" for ns in opted]
+    return [Line(s, True, f"opted-in namespaces: {', '.join(names)}",
+                 data={"namespaces": [ns["metadata"]["name"] for ns in opted]})]
+
+
+def injector_lines(injectors: list[Injector], config_name: str | None) -> list[Line]:
+    s = "mesh"
+    if not injectors:
+        return [Line(s, True, "no Istio or Linkerd injector found: pods get no proxy, initshift has nothing to fix")]
+    out = []
+    for i in injectors:
+        after = config_name is None or config_name < i.name
+        title = f"{i.mesh} injector {i.name}: called after {config_name or 'initshift'}" if after else \
+            f"{i.mesh} injector {i.name} is called before {config_name}"
+        out.append(Line(s, after, f"{title}; injects natively: {i.native}",
+                        "" if after else f"the apiserver calls configurations in name order: initshift must see the "
+                                         f"pod first; rename {config_name} so it sorts before {i.name}",
+                        {"mesh": i.mesh, "configuration": i.name, "native": i.native}))
+    return out
+
+
+async def preflight(api: KubeApi, target: Target, report: Report) -> None:
+    """Every preflight line, in order, through `report`."""
+    if not await check_api(api, report):
+        return
+    now = dt.datetime.now(dt.timezone.utc)
+    s = "webhook-configuration"
+    try:
+        config = await api.get_webhook_config(target.webhook_config)
+    except KubeError as e:
+        report(Line(s, False, f"read MutatingWebhookConfiguration {target.webhook_config}", e.message))
+        config = None
+    configs = await _or_line(api.list_webhook_configs(), report, "mesh", "MutatingWebhookConfigurations") or []
+    wh = None
+    if config is None:
+        report(Line(s, False, f"MutatingWebhookConfiguration {target.webhook_config} exists",
+                    "no configuration: pods are never sent to initshift. Install it: kubectl apply -k deploy/ "
+                    "(or the Helm chart)"))
+    else:
+        wh = pod_webhook(config)
+        report(Line(s, wh is not None, f"MutatingWebhookConfiguration {target.webhook_config} exists"
+                    + (f" (webhook {wh.get('name')})" if wh else ""),
+                    "" if wh else "it has no webhook for CREATE pods: re-apply deploy/"))
+    if wh is not None:
+        for line in configuration_lines(config or {}, wh, target, Settings().registry.budget_seconds):
+            report(line)
+        await _server(api, wh, target, now, report)
+    try:
+        report(lease_line(await api.get_lease(target.namespace, target.lease), target, now))
+    except KubeError as e:
+        report(Line("watcher", False, f"read the watcher Lease {target.namespace}/{target.lease}", e.message))
+    needed = {ALWAYS} | ({SELF_MANAGED_CERTS} if config is not None and
+                         CERT_MANAGER_INJECT not in _annotations(config) else set())
+    try:
+        for line in await rbac_lines(api, target, needed):
+            report(line)
+    except KubeError as e:
+        report(Line("rbac", False, "ask the API what initshift's service account may do (SubjectAccessReview)",
+                    f"{e.message}: you need create on subjectaccessreviews.authorization.k8s.io"))
+    injectors = await find_injectors(api, configs)
+    namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces")
+    for line in namespace_lines(namespaces or [], wh, injectors) + injector_lines(injectors, config and
+                                                                                   target.webhook_config):
+        report(line)
+
+
+async def _server(api: KubeApi, wh: dict, target: Target, now: dt.datetime, report: Report) -> None:
+    address = _address(wh, target)
+    if isinstance(address, str):
+        report(Line("webhook-server", False, "the configuration says where initshift is", address))
+        return
+    svc = (wh.get("clientConfig") or {}).get("service")
+    if svc:
+        where = f"{svc.get('namespace')}/{svc.get('name')}"
+        try:
+            found = await api.get_service(str(svc.get("namespace")), str(svc.get("name")))
+        except KubeError as e:
+            found, why = None, e.message
+        else:
+            why = "it does not exist: re-apply deploy/"
+        report(Line("webhook-server", found is not None, f"Service {where} exists", "" if found else why))
+    raw = (wh.get("clientConfig") or {}).get("caBundle") or ""
+    try:
+        ca_pem = base64.b64decode(raw)
+    except ValueError:
+        ca_pem = b""
+    for line in server_lines(await probe(*address, ca_pem), now):
+        report(line)
+
+
+async def _or_line(call: Awaitable[Any], report: Report, section: str, what: str) -> Any:
+    """The call's answer, or None after a ✘ line saying why it failed."""
+    try:
+        return await call
+    except KubeError as e:
+        report(Line(section, False, f"list {what}", f"{e.message} (your credentials need read access)"))
+        return None
