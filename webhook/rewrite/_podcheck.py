@@ -86,7 +86,10 @@ def object_bytes(pod: Mapping) -> int:
 def size_problems(pod: Mapping) -> list[str]:
     """Storage limits the pod crosses (the rewrite's additions, or the input already)."""
     out = []
-    size = object_bytes(pod)
+    try:
+        size = object_bytes(pod)
+    except RecursionError:  # a pod the shape check refused for its depth
+        return ["it nests too deeply to be stored"]
     if size > MAX_OBJECT_BYTES:
         out.append(f"it would be {size} bytes, over the {MAX_OBJECT_BYTES}-byte object limit of etcd")
     notes = annotation_bytes(pod)
