@@ -123,7 +123,7 @@ def pki(tmp_path_factory) -> Path:
 
 
 def test_fuzz_over_tls_no_5xx_patches_apply_and_valid_pods_stay_valid(pki):
-    seen = {"patched": 0, "unchanged": 0, "denied": 0, "400": 0, "checked": 0}
+    seen = {"patched": 0, "unchanged": 0, "denied": 0, "400": 0, "checked": 0, "warned": 0}
     with h.running(h.settings_for(pki)) as server, \
             httpx.Client(verify=h.client_context(pki / "ca.crt"), base_url=h.base_url(server), timeout=30) as client:
 
@@ -151,6 +151,7 @@ def test_fuzz_over_tls_no_5xx_patches_apply_and_valid_pods_stay_valid(pki):
                 seen["unchanged"] += 1
                 return
             seen["patched"] += 1
+            seen["warned"] += bool(answer["response"].get("warnings"))
             out = apply_patch(pod, patch)
             assert object_bytes(out) <= MAX_OBJECT_BYTES
             if valid(pod):
@@ -158,4 +159,7 @@ def test_fuzz_over_tls_no_5xx_patches_apply_and_valid_pods_stay_valid(pki):
                 seen["checked"] += 1
 
         check()
-    assert seen["patched"] > 20 and seen["unchanged"] > 20 and seen["checked"] > 10, seen
+    # Skipped pods with init containers get a note on themselves (a patch), so "unchanged" is
+    # rare: what matters is that every path was exercised.
+    assert seen["patched"] > 20 and seen["checked"] > 10 and seen["400"] > 5, seen
+    assert seen["unchanged"] + seen["warned"] > 20, seen
