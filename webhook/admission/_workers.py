@@ -36,7 +36,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 RESTART_DELAY = 1.0
 
 
-AUTO_MAX_WORKERS = 8  # `0` never starts more: each worker holds ~60 MB whether it is busy or not
+AUTO_MAX_WORKERS = 8  # `0` never starts more: each worker holds ~120 MB resident whether it is busy or not
 
 
 def worker_count(setting: int, cgroup_root: str = "/sys/fs/cgroup") -> int:
