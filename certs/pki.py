@@ -89,7 +89,7 @@ def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str
     if not dns_names:
         raise PKIError("a serving certificate needs at least one DNS name")
     now = now or utcnow()
-    ca_cert, ca_key = load_cert(ca.cert_pem), load_key(ca.key_pem)
+    ca_cert, ca_key = load_cert(ca.cert_pem), _load_key(ca.key_pem)
     key = _key()
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ip) for ip in parse_ips(ips)]
@@ -128,7 +128,7 @@ def load_certs(pem: bytes) -> list[x509.Certificate]:
         raise PKIError(f"not a PEM certificate bundle: {e}") from None
 
 
-def load_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
+def _load_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
     try:
         key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as e:
@@ -163,7 +163,7 @@ def names(cert: x509.Certificate) -> tuple[set[str], set[str]]:
 
 def matches_key(pair: KeyPair) -> bool:
     try:
-        return pair.cert.public_key() == load_key(pair.key_pem).public_key()
+        return pair.cert.public_key() == _load_key(pair.key_pem).public_key()
     except PKIError:
         return False
 

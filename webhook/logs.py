@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-REVIEW_LOGGER = logging.getLogger("initshift.review")
+_REVIEW_LOGGER = logging.getLogger("initshift.review")
 # uvicorn adds `color_message` (ANSI-coloured duplicate of msg) to its records.
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "color_message"}
 
@@ -51,9 +51,9 @@ def configure(level: str = "info", stream: Any = None) -> None:
 
 def log_review(*, uid: str, namespace: str, name: str, kind: str, operation: str, decision: str,
                reason: str, dry_run: bool, duration: float, level: int = logging.INFO) -> None:
-    if not REVIEW_LOGGER.isEnabledFor(level):
+    if not _REVIEW_LOGGER.isEnabledFor(level):
         return
-    REVIEW_LOGGER.log(level, "review", extra={
+    _REVIEW_LOGGER.log(level, "review", extra={
         "uid": uid, "namespace": namespace, "pod": name, "kind": kind, "operation": operation,
         "decision": decision, "reason": reason, "dry_run": dry_run, "duration_ms": round(duration * 1000, 3),
     })

@@ -29,9 +29,9 @@ prometheus_client.disable_created_metrics()
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
 
-BUILD_INFO = Gauge("initshift_build_info", "Always 1; the running initshift's version.", ["version"],
+_BUILD_INFO = Gauge("initshift_build_info", "Always 1; the running initshift's version.", ["version"],
                    registry=REGISTRY, multiprocess_mode="livemax")
-BUILD_INFO.labels(__version__).set(1)
+_BUILD_INFO.labels(__version__).set(1)
 
 # outcome: patched, allowed (unchanged), denied, error (internal), bad_request,
 # refused (busy: 503, or a body too slow: 408)
@@ -53,7 +53,7 @@ CERT_RELOADS = Counter("initshift_tls_reloads_total", "Serving certificate reloa
                        registry=REGISTRY)
 # certificate: serving (what the TLS port presents) or ca (self-managed: the CA that signs it).
 # Several processes: the earliest expiry any of them serves (what an alert must see).
-CERT_EXPIRY = Gauge("initshift_certificate_expiration_timestamp_seconds",
+_CERT_EXPIRY = Gauge("initshift_certificate_expiration_timestamp_seconds",
                     "Unix time at which the certificate expires.", ["certificate"], registry=REGISTRY,
                     multiprocess_mode="livemin")
 CERT_ROTATIONS = Counter("initshift_certificate_rotations_total",
@@ -65,11 +65,11 @@ def set_expiry(certificate: str, not_after: dt.datetime | None) -> None:
     """Record when `certificate` expires; an unreadable one drops the series (no stale value)."""
     if not_after is None:
         try:
-            CERT_EXPIRY.remove(certificate)
+            _CERT_EXPIRY.remove(certificate)
         except KeyError:
             pass
         return
-    CERT_EXPIRY.labels(certificate).set(not_after.timestamp())
+    _CERT_EXPIRY.labels(certificate).set(not_after.timestamp())
 
 
 _SHARED: CollectorRegistry | None = None

@@ -80,7 +80,7 @@ def over_https() -> tuple[dict, dict, int] | None:
     body = json.dumps(h.review(h.seven_step_pod(), namespace="builds")).encode()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        ca = h.make_certs(d)
+        h.make_certs(d)  # serve_process starts the server with these
         (d / "review.json").write_bytes(body)
         proc, port = h.serve_process(d, body)
         try:

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import dataclasses
 import ssl
+import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -79,7 +80,6 @@ def serve_process(directory: Path, body: bytes, *, tree: Path | None = None, wor
     of `directory`, on a free port, once it answers and rewrites `body`; the benchmarks'
     server. `tree`: the checkout it runs from (default: this one); `workers`: INITSHIFT_WORKERS."""
     import os
-    import subprocess
     import sys
     import time
 

@@ -39,7 +39,7 @@ MUTATE_PATH = "/mutate"
 T = TypeVar("T")
 
 
-class Refused(Exception):
+class _Refused(Exception):
     """A request the server will not take now: HTTP `status` with a one-line message."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -47,7 +47,7 @@ class Refused(Exception):
         self.status = status
 
 
-class Capacity:
+class _Capacity:
     """What one process holds at a time: reviews in hand and the bytes of their bodies.
     Only the event loop's thread touches it."""
 
@@ -58,10 +58,10 @@ class Capacity:
 
     def take(self, body_bytes: int) -> None:
         if self.reviews >= self.max_reviews:
-            raise Refused(503, f"initshift: busy: {self.reviews} reviews in hand in this server process "
+            raise _Refused(503, f"initshift: busy: {self.reviews} reviews in hand in this server process "
                                f"(INITSHIFT_MAX_PENDING_REVIEWS); retry")
         if self.body_bytes + body_bytes > self.max_body_bytes:
-            raise Refused(503, f"initshift: busy: {self.body_bytes} bytes of request bodies in hand in this server "
+            raise _Refused(503, f"initshift: busy: {self.body_bytes} bytes of request bodies in hand in this server "
                                f"process (INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT); retry")
         self.reviews += 1
         self.body_bytes += body_bytes
@@ -81,7 +81,7 @@ class Decision:
     pod_result: str | None = None  # rewritten, skipped, denied; None for non-pod requests
 
 
-def declared_length(request: Request, limit: int) -> int | None:
+def _declared_length(request: Request, limit: int) -> int | None:
     """Content-Length, refused early when over the limit; None for a chunked body."""
     declared = request.headers.get("content-length")
     if declared is None:
@@ -97,7 +97,7 @@ def declared_length(request: Request, limit: int) -> int | None:
     return size
 
 
-async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
+async def _read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
     """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds."""
     chunks: list[bytes] = []
     total = 0
@@ -115,7 +115,7 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
     except ClientDisconnect:
         raise BadReview("client disconnected before the body was complete") from None
     except asyncio.TimeoutError:
-        raise Refused(408, f"initshift: the body was not complete after {timeout:g} s "
+        raise _Refused(408, f"initshift: the body was not complete after {timeout:g} s "
                            f"(INITSHIFT_BODY_TIMEOUT_SECONDS)") from None
     return b"".join(chunks)
 
@@ -259,7 +259,7 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     reviewer = Reviewer(settings, resolver, native_supported)
     srv = settings.server
     limit = srv.max_body_bytes
-    capacity = Capacity(srv.max_pending_reviews, srv.max_body_bytes_in_flight)
+    capacity = _Capacity(srv.max_pending_reviews, srv.max_body_bytes_in_flight)
     # One thread: reviews are CPU work under the GIL, more threads would only interleave them.
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
     app.state.reviewer = reviewer
@@ -282,10 +282,10 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
         held: int | None = None
         try:
             admission.check_content_type(request.headers.get("content-type"))
-            size = declared_length(request, limit)
+            size = _declared_length(request, limit)
             capacity.take(limit if size is None else size)
             held = limit if size is None else size
-            body = await read_body(request, limit, srv.body_timeout_seconds)
+            body = await _read_body(request, limit, srv.body_timeout_seconds)
             review, first, payload = await offload(reviewer.start, body)
             if payload is None:  # registry lookups first (I/O, on the loop)
                 decision = await reviewer.complete(review, first, offload)
@@ -295,7 +295,7 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
         except BadReview as e:
             bad_request(body, e, time.perf_counter() - start, "bad_request")
             return _json({"error": str(e)}, 400)
-        except Refused as e:
+        except _Refused as e:
             bad_request(body, e, time.perf_counter() - start, "refused")
             # 408: the rest of the body may still arrive, so the connection cannot be reused.
             headers = {"Connection": "close"} if e.status == 408 else {"Retry-After": "1"}

@@ -19,7 +19,7 @@ from .. import kube, metrics
 from certs import pki, rotation, store
 
 log = logging.getLogger("initshift.certs")
-RENEW_CHECK_SECONDS = 3600.0
+_RENEW_CHECK_SECONDS = 3600.0
 
 
 def wanted(settings: Settings, ips: tuple[str, ...] = (), extra_dns: tuple[str, ...] = ()) -> rotation.Wanted:
@@ -28,7 +28,7 @@ def wanted(settings: Settings, ips: tuple[str, ...] = (), extra_dns: tuple[str, 
     # Every replica loads a new pair from the Secret within one check period: only after
     # two of them is no replica left serving a certificate from a CA about to be pruned.
     return rotation.Wanted(dns, ips, margin=dt.timedelta(days=srv.renew_before_days),
-                           prune_after=dt.timedelta(seconds=2 * RENEW_CHECK_SECONDS))
+                           prune_after=dt.timedelta(seconds=2 * _RENEW_CHECK_SECONDS))
 
 
 async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] = (),
@@ -68,7 +68,7 @@ def _count_rotation(plan: rotation.Plan) -> None:
 
 
 async def keep_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,
-                     every: float = RENEW_CHECK_SECONDS) -> None:
+                     every: float = _RENEW_CHECK_SECONDS) -> None:
     """Re-run `ensure` until `stop`: renews before the margin and prunes a rotated CA."""
     while not stop.is_set():
         try:

@@ -36,20 +36,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("initshift.cluster")
 
-MIN_VERSION = (1, 29)  # SidecarContainers beta, on by default
-SETTING_AUTO = "auto"
-START_TIMEOUT_SECONDS = 5.0  # start-up detection must not hold the server back for long
-STRATEGY_DISABLED = p.MODE_DISABLED
+_MIN_VERSION = (1, 29)  # SidecarContainers beta, on by default
+_SETTING_AUTO = "auto"
+_START_TIMEOUT_SECONDS = 5.0  # start-up detection must not hold the server back for long
+_STRATEGY_DISABLED = p.MODE_DISABLED
 
 Version = tuple[int, int]
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\D.*)?$")
 _NUMBER = re.compile(r"^(\d+)\+?$")  # /version's major and minor ("29+" on some providers)
 
-SUPPORTED = Gauge("initshift_native_sidecars_supported",
+_SUPPORTED = Gauge("initshift_native_sidecars_supported",
                   "Whether the cluster runs native sidecars: 1 yes, 0 no, -1 unknown.", registry=metrics.REGISTRY,
                   multiprocess_mode="livemostrecent")  # each server process detects on its own
-ACTIVE = Gauge("initshift_active_strategy", "1 for the strategy pods get by default, 0 for the others.",
+_ACTIVE = Gauge("initshift_active_strategy", "1 for the strategy pods get by default, 0 for the others.",
                ["strategy"], registry=metrics.REGISTRY, multiprocess_mode="livemostrecent")
 
 
@@ -87,30 +87,30 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class _Verdict:
     supported: bool | None
     why: str
 
 
-def decide(obs: Observation) -> Verdict:
+def decide(obs: Observation) -> _Verdict:
     """Native sidecars work when the apiserver and every kubelet are at least 1.29."""
-    need = fmt(MIN_VERSION)
+    need = fmt(_MIN_VERSION)
     if obs.apiserver is None:
-        return Verdict(None, f"apiserver version unknown ({obs.error or 'not read'})")
-    if obs.apiserver < MIN_VERSION:
-        return Verdict(False, f"apiserver {fmt(obs.apiserver)} is older than {need}")
+        return _Verdict(None, f"apiserver version unknown ({obs.error or 'not read'})")
+    if obs.apiserver < _MIN_VERSION:
+        return _Verdict(False, f"apiserver {fmt(obs.apiserver)} is older than {need}")
     if obs.kubelets is None:
-        return Verdict(True, f"apiserver {fmt(obs.apiserver)}; kubelet versions not read "
+        return _Verdict(True, f"apiserver {fmt(obs.apiserver)}; kubelet versions not read "
                               f"({obs.nodes_error or 'unknown'}), so the apiserver alone decides")
     if not obs.kubelets:
-        return Verdict(True, f"apiserver {fmt(obs.apiserver)}; no nodes yet")
+        return _Verdict(True, f"apiserver {fmt(obs.apiserver)}; no nodes yet")
     if any(v is None for v in obs.kubelets):
-        return Verdict(None, f"apiserver {fmt(obs.apiserver)}; a node reports no readable kubelet version")
+        return _Verdict(None, f"apiserver {fmt(obs.apiserver)}; a node reports no readable kubelet version")
     lowest = min(v for v in obs.kubelets if v is not None)
     where = f"lowest kubelet {fmt(lowest)} of {len(obs.kubelets)} node(s)"
-    if lowest < MIN_VERSION:
-        return Verdict(False, f"apiserver {fmt(obs.apiserver)}, {where} is older than {need}")
-    return Verdict(True, f"apiserver {fmt(obs.apiserver)}, {where}")
+    if lowest < _MIN_VERSION:
+        return _Verdict(False, f"apiserver {fmt(obs.apiserver)}, {where} is older than {need}")
+    return _Verdict(True, f"apiserver {fmt(obs.apiserver)}, {where}")
 
 
 def default_strategy(settings: "Settings", supported: bool | None) -> str:
@@ -118,7 +118,7 @@ def default_strategy(settings: "Settings", supported: bool | None) -> str:
     `auto` a long-running pod gets native where a build pod gets hybrid."""
     mode = settings.rewrite.mode
     if not settings.feature_gate or mode == p.MODE_DISABLED:
-        return STRATEGY_DISABLED
+        return _STRATEGY_DISABLED
     if mode == p.MODE_AUTO:
         return p.MODE_HYBRID if resolve(settings.rewrite.native_sidecars, supported) else p.MODE_WAITER
     return mode
@@ -130,7 +130,7 @@ class NodesForbidden(InitshiftError):
     """RBAC does not allow listing nodes."""
 
 
-class Fetcher(Protocol):
+class _Fetcher(Protocol):
     async def version(self) -> Mapping: ...
 
     async def nodes(self) -> Sequence[Mapping]:
@@ -171,7 +171,7 @@ def kubelet_version(node: Mapping) -> Version | None:
     return parse_version(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion"))
 
 
-async def observe(fetcher: Fetcher) -> Observation:
+async def observe(fetcher: _Fetcher) -> Observation:
     """One look at the cluster; never raises."""
     try:
         apiserver = apiserver_version(await fetcher.version())
@@ -196,13 +196,13 @@ class NativeSupport:
     change only on upgrades), and before any answer the result is None (waiter).
     """
 
-    def __init__(self, settings: "Settings", fetcher: Fetcher | None = None, *,
+    def __init__(self, settings: "Settings", fetcher: _Fetcher | None = None, *,
                  unknown_why: str = "not detected yet", api: "KubeApi | None" = None) -> None:
         self.settings = settings
         self.setting = settings.rewrite.native_sidecars
         self.fetcher = fetcher
         forced = f"set to {self.setting} by {p.ENV_PREFIX}NATIVE_SIDECARS"
-        self.detected = Verdict(None, unknown_why if self._detects else forced)
+        self.detected = _Verdict(None, unknown_why if self._detects else forced)
         self._api = api  # closed by close(): built by start() for detection alone
         self._nodes_warned = False
         self._publish(quiet=self._detects and fetcher is not None)  # the first refresh will say it
@@ -214,7 +214,7 @@ class NativeSupport:
 
     @property
     def _detects(self) -> bool:
-        return self.setting == SETTING_AUTO
+        return self.setting == _SETTING_AUTO
 
     def current(self) -> bool | None:
         return resolve(self.setting, self.detected.supported)
@@ -222,7 +222,7 @@ class NativeSupport:
     def strategy(self) -> str:
         return default_strategy(self.settings, self.current())
 
-    async def refresh(self) -> Verdict:
+    async def refresh(self) -> _Verdict:
         """Look again (auto only); returns the decision now in force."""
         if not self._detects or self.fetcher is None:
             return self.detected
@@ -257,9 +257,9 @@ class NativeSupport:
 
     def _publish(self, quiet: bool = False) -> None:
         supported, strategy = self.current(), self.strategy()
-        SUPPORTED.set(-1 if supported is None else int(supported))
-        for name in (p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID, STRATEGY_DISABLED):
-            ACTIVE.labels(name).set(1 if name == strategy else 0)
+        _SUPPORTED.set(-1 if supported is None else int(supported))
+        for name in (p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID, _STRATEGY_DISABLED):
+            _ACTIVE.labels(name).set(1 if name == strategy else 0)
         if quiet:
             return
         log.info("native sidecars: %s (%s); default strategy %s",
@@ -273,7 +273,7 @@ async def start(settings: "Settings", api: "KubeApi | None" = None) -> NativeSup
     `api` is reused when the server already has one; otherwise one is built from the
     in-cluster config or kubeconfig, and a failure to build it leaves support unknown.
     """
-    if settings.rewrite.native_sidecars != SETTING_AUTO:
+    if settings.rewrite.native_sidecars != _SETTING_AUTO:
         return NativeSupport(settings)
     owned = None
     if api is None:
@@ -286,8 +286,8 @@ async def start(settings: "Settings", api: "KubeApi | None" = None) -> NativeSup
             return NativeSupport(settings, unknown_why=f"no API access: {e}")
     support = NativeSupport(settings, KubeFetcher(api), api=owned)
     try:
-        await asyncio.wait_for(support.refresh(), START_TIMEOUT_SECONDS)
+        await asyncio.wait_for(support.refresh(), _START_TIMEOUT_SECONDS)
     except asyncio.TimeoutError:
         log.warning("native sidecars: no answer from the apiserver within %ss; waiter until it answers",
-                    START_TIMEOUT_SECONDS)
+                    _START_TIMEOUT_SECONDS)
     return support

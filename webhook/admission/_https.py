@@ -31,7 +31,7 @@ from .. import metrics
 from ..settings import ServerSettings, Settings
 
 
-class GuardedProtocol(HttpToolsProtocol):
+class _GuardedProtocol(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for each request's
     headers: it runs from the moment a connection is ready (and again after each answer on
     a kept-alive one) until the headers are complete, however slowly bytes trickle in."""
@@ -81,8 +81,8 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.abort()
 
 
-def protocol_for(srv: ServerSettings) -> type[GuardedProtocol]:
-    return type("InitshiftProtocol", (GuardedProtocol,), {"max_connections": srv.max_connections,
+def _protocol_for(srv: ServerSettings) -> type[_GuardedProtocol]:
+    return type("InitshiftProtocol", (_GuardedProtocol,), {"max_connections": srv.max_connections,
                                                           "header_timeout": srv.header_timeout_seconds})
 
 
@@ -120,7 +120,7 @@ class HttpsServer:
             self.app, host=srv.host, port=srv.port, ssl_context_factory=lambda _cfg, _default: self.ctx,
             log_config=None, access_log=False, lifespan="off", server_header=False,
             timeout_graceful_shutdown=graceful_seconds, proxy_headers=False,
-            http=protocol_for(srv), timeout_keep_alive=srv.keepalive_timeout_seconds,  # type: ignore[arg-type]
+            http=_protocol_for(srv), timeout_keep_alive=srv.keepalive_timeout_seconds,  # type: ignore[arg-type]
         )
         self.uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -15,7 +15,7 @@ from ..errors import InitshiftError
 
 API_V1 = "admission.k8s.io/v1"
 API_V1BETA1 = "admission.k8s.io/v1beta1"
-API_VERSIONS = (API_V1, API_V1BETA1)
+_API_VERSIONS = (API_V1, API_V1BETA1)
 KIND = "AdmissionReview"
 # Namespaces mutated under no configuration at all (the webhook's own is added at run time).
 ALWAYS_PROTECTED = ("kube-system",)
@@ -112,8 +112,8 @@ def parse_review(body: bytes) -> Review:
     if not isinstance(doc, dict):
         raise BadReview("the body must be a JSON object (an AdmissionReview)")
     api_version = doc.get("apiVersion")
-    if api_version not in API_VERSIONS:
-        raise BadReview(f"apiVersion must be one of {', '.join(API_VERSIONS)}, got {_one_line(repr(api_version), 80)}")
+    if api_version not in _API_VERSIONS:
+        raise BadReview(f"apiVersion must be one of {', '.join(_API_VERSIONS)}, got {_one_line(repr(api_version), 80)}")
     if doc.get("kind") != KIND:
         raise BadReview(f"kind must be {KIND}, got {_one_line(repr(doc.get('kind')), 80)}")
     request = doc.get("request")

@@ -32,7 +32,7 @@ class TLSError(InitshiftError, RuntimeError):
 # TLS 1.2 suites: forward-secret key exchange (ECDHE) with an AEAD cipher only, as in
 # Mozilla's "intermediate" profile; no SHA-1, no CBC, no static RSA. TLS 1.3's suites are
 # all AEAD and are left at OpenSSL's defaults. Go's TLS client (the apiserver) offers these.
-TLS12_CIPHERS = ":".join((
+_TLS12_CIPHERS = ":".join((
     "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
     "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
     "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
@@ -44,7 +44,7 @@ def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     client-certificate verification."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_ciphers(TLS12_CIPHERS)
+    ctx.set_ciphers(_TLS12_CIPHERS)
     # No compression (CRIME), no renegotiation (a client could make the server redo
     # handshakes on one connection for free).
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION

@@ -32,8 +32,8 @@ from ..settings import Settings, to_env
 
 log = logging.getLogger("initshift.workers")
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-RESTART_DELAY = 1.0
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_RESTART_DELAY = 1.0
 
 
 AUTO_MAX_WORKERS = 8  # `0` never starts more: each worker holds ~120 MB resident whether it is busy or not
@@ -49,13 +49,13 @@ def worker_count(setting: int, cgroup_root: str = "/sys/fs/cgroup") -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
-    quota = cgroup_cpu_limit(cgroup_root)
+    quota = _cgroup_cpu_limit(cgroup_root)
     if quota is not None:
         cpus = min(cpus, quota)
     return max(1, min(cpus, AUTO_MAX_WORKERS))
 
 
-def cgroup_cpu_limit(root: str) -> int | None:
+def _cgroup_cpu_limit(root: str) -> int | None:
     """Whole CPUs of the cgroup's quota, rounded up (cgroup v2 cpu.max, else v1 cfs); None: no limit."""
     def read(name: str) -> str | None:
         try:
@@ -108,7 +108,7 @@ class Supervisor:
     def _start(self, index: int) -> None:
         # The settings travel as the environment: the worker's are exactly the command's
         # (flags and `dev-server` defaults included).
-        env = {**os.environ, **to_env(self.settings), MULTIPROC_ENV: self.metrics_dir}
+        env = {**os.environ, **to_env(self.settings), _MULTIPROC_ENV: self.metrics_dir}
         self.procs[index] = subprocess.Popen(self._argv(index), env=env, pass_fds=(self._ready_w,))
 
     def _wait_ready(self, indexes: set[int], deadline: float) -> int | None:
@@ -167,7 +167,7 @@ class Supervisor:
                     continue
                 log.error("worker exited, restarting it", extra={"worker": index, "pid": proc.pid, "code": code})
                 self._mark_dead(proc.pid)
-                time.sleep(RESTART_DELAY)
+                time.sleep(_RESTART_DELAY)
                 if not self.stopping:
                     self._start(index)
             try:

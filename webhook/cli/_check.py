@@ -20,7 +20,7 @@ from ._check_preflight import Line, Target, preflight
 from ._check_smoke import SmokeOptions, smoke
 from ._podcli import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, connect, paint, run_main, use_colour
 
-OK_MARK, FAIL_MARK = "✔", "✘"
+_OK_MARK, _FAIL_MARK = "✔", "✘"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ class Printer:
         if line.section != self._section:
             self.out.write(("\n" if self._section else "") + f"{line.section}\n{'-' * len(line.section)}\n")
             self._section = line.section
-        mark = paint(OK_MARK, "32", self.colour) if line.ok else paint(FAIL_MARK, "31", self.colour)
+        mark = paint(_OK_MARK, "32", self.colour) if line.ok else paint(_FAIL_MARK, "31", self.colour)
         self.out.write(f"{mark} {line.title}\n")
         if line.hint:
             self.out.write(f"    {line.hint}\n")
@@ -86,7 +86,7 @@ class Printer:
             self.out.write("\n")
         else:
             failed = sum(not line.ok for line in self.lines)
-            self.out.write(f"\nStatus check results are {OK_MARK if self.ok else FAIL_MARK}"
+            self.out.write(f"\nStatus check results are {_OK_MARK if self.ok else _FAIL_MARK}"
                            + (f" ({failed} failed)" if failed else "") + "\n")
         self.out.flush()
 

@@ -26,16 +26,16 @@ from ..settings import Settings
 from ..watcher import parse_time
 from ._check_tls import Served, probe
 
-API_TIMEOUT_MAX_SECONDS = 30  # the apiserver's limit for timeoutSeconds
-CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
-NAME_LABEL = "kubernetes.io/metadata.name"  # the apiserver sets it on every namespace
-ALWAYS_EXCLUDED = ("kube-system",)
+_API_TIMEOUT_MAX_SECONDS = 30  # the apiserver's limit for timeoutSeconds
+_CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
+_NAME_LABEL = "kubernetes.io/metadata.name"  # the apiserver sets it on every namespace
+_ALWAYS_EXCLUDED = ("kube-system",)
 # Istio: istio-sidecar-injector, istio-revision-tag-*; webhooks *.sidecar-injector.istio.io.
 _ISTIO = re.compile(r"(^|\.)sidecar-injector\.istio\.io$")
 _LINKERD = re.compile(r"(^|\.)linkerd-proxy-injector\.linkerd\.io$")
 ISTIO, LINKERD = "Istio", "Linkerd"
-ISTIO_NATIVE_ENV = "ENABLE_NATIVE_SIDECARS"  # istiod's switch for native sidecars
-LINKERD_CONFIG = "linkerd-config"  # its `values` hold proxy.nativeSidecar
+_ISTIO_NATIVE_ENV = "ENABLE_NATIVE_SIDECARS"  # istiod's switch for native sidecars
+_LINKERD_CONFIG = "linkerd-config"  # its `values` hold proxy.nativeSidecar
 
 
 @dataclass
@@ -116,7 +116,7 @@ def calls_for(wh: dict, namespace: dict, pod_labels: dict | None = None) -> bool
 
 # --- mesh injectors -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Injector:
+class _Injector:
     mesh: str
     config: dict  # the MutatingWebhookConfiguration
     native: str  # "yes", "no" or what could not be told, with where it was read
@@ -132,7 +132,7 @@ class Injector:
         return bool(hooks)
 
 
-def mesh_of(config: dict) -> str | None:
+def _mesh_of(config: dict) -> str | None:
     names = [str(wh.get("name") or "") for wh in config.get("webhooks") or []]
     if any(_ISTIO.search(n) for n in names):
         return ISTIO
@@ -149,30 +149,30 @@ async def _istio_native(api: KubeApi, service: dict) -> str:
     containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
     for c in containers:
         for env in c.get("env") or []:
-            if env.get("name") == ISTIO_NATIVE_ENV:
+            if env.get("name") == _ISTIO_NATIVE_ENV:
                 value = str(env.get("value") or "")
-                return f"{'yes' if value == 'true' else 'no'} ({ISTIO_NATIVE_ENV}={value} on Deployment {where})"
+                return f"{'yes' if value == 'true' else 'no'} ({_ISTIO_NATIVE_ENV}={value} on Deployment {where})"
     image = next((str(c.get("image")) for c in containers), "")
-    return f"Istio's default ({ISTIO_NATIVE_ENV} unset on Deployment {where}, image {image}; on from Istio 1.27)"
+    return f"Istio's default ({_ISTIO_NATIVE_ENV} unset on Deployment {where}, image {image}; on from Istio 1.27)"
 
 
 async def _linkerd_native(api: KubeApi, service: dict) -> str:
     ns = str(service.get("namespace"))
-    cm = await api.get_configmap(ns, LINKERD_CONFIG)
+    cm = await api.get_configmap(ns, _LINKERD_CONFIG)
     if cm is None:
-        return f"unknown (no ConfigMap {ns}/{LINKERD_CONFIG})"
+        return f"unknown (no ConfigMap {ns}/{_LINKERD_CONFIG})"
     try:
         values = yaml.safe_load((cm.get("data") or {}).get("values") or "") or {}
     except yaml.YAMLError:
         values = {}
     native = ((values.get("proxy") or {}) if isinstance(values, dict) else {}).get("nativeSidecar")
-    return f"{'yes' if native is True else 'no'} (proxy.nativeSidecar: {str(native).lower()} in {ns}/{LINKERD_CONFIG})"
+    return f"{'yes' if native is True else 'no'} (proxy.nativeSidecar: {str(native).lower()} in {ns}/{_LINKERD_CONFIG})"
 
 
-async def find_injectors(api: KubeApi, configs: list[dict]) -> list[Injector]:
+async def find_injectors(api: KubeApi, configs: list[dict]) -> list[_Injector]:
     out = []
     for config in configs:
-        mesh = mesh_of(config)
+        mesh = _mesh_of(config)
         if mesh is None:
             continue
         service = next(((wh.get("clientConfig") or {}).get("service") for wh in config.get("webhooks") or []
@@ -182,7 +182,7 @@ async def find_injectors(api: KubeApi, configs: list[dict]) -> list[Injector]:
                 await (_istio_native if mesh == ISTIO else _linkerd_native)(api, service)
         except KubeError as e:
             native = f"unknown ({e.status or ''} {e.message})".replace("( ", "(")
-        out.append(Injector(mesh, config, native))
+        out.append(_Injector(mesh, config, native))
     return out
 
 
@@ -190,7 +190,7 @@ async def find_injectors(api: KubeApi, configs: list[dict]) -> list[Injector]:
 Report = Callable[[Line], None]
 
 
-async def check_api(api: KubeApi, report: Report) -> bool:
+async def _check_api(api: KubeApi, report: Report) -> bool:
     try:
         version = await api.get_version()
     except KubeError as e:
@@ -202,7 +202,7 @@ async def check_api(api: KubeApi, report: Report) -> bool:
     return True
 
 
-def configuration_lines(config: dict, wh: dict, target: Target, budget: float) -> list[Line]:
+def _configuration_lines(config: dict, wh: dict, target: Target, budget: float) -> list[Line]:
     """What the configuration must hold, as deploy/ ships it."""
     s = "webhook-configuration"
     out = []
@@ -215,15 +215,15 @@ def configuration_lines(config: dict, wh: dict, target: Target, budget: float) -
                     "" if again == "IfNeeded" else "set reinvocationPolicy: IfNeeded, so initshift sees the pod "
                                                    "again after the mesh injected its proxy"))
     timeout = wh.get("timeoutSeconds", 10)
-    fits = isinstance(timeout, int) and budget < timeout <= API_TIMEOUT_MAX_SECONDS
+    fits = isinstance(timeout, int) and budget < timeout <= _API_TIMEOUT_MAX_SECONDS
     out.append(Line(s, fits, f"timeoutSeconds: {timeout} (above the {budget:g}s registry lookup budget)",
-                    "" if fits else f"set timeoutSeconds between {int(budget) + 1} and {API_TIMEOUT_MAX_SECONDS}"))
-    excluded = [n for n in (target.namespace, *ALWAYS_EXCLUDED)
-                if not calls_for(wh, {"metadata": {"labels": {NAME_LABEL: n, p.LABEL_NAMESPACE_ENABLED: "true"}}})]
-    missing = [n for n in (target.namespace, *ALWAYS_EXCLUDED) if n not in excluded]
-    out.append(Line(s, not missing, f"namespaceSelector never selects {' or '.join((target.namespace, *ALWAYS_EXCLUDED))}",
+                    "" if fits else f"set timeoutSeconds between {int(budget) + 1} and {_API_TIMEOUT_MAX_SECONDS}"))
+    excluded = [n for n in (target.namespace, *_ALWAYS_EXCLUDED)
+                if not calls_for(wh, {"metadata": {"labels": {_NAME_LABEL: n, p.LABEL_NAMESPACE_ENABLED: "true"}}})]
+    missing = [n for n in (target.namespace, *_ALWAYS_EXCLUDED) if n not in excluded]
+    out.append(Line(s, not missing, f"namespaceSelector never selects {' or '.join((target.namespace, *_ALWAYS_EXCLUDED))}",
                     "" if not missing else f"the selector would send pods of {', '.join(missing)} to initshift: add "
-                                           f"{NAME_LABEL} NotIn [{', '.join((target.namespace, *ALWAYS_EXCLUDED))}]"))
+                                           f"{_NAME_LABEL} NotIn [{', '.join((target.namespace, *_ALWAYS_EXCLUDED))}]"))
     return out
 
 
@@ -250,7 +250,7 @@ def _days(delta: dt.timedelta) -> str:
     return f"{days:.0f} days" if abs(days) >= 2 else f"{delta.total_seconds() / 3600:.0f} hours"
 
 
-def server_lines(served: Served, now: dt.datetime) -> list[Line]:
+def _server_lines(served: Served, now: dt.datetime) -> list[Line]:
     s = "webhook-server"
     if served.error:
         return [Line(s, False, f"initshift answers on {served.address} ({served.server_name})",
@@ -287,7 +287,7 @@ def server_lines(served: Served, now: dt.datetime) -> list[Line]:
     return out
 
 
-def lease_line(lease: dict | None, target: Target, now: dt.datetime) -> Line:
+def _lease_line(lease: dict | None, target: Target, now: dt.datetime) -> Line:
     s, where = "watcher", f"{target.namespace}/{target.lease}"
     if lease is None:
         return Line(s, False, f"watcher Lease {where} exists",
@@ -311,7 +311,7 @@ def lease_line(lease: dict | None, target: Target, now: dt.datetime) -> Line:
                 data={"holder": holder, "renewedSecondsAgo": round(max(age, 0), 1)})
 
 
-async def rbac_lines(api: KubeApi, target: Target, needed: set[str]) -> list[Line]:
+async def _rbac_lines(api: KubeApi, target: Target, needed: set[str]) -> list[Line]:
     s = "rbac"
     user = f"system:serviceaccount:{target.namespace}:{target.service_account}"
     groups = ["system:serviceaccounts", f"system:serviceaccounts:{target.namespace}", "system:authenticated"]
@@ -340,7 +340,7 @@ async def rbac_lines(api: KubeApi, target: Target, needed: set[str]) -> list[Lin
     return out
 
 
-def namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[Injector]) -> list[Line]:
+def _namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[_Injector]) -> list[Line]:
     s = "namespaces"
     if wh is None:
         return []
@@ -356,7 +356,7 @@ def namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[Inj
                  data={"namespaces": [ns["metadata"]["name"] for ns in opted]})]
 
 
-def injector_lines(injectors: list[Injector], config_name: str | None) -> list[Line]:
+def _injector_lines(injectors: list[_Injector], config_name: str | None) -> list[Line]:
     s = "mesh"
     if not injectors:
         return [Line(s, True, "no Istio or Linkerd injector found: pods get no proxy, initshift has nothing to fix")]
@@ -374,7 +374,7 @@ def injector_lines(injectors: list[Injector], config_name: str | None) -> list[L
 
 async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     """Every preflight line, in order, through `report`."""
-    if not await check_api(api, report):
+    if not await _check_api(api, report):
         return
     now = dt.datetime.now(dt.timezone.utc)
     s = "webhook-configuration"
@@ -395,24 +395,24 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
                     + (f" (webhook {wh.get('name')})" if wh else ""),
                     "" if wh else "it has no webhook for CREATE pods: re-apply deploy/"))
     if wh is not None:
-        for line in configuration_lines(config or {}, wh, target, Settings().registry.budget_seconds):
+        for line in _configuration_lines(config or {}, wh, target, Settings().registry.budget_seconds):
             report(line)
         await _server(api, wh, target, now, report)
     try:
-        report(lease_line(await api.get_lease(target.namespace, target.lease), target, now))
+        report(_lease_line(await api.get_lease(target.namespace, target.lease), target, now))
     except KubeError as e:
         report(Line("watcher", False, f"read the watcher Lease {target.namespace}/{target.lease}", e.message))
     needed = {ALWAYS} | ({SELF_MANAGED_CERTS} if config is not None and
-                         CERT_MANAGER_INJECT not in _annotations(config) else set())
+                         _CERT_MANAGER_INJECT not in _annotations(config) else set())
     try:
-        for line in await rbac_lines(api, target, needed):
+        for line in await _rbac_lines(api, target, needed):
             report(line)
     except KubeError as e:
         report(Line("rbac", False, "ask the API what initshift's service account may do (SubjectAccessReview)",
                     f"{e.message}: you need create on subjectaccessreviews.authorization.k8s.io"))
     injectors = await find_injectors(api, configs)
     namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces")
-    for line in namespace_lines(namespaces or [], wh, injectors) + injector_lines(injectors, config and
+    for line in _namespace_lines(namespaces or [], wh, injectors) + _injector_lines(injectors, config and
                                                                                    target.webhook_config):
         report(line)
 
@@ -437,7 +437,7 @@ async def _server(api: KubeApi, wh: dict, target: Target, now: dt.datetime, repo
         ca_pem = base64.b64decode(raw)
     except ValueError:
         ca_pem = b""
-    for line in server_lines(await probe(*address, ca_pem), now):
+    for line in _server_lines(await probe(*address, ca_pem), now):
         report(line)
 
 

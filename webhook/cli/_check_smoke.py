@@ -23,9 +23,9 @@ from ..watcher import WAITER_RUN, NotManaged, PodView, State, layout, parse_time
 from ._check_preflight import Line, Report, Target, calls_for, find_injectors, pod_webhook
 from ._podcli import CliError, PodTracker
 
-SECTION = "smoke"
-SMOKE_LABEL = "app.kubernetes.io/name"
-SMOKE_NAME = "initshift-smoke"
+_SECTION = "smoke"
+_SMOKE_LABEL = "app.kubernetes.io/name"
+_SMOKE_NAME = "initshift-smoke"
 STEPS = ("step-0", "step-1")
 MAIN = "main"
 _STARTED = (State.RUNNING, State.COMPLETED, State.FAILED)
@@ -53,7 +53,7 @@ def smoke_pod(options: SmokeOptions) -> dict:
              "HTTP %{http_code}\\n", options.net_url]
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": f"{SMOKE_NAME}-", "labels": {SMOKE_LABEL: SMOKE_NAME}},
+        "metadata": {"generateName": f"{_SMOKE_NAME}-", "labels": {_SMOKE_LABEL: _SMOKE_NAME}},
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 5,
@@ -66,7 +66,7 @@ def smoke_pod(options: SmokeOptions) -> dict:
     }
 
 
-class Stuck(Exception):
+class _Stuck(Exception):
     """The deadline passed during a stage."""
 
 
@@ -108,7 +108,7 @@ class Run:
         self.stage = "create the pod"
 
     def line(self, ok: bool, title: str, hint: str = "", **data: object) -> bool:
-        self.report(Line(SECTION, ok, title, hint, {"stage": self.stage, **data}))
+        self.report(Line(_SECTION, ok, title, hint, {"stage": self.stage, **data}))
         return ok
 
     async def until(self, tracker: PodTracker, stage: str, predicate: Callable[[dict], bool]) -> dict:
@@ -119,7 +119,7 @@ class Run:
                 raise asyncio.TimeoutError
             return await tracker.wait(predicate, left)
         except asyncio.TimeoutError:
-            raise Stuck(stage) from None
+            raise _Stuck(stage) from None
 
     async def body(self, pod: dict, injects: bool) -> None:
         name = pod["metadata"]["name"]
@@ -243,7 +243,7 @@ async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOpti
         run.line(False, "read the namespace and the webhook configurations", e.message)
         return
     wh = pod_webhook(config) if config else None
-    if ns is None or wh is None or not calls_for(wh, ns, {SMOKE_LABEL: SMOKE_NAME}):
+    if ns is None or wh is None or not calls_for(wh, ns, {_SMOKE_LABEL: _SMOKE_NAME}):
         why = f"namespace {namespace} does not exist" if ns is None else \
             "there is no webhook configuration" if wh is None else f"namespace {namespace} is not opted in"
         run.line(False, f"{namespace} is an opted-in namespace", f"{why}: kubectl label namespace {namespace} "
@@ -259,7 +259,7 @@ async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOpti
     run.line(True, f"created pod {namespace}/{name}" + (" (a mesh injects here)" if injects else ""), pod=name)
     try:
         await run.body(pod, injects)
-    except Stuck as e:
+    except _Stuck as e:
         current = await _current(api, namespace, name)
         run.line(False, f"timed out after {options.timeout:g}s at stage: {e}", _where(current) if current else
                  "the pod is gone", stuck=str(e))

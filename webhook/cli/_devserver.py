@@ -17,18 +17,18 @@ from waiter import protocol as p
 
 from ..settings import Settings, SettingsError
 
-RUN_DIR = ".run"
-EXAMPLE = "examples/review.json"
-DEV_DEFAULTS = {p.FEATURE_GATE_ENV: "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": "8443"}
+_RUN_DIR = ".run"
+_EXAMPLE = "examples/review.json"
+_DEV_DEFAULTS = {p.FEATURE_GATE_ENV: "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": "8443"}
 
 
-def dev_settings(run_dir: Path, environ: dict[str, str] | os._Environ) -> Settings:
-    env = {**DEV_DEFAULTS, **environ,
+def _dev_settings(run_dir: Path, environ: dict[str, str] | os._Environ) -> Settings:
+    env = {**_DEV_DEFAULTS, **environ,
            "INITSHIFT_TLS_CERT": str(run_dir / "tls.crt"), "INITSHIFT_TLS_KEY": str(run_dir / "tls.key")}
     return Settings.from_env(env)
 
 
-def ensure_certs(run_dir: Path, host: str) -> str:
+def _ensure_certs(run_dir: Path, host: str) -> str:
     """CA kept across runs (trust it once), serving pair renewed when due; returns the CA path."""
     from ..admission import ensure_local_certificates
     from certs import rotation, store
@@ -49,7 +49,7 @@ def _is_ip(value: str) -> bool:
     return True
 
 
-def curl_command(ca: str, host: str, port: int, example: str = EXAMPLE) -> str:
+def _curl_command(ca: str, host: str, port: int, example: str = _EXAMPLE) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"https://{shown}:{port}/mutate"
     return (f"curl -sS --cacert {shlex.quote(ca)} -H 'Content-Type: application/json' "
@@ -66,24 +66,24 @@ def metrics_url(host: str, port: int) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="initshift dev-server", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", default=RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
+    ap.add_argument("--dir", default=_RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
     args = ap.parse_args(argv)
     run_dir = Path(args.dir)
     try:
-        settings = dev_settings(run_dir, os.environ)
+        settings = _dev_settings(run_dir, os.environ)
     except SettingsError as e:
         print(f"initshift dev-server: {e}", file=sys.stderr)
         return 2
     from certs.pki import PKIError
 
     try:
-        ca = ensure_certs(run_dir, settings.server.host)
+        ca = _ensure_certs(run_dir, settings.server.host)
     except (PKIError, OSError) as e:
         print(f"initshift dev-server: certificates in {run_dir}: {e}", file=sys.stderr)
         return 1
     srv = settings.server
-    curl = curl_command(ca, srv.host, srv.port)
+    curl = _curl_command(ca, srv.host, srv.port)
     pipe = (" | python3 -c 'import sys,json,base64; r=json.load(sys.stdin)[\"response\"]; "
             "print(json.dumps(r.get(\"warnings\"))); "
             "print(json.dumps(json.loads(base64.b64decode(r.get(\"patch\",\"\")) or \"[]\"), indent=1))'")

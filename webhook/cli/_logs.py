@@ -22,7 +22,7 @@ from ..watcher import (NotManaged, State, has_started, has_terminated, is_waiter
 from ..kube import KubeApi, KubeError
 from ._podcli import PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
 
-SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
+_SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 _PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 _NOTE_STATES = (State.FAILED, State.SKIPPED, State.NOT_STARTED)
 
@@ -68,7 +68,7 @@ class Printer:
         self.out.flush()
 
 
-class Streamer:
+class _Streamer:
     def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO) -> None:
         self.api, self.namespace, self.pod_name = api, namespace, pod_name
         self.printer, self.err = printer, err
@@ -101,7 +101,7 @@ class Streamer:
             return
         await self.dump(name, follow=True)
         try:  # the stream ends as the container stops; its status follows shortly
-            pod = await tracker.wait(lambda p: has_terminated(p, name) or pod_ended(p), SETTLE_SECONDS)
+            pod = await tracker.wait(lambda p: has_terminated(p, name) or pod_ended(p), _SETTLE_SECONDS)
         except asyncio.TimeoutError:
             pod = tracker.pod
         self.note(pod, name)
@@ -111,7 +111,7 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
                 err: TextIO) -> None:
     plan = log_plan(pod, sidecars=args.sidecars)
     printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter)
-    streamer = Streamer(api, namespace, args.pod, printer, err)
+    streamer = _Streamer(api, namespace, args.pod, printer, err)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
             if has_started(pod, name):

@@ -20,7 +20,7 @@ from ._podio import InputError, dump, parse_pod, read_text
 from ..rewrite import Lookup, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
-EXIT_OK, EXIT_UNCHANGED, EXIT_USAGE, EXIT_DENIED = 0, 1, 2, 3
+EXIT_OK, _EXIT_UNCHANGED, EXIT_USAGE, _EXIT_DENIED = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,9 +73,9 @@ def main(argv: list[str]) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if result.denied:
         print(f"denied: {result.denied}", file=sys.stderr)
-        return EXIT_DENIED
+        return _EXIT_DENIED
     sys.stdout.write(_render(pod_in.document, pod_in.put(result.pod), args.output))
-    return EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
+    return _EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
 
 
 def _resolve(pod: dict, settings: Settings, lookups: list[Lookup]) -> tuple[dict | None, str | None]:

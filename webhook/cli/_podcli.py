@@ -16,10 +16,10 @@ from ..kube import KubeApi, KubeError
 from ..watcher import NotManaged, layout
 from ..errors import InitshiftError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, _EXIT_INTERRUPTED = 0, 1, 2, 130
 
 # What a command does once it has a client, the namespace and the pod it was asked about.
-PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
+_PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
 
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
 
@@ -80,7 +80,7 @@ async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
     return pod
 
 
-async def follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> AsyncIterator[dict]:
+async def _follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> AsyncIterator[dict]:
     """Yield each new version of the pod after `pod`, until it is deleted (CliError).
 
     One watch on `metadata.name`, renewed from the last resourceVersion when the server
@@ -133,7 +133,7 @@ class PodTracker:
 
     async def _run(self) -> None:
         try:
-            async for pod in follow_pod(self.api, self.namespace, self.name, self.pod):
+            async for pod in _follow_pod(self.api, self.namespace, self.name, self.pod):
                 async with self._cond:
                     self.pod, self.version = pod, self.version + 1
                     self._cond.notify_all()
@@ -177,7 +177,7 @@ def paint(text: str, code: str, on: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if on and code else text
 
 
-async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str], body: PodCommand,
+async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str], body: _PodCommand,
                      err: TextIO) -> int:
     """Parse, connect, read the pod and run `body`; every CliError is one line on `err`."""
     try:
@@ -199,4 +199,4 @@ def run_main(run: Callable[[list[str]], Awaitable[int]], argv: list[str]) -> int
     try:
         return asyncio.run(run(argv))
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _EXIT_INTERRUPTED

@@ -17,14 +17,14 @@ class InputError(InitshiftError, ValueError):
 
 
 # Workloads whose pod template `initshift mutate` rewrites in place: kind -> template path.
-TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     **{kind: ("spec", "template") for kind in ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job")},
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
 
 
 @dataclass
-class PodInput:
+class _PodInput:
     pod: dict
     review: dict | None = None  # the AdmissionReview the pod came from, if any
     workload: dict | None = None  # the Deployment, Job... whose template `pod` is
@@ -39,7 +39,7 @@ class PodInput:
         if self.workload is None:
             return pod
         out = copy.deepcopy(self.workload)
-        *parents, last = TEMPLATE_PATHS[out["kind"]]
+        *parents, last = _TEMPLATE_PATHS[out["kind"]]
         node = out
         for key in parents:
             node = node[key]
@@ -63,7 +63,7 @@ def read_text(path: str) -> str:
         raise InputError(f"cannot read {path}: {e.strerror}") from None
 
 
-def parse_pod(text: str) -> PodInput:
+def parse_pod(text: str) -> _PodInput:
     try:
         doc: Any = yaml.safe_load(text)  # YAML is a superset of JSON
     except yaml.YAMLError as e:
@@ -77,20 +77,20 @@ def parse_pod(text: str) -> PodInput:
         pod = request["object"]
         if pod.get("kind", "Pod") != "Pod":
             raise InputError(f"AdmissionReview holds a {pod.get('kind')}, not a Pod")
-        return PodInput(pod=pod, review=doc)
-    if doc.get("kind") in TEMPLATE_PATHS:
+        return _PodInput(pod=pod, review=doc)
+    if doc.get("kind") in _TEMPLATE_PATHS:
         node: Any = doc
-        for key in TEMPLATE_PATHS[doc["kind"]]:
+        for key in _TEMPLATE_PATHS[doc["kind"]]:
             node = node.get(key) if isinstance(node, dict) else None
         if not isinstance(node, dict) or not isinstance(node.get("spec"), dict):
             raise InputError(f"the {doc['kind']} has no pod template")
-        return PodInput(pod=node, workload=doc)
+        return _PodInput(pod=node, workload=doc)
     if doc.get("kind", "Pod") != "Pod":
         raise InputError(f"expected a Pod, an AdmissionReview or a workload "
-                         f"({', '.join(TEMPLATE_PATHS)}), got a {doc.get('kind')}")
+                         f"({', '.join(_TEMPLATE_PATHS)}), got a {doc.get('kind')}")
     if not isinstance(doc.get("spec"), dict):
         raise InputError("the Pod has no spec")
-    return PodInput(pod=doc)
+    return _PodInput(pod=doc)
 
 
 def dump(obj: Any, fmt: str) -> str:

@@ -21,7 +21,7 @@ from ..admission import TLSError
 if TYPE_CHECKING:
     from ..admission import HttpsServer
 
-Companion = Callable[[asyncio.Event], Awaitable[None]]
+_Companion = Callable[[asyncio.Event], Awaitable[None]]
 
 
 def parser(prog: str = "initshift serve") -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
 
     if worker > 0:  # the metrics port is worker 0's: it serves every worker's values
         settings = settings.replace(server=dataclasses.replace(settings.server, metrics_port=0))
-    companions: list[Companion] = []
+    companions: list[_Companion] = []
     api = None
     if settings.server.self_managed_certs and worker == 0:
         from ..admission import ensure_certificates, keep_certificates_fresh
@@ -83,7 +83,7 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
             await api.close()
 
 
-def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> Companion:
+def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> _Companion:
     async def wait(stop: asyncio.Event) -> None:
         while not server.uvicorn.started:
             if stop.is_set():
@@ -99,7 +99,7 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
 
     count = worker_count(settings.server.workers)
     if count == 1:
-        return run_one(settings, watch=watch, on_started=on_started)
+        return _run_one(settings, watch=watch, on_started=on_started)
     logs.configure(settings.server.log_level)
     srv = settings.server
     try:  # fail here, once, when the port is taken (the workers bind it with SO_REUSEPORT)
@@ -110,7 +110,7 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     return Supervisor(settings, count, watch=watch).run(on_started)
 
 
-def run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+def _run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
             sock: socket.socket | None = None, worker: int = 0) -> int:
     from ..admission import run_loop
 
@@ -159,4 +159,4 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"initshift serve: cannot listen on {srv.host}:{srv.port}: {e}", file=sys.stderr)
         return 1
-    return run_one(settings, watch=args.watch, on_started=started, sock=sock, worker=args.worker)
+    return _run_one(settings, watch=args.watch, on_started=started, sock=sock, worker=args.worker)

@@ -26,7 +26,7 @@ from ..kube import KubeApi
 from ._podcli import PodTracker, add_connection_args, paint, run_main, run_on_pod, use_colour
 from ._podio import dump
 
-OUTCOME_GRACE_SECONDS = 15.0  # --watch: how long an ended waiter pod may wait for its outcome
+_OUTCOME_GRACE_SECONDS = 15.0  # --watch: how long an ended waiter pod may wait for its outcome
 _TICK_SECONDS = 1.0  # --watch on a terminal: redraw running durations this often
 _CLEAR = "\x1b[H\x1b[J"  # cursor home, clear the screen below
 
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # --- rendering --------------------------------------------------------------------------
-def duration_text(seconds: float | None) -> str:
+def _duration_text(seconds: float | None) -> str:
     if seconds is None:
         return ""
     if seconds < 60:
@@ -80,10 +80,10 @@ def _summary(view: PodView, colour: bool) -> list[str]:
     return lines
 
 
-def render_table(view: PodView, colour: bool = False) -> str:
+def _render_table(view: PodView, colour: bool = False) -> str:
     rows = [[str(r.number or ""), r.name, r.kind, state_text(r, view),
              "" if r.exit_code is None else str(r.exit_code), r.reason, _clock(r.started_at),
-             duration_text(r.duration)] for r in view.rows]
+             _duration_text(r.duration)] for r in view.rows]
     widths = [max(len(x) for x in col) for col in zip(_COLUMNS, *rows)]
     lines = _summary(view, colour) + [""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(_COLUMNS, widths)).rstrip())
@@ -99,7 +99,7 @@ def render_table(view: PodView, colour: bool = False) -> str:
 
 def render(view: PodView, fmt: str, colour: bool = False) -> str:
     if fmt == "table":
-        return render_table(view, colour)
+        return _render_table(view, colour)
     return dump(view.to_json(), fmt)
 
 
@@ -139,11 +139,11 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
     while True:
         if view.ended and ended_at is None:
             ended_at = loop.time()
-        if _finished(view, ended_at is not None and loop.time() - ended_at >= OUTCOME_GRACE_SECONDS):
+        if _finished(view, ended_at is not None and loop.time() - ended_at >= _OUTCOME_GRACE_SECONDS):
             return
         timeout = _TICK_SECONDS if redraw else None
         if ended_at is not None:
-            left = max(0.0, OUTCOME_GRACE_SECONDS - (loop.time() - ended_at))
+            left = max(0.0, _OUTCOME_GRACE_SECONDS - (loop.time() - ended_at))
             timeout = left if timeout is None else min(timeout, left)
         changed = await tracker.changed(seen, timeout)
         seen = tracker.version

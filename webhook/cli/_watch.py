@@ -16,11 +16,11 @@ from .. import __version__, logs
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
 
-PROG = "initshift watch"
+_PROG = "initshift watch"
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description="Watch managed pods: open the ready gate, record the "
+    ap = argparse.ArgumentParser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
                                  "outcome, end sidecars. Finds the API server as kubectl does.")
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
     ap.add_argument("--context", help="kubeconfig context")
@@ -65,13 +65,13 @@ def main(argv: list[str]) -> int:
     try:
         settings = with_flags(Settings.from_env(), args)
     except SettingsError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        print(f"{_PROG}: {e}", file=sys.stderr)
         return 2
     logs.configure(settings.server.log_level)
     try:
         asyncio.run(watch(settings, args.kubeconfig, args.context))
     except KubeError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        print(f"{_PROG}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 from ..errors import InitshiftError
 
-MERGE_PATCH = "application/merge-patch+json"
+_MERGE_PATCH = "application/merge-patch+json"
 JSON = "application/json"
 _AUTH = ["BearerToken"]
 # A watch ends on the server after this many seconds at most, so a silently dead
@@ -279,7 +279,7 @@ class KubeApi:
         """JSON merge patch (RFC 7386). A `metadata.resourceVersion` in the patch makes it
         conditional: the apiserver answers 409 when the pod changed since."""
         return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
-                                  body=patch, content_type=MERGE_PATCH)
+                                  body=patch, content_type=_MERGE_PATCH)
 
     # --- events -------------------------------------------------------------------------
     async def create_event(self, namespace: str, event: dict) -> dict:

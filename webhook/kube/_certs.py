@@ -13,7 +13,7 @@ from ._api import MWC_PATH, KubeApi, KubeError
 
 from certs import pki, store
 
-CONFLICT_RETRIES = 5
+_CONFLICT_RETRIES = 5
 
 __all__ = ["read_secret", "read_secret_versioned", "write_secret", "read_ca_bundle", "inject_ca_bundle"]
 
@@ -101,7 +101,7 @@ async def inject_ca_bundle(api: KubeApi, name: str, bundle_pem: bytes) -> int:
     Read-modify-replace with the resourceVersion, so a concurrent edit is never lost.
     """
     encoded = base64.b64encode(bundle_pem).decode()
-    for _ in range(CONFLICT_RETRIES):
+    for _ in range(_CONFLICT_RETRIES):
         mwc = await api.request("GET", f"{MWC_PATH}/{name}")
         hooks = (mwc or {}).get("webhooks") or []
         if not hooks:
@@ -120,4 +120,4 @@ async def inject_ca_bundle(api: KubeApi, name: str, bundle_pem: bytes) -> int:
         except KubeError as e:
             if not e.conflict:  # someone else wrote in between: read again
                 raise
-    raise KubeError(0, f"MutatingWebhookConfiguration {name}: still conflicting after {CONFLICT_RETRIES} tries")
+    raise KubeError(0, f"MutatingWebhookConfiguration {name}: still conflicting after {_CONFLICT_RETRIES} tries")

@@ -34,8 +34,8 @@ from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 # Python's last-resort handler would print them, unprefixed, before our one-line error.
 logging.getLogger("kubernetes_asyncio").addHandler(logging.NullHandler())
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-HOME_CONFIG = Path("~/.kube/config")
+_SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_HOME_CONFIG = Path("~/.kube/config")
 _NAMED = ("clusters", "users", "contexts")
 # Fields that name files, per section, resolved against the kubeconfig's directory.
 _FILE_FIELDS = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key", "tokenFile")}
@@ -46,7 +46,7 @@ class KubeConfigError(Exception):
 
 
 @dataclass
-class Source:
+class _Source:
     """The resolved configuration: a merged kubeconfig, or the pod's service account."""
 
     kind: str  # "kubeconfig" or "in-cluster"
@@ -115,7 +115,7 @@ def merge(files: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
     return merged
 
 
-def kubeconfig_files(explicit: str | None, environ: Mapping[str, str], home: Path | None = None) -> list[Path]:
+def _kubeconfig_files(explicit: str | None, environ: Mapping[str, str], home: Path | None = None) -> list[Path]:
     """The files kubectl would read, in precedence order (steps 1-3)."""
     if explicit:
         return [Path(os.path.expanduser(explicit))]
@@ -123,7 +123,7 @@ def kubeconfig_files(explicit: str | None, environ: Mapping[str, str], home: Pat
     if listed:
         paths = [Path(os.path.expanduser(p)) for p in listed.split(os.pathsep) if p]
         return list(dict.fromkeys(paths))
-    return [home / ".kube" / "config" if home is not None else Path(os.path.expanduser(str(HOME_CONFIG)))]
+    return [home / ".kube" / "config" if home is not None else Path(os.path.expanduser(str(_HOME_CONFIG)))]
 
 
 def _in_cluster_possible(environ: Mapping[str, str], sa_dir: Path) -> bool:
@@ -133,10 +133,10 @@ def _in_cluster_possible(environ: Mapping[str, str], sa_dir: Path) -> bool:
 
 def resolve(kubeconfig: str | None = None, context: str | None = None, *,
             environ: Mapping[str, str] | None = None, home: Path | None = None,
-            sa_dir: Path = SERVICE_ACCOUNT_DIR) -> Source:
+            sa_dir: Path = _SERVICE_ACCOUNT_DIR) -> _Source:
     """Which configuration kubectl would use (see the module docstring)."""
     env = os.environ if environ is None else environ
-    paths = kubeconfig_files(kubeconfig, env, home)
+    paths = _kubeconfig_files(kubeconfig, env, home)
     if kubeconfig and not paths[0].is_file():
         raise KubeConfigError(f"kubeconfig {paths[0]}: no such file")
     found = [(p, _read(p)) for p in paths if p.is_file()]
@@ -150,9 +150,9 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
         if ctx is None:
             raise KubeConfigError(f"kubeconfig {where}: context {name!r} not found")
         namespace = str((ctx.get("context") or {}).get("namespace") or "default")
-        return Source("kubeconfig", [str(p) for p, _ in found], merged, name, namespace)
+        return _Source("kubeconfig", [str(p) for p, _ in found], merged, name, namespace)
     if _in_cluster_possible(env, sa_dir):
-        return Source("in-cluster", namespace=_pod_namespace(env, sa_dir))
+        return _Source("in-cluster", namespace=_pod_namespace(env, sa_dir))
     looked = os.pathsep.join(str(p) for p in paths)
     if env.get("KUBERNETES_SERVICE_HOST"):
         raise KubeConfigError(f"no kubeconfig ({looked}) and no service account token ({sa_dir / 'token'})")
@@ -168,8 +168,8 @@ def _pod_namespace(environ: Mapping[str, str], sa_dir: Path) -> str:
         return "default"
 
 
-async def client_configuration(source: Source, *, environ: Mapping[str, str] | None = None,
-                               sa_dir: Path = SERVICE_ACCOUNT_DIR) -> k8s.Configuration:
+async def client_configuration(source: _Source, *, environ: Mapping[str, str] | None = None,
+                               sa_dir: Path = _SERVICE_ACCOUNT_DIR) -> k8s.Configuration:
     """The client Configuration for a resolved source; library errors become one line."""
     cfg = k8s.Configuration()
     try:

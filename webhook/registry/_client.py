@@ -32,11 +32,11 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_LIST})
 MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
-ACCEPT = ", ".join((OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST))
+_ACCEPT = ", ".join((OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST))
 
-MANIFEST_LIMIT = 4 * 1024 * 1024  # the limit containerd puts on manifests
-CONFIG_LIMIT = 8 * 1024 * 1024
-DIGEST_HEADER = "Docker-Content-Digest"
+_MANIFEST_LIMIT = 4 * 1024 * 1024  # the limit containerd puts on manifests
+_CONFIG_LIMIT = 8 * 1024 * 1024
+_DIGEST_HEADER = "Docker-Content-Digest"
 _TOKEN_DEFAULT_SECONDS = 60  # the distribution token spec's default lifetime
 _TOKEN_CACHE_SIZE = 1024
 
@@ -62,7 +62,7 @@ class BadResponse(RegistryError):
 
 
 @dataclass(frozen=True)
-class Reply:
+class _Reply:
     status_code: int
     headers: httpx.Headers
     content: bytes
@@ -100,7 +100,7 @@ def _argv(value: Any) -> tuple[str, ...] | None:
     return tuple(value) or None
 
 
-def digest_of(body: bytes, algorithm: str = "sha256") -> str:
+def _digest_of(body: bytes, algorithm: str = "sha256") -> str:
     try:
         return f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}"
     except ValueError:
@@ -130,7 +130,7 @@ def parse_challenges(header: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def make_ssl_context(ca_file: str = "") -> ssl.SSLContext:
+def _make_ssl_context(ca_file: str = "") -> ssl.SSLContext:
     """System (certifi) roots plus the configured extra CA bundle."""
     ctx = ssl.create_default_context(cafile=certifi.where())
     if ca_file:
@@ -148,7 +148,7 @@ class RegistryClient:
                  user_agent: str = "initshift") -> None:
         self._insecure = frozenset(insecure)
         self._http = httpx.AsyncClient(
-            verify=make_ssl_context(ca_file), timeout=httpx.Timeout(timeout), follow_redirects=True,
+            verify=_make_ssl_context(ca_file), timeout=httpx.Timeout(timeout), follow_redirects=True,
             headers={"User-Agent": user_agent}, trust_env=False)
         self._tokens: dict[tuple[str, str, str], tuple[str, float]] = {}
         # (host, credential) pairs whose registry answered with a Basic challenge: later
@@ -166,21 +166,21 @@ class RegistryClient:
         """The manifest digest a tag points to, by HEAD (which Docker Hub does not count
         against pull limits); None when the registry does not say."""
         resp = await self._request("HEAD", f"{self._base(ref)}/manifests/{reference}", ref, cred,
-                                   {"Accept": ACCEPT}, limit=0)
+                                   {"Accept": _ACCEPT}, limit=0)
         self._check(resp, ref, f"manifest {reference}", cred)
-        digest = resp.headers.get(DIGEST_HEADER)
+        digest = resp.headers.get(_DIGEST_HEADER)
         return digest if digest and ":" in digest else None
 
     async def manifest(self, ref: ImageRef, reference: str, cred: Credential | None) -> Manifest:
         resp = await self._request("GET", f"{self._base(ref)}/manifests/{reference}", ref, cred,
-                                   {"Accept": ACCEPT}, limit=MANIFEST_LIMIT)
+                                   {"Accept": _ACCEPT}, limit=_MANIFEST_LIMIT)
         self._check(resp, ref, f"manifest {reference}", cred)
         body = resp.content
         algorithm = reference.partition(":")[0] if ":" in reference else "sha256"
-        digest = digest_of(body, algorithm)
+        digest = _digest_of(body, algorithm)
         if ":" in reference and digest != reference:
             raise BadResponse(f"registry {ref.registry} returned a manifest whose digest is not {reference}")
-        if ":" not in reference and resp.headers.get(DIGEST_HEADER, digest) != digest:
+        if ":" not in reference and resp.headers.get(_DIGEST_HEADER, digest) != digest:
             raise BadResponse(f"registry {ref.registry} returned a manifest that does not match its digest header")
         doc = _json(body, f"manifest {reference} of {ref.name}")
         media_type = doc.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0].strip()
@@ -195,16 +195,16 @@ class RegistryClient:
         return Manifest(media_type, digest, doc)
 
     async def config(self, ref: ImageRef, digest: str, cred: Credential | None) -> dict[str, Any]:
-        resp = await self._request("GET", f"{self._base(ref)}/blobs/{digest}", ref, cred, {}, limit=CONFIG_LIMIT)
+        resp = await self._request("GET", f"{self._base(ref)}/blobs/{digest}", ref, cred, {}, limit=_CONFIG_LIMIT)
         self._check(resp, ref, f"config blob {digest}", cred)
-        if digest_of(resp.content, digest.partition(":")[0]) != digest:
+        if _digest_of(resp.content, digest.partition(":")[0]) != digest:
             raise BadResponse(f"registry {ref.registry} returned a config blob whose digest is not {digest}")
         return _json(resp.content, f"config blob {digest} of {ref.name}")
 
     # --- transport and auth -------------------------------------------------------------
 
     async def _request(self, method: str, url: str, ref: ImageRef, cred: Credential | None,
-                       headers: dict[str, str], *, limit: int) -> Reply:
+                       headers: dict[str, str], *, limit: int) -> _Reply:
         scope = f"repository:{ref.repository}:pull"
         token_key = (ref.api_host, scope, cred.fingerprint if cred else "")
         basic_key = (ref.api_host, token_key[2])
@@ -268,7 +268,7 @@ class RegistryClient:
         self._tokens[key] = (token, now + max(lifetime - 5, 1))
         return token
 
-    async def _send(self, method: str, url: str, ref: ImageRef, headers: dict[str, str], limit: int) -> Reply:
+    async def _send(self, method: str, url: str, ref: ImageRef, headers: dict[str, str], limit: int) -> _Reply:
         cap = max(limit, 64 * 1024)  # error bodies are read too, for their message
         try:
             async with self._http.stream(method, url, headers=headers) as resp:
@@ -280,12 +280,12 @@ class RegistryClient:
                     body += chunk
                     if len(body) > cap:
                         raise BadResponse(f"registry {ref.registry} sent a body larger than {cap} bytes for {url}")
-                return Reply(resp.status_code, resp.headers, bytes(body))
+                return _Reply(resp.status_code, resp.headers, bytes(body))
         except httpx.HTTPError as e:
             raise Unreachable(f"registry {ref.registry} is unreachable: {_why(e)}") from None
 
     @staticmethod
-    def _check(resp: Reply, ref: ImageRef, what: str, cred: Credential | None) -> None:
+    def _check(resp: _Reply, ref: ImageRef, what: str, cred: Credential | None) -> None:
         if resp.status_code == 200:
             return
         detail = _error_detail(resp)
@@ -319,7 +319,7 @@ def _json(body: bytes, what: str) -> dict[str, Any]:
     return doc
 
 
-def _error_detail(resp: Reply) -> str:
+def _error_detail(resp: _Reply) -> str:
     """`: CODE message` from a distribution error body, when there is one."""
     try:
         errors = json.loads(resp.content or b"{}").get("errors") or []

@@ -22,8 +22,8 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 from ..errors import InitshiftError
 
-SECRET_TYPE_DOCKERCONFIGJSON = "kubernetes.io/dockerconfigjson"
-SECRET_TYPE_DOCKERCFG = "kubernetes.io/dockercfg"
+_SECRET_TYPE_DOCKERCONFIGJSON = "kubernetes.io/dockerconfigjson"
+_SECRET_TYPE_DOCKERCFG = "kubernetes.io/dockercfg"
 _KEY_DOCKERCONFIGJSON = ".dockerconfigjson"
 _KEY_DOCKERCFG = ".dockercfg"
 _DEFAULT_REGISTRY_HOST = "index.docker.io"
@@ -154,13 +154,13 @@ def docker_config(secret: Mapping[str, Any]) -> dict[str, Any] | None:
     source = _source(secret)
     kind = secret.get("type")
     data = secret.get("data") or {}
-    if kind == SECRET_TYPE_DOCKERCONFIGJSON:
+    if kind == _SECRET_TYPE_DOCKERCONFIGJSON:
         doc = _decode(data, _KEY_DOCKERCONFIGJSON, source)
         auths = doc.get("auths") if isinstance(doc, dict) else None
         if not isinstance(auths, dict):
             raise CredentialError(f"{source}: {_KEY_DOCKERCONFIGJSON} has no `auths` object")
         return auths
-    if kind == SECRET_TYPE_DOCKERCFG:
+    if kind == _SECRET_TYPE_DOCKERCFG:
         doc = _decode(data, _KEY_DOCKERCFG, source)
         if not isinstance(doc, dict):
             raise CredentialError(f"{source}: {_KEY_DOCKERCFG} is not an object")

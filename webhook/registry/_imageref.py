@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass
 from ..errors import InitshiftError
 
-DOCKER_HUB = "docker.io"
+_DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's distribution API answers
 _LEGACY_HUB = "index.docker.io"
 _OFFICIAL = "library"
-DEFAULT_TAG = "latest"
-NAME_MAX = 255
+_DEFAULT_TAG = "latest"
+_NAME_MAX = 255
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
@@ -48,11 +48,11 @@ class ImageRef:
     def reference(self) -> str:
         """What to ask the registry for: the digest when pinned (the tag is then ignored,
         as the runtimes do), else the tag, else `latest`."""
-        return self.digest or self.tag or DEFAULT_TAG
+        return self.digest or self.tag or _DEFAULT_TAG
 
     @property
     def api_host(self) -> str:
-        return DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
+        return DOCKER_HUB_API if self.registry == _DOCKER_HUB else self.registry
 
     @property
     def name(self) -> str:
@@ -62,7 +62,7 @@ class ImageRef:
     def __str__(self) -> str:
         out = self.name
         if self.tag or not self.digest:
-            out += f":{self.tag or DEFAULT_TAG}"
+            out += f":{self.tag or _DEFAULT_TAG}"
         if self.digest:
             out += f"@{self.digest}"
         return out
@@ -92,11 +92,11 @@ def parse(image: str) -> ImageRef:
         raise InvalidReference(
             f"image reference {image!r} has an invalid repository {path!r} "
             "(lower-case letters, digits and . _ - separators only)")
-    if len(rest) > NAME_MAX:
-        raise InvalidReference(f"image reference {image!r} is longer than {NAME_MAX} characters")
+    if len(rest) > _NAME_MAX:
+        raise InvalidReference(f"image reference {image!r} is longer than {_NAME_MAX} characters")
     if registry is None or registry == _LEGACY_HUB:
-        registry = DOCKER_HUB
-    if registry == DOCKER_HUB and "/" not in path:
+        registry = _DOCKER_HUB
+    if registry == _DOCKER_HUB and "/" not in path:
         path = f"{_OFFICIAL}/{path}"
     return ImageRef(registry, path, tag, digest)
 

@@ -36,7 +36,7 @@ _ATTESTATION = ("vnd.docker.reference.type", "attestation-manifest")
 _UNKNOWN_PLATFORM = "unknown"  # a single manifest whose config names no os/architecture
 
 
-class SecretsSource(Protocol):
+class _SecretsSource(Protocol):
     """Reads pull Secrets and ServiceAccounts as the API returns them (data base64)."""
 
     async def get_secret(self, namespace: str, name: str) -> dict | None: ...
@@ -44,7 +44,7 @@ class SecretsSource(Protocol):
     async def get_service_account(self, namespace: str, name: str) -> dict | None: ...
 
 
-class LRUCache:
+class _LRUCache:
     """A bounded map; the least recently used entry goes first."""
 
     def __init__(self, size: int) -> None:
@@ -73,14 +73,14 @@ class LRUCache:
 class RegistryResolver:
     """EntrypointResolver over the OCI distribution API."""
 
-    def __init__(self, settings: RegistrySettings, *, secrets_source: SecretsSource | None = None,
+    def __init__(self, settings: RegistrySettings, *, secrets_source: _SecretsSource | None = None,
                  client: RegistryClient | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self._secrets = secrets_source if settings.pull_secrets else None
         # One request never needs longer than the whole budget.
         self._client = client or RegistryClient(ca_file=settings.ca_file, insecure=settings.insecure_registries,
                                                 timeout=max(settings.budget_seconds, 0.1))
-        self._cache = LRUCache(settings.cache_size)
+        self._cache = _LRUCache(settings.cache_size)
         self._inflight: dict[tuple[str, str], asyncio.Task[ImageEntrypoints]] = {}
         self._clock = clock
 
@@ -126,7 +126,7 @@ class RegistryResolver:
         except TimeoutError:
             image = next(i for i in refs if i not in done)
             raise UnresolvedEntrypoint(containers[image], image, f"timed out after {budget:g}s") from None
-        pinned = node_platform(pod)
+        pinned = _node_platform(pod)
         return {image: narrow(entry, pinned) for image, entry in done.items()}
 
     # --- credentials ------------------------------------------------------------------
@@ -220,7 +220,7 @@ class RegistryResolver:
             return hit
         m = manifest or await self._client.manifest(ref, digest, cred)
         if m.media_type in INDEX_TYPES:
-            entries = platform_entries(m)
+            entries = _platform_entries(m)
             children = await _gather_all([self._by_digest(ref, d, cred, scope) for _, d in entries])
             by_platform = {pkey: _only(child, ref) for (pkey, _), child in zip(entries, children)}
         else:
@@ -234,7 +234,7 @@ class RegistryResolver:
         return result
 
 
-def platform_entries(index: Manifest) -> list[tuple[str, str]]:
+def _platform_entries(index: Manifest) -> list[tuple[str, str]]:
     """(platform key, manifest digest) of an index's images, first entry per platform;
     attestations, unknown platforms and nested indexes are skipped."""
     out: dict[str, str] = {}
@@ -260,7 +260,7 @@ def _only(child: ImageEntrypoints, ref: imageref.ImageRef) -> ImageConfig:
     return next(iter(child.by_platform.values()))
 
 
-def node_platform(pod: Mapping) -> tuple[str | None, str | None]:
+def _node_platform(pod: Mapping) -> tuple[str | None, str | None]:
     """(os, arch) the pod pins through its nodeSelector; None where it pins nothing."""
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
     return selector.get(_OS_LABEL), selector.get(_ARCH_LABEL)
@@ -298,7 +298,7 @@ async def _gather_all(aws: list[Awaitable[Any]]) -> list[Any]:
         raise
 
 
-def make_resolver(settings: Settings, *, secrets_source: SecretsSource | None = None) -> RegistryResolver | None:
+def make_resolver(settings: Settings, *, secrets_source: _SecretsSource | None = None) -> RegistryResolver | None:
     """The resolver the settings ask for; None when registry lookups are off. With pull
     secrets on and no source given, Secrets are read through the in-cluster API."""
     reg = settings.registry

@@ -22,13 +22,13 @@ from ..settings import RewriteSettings
 from ._shape import submap
 
 
-def comma_list(value: object) -> list[str]:
+def _comma_list(value: object) -> list[str]:
     if not isinstance(value, str):
         return []
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
-def istio_status(annotations: Mapping[str, str]) -> dict:
+def _istio_status(annotations: Mapping[str, str]) -> dict:
     raw = annotations.get(p.ISTIO_STATUS_ANNOTATION)
     if not raw:
         return {}
@@ -58,13 +58,13 @@ class Classification:
 
 
 def sidecar_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
-    status = istio_status(annotations)
+    status = _istio_status(annotations)
     return (set(settings.sidecar_names) | _names(status.get("containers"))
-            | set(comma_list(annotations.get(p.ANNOTATION_SIDECARS))))
+            | set(_comma_list(annotations.get(p.ANNOTATION_SIDECARS))))
 
 
 def mesh_init_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
-    return set(settings.mesh_init_names) | _names(istio_status(annotations).get("initContainers"))
+    return set(settings.mesh_init_names) | _names(_istio_status(annotations).get("initContainers"))
 
 
 def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
@@ -76,14 +76,14 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
 
     sidecars = sidecar_names(annotations, settings)
     mesh_inits = mesh_init_names(annotations, settings)
-    keep = comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
+    keep = _comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
     out = Classification()
 
     known = {c.get("name") for c in [*inits, *regular]}
     for name in keep:
         if name not in {c.get("name") for c in inits}:
             out.warnings.append(f"{p.ANNOTATION_KEEP_INIT} names {name!r}, which is not an init container of this pod")
-    for name in comma_list(annotations.get(p.ANNOTATION_SIDECARS)):
+    for name in _comma_list(annotations.get(p.ANNOTATION_SIDECARS)):
         if name not in known:
             out.warnings.append(f"{p.ANNOTATION_SIDECARS} names {name!r}, which is not a container of this pod")
 

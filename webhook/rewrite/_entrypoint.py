@@ -64,7 +64,7 @@ class EntrypointResolver(Protocol):
         ...
 
 
-def escape_expansion(word: str) -> str:
+def _escape_expansion(word: str) -> str:
     """`word` as it must be written in a container's `args` to reach the process unchanged:
     the kubelet expands $(VAR) and reduces $$ to $ there, never in the image's ENTRYPOINT/CMD."""
     return word.replace("$", "$$")
@@ -80,7 +80,7 @@ def effective_argv(container: Mapping, config: ImageConfig | None, *, for_args: 
         return [*command, *(args or [])]
     if config is None:
         return None
-    image = escape_expansion if for_args else str
+    image = _escape_expansion if for_args else str
     entry = [image(w) for w in config.entrypoint or ()]
     tail = list(args) if args else [image(w) for w in config.cmd or ()]
     return entry + tail

@@ -37,8 +37,8 @@ from ._shape import submap
 # Fields a readiness probe and a startup probe share. successThreshold is not copied:
 # it must be 1 for startup probes. terminationGracePeriodSeconds is not allowed on
 # readiness probes, so there is none to copy.
-PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
-PROBE_TIMING = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold")
+_PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
+_PROBE_TIMING = ("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "failureThreshold")
 
 
 def startup_probe(readiness: Mapping | None) -> dict | None:
@@ -50,11 +50,11 @@ def startup_probe(readiness: Mapping | None) -> dict | None:
     """
     if not isinstance(readiness, Mapping):
         return None
-    handlers = [h for h in PROBE_HANDLERS if h in readiness]
+    handlers = [h for h in _PROBE_HANDLERS if h in readiness]
     if len(handlers) != 1:
         return None
     probe: dict = {handlers[0]: copy.deepcopy(readiness[handlers[0]])}
-    for key in PROBE_TIMING:
+    for key in _PROBE_TIMING:
         if key in readiness:
             probe[key] = readiness[key]
     if "successThreshold" in readiness:
@@ -62,7 +62,7 @@ def startup_probe(readiness: Mapping | None) -> dict | None:
     return probe
 
 
-def as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
+def _as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
     """The sidecar as a native sidecar, and a note on how its start is detected. `derive`:
     give it a startupProbe from its readinessProbe when it has none (hybrid leaves that off
     for sidecars step 0 probes on loopback itself)."""
@@ -94,7 +94,7 @@ def _insert_at(inits: list[dict], anchors: Collection[int], annotations: Mapping
 
 
 @dataclass(frozen=True)
-class Placement:
+class _Placement:
     """Regular sidecars moved into initContainers as native sidecars (no label, no checks)."""
 
     pod: dict
@@ -105,7 +105,7 @@ class Placement:
 
 
 def place_sidecars(pod: Mapping, sidecars: Sequence[Mapping], anchors: Sequence[Mapping], settings: RewriteSettings,
-                   derive: Callable[[Mapping], bool] = lambda c: True) -> Placement:
+                   derive: Callable[[Mapping], bool] = lambda c: True) -> _Placement:
     """`sidecars` (regular containers of `pod`) moved to initContainers with restartPolicy
     Always, before the first of `anchors`; `derive(sidecar)`: whether it gets a startupProbe."""
     spec = pod.get("spec") or {}
@@ -115,17 +115,17 @@ def place_sidecars(pod: Mapping, sidecars: Sequence[Mapping], anchors: Sequence[
     at, early = _insert_at(inits, {id(c) for c in anchors}, annotations, settings)
     natives, notes = [], []
     for c in sidecars:
-        native, note = as_native(c, derive(c))
+        native, note = _as_native(c, derive(c))
         natives.append(native)
         if note:
             notes.append(note)
     out = dict(pod)
     out["spec"] = {**spec, "initContainers": [*inits[:at], *natives, *inits[at:]],
                    "containers": [c for c in spec.get("containers") or [] if id(c) not in moving]}
-    return Placement(out, natives, notes, inits[at]["name"] if at < len(inits) else None, early)
+    return _Placement(out, natives, notes, inits[at]["name"] if at < len(inits) else None, early)
 
 
-def moved_note(placement: Placement, where: bool = True) -> str:
+def moved_note(placement: _Placement, where: bool = True) -> str:
     natives = placement.natives
     plural = "s" if len(natives) > 1 else ""
     before = f" before {placement.before!r}" if where and placement.before else ""

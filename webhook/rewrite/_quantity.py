@@ -24,7 +24,7 @@ _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "
 _RE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE]?)")
 
 MAX = 2**63 - 1  # resource.Quantity's int64 bound, in the resource's own unit here
-MAX_DIGITS = 19  # significant digits of 2^63-1: more can only be out of range or finer than a nano-unit
+_MAX_DIGITS = 19  # significant digits of 2^63-1: more can only be out of range or finer than a nano-unit
 _MAX_EXPONENT_DIGITS = 4  # |exponent| <= 9999: anything larger is out of range whatever the digits
 ZERO = 0
 
@@ -33,7 +33,7 @@ class QuantityError(RewriteError, ValueError):
     """Not a Kubernetes quantity (the pod is left unchanged, reason `invalid`)."""
 
 
-def unit_exponent(resource: str) -> int:
+def _unit_exponent(resource: str) -> int:
     """Powers of ten between the resource's unit and its integer: cpu counts milli-units."""
     return 3 if resource == "cpu" else 0
 
@@ -44,8 +44,8 @@ _CACHED_LENGTH = 64  # longer text is never a real quantity: parse it (linearly)
 def parse(value: object, resource: str = "") -> int:
     """`value` in `resource`'s integer unit (milli-CPU, bytes or units), rounded up."""
     if isinstance(value, str) and len(value) <= _CACHED_LENGTH:
-        return _parse_cached(value, unit_exponent(resource))
-    return _parse(value, unit_exponent(resource))
+        return _parse_cached(value, _unit_exponent(resource))
+    return _parse(value, _unit_exponent(resource))
 
 
 # A pod's quantities are read by several rules (requests, QoS, growth, the safety net) and
@@ -86,8 +86,8 @@ def _parse(value: object, unit: int) -> int:
     ten += len(digits) - len(stripped)
     if not stripped:
         return 0
-    if len(stripped) > MAX_DIGITS:
-        raise QuantityError(f"quantity {_short(value)} has more than {MAX_DIGITS} significant digits")
+    if len(stripped) > _MAX_DIGITS:
+        raise QuantityError(f"quantity {_short(value)} has more than {_MAX_DIGITS} significant digits")
     ten += unit
     # Magnitude check before any arithmetic: the value is at least 10^(len-1+ten) * 2^two.
     if len(stripped) - 1 + ten + two * 3 // 10 > 19:
@@ -113,7 +113,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def is_valid(value: object, resource: str = "") -> bool:
+def _is_valid(value: object, resource: str = "") -> bool:
     try:
         parse(value, resource)
     except QuantityError:

@@ -25,12 +25,12 @@ from ._shape import submap
 # Resources the kubelet can overcommit; every other one (extended resources, hugepages)
 # must have requests equal to limits, so its request cannot be lowered to make room.
 SHAREABLE = ("cpu", "memory", "ephemeral-storage")
-QOS_RESOURCES = ("cpu", "memory")
+_QOS_RESOURCES = ("cpu", "memory")
 
 Amounts = dict[str, int]  # resource -> its integer unit (milli-CPU, bytes, units): _quantity.py
 
 
-def container_requests(c: Mapping) -> Amounts:
+def _container_requests(c: Mapping) -> Amounts:
     res = c.get("resources") or {}
     out: Amounts = {}
     for name, value in (res.get("limits") or {}).items():
@@ -57,7 +57,7 @@ def _max(a: Amounts, b: Mapping[str, int]) -> Amounts:
 def sum_requests(containers: Iterable[Mapping]) -> Amounts:
     total: Amounts = {}
     for c in containers:
-        total = add(total, container_requests(c))
+        total = add(total, _container_requests(c))
     return total
 
 
@@ -74,7 +74,7 @@ def pod_requests(spec: Mapping) -> Amounts:
     sidecars: Amounts = {}
     init_max: Amounts = {}
     for c in spec.get("initContainers") or []:
-        reqs = container_requests(c)
+        reqs = _container_requests(c)
         if is_restartable(c):
             sidecars = add(sidecars, reqs)
             init_max = _max(init_max, sidecars)
@@ -82,7 +82,7 @@ def pod_requests(spec: Mapping) -> Amounts:
             init_max = _max(init_max, add(sidecars, reqs))
     regular: Amounts = dict(sidecars)
     for c in spec.get("containers") or []:
-        regular = add(regular, container_requests(c))
+        regular = add(regular, _container_requests(c))
     return _max(regular, init_max)
 
 
@@ -97,15 +97,15 @@ def qos_class(spec: Mapping) -> str:
         reqs = {**(res.get("limits") or {}), **(res.get("requests") or {})}
         for name, value in reqs.items():
             q = parse(value, name)
-            if name in QOS_RESOURCES and q > 0:
+            if name in _QOS_RESOURCES and q > 0:
                 requests[name] += q
         found = set()
         for name, value in (res.get("limits") or {}).items():
             q = parse(value, name)
-            if name in QOS_RESOURCES and q > 0:
+            if name in _QOS_RESOURCES and q > 0:
                 found.add(name)
                 limits[name] += q
-        if not found.issuperset(QOS_RESOURCES):
+        if not found.issuperset(_QOS_RESOURCES):
             guaranteed = False
     if not requests and not limits:
         return "BestEffort"
@@ -128,7 +128,7 @@ def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
 
 
 @dataclass
-class StepPlan:
+class _StepPlan:
     """New requests for the steps (index -> resource -> quantity string) and what to say."""
 
     step_requests: list[dict[str, str]] = field(default_factory=list)
@@ -138,15 +138,15 @@ class StepPlan:
 
 def plan_steps(
     steps: list[Mapping], fixed_regular: Amounts, budget_total: Amounts, policy: str
-) -> StepPlan:
+) -> _StepPlan:
     """Choose each step's requests once the steps run as regular containers.
 
     `fixed_regular` is what the new pod's regular side already holds without the steps
     (mains, sidecars, restartable init containers); `budget_total` is the old effective
     request, which the new regular sum must not exceed under `preserve` and `divide`.
     """
-    reqs = [container_requests(s) for s in steps]
-    plan = StepPlan(step_requests=[{} for _ in steps])
+    reqs = [_container_requests(s) for s in steps]
+    plan = _StepPlan(step_requests=[{} for _ in steps])
     names = sorted({r for req in reqs for r in req})
     for r in names:
         holders = [i for i, req in enumerate(reqs) if req.get(r, ZERO) > 0]

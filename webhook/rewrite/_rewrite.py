@@ -84,7 +84,7 @@ def _no_native(native_supported: bool | None) -> str:
             else "native-sidecar support of the cluster is unknown")
 
 
-NO_SIDECAR = _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
+_NO_SIDECAR = _Skip("no-sidecar", "no sidecar and no mesh injection requested: nothing to fix; admitted unchanged "
                                  "(re-invoked if a mesh injects later)")
 
 
@@ -109,7 +109,7 @@ def _qualify_native(pod: Mapping, settings: Settings, mode: str, cls: Classifica
                                        f"admitted unchanged")
     if has_mesh_marker(pod):
         return _Go(p.MODE_NATIVE, cls, notes)  # the proxy comes later: ask the mesh for a native one
-    return NO_SIDECAR
+    return _NO_SIDECAR
 
 
 def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) -> _Skip | _Go:
@@ -160,7 +160,7 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
         if len(cls.steps) > 1 and _asked(pod, p.MODE_WAITER, p.MODE_HYBRID):
             return _Go(strategy, cls, [f"no sidecar: the steps run under the waiter as {p.ANNOTATION_MODE} "
                                        f"asks, handed off in milliseconds instead of the kubelet's init order"])
-        return NO_SIDECAR  # native sidecars already run beside the init containers
+        return _NO_SIDECAR  # native sidecars already run beside the init containers
     return _Go(strategy, cls, notes)
 
 

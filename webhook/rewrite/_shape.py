@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-Check = Callable[[Any, str], "str | None"]
+_Check = Callable[[Any, str], "str | None"]
 
 _SCALAR = (str, int, float)
 
 
-def _is(kind: type | tuple[type, ...], what: str) -> Check:
+def _is(kind: type | tuple[type, ...], what: str) -> _Check:
     kinds = kind if isinstance(kind, tuple) else (kind,)
 
     def check(value: Any, path: str) -> str | None:
@@ -25,7 +25,7 @@ def _is(kind: type | tuple[type, ...], what: str) -> Check:
     return check
 
 
-def _map_of(value_check: Check) -> Check:
+def _map_of(value_check: _Check) -> _Check:
     def check(value: Any, path: str) -> str | None:
         if not isinstance(value, dict):
             return f"{path} must be an object"
@@ -37,7 +37,7 @@ def _map_of(value_check: Check) -> Check:
     return check
 
 
-def _list_of(item_check: Check) -> Check:
+def _list_of(item_check: _Check) -> _Check:
     def check(value: Any, path: str) -> str | None:
         if not isinstance(value, list):
             return f"{path} must be a list"
@@ -49,7 +49,7 @@ def _list_of(item_check: Check) -> Check:
     return check
 
 
-def _object(required: dict[str, Check], optional: dict[str, Check]) -> Check:
+def _object(required: dict[str, _Check], optional: dict[str, _Check]) -> _Check:
     def check(value: Any, path: str) -> str | None:
         if not isinstance(value, dict):
             return f"{path} must be an object"
@@ -65,42 +65,42 @@ def _object(required: dict[str, Check], optional: dict[str, Check]) -> Check:
     return check
 
 
-STR = _is(str, "a string")
-STRINGS = _list_of(STR)
-OBJECT = _is(dict, "an object")
-QUANTITIES = _map_of(_is(_SCALAR, "a quantity"))
+_STR = _is(str, "a string")
+_STRINGS = _list_of(_STR)
+_OBJECT = _is(dict, "an object")
+_QUANTITIES = _map_of(_is(_SCALAR, "a quantity"))
 
 CONTAINER = _object(
-    {"name": STR},
+    {"name": _STR},
     {
-        "image": STR, "command": STRINGS, "args": STRINGS, "restartPolicy": STR,
-        "terminationMessagePath": STR,
-        "env": _list_of(OBJECT),
-        "ports": _list_of(_object({}, {"name": STR, "containerPort": _is(int, "an integer")})),
-        "volumeMounts": _list_of(_object({"name": STR, "mountPath": STR}, {})),
-        "resources": _object({}, {"requests": QUANTITIES, "limits": QUANTITIES}),
-        "readinessProbe": _object({}, {"httpGet": OBJECT, "tcpSocket": OBJECT}),
+        "image": _STR, "command": _STRINGS, "args": _STRINGS, "restartPolicy": _STR,
+        "terminationMessagePath": _STR,
+        "env": _list_of(_OBJECT),
+        "ports": _list_of(_object({}, {"name": _STR, "containerPort": _is(int, "an integer")})),
+        "volumeMounts": _list_of(_object({"name": _STR, "mountPath": _STR}, {})),
+        "resources": _object({}, {"requests": _QUANTITIES, "limits": _QUANTITIES}),
+        "readinessProbe": _object({}, {"httpGet": _OBJECT, "tcpSocket": _OBJECT}),
     },
 )
 
 POD = _object(
     {"spec": _object({"containers": _list_of(CONTAINER)}, {
         "initContainers": _list_of(CONTAINER),
-        "volumes": _list_of(_object({"name": STR}, {})),
-        "restartPolicy": STR,
-        "os": _object({}, {"name": STR}),
+        "volumes": _list_of(_object({"name": _STR}, {})),
+        "restartPolicy": _STR,
+        "os": _object({}, {"name": _STR}),
     })},
-    {"metadata": _object({}, {"labels": _map_of(STR), "annotations": _map_of(STR)})},
+    {"metadata": _object({}, {"labels": _map_of(_STR), "annotations": _map_of(_STR)})},
 )
 
 
 # No Pod field nests anywhere near this deep (managedFields, the deepest, mirrors the spec's
 # ~15 levels); deeper input would only make recursive code (copy.deepcopy, the patch diff)
 # overflow the stack.
-MAX_DEPTH = 100
+_MAX_DEPTH = 100
 
 
-def depth_over(doc: Any, limit: int = MAX_DEPTH) -> bool:
+def _depth_over(doc: Any, limit: int = _MAX_DEPTH) -> bool:
     """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion)."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
@@ -114,8 +114,8 @@ def depth_over(doc: Any, limit: int = MAX_DEPTH) -> bool:
 
 def shape_problem(pod: Any) -> str | None:
     """The first field of the wrong type, as `pod.spec.containers[0].name must be a string`."""
-    if depth_over(pod):
-        return f"the pod nests deeper than {MAX_DEPTH} levels"
+    if _depth_over(pod):
+        return f"the pod nests deeper than {_MAX_DEPTH} levels"
     return POD(pod, "pod")
 
 

@@ -44,7 +44,7 @@ from ._errors import RewriteError
 from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours, reserved_mounts
 
 REASON = "invalid-start-order"
-OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
+_OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
 
 
 def requested(pod: Mapping) -> bool:
@@ -204,7 +204,7 @@ def _is_wrapped(c: Mapping) -> bool:
 
 
 def _ours(name: object) -> bool:
-    return name in OUR_VOLUMES
+    return name in _OUR_VOLUMES
 
 
 def _prior_argvs(pod: Mapping) -> dict[str, Argv]:
@@ -236,7 +236,7 @@ def _wrap(c: Mapping, conditions: list[tuple[str, str]], marker: bool, settings:
     return out
 
 
-def container_ready_volume(names: Sequence[str]) -> dict:
+def _container_ready_volume(names: Sequence[str]) -> dict:
     return {"name": p.CONTAINER_READY_VOLUME, "downwardAPI": {"items": [
         {"path": n, "fieldRef": {"fieldPath": f"metadata.annotations['{p.ANNOTATION_READY_PREFIX}{n}']"}}
         for n in names]}}
@@ -311,7 +311,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
     if pl.markers:
         wanted.append({"name": p.MARKER_VOLUME, "emptyDir": {}})
     if pl.ready_files:
-        wanted.append(container_ready_volume(pl.ready_files))
+        wanted.append(_container_ready_volume(pl.ready_files))
         warnings.append(f"{', '.join(map(repr, pl.ready_files))}: readiness probes the waiter cannot run on "
                         f"loopback; the containers after them wait for the watcher's "
                         f"{p.ANNOTATION_READY_PREFIX}<name> annotations")
@@ -322,7 +322,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
 
 # --- the watcher's part ------------------------------------------------------------------------
 
-def watched_containers(pod: Mapping) -> list[str]:
+def _watched_containers(pod: Mapping) -> list[str]:
     """Containers whose readiness the pod reads through `initshift.io/ready-<name>`."""
     for v in (pod.get("spec") or {}).get("volumes") or []:
         if v.get("name") == p.CONTAINER_READY_VOLUME:
@@ -333,7 +333,7 @@ def watched_containers(pod: Mapping) -> list[str]:
 def start_order_ready_patch(pod: Mapping) -> dict | None:
     """The merge patch that makes each `initshift.io/ready-<name>` annotation equal the
     kubelet's `ready` for that container ("true"/"false"), or None when they already agree."""
-    names = watched_containers(pod)
+    names = _watched_containers(pod)
     if not names:
         return None
     annotations = (pod.get("metadata") or {}).get("annotations") or {}

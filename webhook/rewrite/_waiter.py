@@ -40,10 +40,10 @@ from ._shape import submap
 
 # initshift-init copies ~20 MB once: tiny requests (capped by what the pod already
 # reserves, so the pod never grows), limits that keep a runaway copy in check.
-INIT_REQUESTS: Amounts = {"cpu": 10, "memory": 16 * 2**20}  # 10m, 16Mi
-INIT_LIMITS = {"cpu": "500m", "memory": "64Mi"}
+_INIT_REQUESTS: Amounts = {"cpu": 10, "memory": 16 * 2**20}  # 10m, 16Mi
+_INIT_LIMITS = {"cpu": "500m", "memory": "64Mi"}
 
-RESTRICTED_SECURITY_CONTEXT = {
+_RESTRICTED_SECURITY_CONTEXT = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
     "privileged": False,
@@ -54,7 +54,7 @@ RESTRICTED_SECURITY_CONTEXT = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
-LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
+_LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
 
 
 def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
@@ -72,14 +72,14 @@ def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> 
         "imagePullPolicy": settings.image_pull_policy,
         "command": list(p.INIT_COMMAND),
         "volumeMounts": [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT}],
-        "securityContext": copy.deepcopy(RESTRICTED_SECURITY_CONTEXT),
+        "securityContext": copy.deepcopy(_RESTRICTED_SECURITY_CONTEXT),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if budget is not None and not any(budget.get(r) for r in INIT_REQUESTS):
+    if budget is not None and not any(budget.get(r) for r in _INIT_REQUESTS):
         return c  # a BestEffort-like pod: adding requests would change its class
     requests = {r: format_quantity(min(v, budget.get(r, 0)) if budget is not None else v, r)
-                for r, v in INIT_REQUESTS.items()}
-    c["resources"] = {"requests": requests, "limits": dict(INIT_LIMITS)}
+                for r, v in _INIT_REQUESTS.items()}
+    c["resources"] = {"requests": requests, "limits": dict(_INIT_LIMITS)}
     return c
 
 
@@ -100,7 +100,7 @@ def loopback_probe(container: Mapping) -> str | None:
     if "httpGet" in probe:
         h = probe["httpGet"] or {}
         port = _port(container, h.get("port"))
-        if h.get("host") not in LOOPBACK_HOSTS or h.get("httpHeaders") or port is None:
+        if h.get("host") not in _LOOPBACK_HOSTS or h.get("httpHeaders") or port is None:
             return None
         scheme = str(h.get("scheme") or "HTTP").lower()
         path = str(h.get("path") or "/")
@@ -108,7 +108,7 @@ def loopback_probe(container: Mapping) -> str | None:
     if "tcpSocket" in probe:
         t = probe["tcpSocket"] or {}
         port = _port(container, t.get("port"))
-        if t.get("host") not in LOOPBACK_HOSTS or port is None:
+        if t.get("host") not in _LOOPBACK_HOSTS or port is None:
             return None
         return f"tcp://127.0.0.1:{port}"
     return None
@@ -130,7 +130,7 @@ def gate(sidecars: Sequence[Mapping], hybrid: bool = False) -> tuple[str | None,
     return p.READY_FILE, [str(url) for url in probes] if all(probes) else []
 
 
-def ready_volume() -> dict:
+def _ready_volume() -> dict:
     return {
         "name": p.READY_VOLUME,
         "downwardAPI": {"items": [{
@@ -143,7 +143,7 @@ def ready_volume() -> dict:
 # --- wrapping one container --------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Chain:
+class _Chain:
     """Everything about the pod that decides a wrapped container's flags and mounts."""
 
     n_steps: int
@@ -174,7 +174,7 @@ def _ours(mount: Mapping) -> bool:
     return _is_our_volume(mount.get("name"))
 
 
-def wrap(container: Mapping, index: int, chain: Chain,
+def wrap(container: Mapping, index: int, chain: _Chain,
          argv: list[str] | None, argv_map: Mapping[str, list[str]] | None) -> dict:
     """The container run by the waiter at position `index` of the execution order."""
     mounts = [m for m in container.get("volumeMounts") or [] if not _ours(m)]
@@ -203,11 +203,11 @@ def wrap(container: Mapping, index: int, chain: Chain,
 
 
 def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
-            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], hybrid: bool = False) -> Chain:
+            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], hybrid: bool = False) -> _Chain:
     # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
     quit_urls = tuple(settings.quit_endpoints[s["name"]] for s in regular_sidecars
                       if s.get("name") in settings.quit_endpoints)
-    return Chain(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
+    return _Chain(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds, hybrid=hybrid)
 
 
@@ -230,13 +230,13 @@ def _volumes(spec: Mapping, n_wrapped: int, gate: bool, mains: bool) -> list[dic
     if mains:
         wanted.append({"name": p.MAINS_VOLUME, "emptyDir": {}})
     if gate:
-        wanted.append(ready_volume())
+        wanted.append(_ready_volume())
     return merge_ours(spec.get("volumes") or [], wanted, _is_our_volume)
 
 
 # --- the whole pod ------------------------------------------------------------------------
 
-def argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[str] | None, dict | None]:
+def _argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[str] | None, dict | None]:
     if not needs_image(c):
         return effective_argv(c, None), None
     # The argv goes into `args`, where the kubelet expands $(VAR): the image's words are escaped.
@@ -261,7 +261,7 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
     out: dict[str, Argv] = {}
     missing = []
     for c in containers:
-        argv, argv_map = (known or {}).get(c["name"]) or argv_for(c, images)
+        argv, argv_map = (known or {}).get(c["name"]) or _argv_for(c, images)
         if argv is None:
             missing.append(f"{c.get('name')!r} (image {c.get('image')!r})")
         out[c["name"]] = (argv or [], argv_map)
@@ -272,31 +272,31 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
     return out
 
 
-RESERVED_ROOT = p.BIN_MOUNT.rsplit("/", 1)[0]  # /initshift: every path initshift mounts is under it
+_RESERVED_ROOT = p.BIN_MOUNT.rsplit("/", 1)[0]  # /initshift: every path initshift mounts is under it
 # Every volume initshift adds, whatever the strategy (the run dirs are p.RUN_VOLUME_PREFIX + i).
-RESERVED_VOLUMES = (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
+_RESERVED_VOLUMES = (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
 
 
-def is_reserved_volume(name: object) -> bool:
-    return name in RESERVED_VOLUMES or str(name).startswith(p.RUN_VOLUME_PREFIX)
+def _is_reserved_volume(name: object) -> bool:
+    return name in _RESERVED_VOLUMES or str(name).startswith(p.RUN_VOLUME_PREFIX)
 
 
-def normalised_path(path: object) -> str:
+def _normalised_path(path: object) -> str:
     """A mountPath as the container sees it: `//initshift/run/0`, `/./initshift/run/0` and
     `/x/../initshift/run/0` are all /initshift/run/0 (normpath keeps a leading `//`)."""
     return posixpath.normpath("/" + str(path).lstrip("/"))
 
 
-def under_reserved_root(path: object) -> bool:
-    normal = normalised_path(path)
-    return normal == RESERVED_ROOT or normal.startswith(RESERVED_ROOT + "/")
+def _under_reserved_root(path: object) -> bool:
+    normal = _normalised_path(path)
+    return normal == _RESERVED_ROOT or normal.startswith(_RESERVED_ROOT + "/")
 
 
 def reserved_mounts(containers: Sequence[Mapping]) -> list[str]:
     """Containers mounting a volume initshift adds: only the ones it wraps may (a container
     it does not wrap could forge a step's completion or replace the waiter every step runs)."""
     return [f"container {c.get('name')!r} mounts {m.get('name')!r}, a volume only initshift's own containers mount"
-            for c in containers for m in c.get("volumeMounts") or [] if is_reserved_volume(m.get("name"))]
+            for c in containers for m in c.get("volumeMounts") or [] if _is_reserved_volume(m.get("name"))]
 
 
 def _every_container(spec: Mapping) -> list[Mapping]:
@@ -308,7 +308,7 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     """Before the first rewrite: the pod uses none of initshift's names or paths."""
     spec = pod.get("spec") or {}
     for v in spec.get("volumes") or []:
-        if is_reserved_volume(v.get("name")):
+        if _is_reserved_volume(v.get("name")):
             raise RewriteError(f"volume name {v.get('name')!r} is reserved by initshift")
     containers = _every_container(spec)
     for c in containers:
@@ -319,8 +319,8 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
         raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
-            if under_reserved_root(m.get("mountPath", "")):
-                raise RewriteError(f"container {c.get('name')!r} mounts {m.get('mountPath')!r}; {RESERVED_ROOT} "
+            if _under_reserved_root(m.get("mountPath", "")):
+                raise RewriteError(f"container {c.get('name')!r} mounts {m.get('mountPath')!r}; {_RESERVED_ROOT} "
                                    f"is reserved by initshift")
 
 

@@ -54,9 +54,9 @@ from ._metrics import (API_ERRORS, DEADLINES, IN_FLIGHT, LEADER, OLDEST_ENDING, 
 
 log = logging.getLogger("initshift.watcher")
 
-LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MODE_HYBRID},{p.MANAGED_START_ORDER})"
+_LABEL_SELECTOR = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MODE_HYBRID},{p.MANAGED_START_ORDER})"
 COMPONENT = "initshift-watcher"
-EVENT_SELECTOR = f"source={COMPONENT}"  # the apiserver's field label for source.component
+_EVENT_SELECTOR = f"source={COMPONENT}"  # the apiserver's field label for source.component
 _WATCH_SECONDS = (300, 600)  # a watch asks the server to end it after a random time in this range
 _BACKOFF_CAP = 5.0  # seconds: a retry after an outage must not wait much longer than the outage
 _CONFLICT_REREAD_SECONDS = 0.5  # after a 409, how long the watch may take to bring the newer pod
@@ -66,7 +66,7 @@ _GAUGE_SECONDS = 5.0  # how often the in-flight gauges are recomputed from the s
 Key = tuple[str, str]  # (namespace, name)
 
 
-class Backoff:
+class _Backoff:
     """Capped exponential backoff with jitter: initial, x2 each failure, up to cap."""
 
     def __init__(self, initial: float = 0.2, cap: float = _BACKOFF_CAP) -> None:
@@ -129,9 +129,9 @@ class Controller:
     (the Lease holder, or no leader election) or only on work left overdue."""
 
     def __init__(self, api: KubeApi, settings: Settings, identity: str, *, leading: bool = True,
-                 backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 backoff: _Backoff | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.settings, self.identity = api, settings, identity
-        self.backoff_initial = (backoff or Backoff()).initial
+        self.backoff_initial = (backoff or _Backoff()).initial
         self._clock = clock
         self.leading = leading
         self.store: dict[Key, dict] = {}
@@ -270,9 +270,9 @@ class Controller:
         """List/watch and reconcile until cancelled."""
         namespaces: list[str | None] = list(self.settings.watcher.namespaces) or [None]
         # Events first: once the pods are listed, what is due is known.
-        informers = [self._list_watch("events", ns, None, EVENT_SELECTOR, self._replace_events,
+        informers = [self._list_watch("events", ns, None, _EVENT_SELECTOR, self._replace_events,
                                       self.observe_event) for ns in namespaces]
-        informers += [self._list_watch("pods", ns, LABEL_SELECTOR, None, self._replace, self.observe)
+        informers += [self._list_watch("pods", ns, _LABEL_SELECTOR, None, self._replace, self.observe)
                       for ns in namespaces]
         self._unsynced = len(informers)
         tasks = [asyncio.ensure_future(i) for i in informers]
@@ -315,7 +315,7 @@ class Controller:
     async def _list_watch(self, plural: str, namespace: str | None, label_selector: str | None,
                           field_selector: str | None, replace: Callable[[str | None, list[dict]], None],
                           observe: Callable[[str, dict], None]) -> None:
-        backoff = Backoff(self.backoff_initial)
+        backoff = _Backoff(self.backoff_initial)
         resync = self.settings.watcher.resync_seconds
         where = {"namespace": namespace or "*", "resource": plural}
         rv: str | None = None
@@ -506,7 +506,7 @@ class Controller:
             "reportingInstance": self.identity, "action": kind,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
-        backoff = Backoff(self.backoff_initial)
+        backoff = _Backoff(self.backoff_initial)
         try:
             while True:
                 try:
@@ -561,7 +561,7 @@ def export_in_flight(pods: Any, dropped_ending: Any = ()) -> None:
     OLDEST_ENDING.set(min((t for t in ending if t), default=0.0))
 
 
-def default_identity() -> str:
+def _default_identity() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
 
@@ -574,7 +574,7 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
         api = await KubeApi.from_config()
         api.user_agent = f"{COMPONENT}/{__version__}"
     api.request_timeout = settings.watcher.request_timeout_seconds
-    identity = identity or default_identity()
+    identity = identity or _default_identity()
     stop = stop or asyncio.Event()
     w = settings.watcher
     controller = Controller(api, settings, identity, leading=not w.leader_election)

@@ -23,18 +23,18 @@ from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, read_run,
 # Outcome JSON (annotation initshift.io/outcome), documented in README "The watcher".
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the last main's quit)
-STOPPED_DEADLINE = "deadline"  # the watcher set activeDeadlineSeconds
-STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
-STOPPED_NONE = "none"  # no sidecars
+_STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the last main's quit)
+_STOPPED_DEADLINE = "deadline"  # the watcher set activeDeadlineSeconds
+_STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
+_STOPPED_NONE = "none"  # no sidecars
 
 # Event reasons.
-EVENT_READY = "SidecarsReady"
-EVENT_SUCCEEDED = "StepsSucceeded"
-EVENT_FAILED = "StepsFailed"
-EVENT_ENDED = "SidecarsEnded"
+_EVENT_READY = "SidecarsReady"
+_EVENT_SUCCEEDED = "StepsSucceeded"
+_EVENT_FAILED = "StepsFailed"
+_EVENT_ENDED = "SidecarsEnded"
 
-DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
+_DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
 _ENDED_PHASES = ("Succeeded", "Failed")
 
 
@@ -107,7 +107,7 @@ def slim_pod(pod: dict) -> dict:
 def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     meta = pod.get("metadata") or {}
     if managed_as(pod) == p.MANAGED_START_ORDER:
-        return decide_start_order(pod)
+        return _decide_start_order(pod)
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -117,7 +117,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     runs = {n: read_run(n, cs.get(n)) for n in lay.work}
     running_sidecars = [n for n in lay.sidecars if _running(cs.get(n))]
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
-        pod["spec"]["activeDeadlineSeconds"] <= DEADLINE
+        pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
 
     if p.ANNOTATION_OUTCOME in ann:
         # The outcome is written once; what is left is ending a pod that is still running.
@@ -139,7 +139,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
             sidecars = lay.sidecars + lay.native
             what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
             actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
-                                  EVENT_READY, f"{what} after {elapsed:.1f}s; steps may start"))
+                                  _EVENT_READY, f"{what} after {elapsed:.1f}s; steps may start"))
             latency = elapsed
             ready = True
         elif elapsed >= settings.sidecar_ready_timeout_seconds:
@@ -165,7 +165,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
         first = next(r for r in (runs[n] for n in order) if r.state != "terminated" or not r.ok)
         why = ": ".join(x for x in (status.get("reason"), status.get("message")) if x) or f"pod {phase}"
         outcome = _outcome(lay, runs, first.name, f"pod ended before {first.name} finished ({why})", now,
-                           STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded" else _stopped(lay, None))
+                           _STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded" else _stopped(lay, None))
         return Decision(actions + [_outcome_action(meta, outcome)], None, latency)
 
     if not all_done:
@@ -183,7 +183,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     else:
         message = f"{failed.name} failed: {failed.summary()}"
     end_now = bool(running_sidecars) and not ended and not deadline_set
-    stopped = STOPPED_DEADLINE if end_now else _stopped(lay, status)
+    stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
     actions.append(_outcome_action(meta, outcome))
     if end_now:
@@ -191,7 +191,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     return Decision(actions, None, latency)
 
 
-def decide_start_order(pod: dict) -> Decision:
+def _decide_start_order(pod: dict) -> Decision:
     """Start-order pods: keep each `initshift.io/ready-<name>` annotation equal to the
     kubelet's readiness (no Event: readiness flips are not news)."""
     from ..rewrite import start_order_ready_patch
@@ -202,10 +202,10 @@ def decide_start_order(pod: dict) -> Decision:
 
 def _stopped(lay: Layout, status: dict | None) -> str:
     if status is not None and status.get("reason") == "DeadlineExceeded" and lay.sidecars:
-        return STOPPED_DEADLINE
+        return _STOPPED_DEADLINE
     if lay.sidecars:
-        return STOPPED_QUIT
-    return STOPPED_NATIVE if lay.native else STOPPED_NONE
+        return _STOPPED_QUIT
+    return _STOPPED_NATIVE if lay.native else _STOPPED_NONE
 
 
 def _last_finish(runs: Any) -> datetime | None:
@@ -238,13 +238,13 @@ def _outcome_action(meta: dict, outcome: dict) -> Action:
 
 def _outcome_event(outcome: dict) -> tuple[str, str, bool]:
     ok = outcome.get("result") == SUCCEEDED
-    return (EVENT_SUCCEEDED if ok else EVENT_FAILED,
+    return (_EVENT_SUCCEEDED if ok else _EVENT_FAILED,
             f"{outcome.get('result')}: {outcome.get('message')}; sidecars stopped by {outcome.get('sidecarsStoppedBy')}",
             not ok)
 
 
 @dataclass(frozen=True)
-class Notice:
+class _Notice:
     """An Event the pod's state says is due: one for each action done on it, known by the
     action's kind (so a replica that did not act can still tell it is due, and send it)."""
 
@@ -254,7 +254,7 @@ class Notice:
     warning: bool = False
 
 
-def notices(pod: dict) -> list[Notice]:
+def notices(pod: dict) -> list[_Notice]:
     """The Events that the pod's annotations and spec show actions for (start-order pods: none).
     The message is what can be told from the pod alone; the replica that acted sends its own."""
     if managed_as(pod) == p.MANAGED_START_ORDER:
@@ -262,22 +262,22 @@ def notices(pod: dict) -> list[Notice]:
     ann = (pod.get("metadata") or {}).get("annotations") or {}
     out = []
     if ann.get(p.ANNOTATION_READY) == p.READY_TRUE:
-        out.append(Notice("ready", EVENT_READY, "sidecars Ready; steps may start"))
+        out.append(_Notice("ready", _EVENT_READY, "sidecars Ready; steps may start"))
     try:
         outcome = json.loads(ann[p.ANNOTATION_OUTCOME]) if p.ANNOTATION_OUTCOME in ann else None
     except ValueError:
         outcome = None
     if isinstance(outcome, dict):
-        out.append(Notice("outcome", *_outcome_event(outcome)))
+        out.append(_Notice("outcome", *_outcome_event(outcome)))
         ads = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-        if isinstance(ads, int) and ads <= DEADLINE:
-            out.append(Notice("end", EVENT_ENDED, f"ending the pod (activeDeadlineSeconds={DEADLINE})", True))
+        if isinstance(ads, int) and ads <= _DEADLINE:
+            out.append(_Notice("end", _EVENT_ENDED, f"ending the pod (activeDeadlineSeconds={_DEADLINE})", True))
     return out
 
 
 def _deadline_action(message: str) -> Action:
-    return Action("end", {"spec": {"activeDeadlineSeconds": DEADLINE}}, EVENT_ENDED,
-                  f"{message} (activeDeadlineSeconds={DEADLINE})", warning=True)
+    return Action("end", {"spec": {"activeDeadlineSeconds": _DEADLINE}}, _EVENT_ENDED,
+                  f"{message} (activeDeadlineSeconds={_DEADLINE})", warning=True)
 
 
 def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: list[str], failed: str,
@@ -285,7 +285,7 @@ def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: li
     """A Failed outcome naming `failed`, then the pod ended at once (nothing will finish it)."""
     status = pod.get("status") or {}
     ended = (status.get("phase") or "") in _ENDED_PHASES
-    stopped = STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended else _stopped(lay, status)
+    stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed, message, now, stopped)
     actions = [_outcome_action(pod.get("metadata") or {}, outcome)]
     end = _end(lay, runs, running_sidecars, ended or deadline_set, True, now, settings, message)

@@ -86,7 +86,7 @@ class Layout:
             INIT if name in self.inits else SIDECAR
 
 
-def strategy_of(pod: Mapping) -> str | None:
+def _strategy_of(pod: Mapping) -> str | None:
     value = managed_as(pod)
     return value if value in (p.MODE_WAITER, p.MODE_HYBRID, p.MODE_NATIVE) else None
 
@@ -98,7 +98,7 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
     spec = pod.get("spec") or {}
     inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
     regular = [c for c in spec.get("containers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
-    strategy = strategy_of(pod)
+    strategy = _strategy_of(pod)
     sequential = [c["name"] for c in inits if not is_restartable(c)]
     native = [c["name"] for c in inits if is_restartable(c)]
     waiter_run = frozenset(c["name"] for c in regular

@@ -37,7 +37,7 @@ class State(StrEnum):
     NOT_STARTED = "not-run"  # the pod ended before it ran
     STOPPED = "stopped"  # a sidecar that has ended (how: reason, exit code, outcome's stoppedBy)
 
-ENDED_PHASES = ("Succeeded", "Failed")
+_ENDED_PHASES = ("Succeeded", "Failed")
 # Kubelet waiting reasons that only mean "not yet": anything else (ImagePullBackOff,
 # CreateContainerConfigError, ...) is a problem worth showing as the row's reason.
 _QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
@@ -45,7 +45,7 @@ _WAITER_LINE = re.compile(rf"^{re.escape(p.WAITER_LOG_PREFIX)}(\[[^\]\n]*\])?: "
 
 
 @dataclass(frozen=True)
-class Row:
+class _Row:
     name: str
     kind: str  # INIT, STEP, MAIN or SIDECAR
     state: str
@@ -80,14 +80,14 @@ class PodView:
     failed: str | None  # the outcome's failed step or main
     sidecars_stopped_by: str | None  # the outcome's sidecarsStoppedBy
     ready: bool | None  # waiter pods: initshift.io/ready
-    rows: tuple[Row, ...]
+    rows: tuple[_Row, ...]
     not_rewritten: str | None = None  # why the webhook left the pod as it was (its reason slug)
 
     @property
     def ended(self) -> bool:
-        return self.phase in ENDED_PHASES
+        return self.phase in _ENDED_PHASES
 
-    def row(self, name: str) -> Row:
+    def row(self, name: str) -> _Row:
         return next(r for r in self.rows if r.name == name)
 
     def to_json(self) -> dict:
@@ -144,7 +144,7 @@ def has_terminated(pod: Mapping, name: str) -> bool:
 
 
 def pod_ended(pod: Mapping) -> bool:
-    return (pod.get("status") or {}).get("phase") in ENDED_PHASES
+    return (pod.get("status") or {}).get("phase") in _ENDED_PHASES
 
 
 def _work_state(run: Run, done_ok: bool) -> str:
@@ -161,7 +161,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = str(status.get("phase") or "Pending")
-    ended = phase in ENDED_PHASES
+    ended = phase in _ENDED_PHASES
     status_of = statuses(pod)
     outcome = _outcome(pod)
     entries = _outcome_entries(outcome)
@@ -179,7 +179,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         i = lay.sequence.index(name)
         return lay.sequence[i - 1] if i else None
 
-    def work_row(name: str, kind: str) -> Row:
+    def work_row(name: str, kind: str) -> _Row:
         """A step's, main's or init container's row."""
         run, st = runs[name], status_of.get(name) or {}
         waiting = (st.get("state") or {}).get("waiting") or {}
@@ -192,36 +192,36 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             entry = entries.get(name) or {}
             if not run.recorded and entry.get("reason") == NOT_RUN and name in lay.waiter_run:
                 # Killed while the waiter still held it: its command never ran.
-                return Row(**base, state=State.NOT_STARTED, reason=NOT_RUN, message=run.message)
+                return _Row(**base, state=State.NOT_STARTED, reason=NOT_RUN, message=run.message)
             started = run.started_at
             if not run.recorded and name in lay.waiter_run:  # died without a record (OOMKilled)
                 started = _later(started, runs[prev].finished_at if prev else None)
-            return Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
+            return _Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
                        reason=run.reason, message=run.message, started_at=started,
                        finished_at=run.finished_at, duration=_seconds(started, run.finished_at))
         # A waiter-run predecessor that died without its record (OOMKilled) never releases it.
         prev_done = prev is None or (runs[prev].state == "terminated"
                                      and (runs[prev].recorded or prev not in lay.waiter_run))
         if ended:
-            return Row(**base, state=State.NOT_STARTED, reason=NOT_RUN)
+            return _Row(**base, state=State.NOT_STARTED, reason=NOT_RUN)
         if run.state == "running" and name in lay.waiter_run:
             # Every waiter-run container starts at once; its command runs after its predecessor.
             if not prev_done:
-                return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
+                return _Row(**base, state=State.WAITING_STEP, waiting_for=prev)
             if first_step and lay.all_sidecars and not ready_gate and not sidecars_ready:
-                return Row(**base, state=State.WAITING_SIDECARS)
+                return _Row(**base, state=State.WAITING_SIDECARS)
             # The container started with the pod; its command, when its predecessor finished.
             started = _later(run.started_at, runs[prev].finished_at if prev else None)
-            return Row(**base, state=State.RUNNING, started_at=started, duration=_seconds(started, now))
+            return _Row(**base, state=State.RUNNING, started_at=started, duration=_seconds(started, now))
         if run.state == "running":
-            return Row(**base, state=State.RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now))
+            return _Row(**base, state=State.RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now))
         if waiting_reason not in _QUIET_WAITING:
-            return Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
+            return _Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
         if not prev_done:
-            return Row(**base, state=State.WAITING_STEP, waiting_for=prev)
+            return _Row(**base, state=State.WAITING_STEP, waiting_for=prev)
         if first_step and lay.strategy in (p.MODE_NATIVE, p.MODE_HYBRID) and lay.all_sidecars and not sidecars_ready:
-            return Row(**base, state=State.WAITING_SIDECARS)  # the kubelet holds it for the startup probe
-        return Row(**base, state=State.PENDING, reason=waiting_reason)
+            return _Row(**base, state=State.WAITING_SIDECARS)  # the kubelet holds it for the startup probe
+        return _Row(**base, state=State.PENDING, reason=waiting_reason)
 
     stopped_by = outcome.get("sidecarsStoppedBy")
     rows = [_sidecar_row(name, runs[name], status_of.get(name) or {}, now, stopped_by) if lay.kind(name) == SIDECAR
@@ -239,22 +239,22 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None)
 
 
-def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> Row:
+def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:
     base = dict(name=name, kind=SIDECAR, restarts=_count(st.get("restartCount")))
     ready = bool(st.get("ready")) if st else None
     if run.state == "terminated":
         how = f"stopped by {stopped_by}" if isinstance(stopped_by, str) else ""
-        return Row(**base, state=State.STOPPED, exit_code=run.exit_code, reason=run.reason,
+        return _Row(**base, state=State.STOPPED, exit_code=run.exit_code, reason=run.reason,
                    message="; ".join(x for x in (how, run.message) if x), started_at=run.started_at,
                    finished_at=run.finished_at, duration=_seconds(run.started_at, run.finished_at), ready=False)
     if run.state == "running":
-        return Row(**base, state=State.RUNNING, reason="Ready" if ready else "NotReady", started_at=run.started_at,
+        return _Row(**base, state=State.RUNNING, reason="Ready" if ready else "NotReady", started_at=run.started_at,
                    duration=_seconds(run.started_at, now), ready=ready)
     waiting = str(((st.get("state") or {}).get("waiting") or {}).get("reason") or "")
-    return Row(**base, state=State.PENDING, reason=waiting, ready=ready)
+    return _Row(**base, state=State.PENDING, reason=waiting, ready=ready)
 
 
-def state_text(row: Row, view: PodView) -> str:
+def state_text(row: _Row, view: PodView) -> str:
     """The table's wording of a row's state: "waiting for step 2", "waiting for sidecars", ..."""
     if row.state == State.WAITING_STEP and row.waiting_for:
         other = view.row(row.waiting_for)
@@ -267,18 +267,18 @@ def state_text(row: Row, view: PodView) -> str:
 
 
 @dataclass(frozen=True)
-class LogPlan:
+class _LogPlan:
     sequential: list[str]  # shown one after the other: steps, then mains
     concurrent: list[str]  # shown alongside: the sidecars (with --sidecars)
     waiter_run: frozenset[str]  # their logs hold the waiter's own lines too
 
 
-def log_plan(pod: Mapping, *, sidecars: bool = False, settings: RewriteSettings | None = None) -> LogPlan:
+def log_plan(pod: Mapping, *, sidecars: bool = False, settings: RewriteSettings | None = None) -> _LogPlan:
     """The containers `initshift logs` streams; with `sidecars`, the kept init containers
     (mesh init, initshift-init) come first and the sidecars run alongside. Raises NotManaged."""
     lay = layout(pod, settings)
     work = [n for n in lay.sequence if sidecars or n in lay.steps]
-    return LogPlan([*work, *lay.mains], list(lay.all_sidecars) if sidecars else [], lay.waiter_run)
+    return _LogPlan([*work, *lay.mains], list(lay.all_sidecars) if sidecars else [], lay.waiter_run)
 
 
 def is_waiter_line(line: str) -> bool:
