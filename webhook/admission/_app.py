@@ -72,7 +72,7 @@ class _Capacity:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Answer:
     """What the server answered, for the response, the log line and the metrics."""
 
     answer: dict
@@ -142,20 +142,20 @@ class Reviewer:
         self.protected = _protected(settings)
         self._make_plan, self._make_patch = plan, make_patch
 
-    def start(self, body: bytes) -> tuple[Review, Decision | tuple[Any, list], bytes | None]:
+    def start(self, body: bytes) -> tuple[Review, Answer | tuple[Any, list], bytes | None]:
         """On the worker thread, in one hop: parse (BadReview propagates), plan, and when no
         registry lookup is needed the whole decision and its encoded answer."""
         review = admission.parse_review(body)
         first = self._safe(review, self._plan, review)
-        return review, first, _encode(first.answer) if isinstance(first, Decision) else None
+        return review, first, _encode(first.answer) if isinstance(first, Answer) else None
 
-    async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Decision:
+    async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Answer:
         run = offload or _inline
         return await self.complete(review, await run(self._safe, review, self._plan, review), run)
 
-    async def complete(self, review: Review, first: Decision | tuple[Any, list], run: Callable[..., Any]) -> Decision:
+    async def complete(self, review: Review, first: Answer | tuple[Any, list], run: Callable[..., Any]) -> Answer:
         """The decision once the registry lookups `first` asks for are done (on the loop)."""
-        if isinstance(first, Decision):
+        if isinstance(first, Answer):
             return first
         plan, lookups = first
         try:
@@ -164,32 +164,32 @@ class Reviewer:
             return self._failed(review, e)
         return await run(self._safe, review, self._finish, review, plan, images, lookup_error)
 
-    def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Decision:
+    def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Answer:
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
             return self._failed(review, e)
 
-    def _failed(self, review: Review, e: Exception) -> Decision:
+    def _failed(self, review: Review, e: Exception) -> Answer:
         log.error("rewrite failed", exc_info=e, extra={"uid": review.uid})
         why = f"initshift: internal error, pod {'denied' if self._deny_on_error else 'left unchanged'}: " \
               f"{type(e).__name__}: {e}"
         if self._deny_on_error:
-            return Decision(admission.response(review, denied=why, code=500), "error", "internal-error", "denied")
-        return Decision(admission.response(review, warnings=[why]), "error", "internal-error", "skipped")
+            return Answer(admission.response(review, denied=why, code=500), "error", "internal-error", "denied")
+        return Answer(admission.response(review, warnings=[why]), "error", "internal-error", "skipped")
 
     @property
     def _deny_on_error(self) -> bool:
         return self.settings.server.failure_mode == "deny"
 
-    def _plan(self, review: Review) -> Decision | tuple[Any, list]:
+    def _plan(self, review: Review) -> Answer | tuple[Any, list]:
         """A decision without I/O, or the rewrite's plan and the image lookups it needs."""
         if not review.is_pod_create:
-            return Decision(admission.response(review), "allowed", "not-pod-create")
+            return Answer(admission.response(review), "allowed", "not-pod-create")
         namespace = review.namespace or _meta(review.obj).get("namespace") or ""
         if namespace in self.protected:
             why = f"initshift: namespace {namespace!r} is never mutated"
-            return Decision(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
+            return Answer(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
         plan = self._make_plan(review.obj, self.settings, native_supported=self.native_supported())
         lookups = plan.lookups() if self.resolver is not None else []
         if not lookups:
@@ -206,23 +206,23 @@ class Reviewer:
             return None, str(e)
 
     def _finish(self, review: Review, plan: Any, images: dict[str, Any] | None,
-                lookup_error: str | None) -> Decision:
+                lookup_error: str | None) -> Answer:
         pod = review.obj
         result = plan.rewrite(images=images, lookup_error=lookup_error)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)
-            return Decision(answer, "denied", result.reason or "denied", "denied")
+            return Answer(answer, "denied", result.reason or "denied", "denied")
         patch = self._make_patch(pod, result.pod) if result.pod is not pod else []
         if patch and result.changed:
             # "rewritten" would repeat the result: the reason says which strategy did it.
             reason = result.strategy if result.reason == "rewritten" and result.strategy else result.reason
-            return Decision(admission.response(review, patch=patch, warnings=warnings), "patched",
+            return Answer(admission.response(review, patch=patch, warnings=warnings), "patched",
                             reason or "rewritten", "rewritten")
         if not warnings:  # every pod left unchanged says why
             warnings = [f"initshift: pod left unchanged ({result.reason or 'nothing to do'})"]
         # Not rewritten: the patch, if any, only records the reason on the pod.
-        return Decision(admission.response(review, patch=patch or None, warnings=warnings), "allowed",
+        return Answer(admission.response(review, patch=patch or None, warnings=warnings), "allowed",
                         result.reason or "unchanged", "skipped")
 
 
