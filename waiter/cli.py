@@ -1,6 +1,7 @@
 """`waiter` command line: a table of subcommands, each a module with `main(argv) -> int`.
 
-Modules are imported only when their command runs (every step pays the cold start).
+Modules are imported only when their command runs (every step pays the cold start); each
+has `USAGE` and `main(argv) -> int`.
 To add a subcommand, add a row: the frozen build collects every waiter submodule.
 """
 
@@ -35,4 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         sys.stderr.write(f"waiter: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)})\n")
         return p.EXIT_USAGE
-    return int(importlib.import_module(entry[0]).main(args[1:]) or 0)
+    module = importlib.import_module(entry[0])
+    if args[1:2] in (["-h"], ["--help"]):  # every subcommand's usage, in one place
+        print(module.USAGE)
+        return 0
+    return int(module.main(args[1:]) or 0)

@@ -18,6 +18,8 @@ from .record import Record, now, read_record, rfc3339
 from .signals import TERMINATING, SignalBox
 from .wait import DirWatch
 
+__all__ = ["USAGE", "Entrypointer", "main"]  # USAGE: printed by waiter/cli.py for `run --help`
+
 
 def _signame(sig: int) -> str:
     try:
@@ -153,9 +155,6 @@ def _fail_early(args: list[str], exc: WaiterError) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
     try:
         opts = parse_run(argv)
     except UsageError as exc:

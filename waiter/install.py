@@ -92,9 +92,6 @@ def main(argv: list[str]) -> int:
     args = list(argv)
     explicit = None
     try:
-        if args and args[0] in ("-h", "--help"):
-            print(USAGE)
-            return 0
         if args and (args[0] == "--from" or args[0].startswith("--from=")):
             if "=" in args[0]:
                 explicit = args.pop(0).partition("=")[2]

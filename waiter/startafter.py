@@ -263,9 +263,6 @@ def start(opts: StartOptions, box: SignalBox) -> None:  # never returns (execve 
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
     try:
         opts = parse(argv)
     except UsageError as exc:

@@ -59,50 +59,57 @@ recipes = st.tuples(st.sampled_from(NAMES), st.lists(steps, min_size=1, max_size
 def build(recipe: tuple) -> dict:
     name, changes = recipe
     pod = copy.deepcopy(CATALOGUE[name])
-    spec = pod["spec"]
-    for kind, a, b, value in changes:
-        containers = _containers(pod)
-        if kind == "mains":  # findings 1 and 2: work and size per main
-            template = next((c for c in spec["containers"] if c["name"] not in p.DEFAULT_SIDECAR_NAMES),
-                            spec["containers"][0])
-            for i in range(1 + a % 120):
-                spec["containers"].append({**copy.deepcopy(template), "name": f"main-{i}"})
-        elif kind == "quantity":  # finding 4
-            c = containers[a % len(containers)]
-            c.setdefault("resources", {})[("requests", "limits")[b % 2]] = {
-                ("cpu", "memory", "example.com/gpu")[b % 3]: HOSTILE_QUANTITIES[a % len(HOSTILE_QUANTITIES)]}
-        elif kind == "depth":  # finding 4
-            doc: dict = {}
-            for _ in range((20, 150, 900)[a % 3]):
-                doc = {"a": doc}
-            spec["affinity"] = doc
-        elif kind == "namespace":  # finding 3
-            pod["metadata"]["namespace"] = (["kube-system"], {"a": 1}, 7, "kube-system", None)[a % 5]
-        elif kind == "mount":  # finding 8
-            spec.setdefault("volumes", []).append({"name": "scratch", "emptyDir": {}})
-            containers[a % len(containers)].setdefault("volumeMounts", []).append(
-                copy.deepcopy(RESERVED_MOUNTS[b % len(RESERVED_MOUNTS)]))
-        elif kind == "annotations":  # finding 9
-            pod["metadata"].setdefault("annotations", {}).update({
-                p.ANNOTATION_READY: p.READY_TRUE, p.ANNOTATION_OUTCOME: "{}", f"{p.ANNOTATION_READY_PREFIX}x": "true"})
-        elif kind == "pad":  # finding 2: near etcd's limit
-            c = spec["containers"][0]
-            c.setdefault("env", []).append({"name": "PAD", "value": ""})
-            c["env"][-1]["value"] = "x" * max(0, MAX_OBJECT_BYTES - object_bytes(pod) - a % 60000)
-        else:
-            paths = _paths(pod)
-            path = paths[a % len(paths)]
-            parent: Any = pod
-            try:
-                for key in path[:-1]:
-                    parent = parent[key]
-                if b % 2 and isinstance(parent, dict):
-                    parent.pop(path[-1], None)
-                else:
-                    parent[path[-1]] = copy.deepcopy(value)
-            except (KeyError, IndexError, TypeError):
-                pass
+    for change in changes:
+        try:
+            _change(pod, *change)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            pass  # an earlier random change removed what this one edits: the pod stays as it is
     return pod
+
+
+def _change(pod: dict, kind: str, a: int, b: int, value: Any) -> None:
+    spec = pod["spec"]
+    containers = _containers(pod)
+    if kind == "mains":  # findings 1 and 2: work and size per main
+        template = next((c for c in spec["containers"] if c["name"] not in p.DEFAULT_SIDECAR_NAMES),
+                        spec["containers"][0])
+        for i in range(1 + a % 120):
+            spec["containers"].append({**copy.deepcopy(template), "name": f"main-{i}"})
+    elif kind == "quantity":  # finding 4
+        c = containers[a % len(containers)]
+        c.setdefault("resources", {})[("requests", "limits")[b % 2]] = {
+            ("cpu", "memory", "example.com/gpu")[b % 3]: HOSTILE_QUANTITIES[a % len(HOSTILE_QUANTITIES)]}
+    elif kind == "depth":  # finding 4
+        doc: dict = {}
+        for _ in range((20, 150, 900)[a % 3]):
+            doc = {"a": doc}
+        spec["affinity"] = doc
+    elif kind == "namespace":  # finding 3
+        pod["metadata"]["namespace"] = (["kube-system"], {"a": 1}, 7, "kube-system", None)[a % 5]
+    elif kind == "mount":  # finding 8
+        spec.setdefault("volumes", []).append({"name": "scratch", "emptyDir": {}})
+        containers[a % len(containers)].setdefault("volumeMounts", []).append(
+            copy.deepcopy(RESERVED_MOUNTS[b % len(RESERVED_MOUNTS)]))
+    elif kind == "annotations":  # finding 9
+        pod["metadata"].setdefault("annotations", {}).update({
+            p.ANNOTATION_READY: p.READY_TRUE, p.ANNOTATION_OUTCOME: "{}", f"{p.ANNOTATION_READY_PREFIX}x": "true"})
+    elif kind == "pad":  # finding 2: near etcd's limit
+        c = spec["containers"][0]
+        c.setdefault("env", []).append({"name": "PAD", "value": ""})
+        c["env"][-1]["value"] = "x" * max(0, MAX_OBJECT_BYTES - object_bytes(pod) - a % 60000)
+    else:
+        paths = _paths(pod)
+        path = paths[a % len(paths)]
+        parent: Any = pod
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            if b % 2 and isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = copy.deepcopy(value)
+        except (KeyError, IndexError, TypeError):
+            pass
 
 
 def valid(pod: Any) -> bool:

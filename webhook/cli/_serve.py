@@ -15,7 +15,8 @@ import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
-from ..settings import Settings, SettingsError
+from ..settings import Settings
+from ._common import load_settings
 from ..admission import TLSError
 
 if TYPE_CHECKING:
@@ -137,10 +138,8 @@ def _run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[]
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    try:
-        settings = with_flags(Settings.from_env(), args)
-    except SettingsError as e:
-        print(f"initshift serve: {e}", file=sys.stderr)
+    settings = load_settings("initshift serve", lambda s: with_flags(s, args))
+    if settings is None:
         return 2
     if args.worker is None:
         return run(settings, watch=args.watch)

@@ -15,6 +15,7 @@ import sys
 from .. import __version__, logs
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
+from ._common import load_settings
 
 _PROG = "initshift watch"
 
@@ -62,10 +63,8 @@ async def watch(settings: Settings, kubeconfig: str | None, context: str | None)
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    try:
-        settings = with_flags(Settings.from_env(), args)
-    except SettingsError as e:
-        print(f"{_PROG}: {e}", file=sys.stderr)
+    settings = load_settings(_PROG, lambda s: with_flags(s, args))
+    if settings is None:
         return 2
     logs.configure(settings.server.log_level)
     try:

@@ -98,17 +98,23 @@ def size_problems(pod: Mapping) -> list[str]:
     return out
 
 
+def _name_problems(name: object, what: str, seen: set, twice: str) -> list[str]:
+    """A volume's or container's name: a DNS label (RFC 1123), unique among its kind."""
+    out = []
+    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+        out.append(f"{what} name {name!r} is not a DNS label")
+    if name in seen:
+        out.append(twice)
+    seen.add(name)
+    return out
+
+
 def pod_problems(pod: Mapping) -> list[str]:
     spec = pod.get("spec") or {}
     out: list[str] = []
     volumes: set[str] = set()
     for v in spec.get("volumes") or []:
-        name = v.get("name")
-        if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
-            out.append(f"volume name {name!r} is not a DNS label")
-        if name in volumes:
-            out.append(f"volume {name!r} is defined twice")
-        volumes.add(name)
+        out += _name_problems(v.get("name"), "volume", volumes, f"volume {v.get('name')!r} is defined twice")
         out += _downward_api_problems(v)
     inits = spec.get("initContainers") or []
     regular = spec.get("containers") or []
@@ -118,12 +124,7 @@ def pod_problems(pod: Mapping) -> list[str]:
     for where, group in (("init container", inits), ("container", regular),
                          ("ephemeral container", spec.get("ephemeralContainers") or [])):
         for c in group:
-            name = c.get("name")
-            if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
-                out.append(f"{where} name {name!r} is not a DNS label")
-            if name in names:
-                out.append(f"container name {name!r} is used twice")
-            names.add(name)
+            out += _name_problems(c.get("name"), where, names, f"container name {c.get('name')!r} is used twice")
             out += _container_problems(c, volumes, where)
     for c in inits:
         if c.get("restartPolicy") not in (None, "Always"):
