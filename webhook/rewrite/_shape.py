@@ -101,14 +101,19 @@ _MAX_DEPTH = 100
 
 
 def _depth_over(doc: Any, limit: int = _MAX_DEPTH) -> bool:
-    """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion)."""
+    """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion).
+    Parsed JSON holds plain dicts and lists only, so exact type tests are enough (and fast:
+    this runs on every review)."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
+    pop, push = stack.pop, stack.append
     while stack:
-        node, depth = stack.pop()
+        node, depth = pop()
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        for child in (node.values() if type(node) is dict else node):
+            kind = type(child)
+            if kind is dict or kind is list:
+                push((child, depth + 1))
     return False
 
 
