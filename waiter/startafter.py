@@ -168,25 +168,23 @@ class StartOptions:
 def parse(args: list[str]) -> StartOptions:
     pairs, argv = flags.split(args, flags.START_AFTER)
     opts = StartOptions()
-    argv_map = None
+    single: dict[str, str] = {}  # flags given once (split refuses a second)
     for flag, value in pairs:
-        value = value or ""
-        if flag == p.FLAG_NAME:
-            opts.name = value
-        elif flag == p.FLAG_MARKER:
-            opts.marker = value
-        elif flag == p.FLAG_MAX_WAIT:
-            opts.max_wait = flags.seconds(flag, value)
-        elif flag == p.FLAG_LOG_INTERVAL:
-            opts.log_interval = flags.seconds(flag, value)
-        elif flag == p.FLAG_ARGV_MAP:
-            argv_map = argvmap.parse(value)
-        elif flag == p.FLAG_PROBE:
-            opts.conditions.append(ProbeReady(flags.endpoint(flag, value)))
+        if flag == p.FLAG_PROBE:  # conditions keep their order: they are checked and logged in it
+            opts.conditions.append(ProbeReady(flags.endpoint(flag, value or "")))
         elif flag == p.FLAG_AFTER_MARKER:
-            opts.conditions.append(Started(value))
+            opts.conditions.append(Started(value or ""))
+        elif flag == p.FLAG_AFTER_READY_FILE:
+            opts.conditions.append(AnnotationReady(value or ""))
         else:
-            opts.conditions.append(AnnotationReady(value))
+            single[flag] = value or ""
+    opts.name = single.get(p.FLAG_NAME, "")
+    opts.marker = single.get(p.FLAG_MARKER, "")
+    if p.FLAG_MAX_WAIT in single:
+        opts.max_wait = flags.seconds(p.FLAG_MAX_WAIT, single[p.FLAG_MAX_WAIT])
+    if p.FLAG_LOG_INTERVAL in single:
+        opts.log_interval = flags.seconds(p.FLAG_LOG_INTERVAL, single[p.FLAG_LOG_INTERVAL])
+    argv_map = argvmap.parse(single[p.FLAG_ARGV_MAP]) if p.FLAG_ARGV_MAP in single else None
     opts.argv = argvmap.final_argv(argv, argv_map)
     return opts
 

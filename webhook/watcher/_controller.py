@@ -140,6 +140,7 @@ class Controller:
         self.ending: dict[Key, float] = {}  # dropped pods with an outcome the kubelet has not ended: decidedAt
         self._sending: set[tuple[str, str]] = set()  # (uid, kind) this replica is sending
         self._event_tasks: set[asyncio.Task] = set()
+        self._event_last: dict[str, asyncio.Task] = {}  # pod uid -> its latest Event task
         # As many Events in flight as patches at most: a burst of Events must not take the
         # client's connections from the patches they report.
         self._event_slots = asyncio.Semaphore(max(1, settings.watcher.concurrency))
@@ -488,11 +489,18 @@ class Controller:
         if (uid, kind) in self._sending or kind in self.sent.get(uid, ()):
             return
         self._sending.add((uid, kind))
-        task = asyncio.ensure_future(self._event(pod, kind, reason, message, warning))
+        # A pod's Events go out in the order of its actions (each after the one before it,
+        # which the next action never waits for): `kubectl describe` reads as it happened.
+        task = asyncio.ensure_future(self._event(pod, kind, reason, message, warning, self._event_last.get(uid)))
+        self._event_last[uid] = task
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)
+        task.add_done_callback(lambda t: self._event_last.pop(uid, None) if self._event_last.get(uid) is t else None)
 
-    async def _event(self, pod: dict, kind: str, reason: str, message: str, warning: bool) -> None:
+    async def _event(self, pod: dict, kind: str, reason: str, message: str, warning: bool,
+                     after: asyncio.Task | None = None) -> None:
+        if after is not None:
+            await asyncio.wait([after])
         meta = pod.get("metadata") or {}
         key, uid = _key(pod), _uid(pod)
         now = format_time(datetime.now(timezone.utc))
