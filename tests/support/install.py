@@ -275,16 +275,9 @@ class Kubelet:
     async def _hybrid(self, pod: dict) -> None:
         """The proxy is a native sidecar: the kubelet starts the regular containers (the
         waiter's steps and mains) once its startup probe passed, and stops it after them."""
-        inits = pod["spec"]["initContainers"]
-        proxy = next(c["name"] for c in inits if c.get("restartPolicy") == "Always")
-        await self._inits_in_order(pod, until=proxy)
-        await self.init(running(proxy, ready=False))
-        if self.hold == "sidecar-ready":
+        proxy = await self._native_start(pod)
+        if proxy is None:
             return
-        await self.init(running(proxy))
-        for c in inits[[c["name"] for c in inits].index(proxy) + 1:]:
-            await self.init(running(c["name"], ready=False))
-            await self.init(terminated(c["name"]))
         await self.regular(*[running(c["name"], ready=False) for c in pod["spec"]["containers"]], phase="Running")
         await self._steps(pod)
         await self.init(terminated(proxy))  # the kubelet stops native sidecars once the mains have exited
@@ -310,18 +303,25 @@ class Kubelet:
                       "finishedAt": _micro(), "message": ""}
             await self.regular(terminated(n, message=json.dumps(record)))
 
-    async def _native(self, pod: dict) -> None:
+    async def _native_start(self, pod: dict) -> str | None:
+        """The init containers up to the native proxy, the proxy until its startup probe passed,
+        then the init containers after it; the proxy's name (None: held at sidecar-ready)."""
         inits = pod["spec"]["initContainers"]
         proxy = next(c["name"] for c in inits if c.get("restartPolicy") == "Always")
         await self._inits_in_order(pod, until=proxy)
         await self.init(running(proxy, ready=False))
         if self.hold == "sidecar-ready":
-            return
+            return None
         await self.init(running(proxy))  # startup probe passed: the kubelet starts the next one
-        after = [c for c in inits[[c["name"] for c in inits].index(proxy) + 1:]]
-        for c in after:
+        for c in inits[[c["name"] for c in inits].index(proxy) + 1:]:
             await self.init(running(c["name"], ready=False))
             await self.init(terminated(c["name"]))
+        return proxy
+
+    async def _native(self, pod: dict) -> None:
+        proxy = await self._native_start(pod)
+        if proxy is None:
+            return
         main = pod["spec"]["containers"][0]["name"]
         await self.regular(running(main), phase="Running")
         await self.regular(terminated(main))
