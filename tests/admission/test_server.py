@@ -379,11 +379,13 @@ def test_readme_settings_table_is_exactly_the_generated_one():
 def test_dev_server_serves_the_example_with_a_patch(tmp_path):
     """What `make run` runs, as a process: certificates appear in its directory, the
     printed curl command's request gets a real patch."""
-    sock = bind()
-    port = sock.getsockname()[1]
-    sock.close()
+    socks = [bind(), bind()]
+    port, metrics_port = (s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INITSHIFT_", p.FEATURE_GATE_ENV))}
-    env["INITSHIFT_PORT"] = str(port)
+    # a free metrics port too: the default 8080 would collide with another test run on this machine
+    env.update(INITSHIFT_PORT=str(port), INITSHIFT_METRICS_PORT=str(metrics_port))
     proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "dev-server", "--dir", str(tmp_path / "run")],
                             env=env, stderr=subprocess.PIPE, text=True)
     try:
