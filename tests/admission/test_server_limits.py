@@ -16,10 +16,21 @@ import pytest
 
 from tests.support import https_helpers as h
 from webhook import metrics
+from webhook.admission._app import INLINE_MAX_BYTES
 
 REVIEW = h.review(h.kpack_istio(), namespace="builds")
 BODY = json.dumps(REVIEW).encode()
 JSON_CT = {"content-type": "application/json"}
+
+
+def _big_review() -> bytes:
+    """BODY's pod with an annotation that makes the review bigger than INLINE_MAX_BYTES."""
+    review = json.loads(BODY)
+    review["request"]["object"]["metadata"].setdefault("annotations", {})["example.com/pad"] = "x" * INLINE_MAX_BYTES
+    return json.dumps(review).encode()
+
+
+BIG_BODY = _big_review()
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +209,10 @@ def test_an_unexpected_500_says_connection_close_and_the_next_request_works(pki)
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
 
 
-def test_a_review_being_worked_on_never_holds_the_event_loop(pki):
-    """Finding 5: reviews run on the process's worker thread, so while one is in progress
-    (here: held until released) the loop still completes new TLS handshakes and answers
-    /healthz; the held review is answered afterwards."""
+def test_a_big_review_being_worked_on_never_holds_the_event_loop(pki):
+    """Finding 5: a review over INLINE_MAX_BYTES runs on the process's worker thread, so
+    while one is in progress (here: held until released) the loop still completes new TLS
+    handshakes and answers /healthz; the held review is answered afterwards."""
     import threading
 
     with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
@@ -216,7 +227,7 @@ def test_a_review_being_worked_on_never_holds_the_event_loop(pki):
         reviewer.start = held
         answers: list[int] = []
         poster = threading.Thread(target=lambda: answers.append(
-            c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code))
+            c.post(f"{h.base_url(server)}/mutate", content=BIG_BODY, headers=JSON_CT).status_code))
         try:
             poster.start()
             assert entered.wait(30)
@@ -229,3 +240,27 @@ def test_a_review_being_worked_on_never_holds_the_event_loop(pki):
             poster.join(30)
             reviewer.start = real
         assert answers == [200]
+
+
+def test_small_reviews_are_worked_on_the_event_loop_big_ones_on_the_worker_thread(pki):
+    """An ordinary review skips the hop to the worker thread (issue 26): it costs less than
+    the hop itself; a review over INLINE_MAX_BYTES does not hold the loop (the test above)."""
+    import threading
+
+    with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+        reviewer = server.app.state.reviewer
+        real, threads = reviewer.start, []
+
+        def recorded(body: bytes):
+            threads.append(threading.current_thread().name)
+            return real(body)
+
+        reviewer.start = recorded
+        try:
+            for body in (BODY, BIG_BODY):
+                r = c.post(f"{h.base_url(server)}/mutate", content=body, headers=JSON_CT)
+                assert r.status_code == 200 and r.json()["response"]["patch"]
+        finally:
+            reviewer.start = real
+    assert len(BODY) <= INLINE_MAX_BYTES < len(BIG_BODY)
+    assert threads == ["initshift-https", "initshift-review_0"]

@@ -1,14 +1,21 @@
-"""The FastAPI application: POST /mutate, /healthz, /readyz (metrics have their own plain-HTTP
+"""The webhook application: POST /mutate, /healthz, /readyz (metrics have their own plain-HTTP
 port, see _https.py).
+
+POST /mutate is a plain ASGI handler in front of FastAPI (`_WebhookApp`): it is what every
+pod creation in an opted-in namespace waits for, and FastAPI's middleware stack, routing
+and request objects cost more than the rest of a small review. FastAPI serves every other
+route (and answers 405 for other methods on /mutate).
 
 The review path reads the raw body itself (bounded in size, time and bytes held across
 requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
-never runs. Parsing, the rewrite and the answer's encoding run on one worker thread per
-process: the event loop stays free to accept connections, finish TLS handshakes and answer
-/healthz while a review is being worked on, and reviews beyond a fixed number in hand are
-refused at once with a 503 (the apiserver then applies the webhook's failurePolicy) instead
-of waiting in a queue past the webhook's timeout. Everything after parsing follows the
-failure mode: an internal error never becomes a 500.
+never runs. A review of up to INLINE_MAX_BYTES (an ordinary pod, a few hundred
+microseconds of work) is parsed, rewritten and encoded on the event loop; a bigger one on
+one worker thread per process, so the loop stays free to accept connections, finish TLS
+handshakes and answer /healthz while it is worked on; after registry lookups (I/O, on the
+loop) the rest of a review always runs on that thread. Reviews beyond a fixed number in
+hand are refused at once with a 503 (the apiserver then applies the webhook's
+failurePolicy) instead of waiting in a queue past the webhook's timeout. Everything after
+parsing follows the failure mode: an internal error never becomes a 500.
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from typing import Any, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.requests import ClientDisconnect
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from . import _review as admission
-from .. import logs, metrics
+from .. import jsontext, logs, metrics
 from ._review import BadReview, Review
 from ..rewrite import EntrypointResolver, UnresolvedEntrypoint
 from ..settings import Settings
@@ -34,6 +42,9 @@ from ..settings import Settings
 log = logging.getLogger("initshift.server")
 
 MUTATE_PATH = "/mutate"
+# Reviews up to this size are worked on the event loop (the 7-step kpack pod with istio-proxy
+# is 12 KB, about 0.3 ms); bigger ones on the worker thread (see the module docstring).
+INLINE_MAX_BYTES = 64 * 1024
 
 
 T = TypeVar("T")
@@ -81,9 +92,8 @@ class Answer:
     pod_result: str | None = None  # rewritten, skipped, denied; None for non-pod requests
 
 
-def _declared_length(request: Request, limit: int) -> int | None:
+def _declared_length(declared: bytes | None, limit: int) -> int | None:
     """Content-Length, refused early when over the limit; None for a chunked body."""
-    declared = request.headers.get("content-length")
     if declared is None:
         return None
     try:
@@ -97,27 +107,35 @@ def _declared_length(request: Request, limit: int) -> int | None:
     return size
 
 
-async def _read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
-    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds."""
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case, as ASGI servers give them)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+async def _read_body(receive: Receive, limit: int, timeout: float | None = None) -> bytes:
+    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds.
+    A body already complete when the review starts (the usual case) is one message."""
     chunks: list[bytes] = []
     total = 0
-
-    async def read() -> None:
-        nonlocal total
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise BadReview(f"body is over the limit of {limit} bytes")
-            chunks.append(chunk)
-
     try:
-        await asyncio.wait_for(read(), timeout)
-    except ClientDisconnect:
-        raise BadReview("client disconnected before the body was complete") from None
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # http.disconnect
+                    raise BadReview("client disconnected before the body was complete")
+                chunk = message.get("body", b"")
+                total += len(chunk)
+                if total > limit:
+                    raise BadReview(f"body is over the limit of {limit} bytes")
+                if not message.get("more_body", False):
+                    return chunk if not chunks else b"".join((*chunks, chunk))
+                chunks.append(chunk)
+    except TimeoutError:
         raise _Refused(408, f"initshift: the body was not complete after {timeout:g} s "
-                           f"(INITSHIFT_BODY_TIMEOUT_SECONDS)") from None
-    return b"".join(chunks)
+                            f"(INITSHIFT_BODY_TIMEOUT_SECONDS)") from None
 
 
 def _protected(settings: Settings) -> frozenset[str]:
@@ -231,7 +249,7 @@ async def _inline(fn: Callable[..., T], *args: Any) -> T:
 
 
 def _encode(answer: dict) -> bytes:
-    return json.dumps(answer, separators=(",", ":")).encode()
+    return jsontext.dumps(answer)
 
 
 def _meta(obj: Any) -> dict:
@@ -239,9 +257,101 @@ def _meta(obj: Any) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def _json_bytes(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(data, separators=(",", ":")).encode(), status, media_type="application/json",
-                    headers=headers)
+    return Response(_json_bytes(data), status, media_type="application/json", headers=headers)
+
+
+_Headers = tuple[tuple[bytes, bytes], ...]
+
+
+class _Mutate:
+    """POST /mutate as a plain ASGI application: the request's headers straight from the
+    scope, the body from `receive`, the answer in two `send`s (see the module docstring)."""
+
+    def __init__(self, settings: Settings, reviewer: Reviewer, capacity: _Capacity) -> None:
+        self.reviewer, self.capacity = reviewer, capacity
+        self.limit = settings.server.max_body_bytes
+        self.body_timeout = settings.server.body_timeout_seconds
+        # One thread: reviews are CPU work under the GIL, more threads would only interleave them.
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            status, payload, headers = await self.answer(scope, receive)
+        except Exception as exc:  # noqa: BLE001 - last line of defence, as FastAPI's handler below
+            log.error("unexpected error", exc_info=exc)
+            status, payload = 500, _json_bytes({"error": f"internal error: {type(exc).__name__}"})
+            headers = ((b"connection", b"close"),)  # an HTTP/1.1 client must not reuse it
+        await send({"type": "http.response.start", "status": status, "headers": [
+            *headers, (b"content-length", b"%d" % len(payload)), (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def answer(self, scope: Scope, receive: Receive) -> tuple[int, bytes, _Headers]:
+        start = time.perf_counter()
+        body = b""
+        held: int | None = None
+        capacity, reviewer = self.capacity, self.reviewer
+        try:
+            content_type = _header(scope, b"content-type")
+            admission.check_content_type(None if content_type is None else content_type.decode("latin-1"))
+            size = _declared_length(_header(scope, b"content-length"), self.limit)
+            capacity.take(self.limit if size is None else size)
+            held = self.limit if size is None else size
+            body = await _read_body(receive, self.limit, self.body_timeout)
+            inline = len(body) <= INLINE_MAX_BYTES
+            review, first, payload = reviewer.start(body) if inline else await self.offload(reviewer.start, body)
+            if payload is None:  # registry lookups first (I/O, on the loop), the rest on the worker
+                decision = await reviewer.complete(review, first, self.offload)
+                payload = _encode(decision.answer) if inline else await self.offload(_encode, decision.answer)
+            else:
+                decision = first
+        except BadReview as e:
+            _bad_request(body, e, time.perf_counter() - start, "bad_request")
+            return 400, _json_bytes({"error": str(e)}), ()
+        except _Refused as e:
+            _bad_request(body, e, time.perf_counter() - start, "refused")
+            # 408: the rest of the body may still arrive, so the connection cannot be reused.
+            headers = ((b"connection", b"close"),) if e.status == 408 else ((b"retry-after", b"1"),)
+            return e.status, _json_bytes({"error": str(e)}), headers
+        finally:
+            if held is not None:
+                capacity.give_back(held)
+        elapsed = time.perf_counter() - start
+        metrics.REQUESTS.labels(decision.outcome).inc()
+        metrics.LATENCY.observe(elapsed)
+        if decision.pod_result:
+            metrics.PODS.labels(decision.pod_result, decision.reason).inc()
+        logs.log_review(uid=review.uid, namespace=review.namespace or _meta(review.obj).get("namespace") or "",
+                        name=review.display_name, kind=review.kind, operation=review.operation,
+                        decision=decision.outcome, reason=decision.reason, dry_run=review.dry_run, duration=elapsed)
+        return 200, payload, ()
+
+
+def _bad_request(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
+    metrics.REQUESTS.labels(outcome).inc()
+    metrics.LATENCY.observe(elapsed)
+    logs.log_review(uid=admission.request_uid(body) if 0 < len(body) < 65536 else "", namespace="", name="",
+                    kind="", operation="", decision=outcome, reason=str(error), dry_run=False,
+                    duration=elapsed, level=logging.WARNING)
+
+
+class _WebhookApp(FastAPI):
+    """FastAPI, with POST /mutate answered before its middleware and routing."""
+
+    mutate: _Mutate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == MUTATE_PATH and scope["method"] == "POST":
+            await self.mutate(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
@@ -255,63 +365,15 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     `ready`: the readiness condition (the server passes "a valid certificate is loaded").
     `strategy`: what `/readyz` reports as the strategy in use (filled by native detection).
     """
-    app = FastAPI(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
+    app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
     reviewer = Reviewer(settings, resolver, native_supported)
     srv = settings.server
-    limit = srv.max_body_bytes
     capacity = _Capacity(srv.max_pending_reviews, srv.max_body_bytes_in_flight)
-    # One thread: reviews are CPU work under the GIL, more threads would only interleave them.
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
+    app.mutate = _Mutate(settings, reviewer, capacity)
     app.state.reviewer = reviewer
     app.state.capacity = capacity
-
-    async def offload(fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(worker, fn, *args)
-
-    def bad_request(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
-        metrics.REQUESTS.labels(outcome).inc()
-        metrics.LATENCY.observe(elapsed)
-        logs.log_review(uid=admission.request_uid(body) if 0 < len(body) < 65536 else "", namespace="", name="",
-                        kind="", operation="", decision=outcome, reason=str(error), dry_run=False,
-                        duration=elapsed, level=logging.WARNING)
-
-    @app.post(MUTATE_PATH)
-    async def mutate(request: Request) -> Response:
-        start = time.perf_counter()
-        body = b""
-        held: int | None = None
-        try:
-            admission.check_content_type(request.headers.get("content-type"))
-            size = _declared_length(request, limit)
-            capacity.take(limit if size is None else size)
-            held = limit if size is None else size
-            body = await _read_body(request, limit, srv.body_timeout_seconds)
-            review, first, payload = await offload(reviewer.start, body)
-            if payload is None:  # registry lookups first (I/O, on the loop)
-                decision = await reviewer.complete(review, first, offload)
-                payload = await offload(_encode, decision.answer)
-            else:
-                decision = first
-        except BadReview as e:
-            bad_request(body, e, time.perf_counter() - start, "bad_request")
-            return _json({"error": str(e)}, 400)
-        except _Refused as e:
-            bad_request(body, e, time.perf_counter() - start, "refused")
-            # 408: the rest of the body may still arrive, so the connection cannot be reused.
-            headers = {"Connection": "close"} if e.status == 408 else {"Retry-After": "1"}
-            return _json({"error": str(e)}, e.status, headers)
-        finally:
-            if held is not None:
-                capacity.give_back(held)
-        elapsed = time.perf_counter() - start
-        metrics.REQUESTS.labels(decision.outcome).inc()
-        metrics.LATENCY.observe(elapsed)
-        if decision.pod_result:
-            metrics.PODS.labels(decision.pod_result, decision.reason).inc()
-        logs.log_review(uid=review.uid, namespace=review.namespace or _meta(review.obj).get("namespace") or "",
-                        name=review.display_name, kind=review.kind, operation=review.operation,
-                        decision=decision.outcome, reason=decision.reason, dry_run=review.dry_run, duration=elapsed)
-        return Response(payload, media_type="application/json")
+    # The route as FastAPI knows it: other methods get its 405, and it lists /mutate.
+    app.router.routes.append(Route(MUTATE_PATH, app.mutate, methods=["POST"]))
 
     @app.get("/healthz")
     async def healthz() -> Response:

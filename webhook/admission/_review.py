@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from .. import jsontext
 from ..errors import InitshiftError
 
 API_V1 = "admission.k8s.io/v1"
@@ -64,6 +67,15 @@ def _reject_constant(name: str) -> Any:
     raise BadReview(f"malformed JSON: {name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; one too large for a float (1e400) is
+    refused like the NaN and Infinity constants: no answer could carry it as JSON."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise BadReview(f"malformed JSON: {_one_line(text, 40)} is out of range")
+    return value
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -102,7 +114,7 @@ def parse_review(body: bytes) -> Review:
     if not body:
         raise BadReview("empty body")
     try:
-        doc = json.loads(body, parse_constant=_reject_constant)
+        doc = json.loads(body, parse_constant=_reject_constant, parse_float=_finite)
     except BadReview:
         raise
     except RecursionError:
@@ -167,7 +179,7 @@ def response(review: Review, *, patch: list[dict] | None = None, warnings: list[
         resp["status"] = {"code": code, "message": denied}
     elif patch:
         resp["patchType"] = "JSONPatch"
-        resp["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
+        resp["patch"] = base64.b64encode(jsontext.dumps(patch)).decode()
     if warnings:
         resp["warnings"] = [_one_line(w, 512) for w in warnings]
     return {"apiVersion": review.api_version, "kind": KIND, "response": resp}
