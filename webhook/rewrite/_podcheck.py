@@ -6,6 +6,7 @@ and by the tests on every pod the rewrite produces.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Mapping
@@ -106,10 +107,16 @@ def size_problems(pod: Mapping) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_dns_label(name: str) -> bool:
+    """RFC 1123; the same few names recur in every pod of a kind, each is matched once."""
+    return len(name) <= 63 and bool(_DNS_LABEL.match(name))
+
+
 def _name_problems(name: object, what: str, seen: set, twice: str) -> list[str]:
     """A volume's or container's name: a DNS label (RFC 1123), unique among its kind."""
     out = []
-    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+    if not isinstance(name, str) or not _is_dns_label(name):
         out.append(f"{what} name {name!r} is not a DNS label")
     if name in seen:
         out.append(twice)

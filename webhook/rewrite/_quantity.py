@@ -33,9 +33,8 @@ class QuantityError(RewriteError, ValueError):
     """Not a Kubernetes quantity (the pod is left unchanged, reason `invalid`)."""
 
 
-def _unit_exponent(resource: str) -> int:
-    """Powers of ten between the resource's unit and its integer: cpu counts milli-units."""
-    return 3 if resource == "cpu" else 0
+# Powers of ten between a resource's unit and its integer: cpu counts milli-units, others 0.
+_UNIT_EXPONENT = {"cpu": 3}
 
 
 _CACHED_LENGTH = 64  # longer text is never a real quantity: parse it (linearly), keep nothing
@@ -43,9 +42,9 @@ _CACHED_LENGTH = 64  # longer text is never a real quantity: parse it (linearly)
 
 def parse(value: object, resource: str = "") -> int:
     """`value` in `resource`'s integer unit (milli-CPU, bytes or units), rounded up."""
-    if isinstance(value, str) and len(value) <= _CACHED_LENGTH:
-        return _parse_cached(value, _unit_exponent(resource))
-    return _parse(value, _unit_exponent(resource))
+    if type(value) is str and len(value) <= _CACHED_LENGTH:
+        return _parse_cached(value, _UNIT_EXPONENT.get(resource, 0))
+    return _parse(value, _UNIT_EXPONENT.get(resource, 0))
 
 
 # A pod's quantities are read by several rules (requests, QoS, growth, the safety net) and

@@ -30,14 +30,19 @@ _QOS_RESOURCES = ("cpu", "memory")
 Amounts = dict[str, int]  # resource -> its integer unit (milli-CPU, bytes, units): _quantity.py
 
 
-def _container_requests(c: Mapping) -> Amounts:
+def _container_amounts(c: Mapping) -> tuple[Amounts, Amounts]:
+    """A container's requests (limits where a request is missing, as the apiserver defaults
+    them) and its limits, each quantity parsed once."""
     res = c.get("resources") or {}
-    out: Amounts = {}
-    for name, value in (res.get("limits") or {}).items():
-        out[name] = parse(value, name)
+    limits = {name: parse(value, name) for name, value in (res.get("limits") or {}).items()}
+    requests = dict(limits)
     for name, value in (res.get("requests") or {}).items():
-        out[name] = parse(value, name)
-    return out
+        requests[name] = parse(value, name)
+    return requests, limits
+
+
+def _container_requests(c: Mapping) -> Amounts:
+    return _container_amounts(c)[0]
 
 
 def add(a: Amounts, b: Mapping[str, int]) -> Amounts:
@@ -69,39 +74,55 @@ def restartable_sum(init_containers: Iterable[Mapping]) -> Amounts:
     return sum_requests(c for c in init_containers if is_restartable(c))
 
 
-def pod_requests(spec: Mapping) -> Amounts:
-    """The pod's effective request per resource (without overhead, which is unchanged)."""
+_Parsed = list[tuple[Mapping, Amounts, Amounts]]  # (container, requests, limits)
+
+
+def _parsed(containers: Iterable[Mapping]) -> _Parsed:
+    return [(c, *_container_amounts(c)) for c in containers]
+
+
+def _pod_requests(inits: _Parsed, regulars: _Parsed) -> Amounts:
     sidecars: Amounts = {}
     init_max: Amounts = {}
-    for c in spec.get("initContainers") or []:
-        reqs = _container_requests(c)
+    for c, reqs, _ in inits:
         if is_restartable(c):
             sidecars = add(sidecars, reqs)
             init_max = _max(init_max, sidecars)
         else:
             init_max = _max(init_max, add(sidecars, reqs))
     regular: Amounts = dict(sidecars)
-    for c in spec.get("containers") or []:
-        regular = add(regular, _container_requests(c))
+    for _, reqs, _ in regulars:
+        regular = add(regular, reqs)
     return _max(regular, init_max)
+
+
+def pod_requests(spec: Mapping) -> Amounts:
+    """The pod's effective request per resource (without overhead, which is unchanged)."""
+    return _pod_requests(_parsed(spec.get("initContainers") or []), _parsed(spec.get("containers") or []))
+
+
+def requests_and_qos(spec: Mapping) -> tuple[Amounts, str]:
+    """pod_requests and qos_class of one spec, each container's quantities parsed once."""
+    inits, regulars = _parsed(spec.get("initContainers") or []), _parsed(spec.get("containers") or [])
+    return _pod_requests(inits, regulars), _qos_class([*inits, *regulars])
 
 
 def qos_class(spec: Mapping) -> str:
     """BestEffort, Burstable or Guaranteed, computed the way the apiserver does."""
+    return _qos_class(_parsed([*(spec.get("initContainers") or []), *(spec.get("containers") or [])]))
+
+
+def _qos_class(containers: _Parsed) -> str:
     requests: Amounts = defaultdict(int)
     limits: Amounts = defaultdict(int)
     guaranteed = True
-    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        res = c.get("resources") or {}
-        # The apiserver defaults requests from limits before QoS is computed.
-        reqs = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        for name, value in reqs.items():
-            q = parse(value, name)
+    for _, reqs, lims in containers:
+        # The apiserver defaults requests from limits before QoS is computed (`reqs` holds them).
+        for name, q in reqs.items():
             if name in _QOS_RESOURCES and q > 0:
                 requests[name] += q
         found = set()
-        for name, value in (res.get("limits") or {}).items():
-            q = parse(value, name)
+        for name, q in lims.items():
             if name in _QOS_RESOURCES and q > 0:
                 found.add(name)
                 limits[name] += q
@@ -120,7 +141,11 @@ def describe(amounts: Mapping[str, int]) -> str:
 
 def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
     """A warning when the pod's effective request grows from `before` to `after` (specs)."""
-    old_total, new_total = pod_requests(before), pod_requests(after)
+    return growth_of(pod_requests(before), pod_requests(after), why)
+
+
+def growth_of(old_total: Amounts, new_total: Mapping[str, int], why: str) -> str | None:
+    """growth_warning from the two pod_requests."""
     grown = {r: v for r, v in new_total.items() if v > old_total.get(r, ZERO)}
     if not grown:
         return None

@@ -9,58 +9,81 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-_Check = Callable[[Any, str], "str | None"]
+# A check returns None, or the problem below the value it was given: the path from there,
+# then what is wrong (`.containers[0].name must be a string`). Each level adds its step
+# only on the way out of a problem, so a well-formed pod builds no path strings at all.
+_Check = Callable[[Any], "str | None"]
 
 _SCALAR = (str, int, float)
 
 
 def _is(kind: type | tuple[type, ...], what: str) -> _Check:
     kinds = kind if isinstance(kind, tuple) else (kind,)
+    problem = f" must be {what}"
+    bool_ok = bool in kinds
 
-    def check(value: Any, path: str) -> str | None:
+    def check(value: Any) -> str | None:
         # JSON true is not a number, though Python's bool is an int.
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            return f"{path} must be {what}"
+        if not isinstance(value, kinds) or isinstance(value, bool) and not bool_ok:
+            return problem
         return None
+    check.plain = frozenset(kinds) - ({bool} - set(kinds))  # type: ignore[attr-defined]
     return check
 
 
+def _plain(item_check: _Check) -> frozenset:
+    """The exact types a type check (`_is`) accepts; empty for other checks. A collection
+    whose items are all of them (the usual case) is passed in one pass, no call per item."""
+    return getattr(item_check, "plain", frozenset())
+
+
 def _map_of(value_check: _Check) -> _Check:
-    def check(value: Any, path: str) -> str | None:
+    plain = _plain(value_check)
+
+    def check(value: Any) -> str | None:
         if not isinstance(value, dict):
-            return f"{path} must be an object"
+            return " must be an object"
+        if plain and {type(v) for v in value.values()} <= plain:
+            return None
         for k, v in value.items():
-            problem = value_check(v, f"{path}[{k!r}]")
+            problem = value_check(v)
             if problem:
-                return problem
+                return f"[{k!r}]{problem}"
         return None
     return check
 
 
 def _list_of(item_check: _Check) -> _Check:
-    def check(value: Any, path: str) -> str | None:
+    plain = _plain(item_check)
+
+    def check(value: Any) -> str | None:
         if not isinstance(value, list):
-            return f"{path} must be a list"
+            return " must be a list"
+        if plain and {type(item) for item in value} <= plain:
+            return None
         for i, item in enumerate(value):
-            problem = item_check(item, f"{path}[{i}]")
+            problem = item_check(item)
             if problem:
-                return problem
+                return f"[{i}]{problem}"
         return None
     return check
 
 
 def _object(required: dict[str, _Check], optional: dict[str, _Check]) -> _Check:
-    def check(value: Any, path: str) -> str | None:
+    fields = {**required, **optional}
+
+    def check(value: Any) -> str | None:
         if not isinstance(value, dict):
-            return f"{path} must be an object"
+            return " must be an object"
         for key in required:
             if key not in value:
-                return f"{path}.{key} is missing"
-        for key, field_check in {**required, **optional}.items():
-            if key in value and value[key] is not None:
-                problem = field_check(value[key], f"{path}.{key}")
+                return f".{key} is missing"
+        for key, field_check in fields.items():
+            field = value.get(key)
+            if field is not None:
+                problem = field_check(field)
                 if problem:
-                    return problem
+                    return f".{key}{problem}"
         return None
     return check
 
@@ -98,22 +121,20 @@ POD = _object(
 # ~15 levels); deeper input would only make recursive code (copy.deepcopy, the patch diff)
 # overflow the stack.
 _MAX_DEPTH = 100
+_CONTAINERS = frozenset((dict, list))
 
 
 def _depth_over(doc: Any, limit: int = _MAX_DEPTH) -> bool:
-    """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion).
-    Parsed JSON holds plain dicts and lists only, so exact type tests are enough (and fast:
-    this runs on every review)."""
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        node, depth = pop()
+    """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion),
+    one level at a time. Parsed JSON holds plain dicts and lists only, so exact type tests
+    are enough (and fast: this runs on every review)."""
+    level, depth = [doc], 1
+    while level:
         if depth > limit:
             return True
-        for child in (node.values() if type(node) is dict else node):
-            kind = type(child)
-            if kind is dict or kind is list:
-                push((child, depth + 1))
+        level = [child for node in level for child in (node.values() if type(node) is dict else node)
+                 if type(child) in _CONTAINERS]
+        depth += 1
     return False
 
 
@@ -121,7 +142,8 @@ def shape_problem(pod: Any) -> str | None:
     """The first field of the wrong type, as `pod.spec.containers[0].name must be a string`."""
     if _depth_over(pod):
         return f"the pod nests deeper than {_MAX_DEPTH} levels"
-    return POD(pod, "pod")
+    problem = POD(pod)
+    return f"pod{problem}" if problem else None
 
 
 def submap(obj: dict, *keys: str) -> dict:

@@ -20,7 +20,6 @@ Chain written into the pod (every name from waiter/protocol.py):
 
 from __future__ import annotations
 
-import copy
 import json
 import posixpath
 from dataclasses import dataclass
@@ -33,8 +32,8 @@ from ._command import Argv, read_argv, run_command
 from ._errors import RewriteError
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
-from ._resources import (Amounts, add, apply_requests, growth_warning, is_restartable, plan_steps, pod_requests,
-    qos_class, restartable_sum, sum_requests)
+from ._resources import (Amounts, add, apply_requests, growth_of, is_restartable, plan_steps, requests_and_qos,
+    restartable_sum, sum_requests)
 from ..settings import RewriteSettings
 from ._shape import submap
 
@@ -43,16 +42,18 @@ from ._shape import submap
 _INIT_REQUESTS: Amounts = {"cpu": 10, "memory": 16 * 2**20}  # 10m, 16Mi
 _INIT_LIMITS = {"cpu": "500m", "memory": "64Mi"}
 
-_RESTRICTED_SECURITY_CONTEXT = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "privileged": False,
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "runAsUser": p.IMAGE_UID,
-    "runAsGroup": p.IMAGE_UID,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+def _restricted_security_context() -> dict:
+    """A new one each time (the pod owns it; built, not deep-copied: this runs per review)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": p.IMAGE_UID,
+        "runAsGroup": p.IMAGE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 _LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
 
@@ -72,7 +73,7 @@ def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> 
         "imagePullPolicy": settings.image_pull_policy,
         "command": list(p.INIT_COMMAND),
         "volumeMounts": [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT}],
-        "securityContext": copy.deepcopy(_RESTRICTED_SECURITY_CONTEXT),
+        "securityContext": _restricted_security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if budget is not None and not any(budget.get(r) for r in _INIT_REQUESTS):
@@ -273,6 +274,7 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
 
 
 _RESERVED_ROOT = p.BIN_MOUNT.rsplit("/", 1)[0]  # /initshift: every path initshift mounts is under it
+_RESERVED_NAME = _RESERVED_ROOT.strip("/")
 # Every volume initshift adds, whatever the strategy (the run dirs are p.RUN_VOLUME_PREFIX + i).
 _RESERVED_VOLUMES = (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
 
@@ -288,6 +290,8 @@ def _normalised_path(path: object) -> str:
 
 
 def _under_reserved_root(path: object) -> bool:
+    if _RESERVED_NAME not in str(path):  # normalising only drops segments: it cannot make the name appear
+        return False
     normal = _normalised_path(path)
     return normal == _RESERVED_ROOT or normal.startswith(_RESERVED_ROOT + "/")
 
@@ -342,8 +346,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
         raise RewriteError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
 
     warnings: list[str] = []
-    old_total = pod_requests(origin_spec)
-    old_qos = qos_class(origin_spec)
+    old_total, old_qos = requests_and_qos(origin_spec)
     fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
     if plan.problem:
@@ -374,10 +377,10 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
                                    bool(cls.mains))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
-    grown = growth_warning(origin_spec, new_spec, f"policy {settings.resources_policy}")
+    new_total, new_qos = requests_and_qos(new_spec)
+    grown = growth_of(old_total, new_total, f"policy {settings.resources_policy}")
     if grown:
         warnings.append(grown)
-    new_qos = qos_class(new_spec)
     if new_qos != old_qos:
         warnings.append(f"QoS class changes from {old_qos} to {new_qos}: steps now run as regular containers "
                         f"and share the pod's requests")
