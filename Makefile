@@ -11,15 +11,17 @@ PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])
 # Debian packages the tests and the waiter build use; installed with apt-get when missing (root only).
 # PyInstaller freezes against Python's shared library (libpythonX.Y), which a bare python3 lacks.
 APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
-# Benchmarks only: wrk, a C load generator, so the client is never the bottleneck.
+# Benchmarks only: wrk, a C load generator, so the client is never the bottleneck; valgrind
+# counts the instructions a review costs (bench-admission-callgrind).
 BENCH_APT_PACKAGES := wrk
+CALLGRIND_APT_PACKAGES := valgrind
 PYTEST_ARGS ?=
 # pip constraints for the venv: empty installs the newest versions pyproject allows;
 # `make test-floors` sets constraints/floors.txt (every lower bound) in its own venv.
 PIP_CONSTRAINTS ?=
 FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-watcher clean
+.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-watcher clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
@@ -79,6 +81,13 @@ bench-admission: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
 	$(PY) -m tests.bench.latency_bench
 	$(PY) -m tests.bench.admission_bench
+
+# Instructions per /mutate and /healthz under callgrind: the same figure on a busy machine
+# (BASE=DIR: also for the server from another checkout, e.g. `git worktree add /tmp/base main`).
+bench-admission-callgrind: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(CALLGRIND_APT_PACKAGES)"
+	$(if $(BASE),$(PY) -m tests.bench.admission_callgrind --server-tree $(BASE))
+	$(PY) -m tests.bench.admission_callgrind
 
 # The watcher against the API double at 100, 1,000 and 5,000 pods in flight (~5 minutes).
 bench-watcher: $(STAMP)

@@ -6,7 +6,9 @@ warm-up, turns collection on (callgrind_control), sends N reviews of the 7-step 
 with istio-proxy over one keep-alive TLS connection, turns it off again, then does the same
 with GET /healthz. Everything the server process executes is counted: TLS, the HTTP parser,
 the ASGI application, the JSON in and out, the rewrite, the log line and the metrics.
-`--server-tree DIR` runs the server from another checkout (a baseline). Prints figures.
+The in-process rewrite (plan, rewrite, JSONPatch) is counted too: the difference between a
+run of N rewrites and a run of none. `--server-tree DIR` runs both from another checkout (a
+baseline). Prints figures.
 """
 
 from __future__ import annotations
@@ -118,6 +120,29 @@ def measure(tree: Path, n: int, keep: Path | None = None) -> dict[str, float]:
     return figures
 
 
+_IN_PROCESS = """
+import sys
+from tests.support import https_helpers as h
+from webhook.admission import make_patch
+from webhook.rewrite import plan
+from webhook.settings import Settings
+pod, settings = h.seven_step_pod(), Settings(feature_gate=True)
+for _ in range(20 + int(sys.argv[1])):
+    make_patch(pod, plan(pod, settings).rewrite().pod)
+"""
+
+
+def in_process(tree: Path, n: int) -> float:
+    """Instructions per plan + rewrite + JSONPatch of the 7-step pod, run from `tree`."""
+    def total(runs: int) -> int:
+        out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                              "-c", _IN_PROCESS, str(runs)], capture_output=True, text=True, cwd=tree, check=True,
+                             env={**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"})
+        return int(re.search(r"refs:\s+([\d,]+)", out.stderr).group(1).replace(",", ""))  # type: ignore[union-attr]
+
+    return (total(n) - total(0)) / n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-tree", type=Path, default=Path.cwd(), help="checkout the server runs from")
@@ -127,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (make bench-admission-callgrind installs it as root)")
         return 1
-    f = measure(args.server_tree.resolve(), args.n, args.keep)
-    print(f"callgrind, server from {args.server_tree}: instructions per request, {args.n} requests over one "
-          f"keep-alive TLS connection (7-step kpack pod + istio-proxy)")
+    tree = args.server_tree.resolve()
+    rewrite = in_process(tree, args.n)
+    f = measure(tree, args.n, args.keep)
+    print(f"callgrind, code from {args.server_tree}: instructions (7-step kpack pod + istio-proxy)")
+    print(f"  {'rewrite':>9}  {rewrite / 1e6:8.2f} M  in process: plan, rewrite, JSONPatch")
     for name, ir in f.items():
-        print(f"  {name:>9}  {ir / 1e6:8.2f} M")
+        print(f"  {name:>9}  {ir / 1e6:8.2f} M  per request, {args.n} over one keep-alive TLS connection")
     return 0
 
 

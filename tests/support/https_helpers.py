@@ -90,7 +90,8 @@ def serve_process(directory: Path, body: bytes, *, tree: Path | None = None, wor
     sock.close()  # the server binds it; loopback ports are not reused that fast
     env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
            "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(directory / store.TLS_CERT),
-           "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY)}
+           "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY),
+           "INITSHIFT_METRICS_PORT": "0"}  # no fixed port: other servers may run on this machine
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     if workers is not None:
