@@ -70,7 +70,7 @@ def _list_of(item_check: _Check) -> _Check:
 
 
 def _object(required: dict[str, _Check], optional: dict[str, _Check]) -> _Check:
-    fields = {**required, **optional}
+    fields = [(key, field_check, _plain(field_check)) for key, field_check in {**required, **optional}.items()]
 
     def check(value: Any) -> str | None:
         if not isinstance(value, dict):
@@ -78,9 +78,9 @@ def _object(required: dict[str, _Check], optional: dict[str, _Check]) -> _Check:
         for key in required:
             if key not in value:
                 return f".{key} is missing"
-        for key, field_check in fields.items():
+        for key, field_check, plain in fields:
             field = value.get(key)
-            if field is not None:
+            if field is not None and type(field) not in plain:
                 problem = field_check(field)
                 if problem:
                     return f".{key}{problem}"
