@@ -264,3 +264,20 @@ def test_small_reviews_are_worked_on_the_event_loop_big_ones_on_the_worker_threa
             reviewer.start = real
     assert len(BODY) <= INLINE_MAX_BYTES < len(BIG_BODY)
     assert threads == ["initshift-https", "initshift-review_0"]
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/healthz"])
+def test_an_answer_is_written_in_one_piece(pki, path):
+    """Head and body go out in one write (issue 26), so one TLS record: the first read of
+    the client's TLS socket, which returns at most one record, holds the whole answer."""
+    with h.running(h.settings_for(pki)) as server:
+        s = tls(server.port, pki)
+        if path == "/mutate":
+            s.sendall(request_head(len(BODY)) + BODY)
+        else:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        s.settimeout(10)
+        first = s.recv(1 << 20)
+        head, _, body = first.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        assert head.startswith(b"HTTP/1.1 200") and len(body) == length > 0

@@ -31,6 +31,38 @@ from .. import metrics
 from ..settings import ServerSettings, Settings
 
 
+class _OneWrite:
+    """The transport as one request's response sees it: what the response writes in one
+    turn of the event loop goes out in one write. uvicorn writes an answer's head and body
+    separately, which over TLS is two records, two system calls and two TCP segments, and
+    the client wakes up for a head without its body; joined they are one of each."""
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _GuardedProtocol(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol with a connection cap and a deadline for each request's
     headers: it runs from the moment a connection is ready (and again after each answer on
@@ -58,6 +90,8 @@ class _GuardedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if self.cycle is not None:  # the request's response, written in one piece (see _OneWrite)
+            self.cycle.transport = _OneWrite(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
