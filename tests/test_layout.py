@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("webhook", "certs", "waiter")
-SHARED = {"webhook.settings", "webhook.errors", "webhook.logs", "webhook.metrics"}
+SHARED = {"webhook.settings", "webhook.errors", "webhook.logs", "webhook.metrics", "webhook.jsontext"}
 PACKAGES = sorted(p.name for p in (ROOT / "webhook").iterdir() if (p / "__init__.py").is_file())
 
 
