@@ -33,7 +33,14 @@ EXPECTED = {
     "job-istio": "rewritten",
     "job-linkerd": "rewritten",
     "deployment-istio": "restart-policy",
-    "no-init-istio": "no-init-containers",
+    "no-init-istio": "rewritten",  # a Job's pod without init containers: its main is gated and quits
+    "cronjob": "no-sidecar",
+    "cronjob-istio": "rewritten",
+    "cronjob-istio-cni": "rewritten",
+    "cronjob-istio-native": "already-native",
+    "cronjob-linkerd": "rewritten",
+    "cronjob-on-failure-istio": "rewritten",
+    "cronjob-deployment-istio": "restart-policy",
 }
 
 
