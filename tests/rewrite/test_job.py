@@ -13,7 +13,7 @@ import pytest
 from tests.rewrite.test_rewrite import argv_after_separator, flag_values, names
 from tests.support.fixtures import pods
 from tests.support.patching import apply_patch
-from tests.support.podvalidate import assert_valid_pod
+from tests.support.podvalidate import NEWEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.admission._patch import make_patch
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
@@ -83,7 +83,7 @@ def check_native_job_pod(src: dict, out: dict) -> None:
     """Valid; the regular proxy now a native sidecar after the mesh's init containers, with a
     startupProbe (its own or derived from its readiness probe); the mains and everything else
     untouched, no waiter; the effective request unchanged; idempotent."""
-    assert_valid_pod(out)
+    assert_valid_pod(out, ("1.29.0", NEWEST))  # restartPolicy on init containers
     assert apply_patch(src, make_patch(src, out)) == out
     assert out["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
     inits = out["spec"]["initContainers"]

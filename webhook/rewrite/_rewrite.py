@@ -177,6 +177,8 @@ def _qualify_mains(pod: Mapping, settings: Settings, mode: str, strategy: str, c
     else every main runs under the waiter, gated like step 0, the last one quitting the sidecars."""
     if strategy == p.MODE_HYBRID:  # no step for the waiter: the native half is the whole rewrite
         return _qualify_native(pod, settings, mode, cls, native_supported)
+    if start_order.requested(pod):  # the declared order wraps these mains itself
+        return _Skip("no-init-containers", "no init container to move; admitted unchanged")
     if cls.sidecars:
         if not cls.mains:
             return _Skip("no-mains", "every regular container is a sidecar: no main to gate; admitted unchanged")
