@@ -19,21 +19,13 @@ import pytest
 from tests.support.fixtures import pods
 from tests.support.waiter_support import wait_for
 from tests.waiter.test_end_to_end import record, remap, run_pod
-from tests.waiter.test_waiter_gate import Server
+from tests.waiter.test_waiter_gate import Server, server  # noqa: F401 (the fixture)
 from waiter import protocol as p
 from webhook.rewrite._rewrite import rewrite
 from webhook.settings import RewriteSettings, Settings
 
 MESHES = {"istio": ("istio-proxy", "/quitquitquit"), "linkerd": ("linkerd-proxy", "/shutdown")}
 READY_AFTER = 0.6  # seconds before the proxy's readiness probe answers 200
-
-
-@pytest.fixture
-def server():
-    s = Server()
-    yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
 
 
 def job_pod(mesh: str, server: Server, scripts: dict[str, str], policy: str = "Never") -> dict:
