@@ -315,3 +315,16 @@ def test_a_job_too_large_to_rewrite_is_left_unchanged():
     main["env"][0]["value"] = "x" * (MAX_OBJECT_BYTES - object_bytes(pod) - 200)
     result = rewrite(pod, ON)
     assert not result.changed and result.reason == "too-large" and result.denied is None
+
+
+@pytest.mark.parametrize("pod", [
+    {"metadata": "x", "spec": {"restartPolicy": "Never", "containers": [{"name": "a", "image": "i"}]}},
+    {"metadata": {"labels": "x"}, "spec": {"restartPolicy": "Never", "containers": [{"name": "a", "image": "i"}]}},
+    {"metadata": {"annotations": "x"}, "spec": {"restartPolicy": "OnFailure", "containers": "x"}},
+    {"spec": {"restartPolicy": ["Never"], "containers": [{"name": "a", "image": "i"}]}},
+    {"spec": "x"},
+], ids=["metadata-string", "labels-string", "annotations-string", "policy-list", "spec-string"])
+def test_malformed_run_to_completion_pods_are_left_unchanged(pod):
+    for native in (None, True):
+        result = rewrite(pod, ON, native_supported=native)
+        assert not result.changed and result.denied is None and result.reason == "invalid"

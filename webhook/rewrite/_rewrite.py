@@ -63,7 +63,8 @@ _RUN_TO_COMPLETION = ("Never", "OnFailure")
 def _runs_to_completion(pod: Mapping) -> bool:
     """restartPolicy Never or OnFailure (Jobs, CronJobs, bare pods): the mains end, and a
     classic sidecar that does not keeps the pod running."""
-    return (pod.get("spec") or {}).get("restartPolicy", "Always") in _RUN_TO_COMPLETION
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and spec.get("restartPolicy", "Always") in _RUN_TO_COMPLETION
 
 
 def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
@@ -302,17 +303,20 @@ _SWITCHED_OFF = ("feature-gate-off", "disabled")
 
 
 def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
-    """A pod with init containers, or a run-to-completion one, that is not rewritten says why on itself (the one change
-    made to it); a rewritten pod drops the reason an earlier admission left."""
+    """A pod with init containers, or a run-to-completion one, that is not rewritten says why
+    on itself (the one change made to it); a rewritten pod drops the reason an earlier
+    admission left."""
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    inits = (pod.get("spec") or {}).get("initContainers")
+    inits = pod["spec"].get("initContainers") if isinstance(pod.get("spec"), dict) else None
     if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
         annotations = dict(result.pod["metadata"]["annotations"])
         del annotations[p.ANNOTATION_NOT_REWRITTEN]
         result.pod = {**result.pod, "metadata": {**result.pod["metadata"], "annotations": annotations}}
     elif not result.changed and result.strategy is None and result.reason not in _SWITCHED_OFF \
-            and ((isinstance(inits, list) and inits) or _runs_to_completion(pod)) and managed_as(pod) is None \
+            and ((isinstance(inits, list) and inits) or _runs_to_completion(pod)) \
+            and isinstance(pod.get("metadata"), (dict, type(None))) \
+            and p.LABEL_MANAGED not in (meta.get("labels") if isinstance(meta.get("labels"), dict) else {}) \
             and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
         result.pod = {**pod, "metadata": {**meta, "annotations": {**notes, p.ANNOTATION_NOT_REWRITTEN: result.reason}}}
     return result
