@@ -363,6 +363,17 @@ def test_log_plan_orders_steps_then_mains_and_sidecars_on_request() -> None:
     assert plain.sequential == ["prepare", "place-scripts", "step-git-clone", "step-unit-test", "step-report"]
 
 
+def test_log_plan_of_a_jobs_pod_is_its_mains() -> None:
+    job = pod("cronjob-on-failure-istio")
+    plan = pv.log_plan(job)
+    assert plan.sequential == ["report", "upload"] and plan.waiter_run == frozenset(["report", "upload"])
+    full = pv.log_plan(job, sidecars=True)
+    assert full.sequential == ["istio-init", "initshift-init", "report", "upload"]
+    assert full.concurrent == ["istio-proxy"]
+    native = pv.log_plan(native_pod("cronjob-istio"), sidecars=True)
+    assert native.sequential == ["istio-init", "report"] and native.concurrent == ["istio-proxy"]
+
+
 @pytest.mark.parametrize("line, ours", [
     ("waiter[build]: already ran in this pod (Completed, exit code 0): not running it\n", True),
     ("waiter: cannot write completion file /initshift/run/1/done: Read-only file system\n", True),
