@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import shutil
 import signal
 import statistics
@@ -235,6 +236,8 @@ def _job_once(t: Target, i: int) -> tuple[float, float, float]:
     """One Job-shaped pod with one main: (probe ready -> main starts, main ends -> quit POST
     received, main ends -> proxy exited), each in seconds."""
     proxy = subprocess.Popen([sys.executable, "-c", _PROXY], stdout=subprocess.PIPE, text=True)
+    # Its exit seen at once (Popen.wait with a timeout polls in steps of up to 50 ms).
+    exit_fd = os.pidfd_open(proxy.pid)
     try:
         port = int(proxy.stdout.readline())
         base = t.work / f"job{i}"
@@ -250,14 +253,17 @@ def _job_once(t: Target, i: int) -> tuple[float, float, float]:
         time.sleep(0.3 + random.uniform(0, PROBE_INTERVAL))
         opened = time.time()
         proxy.send_signal(signal.SIGUSR1)
-        proxy.wait(timeout=30)  # the main quits it; a main that does not is a failed run, not a hang
+        # The main quits it; a main that does not is a failed run, not a hang.
+        if not select.select([exit_fd], [], [], 30)[0]:
+            raise RuntimeError("the main never quit the proxy")
         exited = time.time()
         told = float(proxy.stdout.readline())
         main.wait()
     finally:
+        os.close(exit_fd)
         if proxy.poll() is None:
             proxy.kill()
-            proxy.wait()
+        proxy.wait()
     rec = record(base / "run" / "done")
     ended = _ts(rec[p.RECORD_FINISHED_AT])
     return _ts(rec[p.RECORD_STARTED_AT]) - opened, told - ended, exited - ended
