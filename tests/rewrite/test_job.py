@@ -328,3 +328,32 @@ def test_malformed_run_to_completion_pods_are_left_unchanged(pod):
     for native in (None, True):
         result = rewrite(pod, ON, native_supported=native)
         assert not result.changed and result.denied is None and result.reason == "invalid"
+
+
+def test_argo_workflows_wait_and_main_are_both_mains():
+    """An Argo Workflows pod by its shape (argoexec `init`, then `wait` beside `main`): the
+    docs' claim that the proxy is quit only after `wait` has saved the outputs."""
+    argoexec = "quay.io/argoproj/argoexec:v3.5.8"
+    src = pods.inject_istio({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "hello-abc12", "namespace": "argo", "annotations": {}},
+        "spec": {
+            "restartPolicy": "Never",
+            "initContainers": [{"name": "init", "image": argoexec, "command": ["argoexec", "init"],
+                                "volumeMounts": [{"name": "var-run-argo", "mountPath": "/var/run/argo"}]}],
+            "containers": [
+                {"name": "wait", "image": argoexec, "command": ["argoexec", "wait"]},
+                {"name": "main", "image": "busybox", "command": ["/var/run/argo/argoexec", "emissary", "--",
+                                                                 "sh", "-c", "echo hello"],
+                 "volumeMounts": [{"name": "var-run-argo", "mountPath": "/var/run/argo"}]}],
+            "volumes": [{"name": "var-run-argo", "emptyDir": {}}],
+        },
+    })
+    out = rewrite(src, ON).pod
+    assert_valid_pod(out)
+    assert json.loads(out["metadata"]["annotations"][p.ANNOTATION_STEPS]) == ["init"]
+    assert json.loads(out["metadata"]["annotations"][p.ANNOTATION_MAINS]) == ["wait", "main"]
+    for name in ("wait", "main"):
+        c = by_name(out)[name]
+        assert flag_values(c, p.FLAG_MAINS) == ["2"] and flag_values(c, p.FLAG_QUIT) == [
+            p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
