@@ -121,6 +121,15 @@ def test_job_shapes_with_native_sidecars(name, mode):
     check_native_job_pod(src, result.pod)
 
 
+@pytest.mark.parametrize("mode", [p.MODE_NATIVE, p.MODE_HYBRID])
+def test_native_or_hybrid_asked_for_where_native_sidecars_do_not_run(mode):
+    settings = Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode))
+    refused = rewrite(CATALOGUE["cronjob-istio"], settings, native_supported=False)
+    assert refused.reason == "native-unsupported" and f"mode={mode}" in refused.warnings[0]
+    unknown = rewrite(CATALOGUE["cronjob-istio"], settings, native_supported=None)
+    assert unknown.strategy == p.MODE_NATIVE and any("unknown" in w for w in unknown.warnings)
+
+
 def test_cronjob_under_istio_classic_layout():
     """The README's worked example, flag by flag."""
     src = CATALOGUE["cronjob-istio"]
