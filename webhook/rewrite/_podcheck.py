@@ -114,12 +114,13 @@ def _is_dns_label(name: str) -> bool:
 
 
 def _name_problems(name: object, what: str, seen: set, twice: str) -> list[str]:
-    """A volume's or container's name: a DNS label (RFC 1123), unique among its kind."""
+    """A volume's or container's name: a DNS label (RFC 1123), unique among its kind.
+    `twice`: the message for a repeated name, `{!r}` standing for it (formatted only then)."""
     out = []
     if not isinstance(name, str) or not _is_dns_label(name):
         out.append(f"{what} name {name!r} is not a DNS label")
     if name in seen:
-        out.append(twice)
+        out.append(twice.format(name))
     seen.add(name)
     return out
 
@@ -129,7 +130,7 @@ def pod_problems(pod: Mapping) -> list[str]:
     out: list[str] = []
     volumes: set[str] = set()
     for v in spec.get("volumes") or []:
-        out += _name_problems(v.get("name"), "volume", volumes, f"volume {v.get('name')!r} is defined twice")
+        out += _name_problems(v.get("name"), "volume", volumes, "volume {!r} is defined twice")
         out += _downward_api_problems(v)
     inits = spec.get("initContainers") or []
     regular = spec.get("containers") or []
@@ -139,7 +140,7 @@ def pod_problems(pod: Mapping) -> list[str]:
     for where, group in (("init container", inits), ("container", regular),
                          ("ephemeral container", spec.get("ephemeralContainers") or [])):
         for c in group:
-            out += _name_problems(c.get("name"), where, names, f"container name {c.get('name')!r} is used twice")
+            out += _name_problems(c.get("name"), where, names, "container name {!r} is used twice")
             out += _container_problems(c, volumes, where)
     for c in inits:
         if c.get("restartPolicy") not in (None, "Always"):

@@ -91,8 +91,10 @@ def _pod_requests(inits: _Parsed, regulars: _Parsed) -> Amounts:
         else:
             init_max = _max(init_max, add(sidecars, reqs))
     regular: Amounts = dict(sidecars)
-    for _, reqs, _ in regulars:
-        regular = add(regular, reqs)
+    get = regular.get
+    for _, reqs, _ in regulars:  # add(), in place: one dict for every container
+        for k, v in reqs.items():
+            regular[k] = get(k, ZERO) + v
     return _max(regular, init_max)
 
 
@@ -118,15 +120,17 @@ def _qos_class(containers: _Parsed) -> str:
     guaranteed = True
     for _, reqs, lims in containers:
         # The apiserver defaults requests from limits before QoS is computed (`reqs` holds them).
-        for name, q in reqs.items():
-            if name in _QOS_RESOURCES and q > 0:
+        for name in _QOS_RESOURCES:
+            q = reqs.get(name, 0)
+            if q > 0:
                 requests[name] += q
-        found = set()
-        for name, q in lims.items():
-            if name in _QOS_RESOURCES and q > 0:
-                found.add(name)
+        found = 0
+        for name in _QOS_RESOURCES:
+            q = lims.get(name, 0)
+            if q > 0:
+                found += 1
                 limits[name] += q
-        if not found.issuperset(_QOS_RESOURCES):
+        if found < len(_QOS_RESOURCES):
             guaranteed = False
     if not requests and not limits:
         return "BestEffort"

@@ -174,14 +174,10 @@ class _Chain:
         return self.is_main(index) or (self.n_mains == 0 and index == self.n_steps - 1)
 
 
-def _ours(mount: Mapping) -> bool:
-    return _is_our_volume(mount.get("name"))
-
-
 def wrap(container: Mapping, index: int, chain: _Chain,
          argv: list[str] | None, argv_map: Mapping[str, list[str]] | None) -> dict:
     """The container run by the waiter at position `index` of the execution order."""
-    mounts = [m for m in container.get("volumeMounts") or [] if not _ours(m)]
+    mounts = [m for m in container.get("volumeMounts") or [] if not _is_our_volume(m.get("name"))]
     mounts.append({"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT, "readOnly": True})
     mounts.append({"name": p.run_volume(index), "mountPath": p.run_mount(index)})
     wait = chain.waits_for(index)
