@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import os
 import socket
 import sys
@@ -76,6 +77,10 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
                          strategy=native.strategy)
     if on_started is not None:
         companions.append(_when_started(server, on_started))
+    # What start-up allocated (modules, FastAPI's models: about 60,000 objects) lives as long
+    # as the process: out of the collector's sight, a full collection costs microseconds
+    # instead of about 16 ms in the middle of some review.
+    gc.freeze()
     try:
         await server.serve(*companions)
     finally:
