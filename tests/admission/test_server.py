@@ -244,6 +244,7 @@ BAD = {
     "not utf-8": (b'{"a": "\xff\xfe"}', JSON_CT),
     "array": (b"[1, 2]", JSON_CT),
     "NaN": (GOOD.replace(b'"dryRun": false', b'"dryRun": NaN'), JSON_CT),
+    "a number too large for a float": (GOOD.replace(b'"dryRun": false', b'"dryRun": false, "x": 1e400'), JSON_CT),
     "deep nesting": (b'{"apiVersion": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", JSON_CT),
     "huge integer": (b'{"a": ' + b"9" * 5000 + b"}", JSON_CT),
     "wrong content type": (GOOD, {"content-type": "text/plain"}),
