@@ -89,7 +89,8 @@ def _protocol_for(srv: ServerSettings) -> type[_GuardedProtocol]:
 def loop_factory(handshake_timeout: float) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event loop uvicorn would pick (uvloop when installed), whose TLS servers give up
     on a handshake after `handshake_timeout` seconds instead of asyncio's 60."""
-    factory = uvicorn.Config(app=None).get_loop_factory() or asyncio.new_event_loop
+    # log_config=None: the default would re-apply uvicorn's own logging over initshift's JSON lines.
+    factory = uvicorn.Config(app=None, log_config=None).get_loop_factory() or asyncio.new_event_loop
     probe = factory()
     base: type = type(probe)
     probe.close()

@@ -92,8 +92,10 @@ def die_with_parent() -> None:
 class Supervisor:
     """Starts, watches and stops the worker processes of one `initshift serve`."""
 
-    def __init__(self, settings: Settings, count: int, *, watch: bool, graceful_seconds: float = 10.0) -> None:
+    def __init__(self, settings: Settings, count: int, *, watch: bool, graceful_seconds: float = 10.0,
+                 worker_args: list[str] | None = None) -> None:
         self.settings, self.count, self.watch = settings, count, watch
+        self.worker_args = list(worker_args or [])  # the command's flags each worker needs too (--kubeconfig)
         self.graceful_seconds = graceful_seconds
         self.procs: dict[int, subprocess.Popen] = {}
         self.metrics_dir = tempfile.mkdtemp(prefix="initshift-metrics-")
@@ -102,7 +104,8 @@ class Supervisor:
         self.stopping = False
 
     def _argv(self, index: int) -> list[str]:
-        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index), "--ready-fd", str(self._ready_w)]
+        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index), "--ready-fd", str(self._ready_w),
+                *self.worker_args]
         return argv + (["--watch"] if self.watch and index == 0 else [])
 
     def _start(self, index: int) -> None:

@@ -10,21 +10,19 @@ import argparse
 import asyncio
 import dataclasses
 import signal
-import sys
 
 from .. import __version__, logs
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
-from ._common import load_settings
+from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 
 _PROG = "initshift watch"
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
+    ap = Parser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
                                  "outcome, end sidecars. Finds the API server as kubectl does.")
-    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
-    ap.add_argument("--context", help="kubeconfig context")
+    add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                     help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")
     ap.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease "
@@ -65,13 +63,12 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = load_settings(_PROG, lambda s: with_flags(s, args))
     if settings is None:
-        return 2
-    logs.configure(settings.server.log_level)
+        return EXIT_USAGE
+    logs.configure(settings.server.log_level)  # from here on every stderr line is JSON
     try:
         asyncio.run(watch(settings, args.kubeconfig, args.context))
     except KubeError as e:
-        print(f"{_PROG}: {e}", file=sys.stderr)
-        return 1
+        return fatal(_PROG, e)
     except KeyboardInterrupt:
-        return 0
-    return 0
+        return EXIT_OK
+    return EXIT_OK
