@@ -13,7 +13,7 @@ from ..settings import Settings, SettingsError
 from .. import kube
 from certs import pki, store
 from certs.rotation import merge_bundle
-from ._common import EXIT_ERROR, EXIT_USAGE, Parser, add_kubeconfig_args
+from ._common import EXIT_ERROR, EXIT_USAGE, Parser, add_kubeconfig_args, describe
 
 
 class _Usage(Exception):
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
         print(f"initshift certs: {e}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as e:
-        print(f"initshift certs: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        print(f"initshift certs: {describe(e)}", file=sys.stderr)
         return EXIT_ERROR
 
 

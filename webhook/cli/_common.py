@@ -36,8 +36,17 @@ def load_settings(prog: str, with_flags: Callable[[Settings], Settings] = lambda
         return None
 
 
+def describe(error: object) -> str:
+    """An error for a person: an OSError as `FILE: no such file or directory`, not Python's
+    `[Errno 2] No such file or directory: 'FILE'`."""
+    if isinstance(error, OSError) and error.strerror:
+        what = (error.strerror[:1].lower() + error.strerror[1:])
+        return f"{error.filename}: {what}" if error.filename else what
+    return str(error)
+
+
 def fatal(prog: str, error: object) -> int:
     """A long-running command's failure once its JSON logging is on: one `error` line like
     every other line it writes; returns EXIT_ERROR."""
-    logging.getLogger("initshift.cli").error(f"{prog}: {error}")
+    logging.getLogger("initshift.cli").error(f"{prog}: {describe(error)}")
     return EXIT_ERROR

@@ -16,7 +16,7 @@ from pathlib import Path
 from waiter import protocol as p
 
 from ..settings import Settings, SettingsError
-from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, fatal
+from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal
 
 _PROG = "initshift dev-server"
 _RUN_DIR = ".run"
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     try:
         ca = _ensure_certs(run_dir, settings.server.host)
     except (PKIError, OSError) as e:
-        return fatal(_PROG, f"certificates in {run_dir}: {e}")
+        return fatal(_PROG, f"certificates in {run_dir}: {describe(e)}")
     srv = settings.server
     curl = _curl_command(ca, srv.host, srv.port)
     pipe = (" | python3 -c 'import sys,json,base64; r=json.load(sys.stdin)[\"response\"]; "

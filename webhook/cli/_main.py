@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from .. import __version__
+from ._common import EXIT_OK, EXIT_USAGE
 
 # name -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,16 +38,19 @@ def _help() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        print(f"initshift: missing command ({USAGE}; see initshift --help)", file=sys.stderr)
+        return EXIT_USAGE
+    if args[0] in ("-h", "--help", "help"):
         print(_help())
-        return 0 if args else 2
+        return EXIT_OK
     if args[0] == "--version":
         print(f"initshift {__version__}")
-        return 0
+        return EXIT_OK
     entry = COMMANDS.get(args[0])
     if entry is None:
-        print(f"initshift: unknown command {args[0]!r}\n\n{_help()}", file=sys.stderr)
-        return 2
+        print(f"initshift: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)})", file=sys.stderr)
+        return EXIT_USAGE
     module = importlib.import_module(entry[0])
     return int(module.main(args[1:]) or 0)
 

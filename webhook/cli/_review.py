@@ -10,7 +10,7 @@ import sys
 import uuid
 
 from ..admission import API_V1, API_V1BETA1, KIND
-from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe
 from ._podio import InputError, read_pod
 
 
@@ -64,6 +64,6 @@ def main(argv: list[str]) -> int:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
-        print(f"initshift review: cannot write {args.output}: {(e.strerror or str(e)).lower()}", file=sys.stderr)
+        print(f"initshift review: cannot write {describe(e)}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
 from ..settings import Settings
-from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
+from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal, load_settings
 from ..admission import TLSError
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     try:  # fail here, once, when the port is taken (the workers bind it with SO_REUSEPORT)
         bind(srv.host, srv.port).close()
     except OSError as e:
-        return fatal(prog, f"cannot listen on {srv.host}:{srv.port}: {e}")
+        return fatal(prog, f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
     return Supervisor(settings, count, watch=watch, worker_args=worker_args or []).run(on_started)
 
 
@@ -162,5 +162,5 @@ def main(argv: list[str]) -> int:
     try:
         sock = bind(srv.host, srv.port, reuse_port=True)
     except OSError as e:
-        return fatal("initshift serve", f"cannot listen on {srv.host}:{srv.port}: {e}")
+        return fatal("initshift serve", f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
     return _run_one(settings, "initshift serve", watch=args.watch, on_started=started, sock=sock, worker=args.worker)

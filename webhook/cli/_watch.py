@@ -10,11 +10,12 @@ import argparse
 import asyncio
 import dataclasses
 import signal
+import sys
 
 from .. import __version__, logs
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
-from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 
 _PROG = "initshift watch"
 
@@ -45,13 +46,18 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 
 async def watch(settings: Settings, kubeconfig: str | None, context: str | None) -> None:
+    """Connect (a failure is a plain line, as in every command), then log JSON and watch."""
     from ..watcher import COMPONENT, run_watcher
 
+    try:
+        api = await KubeApi.from_config(kubeconfig, context)
+    except KubeError as e:
+        raise _NotConnected(e) from None
+    logs.configure(settings.server.log_level)  # from here on every stderr line is JSON
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    api = await KubeApi.from_config(kubeconfig, context)
     api.user_agent = f"{COMPONENT}/{__version__}"
     try:
         await run_watcher(settings, stop, api=api)
@@ -59,14 +65,20 @@ async def watch(settings: Settings, kubeconfig: str | None, context: str | None)
         await api.close()
 
 
+class _NotConnected(Exception):
+    """No configuration to reach the API server with (before logging starts)."""
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = load_settings(_PROG, lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE
-    logs.configure(settings.server.log_level)  # from here on every stderr line is JSON
     try:
         asyncio.run(watch(settings, args.kubeconfig, args.context))
+    except _NotConnected as e:
+        print(f"{_PROG}: {e}", file=sys.stderr)
+        return EXIT_ERROR
     except KubeError as e:
         return fatal(_PROG, e)
     except KeyboardInterrupt:
