@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # Debian packages the tests and the waiter build use; installed with apt-get when missing (root only).
 # PyInstaller freezes against Python's shared library (libpythonX.Y), which a bare python3 lacks.
-APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
+# prometheus: its promtool evaluates the alert rules in tests/deploy/test_monitoring.py.
+APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils prometheus $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
 # Benchmarks only: wrk, a C load generator, so the client is never the bottleneck.
 BENCH_APT_PACKAGES := wrk
 PYTEST_ARGS ?=
