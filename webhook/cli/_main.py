@@ -7,6 +7,7 @@ the server's imports and `initshift --help` is instant.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from .. import __version__
@@ -25,21 +26,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("webhook.cli._check", "verify the install (webhook, certificate, watcher, RBAC, meshes); --smoke runs a pod"),
 }
 
-USAGE = "usage: initshift [--version] COMMAND [ARGS...]"
+PLUGIN = "kubectl-initshift"  # the same entry point as a kubectl plugin (`kubectl initshift ...`)
+
+
+def _prog() -> str:
+    return "kubectl initshift" if os.path.basename(sys.argv[0]) == PLUGIN else "initshift"
+
+
+def _usage() -> str:
+    return f"usage: {_prog()} [--version] COMMAND [ARGS...]"
 
 
 def _help() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = [USAGE, "", "commands:"]
+    lines = [_usage(), "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`initshift COMMAND --help` describes one command."]
+    lines += ["", f"`{_prog()} COMMAND --help` describes one command."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        print(f"initshift: missing command ({USAGE}; see initshift --help)", file=sys.stderr)
+        print(f"initshift: missing command ({_usage()}; see {_prog()} --help)", file=sys.stderr)
         return EXIT_USAGE
     if args[0] in ("-h", "--help", "help"):
         print(_help())
