@@ -156,6 +156,9 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
          1, "{d}/missing.crt", True),
         (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
          {"INITSHIFT_WORKERS": "1", "INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
+        # several processes: the supervisor hands --kubeconfig to each worker
+        (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
+         {"INITSHIFT_WORKERS": "2", "INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
     ],
     "watch": [
         (["watch", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
