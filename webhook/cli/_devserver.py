@@ -7,7 +7,6 @@ point into the run directory (that is the point of this command).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
