@@ -24,7 +24,7 @@ from ._classify import (Classification, classify, has_mesh_marker, managed_as, n
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
-from ._shape import shape_problem
+from ._shape import mapping_at, shape_problem
 
 
 @dataclass
@@ -275,9 +275,8 @@ _SWITCHED_OFF = ("feature-gate-off", "disabled")
 def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
     """A pod with init containers that is not rewritten says why on itself (the one change
     made to it); a rewritten pod drops the reason an earlier admission left."""
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    inits = (pod.get("spec") or {}).get("initContainers")
+    meta, notes = mapping_at(pod, "metadata"), mapping_at(pod, "metadata", "annotations")
+    inits = mapping_at(pod, "spec").get("initContainers")
     if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
         annotations = dict(result.pod["metadata"]["annotations"])
         del annotations[p.ANNOTATION_NOT_REWRITTEN]
