@@ -116,34 +116,54 @@ def test_a_stalled_body_is_a_408_and_gives_its_bytes_back(pki):
 
 # --- finding 5: bounded work in hand, refused fast -------------------------------------------
 def test_reviews_beyond_the_limit_are_refused_at_once_with_503(pki):
-    settings = h.settings_for(pki, max_pending_reviews=1, body_timeout_seconds=3.0)
+    """Complete reviews in hand are capped per lane; a review held on the worker thread
+    (here: until released) takes the one place, the next is refused at once."""
+    import threading
+
+    settings = h.settings_for(pki, max_pending_reviews=1)
     with h.running(settings) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
-        holder = tls(server.port, pki)
-        holder.sendall(request_head(len(BODY)) + BODY[:10])  # holds the only slot
-        deadline = time.monotonic() + 5
-        while server.app.state.capacity.reviews == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
-        assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert "busy" in r.json()["error"] and "INITSHIFT_MAX_PENDING_REVIEWS" in r.json()["error"]
-        assert c.get(f"{h.base_url(server)}/healthz").status_code == 200  # never refused
-        assert read_response(holder)[0] == 408  # the holder times out and frees its slot
+        reviewer = server.app.state.reviewer
+        real, release, entered = reviewer.start, threading.Event(), threading.Event()
+
+        def held(body: bytes):
+            entered.set()
+            assert release.wait(30)
+            return real(body)
+
+        reviewer.start = held
+        answers: list[int] = []
+        holder = threading.Thread(target=lambda: answers.append(httpx.post(
+            f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT,
+            verify=h.client_context(pki / "ca.crt"), timeout=60).status_code))
+        try:
+            holder.start()
+            assert entered.wait(30)
+            r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert "busy" in r.json()["error"] and "INITSHIFT_MAX_PENDING_REVIEWS" in r.json()["error"]
+            assert c.get(f"{h.base_url(server)}/healthz").status_code == 200  # never refused
+        finally:
+            release.set()
+            holder.join(60)
+            reviewer.start = real
+        assert answers == [200]
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
 
 
 def test_body_bytes_in_flight_are_capped(pki):
+    """Bytes are counted as they arrive: a body stalled 10 bytes short holds the rest."""
     settings = h.settings_for(pki, max_body_bytes_in_flight=len(BODY) + 10)
     with h.running(settings) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
         holder = tls(server.port, pki)
-        holder.sendall(request_head(len(BODY)) + BODY[:10])
+        holder.sendall(request_head(len(BODY)) + BODY[:-10])
         deadline = time.monotonic() + 5
-        while server.app.state.capacity.body_bytes == 0:
+        while server.app.state.capacity.body_bytes < len(BODY) - 10:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
         assert r.status_code == 503 and "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT" in r.json()["error"]
-        holder.sendall(BODY[10:])
+        assert r.headers["connection"] == "close"  # its body was not read to the end
+        holder.sendall(BODY[-10:])
         assert read_response(holder)[0] == 200
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
 
