@@ -90,7 +90,8 @@ class ServerSettings:
     client_ca: str = _env("INITSHIFT_CLIENT_CA", "CA bundle to verify client certificates; empty: no verification.", "")
     max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes).", 7 * 1024 * 1024)
     workers: int = _env("INITSHIFT_WORKERS", "Server processes sharing the port; 0: one per CPU the process may use "
-                        "(its cgroup's CPU limit counted), at most 8.", 0)
+                        "(its cgroup's CPU limit counted), at most 8, and no more than its cgroup's memory "
+                        "limit holds (48 MiB + 192 MiB per worker).", 0)
     max_connections: int = _env("INITSHIFT_MAX_CONNECTIONS",
                                 "Open connections per server process; more are closed at once.", 512)
     max_pending_reviews: int = _env(
