@@ -91,7 +91,7 @@ class ServerSettings:
     max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes).", 7 * 1024 * 1024)
     workers: int = _env("INITSHIFT_WORKERS", "Server processes sharing the port; 0: one per CPU the process may use "
                         "(its cgroup's CPU limit counted), at most 8, and no more than its cgroup's memory "
-                        "limit holds (48 MiB + 192 MiB per worker).", 0)
+                        "limit holds (64 MiB for the supervisor, 224 MiB per worker).", 0)
     max_connections: int = _env("INITSHIFT_MAX_CONNECTIONS",
                                 "Open connections per server process; more are closed at once.", 512)
     max_pending_reviews: int = _env(
@@ -100,12 +100,12 @@ class ServerSettings:
         "rewriting); more get HTTP 503 at once. A body still arriving does not count.", 64)
     large_review_bytes: int = _env(
         "INITSHIFT_LARGE_REVIEW_BYTES",
-        "Reviews over this size (bytes) are worked on in a lane of their own, so small ones never wait "
-        "behind them.", 256 * 1024)
+        "Reviews over this size (bytes, the declared Content-Length) are worked on in a lane of their own, "
+        "so small ones never wait behind them.", 256 * 1024)
     max_large_reviews: int = _env(
         "INITSHIFT_MAX_LARGE_REVIEWS",
-        "Complete reviews over INITSHIFT_LARGE_REVIEW_BYTES one server process holds at a time; more get "
-        "HTTP 503 at once (each can cost ~40x its size in memory while it is worked on).", 1)
+        "Reviews over INITSHIFT_LARGE_REVIEW_BYTES (or chunked) one server process reads and works on at a "
+        "time; the next waits with its body unread, HTTP 503 after INITSHIFT_BODY_TIMEOUT_SECONDS.", 1)
     max_body_bytes_in_flight: int = _env(
         "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT",
         "Bytes of request bodies one server process holds at a time, counted as they arrive (bodies being "

@@ -156,10 +156,11 @@ def test_slow_bodies_do_not_count_as_reviews_in_hand(pki):
 # --- point 4: large reviews in a lane of their own ------------------------------------------------
 def test_a_large_review_in_hand_never_holds_up_small_ones(pki):
     """A review over INITSHIFT_LARGE_REVIEW_BYTES held on its lane's thread (here: until
-    released): small reviews are answered meanwhile, a second large one is refused at once,
-    and the held one completes. Before, one thread served both: the small review waited."""
+    released): small reviews are answered meanwhile, a second large one waits unread and is
+    refused after the body timeout, and the held one completes. Before, one thread served
+    both: the small review waited."""
     large = json.dumps(h.review(near_etcd_limit_pod(), namespace="builds")).encode()
-    with h.running(h.settings_for(pki)) as server, \
+    with h.running(h.settings_for(pki, body_timeout_seconds=1.0)) as server, \
             httpx.Client(verify=h.client_context(pki / "ca.crt"), timeout=60) as c:
         reviewer = server.app.state.reviewer
         real, release, entered = reviewer.start, threading.Event(), threading.Event()

@@ -248,7 +248,7 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
         held = capacity.hold()
         try:
             admission.check_content_type(request.headers.get("content-type"))
-            _declared_length(request, limit)
+            await held.wait_turn(_declared_length(request, limit), srv.body_timeout_seconds)
             body = await _read_body(request, limit, srv.body_timeout_seconds, held)
             offload = held.take_lane(len(body)).run  # in hand only once the body is complete
             review, first, payload = await offload(reviewer.start, body)

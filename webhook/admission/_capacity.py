@@ -1,17 +1,17 @@
 """What one server process holds at a time, and the lanes reviews are worked on in.
 
 Bodies are counted by the bytes that have arrived (a client that declares a large body and
-sends ten bytes holds ten bytes), and a review takes a place in hand only once its body is
-complete: slow or stalled bodies are bounded by the bytes limit, the body timeout and the
-connection cap, and never make a complete review wait or be refused.
+sends ten bytes holds ten bytes), and a small review takes a place in hand only once its
+body is complete: slow or stalled bodies are bounded by the bytes limit, the body timeout
+and the connection cap, and never make a complete review wait or be refused.
 
-Complete reviews go to one of two lanes by size, each with its own thread and its own
-limit of reviews in hand: a review of a normal pod (tens of KiB) never queues behind one of
-several MiB, and large ones are held one (INITSHIFT_MAX_LARGE_REVIEWS) at a time, since
-each costs tens of times its size in memory while it is parsed, rewritten and encoded. Both
-threads share the GIL: while a large review runs, a small one still gets its turn within
-the interpreter's switch interval (5 ms), except during a single C call such as the large
-body's JSON parse.
+Reviews go to one of two lanes by declared size, each with its own thread: a review of a
+normal pod (tens of KiB) never queues behind one of several MiB. Large ones (over
+INITSHIFT_LARGE_REVIEW_BYTES, or chunked) are read and worked on INITSHIFT_MAX_LARGE_REVIEWS
+(1) at a time per process, since each costs tens of times its size in memory; the next
+waits with its body unread. Both threads share the GIL: while a large review runs, a small
+one still gets its turn within the interpreter's switch interval (5 ms), except during a
+single C call such as the large body's JSON parse.
 
 Only the event loop's thread touches the counters.
 """
@@ -41,6 +41,7 @@ class Lane:
     def __init__(self, name: str, max_reviews: int, setting: str) -> None:
         self.name, self.max_reviews, self.setting = name, max_reviews, setting
         self.reviews = 0
+        self.turns = asyncio.Semaphore(max_reviews)  # the large lane's: taken before the body is read
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"initshift-review-{name}")
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -60,9 +61,6 @@ class Capacity:
     def reviews(self) -> int:
         return self.small.reviews + self.large.reviews
 
-    def lane_for(self, size: int) -> Lane:
-        return self.large if size > self.large_bytes else self.small
-
     def hold(self) -> "Holding":
         return Holding(self)
 
@@ -74,6 +72,7 @@ class Holding:
         self.capacity = capacity
         self.bytes = 0
         self.lane: Lane | None = None
+        self.turn: Lane | None = None  # the large lane's turn, taken before reading
 
     def add_bytes(self, n: int) -> None:
         """`n` more body bytes arrived; refused when the process holds too many already."""
@@ -84,10 +83,25 @@ class Holding:
         cap.body_bytes += n
         self.bytes += n
 
+    async def wait_turn(self, declared: int | None, timeout: float | None) -> None:
+        """A body over the large size (or of unknown size: chunked) waits, unread, for its
+        lane to have room: the client's upload stalls in TCP instead of being read only
+        to be refused, and a refused client retrying at once would cost the loop a full
+        upload each time. Refused after `timeout` seconds of waiting."""
+        cap = self.capacity
+        if declared is not None and declared <= cap.large_bytes:
+            return
+        try:
+            await asyncio.wait_for(cap.large.turns.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise Refused(503, f"initshift: busy: {cap.large.max_reviews} large reviews in hand in this server "
+                               f"process for {timeout:g} s (INITSHIFT_MAX_LARGE_REVIEWS); retry", close=True) from None
+        self.turn = cap.large
+
     def take_lane(self, size: int) -> Lane:
         """A place in hand for a complete review of `size` bytes, in its lane."""
-        lane = self.capacity.lane_for(size)
-        if lane.reviews >= lane.max_reviews:
+        lane = self.turn or self.capacity.small
+        if lane is not self.turn and lane.reviews >= lane.max_reviews:
             raise Refused(503, f"initshift: busy: {lane.reviews} {lane.name} reviews in hand in this server "
                                f"process ({lane.setting}); retry")
         lane.reviews += 1
@@ -100,3 +114,6 @@ class Holding:
         if self.lane is not None:
             self.lane.reviews -= 1
             self.lane = None
+        if self.turn is not None:
+            self.turn.turns.release()
+            self.turn = None

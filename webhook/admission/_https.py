@@ -161,7 +161,11 @@ class _GuardedProtocol(HttpToolsProtocol):
         body = json.dumps({"error": f"initshift: {why}"}).encode()
         self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.pause_reading()
         self.transport.close()
+        # A TLS close waits for the client's close_notify, reading (and dropping) what it
+        # still sends meanwhile: a second for it to read the answer, then the socket goes.
+        self.loop.call_later(1.0, self.transport.abort)
 
     # --- deadlines ------------------------------------------------------------------------------
     def on_response_complete(self) -> None:

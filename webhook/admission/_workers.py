@@ -38,11 +38,12 @@ _RESTART_DELAY = 1.0
 
 
 AUTO_MAX_WORKERS = 8  # `0` never starts more
-# The memory budget `0` counts with (measured with `make bench-hostile`: the supervisor
-# ~35 MB, an idle worker ~80-110 MB, growing by the bodies and large reviews it may hold,
-# INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT and INITSHIFT_MAX_LARGE_REVIEWS).
-SUPERVISOR_BYTES = 48 * 1024 * 1024
-WORKER_BYTES = 192 * 1024 * 1024
+# The memory budget `0` counts with, from `make bench-hostile` (2 workers, 2 CPUs): the
+# supervisor ~57 MB resident, a worker ~108 MB idle and ~200 MB at its peak through every
+# hostile case (a 7 MB review flood the heaviest: one large review in hand, bodies arriving).
+# The Deployment's and the chart's memory limit (512Mi) holds two workers.
+SUPERVISOR_BYTES = 64 * 1024 * 1024
+WORKER_BYTES = 224 * 1024 * 1024
 _NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a huge number
 
 
