@@ -25,9 +25,8 @@ import socket
 import threading
 from typing import Any, Awaitable, Callable
 
-import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, httptools  # uvicorn's parser, its errors
 
 from . import _tls as tls
 from ._app import create_app
