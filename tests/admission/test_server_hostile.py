@@ -12,28 +12,17 @@ import socket
 import ssl
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.admission.test_server_limits import closed_within, read_response, request_head, tls
+from tests.admission.test_server_limits import (BODY, JSON_CT, REVIEW, closed_within, held_review, pki,  # noqa: F401
+                                                read_response, request_head, tls)
+from tests.admission.test_server_workers import wait_for
 from tests.support import https_helpers as h
 from webhook import metrics
 from webhook.admission._review import decode_patch
 from webhook.rewrite._podcheck import MAX_OBJECT_BYTES, object_bytes
-
-REVIEW = h.review(h.kpack_istio(), namespace="builds")
-BODY = json.dumps(REVIEW).encode()
-JSON_CT = {"content-type": "application/json"}
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("pki")
-    h.make_certs(d)
-    return d
-
 
 def closed_count(reason: str) -> float:
     """initshift_connections_closed_total{reason} of this process (the server runs in it)."""
@@ -41,13 +30,6 @@ def closed_count(reason: str) -> float:
         if line.startswith(f'initshift_connections_closed_total{{reason="{reason}"}}'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-def wait_until(condition, seconds: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def near_etcd_limit_pod() -> dict:
@@ -145,7 +127,7 @@ def test_slow_bodies_do_not_count_as_reviews_in_hand(pki):
         for s in slow:
             s.sendall(request_head(100) + b"{" * 10)
         capacity = server.app.state.capacity
-        wait_until(lambda: capacity.body_bytes == 120, what="the slow bodies' bytes")
+        wait_for(lambda: capacity.body_bytes == 120, what="the slow bodies' bytes")
         assert capacity.reviews == 0
         for _ in range(3):
             assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
@@ -162,29 +144,10 @@ def test_a_large_review_in_hand_never_holds_up_small_ones(pki):
     large = json.dumps(h.review(near_etcd_limit_pod(), namespace="builds")).encode()
     with h.running(h.settings_for(pki, body_timeout_seconds=1.0)) as server, \
             httpx.Client(verify=h.client_context(pki / "ca.crt"), timeout=60) as c:
-        reviewer = server.app.state.reviewer
-        real, release, entered = reviewer.start, threading.Event(), threading.Event()
-
-        def held(body: bytes):
-            if len(body) > server.settings.server.large_review_bytes:
-                entered.set()
-                assert release.wait(60)
-            return real(body)
-
-        reviewer.start = held
-        answers: list[httpx.Response] = []
-        poster = threading.Thread(target=lambda: answers.append(httpx.post(
-            f"{h.base_url(server)}/mutate", content=large, headers=JSON_CT,
-            verify=h.client_context(pki / "ca.crt"), timeout=60)))
-        try:
-            poster.start()
-            assert entered.wait(30)
+        with held_review(server, pki, large, when=lambda body: len(body) > server.settings.server.large_review_bytes) \
+                as answers:
             small = [c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT) for _ in range(3)]
             second = c.post(f"{h.base_url(server)}/mutate", content=large, headers=JSON_CT)
-        finally:
-            release.set()
-            poster.join(60)
-            reviewer.start = real
         assert [r.status_code for r in small] == [200, 200, 200]
         assert second.status_code == 503 and "INITSHIFT_MAX_LARGE_REVIEWS" in second.json()["error"]
         assert [r.status_code for r in answers] == [200]
@@ -249,7 +212,7 @@ def test_an_answer_its_client_never_reads_is_dropped(pki):
                     break
         except (ConnectionError, ssl.SSLError, socket.timeout):
             pass  # the server stopped reading (its answers unread) or dropped the connection
-        wait_until(lambda: closed_count("write-timeout") > before, what="the write timeout")
+        wait_for(lambda: closed_count("write-timeout") > before, what="the write timeout")
         s.close()
 
 

@@ -19,23 +19,11 @@ import httpx
 from certs import pki
 from tests.admission.test_server_rotation import der, secret_volume
 from tests.support import https_helpers as h
+from tests.support.hostile import children
 from waiter import protocol as p
 from webhook.admission._https import bind
 
 REVIEW = h.review(h.kpack_istio(), namespace="builds")
-
-
-def children(pid: int) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.add(int(entry.name))
-    return out
 
 
 def wait_for(condition, seconds: float = 30, what: str = "") -> None:
