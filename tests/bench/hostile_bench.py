@@ -11,7 +11,8 @@ in the issue's probes; `--workers N` to change) and production defaults otherwis
    legitimate reviews: how many got 503.
 4. Large reviews: 4 clients posting 7 MB reviews back to back; /mutate of the normal
    7-step build pod meanwhile (p50/p99 over 200 reviews), and the large ones' answers.
-5. Memory: supervisor and per-worker RSS idle, and each process's peak after all of it.
+5. Pipelining: 100,000 `GET /healthz` sent at once on one connection; answers, RSS growth.
+6. Memory: supervisor and per-worker RSS idle, and each process's peak after all of it.
 
 `--server-tree DIR` runs the server from another checkout (a baseline).
 """
@@ -111,10 +112,17 @@ def main() -> None:
         print(f"4. 7 MB review flood (4 clients): normal /mutate {summary(samples)}; large reviews answered "
               f"{dict(collections.Counter(statuses))}")
 
-        # 5. memory
+        # 5. pipelining
+        before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
+        answered = hostile.pipelined(port, ctx, 100_000)
+        growth = max(hostile.memory_kb(p, "VmHWM") - before[p] for p in workers) / 1024
+        print(f"5. 100,000 pipelined GET /healthz on one connection: {answered} answered before the connection "
+              f"was dropped; worker peak RSS growth {growth:.0f} MB")
+
+        # 6. memory
         peak = {pid: hostile.memory_kb(pid, "VmHWM") for pid in [proc.pid, *workers]}
         now = {pid: hostile.memory_kb(pid) for pid in [proc.pid, *workers]}
-        print(f"5. RSS after all of it: supervisor {now[proc.pid] / 1024:.0f} MB (peak {peak[proc.pid] / 1024:.0f}); "
+        print(f"6. RSS after all of it: supervisor {now[proc.pid] / 1024:.0f} MB (peak {peak[proc.pid] / 1024:.0f}); "
               "workers " + ", ".join(f"{now[p] / 1024:.0f} (peak {peak[p] / 1024:.0f})" for p in workers) + " MB")
     finally:
         proc.terminate()

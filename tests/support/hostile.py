@@ -36,6 +36,7 @@ def large_body(size: int) -> bytes:
         for _ in range(50):
             step = copy.deepcopy(template)
             step["name"] = f"step-{n}"
+            step["command"] = ["/cnb/lifecycle/restorer"]  # rewritable: no registry lookup needed
             step["env"] = [{"name": f"V{j}", "value": "x" * 20} for j in range(40)]
             steps.append(step)
             n += 1
