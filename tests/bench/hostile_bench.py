@@ -14,7 +14,8 @@ in the issue's probes; `--workers N` to change) and production defaults otherwis
 5. Pipelining: 100,000 `GET /healthz` sent at once on one connection; answers, RSS growth.
 6. Memory: supervisor and per-worker RSS idle, and each process's peak after all of it.
 
-`--server-tree DIR` runs the server from another checkout (a baseline).
+`--server-tree DIR` runs the server from another checkout (a baseline); `--cases 1,4` runs
+only those cases (memory, 6, is always printed).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--server-tree", type=Path)
+    parser.add_argument("--cases", default="1,2,3,4,5", help="which cases to run (comma list)")
     args = parser.parse_args()
+    cases = {int(c) for c in args.cases.split(",")}
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} "
           f"(shared machines give noisy figures)")
     d = Path(tempfile.mkdtemp(prefix="initshift-hostile-"))
@@ -77,47 +80,52 @@ def main() -> None:
         print(f"reviews: normal {len(small) / 1024:.0f} KiB, large {len(large) / 1e6:.1f} MB")
 
         # 1. header flood
-        before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
-        sent = hostile.header_flood(port, ctx)
-        after = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
-        growth = max(after[p] - before[p] for p in workers) / 1024
-        print(f"1. header flood (32 MB of headers): {sent / 1e6:.1f} MB sent before the cut; "
-              f"worker peak RSS growth {growth:.0f} MB")
+        if 1 in cases:
+            before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
+            sent = hostile.header_flood(port, ctx)
+            after = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
+            growth = max(after[p] - before[p] for p in workers) / 1024
+            print(f"1. header flood (32 MB of headers): {sent / 1e6:.1f} MB sent before the cut; "
+                  f"worker peak RSS growth {growth:.0f} MB")
 
         # 2. metrics flood
-        w0 = workers[0]
-        cpu0 = cpu_seconds(w0)
-        start = time.monotonic()
-        flood = hostile.metrics_flood(metrics_port, 2000)
-        samples = hostile.latencies(url, ctx, small, 100)
-        held = time.monotonic() - start
-        cpu = cpu_seconds(w0) - cpu0
-        print(f"2. metrics flood ({len(flood)} unfinished GET /metrics): worker 0 used {cpu:.2f} s CPU over "
-              f"{held:.1f} s; /mutate meanwhile {summary(samples)}")
-        for s in flood:
-            s.close()
+        if 2 in cases:
+            w0 = workers[0]
+            cpu0 = cpu_seconds(w0)
+            start = time.monotonic()
+            flood = hostile.metrics_flood(metrics_port, 2000)
+            samples = hostile.latencies(url, ctx, small, 100)
+            held = time.monotonic() - start
+            cpu = cpu_seconds(w0) - cpu0
+            print(f"2. metrics flood ({len(flood)} unfinished GET /metrics): worker 0 used {cpu:.2f} s CPU over "
+                  f"{held:.1f} s; /mutate meanwhile {summary(samples)}")
+            for s in flood:
+                s.close()
 
         # 3. slow bodies
-        slow = hostile.slow_bodies(port, ctx, 140)
-        samples = hostile.latencies(url, ctx, small, 100, pause=0.01)
-        print(f"3. slow bodies (140 clients, 10 of 100 bytes): legitimate /mutate {summary(samples)}; "
-              f"503s: {sum(1 for s, _ in samples if s == 503)}")
-        for s in slow:
-            s.close()
+        if 3 in cases:
+            slow = hostile.slow_bodies(port, ctx, 140)
+            samples = hostile.latencies(url, ctx, small, 100, pause=0.01)
+            print(f"3. slow bodies (140 clients, 10 of 100 bytes): legitimate /mutate {summary(samples)}; "
+                  f"503s: {sum(1 for s, _ in samples if s == 503)}")
+            for s in slow:
+                s.close()
 
         # 4. large-review flood
-        with hostile.posting(url, str(d / "ca.crt"), large, 4) as statuses:
-            time.sleep(1)
-            samples = hostile.latencies(url, ctx, small, 200)
-        print(f"4. 7 MB review flood (4 clients): normal /mutate {summary(samples)}; large reviews answered "
-              f"{dict(collections.Counter(statuses))}")
+        if 4 in cases:
+            with hostile.posting(url, str(d / "ca.crt"), large, 4) as statuses:
+                time.sleep(1)
+                samples = hostile.latencies(url, ctx, small, 200)
+            print(f"4. 7 MB review flood (4 clients): normal /mutate {summary(samples)}; large reviews answered "
+                  f"{dict(collections.Counter(statuses))}")
 
         # 5. pipelining
-        before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
-        answered = hostile.pipelined(port, ctx, 100_000)
-        growth = max(hostile.memory_kb(p, "VmHWM") - before[p] for p in workers) / 1024
-        print(f"5. 100,000 pipelined GET /healthz on one connection: {answered} answered before the connection "
-              f"was dropped; worker peak RSS growth {growth:.0f} MB")
+        if 5 in cases:
+            before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
+            answered = hostile.pipelined(port, ctx, 100_000)
+            growth = max(hostile.memory_kb(p, "VmHWM") - before[p] for p in workers) / 1024
+            print(f"5. 100,000 pipelined GET /healthz on one connection: {answered} answered before the connection "
+                  f"was dropped; worker peak RSS growth {growth:.0f} MB")
 
         # 6. memory
         peak = {pid: hostile.memory_kb(pid, "VmHWM") for pid in [proc.pid, *workers]}
