@@ -4,11 +4,11 @@ port, see _https.py).
 The review path reads the raw body itself (bounded in size, time and bytes held across
 requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
 never runs. Parsing, the rewrite and the answer's encoding run on a worker thread (one per
-size lane, see _capacity.py): the event loop stays free to accept connections, finish TLS handshakes and answer
-/healthz while a review is being worked on, and complete reviews beyond a fixed number in
-hand are refused at once with a 503 (the apiserver then applies the webhook's failurePolicy) instead
-of waiting in a queue past the webhook's timeout. Everything after parsing follows the
-failure mode: an internal error never becomes a 500.
+size lane, see _capacity.py): the event loop stays free to accept connections, finish TLS
+handshakes and answer /healthz while a review is being worked on, and complete reviews
+beyond a fixed number in hand are refused at once with a 503 (the apiserver then applies
+the webhook's failurePolicy) instead of waiting in a queue past the webhook's timeout.
+Everything after parsing follows the failure mode: an internal error never becomes a 500.
 """
 
 from __future__ import annotations
