@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 PIP_CONSTRAINTS ?=
 FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-watcher clean
+.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-hostile bench-watcher clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
@@ -71,7 +71,7 @@ wheel: $(STAMP)
 lock: $(STAMP)
 	$(PY) -m tests.support.lockfile
 
-bench: bench-waiter bench-admission bench-watcher
+bench: bench-waiter bench-admission bench-hostile bench-watcher
 
 bench-waiter: waiter
 	$(PY) -m tests.bench.waiter_bench
@@ -80,6 +80,11 @@ bench-admission: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
 	$(PY) -m tests.bench.latency_bench
 	$(PY) -m tests.bench.admission_bench
+
+# One hostile client at a time (header flood, metrics flood, slow bodies, 7 MB reviews) and
+# what each costs the server: memory, CPU, /mutate latency meanwhile.
+bench-hostile: $(STAMP)
+	$(PY) -m tests.bench.hostile_bench
 
 # The watcher against the API double at 100, 1,000 and 5,000 pods in flight (~5 minutes).
 bench-watcher: $(STAMP)

@@ -3,12 +3,12 @@ port, see _https.py).
 
 The review path reads the raw body itself (bounded in size, time and bytes held across
 requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
-never runs. Parsing, the rewrite and the answer's encoding run on one worker thread per
-process: the event loop stays free to accept connections, finish TLS handshakes and answer
-/healthz while a review is being worked on, and reviews beyond a fixed number in hand are
-refused at once with a 503 (the apiserver then applies the webhook's failurePolicy) instead
-of waiting in a queue past the webhook's timeout. Everything after parsing follows the
-failure mode: an internal error never becomes a 500.
+never runs. Parsing, the rewrite and the answer's encoding run on a worker thread (one per
+size lane, see _capacity.py): the event loop stays free to accept connections, finish TLS
+handshakes and answer /healthz while a review is being worked on, and complete reviews
+beyond a fixed number in hand are refused at once with a 503 (the apiserver then applies
+the webhook's failurePolicy) instead of waiting in a queue past the webhook's timeout.
+Everything after parsing follows the failure mode: an internal error never becomes a 500.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -27,6 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from . import _review as admission
 from .. import logs, metrics
+from ._capacity import Capacity, Holding, Refused as _Refused
 from ._review import BadReview, Review
 from ..rewrite import EntrypointResolver, UnresolvedEntrypoint
 from ..settings import Settings
@@ -37,38 +37,6 @@ MUTATE_PATH = "/mutate"
 
 
 T = TypeVar("T")
-
-
-class _Refused(Exception):
-    """A request the server will not take now: HTTP `status` with a one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _Capacity:
-    """What one process holds at a time: reviews in hand and the bytes of their bodies.
-    Only the event loop's thread touches it."""
-
-    def __init__(self, max_reviews: int, max_body_bytes: int) -> None:
-        self.max_reviews, self.max_body_bytes = max_reviews, max_body_bytes
-        self.reviews = 0
-        self.body_bytes = 0
-
-    def take(self, body_bytes: int) -> None:
-        if self.reviews >= self.max_reviews:
-            raise _Refused(503, f"initshift: busy: {self.reviews} reviews in hand in this server process "
-                               f"(INITSHIFT_MAX_PENDING_REVIEWS); retry")
-        if self.body_bytes + body_bytes > self.max_body_bytes:
-            raise _Refused(503, f"initshift: busy: {self.body_bytes} bytes of request bodies in hand in this server "
-                               f"process (INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT); retry")
-        self.reviews += 1
-        self.body_bytes += body_bytes
-
-    def give_back(self, body_bytes: int) -> None:
-        self.reviews -= 1
-        self.body_bytes -= body_bytes
 
 
 @dataclass(frozen=True)
@@ -97,8 +65,9 @@ def _declared_length(request: Request, limit: int) -> int | None:
     return size
 
 
-async def _read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
-    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds."""
+async def _read_body(request: Request, limit: int, timeout: float | None, held: Holding) -> bytes:
+    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds;
+    each chunk is counted in `held` as it arrives."""
     chunks: list[bytes] = []
     total = 0
 
@@ -108,6 +77,7 @@ async def _read_body(request: Request, limit: int, timeout: float | None = None)
             total += len(chunk)
             if total > limit:
                 raise BadReview(f"body is over the limit of {limit} bytes")
+            held.add_bytes(len(chunk))
             chunks.append(chunk)
 
     try:
@@ -116,7 +86,7 @@ async def _read_body(request: Request, limit: int, timeout: float | None = None)
         raise BadReview("client disconnected before the body was complete") from None
     except asyncio.TimeoutError:
         raise _Refused(408, f"initshift: the body was not complete after {timeout:g} s "
-                           f"(INITSHIFT_BODY_TIMEOUT_SECONDS)") from None
+                           f"(INITSHIFT_BODY_TIMEOUT_SECONDS)", close=True) from None
     return b"".join(chunks)
 
 
@@ -259,14 +229,10 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     reviewer = Reviewer(settings, resolver, native_supported)
     srv = settings.server
     limit = srv.max_body_bytes
-    capacity = _Capacity(srv.max_pending_reviews, srv.max_body_bytes_in_flight)
-    # One thread: reviews are CPU work under the GIL, more threads would only interleave them.
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
+    capacity = Capacity(srv.max_pending_reviews, srv.max_large_reviews, srv.max_body_bytes_in_flight,
+                        srv.large_review_bytes)
     app.state.reviewer = reviewer
     app.state.capacity = capacity
-
-    async def offload(fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(worker, fn, *args)
 
     def bad_request(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
         metrics.REQUESTS.labels(outcome).inc()
@@ -279,13 +245,12 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     async def mutate(request: Request) -> Response:
         start = time.perf_counter()
         body = b""
-        held: int | None = None
+        held = capacity.hold()
         try:
             admission.check_content_type(request.headers.get("content-type"))
-            size = _declared_length(request, limit)
-            capacity.take(limit if size is None else size)
-            held = limit if size is None else size
-            body = await _read_body(request, limit, srv.body_timeout_seconds)
+            await held.wait_turn(_declared_length(request, limit), srv.body_timeout_seconds)
+            body = await _read_body(request, limit, srv.body_timeout_seconds, held)
+            offload = held.take_lane(len(body)).run  # in hand only once the body is complete
             review, first, payload = await offload(reviewer.start, body)
             if payload is None:  # registry lookups first (I/O, on the loop)
                 decision = await reviewer.complete(review, first, offload)
@@ -297,12 +262,10 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
             return _json({"error": str(e)}, 400)
         except _Refused as e:
             bad_request(body, e, time.perf_counter() - start, "refused")
-            # 408: the rest of the body may still arrive, so the connection cannot be reused.
-            headers = {"Connection": "close"} if e.status == 408 else {"Retry-After": "1"}
+            headers = {"Connection": "close"} if e.close else {"Retry-After": "1"}
             return _json({"error": str(e)}, e.status, headers)
         finally:
-            if held is not None:
-                capacity.give_back(held)
+            held.release()
         elapsed = time.perf_counter() - start
         metrics.REQUESTS.labels(decision.outcome).inc()
         metrics.LATENCY.observe(elapsed)
