@@ -10,14 +10,21 @@ from __future__ import annotations
 import ctypes
 import os
 import select
+import sys
+import time
 
 IN_ATTRIB = 0x00000004
 IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
+IN_Q_OVERFLOW = 0x00004000  # events were lost: whatever we wait for may have happened
+IN_IGNORED = 0x00008000  # the watch is gone (directory removed or unmounted)
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 WATCH_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ATTRIB
+EVENT_HEADER = 16  # struct inotify_event: int wd, u32 mask, u32 cookie, u32 len, then the name
+# The kubelet updates a downward-API volume by swapping this symlink (the files point through it).
+KUBELET_DATA_LINK = "..data"
 
 POLL_INTERVAL = 0.1  # seconds, when inotify is unavailable
 SAFETY_INTERVAL = 1.0  # seconds, re-check even with inotify: events can be missed on odd filesystems
@@ -28,11 +35,31 @@ SAFETY_INTERVAL = 1.0  # seconds, re-check even with inotify: events can be miss
 Wakeable = object
 
 
-class DirWatch:
-    """`wait(timeout)` returns after a change in one of the directories, a wake-up fd, or timeout."""
+def event_names(data: bytes) -> list[bytes] | None:
+    """The names in a buffer of inotify events; None when one says events were lost or the
+    watch is gone (then anything may have changed)."""
+    names = []
+    at = 0
+    while at + EVENT_HEADER <= len(data):
+        mask = int.from_bytes(data[at + 4:at + 8], sys.byteorder)
+        length = int.from_bytes(data[at + 12:at + 16], sys.byteorder)
+        if mask & (IN_Q_OVERFLOW | IN_IGNORED):
+            return None
+        names.append(data[at + EVENT_HEADER:at + EVENT_HEADER + length].rstrip(b"\0"))
+        at += EVENT_HEADER + length
+    return names
 
-    def __init__(self, directories: list[str]) -> None:
+
+class DirWatch:
+    """`wait(timeout)` returns after a change in one of the directories, a wake-up fd, or timeout.
+
+    With `names`, only events for those entries end the wait: a writer's temporary file
+    (created, written, then renamed over the watched name) does not wake the waiter three
+    times while the writer is still busy on the core it wakes up on."""
+
+    def __init__(self, directories: list[str], names: list[str] | None = None) -> None:
         self.fd: int | None = None
+        self.names = None if names is None else {os.fsencode(n) for n in names}
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
@@ -50,16 +77,27 @@ class DirWatch:
     def interval(self) -> float:
         return SAFETY_INTERVAL if self.fd is not None else POLL_INTERVAL
 
+    def _drain(self, fd: int) -> bool:
+        """Read the pending events; whether one of them is for a watched name."""
+        relevant = False
+        try:
+            while data := os.read(fd, 65536):
+                names = event_names(data)
+                relevant = relevant or names is None or self.names is None or \
+                    not self.names.isdisjoint(names)
+        except BlockingIOError:
+            pass
+        return relevant
+
     def wait(self, timeout: float | None = None, wake: Wakeable | None = None) -> None:
         limit = self.interval if timeout is None else min(timeout, self.interval)
+        deadline = time.monotonic() + max(0.0, limit)
         fds = [f for f in (self.fd, wake.fileno() if wake else None) if f is not None]
-        ready, _, _ = select.select(fds, [], [], max(0.0, limit))
-        if self.fd is not None and self.fd in ready:
-            try:
-                while os.read(self.fd, 65536):
-                    pass
-            except BlockingIOError:
-                pass
+        while True:
+            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
+            if self.fd is None or self.fd not in ready or self._drain(self.fd) or len(ready) > 1:
+                return
+            # Only other entries changed: keep waiting for the rest of the time.
 
     def close(self) -> None:
         if self.fd is not None:
