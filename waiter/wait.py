@@ -11,6 +11,7 @@ import _thread
 import ctypes
 import os
 import select
+import signal
 import sys
 import time
 
@@ -112,7 +113,13 @@ class DirWatch:
         thread takes that wait, so what the watch guarded (the step's start) goes on at once."""
         if self.fd is not None:
             fd, self.fd = self.fd, None
-            _thread.start_new_thread(os.close, (fd,))
+            # The helper starts with every signal blocked (a new thread inherits the mask), so
+            # none is delivered to it while it sits in the kernel: they stay the main loop's.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            try:
+                _thread.start_new_thread(os.close, (fd,))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def __enter__(self) -> "DirWatch":
         return self

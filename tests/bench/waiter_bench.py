@@ -240,6 +240,15 @@ def chain(t: Target) -> float:
     return _ts(recs[-1][p.RECORD_FINISHED_AT]) - _ts(recs[0][p.RECORD_STARTED_AT])
 
 
+def machine() -> str:
+    """The CPU model, the kernel and the load average when the bench starts (figures from
+    a busy machine are not comparable with an idle one's)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return f"{model}, Linux {os.uname().release}, load average {load}"
+
+
 def _ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, " \
            f"max {max(values) * 1000:.1f})"
@@ -250,6 +259,7 @@ def main() -> int:
         t = Target(Path(tmp))
         what = "frozen bundle in a chroot" if t.frozen else "SOURCE waiter (not root: no chroot)"
         print(f"waiter benchmark: {what}, {os.cpu_count()} CPUs")
+        print(f"machine: {machine()}")
         cold = cold_start(t)
         print(f"cold start (run -- true), median of {COLD_RUNS}: {statistics.median(cold) * 1000:.1f} ms "
               f"(min {min(cold) * 1000:.1f}, max {max(cold) * 1000:.1f})")
