@@ -1,4 +1,5 @@
-"""The settings object: environment parsing and the README table rendered from it."""
+"""The settings object: environment parsing and the settings table rendered from it (the
+table in docs/admission-server.md is pinned by tests/admission/test_server.py)."""
 
 from __future__ import annotations
 

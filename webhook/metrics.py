@@ -2,7 +2,7 @@
 
 `REGISTRY` is the one registry the metrics port serves; other parts of the process (the
 watcher, native-sidecar detection) register their own collectors on it, so one scrape
-sees everything. Each label says one thing; the README's "Metrics and alerts" lists
+sees everything. Each label says one thing; docs/monitoring.md lists
 every series, and the alerts and the dashboard in deploy/ use only these.
 
 Several server processes (webhook/admission/_workers.py) share their values through

@@ -2,7 +2,8 @@
 feature gate SUPPORT_INJECTED_SIDECARS.
 
 Each field names its variable and says what it does in its metadata; `settings_table()`
-renders the README table from the same metadata, so docs and code cannot drift.
+renders the settings table of docs/admission-server.md from the same metadata, so docs and
+code cannot drift.
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-from pathlib import Path
 
 import pytest
 
 from tests.cli.test_check import failed
+from tests.support import docs
 from tests.support import install as inst
 from tests.support.kubedouble import KubeDouble
 from waiter import protocol as p
@@ -57,13 +57,12 @@ async def test_waiter_strategy_under_istio(kube: KubeDouble, tmp_path) -> None:
            "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by quit",
            f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 mains succeeded)", "✔ deleted pod builds/initshift-smoke-")
     assert kube.items("pods", inst.BUILDS) == []
-    assert _normal(out) == _normal(readme_sample()), "the README's sample is this run's output"
+    assert _normal(out) == _normal(docs_sample()), "docs/install.md's sample is this run's output"
 
 
-def readme_sample() -> str:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    return text.split("$ initshift check --service-url https://127.0.0.1:8443 --smoke builds\n", 1)[1] \
-        .split("\n```", 1)[0]
+def docs_sample() -> str:
+    return docs.fenced_after(docs.page("install.md"),
+                             "$ initshift check --service-url https://127.0.0.1:8443 --smoke builds")
 
 
 def _normal(text: str) -> str:

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support import promoperator, pss
+from tests.support import docs, promoperator, pss
 from tests.support.deploy_render import CHART, DEPLOY, NAMESPACE, Rendered, RenderError, helm, kustomize
 from tests.support.podvalidate import VERSIONS
 from waiter import protocol as p
@@ -605,8 +605,8 @@ def test_chart_kube_version_is_the_oldest_validated():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     major_minor = ".".join(OLDEST.split(".")[:2])
     assert chart["kubeVersion"] == f">={major_minor}.0-0"
-    readme = (DEPLOY.parent / "README.md").read_text()
-    assert f"Kubernetes {major_minor} or newer" in readme
+    for page in ("README.md", "install.md"):
+        assert f"Kubernetes {major_minor} or newer" in docs.page(page), page
 
 
 def test_render_errors_are_one_line(tmp_path):

@@ -144,7 +144,7 @@ class CertReloader:
             _load_pair_safely(self.ctx, self.cert, self.key)
             if self.client_ca:
                 # OpenSSL can only add to the trust store: a removed client CA stays trusted
-                # until restart (documented in the README).
+                # until restart (documented in docs/admission-server.md).
                 self.ctx.load_verify_locations(cafile=self.client_ca)
         except (TLSError, OSError, ssl.SSLError) as e:
             metrics.CERT_RELOADS.labels("error").inc()

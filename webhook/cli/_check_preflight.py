@@ -1,7 +1,7 @@
 """`initshift check`'s preflight: the install as the cluster sees it, one line per fact.
 
 Every check reads through `KubeApi` with the caller's credentials; nothing is changed. The
-rules a configuration must follow are the ones deploy/ ships (see the README's "The webhook
+rules a configuration must follow are the ones deploy/ ships (see docs/install.md, "The webhook
 configuration"): name order before the mesh injectors, `reinvocationPolicy: IfNeeded`,
 `sideEffects: None`, a timeout above the registry budget, a namespaceSelector that never
 selects initshift's own namespace or kube-system.

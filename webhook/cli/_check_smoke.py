@@ -134,7 +134,7 @@ class Run:
                       reason=reason)
         else:
             self.line(False, f"rewritten by initshift: not rewritten ({reason or 'no decision recorded'})",
-                      f"{p.ANNOTATION_NOT_REWRITTEN}={reason}: see the README's table of reasons" if reason else
+                      f"{p.ANNOTATION_NOT_REWRITTEN}={reason}: the reasons are in docs/strategies.md" if reason else
                       "the webhook was not called, failed (failurePolicy Ignore admits the pod unchanged) or its "
                       f"feature gate {p.FEATURE_GATE_ENV} is off: read the server's log and the lines above", reason=reason)
             return

@@ -1,7 +1,7 @@
 """`initshift serve`: the admission server over HTTPS, optionally with the watcher.
 
-Settings come from the environment (see the README table); flags override the few that
-are handy on a command line.
+Settings come from the environment (the settings table in docs/admission-server.md); flags
+override the few that are handy on a command line.
 """
 
 from __future__ import annotations

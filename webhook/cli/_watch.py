@@ -1,7 +1,7 @@
 """`initshift watch`: run the companion watcher until SIGINT/SIGTERM.
 
-Settings come from the environment (README table, INITSHIFT_WATCH_* and friends);
-the flags override the ones handy on a command line.
+Settings come from the environment (the settings table in docs/admission-server.md,
+INITSHIFT_WATCH_* and friends); the flags override the ones handy on a command line.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ in order by the waiter (the waiter strategy's chain), for run-to-completion pods
   sidecars whose readiness probe it can check on loopback; those get no startupProbe, so
   the kubelet starts the regular containers beside the proxy. A sidecar step 0 cannot probe
   gets a startupProbe derived from its readinessProbe instead, and the kubelet holds every
-  regular container until it passes (`_waiter.gate`; the README says why).
+  regular container until it passes (`_waiter.gate`; docs/strategies.md says why).
 
 Re-invocation (the mesh injected after us) moves a recognised proxy that landed in
 `containers` before `initshift-init`, as the first admission would have, and recomputes

@@ -20,7 +20,7 @@ from ..rewrite import managed_as
 from ..settings import WatcherSettings
 from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, read_run, statuses
 
-# Outcome JSON (annotation initshift.io/outcome), documented in README "The watcher".
+# Outcome JSON (annotation initshift.io/outcome), documented in docs/watcher.md.
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 _STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the last main's quit)

@@ -1,0 +1,108 @@
+"""The documentation holds together: every relative link and #anchor in README.md and
+docs/*.md resolves, every page is in the index, the front page stays a front page, the CLI
+reference shows the parsers' own help, and the code map names every module."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support import docs
+from tests.support.docs import DOCS, REPO
+
+PAGES = docs.pages()
+
+
+def broken_links(page, root=REPO) -> list[str]:
+    text = page.read_text()
+    out = []
+    for number, target in docs.links(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not ours to check
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        where = f"{page.relative_to(root)}:{number}: {target}"
+        if not dest.exists():
+            out.append(f"{where}: no such file")
+        elif root not in dest.parents and dest != root:
+            out.append(f"{where}: outside the repository")
+        elif anchor and (dest.suffix != ".md" or anchor not in docs.anchors(dest.read_text())):
+            out.append(f"{where}: no heading with anchor #{anchor}")
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page):
+    assert broken_links(page) == []
+
+
+def test_a_broken_link_or_anchor_is_found(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## Known limits\n")
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n## Two words\n\n[a](other.md#known-limits) [b](#two-words) `[c](nowhere.md)`\n"
+                    "[d](other.md#unknown) [e](#two) [f](missing.md) [g](https://example.com/x#y)\n")
+    assert broken_links(page, root=tmp_path) == [
+        "page.md:6: other.md#unknown: no heading with anchor #unknown",
+        "page.md:6: #two: no heading with anchor #two",
+        "page.md:6: missing.md: no such file"]
+
+
+def test_anchors_follow_githubs_rules():
+    text = ("# Title\n## Trying it: `make run` and `initshift review`\n## `auto` and detection\n"
+            "## Load: bursts, a fixed rate (`make bench-admission`, part two)\n#### InitshiftPodsNotEnded\n"
+            "## Notes\n## Notes\n## Notes\n```sh\n# not a heading\n```\n## [Linked](x.md) heading_1\n")
+    assert docs.anchors(text) == {
+        "title", "trying-it-make-run-and-initshift-review", "auto-and-detection",
+        "load-bursts-a-fixed-rate-make-bench-admission-part-two", "initshiftpodsnotended",
+        "notes", "notes-1", "notes-2", "linked-heading_1"}
+
+
+def test_every_page_is_linked_from_the_index():
+    index = (DOCS / "README.md").read_text()
+    linked = {target.partition("#")[0] for _, target in docs.links(index)}
+    pages = {p.name for p in DOCS.glob("*.md")} - {"README.md"}
+    assert pages - linked == set()
+
+
+def test_the_front_page_is_a_front_page():
+    text = (REPO / "README.md").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "# initshift"
+    head = "\n".join(lines[:40])
+    assert "make run" in head and "make test" in head
+    assert len(lines) <= 250
+    assert "../shared" not in text and "DESIGN.md" not in text
+    for page in ("install.md", "strategies.md", "cli.md", "limits.md", "README.md"):
+        assert f"(docs/{page}" in text, page
+
+
+def test_no_page_links_out_of_the_repository_or_to_the_original_contract():
+    for page in PAGES:
+        text = page.read_text()
+        assert "../shared" not in text and "DESIGN.md" not in text, page
+
+
+def test_cli_reference_shows_every_command_with_the_parsers_help():
+    from webhook.cli._main import COMMANDS
+
+    blocks = docs.help_blocks(docs.page("cli.md"))
+    expected = {(), *((name,) for name in COMMANDS), ("certs", "create"), ("certs", "inject")}
+    assert set(blocks) == expected
+    for argv, shown in blocks.items():
+        assert shown == docs.cli_help(*argv), f"docs/cli.md: `initshift {' '.join(argv)} --help` is stale: " \
+                                              "run .venv/bin/python -m tests.support.docs"
+    headings = docs.anchors(docs.page("cli.md"))
+    assert {f"initshift-{name}" for name in COMMANDS} <= headings
+
+
+def test_code_map_names_every_module():
+    code_map = docs.section(docs.page("design.md"), "Code map")
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([\w/]+/)` \| (.*) \|$", code_map, re.M)}
+    for package in ("waiter", "certs", "webhook"):
+        for module in sorted((REPO / package).rglob("*.py")):
+            if module.name == "__init__.py":
+                continue
+            folder = str(module.parent.relative_to(REPO)) + "/"
+            assert folder in rows, f"the code map has no row for {folder}"
+            assert f"`{module.name}`" in rows[folder], f"the code map's {folder} row does not name {module.name}"
