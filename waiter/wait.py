@@ -7,11 +7,9 @@ inotify watch on the file itself would see.
 
 from __future__ import annotations
 
-import _thread
 import ctypes
 import os
 import select
-import signal
 import sys
 import time
 
@@ -31,6 +29,9 @@ KUBELET_DATA_LINK = "..data"
 POLL_INTERVAL = 0.1  # seconds, when inotify is unavailable
 SAFETY_INTERVAL = 1.0  # seconds, re-check even with inotify: events can be missed on odd filesystems
 
+
+# Descriptors of closed watches, watches removed: the process's exit closes them (see close()).
+_RETIRED: list[int] = []
 
 # A wake-up source is anything with fileno() (a socket, a pipe end). Not a typing.Protocol:
 # importing typing costs every step ~2 ms of cold start.
@@ -62,17 +63,20 @@ class DirWatch:
     def __init__(self, directories: list[str], names: list[str] | None = None) -> None:
         self.fd: int | None = None
         self.names = None if names is None else {os.fsencode(n) for n in names}
+        self._watches: list[int] = []
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
+            self._libc = libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         except (OSError, AttributeError):
             return
         if fd < 0:
             return
         for directory in directories:
-            if libc.inotify_add_watch(fd, os.fsencode(directory), WATCH_MASK) < 0:
+            wd = libc.inotify_add_watch(fd, os.fsencode(directory), WATCH_MASK)
+            if wd < 0:
                 os.close(fd)  # one directory we cannot watch: poll them all
                 return
+            self._watches.append(wd)
         self.fd = fd
 
     @property
@@ -108,18 +112,18 @@ class DirWatch:
             # Only other entries changed: keep waiting for the rest of the time.
 
     def close(self) -> None:
-        """Closing an inotify descriptor that holds watches blocks until the kernel has reaped
-        them (a timer tick and an RCU grace period: 8 ms median here, up to 20): a helper
-        thread takes that wait, so what the watch guarded (the step's start) goes on at once."""
+        """Stop watching. Closing an inotify descriptor waits until the kernel has reaped
+        every removed watch, its own or any other process's (a timer tick and an RCU grace
+        period: 8 ms median here, up to 20), which would hold up what the watch guarded: the
+        step's start. So the watches are removed (inotify_rm_watch returns at once; the
+        kernel reaps them in the background) and the descriptor is left to the process's
+        exit or exec (it is close-on-exec), by when closing it costs nothing."""
         if self.fd is not None:
-            fd, self.fd = self.fd, None
-            # The helper starts with every signal blocked (a new thread inherits the mask), so
-            # none is delivered to it while it sits in the kernel: they stay the main loop's.
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-            try:
-                _thread.start_new_thread(os.close, (fd,))
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            for wd in self._watches:
+                self._libc.inotify_rm_watch(self.fd, wd)
+            self._watches = []
+            _RETIRED.append(self.fd)
+            self.fd = None
 
     def __enter__(self) -> "DirWatch":
         return self
