@@ -106,3 +106,20 @@ def test_code_map_names_every_module():
             folder = str(module.parent.relative_to(REPO)) + "/"
             assert folder in rows, f"the code map has no row for {folder}"
             assert f"`{module.name}`" in rows[folder], f"the code map's {folder} row does not name {module.name}"
+
+
+def test_the_cronjob_worked_example_is_real_mutate_output(capsys, monkeypatch):
+    """docs/strategies.md's before/after of a CronJob's pod under Istio classic is what
+    `initshift mutate` prints for examples/cronjob-istio.yaml."""
+    import os
+
+    from webhook.cli._main import main
+
+    for key in list(os.environ):
+        if key.startswith("INITSHIFT_") or key == "SUPPORT_INJECTED_SIDECARS":
+            monkeypatch.delenv(key)
+    command = "$ initshift mutate examples/cronjob-istio.yaml -o diff"
+    shown = docs.fenced_after(docs.page("strategies.md"), command)
+    monkeypatch.chdir(docs.REPO)
+    assert main(["mutate", "examples/cronjob-istio.yaml", "-o", "diff"]) == 0
+    assert shown == capsys.readouterr().out.rstrip("\n")

@@ -70,6 +70,29 @@ def test_kpack_build_pod_gets_the_rewrite_as_a_patch(client, server):
     assert [c["name"] for c in patched["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]
 
 
+def test_a_jobs_pod_without_init_containers_gets_its_mains_gated_as_a_patch(client, server):
+    """Over the real HTTPS server: a CronJob's pod under Istio classic, patched so that its
+    main waits for the proxy and quits it; counted as rewritten by the waiter strategy."""
+    from tests.support.fixtures import pods
+    from tests.support.podvalidate import assert_valid_pod
+
+    pod = pods.catalogue()["cronjob-istio"]
+    before = scrape(server)
+    answer = mutate(client, h.review(pod, namespace="reports"))
+    patched = apply_patch(pod, admission.decode_patch(answer))
+    assert patched == rewrite(pod, server.settings).pod
+    assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    assert patched["spec"]["containers"][0]["command"] == [p.WAITER_PATH]
+    assert_valid_pod({**patched, "metadata": {**patched["metadata"], "name": "x"}})
+
+    def rewritten(text: str) -> float:
+        line = next((x for x in text.splitlines()
+                     if x.startswith('initshift_pods_total{reason="waiter",result="rewritten"}')), None)
+        return float(line.split()[-1]) if line else 0.0
+
+    assert rewritten(scrape(server)) == rewritten(before) + 1
+
+
 def asking(pod: dict, mode: str) -> dict:
     """The pod with its own `initshift.io/mode`."""
     pod = copy.deepcopy(pod)
@@ -79,7 +102,7 @@ def asking(pod: dict, mode: str) -> dict:
 
 @pytest.mark.parametrize("pod, reason", [
     (pods.load("kpack-build"), "no-sidecar"),
-    (pods.without_init(h.kpack_istio()), "no-init-containers"),
+    (pods.as_deployment_pod(pods.without_init(h.kpack_istio())), "restart-policy"),
     (pods.as_deployment_pod(h.kpack_istio()), "restart-policy"),
     (asking(pods.inject_istio(pods.load("kpack-build"), "native"), p.MODE_NATIVE), "already-native"),
 ])

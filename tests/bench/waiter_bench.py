@@ -12,6 +12,9 @@
 - step 0's gate against a proxy that takes 3 s to turn ready: the waiter's CPU time while
   it polls (/proc/PID/schedstat, ns), the probes it made, and the latency once ready
 - a chain of 20 steps of 0.2 s (the issue's kubelet measurement): first start to last end
+- a Job-shaped pod (one main, no step) beside a proxy process, 20 runs: the gate (the
+  proxy's loopback probe turns ready -> the main starts), and from the main's end (its
+  record's finishedAt) to the quit POST reaching the proxy and to the proxy's exit
 
 Runs the bundle where pods run it, chrooted into a busybox root with the bundle at
 /initshift/bin/waiter (needs root); otherwise it measures the source waiter and says so.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import shutil
 import signal
 import statistics
@@ -244,6 +248,79 @@ def machine() -> str:
     return f"{model}, Linux {os.uname().release}, load average {load}"
 
 
+# --- a Job-shaped pod: mains gated on a proxy process, the last one quitting it (issue 23) --------
+JOB_RUNS = 20
+# A proxy as its own process: readiness 503 until SIGUSR1, then 200; a POST (the quit) is
+# answered, its arrival time printed, and the process exits, as Envoy's /quitquitquit does.
+_PROXY = r"""
+import os, signal, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+ready = threading.Event()
+signal.signal(signal.SIGUSR1, lambda *_: ready.set())
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if ready.is_set() else 503); self.send_header("Content-Length", "0"); self.end_headers()
+    def do_POST(self):
+        told = time.time()
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers(); self.wfile.flush()
+        print(told, flush=True); os._exit(0)
+    def log_message(self, *a): pass
+s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+def _job_once(t: Target, i: int) -> tuple[float, float, float]:
+    """One Job-shaped pod with one main: (probe ready -> main starts, main ends -> quit POST
+    received, main ends -> proxy exited), each in seconds."""
+    proxy = subprocess.Popen([sys.executable, "-c", _PROXY], stdout=subprocess.PIPE, text=True)
+    # Its exit seen at once (Popen.wait with a timeout polls in steps of up to 50 ms).
+    exit_fd = os.pidfd_open(proxy.pid)
+    try:
+        port = int(proxy.stdout.readline())
+        base = t.work / f"job{i}"
+        for d in ("run", "mains", "ready"):
+            (base / d).mkdir(parents=True)
+        inside = f"{t.inside}/job{i}"
+        # The flags the rewrite gives a Job's main (tests/rewrite/test_job.py), paths moved here.
+        main = t.popen(f"{inside}/run/done", p.FLAG_NAME, "main", p.FLAG_READY_FILE, f"{inside}/ready/ready",
+                       p.FLAG_PROBE, f"http://127.0.0.1:{port}/healthz/ready",
+                       p.FLAG_QUIT, f"http://127.0.0.1:{port}/quitquitquit",
+                       p.FLAG_MAINS_DIR, f"{inside}/mains", p.FLAG_MAINS, "1", argv=[t.true()])
+        _wait_ready([main])
+        time.sleep(0.3 + random.uniform(0, p.GATE_POLL_MAX))  # at any phase of the probe rounds
+        opened = time.time()
+        proxy.send_signal(signal.SIGUSR1)
+        # The main quits it; a main that does not is a failed run, not a hang.
+        if not select.select([exit_fd], [], [], 30)[0]:
+            raise RuntimeError("the main never quit the proxy")
+        exited = time.time()
+        told = float(proxy.stdout.readline())
+        main.wait()
+    finally:
+        os.close(exit_fd)
+        if proxy.poll() is None:
+            proxy.kill()
+        proxy.wait()
+    rec = record(base / "run" / "done")
+    ended = _ts(rec[p.RECORD_FINISHED_AT])
+    return _ts(rec[p.RECORD_STARTED_AT]) - opened, told - ended, exited - ended
+
+
+def job_pod(t: Target) -> tuple[list[float], list[float], list[float]]:
+    runs = [_job_once(t, i) for i in range(JOB_RUNS)]
+    return [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
+
+
+def print_job_pod(t: Target) -> None:
+    gate, told, exited = job_pod(t)
+    print(f"Job-shaped pod (one main, a proxy process on loopback), {JOB_RUNS} runs:")
+    print(f"  gate, proxy's loopback probe turns ready -> main starts: {_ms(gate)}")
+    print(f"  last main ends -> sidecar told to quit (POST received): {_ms(told)}")
+    print(f"  last main ends -> sidecar exited: {_ms(exited)}")
+
+
 def _ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, " \
            f"max {max(values) * 1000:.1f})"
@@ -275,6 +352,7 @@ def main() -> int:
         span = chain(t)
         print(f"{STEPS} steps of {STEP_SECONDS} s under the waiter, first start -> last end: {span:.2f} s "
               f"(the limit is {STEPS * STEP_SECONDS:.1f} s)")
+        print_job_pod(t)
     return 0
 
 

@@ -44,7 +44,7 @@ def starts(lines: list[str], *prefixes: str) -> None:
     assert len(lines) == len(prefixes), "\n".join(lines)
     for line, prefix in zip(lines, prefixes):
         assert line.startswith(prefix), (line, prefix)
-    latency = [line for line in lines if "step 0 started" in line]
+    latency = [line for line in lines if "started after the sidecar was Ready" in line]
     assert all(re.search(r"\(\d+\.\d\ds after the sidecar started\)$", line) for line in latency), latency
 
 
@@ -55,9 +55,25 @@ async def test_waiter_strategy_under_istio(kube: KubeDouble, tmp_path) -> None:
     starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy waiter)",
            "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
            "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by quit",
-           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 mains succeeded)", "✔ deleted pod builds/initshift-smoke-")
+           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 mains succeeded)", "✔ deleted pod builds/initshift-smoke-",
+           *JOB_LINES)
     assert kube.items("pods", inst.BUILDS) == []
     assert _normal(out) == _normal(docs_sample()), "docs/install.md's sample is this run's output"
+
+
+# The Job-shaped pod after the build pod, under the waiter strategy: its main gated and quitting.
+JOB_LINES = ("✔ created Job-shaped pod builds/initshift-smoke-job-", "✔ rewritten by initshift (strategy waiter)",
+             "✔ sidecar istio-proxy Ready", "✔ main started after the sidecar was Ready (",
+             "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by quit",
+             f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (1 main succeeded)", "✔ deleted pod builds/initshift-smoke-job-")
+
+
+def native_job_lines(last: str) -> tuple[str, ...]:
+    """The Job-shaped pod where native sidecars run: the proxy made native, no waiter, no outcome."""
+    return ("✔ created Job-shaped pod builds/initshift-smoke-job-", "✔ rewritten by initshift (strategy native)",
+            "✔ sidecar istio-proxy Ready", "✔ main started after the sidecar was Ready (",
+            "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by istio-proxy Completed (exit 0)",
+            f"✔ no {p.ANNOTATION_OUTCOME} needed", last)
 
 
 def docs_sample() -> str:
@@ -67,7 +83,7 @@ def docs_sample() -> str:
 
 def _normal(text: str) -> str:
     """The output without what differs between runs: the pod's suffix, the port, numbers."""
-    text = re.sub(r"initshift-smoke-[a-z0-9]{5}", "initshift-smoke-X", text.strip())
+    text = re.sub(r"initshift-smoke-(job-)?[a-z0-9]{5}", r"initshift-smoke-\1X", text.strip())
     return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:P", text))
 
 
@@ -79,9 +95,10 @@ async def test_native_strategy_and_keep(kube: KubeDouble, tmp_path) -> None:
     starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy native)",
            "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
            "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by "
-           "istio-proxy Completed (exit 0)", f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ kept pod builds/initshift-smoke-")
+           "istio-proxy Completed (exit 0)", f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ kept pod builds/initshift-smoke-",
+           *native_job_lines("✔ kept pod builds/initshift-smoke-job-"))
     kept = kube.items("pods", inst.BUILDS)
-    assert len(kept) == 1 and kept[0]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
+    assert len(kept) == 2 and {k["metadata"]["labels"][p.LABEL_MANAGED] for k in kept} == {p.MODE_NATIVE}
 
 
 async def test_hybrid_strategy_where_native_sidecars_run(kube: KubeDouble, tmp_path) -> None:
@@ -92,7 +109,8 @@ async def test_hybrid_strategy_where_native_sidecars_run(kube: KubeDouble, tmp_p
     starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy hybrid)",
            "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
            "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by native",
-           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (", "✔ deleted pod builds/initshift-smoke-")
+           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (", "✔ deleted pod builds/initshift-smoke-",
+           *native_job_lines("✔ deleted pod builds/initshift-smoke-job-"))
 
 
 async def test_namespace_without_a_mesh(kube: KubeDouble, tmp_path) -> None:
@@ -101,7 +119,9 @@ async def test_namespace_without_a_mesh(kube: KubeDouble, tmp_path) -> None:
     assert code == 0, out
     starts(lines, "✔ created pod plain/initshift-smoke-", "✔ not rewritten: no mesh injects in this namespace",
            "✔ no sidecar in the pod", "✔ steps ran in order", "✔ pod ended Succeeded (phase Succeeded)",
-           f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ deleted pod plain/")
+           f"✔ no {p.ANNOTATION_OUTCOME} needed", "✔ deleted pod plain/",
+           "✔ created Job-shaped pod plain/initshift-smoke-job-", "✔ not rewritten: no mesh injects in this namespace",
+           "✔ pod ended Succeeded (phase Succeeded)", "✔ deleted pod plain/initshift-smoke-job-")
 
 
 async def test_stuck_stage_is_named_and_the_pod_deleted(kube: KubeDouble, tmp_path) -> None:
@@ -122,7 +142,8 @@ async def test_not_rewritten_where_a_mesh_injects_fails(kube: KubeDouble, tmp_pa
         code, lines, out = await smoke(i, inst.BUILDS, "--timeout", "5")
     assert code == 1
     starts(lines, "✔ created pod", "✘ rewritten by initshift: not rewritten (no decision recorded)",
-           "✔ deleted pod")
+           "✔ deleted pod", "✔ created Job-shaped pod", "✘ rewritten by initshift: not rewritten (no decision "
+           "recorded)", "✔ deleted pod")
 
 
 @pytest.mark.parametrize("namespace, why", [("default", "namespace default is not opted in"),
@@ -147,3 +168,19 @@ def test_smoke_pod_is_valid_and_rewritten_by_both_strategies() -> None:
     for native in (None, True):
         result = rewrite(injected, Settings(feature_gate=True), native_supported=native)
         assert result.changed and result.strategy == (p.MODE_HYBRID if native else p.MODE_WAITER)
+
+
+def test_smoke_job_pod_is_valid_and_rewritten_by_both_strategies() -> None:
+    from tests.support.fixtures import pods
+    from tests.support.podvalidate import assert_valid_pod
+    from webhook.cli._check_smoke import smoke_job_pod
+    from webhook.rewrite import rewrite
+    from webhook.settings import Settings
+
+    pod = smoke_job_pod(SmokeOptions())
+    assert "initContainers" not in pod["spec"] and pod["spec"]["restartPolicy"] == "Never"
+    assert_valid_pod({**pod, "metadata": {**pod["metadata"], "name": "x"}})
+    injected = pods.inject_istio(pods.without_init(pod))
+    for native in (None, True):
+        result = rewrite(injected, Settings(feature_gate=True), native_supported=native)
+        assert result.changed and result.strategy == (p.MODE_NATIVE if native else p.MODE_WAITER)

@@ -11,6 +11,7 @@ from fractions import Fraction
 import pytest
 
 from tests.support.fixtures import pods
+from tests.rewrite.test_job import check_native_job_pod
 from tests.rewrite.test_rewrite import EXPECTED as WAITER_EXPECTED, argv_after_separator, flag_values, names
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
@@ -103,6 +104,8 @@ def test_every_shape_hybrid_and_auto_with_native_support(name, settings):
     want = EXPECTED_SHAPES[name]
     if settings is AUTO and name == "deployment-istio":
         want = "rewritten"  # auto: native for restartPolicy Always
+    if settings is AUTO and name == "cronjob-deployment-istio":
+        want = "no-init-containers"  # auto: native, and a long-running pod without steps needs nothing
     assert result.reason == want, result.warnings
     assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
     if not result.changed:
@@ -110,6 +113,11 @@ def test_every_shape_hybrid_and_auto_with_native_support(name, settings):
         return
     if name == "deployment-istio":
         assert result.strategy == p.MODE_NATIVE
+        return
+    if name.startswith(("cronjob", "no-init")):
+        # No step for the waiter: the proxy becomes a native sidecar, nothing else changes.
+        assert result.strategy == p.MODE_NATIVE
+        check_native_job_pod(src, result.pod)
         return
     assert result.strategy == p.MODE_HYBRID
     check_hybrid_pod(src, result.pod)

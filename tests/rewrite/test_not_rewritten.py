@@ -1,5 +1,5 @@
-"""Decisions visible on the pod: a pod with init containers that initshift leaves as it is
-carries the reason (initshift.io/not-rewritten), the one change made to it."""
+"""Decisions visible on the pod: a pod with init containers, or a run-to-completion one, that
+initshift leaves as it is carries the reason (initshift.io/not-rewritten), the one change made to it."""
 
 from __future__ import annotations
 
@@ -28,20 +28,23 @@ def test_skipped_pods_with_init_containers_carry_the_reason_and_nothing_else(nam
     if result.changed:
         assert reason_on(result.pod) is None
         return
-    if pod["spec"].get("initContainers"):
+    if pod["spec"].get("initContainers") or pod["spec"].get("restartPolicy") in ("Never", "OnFailure"):
         assert reason_on(result.pod) == result.reason
         stripped = copy.deepcopy(result.pod)
         del stripped["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN]
         assert stripped == {**pod, "metadata": {**pod["metadata"],
                                                 "annotations": pod["metadata"].get("annotations") or {}}}
     else:
-        assert result.pod is pod, "pods without init containers are not touched at all"
+        assert result.pod is pod, "long-running pods without init containers are not touched at all"
 
 
 def test_the_catalogue_has_both_kinds_of_skip():
     skipped = {n: rewrite(pod, ON) for n, pod in CATALOGUE.items()}
-    assert {n for n, r in skipped.items() if not r.changed and reason_on(r.pod)} >= {"job", "deployment-istio"}
-    assert reason_on(skipped["no-init-istio"].pod) is None and not skipped["no-init-istio"].changed
+    assert {n for n, r in skipped.items() if not r.changed and reason_on(r.pod)} >= {"job", "deployment-istio",
+                                                                                     "cronjob"}
+    service = pods.as_deployment_pod(pods.without_init(CATALOGUE["cronjob-istio"]))
+    untouched = rewrite(service, ON)
+    assert untouched.pod is service and untouched.reason == "restart-policy"
 
 
 @pytest.mark.parametrize("settings", [ON, NATIVE], ids=["waiter", "native"])

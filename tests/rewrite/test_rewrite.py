@@ -33,7 +33,14 @@ EXPECTED = {
     "job-istio": "rewritten",
     "job-linkerd": "rewritten",
     "deployment-istio": "restart-policy",
-    "no-init-istio": "no-init-containers",
+    "no-init-istio": "rewritten",  # a Job's pod without init containers: its main is gated and quits
+    "cronjob": "no-sidecar",
+    "cronjob-istio": "rewritten",
+    "cronjob-istio-cni": "rewritten",
+    "cronjob-istio-native": "already-native",
+    "cronjob-linkerd": "rewritten",
+    "cronjob-on-failure-istio": "rewritten",
+    "cronjob-deployment-istio": "restart-policy",
 }
 
 
@@ -276,7 +283,10 @@ def test_istio_status_lists_extra_init_container():
     status["initContainers"].append("git-clone")
     pod["metadata"]["annotations"][p.ISTIO_STATUS_ANNOTATION] = json.dumps(status)
     result = rewrite(pod, ON)
-    assert result.reason == "no-init-containers"
+    # git-clone is kept as an init container: no step left, the Job's main is gated as in any Job.
+    assert result.changed and names(result.pod["spec"]["initContainers"]) == ["istio-init", "git-clone",
+                                                                            p.INIT_CONTAINER_NAME]
+    assert json.loads(result.pod["metadata"]["annotations"][p.ANNOTATION_STEPS]) == []
 
 
 def test_on_failure_gets_retry():

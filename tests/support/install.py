@@ -31,6 +31,7 @@ from tests.support.kubedouble import KubeDouble, now_rfc3339, running, terminate
 from tests.support.podstatus import write_kubeconfig
 from waiter import protocol as p
 from webhook.admission._https import HttpsServer
+from webhook.kube import KubeError
 from tests.support.patching import apply_patch
 from webhook.admission._review import decode_patch
 from webhook.cli._review import wrap
@@ -198,8 +199,8 @@ async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, mode: 
 
 # --- the kubelet, for smoke pods ------------------------------------------------------------------
 class Kubelet:
-    """Plays the kubelet for one pod: writes its status through the status subresource in the
-    order a real kubelet runs the pod the rewrite made. `hold`: a stage it never gets past
+    """Plays the kubelet for each smoke pod: writes its status through the status subresource in
+    the order a real kubelet runs the pod the rewrite made. `hold`: a stage it never gets past
     ("sidecar-ready": the proxy never becomes Ready)."""
 
     def __init__(self, kube: KubeDouble, namespace: str, *, hold: str | None = None, pause: float = 0.05) -> None:
@@ -232,15 +233,26 @@ class Kubelet:
         await self.write(**({"phase": phase} if phase else {}))
 
     async def run(self) -> None:
-        while not self.name:  # the first pod created in the namespace
-            found = self.kube.items("pods", self.namespace)
-            self.name = found[0]["metadata"]["name"] if found else ""
-            await asyncio.sleep(0.01)
-        pod = self.kube.pod(self.namespace, self.name)
+        """Plays each pod created in the namespace, one after the other (the smoke check's
+        build pod, then its Job-shaped pod), until cancelled."""
+        played: set[str] = set()
         try:
-            managed = (pod["metadata"].get("labels") or {}).get(p.LABEL_MANAGED)
-            play = {p.MODE_NATIVE: self._native, p.MODE_WAITER: self._waiter, p.MODE_HYBRID: self._hybrid}
-            await play.get(managed, self._plain)(pod)
+            while True:
+                found = [q["metadata"]["name"] for q in self.kube.items("pods", self.namespace)
+                         if q["metadata"]["name"] not in played]
+                if not found:
+                    await asyncio.sleep(0.01)
+                    continue
+                self.name = found[0]
+                played.add(self.name)
+                self.status = {"phase": "Pending", "startTime": now_rfc3339()}
+                pod = self.kube.pod(self.namespace, self.name)
+                managed = (pod["metadata"].get("labels") or {}).get(p.LABEL_MANAGED)
+                play = {p.MODE_NATIVE: self._native, p.MODE_WAITER: self._waiter, p.MODE_HYBRID: self._hybrid}
+                try:
+                    await play.get(managed, self._plain)(pod)
+                except KubeError:
+                    pass  # the check deleted the pod it gave up on
         finally:
             await self.api.close()
 

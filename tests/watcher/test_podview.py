@@ -127,6 +127,27 @@ def native_running() -> dict:
         containers=[wait("completion")], phase="Pending")
 
 
+def cronjob_waiting_for_sidecars() -> dict:
+    """A Job's pod (no init container) under the waiter: both mains held by the gate."""
+    return with_status(
+        pod("cronjob-on-failure-istio"), init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+        containers=[run("report", 3), run("upload", 3), run("istio-proxy", 3, ready=False)])
+
+
+def cronjob_one_main_done() -> dict:
+    return with_status(
+        pod("cronjob-on-failure-istio"), annotations={p.ANNOTATION_READY: p.READY_TRUE},
+        init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+        containers=[done("report", 5, 9), run("upload", 3), run("istio-proxy", 3)])
+
+
+def cronjob_native_waiting_for_proxy() -> dict:
+    started = run("istio-proxy", 2, ready=False)
+    started["started"] = False
+    return with_status(native_pod("cronjob-istio"), init=[init_done("istio-init", 0, 1), started],
+                       containers=[wait("report")], phase="Pending")
+
+
 def image_pull_backoff() -> dict:
     return with_status(
         pod("job-istio"),
@@ -222,6 +243,25 @@ CASES = [
         ("export", "step", "waiting for step 5", None, ""),
         ("completion", "main", "waiting for step 6", None, ""),
         ("istio-proxy", "sidecar", "running", None, "Ready"),
+    ]),
+    ("cronjob-waiting-for-sidecars", cronjob_waiting_for_sidecars, [
+        ("istio-init", "init", "completed", 0, "Completed"),
+        ("initshift-init", "init", "completed", 0, "Completed"),
+        ("report", "main", "waiting for sidecars", None, ""),
+        ("upload", "main", "waiting for sidecars", None, ""),
+        ("istio-proxy", "sidecar", "running", None, "NotReady"),
+    ]),
+    ("cronjob-one-main-done", cronjob_one_main_done, [
+        ("istio-init", "init", "completed", 0, "Completed"),
+        ("initshift-init", "init", "completed", 0, "Completed"),
+        ("report", "main", "completed", 0, "Completed"),
+        ("upload", "main", "running", None, ""),
+        ("istio-proxy", "sidecar", "running", None, "Ready"),
+    ]),
+    ("cronjob-native-waiting-for-proxy", cronjob_native_waiting_for_proxy, [
+        ("istio-init", "init", "completed", 0, "Completed"),
+        ("report", "main", "waiting for sidecars", None, ""),
+        ("istio-proxy", "sidecar", "running", None, "NotReady"),
     ]),
     ("image-pull-backoff", image_pull_backoff, [
         ("istio-init", "init", "completed", 0, "Completed"),
@@ -321,6 +361,17 @@ def test_log_plan_orders_steps_then_mains_and_sidecars_on_request() -> None:
     assert native.waiter_run == frozenset()
     plain = pv.log_plan(pod("tekton", rewritten=False))
     assert plain.sequential == ["prepare", "place-scripts", "step-git-clone", "step-unit-test", "step-report"]
+
+
+def test_log_plan_of_a_jobs_pod_is_its_mains() -> None:
+    job = pod("cronjob-on-failure-istio")
+    plan = pv.log_plan(job)
+    assert plan.sequential == ["report", "upload"] and plan.waiter_run == frozenset(["report", "upload"])
+    full = pv.log_plan(job, sidecars=True)
+    assert full.sequential == ["istio-init", "initshift-init", "report", "upload"]
+    assert full.concurrent == ["istio-proxy"]
+    native = pv.log_plan(native_pod("cronjob-istio"), sidecars=True)
+    assert native.sequential == ["istio-init", "report"] and native.concurrent == ["istio-proxy"]
 
 
 @pytest.mark.parametrize("line, ours", [

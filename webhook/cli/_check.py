@@ -4,7 +4,8 @@ Preflight (webhook/cli/_check_preflight.py): the API, the MutatingWebhookConfigu
 against what deploy/ ships, the certificate the server really presents (verified with the
 configuration's caBundle), `/readyz`, the watcher's Lease, the service account's RBAC
 (SubjectAccessReviews), the opted-in namespaces and the mesh injectors. `--smoke NAMESPACE`
-then runs a tiny build pod through the whole path (webhook/cli/_check_smoke.py).
+then runs a tiny build pod and a tiny Job-shaped pod through the whole path
+(webhook/cli/_check_smoke.py).
 
 Exit codes: 0 every check passed, 1 something failed, 2 usage, 130 interrupted.
 """
@@ -30,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="initshift check",
         description="Verify an initshift install: the webhook configuration, the certificate the server presents, "
                     "its readiness, the watcher's Lease, RBAC, opted-in namespaces and mesh injectors. Nothing is "
-                    "changed, except with --smoke, which runs one tiny build pod (and deletes it).",
+                    "changed, except with --smoke, which runs one tiny build pod and one Job-shaped pod (and "
+                    "deletes them).",
         epilog="The server is reached at the address the apiserver uses (the Service's NAME.NAMESPACE.svc, "
                "or the configuration's URL): from inside the cluster as is; from outside, port-forward the "
                "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed, 2 usage.")
@@ -43,14 +45,18 @@ def _parser() -> argparse.ArgumentParser:
                                           "`kubectl -n initshift-system port-forward svc/initshift 8443:443`); "
                                           "the certificate is still verified for the Service's name")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
-    ap.add_argument("--smoke", metavar="NAMESPACE", help="run a tiny build pod in this opted-in namespace")
-    ap.add_argument("--keep", action="store_true", help="--smoke: keep the pod afterwards")
+    ap.add_argument("--smoke", metavar="NAMESPACE",
+                    help="run a tiny build pod and a Job-shaped pod in this opted-in namespace")
+    ap.add_argument("--keep", action="store_true", help="--smoke: keep the pods afterwards")
     ap.add_argument("--timeout", type=float, default=o.timeout, help=f"--smoke: seconds for the whole run "
                                                                       f"(default {o.timeout:g})")
-    ap.add_argument("--image", default=o.image, help=f"--smoke: image of step 0 and the main (default {o.image})")
-    ap.add_argument("--net-image", default=o.net_image, help=f"--smoke: image of step 1, which reaches the network "
+    ap.add_argument("--image", default=o.image, help=f"--smoke: image of step 0 and the build's main "
+                                                     f"(default {o.image})")
+    ap.add_argument("--net-image", default=o.net_image, help=f"--smoke: image of step 1 and the Job's main, which "
+                                                             f"reach the network "
                                                              f"(default {o.net_image})")
-    ap.add_argument("--net-url", default=o.net_url, help=f"--smoke: what step 1 fetches (default {o.net_url})")
+    ap.add_argument("--net-url", default=o.net_url, help=f"--smoke: what step 1 and the Job's main fetch "
+                                                         f"(default {o.net_url})")
     return ap
 
 

@@ -1,11 +1,13 @@
-"""`initshift check --smoke NAMESPACE`: one tiny build pod through the whole path.
+"""`initshift check --smoke NAMESPACE`: a tiny build pod, then a tiny Job-shaped pod, through
+the whole path.
 
-Two init steps (the second fetches a URL, through the mesh's proxy when a mesh injects in
-the namespace) and one main. Each stage is a line: rewritten (and by which strategy), the
-sidecar Ready, step 0 started after it (latency), the steps in order, how the pod ended and
-how the sidecar stopped, the outcome annotation. One deadline bounds the run; when it
-passes, the line names the stage it stuck at and what each container was doing. The pod
-is deleted at the end unless --keep.
+The build pod: two init steps (the second fetches a URL, through the mesh's proxy when a
+mesh injects in the namespace) and one main. The Job-shaped pod: one main that fetches the
+URL and no init container (a Job's or CronJob's pod). Each stage is a line: rewritten (and
+by which strategy), the sidecar Ready, step 0 (the Job's main) started after it (latency),
+the steps in order, how the pod ended and how the sidecar stopped, the outcome annotation.
+One deadline bounds the run; when it passes, the line names the stage it stuck at and what
+each container was doing. Each pod is deleted at the end unless --keep.
 """
 
 from __future__ import annotations
@@ -32,6 +34,21 @@ _STARTED = (State.RUNNING, State.COMPLETED, State.FAILED)
 
 
 @dataclass(frozen=True)
+class Shape:
+    """One smoke pod: what it is called, which container the sidecars gate, its steps."""
+
+    what: str  # "pod" or "Job-shaped pod", for the lines
+    prefix: str  # generateName
+    gated: str  # the container that must start only once the sidecars are Ready
+    label: str  # that container in the lines ("step 0", "main")
+    steps: tuple[str, ...]
+
+
+BUILD = Shape("pod", f"{_SMOKE_NAME}-", STEPS[0], "step 0", STEPS)
+JOB = Shape("Job-shaped pod", f"{_SMOKE_NAME}-job-", MAIN, "main", ())
+
+
+@dataclass(frozen=True)
 class SmokeOptions:
     timeout: float = 300.0
     keep: bool = False
@@ -41,29 +58,42 @@ class SmokeOptions:
     net_url: str = "https://kubernetes.default.svc/version"
 
 
-def smoke_pod(options: SmokeOptions) -> dict:
-    """Two steps and a main, under the restricted Pod Security profile (any namespace admits it)."""
+def _container(name: str, image: str, command: list[str]) -> dict:
     restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return {"name": name, "image": image, "command": command, "securityContext": restricted,
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}}
 
-    def container(name: str, image: str, command: list[str]) -> dict:
-        return {"name": name, "image": image, "command": command, "securityContext": restricted,
-                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}}
 
-    fetch = ["curl", "-sSk", "-o", "/dev/null", "--max-time", "20", "-w", "step 1 reached %{url_effective}: "
-             "HTTP %{http_code}\\n", options.net_url]
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": f"{_SMOKE_NAME}-", "labels": {_SMOKE_LABEL: _SMOKE_NAME}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 5,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "initContainers": [container(STEPS[0], options.image, ["sh", "-c", "echo initshift smoke: step 0"]),
-                               container(STEPS[1], options.net_image, fetch)],
-            "containers": [container(MAIN, options.image, ["sh", "-c", "echo initshift smoke: done"])],
-        },
+def _fetch(options: SmokeOptions, who: str) -> list[str]:
+    return ["curl", "-sSk", "-o", "/dev/null", "--max-time", "20", "-w", f"{who} reached %{{url_effective}}: "
+            "HTTP %{http_code}\\n", options.net_url]
+
+
+def _pod(prefix: str, init: list[dict], containers: list[dict]) -> dict:
+    """Under the restricted Pod Security profile (any namespace admits it)."""
+    spec: dict = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
     }
+    if init:
+        spec["initContainers"] = init
+    spec["containers"] = containers
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": prefix, "labels": {_SMOKE_LABEL: _SMOKE_NAME}}, "spec": spec}
+
+
+def smoke_pod(options: SmokeOptions) -> dict:
+    """Two steps and a main."""
+    return _pod(BUILD.prefix, [_container(STEPS[0], options.image, ["sh", "-c", "echo initshift smoke: step 0"]),
+                               _container(STEPS[1], options.net_image, _fetch(options, "step 1"))],
+                [_container(MAIN, options.image, ["sh", "-c", "echo initshift smoke: done"])])
+
+
+def smoke_job_pod(options: SmokeOptions) -> dict:
+    """A Job's pod: one main that reaches the network, no init container."""
+    return _pod(JOB.prefix, [], [_container(MAIN, options.net_image, _fetch(options, "main"))])
 
 
 class _Stuck(Exception):
@@ -121,7 +151,7 @@ class Run:
         except asyncio.TimeoutError:
             raise _Stuck(stage) from None
 
-    async def body(self, pod: dict, injects: bool) -> None:
+    async def body(self, pod: dict, injects: bool, shape: Shape = BUILD) -> None:
         name = pod["metadata"]["name"]
         meta = pod.get("metadata") or {}
         strategy = (meta.get("labels") or {}).get(p.LABEL_MANAGED)
@@ -139,18 +169,28 @@ class Run:
                       f"feature gate {p.FEATURE_GATE_ENV} is off: read the server's log and the lines above", reason=reason)
             return
         async with PodTracker(self.api, self.namespace, name, pod) as tracker:
-            await self._follow(tracker, layout(pod).all_sidecars, strategy)
+            try:
+                sidecars = layout(pod).all_sidecars
+            except NotManaged:  # not rewritten, nothing to show but how it ends (a plain Job's pod)
+                done = await self.until(tracker, "pod ended", lambda q: (q.get("status") or {}).get("phase")
+                                        in ("Succeeded", "Failed"))
+                phase = (done.get("status") or {}).get("phase")
+                self.line(phase == "Succeeded", f"pod ended {phase} (phase {phase})", "" if phase == "Succeeded"
+                          else f"kubectl -n {self.namespace} logs {name} -c {MAIN}", phase=phase)
+                return
+            await self._follow(tracker, sidecars, strategy, shape)
 
-    async def _follow(self, tracker: PodTracker, sidecars: list[str], strategy: str | None) -> None:
+    async def _follow(self, tracker: PodTracker, sidecars: list[str], strategy: str | None,
+                      shape: Shape = BUILD) -> None:
         def sidecars_ready(pod: dict) -> bool:
             return all((statuses(pod).get(n) or {}).get("ready") for n in sidecars)
 
         def ended(pod: dict) -> bool:
             return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
-        def step0_started(pod: dict) -> bool:
+        def gated_started(pod: dict) -> bool:
             view = _view(pod)
-            return ended(pod) or (view is not None and view.row(STEPS[0]).state in _STARTED)
+            return ended(pod) or (view is not None and view.row(shape.gated).state in _STARTED)
 
         sidecar_start = None
         if sidecars:
@@ -163,13 +203,15 @@ class Run:
                      for n in sidecars]
             sidecar_start = min((t for t in times if parse_time(t)), key=parse_time, default=None)
         else:
-            self.line(True, "no sidecar in the pod: the steps need no proxy")
-        pod = await self.until(tracker, "step 0 started", step0_started)
+            self.line(True, f"no sidecar in the pod: the {'steps need' if shape.steps else 'main needs'} no proxy")
+        pod = await self.until(tracker, f"{shape.label} started", gated_started)
         ready_then = sidecars_ready(pod)
-        pod = await self.until(tracker, "steps and main finished", ended)
+        pod = await self.until(tracker, "steps and main finished" if shape.steps else "main finished", ended)
         view = _view(pod)
         assert view is not None
-        self._steps(view, sidecars, ready_then, sidecar_start)
+        self._gated(view, shape, sidecars, ready_then, sidecar_start)
+        if shape.steps:
+            self._steps(view)
         if strategy in WAITER_RUN:
             self.stage = "outcome recorded"
             pod = await self.until(tracker, "outcome recorded",
@@ -179,17 +221,20 @@ class Run:
             assert view is not None
         self._ended(view, pod, strategy)
 
-    def _steps(self, view: PodView, sidecars: list[str], ready_then: bool, sidecar_start: str | None) -> None:
+    def _gated(self, view: PodView, shape: Shape, sidecars: list[str], ready_then: bool,
+               sidecar_start: str | None) -> None:
         """`sidecar_start`: when the kubelet started the first sidecar, read when it was Ready."""
-        self.stage = "step 0 started"
-        step0 = view.row(STEPS[0])
+        self.stage = f"{shape.label} started"
+        row = view.row(shape.gated)
         if sidecars:
-            latency = _seconds(sidecar_start, step0.started_at)
+            latency = _seconds(sidecar_start, row.started_at)
             ok = ready_then and (latency is None or latency >= 0)
             text = f"{latency:.2f}s after the sidecar started" if latency is not None else "latency unknown"
-            self.line(ok, f"step 0 started after the sidecar was Ready ({text})",
-                      "" if ok else "step 0 ran before its proxy was Ready: its network calls could fail",
+            self.line(ok, f"{shape.label} started after the sidecar was Ready ({text})",
+                      "" if ok else f"{shape.label} ran before its proxy was Ready: its network calls could fail",
                       latencySeconds=latency)
+
+    def _steps(self, view: PodView) -> None:
         self.stage = "steps in order"
         rows = [view.row(n) for n in STEPS]
         failed = [r for r in rows if r.state != State.COMPLETED]
@@ -234,6 +279,7 @@ class Run:
 
 
 async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOptions, report: Report) -> None:
+    """The build pod, then the Job-shaped pod, under one deadline."""
     run = Run(api, namespace, options, report)
     try:
         config = await api.get_webhook_config(target.webhook_config)
@@ -250,16 +296,29 @@ async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOpti
                                                                  f"{p.LABEL_NAMESPACE_ENABLED}=true")
         return
     injects = any(i.injects_in(ns) for i in await find_injectors(api, configs))
+    for shape, make in ((BUILD, smoke_pod), (JOB, smoke_job_pod)):
+        if not await _one(run, shape, make(options), injects):
+            return
+
+
+async def _one(run: Run, shape: Shape, spec: dict, injects: bool) -> bool:
+    """One smoke pod from creation to deletion; False when the run cannot go on (the pod
+    could not be created, or the deadline is spent)."""
+    api, namespace, options = run.api, run.namespace, run.options
+    run.stage = "create the pod"
     try:
-        pod = await api.create_pod(namespace, smoke_pod(options))
+        pod = await api.create_pod(namespace, spec)
     except KubeError as e:
-        run.line(False, f"create a pod in {namespace}", e.message)
-        return
+        run.line(False, f"create a {shape.what} in {namespace}", e.message)
+        return False
     name = pod["metadata"]["name"]
-    run.line(True, f"created pod {namespace}/{name}" + (" (a mesh injects here)" if injects else ""), pod=name)
+    run.line(True, f"created {shape.what} {namespace}/{name}" + (" (a mesh injects here)" if injects else ""),
+             pod=name)
+    going_on = True
     try:
-        await run.body(pod, injects)
+        await run.body(pod, injects, shape)
     except _Stuck as e:
+        going_on = False
         current = await _current(api, namespace, name)
         run.line(False, f"timed out after {options.timeout:g}s at stage: {e}", _where(current) if current else
                  "the pod is gone", stuck=str(e))
@@ -275,6 +334,7 @@ async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOpti
                 run.line(True, f"deleted pod {namespace}/{name}")
             except KubeError as e:
                 run.line(False, f"delete pod {namespace}/{name}", e.message)
+    return going_on
 
 
 async def _current(api: KubeApi, namespace: str, name: str) -> dict | None:

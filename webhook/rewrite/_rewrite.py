@@ -60,6 +60,13 @@ def _prefix(message: str) -> str:
 _RUN_TO_COMPLETION = ("Never", "OnFailure")
 
 
+def _runs_to_completion(pod: Mapping) -> bool:
+    """restartPolicy Never or OnFailure (Jobs, CronJobs, bare pods): the mains end, and a
+    classic sidecar that does not keeps the pod running."""
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and spec.get("restartPolicy", "Always") in _RUN_TO_COMPLETION
+
+
 def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
     if native_strategy.is_managed(pod):
         return p.MODE_NATIVE  # decided at the first admission; re-invocations finish the job
@@ -92,12 +99,12 @@ def _qualify_native(pod: Mapping, settings: Settings, mode: str, cls: Classifica
                     native_supported: bool | None) -> _Skip | _Go:
     managed = native_strategy.is_managed(pod)
     notes = []
-    if mode == p.MODE_NATIVE and not managed and native_supported is not True:
+    if mode in (p.MODE_NATIVE, p.MODE_HYBRID) and not managed and native_supported is not True:
         if native_supported is False:
-            return _Skip("native-unsupported", f"{p.ANNOTATION_MODE}=native, but {_no_native(False)} "
+            return _Skip("native-unsupported", f"{p.ANNOTATION_MODE}={mode}, but {_no_native(False)} "
                                                f"(Kubernetes 1.29 or later); admitted unchanged")
-        notes.append(f"{_no_native(None)}; native sidecars used as {p.ANNOTATION_MODE}=native asks")
-    if not cls.steps:
+        notes.append(f"{_no_native(None)}; native sidecars used as {p.ANNOTATION_MODE}={mode} asks")
+    if not cls.steps and not _runs_to_completion(pod):
         return _Skip("no-init-containers", "no init container needs the sidecars; admitted unchanged")
     if cls.sidecars:
         return _Go(p.MODE_NATIVE, cls, notes)
@@ -137,7 +144,7 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
         return _Skip("restart-policy", f"restartPolicy {policy}: the {strategy} strategy runs steps only in "
                                        f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
     if not cls.steps:
-        return _Skip("no-init-containers", "no init container to move; admitted unchanged")
+        return _qualify_mains(pod, settings, mode, strategy, cls, native_supported)
     proxies = native_proxies(pod, cls, settings.rewrite)
     # A proxy already native, or asked for natively and not injected yet (one that still
     # landed in containers says the mesh found no native support: the waiter keeps it).
@@ -162,6 +169,29 @@ def _qualify(pod: Mapping, settings: Settings, native_supported: bool | None) ->
                                        f"asks, handed off in milliseconds instead of the kubelet's init order"])
         return _NO_SIDECAR  # native sidecars already run beside the init containers
     return _Go(strategy, cls, notes)
+
+
+def _qualify_mains(pod: Mapping, settings: Settings, mode: str, strategy: str, cls: Classification,
+                   native_supported: bool | None) -> _Skip | _Go:
+    """A run-to-completion pod without steps (a Job's): only its mains' start and end need
+    the sidecars. With native sidecars the proxy becomes one (the native strategy, no waiter);
+    else every main runs under the waiter, gated like step 0, the last one quitting the sidecars."""
+    if strategy == p.MODE_HYBRID:  # no step for the waiter: the native half is the whole rewrite
+        return _qualify_native(pod, settings, mode, cls, native_supported)
+    if start_order.requested(pod):  # the declared order wraps these mains itself
+        return _Skip("no-init-containers", "no init container to move; admitted unchanged")
+    if cls.sidecars:
+        if not cls.mains:
+            return _Skip("no-mains", "every regular container is a sidecar: no main to gate; admitted unchanged")
+        return _Go(strategy, cls)
+    proxies = native_proxies(pod, cls, settings.rewrite)
+    if proxies:
+        return _Skip("already-native", f"the proxy {proxies[0]!r} already runs as a native sidecar: the kubelet "
+                                       f"starts the mains after it and stops it after them; admitted unchanged")
+    if has_mesh_marker(pod):
+        return _Skip("no-sidecar", "the mesh has not injected its proxy yet: the mains are rewritten when initshift "
+                                   "is re-invoked after it; admitted unchanged")
+    return _NO_SIDECAR
 
 
 # What a plan does with the pod.
@@ -273,17 +303,20 @@ _SWITCHED_OFF = ("feature-gate-off", "disabled")
 
 
 def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
-    """A pod with init containers that is not rewritten says why on itself (the one change
-    made to it); a rewritten pod drops the reason an earlier admission left."""
+    """A pod with init containers, or a run-to-completion one, that is not rewritten says why
+    on itself (the one change made to it); a rewritten pod drops the reason an earlier
+    admission left."""
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    inits = (pod.get("spec") or {}).get("initContainers")
+    inits = pod["spec"].get("initContainers") if isinstance(pod.get("spec"), dict) else None
     if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
         annotations = dict(result.pod["metadata"]["annotations"])
         del annotations[p.ANNOTATION_NOT_REWRITTEN]
         result.pod = {**result.pod, "metadata": {**result.pod["metadata"], "annotations": annotations}}
     elif not result.changed and result.strategy is None and result.reason not in _SWITCHED_OFF \
-            and isinstance(inits, list) and inits and managed_as(pod) is None \
+            and ((isinstance(inits, list) and inits) or _runs_to_completion(pod)) \
+            and isinstance(pod.get("metadata"), (dict, type(None))) \
+            and p.LABEL_MANAGED not in (meta.get("labels") if isinstance(meta.get("labels"), dict) else {}) \
             and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
         result.pod = {**pod, "metadata": {**meta, "annotations": {**notes, p.ANNOTATION_NOT_REWRITTEN: result.reason}}}
     return result

@@ -9,7 +9,8 @@ Chain written into the pod (every name from waiter/protocol.py):
   completion;
 - step 0 waits for the ready gate (downward-API file of `initshift.io/ready`, plus loopback
   probes when every sidecar has an httpGet/tcpSocket readiness probe);
-- the mains wait for the last step; each writes its record under its own name into the one
+- the mains wait for the last step (in a pod without steps, a Job's, each main waits for
+  the ready gate as step 0 would, and again when the kubelet restarts it); each writes its record under its own name into the one
   emptyDir they share (`initshift-mains`) and the one that then finds every main's record
   there quits the sidecars. Each main's flags and mounts are the same few whatever the
   number of mains, so the pod grows linearly with them. The trade-off: any main can write
@@ -161,9 +162,11 @@ class _Chain:
         return index >= self.n_steps
 
     def waits_for(self, index: int) -> int | None:
-        if index == 0:
-            return None
-        return index - 1 if index < self.n_steps else self.n_steps - 1
+        """The run dir whose record this container waits for; None: it waits for the gate
+        (step 0, or every main of a pod without steps)."""
+        if index < self.n_steps:
+            return index - 1 if index else None
+        return self.n_steps - 1 if self.n_steps else None
 
     def quits(self, index: int) -> bool:
         # The mains quit the sidecars; a pod without mains lets its last step do it.
@@ -183,7 +186,7 @@ def wrap(container: Mapping, index: int, chain: _Chain,
     wait = chain.waits_for(index)
     if wait is not None:
         mounts.append({"name": p.run_volume(wait), "mountPath": p.run_mount(wait), "readOnly": True})
-    ready_file, probes = chain.gate() if index == 0 else (None, [])
+    ready_file, probes = chain.gate() if wait is None else (None, [])
     if ready_file:
         mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
     if chain.is_main(index):  # the mains learn about each other through one shared directory
@@ -381,14 +384,17 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     if new_qos != old_qos:
         warnings.append(f"QoS class changes from {old_qos} to {new_qos}: steps now run as regular containers "
                         f"and share the pod's requests")
+    waited = "the steps; a build" if steps else "the sidecars to be ready; a proxy start"
     for c in cls.mains:
         probes = [f for f in ("livenessProbe", "startupProbe") if f in c]
         if probes:
             warnings.append(f"main container {c['name']!r} has a {' and a '.join(probes)} that the kubelet runs "
-                            f"while it waits for the steps; a build longer than the probe allows gets it killed")
+                            f"while it waits for {waited} longer than the probe allows gets it killed")
     if spec.get("restartPolicy") == "OnFailure":
         warnings.append("restartPolicy OnFailure: a failed step is re-run by the kubelet and later steps wait for it, "
-                        "as with init containers")
+                        "as with init containers" if steps else
+                        "restartPolicy OnFailure: a main the kubelet restarts waits for the sidecars again; they are "
+                        "quit once every main has succeeded")
     return out, warnings
 
 
@@ -411,7 +417,7 @@ def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
     except (TypeError, ValueError):
         raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={how} but its {p.ANNOTATION_STEPS} "
                          f"annotation is not a JSON list") from None
-    if not (isinstance(steps, list) and isinstance(mains, list) and steps
+    if not (isinstance(steps, list) and isinstance(mains, list) and (steps or mains)
             and all(isinstance(x, str) for x in [*steps, *mains])):
         raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={how} but its {p.ANNOTATION_STEPS}/"
                          f"{p.ANNOTATION_MAINS} annotations are not lists of names")

@@ -95,6 +95,8 @@ def slim_pod(pod: dict) -> dict:
     }
     if "activeDeadlineSeconds" in spec:
         slim_spec["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+    if "restartPolicy" in spec:
+        slim_spec["restartPolicy"] = spec["restartPolicy"]
     slim_status = {k: status[k] for k in ("phase", "reason", "message", "startTime") if k in status}
     for key in ("containerStatuses", "initContainerStatuses"):
         if key in status:
@@ -132,14 +134,17 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     unready = [n for n in lay.sidecars if not (cs.get(n) or {}).get("ready")] + \
               [n for n in lay.native if not (ics.get(n) or {}).get("ready")]
     requeue: float | None = None
-    all_done = bool(runs) and all(r.state == "terminated" for r in runs.values())
+    # restartPolicy OnFailure: the kubelet restarts a failed step or main (the Job controller
+    # ends the pod once its backoffLimit is spent), so only a success, or the pod's end, is final.
+    retried = (pod.get("spec") or {}).get("restartPolicy") == "OnFailure" and not ended
+    all_done = bool(runs) and all(r.state == "terminated" and (r.ok or not retried) for r in runs.values())
 
     if not ready and not ended and not all_done:
         if not unready and (phase == "Running" or not (lay.sidecars or lay.native)):
             sidecars = lay.sidecars + lay.native
             what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
             actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
-                                  _EVENT_READY, f"{what} after {elapsed:.1f}s; steps may start"))
+                                  _EVENT_READY, f"{what} after {elapsed:.1f}s; {_may_start(lay)}"))
             latency = elapsed
             ready = True
         elif elapsed >= settings.sidecar_ready_timeout_seconds:
@@ -154,7 +159,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     # leaves every later container waiting for a completion file that never comes.
     for i, name in enumerate(lay.steps):
         r = runs[name]
-        if r.state == "terminated" and not r.recorded and not r.ok and \
+        if r.state == "terminated" and not r.recorded and not r.ok and not retried and \
                 any(runs[later].state != "terminated" for later in order[i + 1:]) and not ended:
             msg = f"{name} terminated without completing: {r.summary()}"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
@@ -179,7 +184,8 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason != p.REASON_SKIPPED), None) \
         or next((r for r in (runs[n] for n in order) if not r.ok), None)
     if failed is None:
-        message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded"
+        message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded" if lay.steps else \
+            f"{len(lay.mains)} main{'s' if len(lay.mains) != 1 else ''} succeeded"
     else:
         message = f"{failed.name} failed: {failed.summary()}"
     end_now = bool(running_sidecars) and not ended and not deadline_set
@@ -189,6 +195,10 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     if end_now:
         actions.append(_sidecars_deadline(running_sidecars, settings))
     return Decision(actions, None, latency)
+
+
+def _may_start(lay: Layout) -> str:
+    return "steps may start" if lay.steps or not lay.mains else "mains may start"
 
 
 def _decide_start_order(pod: dict) -> Decision:

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from waiter import protocol as p
 
 from ..settings import RewriteSettings
-from ._podstate import (NOT_RUN, WAITER_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
+from ._podstate import (MAIN, NOT_RUN, WAITER_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
                         statuses)
 
 
@@ -187,7 +187,8 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         base = dict(name=name, kind=kind, number=lay.steps.index(name) + 1 if kind == STEP else None,
                     restarts=_count(st.get("restartCount")))
         prev = predecessor(name)
-        first_step = bool(lay.steps) and name == lay.steps[0]
+        # What the sidecars gate: the first step, or every main of a pod without steps (a Job's).
+        first_step = name == lay.steps[0] if lay.steps else kind == MAIN
         if run.state == "terminated":
             entry = entries.get(name) or {}
             if not run.recorded and entry.get("reason") == NOT_RUN and name in lay.waiter_run:
