@@ -117,7 +117,8 @@ class DirWatch:
         period: 8 ms median here, up to 20), which would hold up what the watch guarded: the
         step's start. So the watches are removed (inotify_rm_watch returns at once; the
         kernel reaps them in the background) and the descriptor is left to the process's
-        exit or exec (it is close-on-exec), by when closing it costs nothing."""
+        exit or exec (it is close-on-exec): whatever that close still waits for comes after
+        the record (exit) or in place of the wait it replaces (start-after's exec)."""
         if self.fd is not None:
             for wd in self._watches:
                 self._libc.inotify_rm_watch(self.fd, wd)
