@@ -117,8 +117,9 @@ class DirWatch:
         period: 8 ms median here, up to 20), which would hold up what the watch guarded: the
         step's start. So the watches are removed (inotify_rm_watch returns at once; the
         kernel reaps them in the background) and the descriptor is left to the process's
-        exit or exec (it is close-on-exec): whatever that close still waits for comes after
-        the record (exit) or in place of the wait it replaces (start-after's exec)."""
+        exit or exec (it is close-on-exec). What that close may still wait for then comes
+        after the record is written (exit), or before the program starts (start-after's
+        exec: the same wait as closing it here)."""
         if self.fd is not None:
             for wd in self._watches:
                 self._libc.inotify_rm_watch(self.fd, wd)
