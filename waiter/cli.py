@@ -50,6 +50,8 @@ def run() -> None:
     (files are closed where they are written), so only the standard streams are flushed."""
     code = main()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with that descriptor closed
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # closed or broken: nothing left to say
