@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # Debian packages the tests and the waiter build use; installed with apt-get when missing (root only).
 # PyInstaller freezes against Python's shared library (libpythonX.Y), which a bare python3 lacks.
-APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
+# prometheus: its promtool evaluates the alert rules in tests/deploy/test_monitoring.py.
+APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils prometheus $(if $(filter /usr/bin/%,$(PYTHON)),libpython$(PYVER))
 # Benchmarks only: wrk, a C load generator, so the client is never the bottleneck; valgrind
 # counts the instructions a review costs (bench-admission-callgrind).
 BENCH_APT_PACKAGES := wrk
@@ -21,7 +22,7 @@ PYTEST_ARGS ?=
 PIP_CONSTRAINTS ?=
 FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-watcher clean
+.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
@@ -72,7 +73,7 @@ wheel: $(STAMP)
 lock: $(STAMP)
 	$(PY) -m tests.support.lockfile
 
-bench: bench-waiter bench-admission bench-watcher
+bench: bench-waiter bench-admission bench-hostile bench-watcher
 
 bench-waiter: waiter
 	$(PY) -m tests.bench.waiter_bench
@@ -88,6 +89,11 @@ bench-admission-callgrind: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(CALLGRIND_APT_PACKAGES)"
 	$(if $(BASE),$(PY) -m tests.bench.admission_callgrind --server-tree $(BASE))
 	$(PY) -m tests.bench.admission_callgrind
+
+# One hostile client at a time (header flood, metrics flood, slow bodies, 7 MB reviews) and
+# what each costs the server: memory, CPU, /mutate latency meanwhile.
+bench-hostile: $(STAMP)
+	$(PY) -m tests.bench.hostile_bench
 
 # The watcher against the API double at 100, 1,000 and 5,000 pods in flight (~5 minutes).
 bench-watcher: $(STAMP)

@@ -1,7 +1,5 @@
 """`python -m waiter ...` (and the frozen executable's entry point)."""
 
-import sys
+from waiter.cli import run
 
-from waiter.cli import main
-
-sys.exit(main())
+run()

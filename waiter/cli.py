@@ -7,7 +7,7 @@ To add a subcommand, add a row: the frozen build collects every waiter submodule
 
 from __future__ import annotations
 
-import importlib
+import os
 import sys
 
 from . import protocol as p
@@ -36,8 +36,24 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         sys.stderr.write(f"waiter: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)})\n")
         return p.EXIT_USAGE
-    module = importlib.import_module(entry[0])
+    module = __import__(entry[0], fromlist=["main"])  # importlib itself is one more import to pay
     if args[1:2] in (["-h"], ["--help"]):  # every subcommand's usage, in one place
         print(module.USAGE)
         return 0
     return int(module.main(args[1:]) or 0)
+
+
+def run() -> None:
+    """The executable's entry point: main(), then exit at once. The interpreter's orderly
+    teardown (~5 ms of CPU, module by module) would run just after the completion record is
+    written, on the core the next step wakes up on: the waiter holds nothing that needs it
+    (files are closed where they are written), so only the standard streams are flushed."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with that descriptor closed
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing left to say
+            pass
+    os._exit(code)

@@ -52,7 +52,7 @@ class Entrypointer:
     def wait_predecessor(self) -> Record | None:
         """The previous step's record once it is final for us; None when interrupted."""
         path = self.opts.wait
-        with DirWatch([os.path.dirname(path) or "."]) as watch:
+        with DirWatch([os.path.dirname(path) or "."], [os.path.basename(path)]) as watch:
             while not self.interrupted():
                 try:
                     rec = read_record(path)

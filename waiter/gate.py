@@ -4,13 +4,22 @@ or when every loopback probe the webhook copied from the sidecars has succeeded.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
+from . import protocol as p
 from .loopback import Endpoint
-from .wait import DirWatch, Wakeable
+from .wait import KUBELET_DATA_LINK, DirWatch, Wakeable
 
-PROBE_INTERVAL = 0.15  # seconds between probe rounds
 PROBE_TIMEOUT = 1.0  # seconds per probe attempt
+
+
+def poll_interval(rounds: int, waited: float) -> float:
+    """Seconds until the next poll, after `rounds` polls and `waited` seconds (the schedule
+    of protocol.GATE_POLL_*): a backoff from a few ms to GATE_POLL_MAX, then a share of the
+    time already waited."""
+    fast = min(p.GATE_POLL_FIRST * p.GATE_POLL_GROWTH ** min(rounds, 64), p.GATE_POLL_MAX)
+    return min(max(fast, waited * p.GATE_POLL_SHARE), p.GATE_POLL_CEILING)
 
 
 def ready_file_set(path: str) -> bool:
@@ -44,11 +53,19 @@ class Gate:
         if not self.needed:
             return True
         # A missing directory makes DirWatch poll, so a late mount is still seen.
-        dirs = [os.path.dirname(self.ready_file) or "."] if self.ready_file else []
-        with DirWatch(dirs) as watch:
+        dirs, names = [], []
+        if self.ready_file:
+            dirs = [os.path.dirname(self.ready_file) or "."]
+            names = [os.path.basename(self.ready_file), KUBELET_DATA_LINK]
+        start = time.monotonic()
+        rounds = 0
+        with DirWatch(dirs, names) as watch:
             while True:
                 if interrupted():
                     return False
                 if self._open():
                     return True
-                watch.wait(PROBE_INTERVAL if self.pending else None, wake)
+                # Probes (and a ready file without inotify) are polled; inotify alone waits.
+                polled = bool(self.pending) or watch.fd is None
+                watch.wait(poll_interval(rounds, time.monotonic() - start) if polled else None, wake)
+                rounds += 1

@@ -19,5 +19,5 @@ def say(message: str) -> None:
     try:
         sys.stderr.write(f"{prefix}: {message}\n")
         sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed: nowhere left to say it
+    except (OSError, ValueError, AttributeError):  # stderr closed (None if never open): nowhere to say it
         pass

@@ -150,6 +150,18 @@ WAITER_LOG_PREFIX = "waiter"
 FLAG_AFTER_READY_FILE = "--after-ready-file"  # start-order: downward-API file of ANNOTATION_READY_PREFIX+name
 FLAG_LOG_INTERVAL = "--log-interval"  # start-order, hidden: seconds between "still waiting" lines
 
+# Step 0's ready gate polls its loopback probes (and the ready file where inotify is missing)
+# on a backoff: the first re-check after GATE_POLL_FIRST seconds, each next one GATE_POLL_GROWTH
+# times later, up to GATE_POLL_MAX, so a proxy turning ready is seen within ~GATE_POLL_MAX
+# while it matters; a sidecar that takes long is then polled at GATE_POLL_SHARE of the time
+# already waited (at most GATE_POLL_CEILING), so the probes' CPU falls off instead of
+# running at the fast rate for as long as the pod waits.
+GATE_POLL_FIRST = 0.002
+GATE_POLL_GROWTH = 1.5
+GATE_POLL_MAX = 0.02
+GATE_POLL_SHARE = 0.005
+GATE_POLL_CEILING = 1.0
+
 # Completion record reasons (also the termination message's "reason").
 REASON_COMPLETED = "Completed"
 REASON_ERROR = "Error"

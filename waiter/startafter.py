@@ -32,7 +32,7 @@ from . import argvmap, flags, log
 from . import protocol as p
 from .env import child_environment
 from .errors import UsageError, WaiterError
-from .gate import PROBE_INTERVAL, PROBE_TIMEOUT
+from .gate import PROBE_TIMEOUT, poll_interval
 from .loopback import Endpoint
 from .record import now, rfc3339
 from .runner import launch
@@ -204,6 +204,7 @@ def wait(opts: StartOptions, box: SignalBox) -> None:
     start = time.monotonic()
     next_log = start + opts.log_interval
     dirs = sorted({os.path.dirname(c.path) or "." for c in pending if isinstance(c, (AnnotationReady, Started))})
+    rounds = 0
     with DirWatch(dirs) as watch:
         while True:
             stop = [s for s in box.take() if s in TERMINATING]
@@ -226,8 +227,10 @@ def wait(opts: StartOptions, box: SignalBox) -> None:
             if opts.max_wait is not None:
                 limits.append(start + opts.max_wait - t)
             if any(c.polled for c in pending):
-                limits.append(MARKER_POLL if any(isinstance(c, Started) for c in pending) else PROBE_INTERVAL)
+                limits.append(MARKER_POLL if any(isinstance(c, Started) for c in pending)
+                              else poll_interval(rounds, t - start))
             watch.wait(max(0.0, min(limits)), box)
+            rounds += 1
 
 
 # --- exec ------------------------------------------------------------------------------------

@@ -80,8 +80,10 @@ class ServerSettings:
     host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds.", "0.0.0.0")
     port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on (admission and health only).", 8443)
     metrics_port: int = _env("INITSHIFT_METRICS_PORT",
-                             "Plain-HTTP port serving `/metrics` (Prometheus), on INITSHIFT_HOST; 0 turns it off.",
-                             8080)
+                             "Plain-HTTP port serving `/metrics` (Prometheus); 0 turns it off.", 8080)
+    metrics_host: str = _env("INITSHIFT_METRICS_HOST",
+                             "Address the metrics port binds; empty: INITSHIFT_HOST (all interfaces by default, "
+                             "which a scrape through the pod IP or a Service needs).", "")
     tls_cert: str = _env("INITSHIFT_TLS_CERT", "Serving certificate (PEM); reloaded when it changes.",
                          "/etc/initshift/tls/tls.crt")
     tls_key: str = _env("INITSHIFT_TLS_KEY", "Serving key (PEM); reloaded when it changes.",
@@ -89,16 +91,35 @@ class ServerSettings:
     client_ca: str = _env("INITSHIFT_CLIENT_CA", "CA bundle to verify client certificates; empty: no verification.", "")
     max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes).", 7 * 1024 * 1024)
     workers: int = _env("INITSHIFT_WORKERS", "Server processes sharing the port; 0: one per CPU the process may use "
-                        "(its cgroup's CPU limit counted), at most 8.", 0)
+                        "(its cgroup's CPU limit counted), at most 8, and no more than its cgroup's memory "
+                        "limit holds (64 MiB for the supervisor, 224 MiB per worker).", 0)
     max_connections: int = _env("INITSHIFT_MAX_CONNECTIONS",
                                 "Open connections per server process; more are closed at once.", 512)
     max_pending_reviews: int = _env(
         "INITSHIFT_MAX_PENDING_REVIEWS",
-        "Reviews one server process holds at a time (reading, queued, rewriting); more get HTTP 503 at once.", 64)
+        "Complete reviews up to INITSHIFT_LARGE_REVIEW_BYTES one server process holds at a time (queued, "
+        "rewriting); more get HTTP 503 at once. A body still arriving does not count.", 64)
+    large_review_bytes: int = _env(
+        "INITSHIFT_LARGE_REVIEW_BYTES",
+        "Reviews over this size (bytes, the declared Content-Length) are worked on in a lane of their own, "
+        "so small ones never wait behind them.", 256 * 1024)
+    max_large_reviews: int = _env(
+        "INITSHIFT_MAX_LARGE_REVIEWS",
+        "Reviews over INITSHIFT_LARGE_REVIEW_BYTES (or chunked) one server process reads and works on at a "
+        "time; the next waits with its body unread, HTTP 503 after INITSHIFT_BODY_TIMEOUT_SECONDS.", 1)
     max_body_bytes_in_flight: int = _env(
         "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT",
-        "Bytes of request bodies one server process holds at a time (Content-Length, else the body limit); "
-        "more get HTTP 503 at once.", 64 * 1024 * 1024)
+        "Bytes of request bodies one server process holds at a time, counted as they arrive (bodies being "
+        "read and reviews in hand); more get HTTP 503 at once.", 32 * 1024 * 1024)
+    max_headers: int = _env("INITSHIFT_MAX_HEADERS",
+                            "Header fields one request may send; more: HTTP 431, connection closed.", 100)
+    max_header_bytes: int = _env(
+        "INITSHIFT_MAX_HEADER_BYTES",
+        "Bytes of one request's head (request line and headers); more: HTTP 431, connection closed, "
+        "checked before the bytes are buffered.", 32 * 1024)
+    max_header_line_bytes: int = _env(
+        "INITSHIFT_MAX_HEADER_LINE_BYTES",
+        "Bytes of the request line or of one header field; more: HTTP 431, connection closed.", 8 * 1024)
     header_timeout_seconds: float = _env(
         "INITSHIFT_HEADER_TIMEOUT_SECONDS",
         "Seconds a connection has for its TLS handshake and then for each request's headers.", 10.0)
@@ -106,6 +127,10 @@ class ServerSettings:
                                        "Seconds a request has to send its whole body (else HTTP 408).", 10.0)
     keepalive_timeout_seconds: float = _env("INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS",
                                             "Seconds an idle keep-alive connection stays open.", 5.0)
+    write_timeout_seconds: float = _env(
+        "INITSHIFT_WRITE_TIMEOUT_SECONDS",
+        "Seconds an answer may wait for its client to read it (the connection's send buffer full) "
+        "before the connection is dropped.", 10.0)
     failure_mode: str = _env("INITSHIFT_FAILURE_MODE",
                              "An internal rewrite error: `ignore` (admit unchanged, warn) or `deny`.",
                              "ignore", **_choice("ignore", "deny"))

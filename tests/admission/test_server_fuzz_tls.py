@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.admission.test_server_fuzz import _paths, json_values
+from tests.admission.test_server_fuzz import ODD_SHAPES, _paths, json_values
 from tests.support import https_helpers as h
 from tests.support.fixtures import pods
 from tests.support.podvalidate import OLDEST, assert_valid_pod
@@ -50,7 +50,7 @@ def _containers(pod: dict) -> list[dict]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-KINDS = ["mains", "quantity", "depth", "namespace", "mount", "annotations", "pad", "random", "random"]
+KINDS = ["mains", "quantity", "depth", "namespace", "mount", "annotations", "pad", "odd", "random", "random"]
 # A recipe, not the pod: what hypothesis prints on a failure must stay small (and shallow).
 steps = st.tuples(st.sampled_from(KINDS), st.integers(0, 10**6), st.integers(0, 10**6), json_values)
 recipes = st.tuples(st.sampled_from(NAMES), st.lists(steps, min_size=1, max_size=3))
@@ -93,6 +93,12 @@ def _change(pod: dict, kind: str, a: int, b: int, value: Any) -> None:
     elif kind == "annotations":  # finding 9
         pod["metadata"].setdefault("annotations", {}).update({
             p.ANNOTATION_READY: p.READY_TRUE, p.ANNOTATION_OUTCOME: "{}", f"{p.ANNOTATION_READY_PREFIX}x": "true"})
+    elif kind == "odd":  # issue 24: shapes no apiserver sends (a decision or a 400, never an internal error)
+        *path, odd = ODD_SHAPES[a % len(ODD_SHAPES)]
+        parent = pod
+        for key in path[:-1]:
+            parent = parent.setdefault(key, {})
+        parent[path[-1]] = copy.deepcopy(odd)
     elif kind == "pad":  # finding 2: near etcd's limit
         c = spec["containers"][0]
         c.setdefault("env", []).append({"name": "PAD", "value": ""})
@@ -152,6 +158,7 @@ def test_fuzz_over_tls_no_5xx_patches_apply_and_valid_pods_stay_valid(pki):
                 return
             answer = r.json()
             assert answer["response"]["uid"] == review["request"]["uid"]
+            assert "internal error" not in r.text, r.text[:300]
             patch = admission.decode_patch(answer)
             if not patch:
                 assert answer["response"].get("warnings")  # an unchanged pod says why

@@ -5,11 +5,14 @@ how fast the machine is), and the server keeps serving afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -79,6 +82,36 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+@contextlib.contextmanager
+def held_review(server, pki: Path, body: bytes = BIG_BODY, when=lambda _body: True) -> Iterator[list[httpx.Response]]:
+    """`body` posted from a thread and held on its lane's thread (the reviewer's first step
+    blocked, for bodies `when` picks) while the block runs; its answer lands in the list
+    once released. The default is over INLINE_MAX_BYTES: a smaller review is worked on the
+    event loop, where holding it would hold the server."""
+    reviewer = server.app.state.reviewer
+    real, release, entered = reviewer.start, threading.Event(), threading.Event()
+
+    def held(sent: bytes):
+        if when(sent):
+            entered.set()
+            assert release.wait(60)
+        return real(sent)
+
+    reviewer.start = held
+    answers: list[httpx.Response] = []
+    poster = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{h.base_url(server)}/mutate", content=body, headers=JSON_CT, verify=h.client_context(pki / "ca.crt"),
+        timeout=60)))
+    try:
+        poster.start()
+        assert entered.wait(30)
+        yield answers
+    finally:
+        release.set()
+        poster.join(60)
+        reviewer.start = real
+
+
 def request_head(length: int) -> bytes:
     return (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n\r\n").encode()
@@ -127,34 +160,33 @@ def test_a_stalled_body_is_a_408_and_gives_its_bytes_back(pki):
 
 # --- finding 5: bounded work in hand, refused fast -------------------------------------------
 def test_reviews_beyond_the_limit_are_refused_at_once_with_503(pki):
-    settings = h.settings_for(pki, max_pending_reviews=1, body_timeout_seconds=3.0)
+    """Complete reviews in hand are capped per lane; a review held on the worker thread
+    (here: until released) takes the one place, the next is refused at once."""
+    settings = h.settings_for(pki, max_pending_reviews=1)
     with h.running(settings) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
-        holder = tls(server.port, pki)
-        holder.sendall(request_head(len(BODY)) + BODY[:10])  # holds the only slot
-        deadline = time.monotonic() + 5
-        while server.app.state.capacity.reviews == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
-        assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert "busy" in r.json()["error"] and "INITSHIFT_MAX_PENDING_REVIEWS" in r.json()["error"]
-        assert c.get(f"{h.base_url(server)}/healthz").status_code == 200  # never refused
-        assert read_response(holder)[0] == 408  # the holder times out and frees its slot
+        with held_review(server, pki) as answers:
+            r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert "busy" in r.json()["error"] and "INITSHIFT_MAX_PENDING_REVIEWS" in r.json()["error"]
+            assert c.get(f"{h.base_url(server)}/healthz").status_code == 200  # never refused
+        assert [a.status_code for a in answers] == [200]
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
 
 
 def test_body_bytes_in_flight_are_capped(pki):
+    """Bytes are counted as they arrive: a body stalled 10 bytes short holds the rest."""
     settings = h.settings_for(pki, max_body_bytes_in_flight=len(BODY) + 10)
     with h.running(settings) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
         holder = tls(server.port, pki)
-        holder.sendall(request_head(len(BODY)) + BODY[:10])
+        holder.sendall(request_head(len(BODY)) + BODY[:-10])
         deadline = time.monotonic() + 5
-        while server.app.state.capacity.body_bytes == 0:
+        while server.app.state.capacity.body_bytes < len(BODY) - 10:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
         assert r.status_code == 503 and "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT" in r.json()["error"]
-        holder.sendall(BODY[10:])
+        assert r.headers["connection"] == "close"  # its body was not read to the end
+        holder.sendall(BODY[-10:])
         assert read_response(holder)[0] == 200
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
 
@@ -210,36 +242,16 @@ def test_an_unexpected_500_says_connection_close_and_the_next_request_works(pki)
 
 
 def test_a_big_review_being_worked_on_never_holds_the_event_loop(pki):
-    """Finding 5: a review over INLINE_MAX_BYTES runs on the process's worker thread, so
-    while one is in progress (here: held until released) the loop still completes new TLS
-    handshakes and answers /healthz; the held review is answered afterwards."""
-    import threading
-
-    with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
-        reviewer = server.app.state.reviewer
-        real, release, entered = reviewer.start, threading.Event(), threading.Event()
-
-        def held(body: bytes):
-            entered.set()
-            assert release.wait(30)
-            return real(body)
-
-        reviewer.start = held
-        answers: list[int] = []
-        poster = threading.Thread(target=lambda: answers.append(
-            c.post(f"{h.base_url(server)}/mutate", content=BIG_BODY, headers=JSON_CT).status_code))
-        try:
-            poster.start()
-            assert entered.wait(30)
+    """Finding 5: a review over INLINE_MAX_BYTES runs on its lane's worker thread, so while
+    one is in progress (here: held until released) the loop still completes new TLS handshakes and answers
+    /healthz; the held review is answered afterwards."""
+    with h.running(h.settings_for(pki)) as server:
+        with held_review(server, pki) as answers:
             for _ in range(5):  # new connections, each a full handshake, answered meanwhile
                 with httpx.Client(verify=h.client_context(pki / "ca.crt")) as fresh:
                     assert fresh.get(f"{h.base_url(server)}/healthz").status_code == 200
-            assert answers == [] and poster.is_alive()  # the review is still held
-        finally:
-            release.set()
-            poster.join(30)
-            reviewer.start = real
-        assert answers == [200]
+            assert answers == []  # the review is still held
+        assert [a.status_code for a in answers] == [200]
 
 
 def test_small_reviews_are_worked_on_the_event_loop_big_ones_on_the_worker_thread(pki):
@@ -263,7 +275,7 @@ def test_small_reviews_are_worked_on_the_event_loop_big_ones_on_the_worker_threa
         finally:
             reviewer.start = real
     assert len(BODY) <= INLINE_MAX_BYTES < len(BIG_BODY)
-    assert threads == ["initshift-https", "initshift-review_0"]
+    assert threads == ["initshift-https", "initshift-review-small_0"]
 
 
 @pytest.mark.parametrize("path", ["/mutate", "/healthz"])

@@ -19,23 +19,11 @@ import httpx
 from certs import pki
 from tests.admission.test_server_rotation import der, secret_volume
 from tests.support import https_helpers as h
+from tests.support.hostile import children
 from waiter import protocol as p
 from webhook.admission._https import bind
 
 REVIEW = h.review(h.kpack_istio(), namespace="builds")
-
-
-def children(pid: int) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.add(int(entry.name))
-    return out
 
 
 def wait_for(condition, seconds: float = 30, what: str = "") -> None:
@@ -130,3 +118,32 @@ def test_worker_count_follows_the_cpu_limit(tmp_path):
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("150000\n")  # 1.5 CPUs (cgroup v1): 2 workers at most
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
     assert worker_count(0, str(tmp_path)) == min(cpus, 2)
+
+
+def test_worker_count_follows_the_memory_limit(tmp_path):
+    """Issue 24 point 6: `0` starts no more workers than the container's memory limit holds,
+    read from the process's own cgroup (v2 memory.max, v1 memory.limit_in_bytes) or the
+    mount's root (a container's cgroup namespace)."""
+    from webhook.admission._workers import (AUTO_MAX_WORKERS, SUPERVISOR_BYTES, WORKER_BYTES,
+                                            cgroup_memory_limit, worker_count)
+
+    cpus = min(len(os.sched_getaffinity(0)), AUTO_MAX_WORKERS)
+    mine = tmp_path / "self-cgroup"
+    mine.write_text("0::/kubepods/pod1/c1\n")
+    assert worker_count(0, str(tmp_path), str(mine)) == cpus  # no memory files: CPUs decide
+    (tmp_path / "memory.max").write_text("max\n")
+    assert cgroup_memory_limit(str(tmp_path), str(mine)) is None
+    (tmp_path / "memory.max").write_text(f"{256 * 1024 * 1024}\n")  # the old Deployment's 256Mi: one worker
+    assert worker_count(0, str(tmp_path), str(mine)) == 1
+    own = tmp_path / "kubepods" / "pod1" / "c1"
+    own.mkdir(parents=True)
+    (tmp_path / "memory.max").write_text("max\n")
+    (own / "memory.max").write_text(f"{SUPERVISOR_BYTES + 2 * WORKER_BYTES}\n")  # its own cgroup's limit counts
+    assert worker_count(0, str(tmp_path), str(mine)) == min(cpus, 2)
+    assert worker_count(5, str(tmp_path), str(mine)) == 5  # explicit wins
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert cgroup_memory_limit(str(v1), str(mine)) is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{64 * 1024 * 1024}\n")
+    assert worker_count(0, str(v1), str(mine)) == 1  # never fewer than one

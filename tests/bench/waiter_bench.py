@@ -2,12 +2,15 @@
 
 - cold start: wall time of `waiter run --post F -- /bin/true`, median of 20 runs
 - handoff: step i's finishedAt to step i+1's startedAt (from the records), 200 handoffs
-  in batches of 21 chained waiters, all waiting before the first is released
-- CPU time used while waiting 10 s for a completion file that never comes
+  in batches of 21 chained waiters, all waiting before the first is released; each step
+  posts into its own directory, as each pod step has its own run volume
+- CPU time used while waiting 10 s for a completion file that never comes (schedstat, ns)
 - peak RSS (VmHWM) of a waiting waiter
 - step 0's gate: from a loopback server turning ready (`--probe`, what waiter and hybrid
   pods use) or the ready file appearing (`--ready-file`, the waiter's own part of the
   watcher's path) to step 0's startedAt, 20 runs each
+- step 0's gate against a proxy that takes 3 s to turn ready: the waiter's CPU time while
+  it polls (/proc/PID/schedstat, ns), the probes it made, and the latency once ready
 - a chain of 20 steps of 0.2 s (the issue's kubelet measurement): first start to last end
 - a Job-shaped pod (one main, no step) beside a proxy process, 20 runs: the gate (the
   proxy's loopback probe turns ready -> the main starts), and from the main's end (its
@@ -35,7 +38,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from waiter import protocol as p
-from waiter.gate import PROBE_INTERVAL
 from waiter.post import write_atomic
 from tests.support.waiter_support import SOURCE_WAITER, catches, ensure_bundle, record, waiter_env
 
@@ -43,6 +45,7 @@ COLD_RUNS = 20
 BATCHES, CHAIN = 10, 21  # 10 x 20 = 200 handoffs
 IDLE_SECONDS = 10
 GATE_RUNS = 20
+SLOW_PROXY_SECONDS = 3.0
 STEPS, STEP_SECONDS = 20, 0.2
 
 
@@ -106,39 +109,44 @@ def cold_start(t: Target) -> list[float]:
     return times
 
 
+def _step_posts(t: Target, name: str, count: int) -> tuple[list[Path], list[str]]:
+    """Completion files of `count` steps, each in its own directory (a pod's run volumes):
+    paths outside the root, and as the waiters see them."""
+    base = t.work / name
+    for i in range(count):
+        (base / str(i)).mkdir(parents=True)
+    done = p.COMPLETION_FILE_NAME
+    return [base / str(i) / done for i in range(count)], [f"{t.inside}/{name}/{i}/{done}" for i in range(count)]
+
+
 def handoffs(t: Target) -> list[float]:
     out: list[float] = []
     for b in range(BATCHES):
-        batch = t.work / f"b{b}"
-        batch.mkdir()
-        inside = f"{t.inside}/b{b}"
-        procs = []
-        for i in range(CHAIN):
-            prev = f"{inside}/go" if i == 0 else f"{inside}/{i - 1}"
-            procs.append(t.popen(f"{inside}/{i}", p.FLAG_WAIT, prev, argv=[t.true()]))
+        posts, inside = _step_posts(t, f"b{b}", CHAIN + 1)  # [0] is the release, written here
+        procs = [t.popen(inside[i], p.FLAG_WAIT, inside[i - 1], argv=[t.true()]) for i in range(1, CHAIN + 1)]
         _wait_ready(procs)
         now = datetime.utcnow().isoformat() + "Z"
-        write_atomic(str(batch / "go"), (f'{{"{p.RECORD_EXIT_CODE}": 0, "{p.RECORD_REASON}": '
-                                         f'"{p.REASON_COMPLETED}", "{p.RECORD_FINISHED_AT}": "{now}"}}').encode())
+        write_atomic(str(posts[0]), (f'{{"{p.RECORD_EXIT_CODE}": 0, "{p.RECORD_REASON}": '
+                                     f'"{p.REASON_COMPLETED}", "{p.RECORD_FINISHED_AT}": "{now}"}}').encode())
         for proc in procs:
             proc.wait()
-        recs = [record(batch / str(i)) for i in range(CHAIN)]
+        recs = [record(post) for post in posts[1:]]
         out += [_ts(b_[p.RECORD_STARTED_AT]) - _ts(a[p.RECORD_FINISHED_AT]) for a, b_ in zip(recs, recs[1:])]
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_ns(pid: int) -> int:
+    """CPU time of a process in ns (schedstat: /proc/PID/stat counts 10 ms ticks)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def idle(t: Target) -> tuple[float, int]:
     (t.work / "idle").mkdir()
     proc = t.popen(f"{t.inside}/idle/mine", p.FLAG_WAIT, f"{t.inside}/idle/never", argv=[t.true()])
     _wait_ready([proc])
-    before = _cpu_seconds(proc.pid)
+    before = _cpu_ns(proc.pid)
     time.sleep(IDLE_SECONDS)
-    used = _cpu_seconds(proc.pid) - before
+    used = (_cpu_ns(proc.pid) - before) / 1e9
     status = Path(f"/proc/{proc.pid}/status").read_text()
     hwm = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
     proc.send_signal(signal.SIGTERM)
@@ -147,14 +155,17 @@ def idle(t: Target) -> tuple[float, int]:
 
 
 class Sidecar:
-    """A loopback HTTP server whose readiness endpoint answers 503 until `ready` is set."""
+    """A loopback HTTP server whose readiness endpoint answers 503 until `ready` is set;
+    `probes` counts the requests."""
 
     def __init__(self) -> None:
         self.ready = threading.Event()
+        self.probes = 0
         sidecar = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                sidecar.probes += 1
                 self.send_response(200 if sidecar.ready.is_set() else 503)
                 self.end_headers()
 
@@ -175,7 +186,7 @@ def _gated(t: Target, name: str, flags: tuple[str, ...], open_gate) -> float:
     (t.work / name).mkdir()
     proc = t.popen(f"{t.inside}/{name}/done", *flags, argv=[t.true()])
     _wait_ready([proc])
-    time.sleep(0.3 + random.uniform(0, PROBE_INTERVAL))  # well into its waiting, at any phase of its probe rounds
+    time.sleep(0.3 + random.uniform(0, p.GATE_POLL_MAX))  # well into its waiting, at any phase of its probe rounds
     opened = time.time()
     open_gate()
     proc.wait()
@@ -197,16 +208,44 @@ def gate_latency(t: Target) -> tuple[list[float], list[float]]:
     return probe, ready_file
 
 
+def gate_slow_proxy(t: Target) -> tuple[float, int, float]:
+    """A proxy that turns ready SLOW_PROXY_SECONDS after step 0 starts waiting: the waiter's
+    CPU seconds meanwhile, the probes it made, and seconds from ready to step 0's start."""
+    sidecar = Sidecar()
+    try:
+        (t.work / "slow").mkdir()
+        proc = t.popen(f"{t.inside}/slow/done", p.FLAG_PROBE, sidecar.url, argv=[t.true()])
+        _wait_ready([proc])
+        before, probes = _cpu_ns(proc.pid), sidecar.probes
+        time.sleep(SLOW_PROXY_SECONDS)
+        used, probes = _cpu_ns(proc.pid) - before, sidecar.probes - probes
+        opened = time.time()
+        sidecar.ready.set()
+        proc.wait()
+    finally:
+        sidecar.close()
+    return used / 1e9, probes, _ts(record(t.work / "slow" / "done")[p.RECORD_STARTED_AT]) - opened
+
+
 def chain(t: Target) -> float:
-    """First step's start to last step's end, STEPS steps of STEP_SECONDS, all started at once."""
-    (t.work / "chain").mkdir()
-    inside = f"{t.inside}/chain"
-    procs = [t.popen(f"{inside}/{i}", *((p.FLAG_WAIT, f"{inside}/{i - 1}") if i else ()),
+    """First step's start to last step's end, STEPS steps of STEP_SECONDS, all started at once,
+    each posting into its own directory."""
+    posts, inside = _step_posts(t, "chain", STEPS)
+    procs = [t.popen(inside[i], *((p.FLAG_WAIT, inside[i - 1]) if i else ()),
                      argv=[t.sleep(), str(STEP_SECONDS)]) for i in range(STEPS)]
     for proc in procs:
         proc.wait()
-    recs = [record(t.work / "chain" / str(i)) for i in range(STEPS)]
+    recs = [record(post) for post in posts]
     return _ts(recs[-1][p.RECORD_FINISHED_AT]) - _ts(recs[0][p.RECORD_STARTED_AT])
+
+
+def machine() -> str:
+    """The CPU model, the kernel and the load average when the bench starts (figures from
+    a busy machine are not comparable with an idle one's)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return f"{model}, Linux {os.uname().release}, load average {load}"
 
 
 # --- a Job-shaped pod: mains gated on a proxy process, the last one quitting it (issue 23) --------
@@ -250,7 +289,7 @@ def _job_once(t: Target, i: int) -> tuple[float, float, float]:
                        p.FLAG_QUIT, f"http://127.0.0.1:{port}/quitquitquit",
                        p.FLAG_MAINS_DIR, f"{inside}/mains", p.FLAG_MAINS, "1", argv=[t.true()])
         _wait_ready([main])
-        time.sleep(0.3 + random.uniform(0, PROBE_INTERVAL))
+        time.sleep(0.3 + random.uniform(0, p.GATE_POLL_MAX))  # at any phase of the probe rounds
         opened = time.time()
         proxy.send_signal(signal.SIGUSR1)
         # The main quits it; a main that does not is a failed run, not a hang.
@@ -292,6 +331,7 @@ def main() -> int:
         t = Target(Path(tmp))
         what = "frozen bundle in a chroot" if t.frozen else "SOURCE waiter (not root: no chroot)"
         print(f"waiter benchmark: {what}, {os.cpu_count()} CPUs")
+        print(f"machine: {machine()}")
         cold = cold_start(t)
         print(f"cold start (run -- true), median of {COLD_RUNS}: {statistics.median(cold) * 1000:.1f} ms "
               f"(min {min(cold) * 1000:.1f}, max {max(cold) * 1000:.1f})")
@@ -300,13 +340,15 @@ def main() -> int:
         print(f"handoff over {len(hand)} step-to-step handoffs: median {statistics.median(hand) * 1000:.2f} ms, "
               f"p99 {p99 * 1000:.2f} ms, max {hand[-1] * 1000:.2f} ms")
         used, hwm = idle(t)
-        tick = 1000 / os.sysconf("SC_CLK_TCK")
-        print(f"CPU time while waiting {IDLE_SECONDS} s: {used * 1000:.0f} ms (resolution {tick:.0f} ms)")
+        print(f"CPU time while waiting {IDLE_SECONDS} s: {used * 1000:.2f} ms")
         print(f"peak RSS of a waiting waiter (VmHWM): {hwm / 1024:.1f} MiB")
         probe, ready_file = gate_latency(t)
         print(f"step 0 gate, loopback probe turns ready -> step starts: {_ms(probe)}")
         print(f"step 0 gate, ready file appears -> step starts: {_ms(ready_file)} "
               f"(on a cluster add the watcher's patch and the kubelet's downward-API refresh)")
+        cpu, probes, late = gate_slow_proxy(t)
+        print(f"step 0 gate, proxy ready after {SLOW_PROXY_SECONDS:g} s: waiter CPU while waiting "
+              f"{cpu * 1000:.1f} ms ({probes} probes), ready -> step starts {late * 1000:.1f} ms")
         span = chain(t)
         print(f"{STEPS} steps of {STEP_SECONDS} s under the waiter, first start -> last end: {span:.2f} s "
               f"(the limit is {STEPS * STEP_SECONDS:.1f} s)")

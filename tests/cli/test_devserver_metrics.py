@@ -27,12 +27,12 @@ def test_dev_server_prints_and_serves_metrics(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_")}
     env.update(INITSHIFT_PORT=str(port), INITSHIFT_METRICS_PORT=str(metrics_port), HOME=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "dev-server", "--dir", str(tmp_path / "run")],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        banner = ""
+        banner = ""  # on stdout: stderr holds the JSON log lines only
         deadline = time.monotonic() + 60
         while "metrics on" not in banner and time.monotonic() < deadline and proc.poll() is None:
-            banner += proc.stderr.readline()
+            banner += proc.stdout.readline()
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         assert f"metrics on {url}" in banner, banner
         text = httpx.get(url, timeout=10).text
@@ -41,4 +41,4 @@ def test_dev_server_prints_and_serves_metrics(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
-        proc.stderr.close()
+        proc.stdout.close()

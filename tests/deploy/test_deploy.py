@@ -68,6 +68,25 @@ POD_VALUES = {
                 "dashboard": {"enabled": True}},
 }
 
+# The values operators ask for (cert-manager's and Kyverno's charts have them), all at once;
+# hostNetwork has its own test (it leaves the restricted Pod Security Standard).
+REGISTRY_CA = "/etc/initshift/registry-ca"
+OPERATOR_VALUES = {
+    "nameOverride": "initshift-ci",
+    "fullnameOverride": "ci-initshift",
+    "workers": 3,
+    "serverPort": 9443,
+    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/initshift"}},
+    "service": {"annotations": {"example.com/scrape": "false"}},
+    "webhook": {"objectSelector": {"matchExpressions": [{"key": "initshift.io/skip", "operator": "DoesNotExist"}]}},
+    "certificates": {"mode": "cert-manager", "issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},
+    "extraVolumes": [{"name": "registry-ca", "configMap": {"name": "registry-ca"}}],
+    "extraVolumeMounts": [{"name": "registry-ca", "mountPath": REGISTRY_CA, "readOnly": True}],
+    "extraEnv": [{"name": "INITSHIFT_REGISTRY_CA_FILE", "value": f"{REGISTRY_CA}/ca.crt"}],
+    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}},
+}
+
 
 @dataclass(frozen=True)
 class Install:
@@ -84,6 +103,8 @@ class Install:
     has_namespace_object: bool = True
     pdb: bool = True
     anti_affinity: bool = True  # the default preferred anti-affinity (a custom affinity replaces it)
+    object_selector: dict | None = None  # the webhook's objectSelector
+    issuer: dict | None = None  # cert-manager: the user's issuerRef (else the chart's own Issuer)
 
 
 INSTALLS = {
@@ -103,6 +124,9 @@ INSTALLS = {
     "kustomize-default+monitoring": Install(lambda: kustomize(".", [MONITORING])),
     "helm-pod-values+monitoring": Install(lambda: helm(POD_VALUES), has_namespace_object=False, pdb=False,
                                           anti_affinity=False),
+    "helm-operator-values": Install(lambda: helm(OPERATOR_VALUES), self_managed=False, has_namespace_object=False,
+                                    object_selector=OPERATOR_VALUES["webhook"]["objectSelector"],
+                                    issuer={"name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}),
 }
 
 
@@ -153,7 +177,7 @@ CERT_MANAGER_SCHEMAS = {
                                      "issuerRef": {"type": "object", "required": ["name"], "additionalProperties": False,
                                                    "properties": {"name": {"type": "string"},
                                                                   "kind": {"enum": ["Issuer", "ClusterIssuer"]},
-                                                                  "group": {"const": "cert-manager.io"}}}}}}},
+                                                                  "group": {"type": "string"}}}}}}},
 }
 
 
@@ -207,7 +231,8 @@ def grants(r: Rendered) -> set[Grant]:
     out: set[Grant] = set()
     for b in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding"):
         scope = b["metadata"]["namespace"] if b["kind"] == "RoleBinding" else "*"
-        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "initshift", "namespace": r.namespace}], b
+        account = r.deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": r.namespace}], b
         ref = b["roleRef"]
         key = (ref["kind"], scope if ref["kind"] == "Role" else None, ref["name"])
         assert key in roles, f"{b['kind']} {b['metadata']['name']} refers to a missing {ref['kind']} {ref['name']}"
@@ -323,7 +348,7 @@ def test_namespace_selector_excludes_own_namespace_and_kube_system(install):
     spec, r = install
     (hook,) = r.one("MutatingWebhookConfiguration")["webhooks"]
     selector = hook["namespaceSelector"]
-    assert hook.get("objectSelector") is None
+    assert hook.get("objectSelector") == spec.object_selector
     for protected in (spec.namespace, "kube-system"):
         assert not selects(selector, namespace_labels(protected, opted_in=True)), protected
     assert selects(selector, namespace_labels("builds", opted_in=True))
@@ -419,8 +444,8 @@ def test_service_routes_443_to_the_server_port_and_carries_metrics(install):
     assert set(ports) == {"https", "metrics"}
     port = ports["https"]
     assert port["port"] == 443
-    assert _port(r.container, port["targetPort"]) == DEFAULTS.server.port == 8443
     settings = Settings.from_env(r.plain_env())
+    assert _port(r.container, port["targetPort"]) == settings.server.port
     assert ports["metrics"]["port"] == _port(r.container, ports["metrics"]["targetPort"]) == \
         settings.server.metrics_port != settings.server.port
     assert selects({"matchLabels": svc["spec"]["selector"]}, r.deployment["spec"]["template"]["metadata"]["labels"])
@@ -451,7 +476,10 @@ def test_tls_files_come_from_the_certificate_source(install):
         assert f"{svc['name']}.{svc['namespace']}.svc" in cert["spec"]["dnsNames"]
         assert annotations[INJECT_CA_FROM] == f"{cert['metadata']['namespace']}/{cert['metadata']['name']}"
         issuer = cert["spec"]["issuerRef"]
-        assert r.one(issuer["kind"], issuer["name"])
+        if spec.issuer is None:
+            assert r.one(issuer["kind"], issuer["name"])
+        else:  # the user's own Issuer/ClusterIssuer: the chart makes none
+            assert issuer == spec.issuer and not r.of_kind("Issuer")
 
 
 def test_namespaced_objects_live_in_the_install_namespace(install):
@@ -633,3 +661,135 @@ def test_chart_lints_clean():
     report = helm_python.lint(str(CHART))
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] > 1] == []  # only "icon is recommended" (INFO)
+
+
+# --- the values operators ask for ---------------------------------------------------------
+
+def test_chart_names_follow_the_overrides():
+    r = Rendered(helm(OPERATOR_VALUES))
+    settings = Settings.from_env(r.plain_env())
+    for o in r.objects:
+        name = o["metadata"]["name"]
+        if o["kind"] != "MutatingWebhookConfiguration":  # its name orders it among the injectors: configName
+            assert name == "ci-initshift" or name.startswith("ci-initshift-"), (o["kind"], name)
+        assert o["metadata"]["labels"]["app.kubernetes.io/name"] == "initshift-ci", (o["kind"], name)
+    service, account = r.one("Service"), r.one("ServiceAccount")
+    pod = r.deployment["spec"]["template"]
+    assert pod["spec"]["serviceAccountName"] == account["metadata"]["name"] == "ci-initshift"
+    assert settings.server.service_name == service["metadata"]["name"] == "ci-initshift"
+    assert settings.server.cert_secret == r.one("Certificate")["spec"]["secretName"] == "ci-initshift-tls"
+    assert settings.watcher.lease_name == "ci-initshift-watcher"
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod["metadata"]["labels"])
+    assert selects(r.deployment["spec"]["selector"], pod["metadata"]["labels"])
+    # nameOverride alone names the objects too (fullname defaults to the name)
+    only_name = Rendered(helm({"nameOverride": "builds"}))
+    assert only_name.deployment["metadata"]["name"] == only_name.one("Service")["metadata"]["name"] == "builds"
+    assert Settings.from_env(only_name.plain_env()).server.cert_secret == "builds-tls"
+
+
+@pytest.mark.parametrize("workers,want", [(None, DEFAULTS.server.workers), (0, 0), (3, 3)])
+def test_chart_workers_set_only_initshift_workers(workers, want):
+    r = Rendered(helm({} if workers is None else {"workers": workers}))
+    env = r.plain_env()
+    assert ("INITSHIFT_WORKERS" in env) == (workers is not None)
+    assert Settings.from_env(env).server.workers == want
+
+
+def test_chart_extra_volumes_hold_a_registry_ca_on_the_read_only_root():
+    r = Rendered(helm(OPERATOR_VALUES))
+    volumes = {v["name"]: v for v in r.deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m for m in r.container["volumeMounts"]}
+    assert volumes["registry-ca"] == {"name": "registry-ca", "configMap": {"name": "registry-ca"}}
+    assert mounts[REGISTRY_CA]["name"] == "registry-ca" and mounts[REGISTRY_CA]["readOnly"] is True
+    assert r.container["securityContext"]["readOnlyRootFilesystem"] is True
+    ca_file = Settings.from_env(r.plain_env()).registry.ca_file
+    assert PurePosixPath(ca_file).parent == PurePosixPath(REGISTRY_CA)
+    assert {"tls", "tmp"} <= set(volumes), "the chart's own volumes stay"
+
+
+def test_chart_annotations_and_object_selector():
+    r = Rendered(helm(OPERATOR_VALUES))
+    assert r.one("ServiceAccount")["metadata"]["annotations"] == OPERATOR_VALUES["serviceAccount"]["annotations"]
+    assert r.one("Service")["metadata"]["annotations"] == OPERATOR_VALUES["service"]["annotations"]
+    (hook,) = r.one("MutatingWebhookConfiguration")["webhooks"]
+    assert selects(hook["objectSelector"], {"app": "build"})
+    assert not selects(hook["objectSelector"], {"app": "build", "initshift.io/skip": "true"})
+    plain = Rendered(helm())
+    assert "annotations" not in plain.one("ServiceAccount")["metadata"]
+    assert "annotations" not in plain.one("Service")["metadata"]
+
+
+def test_chart_host_network_moves_both_ports():
+    r = Rendered(helm({"hostNetwork": True, "serverPort": 10443, "metrics": {"port": 10080}}))
+    pod = r.deployment["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    settings = Settings.from_env(r.plain_env())
+    ports = {p["name"]: p["containerPort"] for p in r.container["ports"]}
+    assert ports == {"https": 10443, "metrics": 10080} == {"https": settings.server.port,
+                                                            "metrics": settings.server.metrics_port}
+    svc = {p["name"]: p for p in r.one("Service")["spec"]["ports"]}
+    assert svc["https"]["port"] == 443 and _port(r.container, svc["https"]["targetPort"]) == 10443
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert _port(r.container, r.container[probe]["httpGet"]["port"]) == 10443
+    for obj in r.objects:
+        validate(obj)
+    assert "hostNetwork" not in Rendered(helm()).deployment["spec"]["template"]["spec"]
+    import helm_python
+
+    with pytest.raises(helm_python.HelmRenderError, match="metrics.port must differ from serverPort"):
+        helm({"serverPort": 8080})
+
+
+def test_chart_uses_an_existing_issuer():
+    for ref, want in (({"name": "internal-ca", "kind": "ClusterIssuer"},
+                       {"name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}),
+                      ({"name": "pca", "kind": "Issuer", "group": "awspca.cert-manager.io"},
+                       {"name": "pca", "kind": "Issuer", "group": "awspca.cert-manager.io"}),
+                      ({"name": "team-ca"}, {"name": "team-ca", "kind": "Issuer", "group": "cert-manager.io"})):
+        r = Rendered(helm({"certificates": {"mode": "cert-manager", "issuerRef": ref}}))
+        assert r.one("Certificate")["spec"]["issuerRef"] == want and not r.of_kind("Issuer")
+        for obj in r.objects:
+            validate(obj)
+    own = Rendered(helm({"certificates": {"mode": "cert-manager"}}))
+    assert own.one("Certificate")["spec"]["issuerRef"]["name"] == own.one("Issuer")["metadata"]["name"]
+
+
+@pytest.mark.parametrize("bad", [
+    {"workers": -1}, {"workers": "many"}, {"serverPort": 0}, {"serverPort": 70000}, {"hostNetwork": "yes"},
+    {"nameOverride": "Not_A_Name"}, {"fullnameOverride": "x" * 51},
+    {"serviceAccount": {"annotations": {"a": 1}}}, {"serviceAccount": {"name": "other"}},
+    {"service": {"annotations": []}}, {"service": {"type": "NodePort"}},
+    {"webhook": {"objectSelector": {"matchExpressions": [{"key": "k", "operator": "Maybe"}]}}},
+    {"webhook": {"objectSelector": {"matchLabel": {"a": "b"}}}},
+    {"certificates": {"mode": "cert-manager", "issuerRef": {"kind": "ClusterIssuer"}}},
+    {"certificates": {"mode": "cert-manager", "issuerRef": {"name": "ca", "kind": "Vault"}}},
+    {"extraVolumes": [{"configMap": {"name": "x"}}]}, {"extraVolumeMounts": [{"name": "x"}]},
+    {"extraVolumeMounts": [{"name": "x", "mountPath": "relative"}]},
+], ids=lambda v: json.dumps(v)[:60])
+def test_chart_schema_rejects_bad_operator_values(bad):
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError):
+        helm(bad)
+
+
+def _notes(values: dict) -> str:
+    import helm_python
+
+    with helm_python.Chart.load(str(CHART)) as chart:
+        return chart.render(values, name="initshift", namespace="platform")["initshift/templates/NOTES.txt"]
+
+
+def test_notes_point_at_check_and_warn_about_fail():
+    text = _notes({})
+    assert "initshift check -n platform\n" in text and "kubectl initshift check" in text
+    assert "failurePolicy=Ignore" in text and "WARNING: failurePolicy=Fail" not in text
+    fail = _notes({"webhook": {"failurePolicy": "Fail"}})
+    assert "WARNING: failurePolicy=Fail" in fail and "REJECTS every pod" in fail
+    renamed = _notes({"fullnameOverride": "ci-initshift"})
+    assert "initshift check -n platform --service-account ci-initshift --lease ci-initshift-watcher" in renamed
+    from webhook.cli import _check
+
+    args = _check._parser().parse_args(["-n", "platform", "--service-account", "ci-initshift", "--lease",
+                                        "ci-initshift-watcher"])
+    assert (args.service_account, args.lease) == ("ci-initshift", "ci-initshift-watcher")

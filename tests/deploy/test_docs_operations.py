@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
-from tests.support import docs, promql
+from tests.support import docs, kubectl_args, promql
 from tests.support.deploy_render import CHART, DEPLOY
 
 
@@ -68,3 +69,67 @@ def test_every_alert_has_a_runbook_entry():
     for name in entries:
         entry = docs.section(runbook, name)
         assert all(f"*{part}.*" in entry for part in ("Meaning", "Look", "Act")), name
+
+
+# --- the docs' kubectl commands name objects the install has -----------------------------------
+
+def _known_objects() -> set[tuple[str, str | None, str]]:
+    """(kind, namespace or None, name) of everything an install renders, in every flavour, and
+    of what the server creates itself (its certificate Secret, the watcher's Lease)."""
+    from tests.support.deploy_render import NAMESPACE, helm, kustomize
+    from webhook.settings import Settings
+
+    out = set()
+    for objects in (kustomize("."), kustomize("overlays/cert-manager"), kustomize(".", ["components/monitoring"]),
+                    helm(), helm({"certificates": {"mode": "cert-manager"}})):
+        for o in objects:
+            out.add((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]))
+    s = Settings()
+    out |= {("Secret", NAMESPACE, s.server.cert_secret), ("Lease", NAMESPACE, s.watcher.lease_name),
+            ("Namespace", None, NAMESPACE)}
+    return out
+
+
+def test_every_kubectl_command_in_the_docs_names_what_exists():
+    from tests.support.deploy_render import NAMESPACE
+
+    known = _known_objects()
+    found = [(p.name, c) for p in docs.pages() for c in kubectl_args.commands(p.read_text())]
+    assert len(found) >= 20 and any("delete" in c for _, c in found)
+    created = {n.name for _, c in found for n in kubectl_args.named(c) if n.verb == "create" and n.kind == "Namespace"}
+    wrong = []
+    for page, command in found:
+        for n in kubectl_args.named(command):
+            if n.verb == "create":
+                continue
+            if n.kind == "Namespace":
+                ok = n.name in created or ("Namespace", None, n.name) in known
+            elif n.kind in kubectl_args.CLUSTER_SCOPED:
+                ok = (n.kind, None, n.name) in known
+            elif n.namespace == NAMESPACE:
+                ok = (n.kind, n.namespace, n.name) in known
+            else:  # the reader's own namespace (builds) and the docs' example pod
+                ok = n.namespace in created
+            if not ok:
+                wrong.append(f"{page}: `{command}` names {n.kind} {n.namespace or ''}/{n.name}, which no install has")
+    assert wrong == []
+
+
+def test_the_kubectl_grammar_catches_the_old_uninstall():
+    old = kubectl_args.named("kubectl -n initshift-system delete secret initshift-tls lease initshift-watcher")
+    assert [(n.kind, n.name) for n in old] == [("Secret", "initshift-tls"), ("Secret", "lease"),
+                                                ("Secret", "initshift-watcher")]
+    new = kubectl_args.named("kubectl -n initshift-system delete secret/initshift-tls lease/initshift-watcher")
+    assert [(n.kind, n.namespace, n.name) for n in new] == [("Secret", "initshift-system", "initshift-tls"),
+                                                           ("Lease", "initshift-system", "initshift-watcher")]
+    assert [(n.kind, n.name) for n in kubectl_args.named("kubectl -n x rollout status deploy/initshift")] == \
+        [("Deployment", "initshift")]
+    assert kubectl_args.named("kubectl -n x port-forward svc/initshift 8443:443 &")[0].kind == "Service"
+    assert kubectl_args.named("kubectl label namespace builds initshift.io/enabled-")[0].name == "builds"
+    assert kubectl_args.named("kubectl delete -k my-initshift/") == []
+    with pytest.raises(kubectl_args.KubectlSyntaxError):
+        kubectl_args.named("kubectl delete secret/a lease")
+    with pytest.raises(kubectl_args.KubectlSyntaxError):
+        kubectl_args.named("kubectl delete lese initshift-watcher")
+    text = "```sh\nkubectl -n a get \\\n  pod x   # c\n```\nthen `kubectl delete ns a` and `helm list`\n"
+    assert kubectl_args.commands(text) == ["kubectl -n a get pod x   # c", "kubectl delete ns a"]

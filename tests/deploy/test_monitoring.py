@@ -30,7 +30,7 @@ def registry():
     import webhook.watcher._metrics  # noqa: F401
     from webhook.metrics import REGISTRY
 
-    return promql.exported(REGISTRY)
+    return {**promql.exported(REGISTRY), **promql.EXTERNAL_SERIES}
 
 
 def expressions() -> list[tuple[str, str]]:
@@ -54,7 +54,7 @@ def test_every_expression_parses_and_reads_only_exported_series(registry):
         uses = promql.uses(query)
         assert uses.metrics, f"{where} reads no metric"
         for metric, labels in uses.metrics.items():
-            assert metric in registry, f"{where}: {metric} is not exported by initshift"
+            assert metric in registry, f"{where}: {metric} is not exported by initshift (nor Prometheus, the apiserver)"
             unknown = labels - registry[metric] - promql.TARGET_LABELS
             assert not unknown, f"{where}: {metric} has no label {unknown}"
             read.add(metric)
@@ -85,7 +85,10 @@ def test_alerts_cover_what_the_issue_asks():
             "InitshiftCertificateExpiresSoon": "initshift_certificate_expiration_timestamp_seconds",
             "InitshiftNoWatcherLeader": "initshift_watcher_leader",
             "InitshiftPodsNotEnded": "initshift_watcher_oldest_ending_timestamp_seconds",
-            "InitshiftNativeSupportUnknown": "initshift_native_sidecars_supported"}
+            "InitshiftNativeSupportUnknown": "initshift_native_sidecars_supported",
+            "InitshiftServerDown": "up",
+            "InitshiftWebhookFailingOpen": "apiserver_admission_webhook_fail_open_count",
+            "InitshiftWebhookRejecting": "apiserver_admission_webhook_rejection_count"}
     assert set(rules) == set(want)
     for name, metric in want.items():
         assert metric in promql.uses(rules[name]["expr"]).metrics, name
@@ -94,6 +97,89 @@ def test_alerts_cover_what_the_issue_asks():
     assert "7 * 86400" in rules["InitshiftCertificateExpiresSoon"]["expr"]
     timeout = Rendered(kustomize(".")).one("MutatingWebhookConfiguration")["webhooks"][0]["timeoutSeconds"]
     assert rules["InitshiftAdmissionSlow"]["expr"].endswith(f"> {0.8 * timeout:g}")
+
+
+# --- the alerts evaluated by Prometheus' own rule engine (promtool test rules) ----------------
+
+def _alert_cases(job: str) -> list[promql.AlertCase]:
+    """Each alert firing and not firing, on hand-built series (one sample a minute)."""
+    C = promql.AlertCase  # noqa: N806
+    up, hook = f'up{{job="{job}",pod="a"}}', 'name="pods.initshift.io",type="admit"'
+    buckets = "initshift_admission_duration_seconds_bucket"
+    return [
+        C("InitshiftAdmissionErrors", {'initshift_admission_requests_total{outcome="error"}': "0+2x40"}, "20m", [{}]),
+        C("InitshiftAdmissionErrors", {'initshift_admission_requests_total{outcome="error"}': "7x40",
+                                       'initshift_admission_requests_total{outcome="admitted"}': "0+9x40"}, "20m", []),
+        C("InitshiftAdmissionSlow", {f'{buckets}{{le="1"}}': "0x40", f'{buckets}{{le="5"}}': "0+10x40",
+                                     f'{buckets}{{le="+Inf"}}': "0+10x40"}, "20m", [{}]),
+        C("InitshiftAdmissionSlow", {f'{buckets}{{le="1"}}': "0+10x40", f'{buckets}{{le="5"}}': "0+10x40",
+                                     f'{buckets}{{le="+Inf"}}': "0+10x40"}, "20m", []),
+        C("InitshiftCertificateExpiresSoon", {'initshift_certificate_expiration_timestamp_seconds'
+                                              '{certificate="serving"}': "86400x150"}, "2h", [{"certificate": "serving"}]),
+        C("InitshiftCertificateExpiresSoon", {'initshift_certificate_expiration_timestamp_seconds'
+                                              '{certificate="serving"}': "1e9x150"}, "2h", []),
+        C("InitshiftNoWatcherLeader", {'initshift_watcher_leader{pod="a"}': "0x20", 'initshift_watcher_leader{pod="b"}':
+                                       "0x20"}, "10m", [{}]),
+        C("InitshiftNoWatcherLeader", {up: "1x20"}, "10m", [{}]),  # no watcher series at all
+        C("InitshiftNoWatcherLeader", {'initshift_watcher_leader{pod="a"}': "0x20", 'initshift_watcher_leader{pod="b"}':
+                                       "1x20"}, "10m", []),
+        C("InitshiftPodsNotEnded", {"initshift_watcher_oldest_ending_timestamp_seconds": "60x40"}, "30m", [{}]),
+        C("InitshiftPodsNotEnded", {"initshift_watcher_oldest_ending_timestamp_seconds": "0x40"}, "30m", []),
+        C("InitshiftNativeSupportUnknown", {"initshift_native_sidecars_supported": "-1x60"}, "45m", [{}]),
+        C("InitshiftNativeSupportUnknown", {"initshift_native_sidecars_supported": "1x60"}, "45m", []),
+        C("InitshiftServerDown", {up: "0x20"}, "10m", [{}]),
+        C("InitshiftServerDown", {'initshift_build_info{version="x"}': "1x20"}, "10m", [{}]),  # not scraped at all
+        C("InitshiftServerDown", {up: "0x20", f'up{{job="{job}",pod="b"}}': "1x20"}, "10m", []),
+        C("InitshiftServerDown", {'up{job="other"}': "1x20", up: "1x20"}, "10m", []),
+        C("InitshiftWebhookFailingOpen", {f"apiserver_admission_webhook_fail_open_count{{{hook}}}": "0+1x20"}, "10m",
+          [{}]),
+        C("InitshiftWebhookFailingOpen", {f"apiserver_admission_webhook_fail_open_count{{{hook}}}": "3x20",
+                                          'apiserver_admission_webhook_fail_open_count{name="other.example.com",'
+                                          'type="admit"}': "0+1x20"}, "10m", []),
+        C("InitshiftWebhookRejecting", {f"apiserver_admission_webhook_rejection_count{{{hook},operation=\"CREATE\","
+                                        f"error_type=\"calling_webhook_error\",rejection_code=\"500\"}}": "0+1x20"},
+          "10m", [{}]),
+        C("InitshiftWebhookRejecting", {f"apiserver_admission_webhook_rejection_count{{{hook},operation=\"CREATE\","
+                                        f"error_type=\"no_error\",rejection_code=\"400\"}}": "0+1x20"},
+          "10m", []),  # initshift's own deny (e.g. an unresolved entrypoint) is not an outage
+    ]
+
+
+@pytest.mark.parametrize("render,job", [
+    (lambda: kustomize(".", ["components/monitoring"]), "initshift"),
+    (lambda: helm(ALL_ON), "initshift"),
+    (lambda: helm({**ALL_ON, "fullnameOverride": "builds-initshift"}), "builds-initshift"),
+], ids=["kustomize", "helm", "helm-fullnameOverride"])
+def test_alerts_fire_exactly_when_they_should(render, job, tmp_path):
+    rule = _spec(render(), "PrometheusRule")
+    cases = _alert_cases(job)
+    assert {c.alert for c in cases} == {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert all(any(c.fires for c in cases if c.alert == a) and any(not c.fires for c in cases if c.alert == a)
+               for a in {c.alert for c in cases}), "each alert both firing and not firing"
+    promql.promtool_test(rule["spec"]["groups"], cases, tmp_path)
+
+
+def test_promtool_catches_a_wrong_expectation(tmp_path):
+    rule = _spec(kustomize(".", ["components/monitoring"]), "PrometheusRule")
+    with pytest.raises(AssertionError, match="InitshiftServerDown"):
+        promql.promtool_test(rule["spec"]["groups"], [promql.AlertCase(
+            "InitshiftServerDown", {'up{job="initshift"}': "1x20"}, "10m", [{}])], tmp_path)
+
+
+def test_alerts_name_what_the_install_renders():
+    """The fail-open alerts read the webhook's name, the server alert the monitors' job."""
+    for objects, job in ((kustomize(".", ["components/monitoring"]), "initshift"),
+                         (helm({**ALL_ON, "fullnameOverride": "ci-initshift"}), "ci-initshift")):
+        r = Rendered(objects)
+        rules = {x["alert"]: x["expr"] for g in r.one("PrometheusRule")["spec"]["groups"] for x in g["rules"]}
+        (hook,) = r.one("MutatingWebhookConfiguration")["webhooks"] if r.of_kind("MutatingWebhookConfiguration") \
+            else Rendered(kustomize(".")).one("MutatingWebhookConfiguration")["webhooks"]
+        for name in ("InitshiftWebhookFailingOpen", "InitshiftWebhookRejecting"):
+            assert f'name="{hook["name"]}"' in rules[name]
+        assert f'up{{job="{job}"}}' in rules["InitshiftServerDown"]
+        for monitor in r.of_kind("ServiceMonitor") + r.of_kind("PodMonitor"):
+            endpoints = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+            assert all({"targetLabel": "job", "replacement": job} in e["relabelings"] for e in endpoints)
 
 
 # --- the same objects from kustomize and from the chart --------------------------------------

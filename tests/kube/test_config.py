@@ -178,5 +178,6 @@ def test_connecting_commands_fail_in_one_line(tmp_path, command, situation):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"initshift {command.split()[0]}: ") or lines[0].startswith("error: "), lines
     assert "Traceback" not in proc.stderr and "Config not found" not in proc.stderr
-    want = "no service account token" if situation == "pod-without-token" else "no kubeconfig found"
+    want = {"pod-without-token": "no service account token", "no-config": "no kubeconfig found",
+            "missing-kubeconfig-list": "KUBECONFIG names"}[situation]
     assert want in lines[0]

@@ -75,29 +75,31 @@ def review(pod: dict, **kw: Any) -> dict:
 
 
 def serve_process(directory: Path, body: bytes, *, tree: Path | None = None, workers: int | None = None,
-                  ) -> tuple["subprocess.Popen", int]:
+                  env: dict[str, str] | None = None, preexec_fn: Any = None) -> tuple["subprocess.Popen", int]:
     """`initshift serve` as a process (JSON logs on, as in production) with the certificates
-    of `directory`, on a free port, once it answers and rewrites `body`; the benchmarks'
-    server. `tree`: the checkout it runs from (default: this one); `workers`: INITSHIFT_WORKERS."""
+    of `directory`, on a free port (metrics on another), once it answers and rewrites `body`;
+    the benchmarks' server. `tree`: the checkout it runs from (default: this one); `workers`:
+    INITSHIFT_WORKERS; `env`: more variables; `preexec_fn`: run in the child (resource limits)."""
     import os
     import sys
     import time
 
     import httpx
 
-    sock = bind()
-    port = sock.getsockname()[1]
-    sock.close()  # the server binds it; loopback ports are not reused that fast
+    socks = [bind(), bind()]
+    port, metrics_port = (s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()  # the server binds them; loopback ports are not reused that fast
     env = {**os.environ, "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1",
-           "INITSHIFT_PORT": str(port), "INITSHIFT_TLS_CERT": str(directory / store.TLS_CERT),
-           "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY),
-           "INITSHIFT_METRICS_PORT": "0"}  # no fixed port: other servers may run on this machine
+           "INITSHIFT_PORT": str(port), "INITSHIFT_METRICS_PORT": str(metrics_port),
+           "INITSHIFT_TLS_CERT": str(directory / store.TLS_CERT),
+           "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY), **(env or {})}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     if workers is not None:
         env["INITSHIFT_WORKERS"] = str(workers)
     proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
     url, ctx = f"https://127.0.0.1:{port}", client_context(directory / store.CA_CERT)
     try:
         for _ in range(400):

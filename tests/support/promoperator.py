@@ -27,10 +27,19 @@ _LABEL_SELECTOR = {"type": "object", "additionalProperties": False, "properties"
             "values": {"type": "array", "items": {"type": "string"}}}}}}}
 _NAMESPACE_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
     "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}}
+# Upstream RelabelConfig (relabelings and metricRelabelings).
+_RELABEL = {"type": "object", "additionalProperties": False, "properties": {
+    "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+    "separator": {"type": "string"}, "targetLabel": {"type": "string"}, "regex": {"type": "string"},
+    "modulus": {"type": "integer", "minimum": 0}, "replacement": {"type": "string"},
+    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
+                        "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
+                        "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]}}}
 _ENDPOINT = {"type": "object", "additionalProperties": False, "properties": {
     "port": {"type": "string"}, "path": {"type": "string"},
     "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
-    "interval": DURATION, "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"}}}
+    "interval": DURATION, "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
+    "relabelings": {"type": "array", "items": _RELABEL}}}
 
 
 def _object(kind: str, spec: dict) -> dict:

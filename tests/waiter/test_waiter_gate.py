@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,18 @@ DONE = p.COMPLETION_FILE_NAME
 
 
 class Server:
-    """HTTP on 127.0.0.1: GET answers `status`; POSTs are counted."""
+    """HTTP on 127.0.0.1: GET answers `status` (each GET is logged with its monotonic time
+    and the status it got); POSTs are counted."""
 
     def __init__(self) -> None:
         self.status = 503
         self.posts: list[str] = []
+        self.gets: list[tuple[float, int]] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                outer.gets.append((time.monotonic(), outer.status))
                 self.send_response(outer.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -99,6 +103,50 @@ def test_probes_gate_opens_when_every_probe_passes(tmp_path: Path, server: Serve
     assert proc.wait(timeout=30) == 0
     assert marker.exists()
     listener.close()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_the_gate_opens_on_the_first_probe_that_passes(tmp_path: Path, server: Server) -> None:
+    """The probe turning ready is seen by the next probe, which opens the gate: the step
+    starts after exactly one successful probe, and no probe follows."""
+    marker = tmp_path / "ran"
+    proc = start(tmp_path / DONE, p.FLAG_PROBE, server.url("/ready"), argv=["touch", str(marker)])
+    wait_for(lambda: len(server.gets) >= 3, "a few failing probes")
+    assert not marker.exists()
+    server.status = 200
+    assert proc.wait(timeout=30) == 0
+    assert marker.exists()
+    assert [status for _, status in server.gets].count(200) == 1 and server.gets[-1][1] == 200
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def polls_allowed(seconds: float) -> int:
+    """How many polls the gate's schedule fits in `seconds` if probes took no time at all:
+    an upper bound for a real waiter, whose probes and wake-ups only add to each interval."""
+    from waiter.gate import poll_interval
+
+    rounds, elapsed = 0, 0.0
+    while elapsed <= seconds:
+        elapsed += poll_interval(rounds, elapsed)
+        rounds += 1
+    return rounds + 1  # the first probe comes before any interval
+
+
+def test_probe_polling_backs_off_while_the_sidecar_is_not_ready(tmp_path: Path, server: Server) -> None:
+    """A sidecar that stays unready is probed on the backoff schedule: never more often than
+    it allows (and far less often than the first, few-ms interval would), until stopped."""
+    proc = start(tmp_path / DONE, p.FLAG_PROBE, server.url("/ready"), argv=["true"])
+    wait_for(lambda: len(server.gets) >= 10, "the waiter probing")
+    wait_for(lambda: server.gets[-1][0] - server.gets[0][0] >= 0.5, "half a second of probing")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) != 0
+    times = [t for t, _ in server.gets]
+    span = times[-1] - times[0]
+    assert len(times) <= polls_allowed(span)
+    assert len(times) < span / p.GATE_POLL_FIRST / 2  # it did back off from the first interval
+    assert not (tmp_path / "ran").exists()
     proc.stdout.close()
     proc.stderr.close()
 

@@ -342,3 +342,21 @@ def test_sigterm_while_waiting_records_and_exits(tmp_path: Path) -> None:
     assert not marker.exists()
     proc.stdout.close()
     proc.stderr.close()
+
+
+def test_closed_stdout_and_stderr_do_not_fail_the_step(tmp_path: Path) -> None:
+    """A container started with stdout/stderr closed: the waiter's exit (it flushes its
+    streams itself, then leaves without the interpreter's teardown) keeps the command's code."""
+    from tests.support.waiter_support import ROOT, SOURCE_WAITER, run_args
+
+    def closed(post: Path, argv: list[str]) -> int:
+        args = [*SOURCE_WAITER, *run_args(post, argv=argv)]
+        return subprocess.run(["sh", "-c", 'exec "$@" >&- 2>&-', "sh", *args], env=waiter_env(), cwd=ROOT,
+                              capture_output=True, timeout=60).returncode
+
+    assert closed(tmp_path / DONE, ["sh", "-c", "exit 3"]) == 3
+    assert record(tmp_path / DONE)[p.RECORD_REASON] == p.REASON_ERROR
+    # A waiter error is logged (to a closed stderr: dropped) and still recorded.
+    (tmp_path / "missing").mkdir()
+    assert closed(tmp_path / "missing" / DONE, ["/no/such/command"]) == p.EXIT_NOT_FOUND
+    assert record(tmp_path / "missing" / DONE)[p.RECORD_REASON] == p.REASON_WAITER_ERROR

@@ -1,7 +1,10 @@
-"""The waiter's pure pieces: records, environment scrubbing, platform choice, flag parsing."""
+"""The waiter's pure pieces: records, environment scrubbing, platform choice, flag parsing,
+the gate's poll schedule, the directory watch."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -185,3 +188,73 @@ def test_timeout_runs_on_a_monotonic_clock() -> None:
     res = subprocess.run([sys.executable, "-c", STILL_CLOCK], env=waiter_env(), cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert res.stdout.split() == ["True", "True"], res.stderr
+
+
+# --- the gate's poll schedule and the directory watch -------------------------------------
+
+def test_gate_polls_fast_first_then_backs_off() -> None:
+    from waiter.gate import poll_interval
+
+    assert poll_interval(0, 0.0) == p.GATE_POLL_FIRST
+    early = [poll_interval(n, 0.0) for n in range(40)]
+    assert early == sorted(early) and max(early) == p.GATE_POLL_MAX  # a backoff up to the fast cap
+    assert early.index(p.GATE_POLL_MAX) < 10  # reached within a few rounds
+    # A sidecar that takes long is polled at a share of the wait, never beyond the ceiling.
+    late = [poll_interval(1000, waited) for waited in (1, 10, 60, 600, 6000)]
+    assert late == sorted(late) and late[0] == p.GATE_POLL_MAX
+    assert late[2] == pytest.approx(60 * p.GATE_POLL_SHARE) and late[-1] == p.GATE_POLL_CEILING
+
+
+def test_dirwatch_wakes_only_for_the_watched_name(tmp_path) -> None:
+    """A writer's temporary file (created, written, renamed) does not end the wait; the
+    rename onto the watched name does."""
+    from waiter.post import write_atomic
+    from waiter.wait import DirWatch
+
+    with DirWatch([str(tmp_path)], ["done"]) as watch:
+        assert watch.fd is not None, "inotify is unavailable here"
+        (tmp_path / ".done.1.tmp").write_bytes(b"{}")
+        (tmp_path / "other").write_bytes(b"{}")
+        assert watch.wait(0.05) is False  # events came, none for "done": waited out the timeout
+        write_atomic(str(tmp_path / "done"), b"{}")
+        assert watch.wait(30) is True
+
+
+def test_dirwatch_without_names_wakes_for_anything(tmp_path) -> None:
+    from waiter.wait import DirWatch
+
+    with DirWatch([str(tmp_path)]) as watch:
+        (tmp_path / "x").write_bytes(b"")
+        assert watch.wait(30) is True
+
+
+def test_event_names_reads_the_kernels_records() -> None:
+    import struct
+
+    from waiter.wait import IN_MOVED_TO, IN_Q_OVERFLOW, event_names
+
+    def event(mask: int, name: bytes) -> bytes:
+        padded = name + b"\0" * (-len(name) % 16 or (16 if name else 0))
+        return struct.pack("=iIII", 1, mask, 0, len(padded)) + padded
+
+    assert event_names(event(IN_MOVED_TO, b"done") + event(IN_MOVED_TO, b".done.7.tmp")) == [b"done", b".done.7.tmp"]
+    assert event_names(event(IN_MOVED_TO, b"done") + event(IN_Q_OVERFLOW, b"")) is None  # lost events: wake
+
+
+def test_dirwatch_close_removes_the_watches_and_leaves_the_descriptor_to_exit(tmp_path) -> None:
+    """close() removes the kernel's watches at once (closing the descriptor would wait for
+    them to be reaped); the descriptor, close-on-exec, is left to the process's exit."""
+    import fcntl
+
+    from waiter.wait import DirWatch
+
+    def watches(fd: int) -> int:
+        return Path(f"/proc/self/fdinfo/{fd}").read_text().count("inotify wd:")
+
+    watch = DirWatch([str(tmp_path)])
+    fd = watch.fd
+    assert fd is not None and watches(fd) == 1
+    assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    watch.close()
+    assert watch.fd is None and watches(fd) == 0
+    os.close(fd)  # this test's process lives on: tidy up by hand

@@ -10,12 +10,13 @@ The review path reads the raw body itself (bounded in size, time and bytes held 
 requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
 never runs. A review of up to INLINE_MAX_BYTES (an ordinary pod, a few hundred
 microseconds of work) is parsed, rewritten and encoded on the event loop; a bigger one on
-one worker thread per process, so the loop stays free to accept connections, finish TLS
-handshakes and answer /healthz while it is worked on; after registry lookups (I/O, on the
-loop) the rest of a review always runs on that thread. Reviews beyond a fixed number in
-hand are refused at once with a 503 (the apiserver then applies the webhook's
-failurePolicy) instead of waiting in a queue past the webhook's timeout. Everything after
-parsing follows the failure mode: an internal error never becomes a 500.
+a worker thread (one per size lane, see _capacity.py), so the loop stays free to accept
+connections, finish TLS handshakes and answer /healthz while it is worked on; after
+registry lookups (I/O, on the loop) the rest of a review always runs on its lane's thread.
+Complete reviews beyond a fixed number in hand are refused at once with a 503 (the
+apiserver then applies the webhook's failurePolicy) instead of waiting in a queue past the
+webhook's timeout. Everything after parsing follows the failure mode: an internal error
+never becomes a 500.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import asyncio
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import _review as admission
 from .. import jsontext, logs, metrics
+from ._capacity import Capacity, Holding, Refused as _Refused
 from ._review import BadReview, Review
 from ..rewrite import EntrypointResolver, UnresolvedEntrypoint
 from ..settings import Settings
@@ -48,38 +49,6 @@ INLINE_MAX_BYTES = 64 * 1024
 
 
 T = TypeVar("T")
-
-
-class _Refused(Exception):
-    """A request the server will not take now: HTTP `status` with a one-line message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _Capacity:
-    """What one process holds at a time: reviews in hand and the bytes of their bodies.
-    Only the event loop's thread touches it."""
-
-    def __init__(self, max_reviews: int, max_body_bytes: int) -> None:
-        self.max_reviews, self.max_body_bytes = max_reviews, max_body_bytes
-        self.reviews = 0
-        self.body_bytes = 0
-
-    def take(self, body_bytes: int) -> None:
-        if self.reviews >= self.max_reviews:
-            raise _Refused(503, f"initshift: busy: {self.reviews} reviews in hand in this server process "
-                               f"(INITSHIFT_MAX_PENDING_REVIEWS); retry")
-        if self.body_bytes + body_bytes > self.max_body_bytes:
-            raise _Refused(503, f"initshift: busy: {self.body_bytes} bytes of request bodies in hand in this server "
-                               f"process (INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT); retry")
-        self.reviews += 1
-        self.body_bytes += body_bytes
-
-    def give_back(self, body_bytes: int) -> None:
-        self.reviews -= 1
-        self.body_bytes -= body_bytes
 
 
 @dataclass(frozen=True)
@@ -115,9 +84,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def _read_body(receive: Receive, limit: int, timeout: float | None = None) -> bytes:
-    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds.
-    A body already complete when the review starts (the usual case) is one message."""
+async def _read_body(receive: Receive, limit: int, timeout: float | None, held: Holding) -> bytes:
+    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds;
+    each chunk is counted in `held` as it arrives. A body already complete when the review
+    starts (the usual case) is one message."""
     chunks: list[bytes] = []
     total = 0
     try:
@@ -130,12 +100,13 @@ async def _read_body(receive: Receive, limit: int, timeout: float | None = None)
                 total += len(chunk)
                 if total > limit:
                     raise BadReview(f"body is over the limit of {limit} bytes")
+                held.add_bytes(len(chunk))
                 if not message.get("more_body", False):
                     return chunk if not chunks else b"".join((*chunks, chunk))
                 chunks.append(chunk)
     except TimeoutError:
         raise _Refused(408, f"initshift: the body was not complete after {timeout:g} s "
-                            f"(INITSHIFT_BODY_TIMEOUT_SECONDS)") from None
+                            f"(INITSHIFT_BODY_TIMEOUT_SECONDS)", close=True) from None
 
 
 def _protected(settings: Settings) -> frozenset[str]:
@@ -272,15 +243,10 @@ class _Mutate:
     """POST /mutate as a plain ASGI application: the request's headers straight from the
     scope, the body from `receive`, the answer in two `send`s (see the module docstring)."""
 
-    def __init__(self, settings: Settings, reviewer: Reviewer, capacity: _Capacity) -> None:
+    def __init__(self, settings: Settings, reviewer: Reviewer, capacity: Capacity) -> None:
         self.reviewer, self.capacity = reviewer, capacity
         self.limit = settings.server.max_body_bytes
         self.body_timeout = settings.server.body_timeout_seconds
-        # One thread: reviews are CPU work under the GIL, more threads would only interleave them.
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
-
-    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -296,20 +262,19 @@ class _Mutate:
     async def answer(self, scope: Scope, receive: Receive) -> tuple[int, bytes, _Headers]:
         start = time.perf_counter()
         body = b""
-        held: int | None = None
-        capacity, reviewer = self.capacity, self.reviewer
+        held = self.capacity.hold()
+        reviewer = self.reviewer
         try:
             content_type = _header(scope, b"content-type")
             admission.check_content_type(None if content_type is None else content_type.decode("latin-1"))
-            size = _declared_length(_header(scope, b"content-length"), self.limit)
-            capacity.take(self.limit if size is None else size)
-            held = self.limit if size is None else size
-            body = await _read_body(receive, self.limit, self.body_timeout)
+            await held.wait_turn(_declared_length(_header(scope, b"content-length"), self.limit), self.body_timeout)
+            body = await _read_body(receive, self.limit, self.body_timeout, held)
+            offload = held.take_lane(len(body)).run  # in hand only once the body is complete
             inline = len(body) <= INLINE_MAX_BYTES
-            review, first, payload = reviewer.start(body) if inline else await self.offload(reviewer.start, body)
-            if payload is None:  # registry lookups first (I/O, on the loop), the rest on the worker
-                decision = await reviewer.complete(review, first, self.offload)
-                payload = _encode(decision.answer) if inline else await self.offload(_encode, decision.answer)
+            review, first, payload = reviewer.start(body) if inline else await offload(reviewer.start, body)
+            if payload is None:  # registry lookups first (I/O, on the loop), the rest on the lane's thread
+                decision = await reviewer.complete(review, first, offload)
+                payload = _encode(decision.answer) if inline else await offload(_encode, decision.answer)
             else:
                 decision = first
         except BadReview as e:
@@ -317,12 +282,10 @@ class _Mutate:
             return 400, _json_bytes({"error": str(e)}), ()
         except _Refused as e:
             _bad_request(body, e, time.perf_counter() - start, "refused")
-            # 408: the rest of the body may still arrive, so the connection cannot be reused.
-            headers = ((b"connection", b"close"),) if e.status == 408 else ((b"retry-after", b"1"),)
+            headers = ((b"connection", b"close"),) if e.close else ((b"retry-after", b"1"),)
             return e.status, _json_bytes({"error": str(e)}), headers
         finally:
-            if held is not None:
-                capacity.give_back(held)
+            held.release()
         elapsed = time.perf_counter() - start
         metrics.REQUESTS.labels(decision.outcome).inc()
         metrics.LATENCY.observe(elapsed)
@@ -368,7 +331,8 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
     reviewer = Reviewer(settings, resolver, native_supported)
     srv = settings.server
-    capacity = _Capacity(srv.max_pending_reviews, srv.max_body_bytes_in_flight)
+    capacity = Capacity(srv.max_pending_reviews, srv.max_large_reviews, srv.max_body_bytes_in_flight,
+                        srv.large_review_bytes)
     app.mutate = _Mutate(settings, reviewer, capacity)
     app.state.reviewer = reviewer
     app.state.capacity = capacity

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -63,6 +64,12 @@ class Review:
         return ""
 
 
+# A JSON escape of a UTF-16 surrogate (`\ud800`-`\udfff`): legal JSON syntax, but alone it is
+# no Unicode character (the apiserver, Go's encoding/json, never writes one). Searching the
+# raw bytes is cheap; only a body that has one pays for the exact check.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _reject_constant(name: str) -> Any:
     raise BadReview(f"malformed JSON: {name} is not a JSON number")
 
@@ -114,7 +121,13 @@ def parse_review(body: bytes) -> Review:
     if not body:
         raise BadReview("empty body")
     try:
-        doc = json.loads(body, parse_constant=_reject_constant, parse_float=_finite)
+        # UTF-8 only (RFC 8259 for JSON between systems; what the apiserver sends):
+        # json.loads would also guess UTF-16 and UTF-32 from bytes.
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadReview(f"the body is not UTF-8: {_one_line(e)}") from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite)
     except BadReview:
         raise
     except RecursionError:
@@ -123,6 +136,8 @@ def parse_review(body: bytes) -> Review:
         raise BadReview(f"malformed JSON: {_one_line(e)}") from None
     if not isinstance(doc, dict):
         raise BadReview("the body must be a JSON object (an AdmissionReview)")
+    if _SURROGATE_ESCAPE.search(body):
+        _check_unicode(doc)
     api_version = doc.get("apiVersion")
     if api_version not in _API_VERSIONS:
         raise BadReview(f"apiVersion must be one of {', '.join(_API_VERSIONS)}, got {_one_line(repr(api_version), 80)}")
@@ -160,6 +175,13 @@ def parse_review(body: bytes) -> Review:
         for key in ("namespace", "name", "generateName"):
             _str(meta, key, "request.object.metadata")
     return review
+
+
+def _check_unicode(doc: Any) -> None:
+    try:
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadReview("malformed JSON: a string holds a lone UTF-16 surrogate escape (not Unicode text)") from None
 
 
 def request_uid(body: bytes) -> str:

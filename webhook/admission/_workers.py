@@ -1,7 +1,8 @@
 """Several server processes on one port, and the small supervisor that runs them.
 
 One Python process uses one core, and a review is CPU work: `initshift serve` therefore
-starts `INITSHIFT_WORKERS` copies of itself (one per usable CPU by default), each with its
+starts `INITSHIFT_WORKERS` copies of itself (one per usable CPU by default, as many as the
+container's memory limit holds), each with its
 own listening socket on the port (SO_REUSEPORT): the kernel spreads new connections evenly
 over them, where one shared socket would let whichever process is idle first take every
 connection (and the apiserver keeps its connections alive, so that imbalance would last).
@@ -36,13 +37,22 @@ _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _RESTART_DELAY = 1.0
 
 
-AUTO_MAX_WORKERS = 8  # `0` never starts more: each worker holds ~120 MB resident whether it is busy or not
+AUTO_MAX_WORKERS = 8  # `0` never starts more
+# The memory budget `0` counts with, from `make bench-hostile` (2 workers, 2 CPUs): the
+# supervisor ~57 MB resident, a worker ~108 MB idle and ~200 MB at its peak through every
+# hostile case (a 7 MB review flood the heaviest: one large review in hand, bodies arriving).
+# The Deployment's and the chart's memory limit (512Mi) holds two workers.
+SUPERVISOR_BYTES = 64 * 1024 * 1024
+WORKER_BYTES = 224 * 1024 * 1024
+_NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a huge number
 
 
-def worker_count(setting: int, cgroup_root: str = "/sys/fs/cgroup") -> int:
+def worker_count(setting: int, cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
     """`INITSHIFT_WORKERS`, where 0 means one per CPU this process may use: the CPUs it may
     run on, fewer under a CPU limit (a container sees every core of its node, its cgroup's
-    quota says how many it gets), at most AUTO_MAX_WORKERS."""
+    quota says how many it gets), at most AUTO_MAX_WORKERS, and no more than its memory
+    limit holds (cgroup v2 memory.max, v1 memory.limit_in_bytes; SUPERVISOR_BYTES plus
+    WORKER_BYTES per worker)."""
     if setting > 0:
         return setting
     try:
@@ -52,7 +62,41 @@ def worker_count(setting: int, cgroup_root: str = "/sys/fs/cgroup") -> int:
     quota = _cgroup_cpu_limit(cgroup_root)
     if quota is not None:
         cpus = min(cpus, quota)
+    memory = cgroup_memory_limit(cgroup_root, proc_cgroup)
+    if memory is not None:
+        cpus = min(cpus, workers_for_memory(memory))
     return max(1, min(cpus, AUTO_MAX_WORKERS))
+
+
+def workers_for_memory(limit: int) -> int:
+    """Workers a memory limit of `limit` bytes holds with their supervisor (at least one:
+    a single worker runs without a supervisor)."""
+    return max(1, (limit - SUPERVISOR_BYTES) // WORKER_BYTES)
+
+
+def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's cgroup in bytes (the smallest of its own and the
+    mount's root, which is its own in a container's cgroup namespace); None: no limit."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = [line.strip().split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        lines = []
+    own_v2 = next((path for hid, _, path in lines if hid == "0"), "/")
+    own_v1 = next((path for _, ctrls, path in lines if "memory" in ctrls.split(",")), "/")
+    candidates = [os.path.join(root, own_v2.lstrip("/"), "memory.max"), os.path.join(root, "memory.max"),
+                  os.path.join(root, "memory", own_v1.lstrip("/"), "memory.limit_in_bytes"),
+                  os.path.join(root, "memory", "memory.limit_in_bytes")]
+    limits = []
+    for path in candidates:
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < _NO_LIMIT:
+            limits.append(int(value))
+    return min(limits) if limits else None
 
 
 def _cgroup_cpu_limit(root: str) -> int | None:
@@ -92,8 +136,10 @@ def die_with_parent() -> None:
 class Supervisor:
     """Starts, watches and stops the worker processes of one `initshift serve`."""
 
-    def __init__(self, settings: Settings, count: int, *, watch: bool, graceful_seconds: float = 10.0) -> None:
+    def __init__(self, settings: Settings, count: int, *, watch: bool, graceful_seconds: float = 10.0,
+                 worker_args: list[str] | None = None) -> None:
         self.settings, self.count, self.watch = settings, count, watch
+        self.worker_args = list(worker_args or [])  # the command's flags each worker needs too (--kubeconfig)
         self.graceful_seconds = graceful_seconds
         self.procs: dict[int, subprocess.Popen] = {}
         self.metrics_dir = tempfile.mkdtemp(prefix="initshift-metrics-")
@@ -102,7 +148,8 @@ class Supervisor:
         self.stopping = False
 
     def _argv(self, index: int) -> list[str]:
-        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index), "--ready-fd", str(self._ready_w)]
+        argv = [sys.executable, "-m", "webhook.cli", "serve", "--worker", str(index), "--ready-fd", str(self._ready_w),
+                *self.worker_args]
         return argv + (["--watch"] if self.watch and index == 0 else [])
 
     def _start(self, index: int) -> None:

@@ -13,11 +13,27 @@ from ..settings import Settings, SettingsError
 from .. import kube
 from certs import pki, store
 from certs.rotation import merge_bundle
+from ._common import EXIT_ERROR, EXIT_USAGE, Parser, add_kubeconfig_args, describe
+
+
+class _Usage(Exception):
+    """Flags that do not go together (exit 2)."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def _parser(settings: Settings) -> argparse.ArgumentParser:
     srv = settings.server
-    ap = argparse.ArgumentParser(prog="initshift certs", description="Create certificates or inject the CA.")
+    ap = Parser(prog="initshift certs", description="Create certificates or inject the CA.",
+                epilog="Exit codes: 0 done, 1 a file, the certificate or the cluster failed, 2 usage or settings.")
     sub = ap.add_subparsers(dest="action", required=True)
 
     c = sub.add_parser("create", help="CA + serving certificate for the webhook Service")
@@ -26,19 +42,19 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     c.add_argument("--namespace", default=srv.namespace, help="Service namespace (default: %(default)s)")
     c.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
     c.add_argument("--ip", action="append", default=[], help="IP SAN (repeatable)")
-    c.add_argument("--days", type=int, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
-    c.add_argument("--ca-days", type=int, default=pki.CA_DAYS, help="CA lifetime (days)")
+    c.add_argument("--days", type=_positive, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
+    c.add_argument("--ca-days", type=_positive, default=pki.CA_DAYS, help="CA lifetime (days)")
     c.add_argument("--ca-cert", help="sign with this existing CA certificate (with --ca-key)")
     c.add_argument("--ca-key", help="key of --ca-cert")
     c.add_argument("--secret", help="also write a kubernetes.io/tls Secret with this name in --namespace")
-    c.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
+    add_kubeconfig_args(c)
 
     i = sub.add_parser("inject", help="put a CA bundle into the MutatingWebhookConfiguration's caBundle")
     i.add_argument("--ca-file", required=True, help="PEM file with the CA certificate(s)")
     i.add_argument("--webhook-config", default=srv.webhook_config, help="configuration name (default: %(default)s)")
     i.add_argument("--keep-old", action="store_true",
                    help="keep the CAs already trusted (for a rotation: trust old and new until the new is in use)")
-    i.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
+    add_kubeconfig_args(i)
     return ap
 
 
@@ -49,16 +65,14 @@ def _read(path: str, what: str) -> bytes:
         raise pki.PKIError(f"cannot read {what} {path}: {e.strerror}") from None
 
 
-async def _with_client(kubeconfig: str | None, action):  # noqa: ANN001 - a coroutine function of the client
-    async with await kube.KubeApi.from_config(kubeconfig) as api:
+async def _with_client(args: argparse.Namespace, action):  # noqa: ANN001 - a coroutine function of the client
+    async with await kube.KubeApi.from_config(args.kubeconfig, args.context) as api:
         return await action(api)
 
 
 def create(args: argparse.Namespace) -> int:
     if bool(args.ca_cert) != bool(args.ca_key):
-        raise pki.PKIError("--ca-cert and --ca-key go together")
-    if args.days < 1 or args.ca_days < 1:
-        raise pki.PKIError("--days and --ca-days must be at least 1")
+        raise _Usage("--ca-cert and --ca-key go together")
     if args.ca_cert:
         ca = pki.KeyPair(_read(args.ca_cert, "CA certificate"), _read(args.ca_key, "CA key"))
         if not pki.matches_key(ca):
@@ -76,7 +90,7 @@ def create(args: argparse.Namespace) -> int:
         async def write(api):  # noqa: ANN001, ANN202
             await kube.write_secret(api, args.namespace, args.secret, data)
 
-        asyncio.run(_with_client(args.kubeconfig, write))
+        asyncio.run(_with_client(args, write))
         print(f"wrote Secret {args.namespace}/{args.secret} ({store.SECRET_TYPE})")
     return 0
 
@@ -93,7 +107,7 @@ def inject(args: argparse.Namespace) -> int:
                                  pki.utcnow())
         return await kube.inject_ca_bundle(api, args.webhook_config, pki.bundle(certs)), len(certs)
 
-    changed, count = asyncio.run(_with_client(args.kubeconfig, run))
+    changed, count = asyncio.run(_with_client(args, run))
     print(f"MutatingWebhookConfiguration {args.webhook_config}: caBundle ({count} CA) set on {changed} webhook(s)"
           if changed else f"MutatingWebhookConfiguration {args.webhook_config}: caBundle already up to date")
     return 0
@@ -102,11 +116,21 @@ def inject(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     try:
         settings = Settings.from_env()
-        args = _parser(settings).parse_args(argv)
-        return create(args) if args.action == "create" else inject(args)
-    except (pki.PKIError, kube.KubeError, SettingsError, OSError) as e:
+    except SettingsError as e:
         print(f"initshift certs: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    args = _parser(settings).parse_args(argv)
+    try:
+        return create(args) if args.action == "create" else inject(args)
+    except _Usage as e:
+        print(f"initshift certs: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (pki.PKIError, kube.KubeError) as e:
+        print(f"initshift certs: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as e:
+        print(f"initshift certs: {describe(e)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from ._check_preflight import Line, Target, preflight
 from ._check_smoke import SmokeOptions, smoke
+from ._common import Parser
 from ._podcli import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, connect, paint, run_main, use_colour
 
 _OK_MARK, _FAIL_MARK = "✔", "✘"
@@ -27,7 +28,7 @@ _OK_MARK, _FAIL_MARK = "✔", "✘"
 def _parser() -> argparse.ArgumentParser:
     d = Target.defaults()
     o = SmokeOptions()
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="initshift check",
         description="Verify an initshift install: the webhook configuration, the certificate the server presents, "
                     "its readiness, the watcher's Lease, RBAC, opted-in namespaces and mesh injectors. Nothing is "

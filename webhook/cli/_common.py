@@ -1,11 +1,30 @@
-"""What several commands share: their settings, read once with a one-line error."""
+"""What every command shares: one exit-code convention, one-line usage errors, the
+connection flags, and settings read once with a one-line error."""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
-from typing import Callable
+from typing import Callable, NoReturn
 
 from ..settings import Settings, SettingsError
+
+# Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error as one stderr line (argparse prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl: $KUBECONFIG, else ~/.kube/config, "
+                                         "else the pod's service account)")
+    ap.add_argument("--context", help="kubeconfig context to use")
 
 
 def load_settings(prog: str, with_flags: Callable[[Settings], Settings] = lambda s: s) -> Settings | None:
@@ -15,3 +34,19 @@ def load_settings(prog: str, with_flags: Callable[[Settings], Settings] = lambda
     except SettingsError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return None
+
+
+def describe(error: object) -> str:
+    """An error for a person: an OSError as `FILE: no such file or directory`, not Python's
+    `[Errno 2] No such file or directory: 'FILE'`."""
+    if isinstance(error, OSError) and error.strerror:
+        what = (error.strerror[:1].lower() + error.strerror[1:])
+        return f"{error.filename}: {what}" if error.filename else what
+    return str(error)
+
+
+def fatal(prog: str, error: object) -> int:
+    """A long-running command's failure once its JSON logging is on: one `error` line like
+    every other line it writes; returns EXIT_ERROR."""
+    logging.getLogger("initshift.cli").error(f"{prog}: {describe(error)}")
+    return EXIT_ERROR

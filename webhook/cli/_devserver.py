@@ -7,7 +7,6 @@ point into the run directory (that is the point of this command).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
@@ -16,7 +15,9 @@ from pathlib import Path
 from waiter import protocol as p
 
 from ..settings import Settings, SettingsError
+from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal
 
+_PROG = "initshift dev-server"
 _RUN_DIR = ".run"
 _EXAMPLE = "examples/review.json"
 _DEV_DEFAULTS = {p.FEATURE_GATE_ENV: "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": "8443"}
@@ -65,23 +66,26 @@ def metrics_url(host: str, port: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="initshift dev-server", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog=_PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=_RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
+    add_kubeconfig_args(ap)
     args = ap.parse_args(argv)
     run_dir = Path(args.dir)
     try:
         settings = _dev_settings(run_dir, os.environ)
     except SettingsError as e:
-        print(f"initshift dev-server: {e}", file=sys.stderr)
-        return 2
+        print(f"{_PROG}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     from certs.pki import PKIError
 
+    from .. import logs
+
+    logs.configure(settings.server.log_level)  # from here on stderr is JSON; the banner goes to stdout
     try:
         ca = _ensure_certs(run_dir, settings.server.host)
     except (PKIError, OSError) as e:
-        print(f"initshift dev-server: certificates in {run_dir}: {e}", file=sys.stderr)
-        return 1
+        return fatal(_PROG, f"certificates in {run_dir}: {describe(e)}")
     srv = settings.server
     curl = _curl_command(ca, srv.host, srv.port)
     pipe = (" | python3 -c 'import sys,json,base64; r=json.load(sys.stdin)[\"response\"]; "
@@ -92,8 +96,8 @@ def main(argv: list[str]) -> int:
         gate = "on" if settings.feature_gate else "off"
         print(f"\ninitshift dev-server on https://{srv.host}:{srv.port} (feature gate {gate}, CA {ca})\n"
               f"{metrics_url(srv.host, srv.metrics_port)}\n"
-              f"try:\n  {curl}\ndecoded patch:\n  {curl}{pipe}\n", file=sys.stderr, flush=True)
+              f"try:\n  {curl}\ndecoded patch:\n  {curl}{pipe}\n", flush=True)
 
-    from ._serve import run
+    from ._serve import run, use_kubeconfig
 
-    return run(settings, watch=args.watch, on_started=banner)
+    return run(settings, watch=args.watch, on_started=banner, worker_args=use_kubeconfig(args), prog=_PROG)

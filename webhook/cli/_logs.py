@@ -20,6 +20,7 @@ from typing import TextIO
 from ..watcher import (NotManaged, State, has_started, has_terminated, is_waiter_line, log_plan, pod_ended,
                       pod_view)
 from ..kube import KubeApi, KubeError
+from ._common import Parser
 from ._podcli import PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
@@ -28,7 +29,7 @@ _NOTE_STATES = (State.FAILED, State.SKIPPED, State.NOT_STARTED)
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="initshift logs",
         description="Print a pod's step logs in step order, then the mains', each line prefixed with its "
                     "container. Works for pods rewritten by any strategy and for pods that were never "

@@ -7,9 +7,11 @@ the server's imports and `initshift --help` is instant.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from .. import __version__
+from ._common import EXIT_OK, EXIT_USAGE
 
 # name -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,29 +26,40 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("webhook.cli._check", "verify the install (webhook, certificate, watcher, RBAC, meshes); --smoke runs a pod"),
 }
 
-USAGE = "usage: initshift [--version] COMMAND [ARGS...]"
+PLUGIN = "kubectl-initshift"  # the same entry point as a kubectl plugin (`kubectl initshift ...`)
+
+
+def _prog() -> str:
+    return "kubectl initshift" if os.path.basename(sys.argv[0]) == PLUGIN else "initshift"
+
+
+def _usage() -> str:
+    return f"usage: {_prog()} [--version] COMMAND [ARGS...]"
 
 
 def _help() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = [USAGE, "", "commands:"]
+    lines = [_usage(), "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`initshift COMMAND --help` describes one command."]
+    lines += ["", f"`{_prog()} COMMAND --help` describes one command."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        print(f"initshift: missing command ({_usage()}; see {_prog()} --help)", file=sys.stderr)
+        return EXIT_USAGE
+    if args[0] in ("-h", "--help", "help"):
         print(_help())
-        return 0 if args else 2
+        return EXIT_OK
     if args[0] == "--version":
         print(f"initshift {__version__}")
-        return 0
+        return EXIT_OK
     entry = COMMANDS.get(args[0])
     if entry is None:
-        print(f"initshift: unknown command {args[0]!r}\n\n{_help()}", file=sys.stderr)
-        return 2
+        print(f"initshift: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)})", file=sys.stderr)
+        return EXIT_USAGE
     module = importlib.import_module(entry[0])
     return int(module.main(args[1:]) or 0)
 

@@ -16,15 +16,16 @@ import sys
 from waiter import protocol as p
 
 from ..admission import make_patch
-from ._podio import InputError, dump, parse_pod, read_text
+from ._common import EXIT_OK, EXIT_USAGE, Parser
+from ._podio import InputError, dump, read_pod
 from ..rewrite import Lookup, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
-EXIT_OK, _EXIT_UNCHANGED, EXIT_USAGE, _EXIT_DENIED = 0, 1, 2, 3
+_EXIT_UNCHANGED, _EXIT_DENIED = 1, 3  # beside the shared 0 and 2 (_common)
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="initshift mutate",
         description="Rewrite a Pod, the Pod inside an AdmissionReview, or a workload's pod template "
                     "(Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob), YAML or JSON, "
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        pod_in = parse_pod(read_text(args.file))
+        pod_in = read_pod(args.file)
     except (InputError, SettingsError) as e:
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -15,8 +15,9 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 from ..kube import KubeApi, KubeError
 from ..watcher import NotManaged, layout
 from ..errors import InitshiftError
+from ._common import EXIT_ERROR, EXIT_OK, add_kubeconfig_args
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, _EXIT_INTERRUPTED = 0, 1, 2, 130
+_EXIT_INTERRUPTED = 130
 
 # What a command does once it has a client, the namespace and the pod it was asked about.
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
@@ -27,7 +28,7 @@ _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceV
 class CliError(InitshiftError):
     """A one-line message for stderr; the command exits with `code`."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
         self.code = code
 
@@ -36,12 +37,6 @@ def add_connection_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("pod", help="the pod's name")
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
     add_kubeconfig_args(ap)
-
-
-def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl: $KUBECONFIG, else ~/.kube/config, "
-                                         "else the pod's service account)")
-    ap.add_argument("--context", help="kubeconfig context to use")
 
 
 async def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:

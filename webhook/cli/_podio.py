@@ -53,44 +53,105 @@ class _PodInput:
         return str((self.pod.get("metadata") or {}).get("namespace") or "")
 
 
+# Far above any object the apiserver stores (etcd's limit is 1.5 MiB) or a review the
+# webhook accepts (INITSHIFT_MAX_BODY_BYTES, 7 MiB): a bigger input is the wrong file.
+MAX_INPUT_BYTES = 8 * 1024 * 1024
+_WHAT = "a Pod, an AdmissionReview of a Pod"
+
+
+def _name(path: str) -> str:
+    return "<stdin>" if path == "-" else path
+
+
 def read_text(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+    """A file's (or stdin's) text; InputError naming the file when it cannot be read,
+    is too large, binary, or not UTF-8."""
+    where = _name(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(MAX_INPUT_BYTES + 1)
     except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}") from None
-
-
-def parse_pod(text: str) -> _PodInput:
+        raise InputError(f"cannot read {where}: {(e.strerror or str(e)).lower()}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(f"{where}: larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB; not a manifest")
+    if b"\0" in data:
+        raise InputError(f"{where}: a binary file, not YAML or JSON")
     try:
-        doc: Any = yaml.safe_load(text)  # YAML is a superset of JSON
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def _documents(text: str, where: str) -> list[Any]:
+    """Every non-empty YAML document (JSON is YAML); a syntax error with its line and column."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]  # YAML is a superset of JSON
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise InputError(f"{where}: not YAML or JSON: {at}{e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise InputError(f"not YAML or JSON: {str(e).splitlines()[0]}") from None
-    if not isinstance(doc, dict):
-        raise InputError("expected a Pod or an AdmissionReview object")
+        raise InputError(f"{where}: not YAML or JSON: {' '.join(str(e).split())}") from None
+    if not docs:
+        raise InputError(f"{where}: empty; expected {_WHAT} or a workload")
+    return docs
+
+
+def _kind(doc: Any) -> str:
+    """What a document is, for a message: its kind, else its YAML type."""
+    if isinstance(doc, dict):
+        return str(doc.get("kind") or "object without a kind")
+    return {list: "list", str: "string"}.get(type(doc), type(doc).__name__)
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1].lower() in "aeiou" else f"a {kind}"
+
+
+def parse_pod(text: str, where: str = "<stdin>", *, workloads: bool = True) -> _PodInput:
+    """The one Pod in `text`: a Pod, an AdmissionReview's request.object, or (with
+    `workloads`) a workload's pod template. A stream of several documents must hold
+    exactly one of those."""
+    docs = _documents(text, where)
+    wanted = ("Pod", "AdmissionReview", *(_TEMPLATE_PATHS if workloads else ()))
+    expected = f"{_WHAT} or a workload ({', '.join(_TEMPLATE_PATHS)})" if workloads else f"{_WHAT}"
+    if len(docs) > 1:
+        found = [d for d in docs if isinstance(d, dict) and d.get("kind") in wanted]
+        if len(found) != 1:
+            kinds = ", ".join(_a(_kind(d)) for d in docs)
+            raise InputError(f"{where}: {len(docs)} documents ({kinds}); expected exactly one {expected}")
+        docs = found
+    doc = docs[0]
+    if not isinstance(doc, dict) or doc.get("kind", "Pod") not in wanted:
+        hint = "; `initshift mutate` reads a workload's pod template" if \
+            not workloads and isinstance(doc, dict) and doc.get("kind") in _TEMPLATE_PATHS else ""
+        raise InputError(f"{where}: expected {expected}, got {_a(_kind(doc))}{hint}")
     if doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
-            raise InputError("AdmissionReview has no request.object")
+            raise InputError(f"{where}: the AdmissionReview has no request.object")
         pod = request["object"]
         if pod.get("kind", "Pod") != "Pod":
-            raise InputError(f"AdmissionReview holds a {pod.get('kind')}, not a Pod")
+            raise InputError(f"{where}: the AdmissionReview holds {_a(_kind(pod))}, not a Pod")
         return _PodInput(pod=pod, review=doc)
     if doc.get("kind") in _TEMPLATE_PATHS:
         node: Any = doc
         for key in _TEMPLATE_PATHS[doc["kind"]]:
             node = node.get(key) if isinstance(node, dict) else None
         if not isinstance(node, dict) or not isinstance(node.get("spec"), dict):
-            raise InputError(f"the {doc['kind']} has no pod template")
+            raise InputError(f"{where}: the {doc['kind']} has no pod template")
         return _PodInput(pod=node, workload=doc)
-    if doc.get("kind", "Pod") != "Pod":
-        raise InputError(f"expected a Pod, an AdmissionReview or a workload "
-                         f"({', '.join(_TEMPLATE_PATHS)}), got a {doc.get('kind')}")
     if not isinstance(doc.get("spec"), dict):
-        raise InputError("the Pod has no spec")
+        raise InputError(f"{where}: the Pod has no spec")
     return _PodInput(pod=doc)
+
+
+def read_pod(path: str, *, workloads: bool = True) -> _PodInput:
+    """`parse_pod` of a file or `-`: the one input reader of `mutate` and `review`."""
+    return parse_pod(read_text(path), _name(path), workloads=workloads)
 
 
 def dump(obj: Any, fmt: str) -> str:

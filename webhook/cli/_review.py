@@ -5,14 +5,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import uuid
 
-import yaml
-
 from ..admission import API_V1, API_V1BETA1, KIND
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe
+from ._podio import InputError, read_pod
 
 
 def wrap(pod: dict, *, namespace: str = "", api_version: str = API_V1, dry_run: bool = False,
@@ -36,20 +35,13 @@ def wrap(pod: dict, *, namespace: str = "", api_version: str = API_V1, dry_run: 
 
 
 def load_pod(path: str) -> dict:
-    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
-    docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    pods = [d for d in docs if isinstance(d, dict) and d.get("kind") == "Pod"]
-    if not pods and len(docs) == 1 and isinstance(docs[0], dict) and docs[0].get("kind") == KIND:
-        obj = (docs[0].get("request") or {}).get("object")
-        pods = [obj] if isinstance(obj, dict) else []
-    if len(pods) != 1:
-        raise ValueError(f"expected exactly one Pod in {path}, found {len(pods)}")
-    return pods[0]
+    """The Pod in a file (or `-`): a Pod or an AdmissionReview's, as `initshift mutate` reads it."""
+    return read_pod(path, workloads=False).pod
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="initshift review",
-                                 description="Wrap a Pod manifest into an AdmissionReview (CREATE) on stdout.")
+    ap = Parser(prog="initshift review", description="Wrap a Pod manifest into an AdmissionReview (CREATE) on stdout.",
+                epilog="Exit codes: 0 printed, 1 the output file cannot be written, 2 bad input or usage.")
     ap.add_argument("pod", help="Pod manifest (YAML or JSON), - for stdin")
     ap.add_argument("-n", "--namespace", default="", help="request namespace (default: the pod's, else default)")
     ap.add_argument("--v1beta1", action="store_true", help="admission.k8s.io/v1beta1 instead of v1")
@@ -59,18 +51,19 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     try:
         pod = load_pod(args.pod)
-        review = wrap(pod, namespace=args.namespace, api_version=API_V1BETA1 if args.v1beta1 else API_V1,
-                      dry_run=args.dry_run, uid=args.uid)
-        text = json.dumps(review, indent=2) + "\n"
-        if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            sys.stdout.write(text)
-    except yaml.YAMLError as e:
-        print(f"initshift review: {args.pod}: not valid YAML: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as e:
+    except InputError as e:
         print(f"initshift review: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_USAGE
+    review = wrap(pod, namespace=args.namespace, api_version=API_V1BETA1 if args.v1beta1 else API_V1,
+                  dry_run=args.dry_run, uid=args.uid)
+    text = json.dumps(review, indent=2) + "\n"
+    if not args.output:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"initshift review: cannot write {describe(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK

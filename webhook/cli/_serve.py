@@ -12,12 +12,11 @@ import dataclasses
 import gc
 import os
 import socket
-import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
 from ..settings import Settings
-from ._common import load_settings
+from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal, load_settings
 from ..admission import TLSError
 
 if TYPE_CHECKING:
@@ -27,10 +26,11 @@ _Companion = Callable[[asyncio.Event], Awaitable[None]]
 
 
 def parser(prog: str = "initshift serve") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description="Run the mutating admission webhook over HTTPS.")
+    ap = Parser(prog=prog, description="Run the mutating admission webhook over HTTPS.")
     ap.add_argument("--host", help="bind address (default: INITSHIFT_HOST)")
     ap.add_argument("--port", type=int, help="port (default: INITSHIFT_PORT)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (in the first server process)")
+    add_kubeconfig_args(ap)
     # A worker started by the supervisor (webhook/admission/_workers.py): not for people.
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -99,58 +99,64 @@ def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> _Compa
     return wait
 
 
-def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> int:
-    """`initshift serve`: one process, or a supervisor and INITSHIFT_WORKERS of them."""
+def use_kubeconfig(args: argparse.Namespace) -> list[str]:
+    """--kubeconfig/--context for every API client of this process; the flags again for
+    the worker processes."""
+    from ..kube import use_config
+
+    use_config(args.kubeconfig, args.context)
+    return [a for flag, value in (("--kubeconfig", args.kubeconfig), ("--context", args.context)) if value
+            for a in (flag, value)]
+
+
+def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+        worker_args: list[str] | None = None, prog: str = "initshift serve") -> int:
+    """`initshift serve`: one process, or a supervisor and INITSHIFT_WORKERS of them
+    (`worker_args`: flags each worker is started with). From here on every stderr line is
+    JSON, a start-up failure included (one `error` line)."""
     from ..admission import Supervisor, bind, worker_count
 
+    logs.configure(settings.server.log_level)
     count = worker_count(settings.server.workers)
     if count == 1:
-        return _run_one(settings, watch=watch, on_started=on_started)
-    logs.configure(settings.server.log_level)
+        return _run_one(settings, prog, watch=watch, on_started=on_started)
     srv = settings.server
     try:  # fail here, once, when the port is taken (the workers bind it with SO_REUSEPORT)
         bind(srv.host, srv.port).close()
     except OSError as e:
-        print(f"initshift serve: cannot listen on {srv.host}:{srv.port}: {e}", file=sys.stderr)
-        return 1
-    return Supervisor(settings, count, watch=watch).run(on_started)
+        return fatal(prog, f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
+    return Supervisor(settings, count, watch=watch, worker_args=worker_args or []).run(on_started)
 
 
-def _run_one(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
-            sock: socket.socket | None = None, worker: int = 0) -> int:
+def _run_one(settings: Settings, prog: str, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+             sock: socket.socket | None = None, worker: int = 0) -> int:
+    from certs.pki import PKIError
+
     from ..admission import run_loop
+    from ..kube import KubeError
 
-    logs.configure(settings.server.log_level)
     try:
         run_loop(serve(settings, watch=watch, on_started=on_started, sock=sock, worker=worker),
                  settings.server.header_timeout_seconds)
-    except (TLSError, OSError) as e:
-        print(f"initshift serve: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # start-up failures (API, certificates) in one line
-        from certs.pki import PKIError
-
-        from ..kube import KubeError
-
-        if isinstance(e, (KubeError, PKIError)):
-            print(f"initshift serve: {e}", file=sys.stderr)
-            return 1
-        raise
+    except (TLSError, OSError, KubeError, PKIError) as e:  # start-up failures (files, API, certificates)
+        return fatal(prog, e)
     except KeyboardInterrupt:
-        return 0
-    return 0
+        return EXIT_OK
+    return EXIT_OK
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = load_settings("initshift serve", lambda s: with_flags(s, args))
     if settings is None:
-        return 2
+        return EXIT_USAGE
+    worker_args = use_kubeconfig(args)
     if args.worker is None:
-        return run(settings, watch=args.watch)
+        return run(settings, watch=args.watch, worker_args=worker_args)
     from ..admission import bind, die_with_parent
 
     die_with_parent()
+    logs.configure(settings.server.log_level)
     ready_fd = args.ready_fd
 
     def started() -> None:
@@ -161,6 +167,5 @@ def main(argv: list[str]) -> int:
     try:
         sock = bind(srv.host, srv.port, reuse_port=True)
     except OSError as e:
-        print(f"initshift serve: cannot listen on {srv.host}:{srv.port}: {e}", file=sys.stderr)
-        return 1
-    return _run_one(settings, watch=args.watch, on_started=started, sock=sock, worker=args.worker)
+        return fatal("initshift serve", f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
+    return _run_one(settings, "initshift serve", watch=args.watch, on_started=started, sock=sock, worker=args.worker)

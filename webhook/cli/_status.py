@@ -23,6 +23,7 @@ from waiter import protocol as p
 
 from ..watcher import FAILED, SUCCEEDED, PodView, State, parse_time, pod_view, state_text
 from ..kube import KubeApi
+from ._common import Parser
 from ._podcli import PodTracker, add_connection_args, paint, run_main, run_on_pod, use_colour
 from ._podio import dump
 
@@ -36,7 +37,7 @@ _COLUMNS = ("#", "CONTAINER", "KIND", "STATE", "EXIT", "REASON", "STARTED", "DUR
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="initshift status",
         description="Show a pod's steps, mains and sidecars in execution order, with the result the "
                     "initshift watcher recorded. Works for pods rewritten by any strategy and for pods "

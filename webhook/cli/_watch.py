@@ -15,16 +15,15 @@ import sys
 from .. import __version__, logs
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
-from ._common import load_settings
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 
 _PROG = "initshift watch"
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
+    ap = Parser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
                                  "outcome, end sidecars. Finds the API server as kubectl does.")
-    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
-    ap.add_argument("--context", help="kubeconfig context")
+    add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                     help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")
     ap.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease "
@@ -47,13 +46,18 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 
 async def watch(settings: Settings, kubeconfig: str | None, context: str | None) -> None:
+    """Connect (a failure is a plain line, as in every command), then log JSON and watch."""
     from ..watcher import COMPONENT, run_watcher
 
+    try:
+        api = await KubeApi.from_config(kubeconfig, context)
+    except KubeError as e:
+        raise _NotConnected(e) from None
+    logs.configure(settings.server.log_level)  # from here on every stderr line is JSON
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    api = await KubeApi.from_config(kubeconfig, context)
     api.user_agent = f"{COMPONENT}/{__version__}"
     try:
         await run_watcher(settings, stop, api=api)
@@ -61,17 +65,22 @@ async def watch(settings: Settings, kubeconfig: str | None, context: str | None)
         await api.close()
 
 
+class _NotConnected(Exception):
+    """No configuration to reach the API server with (before logging starts)."""
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = load_settings(_PROG, lambda s: with_flags(s, args))
     if settings is None:
-        return 2
-    logs.configure(settings.server.log_level)
+        return EXIT_USAGE
     try:
         asyncio.run(watch(settings, args.kubeconfig, args.context))
-    except KubeError as e:
+    except _NotConnected as e:
         print(f"{_PROG}: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
+    except KubeError as e:
+        return fatal(_PROG, e)
     except KeyboardInterrupt:
-        return 0
-    return 0
+        return EXIT_OK
+    return EXIT_OK

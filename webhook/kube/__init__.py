@@ -6,6 +6,8 @@ the list of what the server calls, as RBAC attributes (`server_access`)."""
 from ._access import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, server_access
 from ._api import KubeApi, KubeError
 from ._certs import inject_ca_bundle, read_ca_bundle, read_secret, read_secret_versioned, write_secret
+from ._config import use_config
 
 __all__ = ["ALWAYS", "Access", "KubeApi", "KubeError", "NODE_VERSIONS", "PULL_SECRETS", "SELF_MANAGED_CERTS",
-           "inject_ca_bundle", "read_ca_bundle", "read_secret", "read_secret_versioned", "server_access", "write_secret"]
+           "inject_ca_bundle", "read_ca_bundle", "read_secret", "read_secret_versioned", "server_access", "use_config",
+           "write_secret"]

@@ -97,11 +97,12 @@ class KubeApi:
     @classmethod
     async def from_config(cls, kubeconfig: str | None = None, context: str | None = None) -> "KubeApi":
         """kubectl's choice of configuration (`_config.resolve`): `--kubeconfig`, `$KUBECONFIG`,
-        `~/.kube/config`, else the pod's service account. `namespace` is the one it implies."""
-        from ._config import KubeConfigError, client_configuration, resolve
+        `~/.kube/config`, else the pod's service account (the process's `use_config` choice
+        when no argument is given). `namespace` is the one it implies."""
+        from ._config import KubeConfigError, chosen, client_configuration, resolve
 
         try:
-            source = resolve(kubeconfig, context)
+            source = resolve(*chosen(kubeconfig, context))
             cfg = await client_configuration(source)
         except KubeConfigError as e:
             raise KubeError(0, str(e)) from None

@@ -45,6 +45,28 @@ class KubeConfigError(Exception):
     """No usable configuration: one line saying which source and why."""
 
 
+@dataclass(frozen=True)
+class _Choice:
+    kubeconfig: str | None = None
+    context: str | None = None
+
+
+# The command line's --kubeconfig/--context for the whole process (`use_config`): a server
+# reaches the API from several places (certificates, detection, watcher, pull secrets).
+_chosen = _Choice()
+
+
+def use_config(kubeconfig: str | None, context: str | None) -> None:
+    """Make `--kubeconfig`/`--context` the default of every later `KubeApi.from_config()`."""
+    global _chosen
+    _chosen = _Choice(kubeconfig, context)
+
+
+def chosen(kubeconfig: str | None, context: str | None) -> tuple[str | None, str | None]:
+    """The explicit arguments, else the process's `use_config` choice."""
+    return kubeconfig or _chosen.kubeconfig, context or _chosen.context
+
+
 @dataclass
 class _Source:
     """The resolved configuration: a merged kubeconfig, or the pod's service account."""
@@ -153,10 +175,24 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
         return _Source("kubeconfig", [str(p) for p, _ in found], merged, name, namespace)
     if _in_cluster_possible(env, sa_dir):
         return _Source("in-cluster", namespace=_pod_namespace(env, sa_dir))
+    raise KubeConfigError(_nothing_usable(paths, found, env, sa_dir))
+
+
+def _nothing_usable(paths: list[Path], found: list[tuple[Path, dict[str, Any]]], env: Mapping[str, str],
+                    sa_dir: Path) -> str:
+    """Why no configuration was found, naming what exists and what does not."""
     looked = os.pathsep.join(str(p) for p in paths)
+    if found:
+        what = f"kubeconfig {looked}: no clusters, users or contexts"
+    elif env.get("KUBECONFIG"):
+        what = f"KUBECONFIG names {looked}, which does not exist" if len(paths) == 1 else \
+            f"KUBECONFIG names {looked}, none of which exists"
+    else:
+        what = f"no kubeconfig found ({looked} does not exist)"
     if env.get("KUBERNETES_SERVICE_HOST"):
-        raise KubeConfigError(f"no kubeconfig ({looked}) and no service account token ({sa_dir / 'token'})")
-    raise KubeConfigError(f"no kubeconfig found ({looked}); pass --kubeconfig or set KUBECONFIG")
+        return f"{what}, and no service account token ({sa_dir / 'token'})"
+    fix = "pass --kubeconfig or fix KUBECONFIG" if env.get("KUBECONFIG") else "pass --kubeconfig or set KUBECONFIG"
+    return f"{what}; {fix}"
 
 
 def _pod_namespace(environ: Mapping[str, str], sa_dir: Path) -> str:

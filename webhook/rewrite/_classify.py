@@ -19,7 +19,7 @@ from waiter import protocol as p
 
 from ._resources import is_restartable
 from ..settings import RewriteSettings
-from ._shape import submap
+from ._shape import mapping_at, submap
 
 
 def _comma_list(value: object) -> list[str]:
@@ -147,7 +147,7 @@ def pod_mode(pod: Mapping, settings: RewriteSettings) -> str:
 
 def managed_as(pod: Mapping) -> str | None:
     """The value of the `initshift.io/managed` label: how initshift already rewrote the pod."""
-    value = ((pod.get("metadata") or {}).get("labels") or {}).get(p.LABEL_MANAGED)
+    value = mapping_at(pod, "metadata", "labels").get(p.LABEL_MANAGED)
     return None if value is None else str(value)
 
 

@@ -78,7 +78,10 @@ def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
 
 def annotation_bytes(pod: Mapping) -> int:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return sum(len(k.encode()) + len(str(v).encode()) for k, v in annotations.items())
+    # surrogatepass: a lone surrogate (JSON "\udfff", never sent by an apiserver) is
+    # counted, not an exception.
+    return sum(len(k.encode("utf-8", "surrogatepass")) + len(str(v).encode("utf-8", "surrogatepass"))
+               for k, v in annotations.items())
 
 
 def object_bytes(pod: Mapping) -> int:

@@ -24,7 +24,7 @@ from ._classify import (Classification, classify, has_mesh_marker, managed_as, n
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
-from ._shape import shape_problem
+from ._shape import mapping_at, shape_problem
 
 
 @dataclass
@@ -306,9 +306,8 @@ def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
     """A pod with init containers, or a run-to-completion one, that is not rewritten says why
     on itself (the one change made to it); a rewritten pod drops the reason an earlier
     admission left."""
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    notes = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    inits = pod["spec"].get("initContainers") if isinstance(pod.get("spec"), dict) else None
+    meta, notes = mapping_at(pod, "metadata"), mapping_at(pod, "metadata", "annotations")
+    inits = mapping_at(pod, "spec").get("initContainers")
     if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
         annotations = dict(result.pod["metadata"]["annotations"])
         del annotations[p.ANNOTATION_NOT_REWRITTEN]
@@ -316,7 +315,7 @@ def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
     elif not result.changed and result.strategy is None and result.reason not in _SWITCHED_OFF \
             and ((isinstance(inits, list) and inits) or _runs_to_completion(pod)) \
             and isinstance(pod.get("metadata"), (dict, type(None))) \
-            and p.LABEL_MANAGED not in (meta.get("labels") if isinstance(meta.get("labels"), dict) else {}) \
+            and p.LABEL_MANAGED not in mapping_at(pod, "metadata", "labels") \
             and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
         result.pod = {**pod, "metadata": {**meta, "annotations": {**notes, p.ANNOTATION_NOT_REWRITTEN: result.reason}}}
     return result

@@ -146,6 +146,14 @@ def shape_problem(pod: Any) -> str | None:
     return f"pod{problem}" if problem else None
 
 
+def mapping_at(obj: Any, *keys: str) -> dict:
+    """obj[k1][k2]... when every step is an object, else {}: for code that runs on pods the
+    shape check refused too (a `spec` that is a list, `labels` that is a string)."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj if isinstance(obj, dict) else {}
+
+
 def submap(obj: dict, *keys: str) -> dict:
     """A copy of the object at obj[k1][k2]..., put in its place along the way, for the
     rewrite to write into: `obj` (already the rewrite's own) shares the rest with its

