@@ -129,12 +129,13 @@ class Reviewer:
         self.resolver = resolver
         self.native_supported = native_supported
         self.protected = _protected(settings)
+        self.large_bytes = settings.server.large_review_bytes
         self._make_plan, self._make_patch = plan, make_patch
 
     def start(self, body: bytes) -> tuple[Review, Answer | tuple[Any, list], bytes | None]:
         """On the worker thread, in one hop: parse (BadReview propagates), plan, and when no
         registry lookup is needed the whole decision and its encoded answer."""
-        review = admission.parse_review(body)
+        review = admission.parse_review(body, yielding=len(body) > self.large_bytes)
         first = self._safe(review, self._plan, review)
         return review, first, _encode(first.answer) if isinstance(first, Answer) else None
 
