@@ -98,6 +98,6 @@ def main(argv: list[str]) -> int:
               f"{metrics_url(srv.host, srv.metrics_port)}\n"
               f"try:\n  {curl}\ndecoded patch:\n  {curl}{pipe}\n", flush=True)
 
-    from ._serve import run, use_kubeconfig
+    from ._serve import run
 
-    return run(settings, watch=args.watch, on_started=banner, worker_args=use_kubeconfig(args), prog=_PROG)
+    return run(settings, watch=args.watch, on_started=banner, kube=(args.kubeconfig, args.context), prog=_PROG)

@@ -99,41 +99,41 @@ def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> _Compa
     return wait
 
 
-def use_kubeconfig(args: argparse.Namespace) -> list[str]:
-    """--kubeconfig/--context for every API client of this process; the flags again for
-    the worker processes."""
-    from ..kube import use_config
-
-    use_config(args.kubeconfig, args.context)
-    return [a for flag, value in (("--kubeconfig", args.kubeconfig), ("--context", args.context)) if value
-            for a in (flag, value)]
+def _kube_flags(kube: tuple[str | None, str | None]) -> list[str]:
+    """--kubeconfig/--context again, for the worker processes."""
+    return [a for flag, value in zip(("--kubeconfig", "--context"), kube) if value for a in (flag, value)]
 
 
 def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
-        worker_args: list[str] | None = None, prog: str = "initshift serve") -> int:
-    """`initshift serve`: one process, or a supervisor and INITSHIFT_WORKERS of them
-    (`worker_args`: flags each worker is started with). From here on every stderr line is
-    JSON, a start-up failure included (one `error` line)."""
+        kube: tuple[str | None, str | None] = (None, None), prog: str = "initshift serve") -> int:
+    """`initshift serve`: one process, or a supervisor and INITSHIFT_WORKERS of them.
+    `kube`: --kubeconfig/--context for every API client of the serving processes (the
+    supervisor makes no API call: it never imports the kube package, ~48 MB of
+    kubernetes-asyncio). From here on every stderr line is JSON, a start-up failure
+    included (one `error` line)."""
     from ..admission import Supervisor, bind, worker_count
 
     logs.configure(settings.server.log_level)
     count = worker_count(settings.server.workers)
     if count == 1:
-        return _run_one(settings, prog, watch=watch, on_started=on_started)
+        return _run_one(settings, prog, watch=watch, on_started=on_started, kube=kube)
     srv = settings.server
     try:  # fail here, once, when the port is taken (the workers bind it with SO_REUSEPORT)
         bind(srv.host, srv.port).close()
     except OSError as e:
         return fatal(prog, f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
-    return Supervisor(settings, count, watch=watch, worker_args=worker_args or []).run(on_started)
+    return Supervisor(settings, count, watch=watch, worker_args=_kube_flags(kube)).run(on_started)
 
 
 def _run_one(settings: Settings, prog: str, *, watch: bool = False, on_started: Callable[[], None] | None = None,
-             sock: socket.socket | None = None, worker: int = 0) -> int:
+             sock: socket.socket | None = None, worker: int = 0,
+             kube: tuple[str | None, str | None] = (None, None)) -> int:
     from certs.pki import PKIError
 
     from ..admission import run_loop
-    from ..kube import KubeError
+    from ..kube import KubeError, use_config
+
+    use_config(*kube)
 
     try:
         run_loop(serve(settings, watch=watch, on_started=on_started, sock=sock, worker=worker),
@@ -150,9 +150,9 @@ def main(argv: list[str]) -> int:
     settings = load_settings("initshift serve", lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE
-    worker_args = use_kubeconfig(args)
+    kube = (args.kubeconfig, args.context)
     if args.worker is None:
-        return run(settings, watch=args.watch, worker_args=worker_args)
+        return run(settings, watch=args.watch, kube=kube)
     from ..admission import bind, die_with_parent
 
     die_with_parent()
@@ -168,4 +168,5 @@ def main(argv: list[str]) -> int:
         sock = bind(srv.host, srv.port, reuse_port=True)
     except OSError as e:
         return fatal("initshift serve", f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
-    return _run_one(settings, "initshift serve", watch=args.watch, on_started=started, sock=sock, worker=args.worker)
+    return _run_one(settings, "initshift serve", watch=args.watch, on_started=started, sock=sock, worker=args.worker,
+                    kube=kube)
