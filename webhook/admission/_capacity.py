@@ -10,8 +10,8 @@ normal pod (tens of KiB) never queues behind one of several MiB. Large ones (ove
 INITSHIFT_LARGE_REVIEW_BYTES, or chunked) are read and worked on INITSHIFT_MAX_LARGE_REVIEWS
 (1) at a time per process, since each costs tens of times its size in memory; the next
 waits with its body unread. Both threads share the GIL: while a large review runs, a small
-one still gets its turn within the interpreter's switch interval (5 ms), except during a
-single C call such as the large body's JSON parse.
+one still gets its turn within the interpreter's switch interval (5 ms): the large body's
+JSON parse is the pure-Python scanner, which gives the GIL up (_review.parse_review).
 
 Only the event loop's thread touches the counters.
 """
