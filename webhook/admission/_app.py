@@ -22,7 +22,6 @@ never becomes a 500.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -137,7 +136,7 @@ class Reviewer:
         registry lookup is needed the whole decision and its encoded answer."""
         review = admission.parse_review(body, yielding=len(body) > self.large_bytes)
         first = self._safe(review, self._plan, review)
-        return review, first, _encode(first.answer) if isinstance(first, Answer) else None
+        return review, first, jsontext.dumps(first.answer) if isinstance(first, Answer) else None
 
     async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Answer:
         run = offload or _inline
@@ -220,21 +219,13 @@ async def _inline(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-def _encode(answer: dict) -> bytes:
-    return jsontext.dumps(answer)
-
-
 def _meta(obj: Any) -> dict:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     return meta if isinstance(meta, dict) else {}
 
 
-def _json_bytes(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json_bytes(data), status, media_type="application/json", headers=headers)
+    return Response(jsontext.dumps(data), status, media_type="application/json", headers=headers)
 
 
 _Headers = tuple[tuple[bytes, bytes], ...]
@@ -254,7 +245,7 @@ class _Mutate:
             status, payload, headers = await self.answer(scope, receive)
         except Exception as exc:  # noqa: BLE001 - last line of defence, as FastAPI's handler below
             log.error("unexpected error", exc_info=exc)
-            status, payload = 500, _json_bytes({"error": f"internal error: {type(exc).__name__}"})
+            status, payload = 500, jsontext.dumps({"error": f"internal error: {type(exc).__name__}"})
             headers = ((b"connection", b"close"),)  # an HTTP/1.1 client must not reuse it
         await send({"type": "http.response.start", "status": status, "headers": [
             *headers, (b"content-length", b"%d" % len(payload)), (b"content-type", b"application/json")]})
@@ -275,16 +266,17 @@ class _Mutate:
             review, first, payload = reviewer.start(body) if inline else await offload(reviewer.start, body)
             if payload is None:  # registry lookups first (I/O, on the loop), the rest on the lane's thread
                 decision = await reviewer.complete(review, first, offload)
-                payload = _encode(decision.answer) if inline else await offload(_encode, decision.answer)
+                encode = jsontext.dumps
+                payload = encode(decision.answer) if inline else await offload(encode, decision.answer)
             else:
                 decision = first
         except BadReview as e:
             _bad_request(body, e, time.perf_counter() - start, "bad_request")
-            return 400, _json_bytes({"error": str(e)}), ()
+            return 400, jsontext.dumps({"error": str(e)}), ()
         except _Refused as e:
             _bad_request(body, e, time.perf_counter() - start, "refused")
             headers = ((b"connection", b"close"),) if e.close else ((b"retry-after", b"1"),)
-            return e.status, _json_bytes({"error": str(e)}), headers
+            return e.status, jsontext.dumps({"error": str(e)}), headers
         finally:
             held.release()
         elapsed = time.perf_counter() - start

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import threading
 from typing import Any, Awaitable, Callable
@@ -31,7 +30,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, httptools  
 from . import _tls as tls
 from ._app import create_app
 from ._metrics_port import MetricsPort
-from .. import metrics
+from .. import jsontext, metrics
 from ..settings import ServerSettings, Settings
 
 
@@ -191,7 +190,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         if not why or busy:
             self.transport.abort()
             return
-        body = json.dumps({"error": f"initshift: {why}"}).encode()
+        body = jsontext.dumps({"error": f"initshift: {why}"})
         self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
         self.transport.pause_reading()
