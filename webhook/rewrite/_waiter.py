@@ -13,10 +13,11 @@ Chain written into the pod (every name from waiter/protocol.py):
   the ready gate as step 0 would, and again when the kubelet restarts it); each writes its
   record under its own name into the one emptyDir they share (`initshift-mains`), and the
   one that then finds every main's record there quits the sidecars. Each main's flags and
-  mounts are the same few whatever the number of mains, so the pod grows linearly with them. The trade-off: any main can write
-  there, so it could forge another main's record (the sidecars quit early, which only cuts
-  the mesh from its own pod's mains) or delete one (the sidecars stay up until the watcher
-  ends the pod); it cannot forge a step's completion, so no step can be skipped.
+  mounts are the same few whatever the number of mains, so the pod grows linearly with
+  them. The trade-off: any main can write there, so it could forge another main's record
+  (the sidecars quit early, which only cuts the mesh from its own pod's mains) or delete
+  one (the sidecars stay up until the watcher ends the pod); it cannot forge a step's
+  completion, so no step can be skipped.
 """
 
 from __future__ import annotations
