@@ -16,6 +16,7 @@ import lzma
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 from ._errors import ClusterError
@@ -23,12 +24,24 @@ from ._errors import ClusterError
 REPO = Path(__file__).resolve().parents[3]
 CACHE = REPO / ".cache" / "k8s"
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
-# Where the binaries are: $E2E_K8S_DIR, else ../shared/k8s beside the checkout.
+# Where the binaries are (see shared_dir).
 DIR_ENV = "E2E_K8S_DIR"
 
 
 def shared_dir() -> Path:
-    return Path(os.environ.get(DIR_ENV) or REPO.parent / "shared" / "k8s").resolve()
+    """$E2E_K8S_DIR, else ../shared/k8s beside the checkout, or beside the main checkout
+    when this one is a `git worktree` elsewhere."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV]).resolve()
+    candidates = [REPO.parent / "shared" / "k8s"]
+    try:
+        common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=REPO,
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        if common:
+            candidates.append(Path(common).parent.parent / "shared" / "k8s")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return next((c.resolve() for c in candidates if c.is_dir()), candidates[0].resolve())
 
 
 def _version_key(name: str) -> tuple[int, ...]:
