@@ -2,6 +2,7 @@
 start order, resources, and the safety net that never lets an invalid pod out. No I/O."""
 
 from ._classify import classify, managed_as
+from ._command import gate_of
 from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Lookup, UnresolvedEntrypoint,
                           effective_argv)
 from ._native import resolve_support
@@ -11,5 +12,5 @@ from ._rewrite import Plan, RewriteResult, plan, rewrite
 from ._start_order import start_order_ready_patch
 
 __all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "Plan", "RewriteError", "RewriteResult",
-           "UnresolvedEntrypoint", "classify", "effective_argv", "is_restartable", "managed_as", "plan",
+           "UnresolvedEntrypoint", "classify", "effective_argv", "gate_of", "is_restartable", "managed_as", "plan",
            "resolve_support", "rewrite", "start_order_ready_patch"]
