@@ -46,6 +46,7 @@ import platform
 import random
 import re
 import subprocess
+import ssl
 import sys
 import tempfile
 import time
@@ -57,7 +58,7 @@ from tests.support.fixtures.pods import catalogue
 from tests.support.kubedouble import KubeDouble, running, terminated, waiting
 from tests.support.podstatus import write_kubeconfig as double_kubeconfig
 from waiter import protocol as p
-from webhook.kube import KubeApi, KubeError
+import aiohttp
 
 NS = "builds"
 NODE = "bench-node"  # no such Node: nothing but the driver writes the pods' status
@@ -78,15 +79,58 @@ class Scenario:
     rate: float  # status changes per second; 0: a burst
     gated: float  # share of the pods that read the ready annotation (a proxy without a loopback probe)
     slow: bool = False  # the double only: every write takes ~1 s
+    watcher: bool = True  # False: the kubelet's writes alone (what the API spends without a watcher)
 
 
 SCENARIOS = [
+    Scenario("1,000 pods, 40/s, no watcher (baseline)", 1000, 40, 0.0, watcher=False),
     Scenario("1,000 pods, 40/s, probe-gated", 1000, 40, 0.0),
     Scenario("1,000 pods, 40/s, annotation-gated", 1000, 40, 1.0),
     Scenario("1,000 pods, 200/s, probe-gated", 1000, 200, 0.0),
     Scenario("1,000 pods, burst, probe-gated", 1000, 0, 0.0),
 ]
 SLOW = Scenario("300 pods, 40/s, half gated, writes ~1 s", 300, 40, 0.5, slow=True)
+
+
+# --- the driver's client ---------------------------------------------------------------------
+class ApiError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"{status}: {text[:300]}")
+        self.status = status
+
+
+class Client:
+    """The driver's own client: plain aiohttp (with the admin's certificate on a real
+    apiserver), so that playing the kubelet costs the bench as little CPU as it can."""
+
+    def __init__(self, base: str, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=ssl_context or False),
+                                             headers={"User-Agent": "bench-watcher-driver"})
+
+    async def request(self, method: str, path: str, body: Any = None, *, query: dict | None = None,
+                      content_type: str = "application/json") -> Any:
+        data = None if body is None else json.dumps(body)
+        async with self.session.request(method, self.base + path, data=data, params=query,
+                                        headers={"Content-Type": content_type}) as resp:
+            text = await resp.text()
+            if not 200 <= resp.status < 300:
+                raise ApiError(resp.status, text)
+            return json.loads(text) if text else None
+
+    async def watch(self, path: str, resource_version: str) -> Any:
+        params = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": "3600"}
+        async with self.session.get(self.base + path, params=params,
+                                    timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as resp:
+            if resp.status != 200:
+                raise ApiError(resp.status, await resp.text())
+            async for line in resp.content:
+                if line.strip():
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
+
+    async def close(self) -> None:
+        await self.session.close()
 
 
 # --- the pods --------------------------------------------------------------------------------
@@ -180,7 +224,7 @@ class Backend(Protocol):
     label: str
     kubeconfig: str
 
-    async def start(self, scenario: Scenario) -> KubeApi: ...
+    async def start(self, scenario: Scenario) -> Client: ...
 
     async def stop(self) -> None: ...
 
@@ -213,20 +257,21 @@ class RealBackend:
         self._cm: Any = None
         self.plane: Any = None
 
-    async def start(self, scenario: Scenario) -> KubeApi:
+    async def start(self, scenario: Scenario) -> Client:
         from tests.support.k8s import control_plane
 
         self._cm = control_plane(self.version)
         self.plane = await asyncio.to_thread(self._cm.__enter__)
         self.label = f"kube-apiserver {self.plane.version} + etcd (tests/support/k8s)"
         self.kubeconfig = str(self.plane.kubeconfig)
-        api = await KubeApi.from_config(self.kubeconfig)
-        api.user_agent = "bench-watcher-driver"
+        context = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        context.load_cert_chain(str(self.plane.dir / "pki" / "admin.crt"), str(self.plane.dir / "pki" / "admin.key"))
+        api = Client(self.plane.server, context)
         for ns in (NS, "initshift-system"):
-            await api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+            await api.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
             # No controller-manager: the ServiceAccount admission needs the default one to exist.
             await _retry(lambda ns=ns: api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
-                                                   body={"metadata": {"name": "default"}}))
+                                                   {"metadata": {"name": "default"}}))
         return api
 
     async def stop(self) -> None:
@@ -279,13 +324,13 @@ class DoubleBackend:
         self.workdir, self.label, self.kubeconfig = workdir, "", ""
         self.kube: KubeDouble | None = None
 
-    async def start(self, scenario: Scenario) -> KubeApi:
+    async def start(self, scenario: Scenario) -> Client:
         self.kube = await KubeDouble(history_limit=50000).start()
         self.kube.write_latency = SLOW_WRITE_LATENCY if scenario.slow else DOUBLE_WRITE_LATENCY
         lo, hi = self.kube.write_latency
         self.label = f"the in-process API double (writes take {lo * 1000:.0f}-{hi * 1000:.0f} ms)"
         self.kubeconfig = double_kubeconfig(self.workdir / "double.kubeconfig", self.kube.url, NS)
-        return self.kube.kube_api("bench-watcher-driver")
+        return Client(self.kube.url)
 
     async def stop(self) -> None:
         if self.kube is not None:
@@ -317,15 +362,16 @@ class DoubleBackend:
 
 
 async def _retry(call: Callable[[], Any], seconds: float = 30.0) -> Any:
-    """An API call right after start-up (the namespace's controllers may lag a moment)."""
+    """An API call right after start-up (the namespace's admission may lag a moment); one
+    that finds its object there already is done."""
     end = time.monotonic() + seconds
     while True:
         try:
             return await call()
-        except KubeError as e:
-            if e.conflict or time.monotonic() > end:
-                if e.conflict:
-                    return None
+        except ApiError as e:
+            if e.status == 409:
+                return None
+            if time.monotonic() > end:
                 raise
             await asyncio.sleep(0.2)
 
@@ -363,19 +409,22 @@ class WatcherProcess:
 
 # --- driving ---------------------------------------------------------------------------------
 class Driver:
-    def __init__(self, api: KubeApi, pods: list[Pod]) -> None:
+    def __init__(self, api: Client, pods: list[Pod]) -> None:
         self.api = api
         self.pods = {pd.name: pd for pd in pods}
         self.writes: set[asyncio.Task] = set()
         self.failed = 0
+        self.latency: list[float] = []  # seconds each status write took: the API's own latency
 
     async def write(self, pod: Pod, stage: int) -> None:
         pod.busy = True
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        sent = time.monotonic()
         try:
             await self.api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
-                                   body=pod.status(stage, now), content_type="application/merge-patch+json")
-        except KubeError as e:
+                                   pod.status(stage, now), content_type="application/merge-patch+json")
+            self.latency.append(time.monotonic() - sent)
+        except (ApiError, aiohttp.ClientError) as e:
             self.failed += 1
             print(f"  status write of {pod.name} failed: {e}", file=sys.stderr)
             return
@@ -394,13 +443,13 @@ class Driver:
         rv = since
         while True:
             try:
-                async for kind, obj in self.api.watch("pods", NS, resource_version=rv, timeout_seconds=600):
+                async for kind, obj in self.api.watch(f"/api/v1/namespaces/{NS}/pods", rv):
+                    if kind == "ERROR":
+                        raise SystemExit(f"the driver's watch failed: {obj.get('message')}")
                     rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                     if kind in ("ADDED", "MODIFIED"):
                         self.seen(obj)
-            except KubeError as e:
-                if e.gone:
-                    raise SystemExit("the driver's watch expired: raise the double's history") from None
+            except (ApiError, aiohttp.ClientError):
                 await asyncio.sleep(0.1)
 
     def seen(self, obj: dict) -> None:
@@ -485,6 +534,7 @@ class Result:
     twice: int = 0
     writes: dict[str, int] = field(default_factory=dict)
     server_cpu: dict[str, float] = field(default_factory=dict)  # net of idle, per pod (ms)
+    api_latency: list[float] = field(default_factory=list)  # the status writes' (the kubelet's)
     watcher_cpu: float = 0.0
     watcher_hwm: float = 0.0
 
@@ -503,27 +553,30 @@ async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> 
             async with slots:
                 template = kinds["annotation" if pod.gated else "probe"]
                 await _retry(lambda: api.request("POST", f"/api/v1/namespaces/{NS}/pods",
-                                                 body=pod_object(template, pod.name)))
+                                                 pod_object(template, pod.name)))
                 await api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
-                                  body=pending_status(), content_type="application/merge-patch+json")
+                                  pending_status(), content_type="application/merge-patch+json")
         await asyncio.gather(*(create(pd) for pd in pods))
         listed = await api.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"limit": "1"})
         driver = Driver(api, pods)
         watch = asyncio.ensure_future(driver.watch(listed["metadata"]["resourceVersion"]))
-        watcher = WatcherProcess(tree, backend.kubeconfig, workdir / f"watcher-{s.pods}-{s.rate}-{s.gated}.log")
-        if not await wait_for(backend.watching, 120):
-            raise SystemExit(f"the watcher did not start watching; its log: {watcher.log}")
+        if s.watcher:
+            watcher = WatcherProcess(tree, backend.kubeconfig, workdir / f"watcher-{s.pods}-{s.rate}-{s.gated}.log")
+            if not await wait_for(backend.watching, 120):
+                raise SystemExit(f"the watcher did not start watching; its log: {watcher.log}")
         await asyncio.sleep(1.0)
         # The servers' CPU with nothing to do but the watcher's Lease, to take off the run's.
         idle0, t0 = backend.cpu(), time.monotonic()
         await asyncio.sleep(IDLE_SECONDS if idle0 else 0)
         idle1, t1 = backend.cpu(), time.monotonic()
         writes0 = await backend.writes()
-        cpu0, _ = watcher.stats()
+        cpu0 = watcher.stats()[0] if watcher else 0.0
         start = time.monotonic()
         result.changes = await (driver.at_rate(s.rate) if s.rate else driver.burst())
         result.seconds = time.monotonic() - start
-        await wait_for(lambda: all(pd.outcome_seen is not None for pd in pods if pd.stage == 4), SETTLE)
+        result.api_latency = driver.latency
+        if watcher:
+            await wait_for(lambda: all(pd.outcome_seen is not None for pd in pods if pd.stage == 4), SETTLE)
         last, quiet_since = await backend.writes(), time.monotonic()
         while time.monotonic() - quiet_since < QUIET and time.monotonic() - start < result.seconds + 2 * SETTLE:
             await asyncio.sleep(0.5)
@@ -533,16 +586,17 @@ async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> 
         end_cpu, end = backend.cpu(), time.monotonic()
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
-        measure(pods, result)
+        measure(pods, result, s.watcher)
         result.writes = {k: last[k] - writes0.get(k, 0) for k in last}
         for proc, used in end_cpu.items():
             idle_rate = (idle1[proc] - idle0[proc]) / (t1 - t0)
             busy = used - idle1[proc] - idle_rate * (end - t1)
             result.server_cpu[proc] = 1000 * busy / max(1, result.done)
-        cpu1, result.watcher_hwm = watcher.stats()
-        result.watcher_cpu = cpu1 - cpu0
-        if not watcher.alive():
-            raise SystemExit(f"the watcher exited; its log: {watcher.log}")
+        if watcher:
+            cpu1, result.watcher_hwm = watcher.stats()
+            result.watcher_cpu = cpu1 - cpu0
+            if not watcher.alive():
+                raise SystemExit(f"the watcher exited; its log: {watcher.log}")
         return result
     finally:
         if watcher is not None:
@@ -551,8 +605,11 @@ async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> 
         await backend.stop()
 
 
-def measure(pods: list[Pod], result: Result) -> None:
+def measure(pods: list[Pod], result: Result, watched: bool = True) -> None:
     for pod in pods:
+        if not watched:
+            result.done += pod.stage == 4
+            continue
         if pod.gated and pod.stage >= 1:
             if pod.ready_seen is None:
                 result.missed += 1
@@ -592,28 +649,38 @@ def machine() -> str:
     return f"{model or platform.processor()}, {os.cpu_count()} cores, load average {load}"
 
 
+def _p(values: list[float]) -> str:
+    return f"{pct(values, 0.5)} / {pct(values, 0.99)}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def report(results: list[Result], tree: Path) -> None:
     print(f"watcher benchmark ({'this tree' if tree == REPO else tree}); machine: {machine()}")
-    apis = sorted({r.api for r in results})
-    print("API: " + "; ".join(apis))
-    head = (f"{'load':<42} {'chg/s':>5} {'ready p50/p99':>13} {'outcome p50/p99':>15} {'deadline p50/p99':>16} "
-            f"{'done':>5} {'missed':>6} {'twice':>5} {'PATCH/pod':>9} {'Event/pod':>9} {'writes/pod':>10} "
-            f"{'apiserver ms/pod':>16} {'etcd ms/pod':>11} {'watcher CPU s':>13} {'peak MiB':>8}")
-    print(head)
+    print("API: " + "; ".join(sorted({r.api for r in results})))
+    print(f"\n{'load':<42} {'chg/s':>5} {'API write p50/p99':>17} {'ready p50/p99':>13} {'outcome p50/p99':>15} "
+          f"{'deadline p50/p99':>16} {'done':>5} {'missed':>6} {'twice':>5}")
+    for r in results:
+        print(f"{r.scenario.label:<42} {r.changes / max(r.seconds, 1e-9):>5.0f} {_p(r.api_latency):>17} "
+              f"{_p(r.ready):>13} {_p(r.outcome):>15} {_p(r.deadline):>16} {r.done:>5} {r.missed:>6} {r.twice:>5}")
+    print("seconds: API write, the kubelet's status writes; the others, from the answer to the status write that "
+          "made a write due to the watcher's write seen on a watch")
+    baselines = {(r.scenario.pods, r.scenario.rate): r for r in results if not r.scenario.watcher}
+    print(f"\n{'load':<42} {'PATCH/pod':>9} {'Event/pod':>9} {'writes/pod':>10} {'apiserver ms/pod':>16} "
+          f"{'of which watcher':>16} {'etcd ms/pod':>11} {'watcher CPU s':>13} {'peak MiB':>8}")
     for r in results:
         n = max(1, r.done)
         patches, events = r.writes.get("pod_patches", 0) / n, r.writes.get("event_writes", 0) / n
         api_ms = r.server_cpu.get("kube-apiserver")
-        etcd_ms = r.server_cpu.get("etcd")
-        print(f"{r.scenario.label:<42} {r.changes / max(r.seconds, 1e-9):>5.0f} "
-              f"{pct(r.ready, 0.5) + ' / ' + pct(r.ready, 0.99):>13} "
-              f"{pct(r.outcome, 0.5) + ' / ' + pct(r.outcome, 0.99):>15} "
-              f"{pct(r.deadline, 0.5) + ' / ' + pct(r.deadline, 0.99):>16} "
-              f"{r.done:>5} {r.missed:>6} {r.twice:>5} {patches:>9.2f} {events:>9.2f} {patches + events:>10.2f} "
-              f"{'-' if api_ms is None else f'{api_ms:.1f}':>16} {'-' if etcd_ms is None else f'{etcd_ms:.1f}':>11} "
-              f"{r.watcher_cpu:>13.1f} {r.watcher_hwm:>8.0f}")
-    print("latencies in seconds, from the answer to the status write to the watcher's write seen on a watch; "
-          "writes/pod: the watcher's pod PATCHes and Event writes per pod done; ms/pod: CPU less the idle rate")
+        base = baselines.get((r.scenario.pods, r.scenario.rate))
+        share = api_ms - base.server_cpu["kube-apiserver"] if api_ms is not None and base and r.scenario.watcher \
+            else None
+        print(f"{r.scenario.label:<42} {patches:>9.2f} {events:>9.2f} {patches + events:>10.2f} {_ms(api_ms):>16} "
+              f"{_ms(share):>16} {_ms(r.server_cpu.get('etcd')):>11} {r.watcher_cpu:>13.1f} {r.watcher_hwm:>8.0f}")
+    print("writes/pod: the watcher's pod PATCHes and Event writes per pod done; ms/pod: CPU less the idle rate, per "
+          "pod done; of which watcher: less the run without a watcher at the same load")
 
 
 def pick_backend(choice: str, workdir: Path) -> Backend:

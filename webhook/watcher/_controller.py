@@ -173,9 +173,12 @@ class Controller:
 
     # --- deciding ----------------------------------------------------------------------------
     def _decide(self, key: Key, pod: dict) -> Decision:
-        decision = decide(pod, self.clock.now(), self.settings.watcher, gate_seen_open=key in self.store.gate_open)
-        if decision.gate_open:
+        seen = key in self.store.gate_open
+        decision = decide(pod, self.clock.now(), self.settings.watcher, gate_seen_open=seen)
+        if decision.gate_open and not seen:
             self.store.gate_open.add(key)
+            if decision.ready_latency is not None and self.leading:  # (the sum over replicas counts it once)
+                READY_LATENCY.observe(decision.ready_latency)
         return decision
 
     def _triage(self, key: Key) -> None:
@@ -272,8 +275,6 @@ class Controller:
                 else:
                     self._after(key, _CONFLICT_REREAD_SECONDS)
                 return
-            if action.kind == "ready" and decision.ready_latency is not None:
-                READY_LATENCY.observe(decision.ready_latency)
             if since is not None:
                 REACTION.observe(self.clock.monotonic() - since)
                 since = None  # type: ignore[assignment]

@@ -66,7 +66,7 @@ class Action:
 class Decision:
     actions: list[Action] = field(default_factory=list)
     requeue_after: float | None = None  # look again after this many seconds
-    ready_latency: float | None = None  # set with a "ready" action: seconds since the pod started
+    ready_latency: float | None = None  # the gate opens in this decision: seconds since the pod started
     gate_open: bool = False  # every sidecar has been Ready while the pod ran (or the annotation says so)
 
     @property
@@ -177,13 +177,12 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
 
     if not gate_open and not ended and not all_done:
         if not unready and (phase == "Running" or not (lay.sidecars or lay.native)):
-            gate_open = True
+            gate_open, latency = True, elapsed
             if lay.reads_ready:  # else the waiter's own probes open it (or it has no gate)
                 sidecars = lay.sidecars + lay.native
                 what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
                 actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
                                       f"{what} after {elapsed:.1f}s; {_may_start(lay)}"))
-                latency = elapsed
         elif elapsed >= settings.sidecar_ready_timeout_seconds:
             names = unready or lay.sidecars + lay.native
             msg = f"sidecar {', '.join(names)} not Ready after {settings.sidecar_ready_timeout_seconds:g}s"

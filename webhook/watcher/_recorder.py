@@ -157,9 +157,9 @@ class EventRecorder:
     async def _sender(self) -> None:
         while True:
             uid = await self._next()
-            await self._gate()  # no write waits for a worker: the work goes first
             while not self._budget.take():
                 await asyncio.sleep(self._budget.wait())
+            await self._gate()  # no write waits for a worker: the work goes first
             entry = self._pending.get(uid)
             if entry is None:
                 continue  # forgotten meanwhile
