@@ -276,8 +276,9 @@ class Kubelet:
         await self._inits_in_order(pod)
         names = [c["name"] for c in pod["spec"]["containers"]]
         work = [n for n in names if n != p.ISTIO_PROXY]
-        await self.regular(*[running(n, ready=False) for n in work], running(p.ISTIO_PROXY, ready=False),
-                           phase="Running")
+        # the proxy runs, its startup probe has not passed yet: not `started` (nor Ready)
+        await self.regular(*[running(n, ready=False) for n in work],
+                           {**running(p.ISTIO_PROXY, ready=False), "started": False}, phase="Running")
         if self.hold == "sidecar-ready":
             return
         await self.regular(running(p.ISTIO_PROXY))
@@ -321,10 +322,13 @@ class Kubelet:
         inits = pod["spec"]["initContainers"]
         proxy = next(c["name"] for c in inits if c.get("restartPolicy") == "Always")
         await self._inits_in_order(pod, until=proxy)
-        await self.init(running(proxy, ready=False))
+        await self.init({**running(proxy, ready=False), "started": False})
         if self.hold == "sidecar-ready":
             return None
-        await self.init(running(proxy))  # startup probe passed: the kubelet starts the next one
+        # The startup probe passed: `started`, and the kubelet starts the next container. Not
+        # Ready yet: as on a real kubelet, readiness follows at the readiness probe's next
+        # period (Istio's: 15 s), after a smoke pod has ended.
+        await self.init(running(proxy, ready=False))
         for c in inits[[c["name"] for c in inits].index(proxy) + 1:]:
             await self.init(running(c["name"], ready=False))
             await self.init(terminated(c["name"]))

@@ -127,6 +127,18 @@ def _seconds(a: str | None, b: str | None) -> float | None:
     return (tb - ta).total_seconds() if ta and tb else None
 
 
+def _sidecar_up(pod: dict, name: str) -> bool:
+    """Ready, or started with a startupProbe. The kubelet's `started` then says the probe
+    passed (for a native sidecar, what the kubelet itself waits for before it starts the next
+    container), while `ready` follows only at the readiness probe's next period (Istio's:
+    15 s), often after a short pod has ended."""
+    status = statuses(pod).get(name) or {}
+    spec = pod.get("spec") or {}
+    container = next((c for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+                      if c.get("name") == name), {})
+    return bool(status.get("ready")) or (bool(status.get("started")) and "startupProbe" in container)
+
+
 class Run:
     """One smoke run: the stages in order, each bounded by what is left of the deadline."""
 
@@ -183,7 +195,7 @@ class Run:
     async def _follow(self, tracker: PodTracker, sidecars: list[str], strategy: str | None,
                       shape: Shape = BUILD) -> None:
         def sidecars_ready(pod: dict) -> bool:
-            return all((statuses(pod).get(n) or {}).get("ready") for n in sidecars)
+            return all(_sidecar_up(pod, n) for n in sidecars)
 
         def ended(pod: dict) -> bool:
             return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
