@@ -9,6 +9,11 @@
  * - quit: POST PORT:PATH answers 200 and exits 0 (Istio's /quitquitquit, Linkerd's
  *   /shutdown); with --no-quit it answers 404 and keeps running;
  * - SIGTERM exits 0.
+ *
+ *   fakeproxy await PORT PATH SECONDS
+ *
+ * polls http://127.0.0.1:PORT/PATH until it answers 200 (exit 0) or SECONDS pass (exit 1):
+ * the postStart hook Linkerd's proxy-await runs (linkerd-await).
  * Each event is one line on stdout, "fakeproxy[NAME] EPOCH_MS event"; the kubelet's own log
  * timestamps say when it was written. Static (gcc -static), no libraries. */
 #define _GNU_SOURCE
@@ -79,6 +84,43 @@ static void answer(int fd, int code, const char *reason, const char *body) {
     }
 }
 
+static int probe_once(int port, const char *path) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {0};
+    char buf[512];
+    int ok = 0;
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons((unsigned short)port);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
+        int n = snprintf(buf, sizeof buf, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+        if (write(fd, buf, (size_t)n) == n) {
+            ssize_t r = read(fd, buf, sizeof buf - 1);
+            if (r > 12) {
+                buf[r] = 0;
+                ok = !strncmp(buf + 9, "200", 3);
+            }
+        }
+    }
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+static int await_ready(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: fakeproxy await PORT PATH SECONDS\n");
+        return 2;
+    }
+    long long deadline = mono_ms() + (long long)(atof(argv[4]) * 1000);
+    struct timespec pause_50ms = {0, 50 * 1000000};
+    while (mono_ms() < deadline) {
+        if (probe_once(atoi(argv[2]), argv[3])) return 0;
+        nanosleep(&pause_50ms, NULL);
+    }
+    fprintf(stderr, "fakeproxy await: %s:%s not ready after %s s\n", argv[2], argv[3], argv[4]);
+    return 1;
+}
+
 static void on_term(int sig) {
     (void)sig;
     terminated = 1;
@@ -88,6 +130,7 @@ int main(int argc, char **argv) {
     double ready_after = 0;
     int ready_port = 0, quit_port = 0, traffic_port = 0, can_quit = 1;
     char ready_path[256] = "/", quit_path[256] = "/";
+    if (argc > 1 && !strcmp(argv[1], "await")) return await_ready(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *next = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(argv[i], "--name")) name = next, i++;
