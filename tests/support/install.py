@@ -201,10 +201,14 @@ async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, mode: 
 class Kubelet:
     """Plays the kubelet for each smoke pod: writes its status through the status subresource in
     the order a real kubelet runs the pod the rewrite made. `hold`: a stage it never gets past
-    ("sidecar-ready": the proxy never becomes Ready)."""
+    ("sidecar-ready": the proxy never becomes Ready). `waiter_first`: waiter pods end before
+    the kubelet's own probe reports the proxy up (a real kubelet probes every second or more;
+    the waiter's loopback probe answers within milliseconds)."""
 
-    def __init__(self, kube: KubeDouble, namespace: str, *, hold: str | None = None, pause: float = 0.05) -> None:
+    def __init__(self, kube: KubeDouble, namespace: str, *, hold: str | None = None, pause: float = 0.05,
+                 waiter_first: bool = False) -> None:
         self.kube, self.namespace, self.hold, self.pause = kube, namespace, hold, pause
+        self.waiter_first = waiter_first
         self.api = kube.kube_api("kubelet")
         self.status: dict[str, Any] = {"phase": "Pending", "startTime": now_rfc3339()}
         self.name = ""
@@ -281,7 +285,8 @@ class Kubelet:
                            {**running(p.ISTIO_PROXY, ready=False), "started": False}, phase="Running")
         if self.hold == "sidecar-ready":
             return
-        await self.regular(running(p.ISTIO_PROXY))
+        if not self.waiter_first:
+            await self.regular(running(p.ISTIO_PROXY))
         await self._steps(pod)
         await self.regular(terminated(p.ISTIO_PROXY), phase="Succeeded")  # the last main POSTed quitquitquit
 
