@@ -59,6 +59,18 @@ def _probe(port: int, path: str, **extra: Any) -> dict:
     return {"httpGet": {"path": path, "port": port}, **extra}
 
 
+def _place(spec: dict, init: dict, proxy: dict, native: bool, *, first: bool) -> None:
+    """The mesh's init container first; its proxy right after it as a native sidecar, or
+    among the regular containers (first or last)."""
+    inits = spec.setdefault("initContainers", [])
+    inits.insert(0, init)
+    if native:
+        proxy["restartPolicy"] = "Always"
+        inits.insert(1, proxy)
+    else:
+        spec["containers"].insert(0 if first else len(spec["containers"]), proxy)
+
+
 class Mesh:
     """The injector's HTTPS server (start/stop) and its two webhook configurations."""
 
@@ -187,13 +199,7 @@ class Mesh:
         proxy["startupProbe"] = _probe(15021, "/healthz/ready", periodSeconds=1, timeoutSeconds=3,
                                        failureThreshold=600)
         proxy["volumeMounts"] = [{"name": "istio-envoy", "mountPath": "/etc/istio/proxy"}]
-        inits = spec.setdefault("initContainers", [])
-        inits.insert(0, init)
-        if native:
-            proxy["restartPolicy"] = "Always"
-            inits.insert(1, proxy)
-        else:
-            spec["containers"].append(proxy)
+        _place(spec, init, proxy, native, first=False)  # Istio appends its proxy
         spec.setdefault("volumes", []).append({"name": "istio-envoy", "emptyDir": {"medium": "Memory"}})
         ann["sidecar.istio.io/status"] = json.dumps({
             "initContainers": [init_name], "containers": ["istio-proxy"], "volumes": ["istio-envoy"],
@@ -224,16 +230,9 @@ class Mesh:
         proxy["ports"] = [{"containerPort": 4143, "name": "linkerd-proxy"},
                           {"containerPort": 4191, "name": "linkerd-admin"}]
         proxy["readinessProbe"] = _probe(4191, "/ready", initialDelaySeconds=2, timeoutSeconds=1)
-        proxy["livenessProbe"] = _probe(4191, "/live", initialDelaySeconds=10, timeoutSeconds=1)
-        proxy["livenessProbe"]["httpGet"]["path"] = "/ready"  # the fake serves one admin path
+        proxy["livenessProbe"] = _probe(4191, "/ready", initialDelaySeconds=10, timeoutSeconds=1)  # the fake's /live
         proxy["lifecycle"] = {"postStart": {"exec": {"command": ["/fakeproxy", "await", "4191", "/ready", "120"]}}}
-        inits = spec.setdefault("initContainers", [])
-        inits.insert(0, init)
-        if native:
-            proxy["restartPolicy"] = "Always"
-            inits.insert(1, proxy)
-        else:
-            spec["containers"].insert(0, proxy)
+        _place(spec, init, proxy, native, first=True)  # Linkerd puts its proxy first
         ann["linkerd.io/proxy-version"] = "e2e-fake"
         ann["linkerd.io/created-by"] = "initshift-e2e/mesh"
         meta.setdefault("labels", {})["linkerd.io/control-plane-ns"] = "linkerd"
