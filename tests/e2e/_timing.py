@@ -10,7 +10,7 @@ from waiter import protocol as p
 from ._check import check_build
 from ._env import Env, Record, native_only, scenario
 from ._mesh import ISTIO_TRAFFIC
-from ._pods import annotations, container_names, managed, pod, step
+from ._pods import annotations, container_names, first, log_lines, managed, ms, pod, step
 
 STEPS = [f"step-{i:02d}" for i in range(20)]
 SLEEP = 0.2
@@ -50,6 +50,11 @@ def _twenty(env: Env, rec: Record, short: str, *, strategy: str, pod_annotations
         asked = annotations(created).get(p.ISTIO_NATIVE_ANNOTATION) == "true"
         how = "; proxy injected natively by the mesh" if asked else "; classic proxy made native by initshift"
     rec.note(f"strategy {managed(build.obj)}{how}; every step's first call through the proxy succeeded")
+    if p.INIT_CONTAINER_NAME in inits:  # where the time goes: the waiter's copy is an init container
+        copied = first(log_lines(env.kube, ns, "steps", p.INIT_CONTAINER_NAME), "waiter installed")
+        ready = first(build.proxy, " ready$")
+        if copied and ready:
+            rec.figure("proxy ready -> waiter copied", ms(copied.at - ready.at))
     rec.figure("proxy ready -> step 0", build.ready_to_step0_ms or 0)
     rec.figure("20 x 0.2 s span", build.span_s or 0, "s")
 
