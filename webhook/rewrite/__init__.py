@@ -7,9 +7,10 @@ from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Loo
 from ._native import resolve_support
 from ._resources import is_restartable
 from ._errors import RewriteError
+from ._reasons import Reason
 from ._rewrite import Plan, RewriteResult, plan, rewrite
 from ._start_order import start_order_ready_patch
 
-__all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "Plan", "RewriteError", "RewriteResult",
-           "UnresolvedEntrypoint", "classify", "effective_argv", "is_restartable", "managed_as", "plan",
+__all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "Plan", "Reason", "RewriteError",
+           "RewriteResult", "UnresolvedEntrypoint", "classify", "effective_argv", "is_restartable", "managed_as", "plan",
            "resolve_support", "rewrite", "start_order_ready_patch"]
