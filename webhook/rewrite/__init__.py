@@ -8,8 +8,10 @@ from ._native import resolve_support
 from ._resources import is_restartable
 from ._errors import RewriteError
 from ._rewrite import Plan, RewriteResult, plan, rewrite
+from ._shape import MAX_DEPTH, depth_problem
 from ._start_order import start_order_ready_patch
 
 __all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "Plan", "RewriteError", "RewriteResult",
            "UnresolvedEntrypoint", "classify", "effective_argv", "is_restartable", "managed_as", "plan",
-           "resolve_support", "rewrite", "start_order_ready_patch"]
+           "resolve_support", "rewrite", "start_order_ready_patch",
+           "MAX_DEPTH", "depth_problem"]
