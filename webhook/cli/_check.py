@@ -109,6 +109,9 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
         api, _ = await connect(args)
     except CliError as e:
         print(f"initshift check: {e}", file=err)
+        if args.output == "json":  # the failure as data too: a script reads stdout
+            printer(Line("kubernetes-api", False, "can reach the Kubernetes API", str(e)))
+            printer.finish()
         return e.code
     async with api:
         await preflight(api, target, printer)
