@@ -4,8 +4,8 @@ Rewriting moves steps out of `initContainers`, so the kubelet's statuses (alphab
 split between two lists, and for a waiter pod every step "running" from the start)
 no longer tell the story. `pod_view()` puts the containers back in execution order and
 derives each one's state from its status, the waiter's termination message and the
-pod's annotations, all read through the one reader (`_podstate.py`); `log_plan()` is the
-order `initshift logs` streams them in.
+pod's annotations, all read through the watcher's one reader of a pod's state
+(`webhook/watcher/_podstate.py`); `log_plan()` is the order `initshift logs` streams them in.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Mapping
 from waiter import protocol as p
 
 from ..settings import RewriteSettings
-from ._podstate import (MAIN, NOT_RUN, WAITER_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
-                        statuses)
+from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, layout, parse_time, pod_ended,
+                       read_run, statuses)
 
 
 class State(StrEnum):
@@ -37,7 +37,6 @@ class State(StrEnum):
     NOT_STARTED = "not-run"  # the pod ended before it ran
     STOPPED = "stopped"  # a sidecar that has ended (how: reason, exit code, outcome's stoppedBy)
 
-_ENDED_PHASES = ("Succeeded", "Failed")
 # Kubelet waiting reasons that only mean "not yet": anything else (ImagePullBackOff,
 # CreateContainerConfigError, ...) is a problem worth showing as the row's reason.
 _QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
@@ -85,7 +84,7 @@ class PodView:
 
     @property
     def ended(self) -> bool:
-        return self.phase in _ENDED_PHASES
+        return self.phase in ENDED_PHASES
 
     def row(self, name: str) -> _Row:
         return next(r for r in self.rows if r.name == name)
@@ -143,10 +142,6 @@ def has_terminated(pod: Mapping, name: str) -> bool:
     return "terminated" in ((statuses(pod).get(name) or {}).get("state") or {})
 
 
-def pod_ended(pod: Mapping) -> bool:
-    return (pod.get("status") or {}).get("phase") in _ENDED_PHASES
-
-
 def _work_state(run: Run, done_ok: bool) -> str:
     """The state of a terminated step, main or init container."""
     if run.reason == p.REASON_SKIPPED:
@@ -161,7 +156,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = str(status.get("phase") or "Pending")
-    ended = phase in _ENDED_PHASES
+    ended = pod_ended(pod)
     status_of = statuses(pod)
     outcome = _outcome(pod)
     entries = _outcome_entries(outcome)

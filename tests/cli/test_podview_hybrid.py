@@ -7,10 +7,10 @@ import json
 from datetime import datetime, timezone
 
 from tests.support.podstatus import done, hybrid_pod, init_done, run, wait, with_status
-from tests.watcher.test_podview import KPACK_STEPS
+from tests.cli.test_podview import KPACK_STEPS
 from waiter import protocol as p
 from webhook.cli._status import _finished
-from webhook.watcher import _podview as pv
+from webhook.cli import _podview as pv
 from webhook.watcher import _podstate as ps
 
 NOW = datetime(2024, 5, 1, 10, 5, 0, tzinfo=timezone.utc)  # T0 + 300 s
