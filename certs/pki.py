@@ -122,9 +122,6 @@ def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str
     key = _key()
     sans: list[x509.GeneralName] = [x509.DNSName(check_dns_name(n)) for n in dns_names]
     sans += [x509.IPAddress(ip) for ip in parse_ips(ips)]
-    # Within the CA's own validity: a verifier may refuse a certificate that outlives or
-    # predates its issuer.
-    not_before = max(now - BACKDATE, ca_cert.not_valid_before_utc)
     not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
     cert = (
@@ -132,7 +129,7 @@ def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
         .issuer_name(ca_cert.subject).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before).not_valid_after(not_after)
+        .not_valid_before(now - BACKDATE).not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
                                      crl_sign=False, content_commitment=False, data_encipherment=False,
