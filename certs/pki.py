@@ -157,39 +157,50 @@ def _signature_hash(key: _SigningKey) -> hashes.HashAlgorithm | None:
     return None if isinstance(key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)) else hashes.SHA256()
 
 
+def _basic_constraints(cert: x509.Certificate) -> x509.BasicConstraints | None:
+    try:
+        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def is_ca(cert: x509.Certificate) -> bool:
+    """basicConstraints CA:TRUE."""
+    basic = _basic_constraints(cert)
+    return basic is not None and basic.ca
+
+
 def check_ca(ca: KeyPair, now: dt.datetime | None = None) -> x509.Certificate:
     """The CA certificate of `ca` (its PEM's first) when it can sign serving certificates
     that verify: a CA (basicConstraints CA:TRUE, and keyCertSign if it restricts its key
     usage), valid now, and `ca.key_pem` its key. Else PKIError saying which."""
     now = now or utcnow()
     cert = load_cert(ca.cert_pem)
-    try:
-        basic = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        basic = None
+    basic = _basic_constraints(cert)
     if basic is None or not basic.ca:
-        raise PKIError(f"{_subject(cert)} is not a CA certificate (basicConstraints "
+        raise PKIError(f"{subject_of(cert)} is not a CA certificate (basicConstraints "
                        f"{'CA:FALSE' if basic else 'missing'}): it cannot sign another certificate")
     try:
         usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
     except x509.ExtensionNotFound:
         usage = None
     if usage is not None and not usage.key_cert_sign:
-        raise PKIError(f"{_subject(cert)} may not sign certificates (its keyUsage lacks keyCertSign)")
+        raise PKIError(f"{subject_of(cert)} may not sign certificates (its keyUsage lacks keyCertSign)")
     if cert.not_valid_after_utc <= now:
-        raise PKIError(f"{_subject(cert)} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        raise PKIError(f"{subject_of(cert)} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
     if cert.not_valid_before_utc > now:
-        raise PKIError(f"{_subject(cert)} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+        raise PKIError(f"{subject_of(cert)} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
     key = _load_key(ca.key_pem)
     if not isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey,
                             ed448.Ed448PrivateKey, dsa.DSAPrivateKey)):
         raise PKIError(f"a {type(key).__name__} cannot sign certificates")
     if cert.public_key() != key.public_key():
-        raise PKIError(f"the key does not belong to {_subject(cert)}")
+        raise PKIError(f"the key does not belong to {subject_of(cert)}")
     return cert
 
 
-def _subject(cert: x509.Certificate) -> str:
+def subject_of(cert: x509.Certificate) -> str:
+    """`the certificate CN=...`, for a message."""
     return f"the certificate {cert.subject.rfc4514_string() or '(no subject)'}"
 
 

@@ -294,6 +294,24 @@ def kubeconfig(double: KubeDouble, path) -> str:
     return str(path)
 
 
+async def test_inject_warns_about_a_certificate_that_is_not_a_ca(tmp_path, capsys):
+    """tls.crt given for ca.crt: injected (a pinned self-signed leaf is legitimate), with a warning."""
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        cfg = kubeconfig(double, tmp_path / "kubeconfig")
+        assert await asyncio.to_thread(cli.main, ["create", "--out", str(tmp_path)]) == 0
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(tmp_path / "tls.crt"),
+                                                  "--kubeconfig", cfg]) == 0
+        err = capsys.readouterr().err
+        assert err == (f"warning: {tmp_path / 'tls.crt'}: the certificate CN=initshift is not a CA: the apiserver "
+                       "will trust that exact certificate alone, and the webhook fails once it is renewed\n")
+        assert bundle_in(double) == [pki.load_cert((tmp_path / "tls.crt").read_bytes())]
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(tmp_path / "ca.crt"),
+                                                  "--kubeconfig", cfg]) == 0
+        assert capsys.readouterr().err == ""
+
+
 async def test_cli_create_secret_and_inject(tmp_path):
     async with KubeDouble() as double:
         double.put("mutatingwebhookconfigurations", webhook_config())

@@ -208,6 +208,10 @@ def inject(args: argparse.Namespace) -> int:
         raise CliError(f"{args.ca_file}: {e}", EXIT_USAGE) from None
     if not new:
         raise CliError(f"{args.ca_file} holds no certificate", EXIT_USAGE)
+    for cert in new:
+        if not pki.is_ca(cert):  # a serving certificate given by mistake: it pins itself, nothing it renews to
+            print(f"warning: {args.ca_file}: {pki.subject_of(cert)} is not a CA: the apiserver will trust that "
+                  "exact certificate alone, and the webhook fails once it is renewed", file=sys.stderr)
 
     async def run(api):  # noqa: ANN001, ANN202
         certs = list(new)

@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                     "deletes them).",
         epilog="The server is reached at the address the apiserver uses (the Service's NAME.NAMESPACE.svc, "
                "or the configuration's URL): from inside the cluster as is; from outside, port-forward the "
-               "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed, 2 usage.")
+               "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed or the cluster "
+               "cannot be reached, 2 usage.")
     add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", default=d.namespace, help=f"initshift's namespace (default {d.namespace})")
     ap.add_argument("--webhook-config", default=d.webhook_config, help="the MutatingWebhookConfiguration's name")
