@@ -195,8 +195,11 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
     ],
     "certs": [
         (["certs"], {}, 2, "the following arguments are required: action", False),
-        (["certs", "create", "--days", "0", "--out", "{d}/out"], {}, 2, "argument --days: must be at least 1",
+        (["certs", "create", "--days", "0", "--out", "{d}/out"], {}, 2, "argument --days: must be 1 to 36500 (days)",
          False),
+        (["certs", "create", "--ca-days", "999999999", "--out", "{d}/out"], {}, 2,
+         "argument --ca-days: must be 1 to 36500 (days)", False),
+        (["certs", "create", "--out", "{d}/pod.yaml"], {}, 2, "--out {d}/pod.yaml: not a directory", False),
         (["certs", "create", "--ca-cert", "{d}/pod.yaml", "--out", "{d}/out"], {}, 2,
          "--ca-cert and --ca-key go together", False),
         (["certs", "inject", "--ca-file", "{d}/missing"], {}, 2,

@@ -41,13 +41,16 @@ def _ip(text: str) -> str:
     return str(pki.parse_ips([text])[0])
 
 
-def _positive(text: str) -> int:
+_MAX_DAYS = 36500  # a hundred years: far enough, and every date stays a valid X.509 time
+
+
+def _days(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    if not 1 <= value <= _MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {_MAX_DAYS} (days)")
     return value
 
 
@@ -69,8 +72,8 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     c.add_argument("--dns", action="append", type=_argument(pki.check_dns_name), default=[],
                    help="extra DNS name (repeatable)")
     c.add_argument("--ip", action="append", type=_argument(_ip), default=[], help="IP SAN (repeatable)")
-    c.add_argument("--days", type=_positive, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
-    c.add_argument("--ca-days", type=_positive, default=pki.CA_DAYS, help="lifetime of a new CA (days)")
+    c.add_argument("--days", type=_days, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
+    c.add_argument("--ca-days", type=_days, default=pki.CA_DAYS, help="lifetime of a new CA (days)")
     c.add_argument("--ca-cert", help="sign with this CA certificate and --ca-key instead; the CA's own issuers "
                                      "may follow it in the file")
     c.add_argument("--ca-key", help="key of --ca-cert")
@@ -153,6 +156,8 @@ def create(args: argparse.Namespace) -> int:
     if bool(args.ca_cert) != bool(args.ca_key):
         raise CliError("--ca-cert and --ca-key go together", EXIT_USAGE)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out}: not a directory", EXIT_USAGE)
     before = _first_cert(out / store.CA_CERT)
     had_ca = before is not None or (out / store.CA_KEY).exists()
     stale: Path | None = None
