@@ -192,6 +192,14 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["check", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
         (["check"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
         (["check", "-o", "json"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
+        # arguments are checked before anything connects
+        (["check", "--service-url", "127.0.0.1:8443"], {"KUBECONFIG": "{d}/missing"}, 2,
+         "argument --service-url: expected https://HOST[:PORT] (e.g. https://127.0.0.1:8443), got '127.0.0.1:8443'",
+         False),
+        (["check", "--service-url", "https://127.0.0.1:99999"], {}, 2, "argument --service-url: expected https://",
+         False),
+        (["check", "--timeout", "-5"], {}, 2, "argument --timeout: must be a positive number of seconds", False),
+        (["check", "--smoke", "Builds_1"], {}, 2, "argument --smoke: not a namespace name: 'Builds_1'", False),
     ],
     "certs": [
         (["certs"], {}, 2, "the following arguments are required: action", False),
