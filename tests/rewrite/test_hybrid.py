@@ -104,8 +104,6 @@ def test_every_shape_hybrid_and_auto_with_native_support(name, settings):
     want = EXPECTED_SHAPES[name]
     if settings is AUTO and name == "deployment-istio":
         want = "rewritten"  # auto: native for restartPolicy Always
-    if settings is AUTO and name == "cronjob-deployment-istio":
-        want = "no-init-containers"  # auto: native, and a long-running pod without steps needs nothing
     assert result.reason == want, result.warnings
     assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
     if not result.changed:

@@ -31,6 +31,7 @@ from . import _native as native, _waiter as waiter
 from ._classify import Classification, classify, native_proxies, sidecar_names
 from ._entrypoint import ImageEntrypoints
 from ._errors import RewriteError
+from ._strategy import Built
 from ..settings import RewriteSettings
 
 
@@ -40,8 +41,8 @@ def _unprobed(sidecar: Mapping) -> bool:
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: Mapping[str, ImageEntrypoints],
-          lookup_error: str | None = None) -> tuple[dict, list[str]]:
-    """The rewritten pod and its warnings; raises RewriteError when it cannot be done."""
+          lookup_error: str | None = None) -> Built:
+    """The hybrid strategy (the module docstring); raises RewriteError when it cannot be done."""
     warnings: list[str] = []
     placed: dict = dict(pod)
     if cls.sidecars:
@@ -50,9 +51,9 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: 
         warnings += [native.moved_note(placement, where=False), *placement.notes]
     elif not native_proxies(pod, cls, settings):
         warnings += native.ask_native_injection(placed)  # the proxy comes later: ask for a native one
-    out, more = waiter.build(placed, classify(placed, settings), settings, images, lookup_error,
-                             origin=pod, how=p.MODE_HYBRID)
-    return out, [*warnings, *more]
+    out, more = waiter.wrap_pod(placed, classify(placed, settings), settings, images, lookup_error,
+                                origin=pod, how=p.MODE_HYBRID)
+    return Built(out, [*warnings, *more])
 
 
 def refresh(pod: Mapping, settings: RewriteSettings) -> dict:

@@ -41,9 +41,10 @@ from ._podcheck import MAX_OBJECT_BYTES, is_annotation_key
 from ..settings import Settings
 from ._command import Argv, read_argv, start_after_command, waiter_command
 from ._errors import RewriteError
+from ._reasons import Reason
 from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours, reserved_mounts
 
-REASON = "invalid-start-order"
+REASON = Reason.INVALID_START_ORDER
 # The fewest bytes one wait takes in the pod's JSON: a flag and its value ("--probe",
 # "tcp://127.0.0.1:1") with their quotes and commas.
 _FLAG_BYTES = len(p.FLAG_PROBE) + len("tcp://127.0.0.1:1") + 6
@@ -186,7 +187,7 @@ def ordering(pod: Mapping, settings: Settings, native_supported: bool | None) ->
             if room < 0:
                 raise RewriteError(f"invalid {p.ANNOTATION_START_ORDER}: each container waits for every container of "
                                    f"the group before it, and these groups would need over {MAX_OBJECT_BYTES} bytes "
-                                   f"of flags, past the object limit of etcd", deny=True, reason="too-large")
+                                   f"of flags, past the object limit of etcd", deny=True, reason=Reason.TOO_LARGE)
             for dep in before:
                 if dep in natives:
                     continue  # the kubelet starts regular containers after native sidecars

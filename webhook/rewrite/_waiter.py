@@ -32,6 +32,8 @@ from waiter import protocol as p
 from ._classify import Classification, managed_as, mark_managed
 from ._command import Argv, read_argv, run_command
 from ._errors import RewriteError
+from ._reasons import Reason
+from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
 from ._resources import (Amounts, add, apply_requests, growth_of, is_restartable, plan_steps, requests_and_qos,
@@ -216,7 +218,7 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
     if gated * flags > MAX_OBJECT_BYTES:
         raise RewriteError(f"{gated} containers would each wait for {len(probes)} sidecar probes, over "
                            f"{gated * flags} bytes, past the {MAX_OBJECT_BYTES}-byte object limit of etcd",
-                           reason="too-large")
+                           reason=Reason.TOO_LARGE)
     return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes), quit_urls=quit_urls,
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
@@ -278,7 +280,7 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
     if missing:
         raise RewriteError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
                          f"{', '.join(missing)}; set `command` on them (or turn on registry lookup)",
-                         reason="unresolved-entrypoint")
+                         reason=Reason.UNRESOLVED_ENTRYPOINT)
     return out
 
 
@@ -338,9 +340,15 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
-          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None, *,
-          origin: Mapping | None = None, how: str = p.MODE_WAITER) -> tuple[dict, list[str]]:
-    """The rewritten pod and its warnings; raises RewriteError when it cannot be done.
+          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> Built:
+    """The waiter strategy (the module docstring); raises RewriteError when it cannot be done."""
+    return Built(*wrap_pod(pod, cls, settings, images, lookup_error))
+
+
+def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
+             images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None, *,
+             origin: Mapping | None = None, how: str = p.MODE_WAITER) -> tuple[dict, list[str]]:
+    """The pod with its steps and mains run by the waiter, and the warnings.
     `lookup_error` says why images are missing when a registry lookup failed. `origin`: the
     pod as admitted when `pod` is already another strategy's work (hybrid: the sidecars made
     native), whose effective request and QoS class are the ones to keep; `how`: the label."""
@@ -359,7 +367,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
     if plan.problem:
-        raise RewriteError(plan.problem, reason="resources")
+        raise RewriteError(plan.problem, reason=Reason.RESOURCES)
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
@@ -456,7 +464,7 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     problems = reserved_mounts([c for c in _every_container(spec)
                                 if c.get("name") not in index and c.get("name") != p.INIT_CONTAINER_NAME])
     if problems:
-        raise RewriteError(f"{problems[0]}", deny=True, reason="reserved")
+        raise RewriteError(f"{problems[0]}", deny=True, reason=Reason.RESERVED)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
                      [*natives, *regular_sidecars], regular_sidecars, managed_as(pod) == p.MODE_HYBRID)
