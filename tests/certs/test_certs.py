@@ -294,6 +294,12 @@ def kubeconfig(double: KubeDouble, path) -> str:
     return str(path)
 
 
+def test_certs_create_writes_nothing_when_the_secret_has_no_cluster_to_go_to(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert cli.main(["create", "--out", str(tmp_path / "out"), "--secret", "initshift-tls"]) == 1
+    assert not (tmp_path / "out").exists()
+
+
 async def test_inject_warns_about_a_certificate_that_is_not_a_ca(tmp_path, capsys):
     """tls.crt given for ca.crt: injected (a pinned self-signed leaf is legitimate), with a warning."""
     async with KubeDouble() as double:

@@ -208,6 +208,9 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["certs", "create", "--ca-days", "999999999", "--out", "{d}/out"], {}, 2,
          "argument --ca-days: must be 1 to 36500 (days)", False),
         (["certs", "create", "--out", "{d}/pod.yaml"], {}, 2, "--out {d}/pod.yaml: not a directory", False),
+        # no configuration for the Secret: nothing is written either (tests/certs checks the files)
+        (["certs", "create", "--out", "{d}/not-written", "--secret", "tls"], {"KUBECONFIG": "{d}/missing"}, 1,
+         "KUBECONFIG names {d}/missing, which does not exist", False),
         (["certs", "create", "--ca-cert", "{d}/pod.yaml", "--out", "{d}/out"], {}, 2,
          "--ca-cert and --ca-key go together", False),
         (["certs", "inject", "--ca-file", "{d}/missing"], {}, 2,

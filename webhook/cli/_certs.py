@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -152,14 +153,27 @@ def _until(cert: x509.Certificate) -> str:
     return f"valid until {cert.not_valid_after_utc:%Y-%m-%d}"
 
 
-def create(args: argparse.Namespace) -> int:
+@dataclass
+class _Plan:
+    """What `certs create` writes to `out`, and what it found there."""
+
+    out: Path
+    ca: pki.KeyPair
+    made: str  # new, kept (found in out) or given (--ca-cert)
+    serving: pki.KeyPair
+    names: list[str]
+    before: x509.Certificate | None  # the CA certificate out held
+    had_ca: bool  # out held a CA certificate or key
+    stale: Path | None  # out's key of another CA, removed with --force
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
     if bool(args.ca_cert) != bool(args.ca_key):
         raise CliError("--ca-cert and --ca-key go together", EXIT_USAGE)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out}: not a directory", EXIT_USAGE)
     before = _first_cert(out / store.CA_CERT)
-    had_ca = before is not None or (out / store.CA_KEY).exists()
     stale: Path | None = None
     if args.ca_cert:
         ca, made = _given_ca(args.ca_cert, args.ca_key), "given"
@@ -170,34 +184,46 @@ def create(args: argparse.Namespace) -> int:
     else:
         kept = None if args.force else _kept_ca(out)
         ca, made = (kept, "kept") if kept is not None else (pki.create_ca(days=args.ca_days), "new")
-    dns = [*pki.service_dns_names(args.name, args.namespace), *args.dns]
-    serving = pki.create_serving(ca, dns, args.ip, days=args.days)
+    names = [*pki.service_dns_names(args.name, args.namespace), *args.dns]
+    serving = pki.create_serving(ca, names, args.ip, days=args.days)
+    return _Plan(out, ca, made, serving, names, before, before is not None or (out / store.CA_KEY).exists(), stale)
+
+
+def _write(plan: _Plan, args: argparse.Namespace) -> None:
+    """The files, and a line for each thing done."""
+    out, ca = plan.out, plan.ca
     # A given CA's key stays where the user keeps it; a new one is written next to the cert.
-    store.write_dir(out, ca, serving, ca_key=made == "new")
-    if stale is not None:
-        stale.unlink()
-    ca_cert, crt, key = out / store.CA_CERT, out / store.TLS_CERT, out / store.TLS_KEY
-    if made == "new":
-        print(f"{'replaced the CA in' if had_ca else 'wrote a new CA to'} {out}: {ca_cert}, {out / store.CA_KEY} "
-              f"({_until(ca.cert)})")
-    elif made == "kept":
+    store.write_dir(out, ca, plan.serving, ca_key=plan.made == "new")
+    if plan.stale is not None:
+        plan.stale.unlink()
+    ca_cert = out / store.CA_CERT
+    if plan.made == "new":
+        print(f"{'replaced the CA in' if plan.had_ca else 'wrote a new CA to'} {out}: {ca_cert}, "
+              f"{out / store.CA_KEY} ({_until(ca.cert)})")
+    elif plan.made == "kept":
         print(f"kept the CA in {out} ({store.CA_CERT}, {store.CA_KEY}; {_until(ca.cert)}): the caBundle need not "
               "change")
     else:
         print(f"wrote {ca_cert}: the CA of --ca-cert ({_until(ca.cert)}; its key stays in {args.ca_key})"
-              + (f"; removed {stale}, the previous CA's key" if stale else ""))
-    print(f"wrote {crt}, {key} ({_until(serving.cert)}) for {', '.join(dns)}"
-          + (f", {', '.join(args.ip)}" if args.ip else ""))
-    if had_ca and made != "kept" and ca.cert != before:
+              + (f"; removed {plan.stale}, the previous CA's key" if plan.stale else ""))
+    print(f"wrote {out / store.TLS_CERT}, {out / store.TLS_KEY} ({_until(plan.serving.cert)}) for "
+          f"{', '.join([*plan.names, *args.ip])}")
+    if plan.had_ca and plan.made != "kept" and ca.cert != plan.before:
         print(f"the caBundle must trust the new CA: initshift certs inject --ca-file {ca_cert} --keep-old")
-    if args.secret:
-        data = store.secret_data(serving, ca.cert_pem)
 
-        async def write(api):  # noqa: ANN001, ANN202
-            await kube.write_secret(api, args.namespace, args.secret, data)
 
-        asyncio.run(_with_client(args, write))
-        print(f"wrote Secret {args.namespace}/{args.secret} ({store.SECRET_TYPE})")
+def create(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    if not args.secret:
+        _write(plan, args)
+        return EXIT_OK
+
+    async def write(api):  # noqa: ANN001, ANN202
+        _write(plan, args)  # once the cluster's configuration is known: a missing kubeconfig writes nothing
+        await kube.write_secret(api, args.namespace, args.secret, store.secret_data(plan.serving, plan.ca.cert_pem))
+
+    asyncio.run(_with_client(args, write))
+    print(f"wrote Secret {args.namespace}/{args.secret} ({store.SECRET_TYPE})")
     return EXIT_OK
 
 
