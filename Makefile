@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 PIP_CONSTRAINTS ?=
 FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test test-floors e2e waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher clean
+.PHONY: help venv system-deps run test test-floors e2e waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher bench-rewrite clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
@@ -86,7 +86,7 @@ wheel: $(STAMP)
 lock: $(STAMP)
 	$(PY) -m tests.support.lockfile
 
-bench: bench-waiter bench-admission bench-hostile bench-watcher
+bench: bench-waiter bench-admission bench-hostile bench-watcher bench-rewrite
 
 bench-waiter: waiter
 	$(PY) -m tests.bench.waiter_bench
@@ -111,6 +111,10 @@ bench-hostile: $(STAMP)
 # The watcher against the API double at 100, 1,000 and 5,000 pods in flight (~5 minutes).
 bench-watcher: $(STAMP)
 	$(PY) -m tests.bench.watcher_bench
+
+# The rewrite and its JSONPatch as a pod grows to n steps x n mains (n up to 12,000).
+bench-rewrite: $(STAMP)
+	$(PY) -m tests.bench.rewrite_bench
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis

@@ -20,10 +20,12 @@ from typing import Callable
 
 from waiter import protocol as p
 
+from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
-from ..watcher import WAITER_RUN, NotManaged, PodView, State, layout, parse_time, pod_view, statuses
+from ..watcher import WAITER_RUN, NotManaged, layout, parse_time, statuses
 from ._check_preflight import Line, Report, Target, calls_for, find_injectors, pod_webhook
 from ._podcli import CliError, PodTracker
+from ._podview import PodView, State, pod_view
 
 _SECTION = "smoke"
 _SMOKE_LABEL = "app.kubernetes.io/name"
@@ -96,7 +98,7 @@ def smoke_job_pod(options: SmokeOptions) -> dict:
     return _pod(JOB.prefix, [], [_container(MAIN, options.net_image, _fetch(options, "main"))])
 
 
-class _Stuck(Exception):
+class _Stuck(InitshiftError):
     """The deadline passed during a stage."""
 
 
