@@ -49,6 +49,10 @@ def _twenty(env: Env, rec: Record, short: str, *, strategy: str, pod_annotations
     if "istio-proxy" in inits:
         asked = annotations(created).get(p.ISTIO_NATIVE_ANNOTATION) == "true"
         how = "; proxy injected natively by the mesh" if asked else "; classic proxy made native by initshift"
+        proxy = next(c for c in created["spec"]["initContainers"] if c["name"] == "istio-proxy")
+        removed = p.ANNOTATION_STARTUP_PROBES_REMOVED in annotations(created)
+        how += ("; its startupProbe removed by initshift" if removed else
+                "; with a startupProbe" if "startupProbe" in proxy else "; no startupProbe")
     rec.note(f"strategy {managed(build.obj)}{how}; every step's first call through the proxy succeeded")
     if p.INIT_CONTAINER_NAME in inits:  # where the time goes: the waiter's copy is an init container
         copied = first(log_lines(env.kube, ns, "steps", p.INIT_CONTAINER_NAME), "waiter installed")
