@@ -228,8 +228,8 @@ class Run:
                                 f"ended before the kubelet's probe reported it)", sidecars=sidecars)
             else:
                 self.line(True, f"sidecar {', '.join(sidecars)} Ready", sidecars=sidecars)
-            times = [((statuses(pod).get(n) or {}).get("state") or {}).get("running", {}).get("startedAt")
-                     for n in sidecars]
+            states = [(statuses(pod).get(n) or {}).get("state") or {} for n in sidecars]
+            times = [(st.get("running") or st.get("terminated") or {}).get("startedAt") for st in states]
             sidecar_start = min((t for t in times if parse_time(t)), key=parse_time, default=None)
         else:
             self.line(True, f"no sidecar in the pod: the {'steps need' if shape.steps else 'main needs'} no proxy")
