@@ -54,11 +54,13 @@ def _twenty(env: Env, rec: Record, short: str, *, strategy: str, pod_annotations
         how += ("; its startupProbe removed by initshift" if removed else
                 "; with a startupProbe" if "startupProbe" in proxy else "; no startupProbe")
     rec.note(f"strategy {managed(build.obj)}{how}; every step's first call through the proxy succeeded")
-    if p.INIT_CONTAINER_NAME in inits:  # where the time goes: the waiter's copy is an init container
-        copied = first(log_lines(env.kube, ns, "steps", p.INIT_CONTAINER_NAME), "waiter installed")
-        ready = first(build.proxy, " ready$")
-        if copied and ready:
-            rec.figure("proxy ready -> waiter copied", ms(copied.at - ready.at))
+    if p.INIT_CONTAINER_NAME in inits and "istio-proxy" in inits:
+        # where hybrid's time goes: the kubelet starts the steps once initshift-init (after the
+        # native proxy) has ended and it has noticed so
+        copied = first(log_lines(env.kube, ns, "steps", p.INIT_CONTAINER_NAME, waiter=True), "waiter installed")
+        step0 = first(build.steps[STEPS[0]], rf"^{STEPS[0]} start$")
+        if copied and step0:
+            rec.figure("waiter copied -> step 0", ms(step0.at - copied.at))
     rec.figure("proxy ready -> step 0", build.ready_to_step0_ms or 0)
     rec.figure("20 x 0.2 s span", build.span_s or 0, "s")
 
