@@ -65,7 +65,7 @@ def startup_probe(readiness: Mapping | None) -> dict | None:
     return probe
 
 
-def _as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
+def as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
     """The sidecar as a native sidecar, and a note on how its start is detected. `derive`:
     give it a startupProbe from its readinessProbe when it has none (hybrid leaves that off
     for sidecars step 0 probes on loopback itself)."""
@@ -118,7 +118,7 @@ def place_sidecars(pod: Mapping, sidecars: Sequence[Mapping], anchors: Sequence[
     at, early = _insert_at(inits, {id(c) for c in anchors}, annotations, settings)
     natives, notes = [], []
     for c in sidecars:
-        native, note = _as_native(c, derive(c))
+        native, note = as_native(c, derive(c))
         natives.append(native)
         if note:
             notes.append(note)
