@@ -294,6 +294,14 @@ def kubeconfig(double: KubeDouble, path) -> str:
     return str(path)
 
 
+def test_certs_create_says_when_the_ca_ends_the_serving_certificate(tmp_path, capsys):
+    assert cli.main(["create", "--out", str(tmp_path), "--ca-days", "10"]) == 0
+    serving = capsys.readouterr().out.splitlines()[1]
+    assert "valid until" in serving and "the CA's end: --force or another --ca-cert for longer" in serving
+    assert cli.main(["create", "--out", str(tmp_path / "long")]) == 0
+    assert "the CA's end" not in capsys.readouterr().out
+
+
 def test_certs_create_writes_nothing_when_the_secret_has_no_cluster_to_go_to(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     assert cli.main(["create", "--out", str(tmp_path / "out"), "--secret", "initshift-tls"]) == 1

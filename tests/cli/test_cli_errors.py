@@ -165,6 +165,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
     "initshift": [
         ([], {}, 2, "missing command (usage: initshift", False),
         (["frobnicate"], {}, 2, "unknown command 'frobnicate'", False),
+        (["help", "frobnicate"], {}, 2, "unknown command 'frobnicate'", False),
     ],
     "mutate": [
         (["mutate"], {}, 2, "the following arguments are required: file", False),

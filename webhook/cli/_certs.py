@@ -206,8 +206,10 @@ def _write(plan: _Plan, args: argparse.Namespace) -> None:
     else:
         print(f"wrote {ca_cert}: the CA of --ca-cert ({_until(ca.cert)}; its key stays in {args.ca_key})"
               + (f"; removed {plan.stale}, the previous CA's key" if plan.stale else ""))
-    print(f"wrote {out / store.TLS_CERT}, {out / store.TLS_KEY} ({_until(plan.serving.cert)}) for "
-          f"{', '.join([*plan.names, *args.ip])}")
+    # create_serving ends the certificate with its CA at the latest: say so when it did.
+    cut = plan.serving.cert.not_valid_after_utc == ca.cert.not_valid_after_utc
+    until = _until(plan.serving.cert) + (", the CA's end: --force or another --ca-cert for longer" if cut else "")
+    print(f"wrote {out / store.TLS_CERT}, {out / store.TLS_KEY} ({until}) for {', '.join([*plan.names, *args.ip])}")
     if plan.had_ca and plan.made != "kept" and ca.cert != plan.before:
         print(f"the caBundle must trust the new CA: initshift certs inject --ca-file {ca_cert} --keep-old")
 
