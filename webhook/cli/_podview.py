@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from waiter import protocol as p
 
+from ..rewrite import removed_startup_probes
 from ..settings import RewriteSettings
 from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, layout, parse_time, pod_ended,
                        read_run, statuses)
@@ -81,6 +82,8 @@ class PodView:
     ready: bool | None  # waiter pods: initshift.io/ready
     rows: tuple[_Row, ...]
     not_rewritten: str | None = None  # why the webhook left the pod as it was (its reason slug)
+    # hybrid: native sidecars whose startupProbe initshift removed (step 0 gates on their readiness)
+    startup_probes_removed: tuple[str, ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -93,7 +96,8 @@ class PodView:
         return {"namespace": self.namespace, "name": self.name, "strategy": self.strategy, "phase": self.phase,
                 "podReason": self.pod_reason, "result": self.result, "message": self.message,
                 "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
-                "notRewritten": self.not_rewritten, "containers": [r.to_json() for r in self.rows]}
+                "notRewritten": self.not_rewritten, "startupProbesRemoved": list(self.startup_probes_removed),
+                "containers": [r.to_json() for r in self.rows]}
 
 
 def _outcome(pod: Mapping) -> dict:
@@ -232,7 +236,8 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
         ready=ready_gate if lay.strategy in WAITER_RUN else None, rows=tuple(rows),
         not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
-        and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None)
+        and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None,
+        startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else ())
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:

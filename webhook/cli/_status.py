@@ -77,6 +77,9 @@ def _summary(view: PodView, colour: bool) -> list[str]:
     lines = [f"Pod:     {view.namespace}/{view.name}, {strategy}", f"Result:  {result}", f"Phase:   {phase}"]
     if view.sidecars_stopped_by:
         lines[-1] += f"; sidecars stopped by {view.sidecars_stopped_by}"
+    if view.startup_probes_removed:
+        lines.append(f"Start:   no startupProbe on {', '.join(view.startup_probes_removed)}: step 0 waits for its "
+                     f"readiness itself ({p.ANNOTATION_STARTUP_PROBES_REMOVED})")
     if view.ended and view.result != view.phase:
         lines.append("         (the phase comes from ending the sidecars; the result is what the steps did)")
     return lines
