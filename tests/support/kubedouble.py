@@ -16,13 +16,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
   a patch carrying metadata.resourceVersion is conditional (409 when stale); delete;
-<<<<<<< HEAD
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
-  alphabet, annotations at most 256 KiB together (422);
-=======
-- labels (keys and values) are validated on every write (422), as the apiserver does;
->>>>>>> main
+  alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
+  `generateName` used as a label value, with its trailing "-");
 - events: the name must be a DNS subdomain and `involvedObject.namespace` the event's
   own namespace (422), as the apiserver validates them;
 - pods: updates may change metadata, container images and `spec.activeDeadlineSeconds`
@@ -785,11 +782,7 @@ class KubeDouble:
                 raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
-<<<<<<< HEAD
         _check_metadata(res.kind, meta)
-=======
-        _check_labels(res.kind, meta)
->>>>>>> main
         if res.key == "events":
             _check_event(obj, namespace or "")
         if key in self._objects[res.key]:
@@ -835,7 +828,6 @@ class KubeDouble:
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
                 meta[fixed] = current["metadata"][fixed]
-        _check_labels(res.kind, meta)
         updated["apiVersion"], updated["kind"] = current.get("apiVersion"), current.get("kind")
         if res.key == "pods":
             if sub == "status":  # the status strategy keeps spec, deletionTimestamp and ownerReferences
@@ -990,7 +982,6 @@ def _uid() -> str:
         "".join(random.choices("0123456789abcdef", k=12))
 
 
-<<<<<<< HEAD
 _QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 ANNOTATIONS_LIMIT = 256 * 1024  # bytes of keys and values together (TotalAnnotationSizeLimitB)
@@ -1015,7 +1006,7 @@ def _check_metadata(kind: str, meta: dict) -> None:
     """The apiserver's object metadata validation, the part a client can get wrong: label
     and annotation keys are qualified names, label values at most 63 characters of their
     alphabet, annotations at most 256 KiB together (422 otherwise)."""
-    name = meta.get("name", "")
+    name = meta.get("name") or meta.get("generateName") or ""
     annotations = meta.get("annotations") or {}
     for key, value in annotations.items():
         if not isinstance(value, str):
@@ -1027,35 +1018,15 @@ def _check_metadata(kind: str, meta: dict) -> None:
     if size > ANNOTATIONS_LIMIT:
         raise ApiError(422, f'{kind} "{name}" is invalid: metadata.annotations: Too long: may not be more than '
                             f"{ANNOTATIONS_LIMIT} bytes")
-    for key, value in (meta.get("labels") or {}).items():
-        problem = _qualified_name_errors(key)
+    labels = meta.get("labels") or {}
+    for key, value in labels.items() if isinstance(labels, dict) else []:
+        problem = _qualified_name_errors(str(key))
         if problem:
             raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{key}": {problem}')
         if isinstance(value, str) and len(value) > 63:
             raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{value}": must be no '
                                 f"more than 63 characters")
         if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-=======
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
-
-def _check_labels(kind: str, meta: dict) -> None:
-    """metadata.labels as the apiserver validates them on every write: a qualified name
-    (an optional DNS-subdomain prefix and `/`, a name of at most 63 characters) and a value
-    of at most 63 characters, empty or alphanumeric at both ends (a real apiserver refused a
-    `generateName` used as a value, with its trailing "-")."""
-    labels = meta.get("labels") or {}
-    name = meta.get("name") or meta.get("generateName") or ""
-    for key, value in labels.items() if isinstance(labels, dict) else []:
-        prefix, _, short = str(key).rpartition("/")
-        if not (len(short) <= 63 and _LABEL_NAME.fullmatch(short)) or \
-                (prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix))):
-            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{key}": name part '
-                                f"must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
-                                f"with an alphanumeric character")
-        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
->>>>>>> main
             raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{value}": a valid '
                                 f"label must be an empty string or consist of alphanumeric characters, '-', '_' or "
                                 f"'.', and must start and end with an alphanumeric character")

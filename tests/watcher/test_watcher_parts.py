@@ -69,14 +69,21 @@ async def test_delays_and_backoff_run_on_the_clock() -> None:
     assert len(q) == 0
 
 
-async def test_wait_empty_is_about_keys_waiting_not_keys_in_hand() -> None:
-    q: WorkQueue[str] = WorkQueue(ManualClock())
+async def test_idle_means_nothing_waits_and_nothing_is_in_hand() -> None:
+    clock = ManualClock()
+    q: WorkQueue[str] = WorkQueue(clock)
     q.add("a", URGENT)
-    waiter = asyncio.ensure_future(q.wait_empty())
+    waiter = asyncio.ensure_future(q.wait_idle())
     await asyncio.sleep(0)
     assert not waiter.done()
-    await take(q)  # in a worker's hand: nothing waits any more
-    await asyncio.wait_for(waiter, BOUND)
+    await take(q)
+    await asyncio.sleep(0)
+    assert not waiter.done(), "a worker is on it"
+    q.add_after("b", 5.0, URGENT)
+    q.done("a")
+    await asyncio.wait_for(waiter, BOUND)  # a delayed key is not work yet
+    clock.advance(5.0)
+    assert len(q) == 1
 
 
 def test_the_rate_limiters() -> None:

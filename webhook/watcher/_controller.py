@@ -10,7 +10,7 @@ A client-go controller, wired from parts that each live in a module of their own
   that ends a pod or opens a gate before one that only records), never one pod on two
   workers, failed writes retried with backoff;
 - the Event recorder (`_recorder.py`): the Events, sent beside the work with their own
-  budget and only while no write waits;
+  budget and only while no write waits or is being made;
 - the clock (`_clock.py`): every time-based decision (grace periods, timeouts, takeover,
   retries) reads it and waits on it.
 
@@ -85,7 +85,7 @@ class Controller:
         self.backoff_initial = backoff_initial
         self.store = PodStore()
         self.queue: WorkQueue[Key] = WorkQueue(self.clock, backoff_initial=backoff_initial)
-        self.recorder = EventRecorder(api, identity, self.clock, gate=self.queue.wait_empty, on_sent=self._triage,
+        self.recorder = EventRecorder(api, identity, self.clock, gate=self.queue.wait_idle, on_sent=self._triage,
                                       backoff_initial=backoff_initial)
         w = settings.watcher
         namespaces: list[str | None] = list(w.namespaces) or [None]

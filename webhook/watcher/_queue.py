@@ -36,8 +36,8 @@ class WorkQueue(Generic[K]):
         self._failures: dict[K, int] = {}
         self._order = itertools.count()
         self._nonempty = asyncio.Event()
-        self._empty = asyncio.Event()
-        self._empty.set()
+        self._idle = asyncio.Event()  # nothing waits for a worker and no worker is on a key
+        self._idle.set()
 
     def __len__(self) -> int:
         """Keys waiting for a worker (not those being processed, nor delayed ones)."""
@@ -60,7 +60,7 @@ class WorkQueue(Generic[K]):
         self._queued[key] = entry
         heapq.heappush(self._heap, (*entry, key))
         self._nonempty.set()
-        self._empty.clear()
+        self._idle.clear()
 
     def add_after(self, key: K, seconds: float, priority: int) -> None:
         """Queue `key` in `seconds` (an earlier delayed add of the same key wins)."""
@@ -119,17 +119,19 @@ class WorkQueue(Generic[K]):
         priority = self._dirty.pop(key, None)
         if priority is not None:
             self.add(key, priority)
+        self._update_events()
 
-    async def wait_empty(self) -> None:
-        """Until no key waits for a worker (keys being processed may remain)."""
-        await self._empty.wait()
+    async def wait_idle(self) -> None:
+        """Until no key waits for a worker and no worker is on one (delayed keys may remain)."""
+        await self._idle.wait()
 
     def _update_events(self) -> None:
-        if self._queued:
-            self._empty.clear()
-        else:
+        if not self._queued:
             self._nonempty.clear()
-            self._empty.set()
+        if self._queued or self._processing:
+            self._idle.clear()
+        else:
+            self._idle.set()
 
     def cancel_all(self) -> None:
         """Cancel every delayed add (the controller is stopping)."""

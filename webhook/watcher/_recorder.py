@@ -11,8 +11,9 @@ their own, as client-go's EventRecorder sends a controller's.
 - Budget: a token bucket for all Events (`EVENT_QPS`, `EVENT_BURST`), client-go's spam
   filter per object (`OBJECT_BURST` at once, then one per `1/OBJECT_QPS` s; what is over
   is dropped), and at most `SENDERS` in flight.
-- Never ahead of the work: an Event is sent only while no write waits in the work queue
-  (`gate`), so a slow apiserver serves the writes that end pods and open gates first.
+- Never ahead of the work: an Event is sent only while the work queue is idle (`gate`: no
+  write waits or is being made), so a slow apiserver serves the writes that end pods and
+  open gates first.
 - Failed sends are retried with backoff, beside the other pods' Events; one refused for
   good (a 4xx other than 408/429) is logged and given up.
 """
@@ -159,7 +160,7 @@ class EventRecorder:
             uid = await self._next()
             while not self._budget.take():
                 await asyncio.sleep(self._budget.wait())
-            await self._gate()  # no write waits for a worker: the work goes first
+            await self._gate()  # no write waits or is being made: the work goes first
             entry = self._pending.get(uid)
             if entry is None:
                 continue  # forgotten meanwhile
