@@ -27,7 +27,7 @@ from tests.support.fixtures import pods
 from tests.support.podvalidate import OLDEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.admission import _review as admission
-from tests.support.patching import apply_patch
+from tests.support.patching import apply_patch, decode_patch
 from webhook.cli._review import wrap
 from webhook.rewrite._podcheck import MAX_OBJECT_BYTES, object_bytes, pod_problems
 
@@ -159,7 +159,7 @@ def test_fuzz_over_tls_no_5xx_patches_apply_and_valid_pods_stay_valid(pki):
             answer = r.json()
             assert answer["response"]["uid"] == review["request"]["uid"]
             assert "internal error" not in r.text, r.text[:300]
-            patch = admission.decode_patch(answer)
+            patch = decode_patch(answer)
             if not patch:
                 assert answer["response"].get("warnings")  # an unchanged pod says why
                 seen["unchanged"] += 1

@@ -21,7 +21,7 @@ from tests.admission.test_server_limits import (BODY, JSON_CT, REVIEW, closed_wi
 from tests.admission.test_server_workers import wait_for
 from tests.support import https_helpers as h
 from webhook import metrics
-from webhook.admission._review import decode_patch
+from tests.support.patching import decode_patch
 from webhook.rewrite._podcheck import MAX_OBJECT_BYTES, object_bytes
 
 def closed_count(reason: str) -> float:
