@@ -112,7 +112,7 @@ class ServerSettings:
     max_connections: int = _env(
         "INITSHIFT_MAX_CONNECTIONS",
         "Open connections on the HTTPS port; a new one past it closes the oldest still waiting for its request.",
-        256)
+        128)
     max_header_bytes: int = _env(
         "INITSHIFT_MAX_HEADER_BYTES",
         "Bytes uvicorn buffers of a request's head (or a chunked body's trailers); more: HTTP 400, "
