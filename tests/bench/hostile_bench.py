@@ -107,10 +107,11 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
         return f"4 clients posting {len(large) / 1e6:.1f} MB reviews: {dict(collections.Counter(seen()))}", []
 
     def unread() -> tuple[str, list]:
-        small_unread = hostile.unread_answers(b.port, b.ctx, small)
-        large_unread = hostile.unread_answers(b.port, b.ctx, large, seconds=2)
-        return "one client sending small reviews, one a large one, neither reading an answer", \
-            [small_unread, large_unread]
+        socks = [hostile.unread_answers(b.port, b.ctx, small, count=100, pause=0.02)]
+        socks += [hostile.unread_answers(b.port, b.ctx, hostile.large_body(1_000_000), count=8, pause=1.0)]
+        socks += [hostile.unread_answers(b.port, b.ctx, small, count=100, pause=0) for _ in range(4)]
+        return ("never reading an answer: 100 reviews one at a time, 8 of 1 MB one at a time, 4 x 100 "
+                "pipelined"), socks
 
     def idle_metrics() -> tuple[str, list]:
         statuses = hostile.idle_metrics_and_scrapes(b.metrics_port)

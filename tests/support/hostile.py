@@ -274,9 +274,10 @@ def slow_bodies(port: int, ctx: ssl.SSLContext, clients: int) -> list[socket.soc
     return out
 
 
-def unread_answers(port: int, ctx: ssl.SSLContext, body: bytes, seconds: float = 5.0) -> socket.socket:
-    """A client with a tiny receive window that sends reviews for `seconds` and never reads
-    an answer."""
+def unread_answers(port: int, ctx: ssl.SSLContext, body: bytes, count: int = 1, pause: float = 0.5) -> socket.socket:
+    """A client with a tiny receive window that sends `count` reviews, one every `pause`
+    seconds (each after the server had time to answer the last: not pipelined), and never
+    reads an answer."""
     raw = socket.socket()
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     raw.settimeout(30)
@@ -284,13 +285,11 @@ def unread_answers(port: int, ctx: ssl.SSLContext, body: bytes, seconds: float =
     s = ctx.wrap_socket(raw, server_hostname="localhost")
     request = (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-    s.settimeout(1)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    for i in range(count):
+        if i:
+            time.sleep(pause)
         try:
             s.sendall(request)
-        except (socket.timeout, TimeoutError):
-            continue  # the server stopped reading: its answers are unread
         except (OSError, ssl.SSLError):
             break
     return s

@@ -1,19 +1,19 @@
 """The guards uvicorn lacks, on public asyncio API: one `Connection` in front of each of
 uvicorn's own h11 protocol objects (stock, configured through `uvicorn.Config`).
 
-uvicorn bounds what it buffers (h11's incomplete-event limit covers a request's head and
-a chunked body's trailers; bodies pause reading past 64 KiB until the app reads), but
-not time: a connection may take as long as it likes to finish its TLS handshake or its
-request's head, and an answer its client never reads is held until the kernel gives up.
-Nor does it bound how many connections are open. Each guard below names the attack it
-stops; a guard that fires aborts the connection and counts it in
-`initshift_connections_closed_total{reason}`.
+uvicorn bounds some of what it buffers (h11's incomplete-event limit covers a head or a
+chunked body's trailers still arriving; a body pauses reading past 64 KiB until the app
+reads it), but not time: a connection may take as long as it likes over its TLS handshake
+or its request's head, and an answer its client never reads is held until the kernel
+gives up. Nor does it bound how many connections are open, or a head that arrives whole
+in one read (h11 parses it, however large). Each guard below names the attack it stops;
+one that fires counts in `initshift_connections_closed_total{reason}`.
 
-`Front` is what uvicorn is given as its `http` protocol: a callable that makes one
-`Connection` around one `H11Protocol`, forwarding the asyncio protocol calls. A listening
-socket is a `Door` (its TLS context or none, its connection cap, its deadlines), found by
+`Front` is what uvicorn is given as its `http` protocol: a callable making one
+`Connection` around one `H11Protocol`, which gets the asyncio protocol calls through it.
+A listening socket is a `Door` (TLS or not, its connection cap, its deadlines), found by
 the port a connection arrived on. The app tells a connection when a request starts and
-when its answer is done (`Front.started`/`Connection.answered`), found by the addresses
+when its answer is done (`Front.started`, `Connection.answered`), found by the addresses
 in the ASGI scope.
 """
 
@@ -26,11 +26,12 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .. import metrics
+from .. import jsontext, metrics
 
-__all__ = ["Door", "Front", "Connection"]
+__all__ = ["Connection", "Door", "Front"]
 
-EARLY_BYTES = 64 * 1024  # what a client may send before the server's TLS starts (a ClientHello is < 16 KiB)
+EARLY_BYTES = 64 * 1024  # what may arrive before the server's TLS starts (a ClientHello is < 16 KiB)
+MAX_HEAD_LINES = 100  # the request line and header fields of one request (the apiserver sends ~10)
 
 
 @dataclass(eq=False)
@@ -42,6 +43,7 @@ class Door:
     max_connections: int
     header_timeout: float  # the handshake and each request's head
     write_timeout: float
+    max_head_bytes: int
     shutdown_timeout: float = 2.0  # a TLS close waiting for the client's close_notify
     open: dict["Connection", None] = field(default_factory=dict)
     idle: dict["Connection", None] = field(default_factory=dict)  # waiting for a request, oldest first
@@ -65,21 +67,31 @@ class Door:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: the deadlines around uvicorn's protocol object `inner`."""
+    """One client connection: the deadlines and limits around uvicorn's protocol `inner`.
+
+    uvicorn gets one request at a time: its head once complete and within the limits,
+    then its body's Content-Length bytes; what the client sends beyond (a pipelined next
+    request) waits here until the answer is done, and goes through the same limits."""
 
     def __init__(self, front: "Front", inner: asyncio.Protocol) -> None:
         self.front, self.inner = front, inner
         self.door: Door | None = None
-        self.raw: asyncio.Transport | None = None
+        self.raw: Any = None  # the socket's transport (uvloop's are not asyncio's classes)
+        self.transport: Any = None  # what uvicorn writes to: the TLS transport, or the raw one
         self.key: tuple | None = None
-        self._early: list[bytes] | None = None  # bytes read before TLS took over the connection
         self.closed = asyncio.Event()  # the client is gone (the app stops waiting for it)
+        self.streaming = False  # a body of unknown length (chunked): the answer closes the connection
+        self._early: list[bytes] | None = None  # bytes read before TLS took over the connection
+        self._head: bytearray | None = bytearray()  # the head so far; None once complete
+        self._body = 0  # body bytes of the current request still to pass on
+        self._answered = False
+        self._held = bytearray()  # what came after the current request, before its answer
         self._deadline: asyncio.TimerHandle | None = None
         self._write_deadline: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.raw = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
+        self.raw = transport
         local, peer = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
         self.door = door = self.front.doors[local[1]]
         self.key = _key(local, peer)
@@ -87,15 +99,15 @@ class Connection(asyncio.Protocol):
             self.kill("over-limit")
             return
         self.front.by_key[self.key] = self
-        self.waiting()
+        self._wait_for_request()
         if door.ssl is None:
-            self.inner.connection_made(transport)
+            self._made(transport)
             return
         self._early = []
         asyncio.get_running_loop().create_task(self._start_tls(door))
 
     async def _start_tls(self, door: Door) -> None:
-        assert self.raw is not None and door.ssl is not None
+        assert door.ssl is not None
         loop = asyncio.get_running_loop()
         # start_tls puts its TLS protocol on the transport at once and starts it on the
         # loop's next turn; bytes that reached this connection before (the ClientHello,
@@ -113,19 +125,15 @@ class Connection(asyncio.Protocol):
             if not isinstance(e, Exception):
                 raise
             return
-        self.inner.connection_made(tls)
+        self._made(tls)
 
-    def data_received(self, data: bytes) -> None:
-        if self._early is None:
-            self.inner.data_received(data)
-        elif sum(map(len, self._early)) + len(data) <= EARLY_BYTES:
-            self._early.append(data)
-        else:  # more than any ClientHello before TLS even started: not a TLS client
-            self.kill("header-limit")
+    def _made(self, transport: Any) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
 
     def _hand_over_early(self) -> None:
         early, self._early = b"".join(self._early or ()), None
-        if not early or self.raw is None or self.raw.is_closing():
+        if not early or self.raw.is_closing():
             return
         tls = self.raw.get_protocol()
         if not hasattr(tls, "get_buffer"):
@@ -138,12 +146,42 @@ class Connection(asyncio.Protocol):
             tls.buffer_updated(n)
             early = early[n:]
 
+    def data_received(self, data: bytes) -> None:
+        if self._early is not None:  # before TLS
+            if sum(map(len, self._early)) + len(data) > EARLY_BYTES:
+                self.kill("header-limit")  # not a TLS client
+            else:
+                self._early.append(data)
+            return
+        while not self.transport.is_closing():
+            if self._head is None and not self.streaming and not self._body and self._answered:
+                data = self._next_request(data)
+            if not data:
+                return
+            if self._head is not None:
+                data = self._read_head(data)
+            elif self.streaming:
+                self.inner.data_received(data)
+                return
+            elif self._body:
+                part, data = data[:self._body], data[self._body:]
+                self._body -= len(part)
+                self.inner.data_received(part)
+            else:
+                # Guard: pipelined requests (no apiserver pipelines). The next request
+                # waits here, bounded, for the current answer; then it is read like any.
+                self._held += data
+                if len(self._held) > self.door.max_head_bytes:  # type: ignore[union-attr]
+                    self.kill("pipelined")
+                return
+
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
-        self.inner.connection_lost(exc)
+        if self.transport is not None:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
         # Guard: an answer its client never reads (a full receive window, requests sent
@@ -160,27 +198,75 @@ class Connection(asyncio.Protocol):
             self._write_deadline = None
         self.inner.resume_writing()
 
-    # --- the request cycle, told by the app ----------------------------------------------------
-    def waiting(self) -> None:
-        """Waiting for a request: from accept, and again after each answer.
+    # --- one request at a time ------------------------------------------------------------------
+    def _read_head(self, data: bytes) -> bytes:
+        """Take `data` into the head; pass the head on once complete; the rest returned.
+
+        Guard: a head too large or of too many fields, sent slowly or whole in one read
+        (h11 would parse it all: 256 KiB of small headers grew a process by 6 MB, per
+        connection): HTTP 431 and the connection closed."""
+        assert self._head is not None and self.door is not None
+        start = len(self._head)
+        self._head += data
+        if not start:  # empty lines before a request line are allowed (RFC 9112)
+            del self._head[:len(self._head) - len(self._head.lstrip(b"\r\n"))]
+        end = self._head.find(b"\r\n\r\n", max(0, start - 3))
+        head = self._head if end < 0 else self._head[:end + 4]
+        if len(head) > self.door.max_head_bytes:
+            return self._refuse(f"request head over {self.door.max_head_bytes} bytes (INITSHIFT_MAX_HEADER_BYTES)")
+        if head.count(b"\n") > MAX_HEAD_LINES:
+            return self._refuse(f"more than {MAX_HEAD_LINES} header fields")
+        if end < 0:
+            return b""
+        rest = bytes(self._head[end + 4:])
+        self._head = None
+        length = _body_length(head)
+        self.streaming, self._body, self._answered = length is None, length or 0, False
+        self.inner.data_received(bytes(head))
+        return rest
+
+    def _refuse(self, why: str) -> bytes:
+        metrics.CONNECTIONS_CLOSED.labels("header-limit").inc()
+        body = jsontext.dumps({"error": f"initshift: {why}"})
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+        return b""
+
+    def _next_request(self, data: bytes) -> bytes:
+        """The connection waits for its next request, which starts with what was held."""
+        data, self._held = bytes(self._held) + data, bytearray()
+        self._head, self._answered = bytearray(), False
+        self._wait_for_request()
+        return data
+
+    def _wait_for_request(self) -> None:
+        """From accept, and again after each answer.
 
         Guard: a request's head sent slowly or never (slowloris, idle connections, a byte now
-        and then to keep uvicorn's keep-alive timer from firing): the handshake and the head
-        must arrive within INITSHIFT_HEADER_TIMEOUT_SECONDS."""
+        and then to keep uvicorn's keep-alive timer from firing): the handshake, the head,
+        and the app's start on it within INITSHIFT_HEADER_TIMEOUT_SECONDS."""
         assert self.door is not None
         self._cancel()
         self.door.idle[self] = None
         self._deadline = asyncio.get_running_loop().call_later(self.door.header_timeout, self.kill, "header-timeout")
 
+    @property
+    def between_requests(self) -> bool:
+        """Waiting for a request's head (after accept, or after an answer)."""
+        return self._head is not None
+
     def started(self) -> None:
-        """The app has the request (its head is complete); the body has its own deadline."""
+        """The app has the request; its body has a deadline of its own there."""
         self._cancel()
         if self.door is not None:
             self.door.idle.pop(self, None)
 
     def answered(self) -> None:
-        if self.raw is not None and not self.raw.is_closing():
-            self.waiting()
+        """The app is done with the request: the next one may come (once the body is in)."""
+        self._answered = True
+        if self.transport is not None:
+            self.data_received(b"")
 
     def kill(self, reason: str) -> None:
         metrics.CONNECTIONS_CLOSED.labels(reason).inc()
@@ -205,6 +291,22 @@ class Connection(asyncio.Protocol):
         self.closed.set()
 
 
+def _body_length(head: bytes | bytearray) -> int | None:
+    """The body's length by the head's Content-Length (0 without one); None when chunked or
+    unreadable, left to h11 (and to a closed connection after the answer)."""
+    length = 0
+    for line in bytes(head).split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            if not value.strip().isdigit():
+                return None
+            length = int(value)
+    return length
+
+
 def _key(local: Any, peer: Any) -> tuple:
     """A connection's addresses as the ASGI scope gives them (`server` port, `client`)."""
     return (int(local[1]), str(peer[0]), int(peer[1]))
@@ -221,7 +323,7 @@ class Front:
         return Connection(self, H11Protocol(*args, **kwargs))
 
     def started(self, scope: dict) -> Connection | None:
-        """The connection a request arrived on, told that its head is complete."""
+        """The connection a request arrived on, told that the app has it."""
         server, client = scope.get("server"), scope.get("client")
         conn = self.by_key.get(_key(server, client)) if server and client else None
         if conn is not None:

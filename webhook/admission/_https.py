@@ -64,9 +64,10 @@ class HttpsServer:
         self._metrics_wanted = srv.metrics_port if metrics_port is None else metrics_port
         self._metrics_on = metrics_port is not None or srv.metrics_port != 0
         self.front = Front()
-        self.door = Door("https", self.ctx, srv.max_connections, srv.header_timeout_seconds, srv.write_timeout_seconds)
+        self.door = Door("https", self.ctx, srv.max_connections, srv.header_timeout_seconds, srv.write_timeout_seconds,
+                         srv.max_header_bytes)
         self.metrics_door = Door("metrics", None, METRICS_CONNECTIONS, srv.header_timeout_seconds,
-                                 srv.write_timeout_seconds)
+                                 srv.write_timeout_seconds, srv.max_header_bytes)
         config = uvicorn.Config(
             self._dispatch, interface="asgi3", http=self.front, ws="none", lifespan="off",  # type: ignore[arg-type]
             h11_max_incomplete_event_size=srv.max_header_bytes,
@@ -92,6 +93,8 @@ class HttpsServer:
         if scope["type"] != "http":
             return
         conn = self.front.started(scope)
+        if conn is not None and conn.streaming:  # a chunked body: no request may follow it on this connection
+            send = _closing(send)
         try:
             if scope["scheme"] == "https":
                 await self.app(scope, receive, send, conn.closed if conn is not None else None)
@@ -138,6 +141,14 @@ class HttpsServer:
 
     def stop(self) -> None:
         self.uvicorn.should_exit = True
+
+
+def _closing(send: Any) -> Any:
+    async def closing(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+    return closing
 
 
 def run_loop(main: Awaitable[None]) -> None:
