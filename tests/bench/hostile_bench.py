@@ -21,7 +21,6 @@ import os
 import platform
 import shutil
 import socket
-import ssl
 import tempfile
 import time
 from pathlib import Path
@@ -155,31 +154,22 @@ def sizing(b: Bench, large: bytes) -> None:
     unread large bodies."""
     import httpx
 
-    if b.cgroup is not None:
-        b.cgroup.reset_peak()
-    base = b.memory()
-    t = time.perf_counter()
-    r = httpx.post(f"{b.url}/mutate", content=large, headers=hostile.JSON_CT, verify=b.ctx, timeout=120)
-    took = time.perf_counter() - t
-    print(f"sizing: the largest review ({len(large) / 1e6:.2f} MB, HTTP {r.status_code}) alone: peak "
-          f"+{(b.peak() - base) / MiB:.0f} MiB over {base / MiB:.0f} MiB, answered in {took:.2f} s", flush=True)
+    for what, body in (("the largest review", large), ("the largest review rewritten (near etcd's limit)",
+                                                        hostile.large_body(1_400_000))):
+        if b.cgroup is not None:
+            b.cgroup.reset_peak()
+        base = b.memory()
+        t = time.perf_counter()
+        r = httpx.post(f"{b.url}/mutate", content=body, headers=hostile.JSON_CT, verify=b.ctx, timeout=120)
+        took = time.perf_counter() - t
+        print(f"sizing: {what} ({len(body) / 1e6:.2f} MB, HTTP {r.status_code}, {r.json()['response']['allowed']=}, "
+              f"{len(r.content) / 1e6:.2f} MB answer) alone: peak +{(b.peak() - base) / MiB:.0f} MiB over "
+              f"{base / MiB:.0f} MiB, answered in {took:.2f} s", flush=True)
     cap = ServerSettings().max_connections
     if b.cgroup is not None:
         b.cgroup.reset_peak()
     base = b.memory()
-    head = (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(large)}\r\n\r\n").encode()
-    socks = []
-    for _ in range(cap):
-        s = hostile.tls_socket(b.port, b.ctx)
-        s.setblocking(False)
-        try:
-            s.send(head)
-            for i in range(0, 2 * MiB, 65536):  # as much body as the server's buffers take
-                s.send(large[i:i + 65536])
-        except (BlockingIOError, ssl.SSLWantWriteError, OSError):
-            pass
-        socks.append(s)
+    socks = hostile.unread_bodies(b.port, b.ctx, large, cap)
     time.sleep(2)
     print(f"sizing: {cap} connections (INITSHIFT_MAX_CONNECTIONS) each holding a large review's unread body: "
           f"+{(b.memory() - base) / MiB:.0f} MiB now, peak +{(b.peak() - base) / MiB:.0f} MiB", flush=True)

@@ -233,7 +233,7 @@ def idle_connections(port: int, ctx: ssl.SSLContext | None, count: int) -> list[
 
 def silent_tcp(port: int, count: int) -> list[socket.socket]:
     """`count` TCP connections to the TLS port that never send a ClientHello."""
-    return [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(count)]
+    return idle_connections(port, None, count)
 
 
 def slowloris(port: int, ctx: ssl.SSLContext, count: int) -> list[socket.socket]:
@@ -241,9 +241,12 @@ def slowloris(port: int, ctx: ssl.SSLContext, count: int) -> list[socket.socket]
     (the caller trickles them with `trickle`)."""
     out = []
     for _ in range(count):
-        s = tls_socket(port, ctx)
-        s.sendall(b"POST /mutate HTTP/1.1\r\n")
-        out.append(s)
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(b"POST /mutate HTTP/1.1\r\n")
+            out.append(s)
+        except (OSError, ssl.SSLError):
+            pass  # closed at once: past the connection cap
     return out
 
 
@@ -267,10 +270,13 @@ def slow_bodies(port: int, ctx: ssl.SSLContext, clients: int) -> list[socket.soc
     """Clients that declare a 100-byte body and send 10 bytes of it."""
     out = []
     for _ in range(clients):
-        s = tls_socket(port, ctx)
-        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 100\r\n\r\n" + b"{" * 10)
-        out.append(s)
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n" + b"{" * 10)
+            out.append(s)
+        except (OSError, ssl.SSLError):
+            pass  # closed at once: past the connection cap
     return out
 
 
@@ -293,6 +299,27 @@ def unread_answers(port: int, ctx: ssl.SSLContext, body: bytes, count: int = 1, 
         except (OSError, ssl.SSLError):
             break
     return s
+
+
+def unread_bodies(port: int, ctx: ssl.SSLContext, body: bytes, count: int) -> list[socket.socket]:
+    """`count` connections each sending a large review's head and as much of its body as
+    the server's buffers take (it reads a large body only in its turn), then nothing."""
+    head = (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    out = []
+    for _ in range(count):
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(head)
+            s.setblocking(False)
+            for i in range(0, min(len(body), 2 << 20), 65536):
+                s.send(body[i:i + 65536])
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            pass
+        except (OSError, ssl.SSLError):
+            continue  # closed: past the cap
+        out.append(s)
+    return out
 
 
 def pipelined(port: int, ctx: ssl.SSLContext, count: int) -> tuple[int, socket.socket]:
@@ -342,7 +369,8 @@ def metrics_flood(port: int, connections: int) -> list[socket.socket]:
 def idle_metrics_and_scrapes(port: int, idle: int = 16, every: float = 5.0, scrapes: int = 15,
                              pause: float = 1.0) -> list[int]:
     """`idle` connections to the metrics port that never send, reopened every `every`
-    seconds, while `scrapes` scrapes run one a `pause`: each scrape's status (0: none)."""
+    seconds, while `scrapes` scrapes run one a `pause`: each scrape's status (0: none,
+    twice)."""
     stop = threading.Event()
 
     def hold() -> None:
@@ -357,10 +385,13 @@ def idle_metrics_and_scrapes(port: int, idle: int = 16, every: float = 5.0, scra
     statuses = []
     try:
         for _ in range(scrapes):
-            try:
-                statuses.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code)
-            except httpx.HTTPError:
-                statuses.append(0)
+            for attempt in range(2):  # one arriving in the very instant the idle ones reopen may lose
+                try:                  # its place to them; Prometheus scrapes again, so does this
+                    statuses.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code)
+                    break
+                except httpx.HTTPError:
+                    if attempt:
+                        statuses.append(0)
             time.sleep(pause)
     finally:
         stop.set()

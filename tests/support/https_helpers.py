@@ -79,6 +79,14 @@ def start_in_thread(server: HttpsServer, timeout: float = 60.0) -> threading.Thr
     return thread
 
 
+def wait_until(condition: Any, seconds: float, what: str) -> None:
+    """Polls `condition` until true; fails naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def base_url(server: HttpsServer) -> str:
     return f"https://127.0.0.1:{server.port}"
 

@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -46,6 +46,9 @@ from ._review import BadReview, Review
 from ..errors import InitshiftError
 from ..rewrite import EntrypointResolver, UnresolvedEntrypoint
 from ..settings import Settings
+
+if TYPE_CHECKING:
+    from ._guards import Connection
 
 log = logging.getLogger("initshift.server")
 
@@ -256,10 +259,11 @@ class _Mutate:
         self.turn = asyncio.Semaphore(LARGE_AT_ONCE)
         self.worker = ThreadPoolExecutor(max_workers=LARGE_AT_ONCE, thread_name_prefix="initshift-review")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, gone: asyncio.Event | None = None) -> None:
-        """`gone`: set when the client's connection closes (the front door's, see _guards.py)."""
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, conn: "Connection | None" = None) -> None:
+        """`conn`: the front door's connection (_guards.py): told when the review is worked
+        on, and closed when the client leaves."""
         try:
-            status, payload, headers = await self.answer(scope, receive, gone)
+            status, payload, headers = await self.answer(scope, receive, conn)
         except ClientGone:
             return  # nobody to answer
         except Exception as exc:  # noqa: BLE001 - last line of defence, as FastAPI's handler below
@@ -271,7 +275,7 @@ class _Mutate:
         await send({"type": "http.response.body", "body": payload})
 
     async def answer(self, scope: Scope, receive: Receive,
-                     gone: asyncio.Event | None) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
+                     conn: "Connection | None") -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
         start = time.perf_counter()
         body = b""
         try:
@@ -280,11 +284,13 @@ class _Mutate:
             size = _declared_length(scope, self.limit)
             if size is not None and size <= INLINE_MAX_BYTES:
                 body = await self._read(receive)
+                if conn is not None:
+                    conn.working()
                 review, first = self.reviewer.start(body)
                 decision = await self.reviewer.complete(review, first, _inline)
                 payload = jsontext.dumps(decision.answer)
             else:
-                review, decision, payload = await self._large(receive, gone)
+                review, decision, payload = await self._large(receive, conn)
         except BadReview as e:
             _log_refusal(body, e, time.perf_counter() - start, "bad_request")
             return 400, jsontext.dumps({"error": str(e)}), ()
@@ -314,17 +320,19 @@ class _Mutate:
             raise Refused(408, f"initshift: the body was not complete after {self.body_timeout:g} s "
                                f"(INITSHIFT_BODY_TIMEOUT_SECONDS)", close=True) from None
 
-    async def _large(self, receive: Receive, gone: asyncio.Event | None) -> tuple[Review, Answer, bytes]:
+    async def _large(self, receive: Receive, conn: "Connection | None") -> tuple[Review, Answer, bytes]:
         """One large review: the turn, the body, then the work on the turn's thread."""
         started = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(self.body_timeout):
-                await _take(self.turn, gone)
+                await _take(self.turn, conn.closed if conn is not None else None)
         except TimeoutError:
             raise Refused(503, f"initshift: busy: a large review is being worked on in this server process; "
                                f"retry (waited {self.body_timeout:g} s)", close=True) from None
         try:
             body = await self._read(receive, started)
+            if conn is not None:
+                conn.working()
             # The body is complete: from here `receive` returns only when the client leaves.
             left = threading.Event()
             watch = asyncio.get_running_loop().create_task(_watch(receive, left))
@@ -379,10 +387,12 @@ class _WebhookApp(FastAPI):
 
     mutate: _Mutate
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, gone: asyncio.Event | None = None) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, conn: "Connection | None" = None) -> None:
         if scope["type"] == "http" and scope["path"] == MUTATE_PATH and scope["method"] == "POST":
-            await self.mutate(scope, receive, send, gone)
+            await self.mutate(scope, receive, send, conn)
         else:
+            if conn is not None:
+                conn.working()  # /healthz, /readyz: no body to wait for
             await super().__call__(scope, receive, send)
 
 

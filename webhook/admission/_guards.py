@@ -46,14 +46,17 @@ class Door:
     max_head_bytes: int
     shutdown_timeout: float = 2.0  # a TLS close waiting for the client's close_notify
     open: dict["Connection", None] = field(default_factory=dict)
-    idle: dict["Connection", None] = field(default_factory=dict)  # waiting for a request, oldest first
+    # The connections not being answered, by when they last moved on (oldest first): those
+    # waiting for a request (since accept or their last answer), and those whose request
+    # the app has but is not working on yet (its body still coming, or waiting its turn).
+    waiting: dict["Connection", None] = field(default_factory=dict)
 
     def admit(self, conn: "Connection") -> bool:
-        """Guard: a flood of connections, idle or slow, holding every place. At the cap the
-        oldest connection still waiting for its request goes, never one inside a request:
-        a client that sends its request at once always gets a place."""
+        """Guard: a flood of connections, idle, slow or stalled, holding every place. At the
+        cap the one that has waited longest without moving on goes; never one being
+        answered: a client that sends its request at once always gets a place."""
         if len(self.open) >= self.max_connections:
-            victim = next(iter(self.idle), None)
+            victim = next(iter(self.waiting), None)
             if victim is None:
                 return False
             victim.kill("over-limit")
@@ -61,9 +64,14 @@ class Door:
         self.open[conn] = None
         return True
 
+    def wait(self, conn: "Connection") -> None:
+        """`conn` moved on, to a state where it waits: it goes last in line."""
+        self.waiting.pop(conn, None)
+        self.waiting[conn] = None
+
     def leave(self, conn: "Connection") -> None:
         self.open.pop(conn, None)
-        self.idle.pop(conn, None)
+        self.waiting.pop(conn, None)
 
 
 class Connection(asyncio.Protocol):
@@ -248,7 +256,7 @@ class Connection(asyncio.Protocol):
         and the app's start on it within INITSHIFT_HEADER_TIMEOUT_SECONDS."""
         assert self.door is not None
         self._cancel()
-        self.door.idle[self] = None
+        self.door.wait(self)
         self._deadline = asyncio.get_running_loop().call_later(self.door.header_timeout, self.kill, "header-timeout")
 
     @property
@@ -260,7 +268,12 @@ class Connection(asyncio.Protocol):
         """The app has the request; its body has a deadline of its own there."""
         self._cancel()
         if self.door is not None:
-            self.door.idle.pop(self, None)
+            self.door.wait(self)
+
+    def working(self) -> None:
+        """The app works on the request (its body is in): the connection is not evicted."""
+        if self.door is not None:
+            self.door.waiting.pop(self, None)
 
     def answered(self) -> None:
         """The app is done with the request: the next one may come (once the body is in)."""

@@ -97,8 +97,10 @@ class HttpsServer:
             send = _closing(send)
         try:
             if scope["scheme"] == "https":
-                await self.app(scope, receive, send, conn.closed if conn is not None else None)
+                await self.app(scope, receive, send, conn)
             elif scope["path"] == "/metrics":
+                if conn is not None:
+                    conn.working()
                 await self.metrics_app(scope, receive, send)
             else:
                 await send({"type": "http.response.start", "status": 404,
