@@ -91,13 +91,14 @@ class RewriteSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds.", "0.0.0.0")
+    host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds; empty: every address, IPv6 and IPv4 "
+                     "(IPv4 only where the node has no IPv6), as on an IPv6-only or dual-stack cluster.", "")
     port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on (admission and health only).", 8443,
                      **_PORT)
     metrics_port: int = _env("INITSHIFT_METRICS_PORT",
                              "Plain-HTTP port serving `/metrics` (Prometheus); 0 turns it off.", 8080, **_PORT)
     metrics_host: str = _env("INITSHIFT_METRICS_HOST",
-                             "Address the metrics port binds; empty: INITSHIFT_HOST (all interfaces by default, "
+                             "Address the metrics port binds; empty: INITSHIFT_HOST (every address by default, "
                              "which a scrape through the pod IP or a Service needs).", "")
     tls_cert: str = _env("INITSHIFT_TLS_CERT", "Serving certificate (PEM); reloaded when it changes.",
                          "/etc/initshift/tls/tls.crt")

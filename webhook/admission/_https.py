@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 from typing import Any, Awaitable, Callable
 
@@ -162,14 +163,22 @@ def run_loop(main: Awaitable[None]) -> None:
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening socket; port 0 picks a free one with no race between choice and bind.
-    An IPv6 address works; `::` (or an empty host) listens on IPv6 and IPv4 both."""
-    family = socket.AF_INET6 if ":" in host or not host else socket.AF_INET
+    An IPv6 address works; `::` listens on IPv6 and IPv4 both, and so does an empty host,
+    on IPv4 alone where the node has no IPv6."""
+    if not host:
+        try:
+            return bind("::", port)
+        except OSError as e:
+            if e.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+            return bind("0.0.0.0", port)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6 and host in ("", "::"):
+        if host == "::":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual stack
-        sock.bind((host or "::", port))
+        sock.bind((host, port))
         sock.listen(1024)  # a burst of new connections waits in the kernel, not refused
     except BaseException:
         sock.close()
@@ -182,5 +191,5 @@ def _listen(host: str, port: int, setting: str) -> socket.socket:
         return bind(host, port)
     except OSError as e:
         why = e.strerror[:1].lower() + e.strerror[1:] if e.strerror else str(e)
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}" if host else f"port {port}"
         raise ListenError(f"cannot listen on {where} ({setting}): {why}") from None

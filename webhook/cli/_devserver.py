@@ -37,7 +37,7 @@ def _ensure_certs(run_dir: Path, host: str) -> str:
     from certs import rotation, store
 
     names = ("localhost",)
-    ips = tuple(dict.fromkeys(("127.0.0.1", "::1", *([host] if _is_ip(host) and host != "0.0.0.0" else []))))
+    ips = tuple(dict.fromkeys(("127.0.0.1", "::1", *([host] if _is_ip(host) and host not in ("0.0.0.0", "::") else []))))
     ensure_local_certificates(run_dir, rotation.Wanted(names, ips))
     return str((run_dir / store.CA_CERT).resolve())
 
