@@ -11,6 +11,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from waiter import protocol as p
 
@@ -25,7 +26,7 @@ _EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "review.json"
 _DEV_DEFAULTS = {p.FEATURE_GATE_ENV: "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": "8443"}
 
 
-def _dev_settings(run_dir: Path, environ: dict[str, str] | os._Environ) -> Settings:
+def _dev_settings(run_dir: Path, environ: Mapping[str, str]) -> Settings:
     env = {**_DEV_DEFAULTS, **environ,
            "INITSHIFT_TLS_CERT": str(run_dir / "tls.crt"), "INITSHIFT_TLS_KEY": str(run_dir / "tls.key")}
     return Settings.from_env(env)
