@@ -170,7 +170,9 @@ def test_fuzz_over_tls_no_5xx_patches_apply_and_valid_pods_stay_valid(pki):
             seen["patched"] += 1
             seen["warned"] += bool(answer["response"].get("warnings"))
             out = apply_patch(pod, patch)
-            assert object_bytes(out) <= MAX_OBJECT_BYTES
+            # The rewrite never makes a pod too large for etcd (one already is, left unchanged
+            # but for its forged annotations, stays so: etcd refuses it, not the webhook).
+            assert object_bytes(out) <= max(MAX_OBJECT_BYTES, object_bytes(pod))
             if valid(pod):
                 assert_valid_pod(out)
                 seen["checked"] += 1
