@@ -64,7 +64,7 @@ class Bench:
     def case(self, name: str, attack: Callable[[], tuple[str, list[socket.socket]]]) -> None:
         if self.cgroup is not None:
             self.cgroup.reset_peak()
-        cpu = hostile.cpu_seconds(self.pid)
+        start, cpu = self.memory(), hostile.cpu_seconds(self.pid)
         legit = hostile.Legit(self.url, str(self.ca))
         with legit.running():
             said, socks = attack()
@@ -74,8 +74,8 @@ class Bench:
         hostile.close_all(socks)
         kills = f", OOM kills {self.cgroup.oom_kills()}" if self.cgroup is not None else ""
         print(f"{name}: {said}\n    legitimate /mutate meanwhile: {summary(legit.samples)}\n"
-              f"    server: peak +{(self.peak() - self.idle) / MiB:.0f} MiB over idle, "
-              f"{hostile.cpu_seconds(self.pid) - cpu:.1f} s CPU{kills}; attack connections "
+              f"    server: memory peak {self.peak() / MiB:.0f} MiB (at the start {start / MiB:.0f}, idle "
+              f"{self.idle / MiB:.0f}), {hostile.cpu_seconds(self.pid) - cpu:.1f} s CPU{kills}; attack connections "
               + (f"closed {held:.1f} s after the last byte" if socks and not open_ else
                  f"{len(open_)} of {len(socks)} still open after {held:.0f} s" if socks else "none left open"),
               flush=True)
@@ -149,31 +149,49 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
             10: ("10. pipelining", pipelining)}
 
 
-def sizing(b: Bench, large: bytes) -> None:
-    """The two terms of the memory limit: one largest review, and a full connection cap of
-    unread large bodies."""
+def fresh(d: Path, small: bytes, tree: Path | None) -> tuple[Any, Bench]:
+    """A server of its own in a cgroup of its own (when writable), idle."""
+    cgroup = hostile.MemoryCgroup.create(8 << 30, f"initshift-bench-{os.getpid()}-{time.monotonic_ns()}")
+    proc, port = h.serve_process(d, small, tree=tree, preexec_fn=cgroup.enter if cgroup else None)
+    env = dict(i.decode().split("=", 1) for i in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+               if b"=" in i)
+    time.sleep(1)
+    return proc, Bench(port, int(env["INITSHIFT_METRICS_PORT"]), d / "ca.crt", proc.pid, cgroup)
+
+
+def stop(proc: Any, b: Bench) -> None:
+    proc.terminate()
+    proc.wait(60)
+    if b.cgroup is not None:
+        b.cgroup.remove()
+
+
+def sizing(d: Path, small: bytes, large: bytes, tree: Path | None) -> None:
+    """The terms of the memory limit, each from a fresh server: idle; one largest review
+    (and the largest one the rewrite still rewrites); the connection cap's worth of
+    connections each holding a large review's unread body."""
     import httpx
 
-    for what, body in (("the largest review", large), ("the largest review rewritten (near etcd's limit)",
-                                                        hostile.large_body(1_400_000))):
-        if b.cgroup is not None:
-            b.cgroup.reset_peak()
-        base = b.memory()
-        t = time.perf_counter()
-        r = httpx.post(f"{b.url}/mutate", content=body, headers=hostile.JSON_CT, verify=b.ctx, timeout=120)
-        took = time.perf_counter() - t
-        print(f"sizing: {what} ({len(body) / 1e6:.2f} MB, HTTP {r.status_code}, {r.json()['response']['allowed']=}, "
-              f"{len(r.content) / 1e6:.2f} MB answer) alone: peak +{(b.peak() - base) / MiB:.0f} MiB over "
-              f"{base / MiB:.0f} MiB, answered in {took:.2f} s", flush=True)
     cap = ServerSettings().max_connections
-    if b.cgroup is not None:
-        b.cgroup.reset_peak()
-    base = b.memory()
-    socks = hostile.unread_bodies(b.port, b.ctx, large, cap)
-    time.sleep(2)
-    print(f"sizing: {cap} connections (INITSHIFT_MAX_CONNECTIONS) each holding a large review's unread body: "
-          f"+{(b.memory() - base) / MiB:.0f} MiB now, peak +{(b.peak() - base) / MiB:.0f} MiB", flush=True)
-    hostile.close_all(socks)
+    for what, body in (("the largest review", large),
+                       ("the largest review rewritten (near etcd's limit)", hostile.large_body(1_400_000)),
+                       (f"{cap} connections (INITSHIFT_MAX_CONNECTIONS) each holding a large review's unread body",
+                        None)):
+        proc, b = fresh(d, small, tree)
+        try:
+            if body is not None:
+                r = httpx.post(f"{b.url}/mutate", content=body, headers=hostile.JSON_CT, verify=b.ctx, timeout=120)
+                said = f"{len(body) / 1e6:.2f} MB review, {len(r.content) / 1e6:.2f} MB answer"
+            else:
+                socks = hostile.unread_bodies(b.port, b.ctx, large, cap)
+                time.sleep(2)
+                said = f"{len(socks)} connections"
+            print(f"sizing: {what} ({said}): peak {b.peak() / MiB:.0f} MiB, +{(b.peak() - b.idle) / MiB:.0f} MiB "
+                  f"over the idle {b.idle / MiB:.0f} MiB", flush=True)
+            if body is None:
+                hostile.close_all(socks)
+        finally:
+            stop(proc, b)
 
 
 def main() -> None:
@@ -202,8 +220,6 @@ def main() -> None:
         for number, (name, attack) in cases(b, large, small).items():
             if number in chosen:
                 b.case(name, attack)
-        if not args.no_sizing:
-            sizing(b, large)
         print(f"after all of it: {b.memory() / MiB:.0f} MiB, peak {hostile.memory_kb(proc.pid, 'VmHWM') / 1024:.0f} "
               f"MiB RSS")
     finally:
@@ -212,6 +228,10 @@ def main() -> None:
             proc.wait(60)
         if cgroup is not None:
             cgroup.remove()
+    try:
+        if not args.no_sizing:
+            sizing(d, small, large, args.server_tree)
+    finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
