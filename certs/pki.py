@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_DAYS = 3650
@@ -24,6 +25,11 @@ BACKDATE = dt.timedelta(minutes=5)
 
 class PKIError(ValueError):
     """PEM data that cannot be used; the message is one line."""
+
+
+# The private keys a CA may sign with.
+_SigningKey = (rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
+               | dsa.DSAPrivateKey)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,29 @@ def create_ca(common_name: str = "initshift-ca", days: int = CA_DAYS, now: dt.da
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+# RFC 1123 labels and host names, as Kubernetes checks them, with the wildcard a SAN may carry first.
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_LABEL = re.compile(_LABEL)
+_DNS_NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*")
+
+
+def check_dns_name(name: str) -> str:
+    """`name` in lower case (names compare case-insensitively) when it is a DNS name a
+    certificate can carry (`*.` first allowed); else PKIError saying why."""
+    if not name.isascii():
+        raise PKIError(f"not a DNS name: {name!r} (write an internationalised name in its xn-- form)")
+    if len(name) > 253 or not _DNS_NAME.fullmatch(name.lower()):
+        raise PKIError(f"not a DNS name: {name!r} (letters, digits, '-' and '.'; labels of 1-63 characters)")
+    return name.lower()
+
+
+def check_dns_label(name: str) -> str:
+    """`name` when it is one RFC 1123 label, as Kubernetes names Services and namespaces."""
+    if not _DNS_LABEL.fullmatch(name):
+        raise PKIError(f"not a DNS label: {name!r} (lower-case letters, digits and '-', 1-63 characters)")
+    return name
+
+
 def parse_ips(values: list[str] | tuple[str, ...]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     out = []
     for v in values:
@@ -91,7 +120,7 @@ def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str
     now = now or utcnow()
     ca_cert, ca_key = load_cert(ca.cert_pem), _load_key(ca.key_pem)
     key = _key()
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans: list[x509.GeneralName] = [x509.DNSName(check_dns_name(n)) for n in dns_names]
     sans += [x509.IPAddress(ip) for ip in parse_ips(ips)]
     not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
@@ -107,10 +136,72 @@ def create_serving(ca: KeyPair, dns_names: list[str], ips: list[str] | tuple[str
                                      key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(_authority_key_id(ca_cert, ca_key), critical=False)
+        .sign(ca_key, _signature_hash(ca_key))
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def _authority_key_id(ca_cert: x509.Certificate, ca_key: _SigningKey) -> x509.AuthorityKeyIdentifier:
+    """The CA's own subject key identifier, whichever way its maker derived it: OpenSSL
+    builds a chain only when the two are equal."""
+    try:
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+def _signature_hash(key: _SigningKey) -> hashes.HashAlgorithm | None:
+    """Ed25519 and Ed448 sign without a separate hash; the others with SHA-256."""
+    return None if isinstance(key, (ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)) else hashes.SHA256()
+
+
+def _basic_constraints(cert: x509.Certificate) -> x509.BasicConstraints | None:
+    try:
+        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def is_ca(cert: x509.Certificate) -> bool:
+    """basicConstraints CA:TRUE."""
+    basic = _basic_constraints(cert)
+    return basic is not None and basic.ca
+
+
+def check_ca(ca: KeyPair, now: dt.datetime | None = None) -> x509.Certificate:
+    """The CA certificate of `ca` (its PEM's first) when it can sign serving certificates
+    that verify: a CA (basicConstraints CA:TRUE, and keyCertSign if it restricts its key
+    usage), valid now, and `ca.key_pem` its key. Else PKIError saying which."""
+    now = now or utcnow()
+    cert = load_cert(ca.cert_pem)
+    basic = _basic_constraints(cert)
+    if basic is None or not basic.ca:
+        raise PKIError(f"{subject_of(cert)} is not a CA certificate (basicConstraints "
+                       f"{'CA:FALSE' if basic else 'missing'}): it cannot sign another certificate")
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None
+    if usage is not None and not usage.key_cert_sign:
+        raise PKIError(f"{subject_of(cert)} may not sign certificates (its keyUsage lacks keyCertSign)")
+    if cert.not_valid_after_utc <= now:
+        raise PKIError(f"{subject_of(cert)} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    if cert.not_valid_before_utc > now:
+        raise PKIError(f"{subject_of(cert)} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+    key = _load_key(ca.key_pem)
+    if not isinstance(key, (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey,
+                            ed448.Ed448PrivateKey, dsa.DSAPrivateKey)):
+        raise PKIError(f"a {type(key).__name__} cannot sign certificates")
+    if cert.public_key() != key.public_key():
+        raise PKIError(f"the key does not belong to {subject_of(cert)}")
+    return cert
+
+
+def subject_of(cert: x509.Certificate) -> str:
+    """`the certificate CN=...`, for a message."""
+    return f"the certificate {cert.subject.rfc4514_string() or '(no subject)'}"
 
 
 def load_cert(pem: bytes) -> x509.Certificate:
@@ -128,12 +219,16 @@ def load_certs(pem: bytes) -> list[x509.Certificate]:
         raise PKIError(f"not a PEM certificate bundle: {e}") from None
 
 
-def _load_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
+def _load_key(pem: bytes) -> _SigningKey:
     try:
         key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as e:
-        raise PKIError(f"not an unencrypted PEM private key: {e}") from None
+        raise PKIError(f"not an unencrypted PEM private key: {_one_line(e)}") from None
     return key  # type: ignore[return-value]
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def cert_pem(cert: x509.Certificate) -> bytes:

@@ -63,15 +63,7 @@ def _usable_ca(ca: pki.KeyPair | None, want: Wanted, now: dt.datetime) -> bool:
     if ca is None or not pki.matches_key(ca):
         return False
     cert = ca.cert
-    basic = _basic_ca(cert)
-    return basic and not pki.expires_within(cert, want.margin, now)
-
-
-def _basic_ca(cert: x509.Certificate) -> bool:
-    try:
-        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
-    except x509.ExtensionNotFound:
-        return False
+    return pki.is_ca(cert) and not pki.expires_within(cert, want.margin, now)
 
 
 def _usable_serving(serving: pki.KeyPair | None, ca: pki.KeyPair, want: Wanted, now: dt.datetime) -> bool:

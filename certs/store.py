@@ -14,7 +14,7 @@ from pathlib import Path
 from . import pki
 from .rotation import Material
 
-CA_CERT, _CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
+CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
 SECRET_TYPE = "kubernetes.io/tls"
 
 
@@ -45,7 +45,7 @@ def _pair(cert: bytes | None, key: bytes | None) -> pki.KeyPair | None:
 
 def read_dir(directory: str | Path) -> Material:
     d = Path(directory)
-    return Material(_pair(_read(d / CA_CERT), _read(d / _CA_KEY)), _pair(_read(d / TLS_CERT), _read(d / TLS_KEY)))
+    return Material(_pair(_read(d / CA_CERT), _read(d / CA_KEY)), _pair(_read(d / TLS_CERT), _read(d / TLS_KEY)))
 
 
 def write_serving(cert_path: str | Path, key_path: str | Path, serving: pki.KeyPair) -> None:
@@ -59,7 +59,7 @@ def write_dir(directory: str | Path, ca: pki.KeyPair | None, serving: pki.KeyPai
     d = Path(directory)
     if ca is not None:
         if ca_key:
-            write_file(d / _CA_KEY, ca.key_pem, 0o600)
+            write_file(d / CA_KEY, ca.key_pem, 0o600)
         write_file(d / CA_CERT, ca.cert_pem)
     write_serving(d / TLS_CERT, d / TLS_KEY, serving)
 
@@ -68,7 +68,7 @@ def secret_data(serving: pki.KeyPair, ca_bundle: bytes, ca_key: bytes | None = N
     """The Secret's `data` (base64 values)."""
     raw = {TLS_CERT: serving.cert_pem, TLS_KEY: serving.key_pem, CA_CERT: ca_bundle}
     if ca_key:
-        raw[_CA_KEY] = ca_key
+        raw[CA_KEY] = ca_key
     return {k: base64.b64encode(v).decode() for k, v in raw.items()}
 
 
@@ -87,4 +87,4 @@ def material_from_secret(data: dict[str, str] | None) -> Material:
         except pki.PKIError:
             first = []
         ca_cert = pki.cert_pem(first[0]) if first else None
-    return Material(_pair(ca_cert, raw.get(_CA_KEY)), _pair(raw.get(TLS_CERT), raw.get(TLS_KEY)))
+    return Material(_pair(ca_cert, raw.get(CA_KEY)), _pair(raw.get(TLS_CERT), raw.get(TLS_KEY)))

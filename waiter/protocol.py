@@ -24,6 +24,10 @@ ANNOTATION_START_ORDER = f"{GROUP}/start-order"
 ANNOTATION_READY_PREFIX = f"{GROUP}/ready-"  # + container name: per-container ready (start-order)
 # written: why a pod with init containers was left as it is (the reason slug of the warning)
 ANNOTATION_NOT_REWRITTEN = f"{GROUP}/not-rewritten"
+# written (hybrid): JSON {container: startupProbe}: the startupProbes initshift removed from
+# native sidecars whose readiness step 0 waits for itself, as they were, to put back if that
+# stops holding on re-invocation
+ANNOTATION_STARTUP_PROBES_REMOVED = f"{GROUP}/startup-probes-removed"
 
 MODE_DISABLED = "disabled"
 MODE_WAITER = "waiter"

@@ -3,8 +3,10 @@
 
 Each package keeps its own subclasses next to the code that raises them: `RewriteError`
 (rewrite), `BadReview` and `TLSError` (admission), `RegistryError` and friends (registry),
-`KubeError` (kube), `SettingsError` (settings), `NotManaged` (watcher), `InputError` and
-`CliError` (cli). certs/ is independent of the webhook and has its own `PKIError`.
+`KubeError` and `KubeConfigError` (kube), `SettingsError` (settings), `NotManaged` (watcher),
+`InputError` and `CliError` (cli); tests/test_errors.py holds every exception class in
+webhook/ to it. certs/ and waiter/ import nothing from webhook/ and keep their own roots
+(`PKIError`, `WaiterError`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ async def test_skipped_pod_gets_only_the_reason():
 
 async def test_long_running_pod_without_init_containers_no_patch():
     decision = await decide(pods.as_deployment_pod(pods.without_init(h.kpack_istio())))
-    assert decision.reason == "restart-policy" and "patch" not in decision.answer["response"]
+    assert decision.reason == "no-init-containers" and "patch" not in decision.answer["response"]
 
 
 async def test_protected_namespace_is_never_patched():

@@ -103,7 +103,7 @@ def asking(pod: dict, mode: str) -> dict:
 
 @pytest.mark.parametrize("pod, reason", [
     (pods.load("kpack-build"), "no-sidecar"),
-    (pods.as_deployment_pod(pods.without_init(h.kpack_istio())), "restart-policy"),
+    (pods.as_deployment_pod(pods.without_init(h.kpack_istio())), "no-init-containers"),
     (pods.as_deployment_pod(h.kpack_istio()), "restart-policy"),
     (asking(pods.inject_istio(pods.load("kpack-build"), "native"), p.MODE_NATIVE), "already-native"),
 ])

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import os
 import ssl
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -125,11 +129,13 @@ def test_certs_create_writes_files(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,code", [
-    (["create", "--ca-cert", "x.crt"], 2),  # usage (the shared convention: 2 usage, 1 run time)
-    (["create", "--ca-cert", "missing.crt", "--ca-key", "missing.key"], 1),
-    (["create", "--ip", "999.1.1.1"], 1),
+    (["create", "--ca-cert", "x.crt"], 2),  # usage (the shared convention: 2 usage or bad input, 1 run time)
+    (["create", "--ca-cert", "missing.crt", "--ca-key", "missing.key"], 2),
+    (["create", "--ip", "999.1.1.1"], 2),
+    (["create", "--dns", "café.example"], 2),
+    (["create", "--namespace", "Builds_1"], 2),
     (["create", "--days", "0"], 2),
-    (["inject", "--ca-file", "missing.pem"], 1),
+    (["inject", "--ca-file", "missing.pem"], 2),
 ])
 def test_certs_errors_are_one_line(tmp_path, capsys, argv, code):
     try:
@@ -139,6 +145,128 @@ def test_certs_errors_are_one_line(tmp_path, capsys, argv, code):
     assert got == code
     err = capsys.readouterr().err
     assert err.startswith("initshift certs") and err.count("\n") == 1
+
+
+# --- certs create and an existing CA: what it signs with, what openssl verify says ------------
+def openssl(*args: str, cwd) -> str:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (args, proc.stderr)
+    return proc.stdout
+
+
+def openssl_ca(d, name: str, key: list[str], *ext: str, issuer: str | None = None) -> tuple[str, str]:
+    """A CA certificate and key made by OpenSSL itself (self-signed, or by `issuer`)."""
+    signer = ["-CA", f"{issuer}.crt", "-CAkey", f"{issuer}.key"] if issuer else []
+    openssl("req", "-x509", "-nodes", *key, "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "30",
+            "-subj", f"/CN={name}", *signer, *(a for e in ext for a in ("-addext", e)), cwd=d)
+    return str(d / f"{name}.crt"), str(d / f"{name}.key")
+
+
+CA_EXT = ("basicConstraints=critical,CA:TRUE", "keyUsage=critical,keyCertSign,cRLSign")
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
+
+
+def verify(out, *flags: str) -> None:
+    """`openssl verify` of tls.crt against ca.crt, as a TLS server certificate for the Service."""
+    openssl("verify", *flags, "-CAfile", "ca.crt", "-purpose", "sslserver",
+            "-verify_hostname", "initshift.initshift-system.svc", "tls.crt", cwd=out)
+
+
+def create(*argv: str) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "webhook.cli", "certs", "create", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+                          env={k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_")})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_every_chain_certs_create_writes_verifies_with_openssl(tmp_path):
+    """Its own CA, and CAs OpenSSL made: RSA with a subject key identifier that is not the
+    key's hash (the serving certificate must name that one), Ed25519, an intermediate
+    followed by its root in --ca-cert, and an intermediate alone."""
+    assert create("--out", str(tmp_path / "own"))[0] == 0
+    verify(tmp_path / "own")
+    rsa = openssl_ca(tmp_path, "rsa-root", ["-newkey", "rsa:2048"], *CA_EXT,
+                     "subjectKeyIdentifier=0102030405060708", "authorityKeyIdentifier=none")
+    ed = openssl_ca(tmp_path, "ed-root", ["-newkey", "ed25519"], *CA_EXT)
+    inter = openssl_ca(tmp_path, "intermediate", EC, "basicConstraints=critical,CA:TRUE,pathlen:0",
+                       "keyUsage=critical,keyCertSign", issuer="rsa-root")
+    chain = tmp_path / "chain.crt"
+    chain.write_bytes(Path(inter[0]).read_bytes() + Path(rsa[0]).read_bytes())
+    for name, (crt, key) in {"rsa": rsa, "ed25519": ed, "chain": (str(chain), inter[1])}.items():
+        code, out, err = create("--out", str(tmp_path / name), "--ca-cert", crt, "--ca-key", key)
+        assert code == 0 and err == "", err
+        verify(tmp_path / name)
+        assert not (tmp_path / name / "ca.key").exists()  # a given CA's key stays where it is
+    assert (tmp_path / "chain" / "ca.crt").read_bytes() == chain.read_bytes()  # the whole chain is the caBundle
+    # An intermediate alone: the apiserver trusts any certificate of its caBundle as an
+    # anchor (Go's verifier), as `openssl verify -partial_chain` does.
+    assert create("--out", str(tmp_path / "alone"), "--ca-cert", inter[0], "--ca-key", inter[1])[0] == 0
+    verify(tmp_path / "alone", "-partial_chain")
+
+
+def test_certs_create_refuses_a_ca_that_cannot_sign(tmp_path):
+    """A leaf, a CA whose key usage forbids signing, one without basicConstraints, an
+    expired one, a key that is not the certificate's: one line, exit 2, nothing written."""
+    assert create("--out", str(tmp_path / "own"))[0] == 0
+    own = tmp_path / "own"
+    no_sign = openssl_ca(tmp_path, "no-sign", EC, "basicConstraints=critical,CA:TRUE",
+                         "keyUsage=critical,digitalSignature")
+    no_bc = openssl_ca(tmp_path, "no-bc", EC, "basicConstraints=critical,CA:FALSE")
+    expired = pki.create_ca("expired", days=1, now=now() - 10 * DAY)
+    (tmp_path / "expired.crt").write_bytes(expired.cert_pem)
+    (tmp_path / "expired.key").write_bytes(expired.key_pem)
+    cases = {
+        "leaf": ((own / "tls.crt", own / "tls.key"), "CN=initshift is not a CA certificate (basicConstraints CA:FALSE)"),
+        "no keyCertSign": (no_sign, "CN=no-sign may not sign certificates (its keyUsage lacks keyCertSign)"),
+        "CA:FALSE": (no_bc, "CN=no-bc is not a CA certificate"),
+        "expired": ((tmp_path / "expired.crt", tmp_path / "expired.key"), "CN=expired expired on"),
+        "another key": ((own / "ca.crt", own / "tls.key"), "the key does not belong to the certificate CN=initshift-ca"),
+        "not PEM": ((own / "ca.key", own / "ca.key"), "not a PEM certificate bundle"),
+    }
+    for name, ((crt, key), words) in cases.items():
+        code, out, err = create("--out", str(tmp_path / name), "--ca-cert", str(crt), "--ca-key", str(key))
+        assert code == 2 and out == "" and err.count("\n") == 1, (name, code, err)
+        assert err.startswith(f"initshift certs create: --ca-cert {crt} --ca-key {key}: ") and words in err, err
+        assert not (tmp_path / name).exists()
+
+
+def test_certs_create_again_keeps_the_ca_and_replaces_it_only_with_force(tmp_path):
+    out = tmp_path / "out"
+    code, text, _ = create("--out", str(out))
+    assert code == 0 and text.splitlines()[0].startswith(f"wrote a new CA to {out}: {out}/ca.crt, {out}/ca.key")
+    assert f"wrote {out}/tls.crt, {out}/tls.key (valid until " in text.splitlines()[1]
+    ca_key, ca_crt, first = ((out / n).read_bytes() for n in ("ca.key", "ca.crt", "tls.crt"))
+    # again: the same CA signs a new serving certificate (the caBundle stays valid)
+    code, text, _ = create("--out", str(out), "--dns", "hook.example.com")
+    assert code == 0 and text.startswith(f"kept the CA in {out} (ca.crt, ca.key; valid until ")
+    assert (out / "ca.key").read_bytes() == ca_key and (out / "ca.crt").read_bytes() == ca_crt
+    assert (out / "tls.crt").read_bytes() != first and "hook.example.com" in pki.names(pki.load_cert(
+        (out / "tls.crt").read_bytes()))[0]
+    verify(out)
+    # a CA key that cannot be kept is never overwritten without --force
+    (out / "ca.crt").unlink()
+    code, text, err = create("--out", str(out))
+    assert (code, text) == (2, "") and "holds a CA key that cannot be kept (ca.crt is missing): --force" in err
+    assert (out / "ca.key").read_bytes() == ca_key
+    code, text, _ = create("--out", str(out), "--force")
+    assert code == 0 and text.startswith(f"replaced the CA in {out}")
+    assert "initshift certs inject --ca-file" in text and (out / "ca.key").read_bytes() != ca_key
+    verify(out)
+    # signing with another CA into a directory that holds a CA key: refused, then --force
+    other = tmp_path / "other"
+    assert create("--out", str(other))[0] == 0
+    argv = ["--out", str(out), "--ca-cert", str(other / "ca.crt"), "--ca-key", str(other / "ca.key")]
+    code, _, err = create(*argv)
+    assert code == 2 and f"{out}/ca.key is the key of another CA: choose another --out, or --force" in err
+    code, text, _ = create(*argv, "--force")
+    assert code == 0 and f"removed {out}/ca.key" in text and not (out / "ca.key").exists()
+    verify(out)
+    # a CA certificate without its key (what --ca-cert wrote): signed with again only as asked
+    code, _, err = create("--out", str(out))
+    assert code == 2 and f"{out}/ca.crt is a CA whose key is not in {out}: sign with it again with --ca-cert" in err
+    code, text, _ = create("--out", str(out), "--ca-cert", str(out / "ca.crt"), "--ca-key", str(other / "ca.key"))
+    assert code == 0 and "caBundle" not in text  # the same CA: nothing to inject
+    verify(out)
 
 
 # --- against the API double ---------------------------------------------------------------
@@ -164,6 +292,38 @@ def kubeconfig(double: KubeDouble, path) -> str:
         "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}]}))
     return str(path)
+
+
+def test_certs_create_says_when_the_ca_ends_the_serving_certificate(tmp_path, capsys):
+    assert cli.main(["create", "--out", str(tmp_path), "--ca-days", "10"]) == 0
+    serving = capsys.readouterr().out.splitlines()[1]
+    assert "valid until" in serving and "the CA's end: --force or another --ca-cert for longer" in serving
+    assert cli.main(["create", "--out", str(tmp_path / "long")]) == 0
+    assert "the CA's end" not in capsys.readouterr().out
+
+
+def test_certs_create_writes_nothing_when_the_secret_has_no_cluster_to_go_to(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert cli.main(["create", "--out", str(tmp_path / "out"), "--secret", "initshift-tls"]) == 1
+    assert not (tmp_path / "out").exists()
+
+
+async def test_inject_warns_about_a_certificate_that_is_not_a_ca(tmp_path, capsys):
+    """tls.crt given for ca.crt: injected (a pinned self-signed leaf is legitimate), with a warning."""
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        cfg = kubeconfig(double, tmp_path / "kubeconfig")
+        assert await asyncio.to_thread(cli.main, ["create", "--out", str(tmp_path)]) == 0
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(tmp_path / "tls.crt"),
+                                                  "--kubeconfig", cfg]) == 0
+        err = capsys.readouterr().err
+        assert err == (f"warning: {tmp_path / 'tls.crt'}: the certificate CN=initshift is not a CA: the apiserver "
+                       "will trust that exact certificate alone, and the webhook fails once it is renewed\n")
+        assert bundle_in(double) == [pki.load_cert((tmp_path / "tls.crt").read_bytes())]
+        assert await asyncio.to_thread(cli.main, ["inject", "--ca-file", str(tmp_path / "ca.crt"),
+                                                  "--kubeconfig", cfg]) == 0
+        assert capsys.readouterr().err == ""
 
 
 async def test_cli_create_secret_and_inject(tmp_path):

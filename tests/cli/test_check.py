@@ -71,6 +71,18 @@ async def test_json_output(kube: KubeDouble, tmp_path) -> None:
                                                          "watcher", "rbac", "namespaces", "mesh"}
 
 
+async def test_json_output_without_a_kubeconfig_is_the_failure_as_data(tmp_path) -> None:
+    """A script reading stdout gets a report, not nothing; stderr keeps its one line."""
+    missing = tmp_path / "missing"
+    code, out, err = await check("-o", "json", "--kubeconfig", str(missing))
+    assert code == 1 and err == f"initshift check: kubeconfig {missing}: no such file\n"
+    assert json.loads(out) == {"ok": False, "checks": [
+        {"section": "kubernetes-api", "ok": False, "title": "can reach the Kubernetes API",
+         "hint": f"kubeconfig {missing}: no such file"}]}
+    code, out, err = await check("--kubeconfig", str(missing))
+    assert (code, out) == (1, "") and err.count("\n") == 1  # text: the one line is the whole answer
+
+
 async def test_no_configuration(kube: KubeDouble, tmp_path) -> None:
     async with inst.healthy(kube, tmp_path) as i:
         kube.delete("mutatingwebhookconfigurations", None, "initshift-webhook")

@@ -23,6 +23,19 @@ POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"c
 DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
               "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}
 
+
+def nested(depth: int) -> bytes:
+    """A valid Pod whose container holds a field `depth` objects deep, as JSON (written
+    out: json.dumps itself recurses)."""
+    field = '{"a": ' * (depth - 1) + "{}" + "}" * (depth - 1)
+    return b'{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": ' \
+           b'[{"name": "c", "x": %s}]}}' % field.encode()
+
+
+# Doubles ten times a line, nine lines: a billion values from 200 bytes.
+ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"b{i}: &b{i} [{','.join(['*' + (f'b{i - 1}' if i else 'a')] * 10)}]\n" for i in range(9))
+
 # name -> (bytes, words of the one-line message); a directory and a missing path are below.
 FILES: dict[str, tuple[bytes, str]] = {
     "latin1.yaml": ("kind: Pod\nmetadata: {name: caf\xe9}\n".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 30)"),
@@ -37,6 +50,14 @@ FILES: dict[str, tuple[bytes, str]] = {
     "no-spec.yaml": (b"kind: Pod\nmetadata: {name: p}\n", "the Pod has no spec"),
     "review-of-node.json": (json.dumps({"kind": "AdmissionReview", "request": {"object": {"kind": "Node"}}}).encode(),
                             "holds a Node, not a Pod"),
+    # as deep as the server's 400 for the same bytes: the reader stops, no RecursionError
+    "nested-500.json": (b"[" * 500, "nests deeper than 104 levels (line 1, column 105); no Kubernetes object does"),
+    "pod-field-950-deep.json": (nested(950), "nests deeper than 104 levels (line 1, column"),
+    # the server's own rule on the pod (webhook.rewrite.MAX_DEPTH): 101 levels, the 100 allowed
+    "pod-101-deep.json": (nested(97), "the pod nests deeper than 100 levels"),
+    "alias-bomb.yaml": (ALIAS_BOMB.encode(), "its aliases expand to more than 8388608 values (line 7, column"),
+    "alias-loop.yaml": (b"kind: Pod\nspec: &s {containers: [*s]}\n",
+                        "the alias *s is inside the node it names (line 2, column 24)"),
 }
 
 
@@ -71,6 +92,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "pod.yaml").write_text(yaml.safe_dump(POD))
     (d / "kubeconfig-broken").write_text("clusters: [\n")
     (d / "empty.crt").write_bytes(b"")
+    from certs import pki, store
+
+    ca = pki.create_ca()
+    store.write_dir(d / "ca", ca, pki.create_serving(ca, ["initshift"]))
+    (d / "ca-key-only").mkdir()
+    (d / "ca-key-only" / "ca.key").write_bytes(ca.key_pem)
     return d
 
 
@@ -95,6 +122,34 @@ def test_stdin_is_read_the_same_way(files: Path, command: str, name: str) -> Non
     assert "<stdin>" in proc.stderr.decode()
 
 
+def test_the_pod_may_nest_as_deep_as_the_server_allows(tmp_path: Path) -> None:
+    """100 levels below the pod, in a Pod or a CronJob's template (4 levels deeper): read."""
+    from webhook.rewrite import MAX_DEPTH, depth_problem
+
+    pod = json.loads(nested(96))
+    assert depth_problem(pod) is None
+    assert depth_problem(json.loads(nested(97))) == f"the pod nests deeper than {MAX_DEPTH} levels"
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
+               "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": pod}}}}
+    for name, doc in (("pod.json", pod), ("cronjob.json", cronjob)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        proc = run(["mutate", str(tmp_path / name), "-o", "json"])
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("command,expected", [
+    ("review", "expected a Pod or an AdmissionReview of a Pod"),
+    ("mutate", "expected a Pod, an AdmissionReview of a Pod or a workload (Deployment, ReplicaSet, StatefulSet, "
+               "DaemonSet, Job, CronJob)"),
+])
+def test_what_each_reader_expects_is_named_in_plain_words(files: Path, command: str, expected: str) -> None:
+    """`review` names only what it reads (no workload); several documents: one of them."""
+    one_line(run([command, str(files / "empty.yaml")]), 2, f"empty; {expected}", f"initshift {command}")
+    one_line(run([command, str(files / "two-pods.yaml")]), 2,
+             f"2 documents (a Pod, a Pod); expected exactly one of them to be {expected.replace('expected ', '')}",
+             f"initshift {command}")
+
+
 def test_a_workload_is_mutate_input_and_named_by_review(files: Path) -> None:
     assert run(["mutate", str(files / "deployment.yaml")]).returncode == 0
     one_line(run(["review", str(files / "deployment.yaml")]), 2,
@@ -111,6 +166,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
     "initshift": [
         ([], {}, 2, "missing command (usage: initshift", False),
         (["frobnicate"], {}, 2, "unknown command 'frobnicate'", False),
+        (["help", "frobnicate"], {}, 2, "unknown command 'frobnicate'", False),
     ],
     "mutate": [
         (["mutate"], {}, 2, "the following arguments are required: file", False),
@@ -137,17 +193,42 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["check", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
         (["check", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
         (["check"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
+        (["check", "-o", "json"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
+        # arguments are checked before anything connects
+        (["check", "--service-url", "127.0.0.1:8443"], {"KUBECONFIG": "{d}/missing"}, 2,
+         "argument --service-url: expected https://HOST[:PORT] (e.g. https://127.0.0.1:8443), got '127.0.0.1:8443'",
+         False),
+        (["check", "--service-url", "https://127.0.0.1:99999"], {}, 2, "argument --service-url: expected https://",
+         False),
+        (["check", "--timeout", "-5"], {}, 2, "argument --timeout: must be a positive number of seconds", False),
+        (["check", "--smoke", "Builds_1"], {}, 2, "argument --smoke: not a namespace name: 'Builds_1'", False),
     ],
     "certs": [
         (["certs"], {}, 2, "the following arguments are required: action", False),
-        (["certs", "create", "--days", "0", "--out", "{d}/out"], {}, 2, "argument --days: must be at least 1",
+        (["certs", "create", "--days", "0", "--out", "{d}/out"], {}, 2, "argument --days: must be 1 to 36500 (days)",
          False),
+        (["certs", "create", "--ca-days", "999999999", "--out", "{d}/out"], {}, 2,
+         "argument --ca-days: must be 1 to 36500 (days)", False),
+        (["certs", "create", "--out", "{d}/pod.yaml"], {}, 2, "--out {d}/pod.yaml: not a directory", False),
+        # no configuration for the Secret: nothing is written either (tests/certs checks the files)
+        (["certs", "create", "--out", "{d}/not-written", "--secret", "tls"], {"KUBECONFIG": "{d}/missing"}, 1,
+         "KUBECONFIG names {d}/missing, which does not exist", False),
         (["certs", "create", "--ca-cert", "{d}/pod.yaml", "--out", "{d}/out"], {}, 2,
          "--ca-cert and --ca-key go together", False),
-        (["certs", "inject", "--ca-file", "{d}/missing"], {}, 1, "cannot read CA file {d}/missing: No such file",
-         False),
-        (["certs", "inject", "--ca-file", "{d}/binary.bin"], {}, 1, "not a PEM certificate bundle", False),
+        (["certs", "inject", "--ca-file", "{d}/missing"], {}, 2,
+         "cannot read CA file {d}/missing: no such file or directory", False),
+        (["certs", "inject", "--ca-file", "{d}/binary.bin"], {}, 2, "not a PEM certificate bundle", False),
         (["certs", "create", "--out", "{d}/out"], {"INITSHIFT_PORT": "https"}, 2, "INITSHIFT_PORT", False),
+        (["certs", "create", "--out", "{d}/out", "--ip", "999.1.1.1"], {}, 2,
+         "argument --ip: not an IP address: '999.1.1.1'", False),
+        (["certs", "create", "--out", "{d}/out", "--dns", "bad name"], {}, 2, "argument --dns: not a DNS name",
+         False),
+        (["certs", "create", "--out", "{d}/out", "--ca-cert", "{d}/ca/tls.crt", "--ca-key", "{d}/ca/tls.key"], {}, 2,
+         "the certificate CN=initshift is not a CA certificate (basicConstraints CA:FALSE)", False),
+        (["certs", "create", "--out", "{d}/out", "--ca-cert", "{d}/ca/ca.crt", "--ca-key", "{d}/ca/tls.key"], {}, 2,
+         "the key does not belong to the certificate CN=initshift-ca", False),
+        (["certs", "create", "--out", "{d}/ca-key-only"], {}, 2,
+         "{d}/ca-key-only holds a CA key that cannot be kept (ca.crt is missing): --force replaces the CA", False),
     ],
     "serve": [
         (["serve", "--frob"], {}, 2, "unrecognized arguments: --frob", False),

@@ -15,7 +15,7 @@ import yaml
 from tests.support.fixtures import pods
 from tests.support.kubedouble import KubeDouble, terminated
 from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
-from tests.watcher.test_podview import kpack_deadline_after_success, kpack_running
+from tests.cli.test_podview import kpack_deadline_after_success, kpack_running
 from waiter import protocol as p
 from webhook.cli import _status as status_cmd
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support import docs, promoperator, pss
-from tests.support.deploy_render import CHART, DEPLOY, NAMESPACE, Rendered, RenderError, helm, kustomize
+from tests.support.deploy_render import CHART, DEPLOY, NAMESPACE, Rendered, RenderError, helm, helm_notes, kustomize
 from tests.support.podvalidate import VERSIONS
 from waiter import protocol as p
 from webhook import __version__
@@ -765,22 +765,14 @@ def test_chart_schema_rejects_bad_operator_values(bad):
 
 
 def _notes(values: dict) -> str:
-    import helm_python
-
-    with helm_python.Chart.load(str(CHART)) as chart:
-        return chart.render(values, name="initshift", namespace="platform")["initshift/templates/NOTES.txt"]
+    return helm_notes(values, namespace="platform")
 
 
 def test_notes_point_at_check_and_warn_about_fail():
+    """(tests/deploy/test_notes.py holds the names and the check line to the rendered objects.)"""
     text = _notes({})
-    assert "initshift check -n platform\n" in text and "kubectl initshift check" in text
+    assert "initshift check -n platform --service-url https://127.0.0.1:8443\n" in text
+    assert "kubectl initshift check" in text
     assert "failurePolicy=Ignore" in text and "WARNING: failurePolicy=Fail" not in text
     fail = _notes({"webhook": {"failurePolicy": "Fail"}})
     assert "WARNING: failurePolicy=Fail" in fail and "REJECTS every pod" in fail
-    renamed = _notes({"fullnameOverride": "ci-initshift"})
-    assert "initshift check -n platform --service-account ci-initshift --lease ci-initshift-watcher" in renamed
-    from webhook.cli import _check
-
-    args = _check._parser().parse_args(["-n", "platform", "--service-account", "ci-initshift", "--lease",
-                                        "ci-initshift-watcher"])
-    assert (args.service_account, args.lease) == ("ci-initshift", "ci-initshift-watcher")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.support import promoperator, promql
-from tests.support.deploy_render import CHART, DEPLOY, Rendered, helm, kustomize
+from tests.support.deploy_render import CHART, DEPLOY, Rendered, helm, helm_notes, kustomize
 from tests.deploy.test_deploy import selects, validate
 from webhook.settings import Settings
 
@@ -288,10 +288,7 @@ def test_dashboard_is_grafana_json():
 
 
 def notes(values: dict) -> str:
-    import helm_python
-
-    with helm_python.Chart.load(str(CHART)) as chart:
-        return chart.render(values, name="initshift", namespace="platform")["initshift/templates/NOTES.txt"]
+    return helm_notes(values, namespace="platform")
 
 
 def test_notes_say_where_metrics_are():

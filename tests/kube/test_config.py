@@ -176,7 +176,7 @@ def test_connecting_commands_fail_in_one_line(tmp_path, command, situation):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1, proc
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"initshift {command.split()[0]}: ") or lines[0].startswith("error: "), lines
+    assert lines[0].startswith(f"initshift {command}: ") or lines[0].startswith("error: "), lines
     assert "Traceback" not in proc.stderr and "Config not found" not in proc.stderr
     want = {"pod-without-token": "no service account token", "no-config": "no kubeconfig found",
             "missing-kubeconfig-list": "KUBECONFIG names"}[situation]

@@ -18,6 +18,9 @@ from waiter import protocol as p
 from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
+from webhook.rewrite._classify import sidecar_names
+from webhook.rewrite._native import startup_probe
+from webhook.rewrite._waiter import loopback_probe
 from webhook.rewrite._resources import pod_requests
 from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
@@ -86,8 +89,49 @@ def check_hybrid_pod(src: dict, out: dict) -> None:
             assert flag_values(c, p.FLAG_QUIT) == [], "the kubelet stops native sidecars: nothing to quit"
     for r, value in pod_requests(out["spec"]).items():
         assert value <= pod_requests(src["spec"]).get(r, Fraction(0)), (r, "effective request grew")
+    check_kubelet_hold(src, out)
     again = hybrid(out)
     assert again.pod == out and not again.changed and make_patch(out, again.pod) == [], "idempotent"
+
+
+def removed_record(pod: dict) -> dict:
+    raw = pod["metadata"].get("annotations", {}).get(p.ANNOTATION_STARTUP_PROBES_REMOVED)
+    return json.loads(raw) if raw else {}
+
+
+def check_kubelet_hold(src: dict, out: dict) -> None:
+    """Nothing reaches the network before the proxy is ready where initshift took the kubelet's
+    hold away: every startupProbe it removed belongs to a native sidecar step 0 probes on
+    loopback, after which only initshift-init starts, in a pod whose every regular container
+    the waiter runs, and without a livenessProbe that probe kept off a slow start. A removed
+    probe is the sidecar's own as admitted, or the one derived from its readiness probe."""
+    spec = out["spec"]
+    inits = spec["initContainers"]
+    steps = json.loads(out["metadata"]["annotations"][p.ANNOTATION_STEPS])
+    mains = json.loads(out["metadata"]["annotations"][p.ANNOTATION_MAINS])
+    step0 = next(c for c in spec["containers"] if c["name"] == (steps or mains)[0])
+    before = by_name(src)
+    for name, probe in removed_record(out).items():
+        i = names(inits).index(name)
+        proxy = inits[i]
+        assert proxy["restartPolicy"] == "Always" and "startupProbe" not in proxy, name
+        assert loopback_probe(proxy) in flag_values(step0, p.FLAG_PROBE), "step 0 waits for its readiness itself"
+        assert names(inits)[i + 1:] in ([], [p.INIT_CONTAINER_NAME]), "nothing else starts after it"
+        assert names(spec["containers"]) == [*steps, *mains][:len(spec["containers"])] and \
+            sorted(names(spec["containers"])) == sorted([*steps, *mains]), "the waiter runs every regular container"
+        assert proxy.get("readinessProbe") == before[name].get("readinessProbe"), "readiness untouched"
+        was = before[name].get("startupProbe")
+        assert probe == (was if was is not None else startup_probe(before[name]["readinessProbe"]))
+        assert was is None or "livenessProbe" not in proxy
+    # And the other way: where all of that holds for a mesh's native sidecar, the hold is gone.
+    recognised = sidecar_names(out["metadata"]["annotations"], RewriteSettings())
+    wrapped = sorted(names(spec["containers"])) == sorted([*steps, *mains])
+    for i, c in enumerate(inits):
+        if c.get("restartPolicy") == "Always" and c["name"] in recognised and wrapped \
+                and loopback_probe(c) in flag_values(step0, p.FLAG_PROBE) \
+                and names(inits)[i + 1:] in ([], [p.INIT_CONTAINER_NAME]) \
+                and not ("livenessProbe" in c and "startupProbe" in before[c["name"]]):
+            assert "startupProbe" not in c, c["name"]
 
 
 def test_shapes_are_complete():
@@ -104,8 +148,6 @@ def test_every_shape_hybrid_and_auto_with_native_support(name, settings):
     want = EXPECTED_SHAPES[name]
     if settings is AUTO and name == "deployment-istio":
         want = "rewritten"  # auto: native for restartPolicy Always
-    if settings is AUTO and name == "cronjob-deployment-istio":
-        want = "no-init-containers"  # auto: native, and a long-running pod without steps needs nothing
     assert result.reason == want, result.warnings
     assert result.warnings and all(w.startswith("initshift: ") for w in result.warnings)
     if not result.changed:
@@ -131,9 +173,11 @@ def test_kpack_layout_gate_and_resources():
     steps = ["prepare", "analyze", "detect", "restore", "build", "export"]
     assert names(spec["initContainers"]) == ["istio-init", "istio-proxy", p.INIT_CONTAINER_NAME]
     assert names(spec["containers"]) == [*steps, "completion"]
-    proxy = by_name(out)["istio-proxy"]
-    assert {k: v for k, v in proxy.items() if k != "restartPolicy"} == by_name(src)["istio-proxy"], \
-        "the proxy keeps its spec (Istio's own startupProbe included)"
+    proxy, was = by_name(out)["istio-proxy"], by_name(src)["istio-proxy"]
+    assert {k: v for k, v in proxy.items() if k != "restartPolicy"} == \
+        {k: v for k, v in was.items() if k != "startupProbe"}, "the proxy keeps its spec but its startupProbe"
+    assert removed_record(out) == {"istio-proxy": was["startupProbe"]}, "recorded as it was"
+    assert any("removed the startupProbe of 'istio-proxy'" in w for w in result.warnings)
     step0 = spec["containers"][0]
     assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
     assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the waiter's gate: probe, file as fallback"
@@ -246,7 +290,10 @@ def test_already_native_proxy_gets_hybrid_on_any_detection():
             assert result.strategy == p.MODE_HYBRID, (detected, result.warnings)
             assert names(result.pod["spec"]["initContainers"]) == ["istio-init", "istio-proxy",
                                                                    p.INIT_CONTAINER_NAME]
-            assert result.pod["spec"]["initContainers"][1] == pod["spec"]["initContainers"][1], "left as Istio made it"
+            istio, ours = pod["spec"]["initContainers"][1], result.pod["spec"]["initContainers"][1]
+            assert ours == {k: v for k, v in istio.items() if k != "startupProbe"}, \
+                "left as Istio made it but for its startupProbe"
+            assert removed_record(result.pod) == {"istio-proxy": istio["startupProbe"]}
     native = rewrite(pod, Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_NATIVE)),
                      native_supported=True)
     assert native.reason == "already-native", "native stays for users who ask for it"
@@ -355,3 +402,122 @@ def test_unrecognised_regular_sidecar_injected_later_is_gated_by_the_ready_file(
     assert p.READY_VOLUME in [v["name"] for v in out["spec"]["volumes"]]
     assert_valid_pod(out)
     assert hybrid(out).pod == out
+
+
+# --- the kubelet's hold: the proxy's startupProbe -----------------------------------------------
+
+def proxy_of(pod: dict, name: str = "istio-proxy") -> dict:
+    return by_name(pod)[name]
+
+
+@pytest.mark.parametrize("shape", ["kpack-istio-native", "kpack-istio", "job-istio", "tekton-istio"])
+def test_the_proxys_startup_probe_goes_where_step_0_gates_on_its_readiness(shape):
+    """Natively injected (the mesh's own startupProbe) or made native by initshift (the classic
+    proxy's own): step 0 probes its readiness on loopback, so the kubelet's hold goes."""
+    src = CATALOGUE[shape]
+    result = hybrid(src)
+    out = result.pod
+    assert "startupProbe" not in proxy_of(out) and proxy_of(out)["readinessProbe"] == proxy_of(src)["readinessProbe"]
+    assert removed_record(out) == {"istio-proxy": proxy_of(src)["startupProbe"]}
+    step0 = out["spec"]["containers"][0]
+    assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
+    check_hybrid_pod(src, out)
+    assert hybrid(out, AUTO).pod == out, "re-invocation keeps it, in any mode"
+
+
+def test_a_proxy_made_native_without_a_startup_probe_records_the_one_not_derived():
+    out = hybrid(CATALOGUE["kpack-linkerd"]).pod
+    assert "startupProbe" not in proxy_of(out, "linkerd-proxy")
+    assert removed_record(out) == {"linkerd-proxy": startup_probe(proxy_of(out, "linkerd-proxy")["readinessProbe"])}, \
+        "what native's rule would add, kept to put back if a re-invocation needs it"
+
+
+def test_an_ungated_init_container_after_the_proxy_keeps_the_hold():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["initContainers"].append({"name": "vault-agent-init", "image": "vault:1.17",
+                                          "command": ["vault", "agent", "-exit-after-auth"]})
+    pod["metadata"]["annotations"][p.ANNOTATION_KEEP_INIT] = "vault-agent-init"
+    out = hybrid(pod).pod
+    assert names(out["spec"]["initContainers"]) == ["istio-init", "istio-proxy", "vault-agent-init",
+                                                     p.INIT_CONTAINER_NAME]
+    assert proxy_of(out)["startupProbe"] == proxy_of(pod)["startupProbe"], "the kubelet still holds vault-agent-init"
+    assert removed_record(out) == {}
+    check_hybrid_pod(pod, out)
+    # Without a startupProbe of its own, a proxy initshift makes native gets the derived one.
+    del pod["spec"]["containers"][-1]["startupProbe"]
+    derived = hybrid(pod)
+    assert proxy_of(derived.pod)["startupProbe"] == startup_probe(proxy_of(pod)["readinessProbe"])
+    assert any("'istio-proxy' got a startupProbe derived" in w for w in derived.warnings)
+
+
+def test_a_sidecar_after_the_proxy_keeps_the_proxys_hold_and_loses_its_own():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "cache"
+    pod["spec"]["containers"].append({"name": "cache", "image": "redis:7", "readinessProbe": {"tcpSocket": {"port": 6379}},
+                                      "startupProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 1}})
+    out = hybrid(pod).pod
+    assert names(out["spec"]["initContainers"]) == ["istio-init", "istio-proxy", "cache", p.INIT_CONTAINER_NAME]
+    assert "startupProbe" in proxy_of(out), "cache starts after the proxy: the kubelet holds it until the proxy started"
+    assert "startupProbe" not in proxy_of(out, "cache")
+    assert list(removed_record(out)) == ["cache"]
+    assert flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready",
+                                                                       "tcp://127.0.0.1:6379"]
+    check_hybrid_pod(pod, out)
+
+
+def test_a_liveness_probe_keeps_the_startup_probe_that_holds_it_off():
+    pod = copy.deepcopy(CATALOGUE["kpack-istio-native"])
+    pod["spec"]["initContainers"][1]["livenessProbe"] = {"httpGet": {"path": "/healthz/ready", "port": 15021}}
+    out = hybrid(pod).pod
+    assert proxy_of(out) == pod["spec"]["initContainers"][1] and removed_record(out) == {}
+    check_hybrid_pod(pod, out)
+
+
+def test_a_proxy_step_0_cannot_probe_keeps_its_startup_probe():
+    pod = copy.deepcopy(CATALOGUE["kpack-istio-native"])
+    pod["spec"]["initContainers"][1]["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
+    out = hybrid(pod).pod
+    assert proxy_of(out)["startupProbe"] == pod["spec"]["initContainers"][1]["startupProbe"]
+    assert removed_record(out) == {} and flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == []
+
+
+def test_reinvocation_puts_the_probe_back_when_a_container_no_longer_waits_for_step_0():
+    """Another webhook adds, after initshift, an init container after the proxy or a regular
+    container the waiter does not run: each would start before the proxy is ready."""
+    first = hybrid(CATALOGUE["kpack-istio-native"]).pod
+    was = removed_record(first)["istio-proxy"]
+    late_init = copy.deepcopy(first)
+    late_init["spec"]["initContainers"].append({"name": "vault-agent-init", "image": "vault:1.17",
+                                                "command": ["vault", "agent"]})
+    late_regular = copy.deepcopy(first)
+    late_regular["spec"]["containers"].append({"name": "log-shipper", "image": "fluent-bit:3",
+                                               "command": ["fluent-bit"]})
+    for pod in (late_init, late_regular):
+        out = hybrid(pod).pod
+        assert out["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
+        assert proxy_of(out)["startupProbe"] == was and removed_record(out) == {}
+        assert_valid_pod(out)
+        assert hybrid(out).pod == out, "idempotent"
+
+
+def test_a_record_the_pod_is_created_with_is_not_trusted():
+    pod = copy.deepcopy(CATALOGUE["kpack-istio-native"])
+    pod["spec"]["initContainers"][1]["livenessProbe"] = {"tcpSocket": {"port": 15021}}
+    pod["metadata"]["annotations"][p.ANNOTATION_STARTUP_PROBES_REMOVED] = json.dumps({"istio-proxy": {"exec": {
+        "command": ["true"]}}, "nobody": {}})
+    out = hybrid(pod).pod
+    assert p.ANNOTATION_STARTUP_PROBES_REMOVED not in out["metadata"]["annotations"]
+    assert proxy_of(out)["startupProbe"] == pod["spec"]["initContainers"][1]["startupProbe"]
+
+
+def test_the_mesh_injecting_natively_after_initshift():
+    job = copy.deepcopy(CATALOGUE["tekton"])
+    job["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    first = hybrid(job).pod
+    assert p.ANNOTATION_STARTUP_PROBES_REMOVED not in first["metadata"]["annotations"], "no proxy yet"
+    injected = pods.inject_istio(first, "native")
+    out = hybrid(injected).pod
+    assert "startupProbe" not in proxy_of(out)
+    assert removed_record(out) == {"istio-proxy": proxy_of(injected)["startupProbe"]}
+    assert hybrid(out).pod == out
+    assert_valid_pod(out)

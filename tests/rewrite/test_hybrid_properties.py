@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.rewrite import test_rewrite_properties as waiter_props
-from tests.rewrite.test_hybrid import check_hybrid_pod, names
+from tests.rewrite.test_hybrid import check_hybrid_pod, check_kubelet_hold, names, removed_record
 from tests.support.fixtures import pods
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
@@ -72,6 +72,7 @@ def test_valid_unique_request_kept_idempotent_and_reinvocation(case, policy, aut
     assert again.changed and again.reason == "refreshed", again.warnings
     out = again.pod
     assert_valid_pod(out)
+    check_kubelet_hold(injected, out)
     inits = names(out["spec"]["initContainers"])
     proxy = "linkerd-proxy" if late_mesh == "linkerd" else "istio-proxy"
     assert inits.index(proxy) < inits.index(p.INIT_CONTAINER_NAME), "the proxy starts before the waiter is copied"
@@ -88,3 +89,45 @@ def test_waiter_generated_pods_as_hybrid(pod, policy):
     result = rewrite(pod, SETTINGS[policy], native_supported=True)
     assert result.changed and result.strategy == p.MODE_HYBRID, result.warnings
     check_hybrid_pod(src, result.pod)
+
+
+@st.composite
+def proxied_pod(draw) -> dict:
+    """A build pod whose proxy the kubelet may or may not need to hold the rest on: native
+    already or classic, with or without a startupProbe or a livenessProbe of its own, a
+    readiness probe step 0 can or cannot run on loopback, and maybe an init container kept
+    after the steps (so after the proxy) or a second sidecar."""
+    pod, _ = draw(meshed_pod().filter(lambda case: not pods_injected(case[0])))  # only asks for a proxy
+    pod = inject(pod, draw(st.sampled_from(["classic", "cni", "native"])))
+    spec = pod["spec"]
+    proxy = next(c for c in [*spec["initContainers"], *spec["containers"]] if c["name"] == p.ISTIO_PROXY)
+    if draw(st.booleans()):
+        del proxy["startupProbe"]
+    if draw(st.booleans()):
+        proxy["livenessProbe"] = {"httpGet": {"path": "/healthz/ready", "port": 15021}}
+    if draw(st.integers(0, 4)) == 0:
+        proxy["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
+    if draw(st.booleans()):
+        spec["initContainers"].append({"name": "keep-after", "image": "busybox", "command": ["true"]})
+        pod["metadata"]["annotations"][p.ANNOTATION_KEEP_INIT] = "keep-after"
+    if draw(st.booleans()):
+        pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS] = "cache"
+        spec["containers"].append({"name": "cache", "image": "redis:7",
+                                   "readinessProbe": {"tcpSocket": {"port": 6379}}})
+    return pod
+
+
+@PROPERTY
+@given(proxied_pod(), st.booleans())
+def test_the_kubelet_holds_the_steps_exactly_where_step_0_does_not(pod, later):
+    """check_hybrid_pod holds the hold both ways; and a regular container another webhook adds
+    after initshift, which the waiter does not run, puts every removed startupProbe back."""
+    src = copy.deepcopy(pod)
+    out = rewrite(pod, AUTO, native_supported=True).pod
+    check_hybrid_pod(src, out)
+    if later and removed_record(out):
+        out["spec"]["containers"].append({"name": "late", "image": "busybox", "command": ["sleep", "1"]})
+        again = rewrite(out, AUTO, native_supported=True).pod
+        assert removed_record(again) == {}
+        assert_valid_pod(again)
+        check_kubelet_hold(out, again)

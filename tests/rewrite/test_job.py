@@ -125,9 +125,18 @@ def test_job_shapes_with_native_sidecars(name, mode):
 def test_native_or_hybrid_asked_for_where_native_sidecars_do_not_run(mode):
     settings = Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode))
     refused = rewrite(CATALOGUE["cronjob-istio"], settings, native_supported=False)
-    assert refused.reason == "native-unsupported" and f"mode={mode}" in refused.warnings[0]
+    assert refused.reason == "native-unsupported" and f"INITSHIFT_MODE={mode}, but" in refused.warnings[0]
     unknown = rewrite(CATALOGUE["cronjob-istio"], settings, native_supported=None)
     assert unknown.strategy == p.MODE_NATIVE and any("unknown" in w for w in unknown.warnings)
+    # The warnings name where the mode came from: the server's setting above, the pod's
+    # annotation, or the caller's (`initshift mutate --mode`).
+    assert any(f"as INITSHIFT_MODE={mode} asks" in w for w in unknown.warnings)
+    annotated = copy.deepcopy(CATALOGUE["cronjob-istio"])
+    annotated["metadata"]["annotations"][p.ANNOTATION_MODE] = mode
+    assert f"{p.ANNOTATION_MODE}={mode}, but" in rewrite(annotated, Settings(feature_gate=True),
+                                                         native_supported=False).warnings[0]
+    flagged = rewrite(CATALOGUE["cronjob-istio"], settings, native_supported=None, mode_from="--mode")
+    assert any(f"as --mode {mode} asks" in w for w in flagged.warnings), flagged.warnings
 
 
 def test_cronjob_under_istio_classic_layout():
@@ -184,7 +193,7 @@ def test_configured_quit_endpoint_and_custom_sidecar():
 
 # --- what is left alone ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, native, reason", [
-    ("cronjob-deployment-istio", None, "restart-policy"),  # long-running: unchanged as today
+    ("cronjob-deployment-istio", None, "no-init-containers"),  # long-running: never touched
     ("cronjob-deployment-istio", True, "no-init-containers"),
     ("cronjob", None, "no-sidecar"),
     ("cronjob", True, "no-sidecar"),

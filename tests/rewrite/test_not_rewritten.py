@@ -44,7 +44,19 @@ def test_the_catalogue_has_both_kinds_of_skip():
                                                                                      "cronjob"}
     service = pods.as_deployment_pod(pods.without_init(CATALOGUE["cronjob-istio"]))
     untouched = rewrite(service, ON)
-    assert untouched.pod is service and untouched.reason == "restart-policy"
+    assert untouched.pod is service and untouched.reason == "no-init-containers"
+
+
+@pytest.mark.parametrize("mode", p.MODES[1:])
+@pytest.mark.parametrize("detected", [True, None, False])
+def test_a_plain_long_running_pod_is_never_touched(mode, detected):
+    """No init container, no sidecar, restartPolicy Always (a Deployment's pod): untouched in
+    every mode, no note on it, no word about restartPolicy, counted as no-init-containers."""
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop"},
+             "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
+    result = rewrite(plain, with_settings(mode=mode), native_supported=detected)
+    assert result.pod is plain and not result.changed and result.reason == "no-init-containers"
+    assert result.warnings == ["initshift: no init container needs the sidecars; admitted unchanged"]
 
 
 @pytest.mark.parametrize("settings", [ON, NATIVE], ids=["waiter", "native"])

@@ -59,16 +59,25 @@ def kustomize(resource: str, components: Iterable[str] = ()) -> list[dict]:
     return [yaml.safe_load(s) for s in _kustomize_cached((resource,), tuple(components))]
 
 
-def helm(values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE) -> list[dict]:
+def _helm_render(values: dict[str, Any] | None, namespace: str, release: str) -> dict[str, str]:
     import helm_python
 
     with helm_python.Chart.load(str(CHART)) as chart:
-        manifests = chart.render(values or {}, name=release, namespace=namespace)
+        return chart.render(values or {}, name=release, namespace=namespace)
+
+
+def helm(values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE) -> list[dict]:
+    manifests = _helm_render(values, namespace, release)
     out: list[dict] = []
     for name in sorted(manifests):
         if name.endswith(".yaml"):
             out += [o for o in yaml.safe_load_all(manifests[name]) if o]
     return out
+
+
+def helm_notes(values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE) -> str:
+    """What `helm install` prints after installing: the rendered templates/NOTES.txt."""
+    return _helm_render(values, namespace, release)[f"{CHART.name}/templates/NOTES.txt"]
 
 
 @dataclass

@@ -12,6 +12,8 @@ import threading
 import time
 from datetime import datetime
 
+import pytest
+
 from tests.waiter.test_end_to_end import FakeProxy, build_pod, proxy, record, run_pod, settings_for  # noqa: F401
 from waiter import protocol as p
 from webhook.rewrite._rewrite import rewrite
@@ -82,3 +84,46 @@ def test_exit_codes_of_a_step_that_cannot_run(tmp_path, proxy):
     assert runs["missing"].returncode == p.EXIT_NOT_FOUND
     assert runs["publish"].returncode == p.EXIT_NOT_FOUND and record(tmp_path, 2)["reason"] == p.REASON_SKIPPED
     assert proxy.quits == 0
+
+
+def _natively_injected(pod: dict) -> dict:
+    """The proxy as a mesh injects it natively (Istio >= 1.27): an init container with
+    restartPolicy Always, its startupProbe on the readiness endpoint, before the steps."""
+    spec = pod["spec"]
+    proxy = next(c for c in spec["containers"] if c["name"] == p.ISTIO_PROXY)
+    spec["containers"] = [c for c in spec["containers"] if c is not proxy]
+    spec["initContainers"].insert(1, {**proxy, "restartPolicy": "Always"})
+    return pod
+
+
+@pytest.mark.parametrize("ready_after", [0.3, 1.0])
+@pytest.mark.parametrize("kind", ["natively-injected", "made-native"])
+def test_without_the_startup_probe_nothing_runs_before_the_proxy_is_ready(tmp_path, proxy, kind, ready_after):
+    """The hybrid rewrite removes the proxy's startupProbe, so the kubelet starts every regular
+    container at once, as run_pod does here: each step and main checks, as its first act,
+    that the proxy was ready (a marker the proxy writes just before it answers 200), and
+    exits 42 if not. None does; each started after the proxy turned ready."""
+    mark = tmp_path / "proxy-ready"
+    scripts = {name: f'test -e "{mark}" || exit 42' for name in ("clone", "fetch", "build", "publish")}
+    pod = build_pod(proxy.port, scripts)
+    pod["spec"]["containers"].insert(1, {"name": "upload", "image": "busybox",
+                                         "command": ["sh", "-c", f'test -e "{mark}" || exit 42']})
+    if kind == "natively-injected":
+        pod = _natively_injected(pod)
+    out = hybrid(pod, proxy)
+    native = next(c for c in out["spec"]["initContainers"] if c["name"] == p.ISTIO_PROXY)
+    assert native["restartPolicy"] == "Always" and "startupProbe" not in native, "the kubelet's hold is gone"
+    assert p.ANNOTATION_STARTUP_PROBES_REMOVED in out["metadata"]["annotations"]
+    ready_at: list[float] = []
+
+    def become_ready() -> None:
+        mark.touch()
+        ready_at.append(time.time())
+        proxy.ready.set()
+
+    threading.Timer(ready_after, become_ready).start()
+    runs = run_pod(out, tmp_path)
+    assert {name: r.returncode for name, r in runs.items()} == dict.fromkeys([*scripts, "upload"], 0), \
+        {n: (r.returncode, r.stderr) for n, r in runs.items()}
+    starts = [_ts(record(tmp_path, i)[p.RECORD_STARTED_AT]) for i in range(len(runs))]
+    assert min(starts) >= ready_at[0], "no step or main started before the proxy was ready"

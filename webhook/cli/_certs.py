@@ -1,55 +1,91 @@
 """`initshift certs create|inject`: certificates for a webhook whose certificates are not
-self-managed (or to bootstrap one by hand)."""
+self-managed (or to bootstrap one by hand).
+
+`create` keeps a CA it finds in `--out` (as kubeadm keeps its CA): running it again renews
+the serving pair and the caBundle stays valid. It never replaces a CA key without `--force`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography import x509
 
 from ..settings import Settings, SettingsError
 
 from .. import kube
 from certs import pki, store
 from certs.rotation import merge_bundle
-from ._common import EXIT_ERROR, EXIT_USAGE, Parser, add_kubeconfig_args, describe
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, describe
+
+_CREATE_EXITS = ("Exit codes: 0 written, 1 a file in --out or the Secret cannot be written, 2 usage or bad "
+                 "input (--ca-cert that is not a CA or not the key's, a CA already in --out that cannot be "
+                 "kept, a bad name or IP).")
+_INJECT_EXITS = ("Exit codes: 0 set or already up to date, 1 the cluster failed, 2 usage or bad input (--ca-file "
+                 "missing or without a certificate).")
 
 
-class _Usage(Exception):
-    """Flags that do not go together (exit 2)."""
+def _argument(check):  # noqa: ANN001, ANN202 - a pki check as an argparse type
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except pki.PKIError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
-def _positive(text: str) -> int:
+def _ip(text: str) -> str:
+    return str(pki.parse_ips([text])[0])
+
+
+_MAX_DAYS = 36500  # a hundred years: far enough, and every date stays a valid X.509 time
+
+
+def _days(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+    if not 1 <= value <= _MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {_MAX_DAYS} (days)")
     return value
 
 
 def _parser(settings: Settings) -> argparse.ArgumentParser:
     srv = settings.server
     ap = Parser(prog="initshift certs", description="Create certificates or inject the CA.",
-                epilog="Exit codes: 0 done, 1 a file, the certificate or the cluster failed, 2 usage or settings.")
+                epilog="Exit codes: 0 done, 1 a file to write or the cluster failed, 2 usage, settings or bad input.")
     sub = ap.add_subparsers(dest="action", required=True)
 
-    c = sub.add_parser("create", help="CA + serving certificate for the webhook Service")
+    c = sub.add_parser("create", help="CA + serving certificate for the webhook Service", epilog=_CREATE_EXITS,
+                       description="Write a CA (ca.crt, ca.key) and a serving certificate for the Service "
+                                   "(tls.crt, tls.key) to --out. A CA already there is kept and signs the new "
+                                   "serving certificate, so the caBundle stays valid; --force replaces it.")
     c.add_argument("--out", default="certs-out", help="directory for ca.crt, ca.key, tls.crt, tls.key")
-    c.add_argument("--name", default=srv.service_name, help="Service name (default: %(default)s)")
-    c.add_argument("--namespace", default=srv.namespace, help="Service namespace (default: %(default)s)")
-    c.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
-    c.add_argument("--ip", action="append", default=[], help="IP SAN (repeatable)")
-    c.add_argument("--days", type=_positive, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
-    c.add_argument("--ca-days", type=_positive, default=pki.CA_DAYS, help="CA lifetime (days)")
-    c.add_argument("--ca-cert", help="sign with this existing CA certificate (with --ca-key)")
+    c.add_argument("--name", type=_argument(pki.check_dns_label), default=srv.service_name,
+                   help="Service name (default: %(default)s)")
+    c.add_argument("--namespace", type=_argument(pki.check_dns_label), default=srv.namespace,
+                   help="Service namespace (default: %(default)s)")
+    c.add_argument("--dns", action="append", type=_argument(pki.check_dns_name), default=[],
+                   help="extra DNS name (repeatable)")
+    c.add_argument("--ip", action="append", type=_argument(_ip), default=[], help="IP SAN (repeatable)")
+    c.add_argument("--days", type=_days, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
+    c.add_argument("--ca-days", type=_days, default=pki.CA_DAYS, help="lifetime of a new CA (days)")
+    c.add_argument("--ca-cert", help="sign with this CA certificate and --ca-key instead; the CA's own issuers "
+                                     "may follow it in the file")
     c.add_argument("--ca-key", help="key of --ca-cert")
+    c.add_argument("--force", action="store_true", help="replace a CA already in --out")
     c.add_argument("--secret", help="also write a kubernetes.io/tls Secret with this name in --namespace")
     add_kubeconfig_args(c)
 
-    i = sub.add_parser("inject", help="put a CA bundle into the MutatingWebhookConfiguration's caBundle")
+    i = sub.add_parser("inject", help="put a CA bundle into the MutatingWebhookConfiguration's caBundle",
+                       epilog=_INJECT_EXITS, description="Set the caBundle of every webhook of the "
+                                                         "MutatingWebhookConfiguration to the CA(s) of --ca-file "
+                                                         "(with --keep-old, and those it trusts already).")
     i.add_argument("--ca-file", required=True, help="PEM file with the CA certificate(s)")
     i.add_argument("--webhook-config", default=srv.webhook_config, help="configuration name (default: %(default)s)")
     i.add_argument("--keep-old", action="store_true",
@@ -58,11 +94,139 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     return ap
 
 
-def _read(path: str, what: str) -> bytes:
+def _read(path: str | Path, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as e:
-        raise pki.PKIError(f"cannot read {what} {path}: {e.strerror}") from None
+        raise CliError(f"cannot read {what} {describe(e)}", EXIT_USAGE) from None
+
+
+def _given_ca(cert_path: str, key_path: str) -> pki.KeyPair:
+    """--ca-cert and --ca-key, when they can sign a serving certificate that verifies."""
+    ca = pki.KeyPair(_read(cert_path, "CA certificate"), _read(key_path, "CA key"))
+    try:
+        pki.load_certs(ca.cert_pem)  # every certificate of the file, not only the first, is PEM
+        pki.check_ca(ca)
+    except pki.PKIError as e:
+        raise CliError(f"--ca-cert {cert_path} --ca-key {key_path}: {e}", EXIT_USAGE) from None
+    return ca
+
+
+def _kept_ca(out: Path) -> pki.KeyPair | None:
+    """The CA a previous run left in `out`, to sign with again; None when there is none.
+    CliError when something there would be lost: a CA key without a usable CA beside it,
+    or a CA certificate whose key is elsewhere."""
+    cert, key = out / store.CA_CERT, out / store.CA_KEY
+    if not key.exists():
+        if cert.exists():
+            raise CliError(f"{cert} is a CA whose key is not in {out}: sign with it again with --ca-cert {cert} "
+                           f"--ca-key KEY, or --force to replace it with a new CA", EXIT_USAGE)
+        return None
+    ca = pki.KeyPair(_read(cert, "the CA certificate") if cert.exists() else b"", _read(key, "the CA key"))
+    try:
+        if not ca.cert_pem:
+            raise pki.PKIError(f"{store.CA_CERT} is missing")
+        pki.check_ca(ca)
+    except pki.PKIError as e:
+        raise CliError(f"{out} holds a CA key that cannot be kept ({e}): --force replaces the CA (then inject the "
+                       f"new {store.CA_CERT})", EXIT_USAGE) from None
+    return ca
+
+
+def _other_key(out: Path, ca: pki.KeyPair) -> Path | None:
+    """`out`'s ca.key when it is not the key of `ca` (a CA made there before)."""
+    key = out / store.CA_KEY
+    if not key.exists():
+        return None
+    return None if pki.matches_key(pki.KeyPair(ca.cert_pem, _read(key, "the CA key"))) else key
+
+
+def _first_cert(path: Path) -> x509.Certificate | None:
+    """The CA certificate a previous run wrote there, if it reads as one."""
+    try:
+        return pki.load_cert(path.read_bytes())
+    except (OSError, pki.PKIError):
+        return None
+
+
+def _until(cert: x509.Certificate) -> str:
+    return f"valid until {cert.not_valid_after_utc:%Y-%m-%d}"
+
+
+@dataclass
+class _Plan:
+    """What `certs create` writes to `out`, and what it found there."""
+
+    out: Path
+    ca: pki.KeyPair
+    made: str  # new, kept (found in out) or given (--ca-cert)
+    serving: pki.KeyPair
+    names: list[str]
+    before: x509.Certificate | None  # the CA certificate out held
+    had_ca: bool  # out held a CA certificate or key
+    stale: Path | None  # out's key of another CA, removed with --force
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    if bool(args.ca_cert) != bool(args.ca_key):
+        raise CliError("--ca-cert and --ca-key go together", EXIT_USAGE)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out}: not a directory", EXIT_USAGE)
+    before = _first_cert(out / store.CA_CERT)
+    stale: Path | None = None
+    if args.ca_cert:
+        ca, made = _given_ca(args.ca_cert, args.ca_key), "given"
+        stale = _other_key(out, ca)
+        if stale is not None and not args.force:
+            raise CliError(f"{stale} is the key of another CA: choose another --out, or --force to replace that "
+                           "CA", EXIT_USAGE)
+    else:
+        kept = None if args.force else _kept_ca(out)
+        ca, made = (kept, "kept") if kept is not None else (pki.create_ca(days=args.ca_days), "new")
+    names = [*pki.service_dns_names(args.name, args.namespace), *args.dns]
+    serving = pki.create_serving(ca, names, args.ip, days=args.days)
+    return _Plan(out, ca, made, serving, names, before, before is not None or (out / store.CA_KEY).exists(), stale)
+
+
+def _write(plan: _Plan, args: argparse.Namespace) -> None:
+    """The files, and a line for each thing done."""
+    out, ca = plan.out, plan.ca
+    # A given CA's key stays where the user keeps it; a new one is written next to the cert.
+    store.write_dir(out, ca, plan.serving, ca_key=plan.made == "new")
+    if plan.stale is not None:
+        plan.stale.unlink()
+    ca_cert = out / store.CA_CERT
+    if plan.made == "new":
+        print(f"{'replaced the CA in' if plan.had_ca else 'wrote a new CA to'} {out}: {ca_cert}, "
+              f"{out / store.CA_KEY} ({_until(ca.cert)})")
+    elif plan.made == "kept":
+        print(f"kept the CA in {out} ({store.CA_CERT}, {store.CA_KEY}; {_until(ca.cert)}): the caBundle need not "
+              "change")
+    else:
+        print(f"wrote {ca_cert}: the CA of --ca-cert ({_until(ca.cert)}; its key stays in {args.ca_key})"
+              + (f"; removed {plan.stale}, the previous CA's key" if plan.stale else ""))
+    # create_serving ends the certificate with its CA at the latest: say so when it did.
+    cut = plan.serving.cert.not_valid_after_utc == ca.cert.not_valid_after_utc
+    until = _until(plan.serving.cert) + (", the CA's end: --force or another --ca-cert for longer" if cut else "")
+    print(f"wrote {out / store.TLS_CERT}, {out / store.TLS_KEY} ({until}) for {', '.join([*plan.names, *args.ip])}")
+    if plan.had_ca and plan.made != "kept" and ca.cert != plan.before:
+        print(f"the caBundle must trust the new CA: initshift certs inject --ca-file {ca_cert} --keep-old")
+
+
+def create(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    if not args.secret:
+        _write(plan, args)
+        return EXIT_OK
+
+    async def write(api):  # noqa: ANN001, ANN202
+        _write(plan, args)  # once the cluster's configuration is known: a missing kubeconfig writes nothing
+        await kube.write_secret(api, args.namespace, args.secret, store.secret_data(plan.serving, plan.ca.cert_pem))
+
+    asyncio.run(_with_client(args, write))
+    print(f"wrote Secret {args.namespace}/{args.secret} ({store.SECRET_TYPE})")
+    return EXIT_OK
 
 
 async def _with_client(args: argparse.Namespace, action):  # noqa: ANN001 - a coroutine function of the client
@@ -70,35 +234,17 @@ async def _with_client(args: argparse.Namespace, action):  # noqa: ANN001 - a co
         return await action(api)
 
 
-def create(args: argparse.Namespace) -> int:
-    if bool(args.ca_cert) != bool(args.ca_key):
-        raise _Usage("--ca-cert and --ca-key go together")
-    if args.ca_cert:
-        ca = pki.KeyPair(_read(args.ca_cert, "CA certificate"), _read(args.ca_key, "CA key"))
-        if not pki.matches_key(ca):
-            raise pki.PKIError(f"{args.ca_key} is not the key of {args.ca_cert}")
-    else:
-        ca = pki.create_ca(days=args.ca_days)
-    dns = [*pki.service_dns_names(args.name, args.namespace), *args.dns]
-    serving = pki.create_serving(ca, dns, args.ip, days=args.days)
-    # An existing CA's key stays where the user keeps it; a new one is written next to the cert.
-    store.write_dir(args.out, ca, serving, ca_key=not args.ca_cert)
-    print(f"wrote {args.out}/{{{store.CA_CERT},{store.TLS_CERT},{store.TLS_KEY}}} for {', '.join(dns)}")
-    if args.secret:
-        data = store.secret_data(serving, ca.cert_pem)
-
-        async def write(api):  # noqa: ANN001, ANN202
-            await kube.write_secret(api, args.namespace, args.secret, data)
-
-        asyncio.run(_with_client(args, write))
-        print(f"wrote Secret {args.namespace}/{args.secret} ({store.SECRET_TYPE})")
-    return 0
-
-
 def inject(args: argparse.Namespace) -> int:
-    new = pki.load_certs(_read(args.ca_file, "CA file"))
+    try:
+        new = pki.load_certs(_read(args.ca_file, "CA file"))
+    except pki.PKIError as e:
+        raise CliError(f"{args.ca_file}: {e}", EXIT_USAGE) from None
     if not new:
-        raise pki.PKIError(f"{args.ca_file} holds no certificate")
+        raise CliError(f"{args.ca_file} holds no certificate", EXIT_USAGE)
+    for cert in new:
+        if not pki.is_ca(cert):  # a serving certificate given by mistake: it pins itself, nothing it renews to
+            print(f"warning: {args.ca_file}: {pki.subject_of(cert)} is not a CA: the apiserver will trust that "
+                  "exact certificate alone, and the webhook fails once it is renewed", file=sys.stderr)
 
     async def run(api):  # noqa: ANN001, ANN202
         certs = list(new)
@@ -110,7 +256,7 @@ def inject(args: argparse.Namespace) -> int:
     changed, count = asyncio.run(_with_client(args, run))
     print(f"MutatingWebhookConfiguration {args.webhook_config}: caBundle ({count} CA) set on {changed} webhook(s)"
           if changed else f"MutatingWebhookConfiguration {args.webhook_config}: caBundle already up to date")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str]) -> int:
@@ -122,14 +268,14 @@ def main(argv: list[str]) -> int:
     args = _parser(settings).parse_args(argv)
     try:
         return create(args) if args.action == "create" else inject(args)
-    except _Usage as e:
-        print(f"initshift certs: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    except CliError as e:
+        print(f"initshift certs {args.action}: {e}", file=sys.stderr)
+        return e.code
     except (pki.PKIError, kube.KubeError) as e:
-        print(f"initshift certs: {e}", file=sys.stderr)
+        print(f"initshift certs {args.action}: {e}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as e:
-        print(f"initshift certs: {describe(e)}", file=sys.stderr)
+        print(f"initshift certs {args.action}: {describe(e)}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import TextIO
+from urllib.parse import urlsplit
+
+from certs.pki import PKIError, check_dns_label
 
 from ._check_preflight import Line, Target, preflight
 from ._check_smoke import SmokeOptions, smoke
@@ -23,6 +27,37 @@ from ._common import Parser
 from ._podcli import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, connect, paint, run_main, use_colour
 
 _OK_MARK, _FAIL_MARK = "✔", "✘"
+
+
+def _service_url(text: str) -> str:
+    """https://HOST[:PORT], what a port-forward gives; checked before anything connects."""
+    try:
+        url = urlsplit(text)
+        fine = (url.scheme == "https" and bool(url.hostname) and url.port != 0  # .port: ValueError past 65535
+                and url.path in ("", "/") and not url.query)
+    except ValueError:
+        fine = False
+    if not fine:
+        raise argparse.ArgumentTypeError(f"expected https://HOST[:PORT] (e.g. https://127.0.0.1:8443), got {text!r}")
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _namespace(text: str) -> str:
+    try:
+        return check_dns_label(text)
+    except PKIError:
+        raise argparse.ArgumentTypeError(f"not a namespace name: {text!r} (lower-case letters, digits and '-', "
+                                         "1-63 characters)") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,20 +71,22 @@ def _parser() -> argparse.ArgumentParser:
                     "deletes them).",
         epilog="The server is reached at the address the apiserver uses (the Service's NAME.NAMESPACE.svc, "
                "or the configuration's URL): from inside the cluster as is; from outside, port-forward the "
-               "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed, 2 usage.")
+               "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed or the cluster "
+               "cannot be reached, 2 usage.")
     add_kubeconfig_args(ap)
-    ap.add_argument("-n", "--namespace", default=d.namespace, help=f"initshift's namespace (default {d.namespace})")
+    ap.add_argument("-n", "--namespace", type=_namespace, default=d.namespace,
+                    help=f"initshift's namespace (default {d.namespace})")
     ap.add_argument("--webhook-config", default=d.webhook_config, help="the MutatingWebhookConfiguration's name")
     ap.add_argument("--service-account", default=d.service_account, help="the server's service account")
     ap.add_argument("--lease", default=d.lease, help="the watcher's leader-election Lease")
-    ap.add_argument("--service-url", help="reach the server here instead (e.g. https://127.0.0.1:8443 after "
+    ap.add_argument("--service-url", type=_service_url, help="reach the server here instead (e.g. https://127.0.0.1:8443 after "
                                           "`kubectl -n initshift-system port-forward svc/initshift 8443:443`); "
                                           "the certificate is still verified for the Service's name")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
-    ap.add_argument("--smoke", metavar="NAMESPACE",
+    ap.add_argument("--smoke", metavar="NAMESPACE", type=_namespace,
                     help="run a tiny build pod and a Job-shaped pod in this opted-in namespace")
     ap.add_argument("--keep", action="store_true", help="--smoke: keep the pods afterwards")
-    ap.add_argument("--timeout", type=float, default=o.timeout, help=f"--smoke: seconds for the whole run "
+    ap.add_argument("--timeout", type=_seconds, default=o.timeout, help=f"--smoke: seconds for the whole run "
                                                                       f"(default {o.timeout:g})")
     ap.add_argument("--image", default=o.image, help=f"--smoke: image of step 0 and the build's main "
                                                      f"(default {o.image})")
@@ -109,6 +146,9 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
         api, _ = await connect(args)
     except CliError as e:
         print(f"initshift check: {e}", file=err)
+        if args.output == "json":  # the failure as data too: a script reads stdout
+            printer(Line("kubernetes-api", False, "can reach the Kubernetes API", str(e)))
+            printer.finish()
         return e.code
     async with api:
         await preflight(api, target, printer)

@@ -1,5 +1,5 @@
 """What every command shares: one exit-code convention, one-line usage errors, the
-connection flags, and settings read once with a one-line error."""
+connection flags, settings read once with a one-line error, and `CliError`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import logging
 import sys
 from typing import Callable, NoReturn
 
+from ..errors import InitshiftError
 from ..settings import Settings, SettingsError
 
 # Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(InitshiftError):
+    """A one-line message for stderr; the command exits with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Parser(argparse.ArgumentParser):

@@ -17,11 +17,11 @@ import sys
 from datetime import datetime, timezone
 from typing import TextIO
 
-from ..watcher import (NotManaged, State, has_started, has_terminated, is_waiter_line, log_plan, pod_ended,
-                      pod_view)
 from ..kube import KubeApi, KubeError
+from ..watcher import NotManaged, pod_ended
 from ._common import Parser
 from ._podcli import PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
+from ._podview import State, has_started, has_terminated, is_waiter_line, log_plan, pod_view
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 _PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")

@@ -41,7 +41,7 @@ def _help() -> str:
     width = max(len(n) for n in COMMANDS)
     lines = [_usage(), "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", f"`{_prog()} COMMAND --help` describes one command."]
+    lines += ["", f"`{_prog()} COMMAND --help` (or `{_prog()} help COMMAND`) describes one command."]
     return "\n".join(lines)
 
 
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print(f"initshift: missing command ({_usage()}; see {_prog()} --help)", file=sys.stderr)
         return EXIT_USAGE
+    if args[0] == "help" and args[1:]:  # `initshift help mutate`, as git and kubectl read it
+        args = [args[1], "--help"]
     if args[0] in ("-h", "--help", "help"):
         print(_help())
         return EXIT_OK

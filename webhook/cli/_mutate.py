@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
-    the_plan = plan(pod_in.pod, settings, native_supported=True if args.native_sidecars else None)
+    the_plan = plan(pod_in.pod, settings, native_supported=True if args.native_sidecars else None,
+                    mode_from="--mode" if args.mode else None)
     images, lookup_error = None, None
     try:
         if args.resolve:

@@ -14,8 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 
 from ..kube import KubeApi, KubeError
 from ..watcher import NotManaged, layout
-from ..errors import InitshiftError
-from ._common import EXIT_ERROR, EXIT_OK, add_kubeconfig_args
+from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args
 
 _EXIT_INTERRUPTED = 130
 
@@ -23,14 +22,6 @@ _EXIT_INTERRUPTED = 130
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
 
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
-
-
-class CliError(InitshiftError):
-    """A one-line message for stderr; the command exits with `code`."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def add_connection_args(ap: argparse.ArgumentParser) -> None:

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
 from ..errors import InitshiftError
+from ..rewrite import MAX_DEPTH, depth_problem
 
 
 class InputError(InitshiftError, ValueError):
@@ -56,7 +58,6 @@ class _PodInput:
 # Far above any object the apiserver stores (etcd's limit is 1.5 MiB) or a review the
 # webhook accepts (INITSHIFT_MAX_BODY_BYTES, 7 MiB): a bigger input is the wrong file.
 MAX_INPUT_BYTES = 8 * 1024 * 1024
-_WHAT = "a Pod, an AdmissionReview of a Pod"
 
 
 def _name(path: str) -> str:
@@ -85,10 +86,84 @@ def read_text(path: str) -> str:
         raise InputError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
-def _documents(text: str, where: str) -> list[Any]:
+# The deepest a pod sits in what the reader accepts: a CronJob's spec.jobTemplate.spec.template.
+_WRAPPER_DEPTH = 4
+# A document may nest MAX_DEPTH (the server's rule, applied to the pod once read) plus the
+# wrapper: past that, composing it would only overflow the stack.
+_MAX_DOCUMENT_DEPTH = MAX_DEPTH + _WRAPPER_DEPTH
+# Values a document may expand to through YAML aliases: no more than a file of
+# MAX_INPUT_BYTES could hold written out (each value takes at least a byte), so only an
+# alias bomb (`a: &a [x, x]`, `b: &b [*a, *a]`, ... doubling on every line) reaches it.
+_MAX_VALUES = MAX_INPUT_BYTES
+
+
+class _Unreadable(InitshiftError):
+    """A document the reader refuses to compose (too deep, aliases that expand too far):
+    what, where (`mark`), and why that is no manifest (`note`)."""
+
+    def __init__(self, problem: str, mark: yaml.Mark, note: str) -> None:
+        super().__init__(f"{problem} (line {mark.line + 1}, column {mark.column + 1}); {note}")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with the two bounds go-yaml (kubectl's YAML reader) keeps too:
+    nesting depth, and how far aliases expand. PyYAML composes recursively (a Python frame
+    per level), and an alias is a shared reference that every later walk repeats."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._values = 0  # values composed so far, each alias counted as what it expands to
+        self._sizes: dict[str, int] = {}  # anchor -> values at and below it, once composed
+        self._open: set[str] = set()  # anchors being composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open:
+                raise _Unreadable(f"the alias *{event.anchor} is inside the node it names", event.start_mark,
+                                  "a loop JSON cannot hold")
+            self._count(self._sizes.get(event.anchor, 0), event)  # an unknown alias: the composer says so
+            return super().compose_node(parent, index)
+        collection = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        if collection and self._depth >= _MAX_DOCUMENT_DEPTH:
+            raise _Unreadable(f"nests deeper than {_MAX_DOCUMENT_DEPTH} levels", event.start_mark,
+                              "no Kubernetes object does")
+        before, anchor = self._values, event.anchor
+        self._count(1, event)
+        self._depth += collection
+        if anchor is not None:
+            self._open.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= collection
+            self._open.discard(anchor)
+        if anchor is not None:
+            self._sizes[anchor] = self._values - before
+        return node
+
+    def _count(self, values: int, event: yaml.Event) -> None:
+        self._values += values
+        if self._values > _MAX_VALUES:
+            raise _Unreadable(f"its aliases expand to more than {_MAX_VALUES} values", event.start_mark,
+                              "not a Kubernetes manifest")
+
+
+def _expected(workloads: bool) -> str:
+    """What a reader takes, for a message: `a Pod or an AdmissionReview of a Pod` (review),
+    and a workload too (mutate)."""
+    if not workloads:
+        return "a Pod or an AdmissionReview of a Pod"
+    return f"a Pod, an AdmissionReview of a Pod or a workload ({', '.join(_TEMPLATE_PATHS)})"
+
+
+def _documents(text: str, where: str, expected: str) -> list[Any]:
     """Every non-empty YAML document (JSON is YAML); a syntax error with its line and column."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]  # YAML is a superset of JSON
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]  # YAML is a superset of JSON
+    except _Unreadable as e:
+        raise InputError(f"{where}: {e}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -96,7 +171,7 @@ def _documents(text: str, where: str) -> list[Any]:
     except yaml.YAMLError as e:
         raise InputError(f"{where}: not YAML or JSON: {' '.join(str(e).split())}") from None
     if not docs:
-        raise InputError(f"{where}: empty; expected {_WHAT} or a workload")
+        raise InputError(f"{where}: empty; expected {expected}")
     return docs
 
 
@@ -114,15 +189,24 @@ def _a(kind: str) -> str:
 def parse_pod(text: str, where: str = "<stdin>", *, workloads: bool = True) -> _PodInput:
     """The one Pod in `text`: a Pod, an AdmissionReview's request.object, or (with
     `workloads`) a workload's pod template. A stream of several documents must hold
-    exactly one of those."""
-    docs = _documents(text, where)
+    exactly one of those. The pod is held to the server's depth rule (`MAX_DEPTH`)."""
+    found = _find_pod(text, where, workloads)
+    problem = depth_problem(found.pod)
+    if problem:
+        raise InputError(f"{where}: {problem}; no Kubernetes object does")
+    return found
+
+
+def _find_pod(text: str, where: str, workloads: bool) -> _PodInput:
+    expected = _expected(workloads)
+    docs = _documents(text, where, expected)
     wanted = ("Pod", "AdmissionReview", *(_TEMPLATE_PATHS if workloads else ()))
-    expected = f"{_WHAT} or a workload ({', '.join(_TEMPLATE_PATHS)})" if workloads else f"{_WHAT}"
     if len(docs) > 1:
         found = [d for d in docs if isinstance(d, dict) and d.get("kind") in wanted]
         if len(found) != 1:
             kinds = ", ".join(_a(_kind(d)) for d in docs)
-            raise InputError(f"{where}: {len(docs)} documents ({kinds}); expected exactly one {expected}")
+            raise InputError(f"{where}: {len(docs)} documents ({kinds}); expected exactly one of them to be "
+                             f"{expected}")
         docs = found
     doc = docs[0]
     if not isinstance(doc, dict) or doc.get("kind", "Pod") not in wanted:

@@ -21,11 +21,12 @@ from typing import TextIO
 
 from waiter import protocol as p
 
-from ..watcher import FAILED, SUCCEEDED, PodView, State, parse_time, pod_view, state_text
 from ..kube import KubeApi
+from ..watcher import FAILED, SUCCEEDED, parse_time
 from ._common import Parser
 from ._podcli import PodTracker, add_connection_args, paint, run_main, run_on_pod, use_colour
 from ._podio import dump
+from ._podview import PodView, State, pod_view, state_text
 
 _OUTCOME_GRACE_SECONDS = 15.0  # --watch: how long an ended waiter pod may wait for its outcome
 _TICK_SECONDS = 1.0  # --watch on a terminal: redraw running durations this often
@@ -76,6 +77,9 @@ def _summary(view: PodView, colour: bool) -> list[str]:
     lines = [f"Pod:     {view.namespace}/{view.name}, {strategy}", f"Result:  {result}", f"Phase:   {phase}"]
     if view.sidecars_stopped_by:
         lines[-1] += f"; sidecars stopped by {view.sidecars_stopped_by}"
+    if view.startup_probes_removed:
+        lines.append(f"Start:   no startupProbe on {', '.join(view.startup_probes_removed)}: step 0 waits for its "
+                     f"readiness itself ({p.ANNOTATION_STARTUP_PROBES_REMOVED})")
     if view.ended and view.result != view.phase:
         lines.append("         (the phase comes from ending the sidecars; the result is what the steps did)")
     return lines

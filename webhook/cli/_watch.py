@@ -22,7 +22,9 @@ _PROG = "initshift watch"
 
 def parser() -> argparse.ArgumentParser:
     ap = Parser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
-                                 "outcome, end sidecars. Finds the API server as kubectl does.")
+                                 "outcome, end sidecars. Finds the API server as kubectl does.",
+                epilog="Exit codes: 0 stopped by SIGINT or SIGTERM, 1 no configuration to reach the API server "
+                       "with (an unreachable server is retried, not fatal), 2 usage or a bad INITSHIFT_* setting.")
     add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                     help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")

@@ -30,6 +30,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
+from ..errors import InitshiftError
+
 # The library logs (e.g. "Config not found") on its own logger; without any handler
 # Python's last-resort handler would print them, unprefixed, before our one-line error.
 logging.getLogger("kubernetes_asyncio").addHandler(logging.NullHandler())
@@ -41,8 +43,9 @@ _NAMED = ("clusters", "users", "contexts")
 _FILE_FIELDS = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key", "tokenFile")}
 
 
-class KubeConfigError(Exception):
-    """No usable configuration: one line saying which source and why."""
+class KubeConfigError(InitshiftError):
+    """No usable configuration: one line saying which source and why (`KubeApi.from_config`
+    hands it on as a `KubeError` with status 0, like an unreachable server)."""
 
 
 @dataclass(frozen=True)

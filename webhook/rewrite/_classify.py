@@ -79,10 +79,12 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     keep = _comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
     out = Classification()
 
-    known = {c.get("name") for c in [*inits, *regular]}
+    init_names = {c.get("name") for c in inits}
+    known = init_names | {c.get("name") for c in regular}
     for name in keep:
-        if name not in {c.get("name") for c in inits}:
+        if name not in init_names:
             out.warnings.append(f"{p.ANNOTATION_KEEP_INIT} names {name!r}, which is not an init container of this pod")
+    kept = set(keep)
     for name in _comma_list(annotations.get(p.ANNOTATION_SIDECARS)):
         if name not in known:
             out.warnings.append(f"{p.ANNOTATION_SIDECARS} names {name!r}, which is not a container of this pod")
@@ -92,8 +94,8 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
         if is_restartable(c):
             out.kept_init.append(c)
             out.native_sidecars.append(c)
-        elif name in mesh_inits or name in keep or name == p.INIT_CONTAINER_NAME:
-            if out.steps and name in keep:
+        elif name in mesh_inits or name in kept or name == p.INIT_CONTAINER_NAME:
+            if out.steps and name in kept:
                 out.warnings.append(
                     f"init container {name!r} is kept ({p.ANNOTATION_KEEP_INIT}) and now runs before the steps "
                     f"that preceded it")

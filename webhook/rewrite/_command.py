@@ -71,6 +71,18 @@ def waiter_command(container: Mapping) -> str | None:
     return args[0] if args[0] in waiter_flags.GRAMMARS else None
 
 
+def gate_probes(container: Mapping) -> list[str] | None:
+    """The loopback probes a `waiter run` container waits for before it starts (step 0's
+    gate), or None when the waiter does not run it or its command line does not parse."""
+    if waiter_command(container) != p.CMD_RUN:
+        return None
+    try:
+        pairs, _ = waiter_flags.split(list(container["args"][1:]), waiter_flags.RUN)
+    except UsageError:
+        return None
+    return [str(v) for f, v in pairs if f == p.FLAG_PROBE]
+
+
 def read_argv(container: Mapping) -> Argv:
     """The original argv (and per-platform map) of a container the waiter runs."""
     command = waiter_command(container)

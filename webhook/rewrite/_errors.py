@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InitshiftError
+from ._reasons import Reason
 
 
 class RewriteError(InitshiftError):
@@ -12,6 +13,6 @@ class RewriteError(InitshiftError):
     warning answer into a denial, for pods a silent non-rewrite would break.
     """
 
-    def __init__(self, message: str, *, reason: str = "invalid", deny: bool = False) -> None:
+    def __init__(self, message: str, *, reason: Reason = Reason.INVALID, deny: bool = False) -> None:
         super().__init__(message)
         self.reason, self.deny = reason, deny

@@ -11,53 +11,73 @@ in order by the waiter (the waiter strategy's chain), for run-to-completion pods
   stops the sidecars once every regular container has exited: no quit endpoint (only
   regular sidecars are quit) and no deadline;
 - step 0's gate is the waiter's (loopback probes, the ready file as their fallback) over the
-  sidecars whose readiness probe it can check on loopback; those get no startupProbe, so
-  the kubelet starts the regular containers beside the proxy. A sidecar step 0 cannot probe
+  sidecars whose readiness probe it can check on loopback; a sidecar step 0 cannot probe
   gets a startupProbe derived from its readinessProbe instead, and the kubelet holds every
   regular container until it passes (`_waiter.gate`; docs/strategies.md says why).
 
+The kubelet's hold (`_settle_startup`). The kubelet starts the container after a native
+sidecar once the sidecar has *started*: its startupProbe passed (probed at most once a
+second, so ~0.5-1 s after the proxy is ready) and its postStart hook returned (KEP-753).
+A recognised sidecar (a mesh proxy) whose readiness step 0 already waits for on loopback,
+with nothing that could reach the network before step 0 (every regular container a step
+or a main, no init container after it but `initshift-init`, which only copies the waiter),
+needs no such hold: it gets no startupProbe, so step 0 starts within one gate poll of the
+proxy's readiness. Its own startupProbe is removed only when it has no livenessProbe (the
+startupProbe is what keeps liveness off a slow start); the readinessProbe is never
+touched. What is removed (or, for a sidecar initshift makes native, not derived) is
+recorded in `initshift.io/startup-probes-removed`, and put back by a re-invocation that
+finds the conditions gone (another webhook added an init container after the proxy, or a
+regular container the waiter does not run).
+
 Re-invocation (the mesh injected after us) moves a recognised proxy that landed in
 `containers` before `initshift-init`, as the first admission would have, and recomputes
-step 0's gate (`_waiter.refresh`).
+step 0's gate (`_waiter.refresh`) and the kubelet's hold.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import json
+from typing import Collection, Mapping
 
 from waiter import protocol as p
 
 from . import _native as native, _waiter as waiter
 from ._classify import Classification, classify, native_proxies, sidecar_names
+from ._command import gate_probes
 from ._entrypoint import ImageEntrypoints
 from ._errors import RewriteError
+from ._resources import is_restartable
+from ._shape import mapping_at, submap
+from ._strategy import Built
 from ..settings import RewriteSettings
 
 
-def _unprobed(sidecar: Mapping) -> bool:
-    """The kubelet, not step 0, waits for this sidecar: its readiness probe is not a loopback one."""
-    return waiter.loopback_probe(sidecar) is None
+def _never(sidecar: Mapping) -> bool:
+    return False  # placed without a derived startupProbe: _settle_startup decides
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: Mapping[str, ImageEntrypoints],
-          lookup_error: str | None = None) -> tuple[dict, list[str]]:
-    """The rewritten pod and its warnings; raises RewriteError when it cannot be done."""
+          lookup_error: str | None = None) -> Built:
+    """The hybrid strategy (the module docstring); raises RewriteError when it cannot be done."""
     warnings: list[str] = []
     placed: dict = dict(pod)
+    moved: list[str] = []
     if cls.sidecars:
-        placement = native.place_sidecars(pod, cls.sidecars, cls.steps, settings, _unprobed)
-        placed = placement.pod
-        warnings += [native.moved_note(placement, where=False), *placement.notes]
+        placement = native.place_sidecars(pod, cls.sidecars, cls.steps, settings, _never)
+        placed, moved = placement.pod, [str(c["name"]) for c in placement.natives]
+        warnings.append(native.moved_note(placement, where=False))
     elif not native_proxies(pod, cls, settings):
         warnings += native.ask_native_injection(placed)  # the proxy comes later: ask for a native one
-    out, more = waiter.build(placed, classify(placed, settings), settings, images, lookup_error,
-                             origin=pod, how=p.MODE_HYBRID)
-    return out, [*warnings, *more]
+    out, more = waiter.wrap_pod(placed, classify(placed, settings), settings, images, lookup_error,
+                                origin=pod, how=p.MODE_HYBRID)
+    out, notes = _settle_startup(out, settings, moved, {})  # a first admission trusts no record it came with
+    return Built(out, [*warnings, *notes, *more])
 
 
 def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     """Re-invocation of a hybrid pod: recognised sidecars injected into `containers` since
-    become native sidecars before `initshift-init`; then the waiter's refresh."""
+    become native sidecars before `initshift-init`; then the waiter's refresh and the
+    kubelet's hold, from the record the first admission left."""
     names = waiter.managed_names(pod)
     assert names is not None
     work = {*names[0], *names[1]}
@@ -69,5 +89,85 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         if not anchor:
             raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_HYBRID} but has no "
                                f"{p.INIT_CONTAINER_NAME!r} init container")
-        pod = native.place_sidecars(pod, late, anchor, settings, _unprobed).pod
-    return waiter.refresh(pod, settings)
+        pod = native.place_sidecars(pod, late, anchor, settings, _never).pod
+    out, _ = _settle_startup(waiter.refresh(pod, settings), settings, [str(c["name"]) for c in late],
+                             removed_startup_probes(pod))
+    return out
+
+
+def removed_startup_probes(pod: Mapping) -> dict[str, dict]:
+    """The record of `initshift.io/startup-probes-removed`: container name -> its startupProbe."""
+    raw = mapping_at(pod, "metadata", "annotations").get(p.ANNOTATION_STARTUP_PROBES_REMOVED)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str],
+                    record: Mapping[str, dict]) -> tuple[dict, list[str]]:
+    """`pod` (a hybrid pod of this admission's own) with each recognised native sidecar's
+    startupProbe decided (the module docstring), the record written, and what to tell."""
+    spec = pod["spec"]
+    inits = spec.get("initContainers") or []
+    names = waiter.managed_names(pod)
+    assert names is not None
+    steps, mains = names
+    regular = {c.get("name"): c for c in spec.get("containers") or []}
+    # What the gate holds (step 0; each main in a pod without steps) and what it probes.
+    held = [regular.get(n) for n in (steps[:1] or mains)]
+    probed = [gate_probes(c) if c is not None else None for c in held]
+    gated = set.intersection(*(set(x) for x in probed)) if probed and None not in probed else set()
+    wrapped = {*steps, *mains}
+    every_wrapped = all(n in wrapped for n in regular)
+    last_other = max((i for i, c in enumerate(inits) if c.get("name") != p.INIT_CONTAINER_NAME), default=-1)
+    proxies = sidecar_names(mapping_at(pod, "metadata", "annotations"), settings)
+    moving = set(moved)
+
+    kept: dict[str, dict] = {}
+    notes: list[str] = []
+    out_inits = []
+    for i, c in enumerate(inits):
+        name = c.get("name")
+        if not (is_restartable(c) and name in proxies):
+            out_inits.append(c)
+            continue
+        own = c.get("startupProbe")
+        url = waiter.loopback_probe(c)
+        release = every_wrapped and url is not None and url in gated and i >= last_other \
+            and not (own is not None and "livenessProbe" in c)
+        if release:
+            probe = own if own is not None else record.get(name)
+            if probe is None and name in moving:
+                probe = native.startup_probe(c.get("readinessProbe"))  # what native's rule would add
+            if probe is not None:
+                kept[name] = probe
+            if own is not None:
+                c = {k: v for k, v in c.items() if k != "startupProbe"}
+                notes.append(f"removed the startupProbe of {name!r}: step 0 waits for its readiness on loopback "
+                             f"itself, so the kubelet need not hold the steps on the probe's tick "
+                             f"({p.ANNOTATION_STARTUP_PROBES_REMOVED} keeps it)")
+        elif own is None and name in record:
+            c = {**c, "startupProbe": record[name]}
+            notes.append(f"put back the startupProbe of {name!r}: a container now starts after it without "
+                         f"waiting for step 0")
+        elif own is None and name in moving:
+            c, note = native.as_native(c)
+            if note:
+                notes.append(note)
+        out_inits.append(c)
+
+    out = dict(pod)
+    out["spec"] = {**spec, "initContainers": out_inits}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else None
+    annotations = mapping_at(out, "metadata", "annotations")
+    if annotations.get(p.ANNOTATION_STARTUP_PROBES_REMOVED) != text:
+        annotations = submap(out, "metadata", "annotations")
+        if text is None:
+            del annotations[p.ANNOTATION_STARTUP_PROBES_REMOVED]
+        else:
+            annotations[p.ANNOTATION_STARTUP_PROBES_REMOVED] = text
+    return out, notes

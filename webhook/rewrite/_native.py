@@ -30,6 +30,9 @@ from waiter import protocol as p
 
 from ._errors import RewriteError
 from ._classify import Classification, managed_as, mark_managed, mesh_init_names, requested_meshes
+from ._entrypoint import ImageEntrypoints
+from ._reasons import Reason
+from ._strategy import Built
 from ._resources import growth_warning
 from ..settings import RewriteSettings
 from ._shape import submap
@@ -62,7 +65,7 @@ def startup_probe(readiness: Mapping | None) -> dict | None:
     return probe
 
 
-def _as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
+def as_native(container: Mapping, derive: bool = True) -> tuple[dict, str | None]:
     """The sidecar as a native sidecar, and a note on how its start is detected. `derive`:
     give it a startupProbe from its readinessProbe when it has none (hybrid leaves that off
     for sidecars step 0 probes on loopback itself)."""
@@ -115,7 +118,7 @@ def place_sidecars(pod: Mapping, sidecars: Sequence[Mapping], anchors: Sequence[
     at, early = _insert_at(inits, {id(c) for c in anchors}, annotations, settings)
     natives, notes = [], []
     for c in sidecars:
-        native, note = _as_native(c, derive(c))
+        native, note = as_native(c, derive(c))
         natives.append(native)
         if note:
             notes.append(note)
@@ -139,7 +142,7 @@ def move_sidecars(pod: Mapping, cls: Classification, settings: RewriteSettings) 
     moving = {id(c) for c in cls.sidecars}
     if not [c for c in spec.get("containers") or [] if id(c) not in moving]:
         raise RewriteError("every regular container is a sidecar; moving them would leave the pod with no "
-                          "container to run", reason="no-mains")
+                          "container to run", reason=Reason.NO_MAINS)
     placed = place_sidecars(pod, cls.sidecars, cls.steps, settings)
     warnings = [moved_note(placed)]
     if placed.early:
@@ -177,6 +180,15 @@ def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
     warnings = ask_native_injection(out)
     mark_managed(out, p.MODE_NATIVE)
     return out, warnings
+
+
+def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: Mapping[str, ImageEntrypoints],
+          lookup_error: str | None = None) -> Built:
+    """The native strategy (the module docstring): the regular sidecars moved, or, with none
+    in the pod yet, the mesh asked for native ones. No image is needed: nothing is wrapped."""
+    if cls.sidecars:
+        return Built(*move_sidecars(pod, cls, settings))
+    return Built(*request_native_injection(pod), reason=Reason.ANNOTATED)
 
 
 def resolve_support(setting: str, detected: bool | None) -> bool | None:

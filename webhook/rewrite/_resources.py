@@ -59,10 +59,17 @@ def _max(a: Amounts, b: Mapping[str, int]) -> Amounts:
     return out
 
 
+def _add_into(total: Amounts, b: Mapping[str, int]) -> None:
+    """add(), in place: summing n containers copies no dict n times."""
+    get = total.get
+    for k, v in b.items():
+        total[k] = get(k, ZERO) + v
+
+
 def sum_requests(containers: Iterable[Mapping]) -> Amounts:
     total: Amounts = {}
     for c in containers:
-        total = add(total, _container_requests(c))
+        _add_into(total, _container_requests(c))
     return total
 
 
@@ -82,19 +89,24 @@ def _parsed(containers: Iterable[Mapping]) -> _Parsed:
 
 
 def _pod_requests(inits: _Parsed, regulars: _Parsed) -> Amounts:
+    # resource.PodRequests, each step touching only the resources the container names (so
+    # linear in the pod, whatever the number of distinct resources): an init container's
+    # phase holds it plus the native sidecars started before it; a native sidecar's adds it
+    # to those. A resource the container does not name keeps the value it had when it last
+    # changed, which init_max already holds.
     sidecars: Amounts = {}
     init_max: Amounts = {}
     for c, reqs, _ in inits:
-        if is_restartable(c):
-            sidecars = add(sidecars, reqs)
-            init_max = _max(init_max, sidecars)
-        else:
-            init_max = _max(init_max, add(sidecars, reqs))
-    regular: Amounts = dict(sidecars)
-    get = regular.get
-    for _, reqs, _ in regulars:  # add(), in place: one dict for every container
+        restartable = is_restartable(c)
         for k, v in reqs.items():
-            regular[k] = get(k, ZERO) + v
+            phase = sidecars.get(k, ZERO) + v
+            if restartable:
+                sidecars[k] = phase
+            if phase > init_max.get(k, ZERO):
+                init_max[k] = phase
+    regular: Amounts = dict(sidecars)
+    for _, reqs, _ in regulars:
+        _add_into(regular, reqs)
     return _max(regular, init_max)
 
 
@@ -176,11 +188,13 @@ def plan_steps(
     """
     reqs = [_container_requests(s) for s in steps]
     plan = _StepPlan(step_requests=[{} for _ in steps])
-    names = sorted({r for req in reqs for r in req})
-    for r in names:
-        holders = [i for i, req in enumerate(reqs) if req.get(r, ZERO) > 0]
-        if not holders:
-            continue
+    by_resource: dict[str, list[int]] = defaultdict(list)  # resource -> the steps requesting it, in order
+    for i, req in enumerate(reqs):
+        for r, q in req.items():
+            if q > ZERO:
+                by_resource[r].append(i)
+    for r in sorted(by_resource):
+        holders = by_resource[r]
         budget = max(ZERO, budget_total.get(r, ZERO) - fixed_regular.get(r, ZERO))
         if r not in SHAREABLE:
             if len(holders) > 1 and policy != "keep":

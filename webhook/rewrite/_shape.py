@@ -119,12 +119,12 @@ POD = _object(
 
 # No Pod field nests anywhere near this deep (managedFields, the deepest, mirrors the spec's
 # ~15 levels); deeper input would only make recursive code (copy.deepcopy, the patch diff)
-# overflow the stack.
-_MAX_DEPTH = 100
+# overflow the stack. `initshift mutate`/`review` refuse such a pod with the same rule.
+MAX_DEPTH = 100
 _CONTAINERS = frozenset((dict, list))
 
 
-def _depth_over(doc: Any, limit: int = _MAX_DEPTH) -> bool:
+def _depth_over(doc: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether `doc` nests more than `limit` objects/lists deep (iterative: no recursion),
     one level at a time. Parsed JSON holds plain dicts and lists only, so exact type tests
     are enough (and fast: this runs on every review)."""
@@ -138,10 +138,16 @@ def _depth_over(doc: Any, limit: int = _MAX_DEPTH) -> bool:
     return False
 
 
+def depth_problem(pod: Any) -> str | None:
+    """`the pod nests deeper than 100 levels`, or None."""
+    return f"the pod nests deeper than {MAX_DEPTH} levels" if _depth_over(pod) else None
+
+
 def shape_problem(pod: Any) -> str | None:
     """The first field of the wrong type, as `pod.spec.containers[0].name must be a string`."""
-    if _depth_over(pod):
-        return f"the pod nests deeper than {_MAX_DEPTH} levels"
+    problem = depth_problem(pod)
+    if problem:
+        return problem
     problem = POD(pod)
     return f"pod{problem}" if problem else None
 

@@ -37,13 +37,17 @@ from . import _native as native_strategy
 from ._classify import classify, managed_as, mark_managed, pod_mode, sidecar_names
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._resources import is_restartable, pod_requests
-from ._podcheck import is_annotation_key
+from ._podcheck import MAX_OBJECT_BYTES, is_annotation_key
 from ..settings import Settings
 from ._command import Argv, read_argv, start_after_command, waiter_command
 from ._errors import RewriteError
+from ._reasons import Reason
 from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours, reserved_mounts
 
-REASON = "invalid-start-order"
+REASON = Reason.INVALID_START_ORDER
+# The fewest bytes one wait takes in the pod's JSON: a flag and its value ("--probe",
+# "tcp://127.0.0.1:1") with their quotes and commas.
+_FLAG_BYTES = len(p.FLAG_PROBE) + len("tcp://127.0.0.1:1") + 6
 _OUR_VOLUMES = (p.BIN_VOLUME, p.MARKER_VOLUME, p.CONTAINER_READY_VOLUME)
 
 
@@ -144,8 +148,8 @@ class Ordering:
 
     def wrapped(self, previously: Sequence[str] = ()) -> list[str]:
         """Wrapped containers, in start order; once wrapped, always wrapped (re-invocation)."""
-        names = [n for g in self.order.groups for n in g
-                 if self.waits.get(n) or n in self.markers or n in previously]
+        markers, before = set(self.markers), set(previously)
+        names = [n for g in self.order.groups for n in g if self.waits.get(n) or n in markers or n in before]
         return list(dict.fromkeys(names))
 
 
@@ -171,9 +175,19 @@ def ordering(pod: Mapping, settings: Settings, native_supported: bool | None) ->
     if len(order.groups) > 1 and _native_wanted(pod, settings, native_supported, order.groups[0]):
         out.to_native = [n for n in order.groups[0] if n in regular]
         natives |= set(out.to_native)
+    # Each container waits for every one of the group before it: the flags grow as the
+    # product of two groups' sizes. They are counted as they are made, and a product that
+    # alone would not fit etcd is refused before it is built any further.
+    room = MAX_OBJECT_BYTES
     for before, group in zip(order.groups, order.groups[1:]):
+        each = _FLAG_BYTES * sum(dep not in natives for dep in before)  # at least, per container of `group`
         for name in group:
             flags: list[tuple[str, str]] = []
+            room -= each
+            if room < 0:
+                raise RewriteError(f"invalid {p.ANNOTATION_START_ORDER}: each container waits for every container of "
+                                   f"the group before it, and these groups would need over {MAX_OBJECT_BYTES} bytes "
+                                   f"of flags, past the object limit of etcd", deny=True, reason=Reason.TOO_LARGE)
             for dep in before:
                 if dep in natives:
                     continue  # the kubelet starts regular containers after native sidecars
@@ -284,23 +298,25 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
         return out, warnings
     spec = out["spec"] = dict(out["spec"])
     containers = spec["containers"]
+    wrapping = set(wrapped)
     try:
         if not managed:  # a declared order is never dropped silently: a collision denies the pod
-            check_reserved(out, [c for c in containers if c["name"] in wrapped])
+            check_reserved(out, [c for c in containers if c["name"] in wrapping])
         else:  # re-invoked: a container added since (another webhook's) must not reach our volumes
             problems = reserved_mounts([c for c in [*(spec.get("initContainers") or []), *containers]
-                                        if c["name"] not in wrapped and c["name"] != p.INIT_CONTAINER_NAME])
+                                        if c["name"] not in wrapping and c["name"] != p.INIT_CONTAINER_NAME])
             if problems:
                 raise RewriteError(problems[0])
     except RewriteError as e:
         raise _deny([str(e)]) from None
     try:
-        argvs = argvs_of([c for c in containers if c["name"] in wrapped], images, prior)
+        argvs = argvs_of([c for c in containers if c["name"] in wrapping], images, prior)
     except RewriteError as e:
         raise _deny([str(e)]) from None
+    markers = set(pl.markers)
     spec["containers"] = [
-        _wrap(c, pl.waits.get(c["name"], []), c["name"] in pl.markers, settings, *argvs[c["name"]])
-        if c["name"] in wrapped else c for c in containers]
+        _wrap(c, pl.waits.get(c["name"], []), c["name"] in markers, settings, *argvs[c["name"]])
+        if c["name"] in wrapping else c for c in containers]
 
     # initshift-init copies the waiter; its requests fit in what the pod already reserves.
     inits = [c for c in spec.get("initContainers") or [] if c.get("name") != p.INIT_CONTAINER_NAME]

@@ -32,11 +32,14 @@ from waiter import protocol as p
 from ._classify import Classification, managed_as, mark_managed
 from ._command import Argv, read_argv, run_command
 from ._errors import RewriteError
+from ._reasons import Reason
+from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
 from ._resources import (Amounts, add, apply_requests, growth_of, is_restartable, plan_steps, requests_and_qos,
     restartable_sum, sum_requests)
 from ..settings import RewriteSettings
+from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import submap
 
 # initshift-init copies ~20 MB once: tiny requests (capped by what the pod already
@@ -151,14 +154,11 @@ class _Chain:
 
     n_steps: int
     n_mains: int
-    sidecars: tuple[Mapping, ...]
+    ready_file: str | None  # the gate (see gate()), decided once for every container it holds
+    probes: tuple[str, ...]
     quit_urls: tuple[str, ...]
     retry: bool
     step_timeout: int
-    hybrid: bool = False  # the sidecars are native: see gate()
-
-    def gate(self) -> tuple[str | None, list[str]]:
-        return gate(self.sidecars, self.hybrid)
 
     def is_main(self, index: int) -> bool:
         return index >= self.n_steps
@@ -184,7 +184,7 @@ def wrap(container: Mapping, index: int, chain: _Chain,
     wait = chain.waits_for(index)
     if wait is not None:
         mounts.append({"name": p.run_volume(wait), "mountPath": p.run_mount(wait), "readOnly": True})
-    ready_file, probes = chain.gate() if wait is None else (None, [])
+    ready_file, probes = (chain.ready_file, chain.probes) if wait is None else (None, ())
     if ready_file:
         mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
     if chain.is_main(index):  # the mains learn about each other through one shared directory
@@ -208,8 +208,19 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
     # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
     quit_urls = tuple(settings.quit_endpoints[s["name"]] for s in regular_sidecars
                       if s.get("name") in settings.quit_endpoints)
-    return _Chain(n_steps=n_steps, n_mains=n_mains, sidecars=tuple(sidecars), quit_urls=quit_urls,
-                  retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds, hybrid=hybrid)
+    ready_file, probes = gate(sidecars, hybrid)
+    # Every container the gate holds (step 0, or each main of a pod without steps) carries
+    # every probe: with many of both the pod grows as their product. Refused here, before
+    # that product is built, when it alone would not fit etcd (the safety net would refuse
+    # the finished pod anyway, after quadratic work).
+    gated = 1 if n_steps else n_mains
+    flags = sum(len(url) + len(p.FLAG_PROBE) + 8 for url in probes)  # 8: JSON quotes and commas
+    if gated * flags > MAX_OBJECT_BYTES:
+        raise RewriteError(f"{gated} containers would each wait for {len(probes)} sidecar probes, over "
+                           f"{gated * flags} bytes, past the {MAX_OBJECT_BYTES}-byte object limit of etcd",
+                           reason=Reason.TOO_LARGE)
+    return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes), quit_urls=quit_urls,
+                  retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
 def _is_our_volume(name: object) -> bool:
@@ -269,7 +280,7 @@ def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoint
     if missing:
         raise RewriteError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
                          f"{', '.join(missing)}; set `command` on them (or turn on registry lookup)",
-                         reason="unresolved-entrypoint")
+                         reason=Reason.UNRESOLVED_ENTRYPOINT)
     return out
 
 
@@ -329,9 +340,15 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
-          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None, *,
-          origin: Mapping | None = None, how: str = p.MODE_WAITER) -> tuple[dict, list[str]]:
-    """The rewritten pod and its warnings; raises RewriteError when it cannot be done.
+          images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> Built:
+    """The waiter strategy (the module docstring); raises RewriteError when it cannot be done."""
+    return Built(*wrap_pod(pod, cls, settings, images, lookup_error))
+
+
+def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
+             images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None, *,
+             origin: Mapping | None = None, how: str = p.MODE_WAITER) -> tuple[dict, list[str]]:
+    """The pod with its steps and mains run by the waiter, and the warnings.
     `lookup_error` says why images are missing when a registry lookup failed. `origin`: the
     pod as admitted when `pod` is already another strategy's work (hybrid: the sidecars made
     native), whose effective request and QoS class are the ones to keep; `how`: the label."""
@@ -350,7 +367,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
     if plan.problem:
-        raise RewriteError(plan.problem, reason="resources")
+        raise RewriteError(plan.problem, reason=Reason.RESOURCES)
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
@@ -360,11 +377,14 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
                      for j, c in enumerate(cls.mains)}
 
     containers: list[dict] = []
+    placed = False
     for c in spec.get("containers") or []:
-        if c["name"] in mains_by_name and not any(x["name"] in mains_by_name for x in containers):
+        main = mains_by_name.get(c["name"])
+        if main is not None and not placed:
             containers += wrapped_steps  # steps go right before the first main
-        containers.append(mains_by_name.get(c["name"], c))
-    if not cls.mains:
+            placed = True
+        containers.append(c if main is None else main)
+    if not placed:
         containers += wrapped_steps
 
     init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
@@ -373,7 +393,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec = out["spec"] = dict(spec)
     new_spec["initContainers"] = init
     new_spec["containers"] = containers
-    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), chain.gate()[0] is not None,
+    new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), chain.ready_file is not None,
                                    bool(cls.mains))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
@@ -437,22 +457,22 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     for name in order:
         if name not in by_name:
             raise RewriteError(f"container {name!r} named in {p.ANNOTATION_STEPS}/{p.ANNOTATION_MAINS} is missing")
-    regular_sidecars = [c for c in containers if c.get("name") not in order]
+    index = {name: i for i, name in enumerate(order)}
+    regular_sidecars = [c for c in containers if c.get("name") not in index]
     # A container added since the first rewrite (another webhook's) must not reach our
     # volumes, which exist now: admitting the pod as it is would leave it able to forge.
     problems = reserved_mounts([c for c in _every_container(spec)
-                                if c.get("name") not in order and c.get("name") != p.INIT_CONTAINER_NAME])
+                                if c.get("name") not in index and c.get("name") != p.INIT_CONTAINER_NAME])
     if problems:
-        raise RewriteError(f"{problems[0]}", deny=True, reason="reserved")
+        raise RewriteError(f"{problems[0]}", deny=True, reason=Reason.RESERVED)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
                      [*natives, *regular_sidecars], regular_sidecars, managed_as(pod) == p.MODE_HYBRID)
-    index = {name: i for i, name in enumerate(order)}
     out = dict(pod)
     out["spec"] = dict(spec)
     out["spec"]["containers"] = [
         wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else c
         for c in containers
     ]
-    out["spec"]["volumes"] = _volumes(spec, len(order), chain.gate()[0] is not None, bool(mains))
+    out["spec"]["volumes"] = _volumes(spec, len(order), chain.ready_file is not None, bool(mains))
     return out

@@ -47,7 +47,7 @@ from ..kube import KubeApi, KubeError
 from ..rewrite import managed_as
 from ..settings import Settings
 from ._decide import Action, decide, format_time, notices, slim_pod
-from ._podstate import WAITER_RUN, parse_time
+from ._podstate import WAITER_RUN, parse_time, pod_ended
 from ._leader import LeaderElector
 from ._metrics import (API_ERRORS, DEADLINES, IN_FLIGHT, LEADER, OLDEST_ENDING, OUTCOMES, REACTION, READY_LATENCY,
                        TRACKED)
@@ -60,7 +60,6 @@ _EVENT_SELECTOR = f"source={COMPONENT}"  # the apiserver's field label for sourc
 _WATCH_SECONDS = (300, 600)  # a watch asks the server to end it after a random time in this range
 _BACKOFF_CAP = 5.0  # seconds: a retry after an outage must not wait much longer than the outage
 _CONFLICT_REREAD_SECONDS = 0.5  # after a 409, how long the watch may take to bring the newer pod
-_ENDED_PHASES = ("Succeeded", "Failed")
 _GAUGE_SECONDS = 5.0  # how often the in-flight gauges are recomputed from the store
 
 Key = tuple[str, str]  # (namespace, name)
@@ -120,7 +119,7 @@ def event_name(pod_name: str, uid: str, kind: str) -> str:
 def _finished(pod: dict) -> bool:
     """Nothing will be asked of this pod again (given no action and no timer is due)."""
     if managed_as(pod) == p.MANAGED_START_ORDER:
-        return ((pod.get("status") or {}).get("phase") or "") in _ENDED_PHASES
+        return pod_ended(pod)
     return p.ANNOTATION_OUTCOME in ((pod.get("metadata") or {}).get("annotations") or {})
 
 
@@ -193,7 +192,7 @@ class Controller:
             return
         uid = _uid(pod)
         if self.done.get(key) == uid:
-            if (pod.get("status") or {}).get("phase") in _ENDED_PHASES:
+            if pod_ended(pod):
                 self.ending.pop(key, None)
             return
         self.done.pop(key, None)  # (a new pod of the same name)
@@ -545,7 +544,7 @@ def _ending_since(pod: dict) -> float | None:
     meta = pod.get("metadata") or {}
     outcome = (meta.get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
     if outcome is None or managed_as(pod) not in WAITER_RUN or \
-            (pod.get("status") or {}).get("phase") in _ENDED_PHASES:
+            pod_ended(pod):
         return None
     try:
         decided = parse_time(json.loads(outcome).get("decidedAt"))
@@ -562,7 +561,7 @@ def export_in_flight(pods: Any, dropped_ending: Any = ()) -> None:
         since = _ending_since(pod)
         if since is not None:
             ending.append(since)
-        elif managed_as(pod) in WAITER_RUN and (pod.get("status") or {}).get("phase") not in _ENDED_PHASES:
+        elif managed_as(pod) in WAITER_RUN and not pod_ended(pod):
             steps += 1
     IN_FLIGHT.labels("steps").set(steps)
     IN_FLIGHT.labels("ending").set(len(ending))

@@ -18,7 +18,7 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
-from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, read_run, statuses
+from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, pod_ended, read_run, statuses
 
 # Outcome JSON (annotation initshift.io/outcome), documented in docs/watcher.md.
 SUCCEEDED = "Succeeded"
@@ -35,7 +35,6 @@ _EVENT_FAILED = "StepsFailed"
 _EVENT_ENDED = "SidecarsEnded"
 
 _DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
-_ENDED_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
-    ended = phase in _ENDED_PHASES
+    ended = pod_ended(pod)
     lay = layout(pod)
     cs = ics = statuses(pod)  # names are unique across both lists
     runs = {n: read_run(n, cs.get(n)) for n in lay.work}
@@ -294,7 +293,7 @@ def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: li
               message: str, now: datetime, settings: WatcherSettings, deadline_set: bool) -> Decision:
     """A Failed outcome naming `failed`, then the pod ended at once (nothing will finish it)."""
     status = pod.get("status") or {}
-    ended = (status.get("phase") or "") in _ENDED_PHASES
+    ended = pod_ended(pod)
     stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed, message, now, stopped)
     actions = [_outcome_action(pod.get("metadata") or {}, outcome)]

@@ -35,6 +35,7 @@ _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message ha
 # Evicted, ContainerCannotRun, ...) or a signal is news the outcome must name.
 _PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
 MESSAGE_LIMIT = 1024
+ENDED_PHASES = ("Succeeded", "Failed")  # a pod in either phase runs nothing any more
 
 
 class NotManaged(InitshiftError, ValueError):
@@ -49,6 +50,12 @@ def parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def pod_ended(pod: Mapping) -> bool:
+    """The pod has ended: the kubelet runs none of its containers any more."""
+    status = pod.get("status")
+    return isinstance(status, dict) and status.get("phase") in ENDED_PHASES
 
 
 def _json_list(value: Any) -> list[str] | None:

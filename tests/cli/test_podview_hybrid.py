@@ -7,10 +7,10 @@ import json
 from datetime import datetime, timezone
 
 from tests.support.podstatus import done, hybrid_pod, init_done, run, wait, with_status
-from tests.watcher.test_podview import KPACK_STEPS
+from tests.cli.test_podview import KPACK_STEPS
 from waiter import protocol as p
-from webhook.cli._status import _finished
-from webhook.watcher import _podview as pv
+from webhook.cli._status import _finished, render
+from webhook.cli import _podview as pv
 from webhook.watcher import _podstate as ps
 
 NOW = datetime(2024, 5, 1, 10, 5, 0, tzinfo=timezone.utc)  # T0 + 300 s
@@ -61,3 +61,16 @@ def test_outcome_is_read_and_status_waits_for_it():
     view = pv.pod_view(ended, NOW)
     assert _finished(view, outcome_wait_over=False) and view.sidecars_stopped_by == "native"
     assert view.row("istio-proxy").state == pv.State.STOPPED and "stopped by native" in view.row("istio-proxy").message
+
+
+def test_status_says_which_startup_probe_initshift_removed():
+    pod = with_status(hybrid_pod(), init=[*INITS, run("istio-proxy", 1), init_done(p.INIT_CONTAINER_NAME, 1, 2)],
+                      containers=[run(n, 3) for n in [*KPACK_STEPS, "completion"]])
+    view = pv.pod_view(pod, NOW)
+    assert view.startup_probes_removed == ("istio-proxy",)
+    assert view.to_json()["startupProbesRemoved"] == ["istio-proxy"]
+    table = render(view, "table")
+    assert f"Start:   no startupProbe on istio-proxy: step 0 waits for its readiness itself " \
+           f"({p.ANNOTATION_STARTUP_PROBES_REMOVED})" in table.splitlines()
+    del pod["metadata"]["annotations"][p.ANNOTATION_STARTUP_PROBES_REMOVED]
+    assert pv.pod_view(pod, NOW).startup_probes_removed == () and "Start:" not in render(pv.pod_view(pod, NOW), "table")

@@ -1,4 +1,4 @@
-"""Ordering and state derivation over real-shaped pod JSON (webhook/podview.py)."""
+"""Ordering and state derivation over real-shaped pod JSON (webhook/cli/_podview.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tests.support.podstatus import T0, at, done, init_done, native_pod, pod, record, run, wait, with_status
 from tests.support.kubedouble import terminated
 from waiter import protocol as p
-from webhook.watcher import NotManaged, _podview as pv
+from webhook.cli import _podview as pv
+from webhook.watcher import NotManaged
 from webhook.watcher._decide import decide
 from webhook.settings import WatcherSettings
 

@@ -4,8 +4,8 @@ Rewriting moves steps out of `initContainers`, so the kubelet's statuses (alphab
 split between two lists, and for a waiter pod every step "running" from the start)
 no longer tell the story. `pod_view()` puts the containers back in execution order and
 derives each one's state from its status, the waiter's termination message and the
-pod's annotations, all read through the one reader (`_podstate.py`); `log_plan()` is the
-order `initshift logs` streams them in.
+pod's annotations, all read through the watcher's one reader of a pod's state
+(`webhook/watcher/_podstate.py`); `log_plan()` is the order `initshift logs` streams them in.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any, Mapping
 
 from waiter import protocol as p
 
+from ..rewrite import removed_startup_probes
 from ..settings import RewriteSettings
-from ._podstate import (MAIN, NOT_RUN, WAITER_RUN, SIDECAR, STEP, Run, layout, parse_time, read_run,
-                        statuses)
+from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, layout, parse_time, pod_ended,
+                       read_run, statuses)
 
 
 class State(StrEnum):
@@ -37,7 +38,6 @@ class State(StrEnum):
     NOT_STARTED = "not-run"  # the pod ended before it ran
     STOPPED = "stopped"  # a sidecar that has ended (how: reason, exit code, outcome's stoppedBy)
 
-_ENDED_PHASES = ("Succeeded", "Failed")
 # Kubelet waiting reasons that only mean "not yet": anything else (ImagePullBackOff,
 # CreateContainerConfigError, ...) is a problem worth showing as the row's reason.
 _QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
@@ -82,10 +82,12 @@ class PodView:
     ready: bool | None  # waiter pods: initshift.io/ready
     rows: tuple[_Row, ...]
     not_rewritten: str | None = None  # why the webhook left the pod as it was (its reason slug)
+    # hybrid: native sidecars whose startupProbe initshift removed (step 0 gates on their readiness)
+    startup_probes_removed: tuple[str, ...] = ()
 
     @property
     def ended(self) -> bool:
-        return self.phase in _ENDED_PHASES
+        return self.phase in ENDED_PHASES
 
     def row(self, name: str) -> _Row:
         return next(r for r in self.rows if r.name == name)
@@ -94,7 +96,8 @@ class PodView:
         return {"namespace": self.namespace, "name": self.name, "strategy": self.strategy, "phase": self.phase,
                 "podReason": self.pod_reason, "result": self.result, "message": self.message,
                 "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
-                "notRewritten": self.not_rewritten, "containers": [r.to_json() for r in self.rows]}
+                "notRewritten": self.not_rewritten, "startupProbesRemoved": list(self.startup_probes_removed),
+                "containers": [r.to_json() for r in self.rows]}
 
 
 def _outcome(pod: Mapping) -> dict:
@@ -143,10 +146,6 @@ def has_terminated(pod: Mapping, name: str) -> bool:
     return "terminated" in ((statuses(pod).get(name) or {}).get("state") or {})
 
 
-def pod_ended(pod: Mapping) -> bool:
-    return (pod.get("status") or {}).get("phase") in _ENDED_PHASES
-
-
 def _work_state(run: Run, done_ok: bool) -> str:
     """The state of a terminated step, main or init container."""
     if run.reason == p.REASON_SKIPPED:
@@ -161,7 +160,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     phase = str(status.get("phase") or "Pending")
-    ended = phase in _ENDED_PHASES
+    ended = pod_ended(pod)
     status_of = statuses(pod)
     outcome = _outcome(pod)
     entries = _outcome_entries(outcome)
@@ -237,7 +236,8 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
         ready=ready_gate if lay.strategy in WAITER_RUN else None, rows=tuple(rows),
         not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
-        and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None)
+        and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None,
+        startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else ())
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:

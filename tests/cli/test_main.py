@@ -1,0 +1,35 @@
+"""The command table: `initshift --help`, `initshift help COMMAND`, `--version`."""
+
+from __future__ import annotations
+
+import pytest
+
+from webhook import __version__
+from webhook.cli._main import COMMANDS, main
+
+
+def test_the_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  {name} " in out for name in COMMANDS)
+    assert out.rstrip().endswith("`initshift COMMAND --help` (or `initshift help COMMAND`) describes one command.")
+
+
+def run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's --help
+        return int(e.code or 0)
+
+
+@pytest.mark.parametrize("command", ["mutate", "certs", "check"])
+def test_help_command_is_the_commands_own_help(capsys, command):
+    assert run([command, "--help"]) == 0
+    expected = capsys.readouterr().out
+    assert run(["help", command]) == 0
+    assert capsys.readouterr().out == expected and expected.startswith(f"usage: initshift {command}")
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"initshift {__version__}\n"
