@@ -16,18 +16,25 @@ APT_PACKAGES := patchelf docker-registry busybox-static apache2-utils prometheus
 # counts the instructions a review costs (bench-admission-callgrind).
 BENCH_APT_PACKAGES := wrk
 CALLGRIND_APT_PACKAGES := valgrind
+# make e2e: a throwaway single-node cluster (tests/support/k8s) from ../shared/k8s: etcd,
+# containerd with runc, the CNI bridge plugins, iptables (the kubelet's checks), gcc for the
+# static pause and fake-proxy images, busybox-static and curl for the pods' images.
+E2E_APT_PACKAGES := etcd-server containerd runc containernetworking-plugins iptables iproute2 busybox-static gcc libc6-dev curl
+# E2E_K8S: "1.34", "1.28" or both (the default, one after the other).
+E2E_K8S ?=
 PYTEST_ARGS ?=
 # pip constraints for the venv: empty installs the newest versions pyproject allows;
 # `make test-floors` sets constraints/floors.txt (every lower bound) in its own venv.
 PIP_CONSTRAINTS ?=
 FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test test-floors waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher bench-rewrite clean
+.PHONY: help venv system-deps run test test-floors e2e waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher bench-rewrite clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
 	@echo "make test           bootstrap .venv, install, run every test"
 	@echo "make test-floors    the same in .venv-floors with the lowest versions pyproject allows"
+	@echo "make e2e            the scenarios on a real apiserver and kubelet (root; ../shared/k8s or KUBECONFIG)"
 	@echo "make lock           regenerate constraints/image.txt (the versions the image installs)"
 	@echo "make waiter         build the frozen waiter bundle in dist/waiter/"
 	@echo "make wheel          build the initshift wheel in dist/wheels/ (the image installs it)"
@@ -60,6 +67,12 @@ test: $(STAMP) system-deps waiter
 # (the frozen waiter is rebuilt with the lowest PyInstaller too).
 test-floors:
 	$(MAKE) test VENV=$(FLOORS_VENV) PIP_CONSTRAINTS=constraints/floors.txt
+
+# Real Kubernetes: a throwaway cluster per version from ../shared/k8s (E2E_K8S=1.34 or 1.28;
+# default both), or the cluster KUBECONFIG names. docs/testing.md says what it runs.
+e2e: waiter
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(E2E_APT_PACKAGES)"
+	$(PY) -m tests.e2e $(if $(E2E_K8S),--k8s "$(E2E_K8S)")
 
 waiter: $(STAMP) system-deps
 	$(PY) -m waiter.build dist/waiter

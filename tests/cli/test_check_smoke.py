@@ -21,9 +21,10 @@ from webhook.cli._check_smoke import SmokeOptions, smoke_pod
 BOUND = 60.0  # the whole run; a bug fails instead of hanging
 
 
-async def smoke(i: inst.Install, namespace: str, *more: str, hold: str | None = None) -> tuple[int, list[str], str]:
+async def smoke(i: inst.Install, namespace: str, *more: str, hold: str | None = None,
+                waiter_first: bool = False) -> tuple[int, list[str], str]:
     """Run the check with --smoke while a kubelet plays the pod; (exit code, smoke lines, output)."""
-    kubelet = inst.Kubelet(i.kube, namespace, hold=hold)
+    kubelet = inst.Kubelet(i.kube, namespace, hold=hold, waiter_first=waiter_first)
     player = asyncio.ensure_future(kubelet.run())
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -85,6 +86,16 @@ def _normal(text: str) -> str:
     """The output without what differs between runs: the pod's suffix, the port, numbers."""
     text = re.sub(r"initshift-smoke-(job-)?[a-z0-9]{5}", r"initshift-smoke-\1X", text.strip())
     return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:P", text))
+
+
+async def test_waiter_pods_that_end_before_the_kubelet_reports_the_proxy(kube: KubeDouble, tmp_path) -> None:
+    """On a real kubelet a short waiter pod often ends before the kubelet's probe (every second
+    or more) reports the proxy up: step 0 and the Job's main waited on their loopback probe."""
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, inst.BUILDS, waiter_first=True)
+    assert code == 0 and failed(out) == [], out
+    up = "✔ sidecar istio-proxy Ready by {}'s loopback probe (the pod ended before the kubelet's probe reported it)"
+    assert up.format("step 0") in lines and up.format("main") in lines, out
 
 
 async def test_native_strategy_and_keep(kube: KubeDouble, tmp_path) -> None:

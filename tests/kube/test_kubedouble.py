@@ -115,6 +115,18 @@ async def test_merge_patch_semantics(kube: KubeDouble, http: aiohttp.ClientSessi
     assert status == 200 and body["metadata"]["labels"] == {"j": "p"}
 
 
+async def test_labels_are_validated_on_every_write(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """As the apiserver: a value ending in "-" (a generateName copied into a label) is 422."""
+    status, body = await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("x", labels={"app": "smoke-"}))
+    assert status == 422 and 'metadata.labels: Invalid value: "smoke-"' in body["message"]
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("x", labels={"a/b/c": "v"})))[0] == 422
+    ok = {"app.kubernetes.io/name": "smoke", "e": "", "x": "a_b.c-1"}
+    assert (await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("x", labels=ok)))[0] == 201
+    status, _ = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/x", {"metadata": {"labels": {"v": "x" * 64}}},
+                           MERGE)
+    assert status == 422
+
+
 async def test_pod_update_rules(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
     kube.put_pod(pod("r"))
     path = "/api/v1/namespaces/ns/pods/r"

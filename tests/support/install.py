@@ -201,10 +201,14 @@ async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, mode: 
 class Kubelet:
     """Plays the kubelet for each smoke pod: writes its status through the status subresource in
     the order a real kubelet runs the pod the rewrite made. `hold`: a stage it never gets past
-    ("sidecar-ready": the proxy never becomes Ready)."""
+    ("sidecar-ready": the proxy never becomes Ready). `waiter_first`: waiter pods end before
+    the kubelet's own probe reports the proxy up (a real kubelet probes every second or more;
+    the waiter's loopback probe answers within milliseconds)."""
 
-    def __init__(self, kube: KubeDouble, namespace: str, *, hold: str | None = None, pause: float = 0.05) -> None:
+    def __init__(self, kube: KubeDouble, namespace: str, *, hold: str | None = None, pause: float = 0.05,
+                 waiter_first: bool = False) -> None:
         self.kube, self.namespace, self.hold, self.pause = kube, namespace, hold, pause
+        self.waiter_first = waiter_first
         self.api = kube.kube_api("kubelet")
         self.status: dict[str, Any] = {"phase": "Pending", "startTime": now_rfc3339()}
         self.name = ""
@@ -276,11 +280,13 @@ class Kubelet:
         await self._inits_in_order(pod)
         names = [c["name"] for c in pod["spec"]["containers"]]
         work = [n for n in names if n != p.ISTIO_PROXY]
-        await self.regular(*[running(n, ready=False) for n in work], running(p.ISTIO_PROXY, ready=False),
-                           phase="Running")
+        # the proxy runs, its startup probe has not passed yet: not `started` (nor Ready)
+        await self.regular(*[running(n, ready=False) for n in work],
+                           {**running(p.ISTIO_PROXY, ready=False), "started": False}, phase="Running")
         if self.hold == "sidecar-ready":
             return
-        await self.regular(running(p.ISTIO_PROXY))
+        if not self.waiter_first:
+            await self.regular(running(p.ISTIO_PROXY))
         await self._steps(pod)
         await self.regular(terminated(p.ISTIO_PROXY), phase="Succeeded")  # the last main POSTed quitquitquit
 
@@ -321,10 +327,13 @@ class Kubelet:
         inits = pod["spec"]["initContainers"]
         proxy = next(c["name"] for c in inits if c.get("restartPolicy") == "Always")
         await self._inits_in_order(pod, until=proxy)
-        await self.init(running(proxy, ready=False))
+        await self.init({**running(proxy, ready=False), "started": False})
         if self.hold == "sidecar-ready":
             return None
-        await self.init(running(proxy))  # startup probe passed: the kubelet starts the next one
+        # The startup probe passed: `started`, and the kubelet starts the next container. Not
+        # Ready yet: as on a real kubelet, readiness follows at the readiness probe's next
+        # period (Istio's: 15 s), after a smoke pod has ended.
+        await self.init(running(proxy, ready=False))
         for c in inits[[c["name"] for c in inits].index(proxy) + 1:]:
             await self.init(running(c["name"], ready=False))
             await self.init(terminated(c["name"]))

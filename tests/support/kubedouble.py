@@ -16,6 +16,7 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
   a patch carrying metadata.resourceVersion is conditional (409 when stale); delete;
+- labels (keys and values) are validated on every write (422), as the apiserver does;
 - events: the name must be a DNS subdomain and `involvedObject.namespace` the event's
   own namespace (422), as the apiserver validates them;
 - pods: updates may change metadata, container images and `spec.activeDeadlineSeconds`
@@ -777,6 +778,7 @@ class KubeDouble:
                 raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
+        _check_labels(res.kind, meta)
         if res.key == "events":
             _check_event(obj, namespace or "")
         if key in self._objects[res.key]:
@@ -822,6 +824,7 @@ class KubeDouble:
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
                 meta[fixed] = current["metadata"][fixed]
+        _check_labels(res.kind, meta)
         updated["apiVersion"], updated["kind"] = current.get("apiVersion"), current.get("kind")
         if res.key == "pods":
             if sub == "status":
@@ -971,6 +974,30 @@ def _container_state(pod: dict, container: str) -> dict:
 def _uid() -> str:
     return "".join(random.choices("0123456789abcdef", k=8)) + "-0000-4000-8000-" + \
         "".join(random.choices("0123456789abcdef", k=12))
+
+
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _check_labels(kind: str, meta: dict) -> None:
+    """metadata.labels as the apiserver validates them on every write: a qualified name
+    (an optional DNS-subdomain prefix and `/`, a name of at most 63 characters) and a value
+    of at most 63 characters, empty or alphanumeric at both ends (a real apiserver refused a
+    `generateName` used as a value, with its trailing "-")."""
+    labels = meta.get("labels") or {}
+    name = meta.get("name") or meta.get("generateName") or ""
+    for key, value in labels.items() if isinstance(labels, dict) else []:
+        prefix, _, short = str(key).rpartition("/")
+        if not (len(short) <= 63 and _LABEL_NAME.fullmatch(short)) or \
+                (prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix))):
+            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{key}": name part '
+                                f"must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                                f"with an alphanumeric character")
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{value}": a valid '
+                                f"label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+                                f"'.', and must start and end with an alphanumeric character")
 
 
 def _check_event(event: dict, namespace: str) -> None:

@@ -169,7 +169,8 @@ class ControlPlane:
             f"--client-ca-file={pki / 'ca.crt'}",
             f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            # the node is "localhost" (the kubelet listens on 127.0.0.1 only; a loopback node IP is refused)
+            "--kubelet-preferred-address-types=Hostname,InternalIP",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",

@@ -1,0 +1,228 @@
+"""Build pods: what users rely on when their steps run as init containers under a mesh."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from waiter import protocol as p
+
+from ._check import check_build, proxy_stop
+from ._env import Env, Record, scenario
+from ._kube import wait_for
+from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
+from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
+    terminated, wait_end
+
+KPACK = ["prepare", "analyze", "detect", "restore", "build", "export"]
+ARGV = ["a b", "it's", "*", "", "--flag=1 2", "$HOME"]
+
+
+def _build_pod(env: Env, name: str, steps: list[dict], *, main: str = "completion", **kw) -> dict:
+    return pod(name, steps, [step(main, env.images.busybox, port=None)], **kw)
+
+
+@scenario("kpack-build")
+def kpack_build(env: Env, rec: Record) -> None:
+    """A kpack-shaped build under an Istio-like proxy: steps in order, each through the proxy, argv kept."""
+    ns = env.namespace("kpack")
+    rec.namespaces.append(ns)
+    steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC) for s in KPACK]
+    # argv kept: command + args as lists, with spaces, quotes, globs and an empty word
+    steps[0] = {**steps[0], "command": ["sh", "-c"],
+                "args": [steps[0]["command"][2] + '; printf "[%s]" "$@"; echo', "prepare", *ARGV]}
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps, annotations={
+        "sidecar.istio.io/inject": "true"}))
+    build = check_build(env, rec, ns, "build", steps=KPACK, proxy="istio-proxy", strategy=env.build_strategy)
+    argv = "".join(f"[{a}]" for a in ARGV)
+    assert first(build.steps["prepare"], "^" + re.escape(argv) + "$"), \
+        f"prepare's argv changed: {[line.text for line in build.steps['prepare']]}"
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Succeeded", result
+    assert [s["name"] for s in result["steps"]] == KPACK, result
+    rec.note(f"strategy {managed(build.obj)}; {len(KPACK)} steps in order through the proxy; argv kept; "
+             f"proxy stopped by {proxy_stop(build, 'istio-proxy')}")
+    rec.figure("ready -> step 0", build.ready_to_step0_ms or 0)
+    rec.figure("step span", build.span_s or 0, "s")
+
+
+@scenario("failing-step")
+def failing_step(env: Env, rec: Record) -> None:
+    """A failing middle step: the pod fails, later steps never run, the proxy ends."""
+    ns = env.namespace("fail")
+    rec.namespaces.append(ns)
+    steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC),
+             step("test", env.images.busybox, port=ISTIO_TRAFFIC, exit_code=3),
+             step("publish", env.images.busybox, port=ISTIO_TRAFFIC)]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps))
+    obj = wait_end(env.kube, ns, "build")
+    assert obj["status"]["phase"] == "Failed", obj["status"]["phase"]
+    assert managed(obj) == env.build_strategy, managed(obj)
+    test = log_lines(env.kube, ns, "build", "test")
+    assert first(test, "^test fetched ") and first(test, "^test failing with 3$"), [x.text for x in test]
+    publish = log_lines(env.kube, ns, "build", "publish")
+    assert not first(publish, "^publish start$"), f"publish ran after a failed step: {[x.text for x in publish]}"
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Failed" and result.get("failed") == "test", result
+    code = next(s["exitCode"] for s in result["steps"] if s["name"] == "test")
+    assert code == 3, result
+    proxy_end = wait_for(lambda: terminated(env.kube.pod(ns, "build") or {}, "istio-proxy"), 60,
+                         "istio-proxy to end")
+    rec.note(f"strategy {managed(obj)}; outcome Failed at 'test' (exit {code}); publish never ran "
+             f"({(statuses(obj).get('publish') or {}).get('state', {}).get('terminated', {}).get('reason')}); "
+             f"istio-proxy exit {proxy_end.get('exitCode')}")
+
+
+@scenario("oom-step")
+def oom_step(env: Env, rec: Record) -> None:
+    """An OOM-killed step: the pod ends Failed instead of leaving later steps waiting."""
+    ns = env.namespace("oom")
+    rec.namespaces.append(ns)
+    hog = step("compile", env.images.busybox, port=ISTIO_TRAFFIC,
+               extra="head -c 400m /dev/zero | tail > /dev/null || exit $?; ",
+               resources={"requests": {"memory": "32Mi"}, "limits": {"memory": "48Mi"}})
+    steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC), hog,
+             step("package", env.images.busybox, port=ISTIO_TRAFFIC)]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps))
+    obj = wait_end(env.kube, ns, "build")
+    assert obj["status"]["phase"] == "Failed", obj["status"]["phase"]
+    state = terminated(obj, "compile") or {}
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Failed" and result.get("failed") == "compile", result
+    package = log_lines(env.kube, ns, "build", "package")
+    assert not first(package, "^package start$"), "package ran after the OOM-killed step"
+    rec.note(f"strategy {managed(obj)}; compile: {state.get('reason')} exit {state.get('exitCode')}; "
+             f"outcome: {result.get('message')}")
+
+
+@scenario("no-quit-sidecar")
+def no_quit_sidecar(env: Env, rec: Record) -> None:
+    """A sidecar without a quit endpoint: the watcher ends the pod, the outcome says Succeeded."""
+    ns = env.namespace("noquit")
+    rec.namespaces.append(ns)
+    steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC) for s in ("fetch", "build")]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
+        env, "build", steps, annotations={p.ANNOTATION_MODE: p.MODE_WAITER, NO_QUIT: "true"}))
+    obj = wait_end(env.kube, ns, "build")
+    assert managed(obj) == p.MODE_WAITER, managed(obj)
+    proxy = log_lines(env.kube, ns, "build", "istio-proxy")
+    assert first(proxy, "quit refused"), f"the last main did not try to quit: {[x.text for x in proxy]}"
+    assert obj["status"]["phase"] == "Failed" and obj["status"].get("reason") == "DeadlineExceeded", obj["status"]
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Succeeded" and result.get("sidecarsStoppedBy") == "deadline", result
+    main_end = terminated(obj, "completion")["finishedAt"]
+    rec.note(f"quit refused; the watcher set activeDeadlineSeconds: phase Failed/DeadlineExceeded, outcome "
+             f"Succeeded, sidecars stopped by {result['sidecarsStoppedBy']} (main ended {main_end})")
+
+
+@scenario("reinvocation")
+def reinvocation(env: Env, rec: Record) -> None:
+    """Re-invocation after the mesh injects: initshift leaves the proxy-less pod, then rewrites the injected one."""
+    ns = env.namespace("reinv")
+    rec.namespaces.append(ns)
+    steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC) for s in ("clone", "build")]
+    created = env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps))
+    inits, mains = container_names(created)
+    assert "istio-proxy" in inits + mains, f"the mesh did not inject: {inits} {mains}"
+    assert p.ANNOTATION_NOT_REWRITTEN not in annotations(created), annotations(created)
+    assert managed(created) == env.build_strategy, managed(created)
+    reviews = [json.loads(line) for line in env.install.server.log.read_text().splitlines()
+               if '"initshift.review"' in line and f'"namespace":"{ns}"' in line]
+    decisions = [(r.get("decision"), r.get("reason")) for r in reviews]
+    assert len(reviews) >= 2 and decisions[-1][0] == "patched", f"reviews of the pod: {decisions}"
+    build = check_build(env, rec, ns, "build", steps=["clone", "build"], proxy="istio-proxy",
+                        strategy=env.build_strategy)
+    rec.note(f"reviews {decisions}; proxy {'native' if 'istio-proxy' in inits else 'regular'}; "
+             f"ended {build.obj['status']['phase']}")
+
+
+@scenario("linkerd")
+def linkerd(env: Env, rec: Record) -> None:
+    """A Linkerd-shaped pod: the namespace annotated, linkerd-init and linkerd-proxy injected, /shutdown honoured."""
+    ns = env.namespace("linkerd", mesh="linkerd")
+    rec.namespaces.append(ns)
+    names = ["checkout", "compile", "upload"]
+    steps = [step(s, env.images.busybox, port=LINKERD_TRAFFIC) for s in names]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps))
+    build = check_build(env, rec, ns, "build", steps=names, proxy="linkerd-proxy", strategy=env.build_strategy)
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Succeeded", result
+    stop = proxy_stop(build, "linkerd-proxy")
+    if env.build_strategy == p.MODE_WAITER:
+        assert stop == "quit endpoint", stop
+    rec.note(f"strategy {managed(build.obj)}; linkerd-proxy stopped by {stop}")
+    rec.figure("ready -> step 0", build.ready_to_step0_ms or 0)
+
+
+@scenario("not-opted-in")
+def not_opted_in(env: Env, rec: Record) -> None:
+    """A namespace that is not opted in: the pod is untouched and its init step cannot reach the network."""
+    ns = env.namespace("plain", opted=False)
+    rec.namespaces.append(ns)
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
+        env, "build", [step("clone", env.images.busybox, port=ISTIO_TRAFFIC)]))
+    obj = wait_end(env.kube, ns, "build")
+    assert managed(obj) is None and not [k for k in annotations(obj) if k.startswith(p.GROUP)], annotations(obj)
+    assert obj["status"]["phase"] == "Failed", obj["status"]["phase"]
+    clone = log_lines(env.kube, ns, "build", "clone")
+    assert first(clone, "network call failed"), [x.text for x in clone]
+    rec.note("untouched by initshift; the init step ran before the proxy and failed (the problem initshift fixes)")
+
+
+@scenario("restricted-namespace")
+def restricted(env: Env, rec: Record) -> None:
+    """A Pod Security `restricted` namespace (Istio CNI-style mesh): the rewritten pod is admitted and succeeds."""
+    ns = env.namespace("restricted", mesh="istio-cni", labels={
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"})
+    rec.namespaces.append(ns)
+    secure = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    names = ["fetch", "build"]
+    steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC, securityContext=secure) for s in names]
+    body = _build_pod(env, "build", steps, securityContext={
+        "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}})
+    body["spec"]["containers"][0]["securityContext"] = secure
+    created = env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+    inits, _ = container_names(created)
+    assert p.INIT_CONTAINER_NAME in inits, inits
+    build = check_build(env, rec, ns, "build", steps=names, proxy="istio-proxy", strategy=env.build_strategy)
+    rec.note(f"admitted under enforce=restricted with {p.INIT_CONTAINER_NAME} and istio-validation; "
+             f"strategy {managed(build.obj)}")
+
+
+@scenario("start-order")
+def start_order(env: Env, rec: Record) -> None:
+    """Start order in a long-running pod (a Deployment): the app starts after the proxy is ready."""
+    ns = env.namespace("order")
+    rec.namespaces.append(ns)
+    app = step("app", env.images.busybox, port=ISTIO_TRAFFIC, extra='echo "app serving"; sleep 3600; ')
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"labels": {"app": "web"},
+                         "annotations": {p.ANNOTATION_START_ORDER: "istio-proxy;app"}},
+            "spec": {"terminationGracePeriodSeconds": 2, "containers": [app]}}}}
+    env.kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
+
+    def serving() -> dict | None:
+        for obj in env.kube.pods(ns, "app=web"):
+            lines = log_lines(env.kube, ns, obj["metadata"]["name"], "app")
+            if first(lines, "^app serving$"):
+                return obj
+            if first(lines, "network call failed"):
+                raise AssertionError(f"app reached the network before the proxy: {[x.text for x in lines]}")
+        return None
+
+    obj = wait_for(serving, 180, "the app serving")
+    name = obj["metadata"]["name"]
+    assert managed(obj) == p.MANAGED_START_ORDER, managed(obj)
+    restarts = (statuses(obj).get("app") or {}).get("restartCount", 0)
+    assert restarts == 0, f"app restarted {restarts} times"
+    app_lines = log_lines(env.kube, ns, name, "app")
+    proxy = log_lines(env.kube, ns, name, "istio-proxy")
+    ready, started = first(proxy, " ready$"), first(app_lines, "^app start$")
+    assert ready and started and started.at >= ready.at, "app started before the proxy was ready"
+    inits, _ = container_names(obj)
+    rec.note(f"proxy {'native' if 'istio-proxy' in inits else 'regular'}; app's first call through the proxy "
+             f"succeeded, no restart")
+    rec.figure("ready -> app start", ms(started.at - ready.at))
+    env.kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/web")

@@ -1,0 +1,80 @@
+"""The images the scenarios run, built here as docker-archive tars (no registry, no Docker):
+
+- the initshift image as the rewrite injects it (`initshift-init` runs the frozen waiter's
+  `waiter-init` from `/opt/initshift/waiter`, as the Dockerfile's image holds it);
+- `fakeproxy` (images/fakeproxy.c): the Istio-like and Linkerd-like proxies;
+- Debian's curl with the libraries it links (what `initshift check --smoke` fetches with);
+- busybox (tests/support/k8s), for the steps.
+
+Tags carry a hash of the content, so a cluster that keeps images (kind) never runs a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.k8s import BUSYBOX, REGISTRY, ClusterError, Image, busybox_image, compile_static
+from tests.support.k8s._binaries import REPO
+from waiter import protocol as p
+
+HERE = Path(__file__).resolve().parent
+BUILD = REPO / ".cache" / "e2e"
+WAITER_BUNDLE = REPO / "dist" / p.WAITER_DIR_NAME
+
+
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        for f in sorted(x for x in ([path] if path.is_file() else path.rglob("*")) if x.is_file()):
+            h.update(str(f.relative_to(path.parent)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Images:
+    initshift: str
+    proxy: str
+    curl: str
+    busybox: str
+    archives: tuple[Path, ...]
+
+
+def _curl_image() -> Image:
+    curl = shutil.which("curl")
+    if not curl:
+        raise ClusterError("curl is not installed (Debian: curl)")
+    files: dict[str, Path | bytes | tuple[str, str]] = {"/usr/bin/curl": Path(curl).resolve()}
+    for line in subprocess.run(["ldd", curl], capture_output=True, text=True, check=True).stdout.splitlines():
+        found = re.search(r"(/\S+) \(0x", line)
+        if found:
+            files[found.group(1)] = Path(found.group(1)).resolve()
+    tag = _digest(sorted({v for v in files.values() if isinstance(v, Path)}))
+    return Image(f"{REGISTRY}/curl:{tag}", files, entrypoint=["/usr/bin/curl"])
+
+
+def build() -> Images:
+    """Every image, written once per content into .cache/e2e/images/."""
+    if not (WAITER_BUNDLE / p.WAITER_INIT_EXE_NAME).is_file():
+        raise ClusterError(f"no frozen waiter in {WAITER_BUNDLE}: run `make waiter` first")
+    out = BUILD / "images"
+    out.mkdir(parents=True, exist_ok=True)
+    proxy_bin = compile_static(HERE / "images" / "fakeproxy.c", BUILD / "fakeproxy")
+    initshift = Image(f"{REGISTRY}/initshift:{_digest([WAITER_BUNDLE])}", user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
+    initshift.add_tree(WAITER_BUNDLE, p.IMAGE_WAITER_DIR)
+    proxy = Image(f"{REGISTRY}/fakeproxy:{_digest([proxy_bin])}", {"/fakeproxy": proxy_bin},
+                  entrypoint=["/fakeproxy"])
+    curl = _curl_image()
+    archives = []
+    for image in (initshift, proxy, curl, busybox_image()):
+        name = image.ref.rsplit("/", 1)[1].replace(":", "-") + ".tar"
+        path = out / name
+        if not path.is_file() or image.ref == BUSYBOX:
+            image.write(path)
+        archives.append(path)
+    return Images(initshift.ref, proxy.ref, curl.ref, BUSYBOX, tuple(archives))

