@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run
     mesh = Mesh(kube, images.proxy, images.busybox, run, host)
     install = Install(kubeconfig, flavour, images.initshift, host=host)
     started = time.monotonic()
+    env = None
     try:
         mesh.start()
         install.apply()
@@ -131,12 +133,16 @@ def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run
         say(f"initshift installed ({flavour}: {', '.join(sorted({o['kind'] for o in install.objects}))}), "
             f"serving on {install.url} and watching as {install.sa_kubeconfig.name} in "
             f"{time.monotonic() - started:.1f} s")
-        yield Env(kube, kubeconfig, minor, minor >= 29, images, install, mesh, run)
+        env = Env(kube, kubeconfig, minor, minor >= 29, images, install, mesh, run)
+        yield env
     finally:
         install.stop()
         mesh.stop()
         kube.close()
-        say(f"logs of initshift serve and watch: {install.dir}")
+        if env is None or env.keep_logs:
+            say(f"logs of initshift serve and watch: {install.dir}")
+        else:
+            shutil.rmtree(install.dir, ignore_errors=True)
 
 
 def _existing(kubeconfig: Path, args: argparse.Namespace, run: str) -> VersionRun:
@@ -159,6 +165,7 @@ def _existing(kubeconfig: Path, args: argparse.Namespace, run: str) -> VersionRu
     with installed(kubeconfig, "existing", args.install or "helm", args.host, run) as env:
         try:
             vr.outcomes = run_scenarios(env, args.only, args.jobs)
+            env.keep_logs = args.keep or not all(o.ok for o in vr.outcomes)
         finally:
             for ns in env.namespaces:
                 with contextlib.suppress(Exception):
@@ -179,6 +186,7 @@ def _throwaway(version: str, args: argparse.Namespace, run: str) -> VersionRun:
             say(f"== {vr.label}: single node on {machine()} ==")
             with installed(c.kubeconfig, c.version, flavour, "127.0.0.1", run) as env:
                 vr.outcomes = run_scenarios(env, args.only, args.jobs)
+                env.keep_logs = args.keep or not all(o.ok for o in vr.outcomes)
             say("teardown ...")
     except ClusterError as exc:  # a setup failure, or a teardown that left something behind
         vr.problems.append(str(exc))

@@ -29,6 +29,7 @@ class Env:
     mesh: Mesh
     run: str = field(default_factory=lambda: os.urandom(2).hex())
     namespaces: list[str] = field(default_factory=list)
+    keep_logs: bool = False  # keep the server's and watcher's logs (a failure, or --keep)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

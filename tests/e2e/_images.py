@@ -6,7 +6,8 @@
 - Debian's curl with the libraries it links (what `initshift check --smoke` fetches with);
 - busybox (tests/support/k8s), for the steps.
 
-Tags carry a hash of the content, so a cluster that keeps images (kind) never runs a stale one.
+Tags carry a hash of the content (the waiter's: of its sources), so a cluster that keeps
+images (kind) never runs a stale one.
 """
 
 from __future__ import annotations
@@ -65,16 +66,21 @@ def build() -> Images:
     out = BUILD / "images"
     out.mkdir(parents=True, exist_ok=True)
     proxy_bin = compile_static(HERE / "images" / "fakeproxy.c", BUILD / "fakeproxy")
-    initshift = Image(f"{REGISTRY}/initshift:{_digest([WAITER_BUNDLE])}", user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
+    # tagged by the waiter's sources: each `make waiter` writes a bundle with other bytes
+    sources = sorted((REPO / "waiter").glob("*.py"))
+    initshift = Image(f"{REGISTRY}/initshift:{_digest(sources)}", user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
     initshift.add_tree(WAITER_BUNDLE, p.IMAGE_WAITER_DIR)
     proxy = Image(f"{REGISTRY}/fakeproxy:{_digest([proxy_bin])}", {"/fakeproxy": proxy_bin},
                   entrypoint=["/fakeproxy"])
     curl = _curl_image()
     archives = []
     for image in (initshift, proxy, curl, busybox_image()):
-        name = image.ref.rsplit("/", 1)[1].replace(":", "-") + ".tar"
-        path = out / name
-        if not path.is_file() or image.ref == BUSYBOX:
+        repo, tag = image.ref.rsplit("/", 1)[1].split(":")
+        path = out / f"{repo}-{tag}.tar"
+        if not path.is_file() or image.ref in (BUSYBOX, initshift.ref):  # the bundle may be rebuilt
             image.write(path)
+        for stale in out.glob(f"{repo}-*.tar"):  # an earlier content's archive
+            if stale != path:
+                stale.unlink()
         archives.append(path)
     return Images(initshift.ref, proxy.ref, curl.ref, BUSYBOX, tuple(archives))

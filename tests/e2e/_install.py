@@ -118,6 +118,7 @@ class Install:
     sa_kubeconfig: Path = Path()
     env: dict[str, str] = field(default_factory=dict)
     watcher_starts: int = 0
+    made_namespace: bool = False
 
     @property
     def url(self) -> str:
@@ -127,6 +128,7 @@ class Install:
         self.objects = for_this_machine(render(self.flavour), self.url)
         if not any(o["kind"] == "Namespace" for o in self.objects):  # the chart makes none (docs/install.md)
             kubectl(self.admin, "create", "namespace", NAMESPACE)
+            self.made_namespace = True
             kubectl(self.admin, "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
         manifest = self.dir / "install.yaml"
         manifest.write_text(yaml.safe_dump_all(self.objects, sort_keys=False))
@@ -214,7 +216,7 @@ class Install:
         for proc in (self.server, self.watcher):
             if proc and proc.log.is_file():
                 out += [f"{proc.name}: {line}" for line in proc.log.read_text(errors="replace").splitlines()
-                        if "403" in line or "orbidden" in line]
+                        if "Forbidden" in line or "forbidden" in line]
         return out
 
     def can_i(self) -> list[tuple[str, str, str, bool, bool]]:
@@ -238,6 +240,8 @@ class Install:
         manifest = self.dir / "install.yaml"
         if manifest.is_file():
             kubectl(self.admin, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest), check=False)
+        if self.made_namespace:
+            kubectl(self.admin, "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
 
 
 def served_json(install: Install, path: str) -> dict:
