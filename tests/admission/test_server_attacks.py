@@ -106,6 +106,14 @@ def test_the_largest_reviews_flooding_fit_the_memory_limit(server):
     attack(server, [], client)
 
 
+def test_pods_of_many_steps_and_many_mains_are_answered(server):
+    """8,000 steps x 8,000 mains: a rewrite linear in the pod, one at a time."""
+    with legit(server).running() as client:
+        with hostile.posting(server.url, str(server.ca), hostile.steps_by_mains(8000), 2) as seen:
+            h.wait_until(lambda: seen().count(200) >= 2, 600, "two such reviews answered")
+    attack(server, [], client)
+
+
 def test_answers_never_read_are_dropped(server):
     with legit(server).running() as client:
         socks = [hostile.unread_answers(server.port, server.ctx, hostile.small_body(), count=100, pause=0.02),
