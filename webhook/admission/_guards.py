@@ -151,7 +151,7 @@ class Connection(asyncio.Protocol):
             else:
                 self._early.append(data)
             return
-        while not self.transport.is_closing():
+        while self.transport is not None and not self.transport.is_closing():
             if self._head is None and not self.streaming and not self._body and self._answered:
                 data = self._next_request(data)
             if not data:
