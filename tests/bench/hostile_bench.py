@@ -83,16 +83,16 @@ class Bench:
 
 def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable[[], tuple[str, list]]]]:
     def header_flood() -> tuple[str, list]:
-        cut, s = hostile.header_flood(b.port, b.ctx)
-        return f"answered {cut.answer!r} {cut.after * 1000:.0f} ms after the first byte" if cut.after is not None \
-            else "never answered", [s]
+        cut = hostile.header_flood(b.port, b.ctx)
+        return (f"answered {cut.answer!r} {cut.after * 1000:.0f} ms after the first byte, closed: {cut.closed}"
+                if cut.after is not None else "never answered"), []
 
     def trailer_flood() -> tuple[str, list]:
-        results = [hostile.trailer_flood(b.port, b.ctx) for _ in range(6)]
-        answers = collections.Counter(cut.answer for cut, _ in results)
-        slowest = max((cut.after for cut, _ in results if cut.after is not None), default=None)
-        return f"6 connections answered {dict(answers)}, the slowest {slowest * 1000:.0f} ms after its first byte" \
-            if slowest is not None else "never answered", [s for _, s in results]
+        cuts = [hostile.trailer_flood(b.port, b.ctx) for _ in range(6)]
+        answers = collections.Counter(cut.answer for cut in cuts)
+        slowest = max((cut.after for cut in cuts if cut.after is not None), default=None)
+        return (f"6 connections answered {dict(answers)}, the slowest {slowest * 1000:.0f} ms after its first byte, "
+                f"{sum(cut.closed for cut in cuts)} closed" if slowest is not None else "never answered"), []
 
     def upgrades() -> tuple[str, list]:
         socks = hostile.upgrade_flood(b.port, b.ctx, 1100)
@@ -134,8 +134,8 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
                 f"{took:.1f} s after they opened"), [*lorises, *idle, *silent]
 
     def pipelining() -> tuple[str, list]:
-        got, s = hostile.pipelined(b.port, b.ctx, 100_000)
-        return f"100,000 pipelined GET /healthz on one connection: {got} answered", [s]
+        got, closed = hostile.pipelined(b.port, b.ctx, 100_000)
+        return f"100,000 pipelined GET /healthz on one connection: {got} answered, closed: {closed}", []
 
     def steps_by_mains() -> tuple[str, list]:
         body = hostile.steps_by_mains(8000)
