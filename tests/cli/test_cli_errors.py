@@ -136,6 +136,19 @@ def test_the_pod_may_nest_as_deep_as_the_server_allows(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
 
 
+def test_yaml_anchors_and_aliases_within_bounds_are_read(tmp_path: Path) -> None:
+    """A shared env block (an anchor, used twice): read as kubectl reads it."""
+    (tmp_path / "pod.yaml").write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  restartPolicy: Never\n"
+        "  initContainers:\n  - name: a\n    image: busybox\n    command: [true]\n"
+        "    env: &env [{name: A, value: '1'}]\n"
+        "  containers:\n  - name: b\n    image: busybox\n    command: [true]\n    env: *env\n")
+    proc = run(["mutate", str(tmp_path / "pod.yaml"), "-o", "json"])
+    assert proc.returncode == 0, proc.stderr
+    pod = json.loads(proc.stdout)
+    assert {c["name"]: c.get("env") for c in pod["spec"]["containers"]}["b"] == [{"name": "A", "value": "1"}]
+
+
 @pytest.mark.parametrize("command,expected", [
     ("review", "expected a Pod or an AdmissionReview of a Pod"),
     ("mutate", "expected a Pod, an AdmissionReview of a Pod or a workload (Deployment, ReplicaSet, StatefulSet, "
