@@ -96,6 +96,15 @@ def test_cli_reference_shows_every_command_with_the_parsers_help():
     assert {f"initshift-{name}" for name in COMMANDS} <= headings
 
 
+def test_every_commands_help_lists_its_exit_codes():
+    """docs/cli.md: each command's --help lists its exit codes (the shared ones and its own)."""
+    from webhook.cli._main import COMMANDS
+
+    for argv in [*((name,) for name in COMMANDS), ("certs", "create"), ("certs", "inject")]:
+        text = " ".join(docs.cli_help(*argv).split())
+        assert re.search(r"Exit codes: 0 [^.]*, 2 ", text), f"`initshift {' '.join(argv)} --help` lists no exit codes"
+
+
 def test_code_map_names_every_module():
     code_map = docs.section(docs.page("design.md"), "Code map")
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([\w/]+/)` \| (.*) \|$", code_map, re.M)}

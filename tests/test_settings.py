@@ -15,7 +15,7 @@ def test_defaults():
     assert s.rewrite.mode == p.MODE_AUTO and s.rewrite.resources_policy == "preserve"
     assert s.rewrite.sidecar_names == p.DEFAULT_SIDECAR_NAMES
     assert s.rewrite.quit_endpoints == p.DEFAULT_QUIT_ENDPOINTS
-    assert s.server.max_body_bytes == 7 * 1024 * 1024
+    assert s.server.max_body_bytes == 4 * 1024 * 1024
 
 
 def test_parsing_every_kind():
@@ -33,7 +33,11 @@ def test_parsing_every_kind():
 
 @pytest.mark.parametrize("env, message", [
     ({p.FEATURE_GATE_ENV: "maybe"}, "expected true or false"),
-    ({"INITSHIFT_PORT": "https"}, "INITSHIFT_PORT: cannot parse"),
+    ({"INITSHIFT_PORT": "https"}, r"INITSHIFT_PORT: expected a port number \(0 to 65535\), got 'https'"),
+    ({"INITSHIFT_PORT": "99999"}, "INITSHIFT_PORT: expected a port number .* got 99999"),
+    ({"INITSHIFT_METRICS_PORT": "-1"}, "INITSHIFT_METRICS_PORT: expected a port number .* got -1"),
+    ({"INITSHIFT_MAX_BODY_BYTES": "lots"}, "INITSHIFT_MAX_BODY_BYTES: expected a whole number, got 'lots'"),
+    ({"INITSHIFT_GRACE_SECONDS": "soon"}, "INITSHIFT_GRACE_SECONDS: expected a number, got 'soon'"),
     ({"INITSHIFT_MODE": "fast"}, "expected one of disabled, waiter, native, hybrid, auto"),
     ({"INITSHIFT_QUIT_ENDPOINTS": "istio-proxy"}, "expected name=value"),
 ])
@@ -48,15 +52,11 @@ def test_every_variable_is_prefixed_and_unique():
     assert all(n.startswith(p.ENV_PREFIX) or n == p.FEATURE_GATE_ENV for n in names)
 
 
-def test_to_env_round_trips_every_setting():
-    """The server's worker processes get their settings through the environment."""
-    import dataclasses
+def test_settings_of_removed_mechanisms_are_named():
+    from webhook.settings import REMOVED, removed_settings
 
-    from webhook.settings import Settings, to_env
-
-    settings = Settings.from_env({"SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_SIDECAR_NAMES": "a,b",
-                                  "INITSHIFT_QUIT_ENDPOINTS": "a=http://127.0.0.1:1/q",
-                                  "INITSHIFT_HEADER_TIMEOUT_SECONDS": "2.5", "INITSHIFT_WATCH_NAMESPACES": ""})
-    settings = settings.replace(server=dataclasses.replace(settings.server, host="10.0.0.1", port=9443))
-    assert Settings.from_env(to_env(settings)) == settings
-    assert Settings.from_env(to_env(Settings())) == Settings()
+    assert removed_settings({"INITSHIFT_PORT": "1"}) == []
+    lines = removed_settings({"INITSHIFT_WORKERS": "4", "INITSHIFT_MAX_HEADERS": "100"})
+    assert lines[0].startswith("INITSHIFT_WORKERS is no longer used (one server process per pod")
+    assert len(lines) == 2
+    assert not set(REMOVED) & {row[0] for row in settings_rows()}

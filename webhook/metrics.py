@@ -4,20 +4,14 @@
 watcher, native-sidecar detection) register their own collectors on it, so one scrape
 sees everything. Each label says one thing; docs/monitoring.md lists
 every series, and the alerts and the dashboard in deploy/ use only these.
-
-Several server processes (webhook/admission/_workers.py) share their values through
-prometheus_client's multiprocess mode: every gauge says how the processes' values combine
-(`multiprocess_mode`, ignored in a single process) and `serving_registry()` is what the
-metrics port serves.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__
@@ -30,11 +24,11 @@ REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
 
 _BUILD_INFO = Gauge("initshift_build_info", "Always 1; the running initshift's version.", ["version"],
-                   registry=REGISTRY, multiprocess_mode="livemax")
+                   registry=REGISTRY)
 _BUILD_INFO.labels(__version__).set(1)
 
 # outcome: patched, allowed (unchanged), denied, error (internal), bad_request,
-# refused (busy: 503, or a body too slow: 408)
+# refused (busy: 503, a body too slow: 408, too large: 413), gone (the client left first)
 REQUESTS = Counter("initshift_admission_requests_total", "AdmissionReview requests by outcome.",
                    ["outcome"], registry=REGISTRY)
 # Admission webhooks time out after 10 s at most; buckets resolve the sub-millisecond path.
@@ -46,16 +40,15 @@ LATENCY = Histogram("initshift_admission_duration_seconds", "Time to answer one 
 # why the pod was skipped or denied (the rewrite's slug, protected-namespace, internal-error).
 PODS = Counter("initshift_pods_total", "Pod CREATE reviews by result and reason.", ["result", "reason"],
                registry=REGISTRY)
-# reason: over-limit (INITSHIFT_MAX_CONNECTIONS), header-timeout (INITSHIFT_HEADER_TIMEOUT_SECONDS)
+# reason: over-limit (INITSHIFT_MAX_CONNECTIONS, 16 on the metrics port), header-timeout
+# (INITSHIFT_HEADER_TIMEOUT_SECONDS), write-timeout (INITSHIFT_WRITE_TIMEOUT_SECONDS)
 CONNECTIONS_CLOSED = Counter("initshift_connections_closed_total", "Connections the server closed to protect "
                              "itself, by reason.", ["reason"], registry=REGISTRY)
 CERT_RELOADS = Counter("initshift_tls_reloads_total", "Serving certificate reloads by result.", ["result"],
                        registry=REGISTRY)
 # certificate: serving (what the TLS port presents) or ca (self-managed: the CA that signs it).
-# Several processes: the earliest expiry any of them serves (what an alert must see).
 _CERT_EXPIRY = Gauge("initshift_certificate_expiration_timestamp_seconds",
-                    "Unix time at which the certificate expires.", ["certificate"], registry=REGISTRY,
-                    multiprocess_mode="livemin")
+                    "Unix time at which the certificate expires.", ["certificate"], registry=REGISTRY)
 CERT_ROTATIONS = Counter("initshift_certificate_rotations_total",
                          "Self-managed certificates issued (a new serving pair, or a new CA and pair).",
                          ["certificate"], registry=REGISTRY)
@@ -72,21 +65,5 @@ def set_expiry(certificate: str, not_after: dt.datetime | None) -> None:
     _CERT_EXPIRY.labels(certificate).set(not_after.timestamp())
 
 
-_SHARED: CollectorRegistry | None = None
-
-
-def serving_registry() -> CollectorRegistry:
-    """This process's registry; with several server processes, every live one's values,
-    read from the shared multiprocess directory (process_* series: the serving process)."""
-    global _SHARED
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        return REGISTRY
-    if _SHARED is None:
-        _SHARED = CollectorRegistry()
-        multiprocess.MultiProcessCollector(_SHARED)
-        ProcessCollector(registry=_SHARED)
-    return _SHARED
-
-
 def exposition() -> tuple[bytes, str]:
-    return generate_latest(serving_registry()), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

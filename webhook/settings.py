@@ -37,6 +37,20 @@ def _choice(*values: str) -> dict[str, tuple[str, ...]]:
     return {"choices": values}
 
 
+_PORT = {"port": True}
+
+
+def port_number(text: str, name: str = "port") -> int:
+    """A TCP port from text (0: any free one), or SettingsError saying what a port is."""
+    try:
+        port = int(text.strip())
+    except ValueError:
+        raise SettingsError(f"{name}: expected a port number (0 to 65535), got {text.strip()!r}") from None
+    if not 0 <= port <= 65535:
+        raise SettingsError(f"{name}: expected a port number (0 to 65535), got {port}")
+    return port
+
+
 @dataclass(frozen=True)
 class RewriteSettings:
     mode: str = _env("INITSHIFT_MODE", "Strategy when a pod does not set `initshift.io/mode`.",
@@ -77,54 +91,41 @@ class RewriteSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds.", "0.0.0.0")
-    port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on (admission and health only).", 8443)
+    host: str = _env("INITSHIFT_HOST", "Address the HTTPS server binds; empty: every address, IPv6 and IPv4 "
+                     "(IPv4 only where the node has no IPv6), as on an IPv6-only or dual-stack cluster.", "")
+    port: int = _env("INITSHIFT_PORT", "Port the HTTPS server listens on (admission and health only).", 8443,
+                     **_PORT)
     metrics_port: int = _env("INITSHIFT_METRICS_PORT",
-                             "Plain-HTTP port serving `/metrics` (Prometheus); 0 turns it off.", 8080)
+                             "Plain-HTTP port serving `/metrics` (Prometheus); 0 turns it off.", 8080, **_PORT)
     metrics_host: str = _env("INITSHIFT_METRICS_HOST",
-                             "Address the metrics port binds; empty: INITSHIFT_HOST (all interfaces by default, "
+                             "Address the metrics port binds; empty: INITSHIFT_HOST (every address by default, "
                              "which a scrape through the pod IP or a Service needs).", "")
     tls_cert: str = _env("INITSHIFT_TLS_CERT", "Serving certificate (PEM); reloaded when it changes.",
                          "/etc/initshift/tls/tls.crt")
     tls_key: str = _env("INITSHIFT_TLS_KEY", "Serving key (PEM); reloaded when it changes.",
                         "/etc/initshift/tls/tls.key")
     client_ca: str = _env("INITSHIFT_CLIENT_CA", "CA bundle to verify client certificates; empty: no verification.", "")
-    max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes).", 7 * 1024 * 1024)
-    workers: int = _env("INITSHIFT_WORKERS", "Server processes sharing the port; 0: one per CPU the process may use "
-                        "(its cgroup's CPU limit counted), at most 8, and no more than its cgroup's memory "
-                        "limit holds (64 MiB for the supervisor, 224 MiB per worker).", 0)
-    max_connections: int = _env("INITSHIFT_MAX_CONNECTIONS",
-                                "Open connections per server process; more are closed at once.", 512)
-    max_pending_reviews: int = _env(
-        "INITSHIFT_MAX_PENDING_REVIEWS",
-        "Complete reviews up to INITSHIFT_LARGE_REVIEW_BYTES one server process holds at a time (queued, "
-        "rewriting); more get HTTP 503 at once. A body still arriving does not count.", 64)
-    large_review_bytes: int = _env(
-        "INITSHIFT_LARGE_REVIEW_BYTES",
-        "Reviews over this size (bytes, the declared Content-Length) are worked on in a lane of their own, "
-        "so small ones never wait behind them.", 256 * 1024)
-    max_large_reviews: int = _env(
-        "INITSHIFT_MAX_LARGE_REVIEWS",
-        "Reviews over INITSHIFT_LARGE_REVIEW_BYTES (or chunked) one server process reads and works on at a "
-        "time; the next waits with its body unread, HTTP 503 after INITSHIFT_BODY_TIMEOUT_SECONDS.", 1)
-    max_body_bytes_in_flight: int = _env(
-        "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT",
-        "Bytes of request bodies one server process holds at a time, counted as they arrive (bodies being "
-        "read and reviews in hand); more get HTTP 503 at once.", 32 * 1024 * 1024)
-    max_headers: int = _env("INITSHIFT_MAX_HEADERS",
-                            "Header fields one request may send; more: HTTP 431, connection closed.", 100)
+    # The apiserver takes request bodies up to 3 MiB (its MaxRequestBodyBytes, twice etcd's
+    # 1.5 MiB object limit) and sends the pod back as JSON with defaults, managedFields and
+    # the review around it; docs/admission-server.md#the-body-limit says why 4 MiB.
+    max_body_bytes: int = _env("INITSHIFT_MAX_BODY_BYTES", "Largest AdmissionReview accepted (bytes); larger: "
+                               "HTTP 413.", 4 * 1024 * 1024)
+    max_connections: int = _env(
+        "INITSHIFT_MAX_CONNECTIONS",
+        "Open connections on the HTTPS port; a new one past it closes the oldest still waiting for its request.",
+        128)
     max_header_bytes: int = _env(
         "INITSHIFT_MAX_HEADER_BYTES",
-        "Bytes of one request's head (request line and headers); more: HTTP 431, connection closed, "
-        "checked before the bytes are buffered.", 32 * 1024)
-    max_header_line_bytes: int = _env(
-        "INITSHIFT_MAX_HEADER_LINE_BYTES",
-        "Bytes of the request line or of one header field; more: HTTP 431, connection closed.", 8 * 1024)
+        "Bytes uvicorn buffers of a request's head (or a chunked body's trailers); more: HTTP 400, "
+        "connection closed.", 32 * 1024)
     header_timeout_seconds: float = _env(
         "INITSHIFT_HEADER_TIMEOUT_SECONDS",
-        "Seconds a connection has for its TLS handshake and then for each request's headers.", 10.0)
-    body_timeout_seconds: float = _env("INITSHIFT_BODY_TIMEOUT_SECONDS",
-                                       "Seconds a request has to send its whole body (else HTTP 408).", 10.0)
+        "Seconds a connection has for its TLS handshake and its request's head, from its start or its "
+        "previous answer.", 5.0)
+    body_timeout_seconds: float = _env(
+        "INITSHIFT_BODY_TIMEOUT_SECONDS",
+        "Seconds a request has, from its head, to send its whole body (else HTTP 408; a large review "
+        "waiting for its turn meanwhile: HTTP 503).", 10.0)
     keepalive_timeout_seconds: float = _env("INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS",
                                             "Seconds an idle keep-alive connection stays open.", 5.0)
     write_timeout_seconds: float = _env(
@@ -221,10 +222,18 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
             if low in _FALSE:
                 return False
             raise SettingsError(f"{name}: expected true or false, got {raw!r}")
+        if f.metadata.get("port"):
+            return port_number(raw, name)
         if isinstance(default, int):
-            return int(raw)
+            try:
+                return int(raw)
+            except ValueError:
+                raise SettingsError(f"{name}: expected a whole number, got {raw!r}") from None
         if isinstance(default, float):
-            return float(raw)
+            try:
+                return float(raw)
+            except ValueError:
+                raise SettingsError(f"{name}: expected a number, got {raw!r}") from None
         if isinstance(default, tuple):
             return tuple(x.strip() for x in raw.split(",") if x.strip())
         if isinstance(default, dict):
@@ -271,17 +280,22 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def to_env(settings: Any) -> dict[str, str]:
-    """The variables that make `Settings.from_env` return `settings` again (for the server's
-    worker processes, which must run with exactly the settings the command computed)."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        if "env" not in f.metadata:
-            out.update(to_env(value))
-        else:
-            out[f.metadata["env"]] = _fmt(value)
-    return out
+# Settings of mechanisms that are gone, and what replaced them: `serve` warns when one is set.
+REMOVED = {
+    "INITSHIFT_WORKERS": "one server process per pod: scale with the Deployment's replicas",
+    "INITSHIFT_MAX_PENDING_REVIEWS": "reviews are taken as they come, large ones one at a time",
+    "INITSHIFT_LARGE_REVIEW_BYTES": "reviews over 64 KiB are large, taken one at a time",
+    "INITSHIFT_MAX_LARGE_REVIEWS": "large reviews are taken one at a time",
+    "INITSHIFT_MAX_BODY_BYTES_IN_FLIGHT": "bodies are read one large review at a time",
+    "INITSHIFT_MAX_HEADERS": "INITSHIFT_MAX_HEADER_BYTES bounds a request's head",
+    "INITSHIFT_MAX_HEADER_LINE_BYTES": "INITSHIFT_MAX_HEADER_BYTES bounds a request's head",
+}
+
+
+def removed_settings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each variable set in `environ` that no longer does anything."""
+    env = os.environ if environ is None else environ
+    return [f"{name} is no longer used ({why}); remove it" for name, why in REMOVED.items() if name in env]
 
 
 def settings_rows(cls: type = Settings) -> list[tuple[str, str, str]]:

@@ -18,7 +18,7 @@ from webhook.admission import _review as admission, _cluster as cluster
 from webhook import metrics
 from webhook.admission._cluster import KubeFetcher, NativeSupport, NodesForbidden, Observation, decide
 from webhook.kube._api import KubeError
-from tests.support.patching import apply_patch
+from tests.support.patching import apply_patch, decode_patch
 from webhook.admission._app import create_app
 from webhook.settings import RewriteSettings, Settings
 
@@ -127,7 +127,7 @@ async def test_setting_overrides_detection_without_api_calls(setting, expected):
     support = NativeSupport(settings(native_sidecars=setting), fetcher)
     await support.refresh()
     assert support.current() is expected and fetcher.calls == 0
-    assert (await cluster.start(settings(native_sidecars=setting))).current() is expected
+    assert (await cluster.detect_native_support(settings(native_sidecars=setting))).current() is expected
 
 
 async def test_failed_refresh_keeps_the_last_answer_and_upgrades_are_seen():
@@ -216,14 +216,14 @@ async def test_against_the_api_double(caplog):
         kube.put_node("b", "v1.29.4-eks-1234")
         api = kube.kube_api()
         try:
-            support = await cluster.start(settings(), api)
+            support = await cluster.detect_native_support(settings(), api)
             assert support.current() is True and "lowest kubelet v1.29 of 2 node(s)" in support.detected.why
             kube.put_node("c", "v1.28.11")  # an old node pool joins
             await support.refresh()
             assert support.current() is False and support.strategy() == p.MODE_WAITER
             kube.fail_next("/api/v1/nodes", 403, times=5, message="nodes is forbidden")
             with caplog.at_level(logging.WARNING, logger="initshift.cluster"):
-                denied = await cluster.start(settings(), api)
+                denied = await cluster.detect_native_support(settings(), api)
             assert denied.current() is True and "apiserver alone" in denied.detected.why
             assert any("forbidden" in r.getMessage() for r in caplog.records)
             assert any(r.path == "/version" for r in kube.requests)
@@ -234,7 +234,7 @@ async def test_against_the_api_double(caplog):
 async def test_without_api_access_auto_falls_back_to_waiter(monkeypatch, tmp_path):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
-    support = await cluster.start(settings())
+    support = await cluster.detect_native_support(settings())
     assert support.current() is None and support.strategy() == p.MODE_WAITER
     assert "no API access" in support.detected.why
     await support.close()
@@ -258,7 +258,7 @@ async def test_server_reports_and_uses_the_detected_strategy(tmp_path):
         assert "initshift_native_sidecars_supported 1.0" in text
         pod = h.kpack_istio()
         answer = (await c.post("/mutate", json=h.review(pod, namespace="builds"))).json()
-    patched = apply_patch(pod, admission.decode_patch(answer))
+    patched = apply_patch(pod, decode_patch(answer))
     assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
     assert [x["name"] for x in patched["spec"]["initContainers"]] == ["istio-init", "istio-proxy",
                                                                       p.INIT_CONTAINER_NAME]

@@ -13,7 +13,7 @@ from tests.support.fixtures import pods
 from waiter import protocol as p
 from webhook.admission import _review as admission
 from webhook.admission._app import Reviewer
-from tests.support.patching import apply_patch
+from tests.support.patching import apply_patch, decode_patch
 
 
 def reviewer() -> Reviewer:
@@ -29,7 +29,7 @@ async def test_skipped_pod_gets_only_the_reason():
     pod = pods.load("job-git-clone")
     decision = await decide(pod)
     assert (decision.outcome, decision.reason, decision.pod_result) == ("allowed", "no-sidecar", "skipped")
-    patch = admission.decode_patch(decision.answer)
+    patch = decode_patch(decision.answer)
     assert apply_patch(pod, patch) == pods.not_rewritten(pod, "no-sidecar")
     assert [op["path"] for op in patch] == ["/metadata/annotations/initshift.io~1not-rewritten"]
     assert "no sidecar" in decision.answer["response"]["warnings"][0]

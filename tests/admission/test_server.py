@@ -7,6 +7,7 @@ import copy
 import json
 import logging
 import os
+import shlex
 import ssl
 import subprocess
 import sys
@@ -22,11 +23,11 @@ from waiter import protocol as p
 from webhook.admission import _review as admission
 from webhook import logs
 from webhook.cli import _review as review_cmd
-from tests.support.patching import apply_patch
+from tests.support.patching import apply_patch, decode_patch
 from webhook.rewrite._rewrite import rewrite
-from webhook.admission._https import bind
+from webhook.admission._https import ListenError, bind
 from webhook.admission._app import create_app
-from webhook.settings import settings_table
+from webhook.settings import ServerSettings, settings_table
 
 OWN_NS = "initshift-system"
 
@@ -64,7 +65,7 @@ def test_kpack_build_pod_gets_the_rewrite_as_a_patch(client, server):
     resp = answer["response"]
     assert answer["apiVersion"] == admission.API_V1 and answer["kind"] == "AdmissionReview"
     assert resp["allowed"] is True and resp["patchType"] == "JSONPatch"
-    patched = apply_patch(pod, admission.decode_patch(answer))
+    patched = apply_patch(pod, decode_patch(answer))
     assert patched == rewrite(pod, server.settings).pod
     assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
     assert [c["name"] for c in patched["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]
@@ -79,7 +80,7 @@ def test_a_jobs_pod_without_init_containers_gets_its_mains_gated_as_a_patch(clie
     pod = pods.catalogue()["cronjob-istio"]
     before = scrape(server)
     answer = mutate(client, h.review(pod, namespace="reports"))
-    patched = apply_patch(pod, admission.decode_patch(answer))
+    patched = apply_patch(pod, decode_patch(answer))
     assert patched == rewrite(pod, server.settings).pod
     assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
     assert patched["spec"]["containers"][0]["command"] == [p.WAITER_PATH]
@@ -112,7 +113,7 @@ def test_unchanged_pods_have_no_patch_and_say_why(client, pod, reason):
     resp = answer["response"]
     assert resp["allowed"] is True
     # The one change: the reason on a pod with init containers; nothing on a pod without.
-    assert apply_patch(pod, admission.decode_patch(answer)) == pods.not_rewritten(pod, reason)
+    assert apply_patch(pod, decode_patch(answer)) == pods.not_rewritten(pod, reason)
     assert ("patch" in resp) == bool(pod["spec"].get("initContainers"))
     assert resp["warnings"] and all(w.strip() and "\n" not in w for w in resp["warnings"])
 
@@ -138,7 +139,7 @@ def test_other_kinds_and_operations_are_allowed_unchanged(client, mutation):
 def test_v1beta1_is_answered_in_v1beta1(client):
     answer = mutate(client, h.review(h.kpack_istio(), namespace="builds", api_version=admission.API_V1BETA1))
     assert answer["apiVersion"] == admission.API_V1BETA1
-    assert answer["response"]["patchType"] == "JSONPatch" and admission.decode_patch(answer)
+    assert answer["response"]["patchType"] == "JSONPatch" and decode_patch(answer)
 
 
 def test_dry_run_gets_the_same_answer(client):
@@ -213,8 +214,8 @@ def test_metrics_port_off_and_in_use(pki):
     try:
         settings = h.settings_for(pki, metrics_port=busy.getsockname()[1])
         server = h.HttpsServer(settings, sock=bind(), graceful_seconds=1)
-        with pytest.raises(RuntimeError, match="(?i)address already in use"):
-            server.start_in_thread()
+        with pytest.raises(ListenError, match=r"\(INITSHIFT_METRICS_PORT\): address already in use"):
+            server.listen()
         server.sock.close()
     finally:
         busy.close()
@@ -239,6 +240,7 @@ def _replace(path: list[str], value) -> bytes:
 
 BAD = {
     "empty": (b"", JSON_CT),
+    "an empty object": (b"{}", JSON_CT),
     "malformed json": (b'{"apiVersion": ', JSON_CT),
     "trailing garbage": (GOOD + b"}", JSON_CT),
     "not utf-8": (b'{"a": "\xff\xfe"}', JSON_CT),
@@ -275,21 +277,29 @@ def test_bad_input_is_a_one_line_400(client, name):
     r = client.post("/mutate", content=body, headers=headers)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error and "\n" not in error and "Traceback" not in error
+    assert error and "\n" not in error and "Traceback" not in error and "None" not in error
+
+
+def test_what_is_not_an_admission_review_says_what_is_missing(client):
+    for body, words in ((b"{}", "not an AdmissionReview: apiVersion is missing (expected admission.k8s.io/v1 or "
+                                "admission.k8s.io/v1beta1)"),
+                        (b'{"apiVersion": "admission.k8s.io/v1"}', "not an AdmissionReview: kind is missing")):
+        assert client.post("/mutate", content=body, headers=JSON_CT).json()["error"].startswith(words)
 
 
 def test_body_over_the_limit_is_refused_by_content_length_and_while_streaming(client):
-    limit = 7 * 1024 * 1024
+    limit = ServerSettings().max_body_bytes
     big = GOOD[:-1] + b', "pad": "' + b"x" * limit + b'"}'
     r = client.post("/mutate", content=big, headers=JSON_CT)
-    assert r.status_code == 400 and "limit" in r.json()["error"]
+    assert r.status_code == 413 and "INITSHIFT_MAX_BODY_BYTES" in r.json()["error"]
+    assert r.headers["connection"] == "close"  # the body was not read
 
     def chunks():  # no Content-Length: chunked transfer encoding
         yield big[: len(big) // 2]
         yield big[len(big) // 2:]
 
     r = client.post("/mutate", content=chunks(), headers=JSON_CT)
-    assert r.status_code == 400 and "limit" in r.json()["error"]
+    assert r.status_code == 413 and "INITSHIFT_MAX_BODY_BYTES" in r.json()["error"]
     # and the server is fine afterwards
     assert client.post("/mutate", content=GOOD, headers=JSON_CT).status_code == 200
 
@@ -297,7 +307,7 @@ def test_body_over_the_limit_is_refused_by_content_length_and_while_streaming(cl
 def test_configured_body_limit(pki):
     with h.running(h.settings_for(pki, max_body_bytes=1000)) as srv, \
             httpx.Client(verify=h.client_context(pki / "ca.crt"), base_url=h.base_url(srv)) as c:
-        assert c.post("/mutate", content=GOOD, headers=JSON_CT).status_code == 400
+        assert c.post("/mutate", content=GOOD, headers=JSON_CT).status_code == 413
         small = h.review({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a"},
                           "spec": {"containers": [{"name": "a", "image": "busybox"}]}})
         assert c.post("/mutate", json=small).status_code == 200
@@ -419,14 +429,15 @@ def test_dev_server_serves_the_example_with_a_patch(tmp_path):
             banner.append(line)
             if line.strip().startswith("curl "):
                 break
-        curl = banner[-1].split()
-        assert curl[curl.index("--cacert") + 1] == str(tmp_path / "run" / "ca.crt")
-        assert curl[-1] == f"https://127.0.0.1:{port}/mutate" and "@examples/review.json" in curl
-        r = httpx.post(curl[-1], content=Path("examples/review.json").read_bytes(),
-                       headers={"content-type": "application/json"}, verify=h.client_context(tmp_path / "run/ca.crt"))
-        assert admission.decode_patch(r.json())
+        curl = banner[-1].strip()
+        args = shlex.split(curl)
+        assert args[args.index("--cacert") + 1] == str(tmp_path / "run" / "ca.crt")
+        assert args[-1] == f"https://127.0.0.1:{port}/mutate"
+        assert f"@{Path('examples/review.json').resolve()}" in args
+        # pasted anywhere (not in the checkout), it works
+        out = subprocess.run(curl, shell=True, cwd=tmp_path, capture_output=True, timeout=60, check=True)
+        assert decode_patch(json.loads(out.stdout))
     finally:
         proc.terminate()
         proc.wait(20)
-    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught
-    assert proc.returncode in (0, -15)
+    assert proc.returncode == 0  # SIGTERM: a graceful stop

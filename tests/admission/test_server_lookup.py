@@ -17,7 +17,7 @@ from tests.support.registryd import Env, shared_env
 from waiter import protocol as p
 from webhook.admission import _review as admission
 from webhook.settings import RegistrySettings
-from tests.support.patching import apply_patch
+from tests.support.patching import apply_patch, decode_patch
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_a_step_without_command_is_resolved_through_the_server(env, tmp_path, pa
             httpx.Client(verify=h.client_context(ca), timeout=30) as c:
         r = c.post(f"{h.base_url(srv)}/mutate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
-    out = apply_patch(pod, admission.decode_patch(r.json()))
+    out = apply_patch(pod, decode_patch(r.json()))
     assert out["metadata"]["labels"].get(p.LABEL_MANAGED) == p.MODE_WAITER, r.json()["response"]
     step = next(s for s in out["spec"]["containers"] if s["name"] == "git-clone")
     argv = [*step["command"], *step.get("args", [])]

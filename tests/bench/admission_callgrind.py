@@ -75,7 +75,8 @@ def measure(tree: Path, n: int, keep: Path | None = None) -> dict[str, float]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         sock.close()
-        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", "INITSHIFT_WORKERS": "1",
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1",
+               "INITSHIFT_WORKERS": "1",  # one process from a --server-tree that still had workers
                "SUPPORT_INJECTED_SIDECARS": "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": str(port),
                "INITSHIFT_METRICS_PORT": "0", "INITSHIFT_TLS_CERT": str(d / store.TLS_CERT),
                "INITSHIFT_TLS_KEY": str(d / store.TLS_KEY)}

@@ -1,21 +1,16 @@
-"""`make bench-hostile`: what one hostile client costs the server (issue 24). Prints
-figures, asserts nothing. The server runs as `initshift serve` with INITSHIFT_WORKERS=2 (as
-in the issue's probes; `--workers N` to change) and production defaults otherwise.
+"""`make bench-hostile`: what each hostile client costs the server, and the figures the
+Deployment's memory limit is derived from. Prints figures, asserts nothing.
 
-1. Header flood: one request with 32 MB of small headers; bytes the client got in before
-   it was cut off, and the workers' peak RSS (VmHWM) growth.
-2. Metrics flood: 2,000 connections each sending an unfinished `GET /metrics` to worker
-   0's metrics port; worker 0's CPU time while they are held, and /mutate latency
-   meanwhile (p50/p99 over 100 reviews).
-3. Slow bodies: 140 clients each declaring a 100-byte body and sending 10 bytes; then 100
-   legitimate reviews: how many got 503.
-4. Large reviews: 4 clients posting 7 MB reviews back to back; /mutate of the normal
-   7-step build pod meanwhile (p50/p99 over 200 reviews), and the large ones' answers.
-5. Pipelining: 100,000 `GET /healthz` sent at once on one connection; answers, RSS growth.
-6. Memory: supervisor and per-worker RSS idle, and each process's peak after all of it.
+The server is `initshift serve` with production defaults, in a memory cgroup of its own
+when one is writable here (no limit that could kill it: the cgroup measures each case's
+peak), else its peak RSS. Each case runs alone while a legitimate client sends the 7-step
+build pod's review on one kept-alive TLS connection (the apiserver), and prints: the
+legitimate reviews' latency and statuses, the server's memory peak over its idle figure,
+and how long the attack's connections were held after the attacker's last byte.
 
-`--server-tree DIR` runs the server from another checkout (a baseline); `--cases 1,4` runs
-only those cases (memory, 6, is always printed).
+Then the sizing figures: the cost of the largest review the body limit admits, and of the
+connection cap's worth of connections each holding a large review's unread body.
+`--cases 1,4` runs only those cases; `--server-tree DIR` runs another checkout's server.
 """
 
 from __future__ import annotations
@@ -25,12 +20,17 @@ import collections
 import os
 import platform
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from tests.support import hostile
 from tests.support import https_helpers as h
+from webhook.settings import ServerSettings
+
+MiB = 1024 * 1024
 
 
 def pct(values: list[float], q: float) -> float:
@@ -38,103 +38,200 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(len(values) * q))] * 1000 if values else float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def summary(samples: list[tuple[int, float]]) -> str:
     ok = [t for status, t in samples if status == 200]
-    codes = collections.Counter(status for status, _ in samples)
-    return (f"p50 {pct(ok, 0.5):.1f} ms, p99 {pct(ok, 0.99):.1f} ms, max {max(ok, default=0) * 1000:.1f} ms "
-            f"({dict(codes)})")
+    codes = dict(collections.Counter(status for status, _ in samples))
+    return f"p50 {pct(ok, 0.5):.1f} ms, p99 {pct(ok, 0.99):.1f} ms, max {max(ok, default=0) * 1000:.0f} ms {codes}"
+
+
+class Bench:
+    def __init__(self, port: int, metrics_port: int, ca: Path, pid: int, cgroup: hostile.MemoryCgroup | None):
+        self.port, self.metrics_port, self.ca, self.pid, self.cgroup = port, metrics_port, ca, pid, cgroup
+        self.url, self.ctx = f"https://127.0.0.1:{port}", h.client_context(ca)
+        self.idle = self.memory()
+
+    def memory(self) -> int:
+        """What the server uses now: its cgroup's usage, else its RSS (bytes)."""
+        if self.cgroup is not None:
+            return int((self.cgroup.path / ("memory.current" if self.cgroup.v2 else "memory.usage_in_bytes"))
+                       .read_text())
+        return hostile.memory_kb(self.pid) * 1024
+
+    def peak(self) -> int:
+        return self.cgroup.peak_bytes() if self.cgroup is not None and not self.cgroup.v2 else \
+            hostile.memory_kb(self.pid, "VmHWM") * 1024
+
+    def case(self, name: str, attack: Callable[[], tuple[str, list[socket.socket]]]) -> None:
+        if self.cgroup is not None:
+            self.cgroup.reset_peak()
+        start, cpu = self.memory(), hostile.cpu_seconds(self.pid)
+        legit = hostile.Legit(self.url, str(self.ca))
+        with legit.running():
+            said, socks = attack()
+            last_byte = time.monotonic()
+            open_ = hostile.wait_closed(socks, 120)
+            held = time.monotonic() - last_byte
+        hostile.close_all(socks)
+        kills = f", OOM kills {self.cgroup.oom_kills()}" if self.cgroup is not None else ""
+        print(f"{name}: {said}\n    legitimate /mutate meanwhile: {summary(legit.samples)}\n"
+              f"    server: memory peak {self.peak() / MiB:.0f} MiB (at the start {start / MiB:.0f}, idle "
+              f"{self.idle / MiB:.0f}), {hostile.cpu_seconds(self.pid) - cpu:.1f} s CPU{kills}; attack connections "
+              + (f"closed {held:.1f} s after the last byte" if socks and not open_ else
+                 f"{len(open_)} of {len(socks)} still open after {held:.0f} s" if socks else "none left open"),
+              flush=True)
+
+
+def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable[[], tuple[str, list]]]]:
+    def header_flood() -> tuple[str, list]:
+        cut, s = hostile.header_flood(b.port, b.ctx)
+        return f"answered {cut.answer!r} {cut.after * 1000:.0f} ms after the first byte" if cut.after is not None \
+            else "never answered", [s]
+
+    def trailer_flood() -> tuple[str, list]:
+        results = [hostile.trailer_flood(b.port, b.ctx) for _ in range(6)]
+        answers = collections.Counter(cut.answer for cut, _ in results)
+        slowest = max((cut.after for cut, _ in results if cut.after is not None), default=None)
+        return f"6 connections answered {dict(answers)}, the slowest {slowest * 1000:.0f} ms after its first byte" \
+            if slowest is not None else "never answered", [s for _, s in results]
+
+    def upgrades() -> tuple[str, list]:
+        socks = hostile.upgrade_flood(b.port, b.ctx, 1100)
+        return f"{len(socks)} of 1100 connections opened", socks
+
+    def large_flood() -> tuple[str, list]:
+        with hostile.posting(b.url, str(b.ca), large, 4) as seen:
+            deadline = time.monotonic() + 60
+            while sum(1 for s in seen() if s == 200) < 8 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return f"4 clients posting {len(large) / 1e6:.1f} MB reviews: {dict(collections.Counter(seen()))}", []
+
+    def unread() -> tuple[str, list]:
+        socks = [hostile.unread_answers(b.port, b.ctx, small, count=100, pause=0.02)]
+        socks += [hostile.unread_answers(b.port, b.ctx, hostile.large_body(1_000_000), count=8, pause=1.0)]
+        socks += [hostile.unread_answers(b.port, b.ctx, small, count=100, pause=0) for _ in range(4)]
+        return ("never reading an answer: 100 reviews one at a time, 8 of 1 MB one at a time, 4 x 100 "
+                "pipelined"), socks
+
+    def idle_metrics() -> tuple[str, list]:
+        statuses = hostile.idle_metrics_and_scrapes(b.metrics_port)
+        return f"16 idle metrics connections reopened every 5 s; scrapes {dict(collections.Counter(statuses))}", []
+
+    def metrics_flood() -> tuple[str, list]:
+        start = time.monotonic()
+        socks = hostile.metrics_flood(b.metrics_port, 2000)
+        return f"{len(socks)} unfinished GET /metrics opened in {time.monotonic() - start:.1f} s", socks
+
+    def slow_bodies() -> tuple[str, list]:
+        socks = hostile.slow_bodies(b.port, b.ctx, 140)
+        return "140 clients sending 10 of 100 declared bytes", socks
+
+    def slow_heads() -> tuple[str, list]:
+        lorises = hostile.slowloris(b.port, b.ctx, 50)
+        idle = hostile.idle_connections(b.port, b.ctx, 100)
+        silent = hostile.silent_tcp(b.port, 100)
+        took = hostile.trickle(lorises, 60, silent=[*idle, *silent])
+        return (f"50 heads a byte every 0.5 s, 100 idle TLS connections, 100 silent TCP connections: all closed "
+                f"{took:.1f} s after they opened"), [*lorises, *idle, *silent]
+
+    def pipelining() -> tuple[str, list]:
+        got, s = hostile.pipelined(b.port, b.ctx, 100_000)
+        return f"100,000 pipelined GET /healthz on one connection: {got} answered", [s]
+
+    return {1: ("1. header flood, 32 MB of headers", header_flood),
+            2: ("2. chunked trailers that never end", trailer_flood),
+            3: ("3. WebSocket upgrade requests", upgrades),
+            4: ("4. largest-review flood", large_flood),
+            5: ("5. answers never read", unread),
+            6: ("6. idle metrics connections", idle_metrics),
+            7: ("7. metrics flood", metrics_flood),
+            8: ("8. slow bodies", slow_bodies),
+            9: ("9. slow and silent heads", slow_heads),
+            10: ("10. pipelining", pipelining)}
+
+
+def fresh(d: Path, small: bytes, tree: Path | None) -> tuple[Any, Bench]:
+    """A server of its own in a cgroup of its own (when writable), idle."""
+    cgroup = hostile.MemoryCgroup.create(8 << 30, f"initshift-bench-{os.getpid()}-{time.monotonic_ns()}")
+    proc, port = h.serve_process(d, small, tree=tree, preexec_fn=cgroup.enter if cgroup else None)
+    env = dict(i.decode().split("=", 1) for i in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+               if b"=" in i)
+    time.sleep(1)
+    return proc, Bench(port, int(env["INITSHIFT_METRICS_PORT"]), d / "ca.crt", proc.pid, cgroup)
+
+
+def stop(proc: Any, b: Bench) -> None:
+    proc.terminate()
+    proc.wait(60)
+    if b.cgroup is not None:
+        b.cgroup.remove()
+
+
+def sizing(d: Path, small: bytes, large: bytes, tree: Path | None) -> None:
+    """The terms of the memory limit, each from a fresh server: idle; one largest review
+    (and the largest one the rewrite still rewrites); the connection cap's worth of
+    connections each holding a large review's unread body."""
+    import httpx
+
+    cap = ServerSettings().max_connections
+    for what, body in (("the largest review", large),
+                       ("the largest review rewritten (near etcd's limit)", hostile.large_body(1_400_000)),
+                       (f"{cap} connections (INITSHIFT_MAX_CONNECTIONS) each holding a large review's unread body",
+                        None)):
+        proc, b = fresh(d, small, tree)
+        try:
+            if body is not None:
+                r = httpx.post(f"{b.url}/mutate", content=body, headers=hostile.JSON_CT, verify=b.ctx, timeout=120)
+                said = f"{len(body) / 1e6:.2f} MB review, {len(r.content) / 1e6:.2f} MB answer"
+            else:
+                socks = hostile.unread_bodies(b.port, b.ctx, large, cap)
+                time.sleep(2)
+                said = f"{len(socks)} connections"
+            print(f"sizing: {what} ({said}): peak {b.peak() / MiB:.0f} MiB, +{(b.peak() - b.idle) / MiB:.0f} MiB "
+                  f"over the idle {b.idle / MiB:.0f} MiB", flush=True)
+            if body is None:
+                hostile.close_all(socks)
+        finally:
+            stop(proc, b)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--server-tree", type=Path)
-    parser.add_argument("--cases", default="1,2,3,4,5", help="which cases to run (comma list)")
+    parser.add_argument("--cases", default=",".join(str(i) for i in range(1, 11)), help="cases to run (comma list)")
+    parser.add_argument("--no-sizing", action="store_true", help="skip the sizing figures")
     args = parser.parse_args()
-    cases = {int(c) for c in args.cases.split(",")}
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} "
-          f"(shared machines give noisy figures)")
+    chosen = {int(c) for c in args.cases.split(",") if c}
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+          f"{os.getloadavg()[0]:.1f} at start (a shared machine gives noisy latencies)", flush=True)
     d = Path(tempfile.mkdtemp(prefix="initshift-hostile-"))
     h.make_certs(d)
     small = hostile.small_body()
-    large = hostile.large_body(7 * 1000 * 1000)
-    proc, port = h.serve_process(d, small, tree=args.server_tree, workers=args.workers)
-    url, ctx = f"https://127.0.0.1:{port}", h.client_context(d / "ca.crt")
+    large = hostile.largest_body(ServerSettings().max_body_bytes)
+    cgroup = hostile.MemoryCgroup.create(8 << 30, f"initshift-bench-{os.getpid()}")
+    proc = None
     try:
+        proc, port = h.serve_process(d, small, tree=args.server_tree, preexec_fn=cgroup.enter if cgroup else None)
         env = dict(i.decode().split("=", 1) for i in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
                    if b"=" in i)
-        metrics_port = int(env["INITSHIFT_METRICS_PORT"])
-        deadline = time.monotonic() + 120
-        while len(hostile.children(proc.pid)) < args.workers > 1 and time.monotonic() < deadline:
-            time.sleep(0.2)  # the others start after worker 0 answers
-        workers = hostile.children(proc.pid) or [proc.pid]
         time.sleep(1)
-        idle = {pid: hostile.memory_kb(pid) for pid in [proc.pid, *workers]}
-        print(f"server: {len(workers)} worker(s); idle RSS supervisor {idle[proc.pid] / 1024:.0f} MB, workers "
-              + ", ".join(f"{idle[p] / 1024:.0f}" for p in workers) + " MB")
-        print(f"reviews: normal {len(small) / 1024:.0f} KiB, large {len(large) / 1e6:.1f} MB")
-
-        # 1. header flood
-        if 1 in cases:
-            before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
-            sent = hostile.header_flood(port, ctx)
-            after = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
-            growth = max(after[p] - before[p] for p in workers) / 1024
-            print(f"1. header flood (32 MB of headers): {sent / 1e6:.1f} MB sent before the cut; "
-                  f"worker peak RSS growth {growth:.0f} MB")
-
-        # 2. metrics flood
-        if 2 in cases:
-            w0 = workers[0]
-            cpu0 = cpu_seconds(w0)
-            start = time.monotonic()
-            flood = hostile.metrics_flood(metrics_port, 2000)
-            samples = hostile.latencies(url, ctx, small, 100)
-            held = time.monotonic() - start
-            cpu = cpu_seconds(w0) - cpu0
-            print(f"2. metrics flood ({len(flood)} unfinished GET /metrics): worker 0 used {cpu:.2f} s CPU over "
-                  f"{held:.1f} s; /mutate meanwhile {summary(samples)}")
-            for s in flood:
-                s.close()
-
-        # 3. slow bodies
-        if 3 in cases:
-            slow = hostile.slow_bodies(port, ctx, 140)
-            samples = hostile.latencies(url, ctx, small, 100, pause=0.01)
-            print(f"3. slow bodies (140 clients, 10 of 100 bytes): legitimate /mutate {summary(samples)}; "
-                  f"503s: {sum(1 for s, _ in samples if s == 503)}")
-            for s in slow:
-                s.close()
-
-        # 4. large-review flood
-        if 4 in cases:
-            with hostile.posting(url, str(d / "ca.crt"), large, 4) as statuses:
-                time.sleep(1)
-                samples = hostile.latencies(url, ctx, small, 200)
-            print(f"4. 7 MB review flood (4 clients): normal /mutate {summary(samples)}; large reviews answered "
-                  f"{dict(collections.Counter(statuses))}")
-
-        # 5. pipelining
-        if 5 in cases:
-            before = {p: hostile.memory_kb(p, "VmHWM") for p in workers}
-            answered = hostile.pipelined(port, ctx, 100_000)
-            growth = max(hostile.memory_kb(p, "VmHWM") - before[p] for p in workers) / 1024
-            print(f"5. 100,000 pipelined GET /healthz on one connection: {answered} answered before the connection "
-                  f"was dropped; worker peak RSS growth {growth:.0f} MB")
-
-        # 6. memory
-        peak = {pid: hostile.memory_kb(pid, "VmHWM") for pid in [proc.pid, *workers]}
-        now = {pid: hostile.memory_kb(pid) for pid in [proc.pid, *workers]}
-        print(f"6. RSS after all of it: supervisor {now[proc.pid] / 1024:.0f} MB (peak {peak[proc.pid] / 1024:.0f}); "
-              "workers " + ", ".join(f"{now[p] / 1024:.0f} (peak {peak[p] / 1024:.0f})" for p in workers) + " MB")
+        b = Bench(port, int(env["INITSHIFT_METRICS_PORT"]), d / "ca.crt", proc.pid, cgroup)
+        print(f"server: one process, idle {b.idle / MiB:.0f} MiB ({'its cgroup' if cgroup else 'RSS'}); reviews: "
+              f"normal {len(small) / 1024:.0f} KiB, largest {len(large) / 1e6:.2f} MB", flush=True)
+        for number, (name, attack) in cases(b, large, small).items():
+            if number in chosen:
+                b.case(name, attack)
+        print(f"after all of it: {b.memory() / MiB:.0f} MiB, peak {hostile.memory_kb(proc.pid, 'VmHWM') / 1024:.0f} "
+              f"MiB RSS")
     finally:
-        proc.terminate()
-        proc.wait(60)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+        if cgroup is not None:
+            cgroup.remove()
+    try:
+        if not args.no_sizing:
+            sizing(d, small, large, args.server_tree)
+    finally:
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -365,7 +365,7 @@ async def test_self_management_creates_renews_rotates_and_prunes(tmp_path):
         double.put("mutatingwebhookconfigurations", webhook_config())
         api = double.kube_api()
         async with api:
-            first = await manage.ensure(settings, api)
+            first = await manage.ensure_certificates(settings, api)
             assert first.action == "created"
             secret = double.get("secrets", "initshift-system", "initshift-tls")["data"]
             assert store.material_from_secret(secret) == rotation.Material(first.ca, first.serving)
@@ -373,25 +373,25 @@ async def test_self_management_creates_renews_rotates_and_prunes(tmp_path):
             assert bundle_in(double) == [first.ca.cert]
             assert set(pki.names(first.serving.cert)[0]) == set(NAMES)
 
-            assert (await manage.ensure(settings, api)).action == "unchanged"
+            assert (await manage.ensure_certificates(settings, api)).action == "unchanged"
 
             soon = first.serving.cert.not_valid_after_utc - 5 * DAY
-            renewed = await manage.ensure(settings, api, now=soon)
+            renewed = await manage.ensure_certificates(settings, api, now=soon)
             assert renewed.action == "renewed" and renewed.ca == first.ca
             assert (tmp_path / "tls" / "tls.crt").read_bytes() == renewed.serving.cert_pem
 
             late = first.ca.cert.not_valid_after_utc - 5 * DAY
-            rotated = await manage.ensure(settings, api, now=late)
+            rotated = await manage.ensure_certificates(settings, api, now=late)
             assert rotated.action == "ca-rotated"
             assert bundle_in(double) == [rotated.ca.cert, first.ca.cert]
             stored = store.material_from_secret(double.get("secrets", "initshift-system", "initshift-tls")["data"])
             assert stored.serving == rotated.serving
 
-            kept = await manage.ensure(settings, api, now=late)  # e.g. another replica starting
+            kept = await manage.ensure_certificates(settings, api, now=late)  # e.g. another replica starting
             assert kept.action == "unchanged" and bundle_in(double) == [rotated.ca.cert, first.ca.cert]
 
             later = late + manage.wanted(settings).prune_after
-            pruned = await manage.ensure(settings, api, now=later)
+            pruned = await manage.ensure_certificates(settings, api, now=later)
             assert pruned.action == "pruned" and bundle_in(double) == [rotated.ca.cert]
 
 
@@ -400,7 +400,7 @@ async def test_trust_is_injected_before_the_new_certificate_is_stored(tmp_path):
     async with KubeDouble() as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         async with double.kube_api() as api:
-            await manage.ensure(settings, api)
+            await manage.ensure_certificates(settings, api)
         writes = [(r.method, "secrets" if "/secrets" in r.path else "webhook")
                   for r in double.requests if r.method in ("POST", "PUT", "PATCH")]
         assert writes == [("PUT", "webhook"), ("POST", "secrets")]
@@ -416,7 +416,7 @@ async def test_a_secret_created_by_another_replica_is_adopted(tmp_path):
                                "type": "kubernetes.io/tls",
                                "data": store.secret_data(theirs.serving, theirs.ca.cert_pem, theirs.ca.key_pem)})
         async with double.kube_api() as api:
-            ours = await manage.ensure(settings, api)
+            ours = await manage.ensure_certificates(settings, api)
         assert ours.serving == theirs.serving and ours.ca == theirs.ca
         # Their CA leads the bundle; the CA of our lost attempt goes with the next prune.
         assert bundle_in(double)[0] == theirs.ca.cert
@@ -428,7 +428,7 @@ async def test_a_secret_rewritten_by_another_replica_is_not_overwritten(tmp_path
     async with KubeDouble() as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         async with double.kube_api() as api:
-            await manage.ensure(settings, api)
+            await manage.ensure_certificates(settings, api)
             _, version = await kube.read_secret_versioned(api, *name)
             # Another replica renews after our read; our write is conditional on what we read.
             theirs = rotation.plan(rotation.Material(), [], manage.wanted(settings))

@@ -71,7 +71,7 @@ def run(argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None 
 def one_line(proc: subprocess.CompletedProcess, code: int, words: str, prog: str, *, json_line: bool = False) -> None:
     """One error line: the only stderr line, or (`json_line`) the only `error` among JSON lines."""
     err = proc.stderr.decode("utf-8", "replace")
-    assert "Traceback" not in err and "[Errno" not in err, err
+    assert "Traceback" not in err and "[Errno" not in err and "_ssl.c" not in err, err
     lines = err.splitlines()
     if json_line:
         records = [json.loads(line) for line in lines]
@@ -91,6 +91,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "dir").mkdir()
     (d / "pod.yaml").write_text(yaml.safe_dump(POD))
     (d / "kubeconfig-broken").write_text("clusters: [\n")
+    (d / "empty.crt").write_bytes(b"")
     from certs import pki, store
 
     ca = pki.create_ca()
@@ -245,14 +246,32 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
     "serve": [
         (["serve", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
         (["serve"], {"INITSHIFT_PORT": "https"}, 2, "INITSHIFT_PORT", False),
-        (["serve", "--port", "0"], {"INITSHIFT_WORKERS": "1", "INITSHIFT_NATIVE_SIDECARS": "false",
+        (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false",
                                     "INITSHIFT_TLS_CERT": "{d}/missing.crt", "INITSHIFT_TLS_KEY": "{d}/missing.key"},
-         1, "{d}/missing.crt", True),
+         1, "TLS certificate {d}/missing.crt: no such file", True),
         (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
-         {"INITSHIFT_WORKERS": "1", "INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
-        # several processes: the supervisor hands --kubeconfig to each worker
-        (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
-         {"INITSHIFT_WORKERS": "2", "INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
+         {"INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
+        (["serve", "--port", "99999"], {}, 2, "argument --port: expected a port number (0 to 65535), got 99999", False),
+        (["serve", "--port", "-1"], {}, 2, "argument --port: expected a port number (0 to 65535), got -1", False),
+        (["serve", "--port", "https"], {}, 2, "argument --port: expected a port number (0 to 65535), got 'https'",
+         False),
+        (["serve"], {"INITSHIFT_PORT": "99999"}, 2, "INITSHIFT_PORT: expected a port number (0 to 65535), got 99999",
+         False),
+        (["serve"], {"INITSHIFT_PORT": "abc"}, 2, "INITSHIFT_PORT: expected a port number (0 to 65535), got 'abc'",
+         False),
+        (["serve"], {"INITSHIFT_METRICS_PORT": "99999"}, 2, "INITSHIFT_METRICS_PORT: expected a port number", False),
+        (["serve"], {"INITSHIFT_MAX_BODY_BYTES": "lots"}, 2, "INITSHIFT_MAX_BODY_BYTES: expected a whole number, "
+                                                              "got 'lots'", False),
+        (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_TLS_CERT": "{d}/dir",
+                                    "INITSHIFT_TLS_KEY": "{d}/dir"},
+         1, "TLS certificate {d}/dir: is a directory, not a PEM file", True),
+        (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_TLS_CERT": "{d}/empty.crt",
+                                    "INITSHIFT_TLS_KEY": "{d}/empty.crt"},
+         1, "TLS certificate {d}/empty.crt: the file is empty", True),
+        (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_TLS_CERT": "{d}/binary.bin",
+                                    "INITSHIFT_TLS_KEY": "{d}/binary.bin"},
+         1, "cannot load TLS certificate {d}/binary.bin with key {d}/binary.bin: {d}/binary.bin holds no PEM "
+            "certificate", True),
     ],
     "watch": [
         (["watch", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
@@ -276,3 +295,22 @@ def test_every_subcommand_fails_in_one_line(files: Path, tmp_path: Path, command
     env = {"HOME": str(tmp_path), **{k: v.format(d=d) for k, v in env.items()}}
     prog = "initshift" if command == "initshift" else f"initshift {command}"
     one_line(run([a.format(d=d) for a in argv], env), code, words.format(d=d), prog, json_line=json_line)
+
+
+def test_a_busy_port_names_its_setting(files: Path, tmp_path: Path) -> None:
+    from webhook.admission import bind
+
+    busy = bind("127.0.0.1")
+    try:
+        port = str(busy.getsockname()[1])
+        base = {"HOME": str(tmp_path), "INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_HOST": "127.0.0.1",
+                "INITSHIFT_TLS_CERT": str(tmp_path / "tls.crt"), "INITSHIFT_TLS_KEY": str(tmp_path / "tls.key")}
+        from tests.support.https_helpers import make_certs
+
+        make_certs(tmp_path)
+        for env, setting in (({"INITSHIFT_METRICS_PORT": port, "INITSHIFT_PORT": "0"}, "INITSHIFT_METRICS_PORT"),
+                             ({"INITSHIFT_PORT": port, "INITSHIFT_METRICS_PORT": "0"}, "INITSHIFT_PORT")):
+            one_line(run(["serve"], {**base, **env}), 1, f"cannot listen on 127.0.0.1:{port} ({setting}): address "
+                     "already in use", "initshift serve", json_line=True)
+    finally:
+        busy.close()

@@ -74,7 +74,6 @@ REGISTRY_CA = "/etc/initshift/registry-ca"
 OPERATOR_VALUES = {
     "nameOverride": "initshift-ci",
     "fullnameOverride": "ci-initshift",
-    "workers": 3,
     "serverPort": 9443,
     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/initshift"}},
     "service": {"annotations": {"example.com/scrape": "false"}},
@@ -687,14 +686,6 @@ def test_chart_names_follow_the_overrides():
     assert Settings.from_env(only_name.plain_env()).server.cert_secret == "builds-tls"
 
 
-@pytest.mark.parametrize("workers,want", [(None, DEFAULTS.server.workers), (0, 0), (3, 3)])
-def test_chart_workers_set_only_initshift_workers(workers, want):
-    r = Rendered(helm({} if workers is None else {"workers": workers}))
-    env = r.plain_env()
-    assert ("INITSHIFT_WORKERS" in env) == (workers is not None)
-    assert Settings.from_env(env).server.workers == want
-
-
 def test_chart_extra_volumes_hold_a_registry_ca_on_the_read_only_root():
     r = Rendered(helm(OPERATOR_VALUES))
     volumes = {v["name"]: v for v in r.deployment["spec"]["template"]["spec"]["volumes"]}
@@ -755,7 +746,7 @@ def test_chart_uses_an_existing_issuer():
 
 
 @pytest.mark.parametrize("bad", [
-    {"workers": -1}, {"workers": "many"}, {"serverPort": 0}, {"serverPort": 70000}, {"hostNetwork": "yes"},
+    {"workers": 2}, {"serverPort": 0}, {"serverPort": 70000}, {"hostNetwork": "yes"},
     {"nameOverride": "Not_A_Name"}, {"fullnameOverride": "x" * 51},
     {"serviceAccount": {"annotations": {"a": 1}}}, {"serviceAccount": {"name": "other"}},
     {"service": {"annotations": []}}, {"service": {"type": "NodePort"}},

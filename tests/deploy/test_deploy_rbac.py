@@ -149,7 +149,7 @@ async def certificate_calls(settings: Settings, tls_dir: Path) -> list[Attrs]:
         return 200, state["mwc"]
 
     rec = Recorder(responder)
-    await manage.ensure(settings, rec)
+    await manage.ensure_certificates(settings, rec)
     assert (tls_dir / "tls.crt").is_file()
     await certs_kube.write_secret(rec, settings.server.namespace, settings.server.cert_secret, {"tls.crt": ""})
     return rec.calls

@@ -157,9 +157,7 @@ class Install:
                     "INITSHIFT_SELF_MANAGED_CERTS": "false",
                     "INITSHIFT_TLS_CERT": str(tls / "tls.crt"), "INITSHIFT_TLS_KEY": str(tls / "tls.key"),
                     "INITSHIFT_IMAGE": self.image, "INITSHIFT_IMAGE_PULL_POLICY": "IfNotPresent",
-                    "INITSHIFT_METRICS_HOST": "127.0.0.1", "INITSHIFT_METRICS_PORT": str(free_port()),
-                    # one server process is plenty for the scenarios on a 2-core machine
-                    "INITSHIFT_WORKERS": "1"}
+                    "INITSHIFT_METRICS_HOST": "127.0.0.1", "INITSHIFT_METRICS_PORT": str(free_port())}
         self.ca_file = tls / "ca.crt"
 
     @staticmethod

@@ -1,6 +1,8 @@
-"""Hostile clients of the admission server (issue 24), shared by the memory-cap test and
-`make bench-hostile`: each drives one way a single client could starve or grow the server,
-over real sockets, and returns what it saw (never asserts: callers decide)."""
+"""Hostile clients of the admission server, shared by the attack tests
+(tests/admission/test_server_attacks.py) and `make bench-hostile`: each drives one way a
+client could starve, hold or grow the server, over real sockets, and returns what it saw
+and the connections it opened (never asserts: callers decide). `Legit` is the apiserver
+meanwhile: a review at a time on one kept-alive TLS connection."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import json
 import os
 import socket
 import ssl
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 
@@ -45,31 +49,308 @@ def large_body(size: int) -> bytes:
             return body
 
 
+def largest_body(limit: int) -> bytes:
+    """The largest review `large_body` makes under `limit` bytes (the body limit)."""
+    body = large_body(limit - 200_000)
+    return body if len(body) <= limit else large_body(limit - 400_000)
+
+
+# --- the legitimate client ------------------------------------------------------------------
+def _legit(url: str, ca: str, body: bytes, pause: float, stop: Any, out: Any) -> None:
+    with httpx.Client(verify=h.client_context(ca), timeout=60) as c:
+        while not stop.is_set():
+            start = time.perf_counter()
+            try:
+                status = c.post(f"{url}/mutate", content=body, headers=JSON_CT).status_code
+            except httpx.HTTPError:
+                status = 0
+            out.send((status, time.perf_counter() - start))
+            stop.wait(pause)
+    out.close()
+
+
+@dataclass
+class Legit:
+    """Reviews one at a time on one kept-alive TLS connection, as the apiserver sends them,
+    every `pause` seconds, while the block runs: (status, seconds) each, 0 for no answer.
+    The client is a process of its own: the attacker's work in this one must not slow it."""
+
+    url: str
+    ca: str
+    body: bytes = field(default_factory=small_body)
+    pause: float = 0.02
+    samples: list[tuple[int, float]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def running(self, at_least: int = 5) -> Iterator["Legit"]:
+        """Sends until the block ends and `at_least` reviews were answered meanwhile."""
+        import multiprocessing
+
+        mp = multiprocessing.get_context("fork")
+        stop = mp.Event()
+        recv, send = mp.Pipe(duplex=False)
+        proc = mp.Process(target=_legit, args=(self.url, self.ca, self.body, self.pause, stop, send), daemon=True)
+        proc.start()
+        send.close()
+        got = 0
+
+        def drain(wait: float = 0.0) -> None:
+            nonlocal got
+            while recv.poll(wait):
+                try:
+                    self.samples.append(recv.recv())
+                except EOFError:
+                    return
+                got += 1
+                wait = 0.0
+
+        try:
+            yield self
+            deadline = time.monotonic() + 300
+            while got < at_least and proc.is_alive() and time.monotonic() < deadline:
+                drain(0.1)
+        finally:
+            stop.set()
+            proc.join(120)
+            drain()
+            if proc.is_alive():
+                proc.terminate()
+
+
+# --- connections ---------------------------------------------------------------------------------
 def tls_socket(port: int, ctx: ssl.SSLContext, timeout: float = 30) -> ssl.SSLSocket:
     raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     return ctx.wrap_socket(raw, server_hostname="localhost")
 
 
-def header_flood(port: int, ctx: ssl.SSLContext, total: int = 32 * 1024 * 1024) -> int:
-    """One request whose head is `total` bytes of small headers; the bytes the server took
-    before it answered or closed."""
+def closed(sock: socket.socket) -> bool:
+    """Whether the server closed `sock` (EOF or reset), without waiting; what it sent is read
+    and dropped."""
+    sock.setblocking(False)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return False
+    except (ConnectionError, ssl.SSLError, OSError):
+        return True
+
+
+def wait_closed(socks: list[socket.socket], seconds: float) -> list[socket.socket]:
+    """Waits until the server closed every socket or `seconds` passed; those still open."""
+    deadline = time.monotonic() + seconds
+    left = list(socks)
+    while left and time.monotonic() < deadline:
+        left = [s for s in left if not closed(s)]
+        if left:
+            time.sleep(0.1)
+    return left
+
+
+def close_all(socks: list[socket.socket]) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.close()
+
+
+# --- the attacks -----------------------------------------------------------------------------------
+@dataclass
+class Cut:
+    """How the server ended a flood: its answer's status line (empty if none) and when it
+    answered or closed, in seconds from the flood's first byte (None: it never did)."""
+
+    answer: str = ""
+    after: float | None = None
+
+
+def _flood(port: int, ctx: ssl.SSLContext, head: bytes, chunk: bytes, total: int) -> tuple[Cut, socket.socket]:
+    """`head`, then `chunk` until `total` bytes or the server answers or closes."""
     s = tls_socket(port, ctx)
-    line = b"X-Flood: " + b"f" * 80 + b"\r\n"
-    chunk = line * (64 * 1024 // len(line))
+    cut = Cut()
+    start = time.monotonic()
+
+    def read() -> None:
+        try:
+            first = s.recv(65536)
+            cut.answer = first.split(b"\r\n", 1)[0].decode("latin-1")
+        except (OSError, ssl.SSLError):
+            pass
+        cut.after = time.monotonic() - start
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     sent = 0
     try:
-        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
-        while sent < total:
+        s.sendall(head)
+        while sent < total and cut.after is None:
             s.sendall(chunk)
             sent += len(chunk)
-        s.sendall(b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-        s.settimeout(30)
-        s.recv(1024)
     except (OSError, ssl.SSLError):
         pass
-    finally:
-        s.close()
-    return sent
+    reader.join(60)
+    return cut, s
+
+
+def header_flood(port: int, ctx: ssl.SSLContext, total: int = 32 * 1024 * 1024) -> tuple[Cut, socket.socket]:
+    """One request whose head is `total` bytes of small headers."""
+    line = b"X-Flood: " + b"f" * 80 + b"\r\n"
+    return _flood(port, ctx, b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n", line * (64 * 1024 // len(line)), total)
+
+
+def trailer_flood(port: int, ctx: ssl.SSLContext, total: int = 256 * 1024 * 1024) -> tuple[Cut, socket.socket]:
+    """A chunked review whose last chunk is followed by a trailer that never ends (no line end)."""
+    head = (b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: ")
+    return _flood(port, ctx, head, b"t" * 65536, total)
+
+
+def upgrade_flood(port: int, ctx: ssl.SSLContext, count: int = 1100) -> list[socket.socket]:
+    """`count` connections each asking for a WebSocket upgrade, never reading."""
+    out = []
+    for i in range(count):
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                      b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+            out.append(s)
+        except (OSError, ssl.SSLError):
+            pass  # over the connection cap: closed at once
+    return out
+
+
+def idle_connections(port: int, ctx: ssl.SSLContext | None, count: int) -> list[socket.socket]:
+    """`count` connections that never send a request (after the handshake, when `ctx`)."""
+    out = []
+    for _ in range(count):
+        try:
+            raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+            out.append(ctx.wrap_socket(raw, server_hostname="localhost") if ctx else raw)
+        except (OSError, ssl.SSLError):
+            pass
+    return out
+
+
+def silent_tcp(port: int, count: int) -> list[socket.socket]:
+    """`count` TCP connections to the TLS port that never send a ClientHello."""
+    return idle_connections(port, None, count)
+
+
+def slowloris(port: int, ctx: ssl.SSLContext, count: int) -> list[socket.socket]:
+    """`count` connections each sending the first bytes of a request's head, more to follow
+    (the caller trickles them with `trickle`)."""
+    out = []
+    for _ in range(count):
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(b"POST /mutate HTTP/1.1\r\n")
+            out.append(s)
+        except (OSError, ssl.SSLError):
+            pass  # closed at once: past the connection cap
+    return out
+
+
+def trickle(socks: list[socket.socket], seconds: float, every: float = 0.5,
+            silent: list[socket.socket] = ()) -> float:  # type: ignore[assignment]
+    """A header byte on each of `socks` every `every` seconds until the server closed them
+    and the `silent` ones, or `seconds` passed; how long it took."""
+    start = time.monotonic()
+    left, quiet = list(socks), list(silent)
+    while (left or quiet) and time.monotonic() - start < seconds:
+        for s in left:
+            with contextlib.suppress(OSError, ssl.SSLError, ValueError):
+                s.sendall(b"X")
+        time.sleep(every)
+        left = [s for s in left if not closed(s)]
+        quiet = [s for s in quiet if not closed(s)]
+    return time.monotonic() - start
+
+
+def slow_bodies(port: int, ctx: ssl.SSLContext, clients: int) -> list[socket.socket]:
+    """Clients that declare a 100-byte body and send 10 bytes of it."""
+    out = []
+    for _ in range(clients):
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n" + b"{" * 10)
+            out.append(s)
+        except (OSError, ssl.SSLError):
+            pass  # closed at once: past the connection cap
+    return out
+
+
+def unread_answers(port: int, ctx: ssl.SSLContext, body: bytes, count: int = 1, pause: float = 0.5) -> socket.socket:
+    """A client with a tiny receive window that sends `count` reviews, one every `pause`
+    seconds (each after the server had time to answer the last: not pipelined), and never
+    reads an answer."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.settimeout(30)
+    raw.connect(("127.0.0.1", port))
+    s = ctx.wrap_socket(raw, server_hostname="localhost")
+    request = (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    for i in range(count):
+        if i:
+            time.sleep(pause)
+        try:
+            s.sendall(request)
+        except (OSError, ssl.SSLError):
+            break
+    return s
+
+
+def unread_bodies(port: int, ctx: ssl.SSLContext, body: bytes, count: int) -> list[socket.socket]:
+    """`count` connections each sending a large review's head and as much of its body as
+    the server's buffers take (it reads a large body only in its turn), then nothing."""
+    head = (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    out = []
+    for _ in range(count):
+        try:
+            s = tls_socket(port, ctx)
+            s.sendall(head)
+            s.setblocking(False)
+            for i in range(0, min(len(body), 2 << 20), 65536):
+                s.send(body[i:i + 65536])
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            pass
+        except (OSError, ssl.SSLError):
+            continue  # closed: past the cap
+        out.append(s)
+    return out
+
+
+def pipelined(port: int, ctx: ssl.SSLContext, count: int) -> tuple[int, socket.socket]:
+    """`count` pipelined `GET /healthz` sent at once on one connection, the answers read:
+    how many came back, and the connection."""
+    s = tls_socket(port, ctx, timeout=30)
+    got = 0
+    tail = b""
+
+    def read() -> None:
+        nonlocal got, tail
+        try:
+            while chunk := s.recv(65536):
+                data = tail + chunk
+                got += data.count(b"HTTP/1.1 200")
+                tail = data[-16:]
+        except (OSError, ssl.SSLError):
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        for i in range(0, count, 1000):
+            s.sendall(request * min(1000, count - i))
+    except (OSError, ssl.SSLError):
+        pass
+    deadline = time.monotonic() + 300
+    while reader.is_alive() and got < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got, s
 
 
 def metrics_flood(port: int, connections: int) -> list[socket.socket]:
@@ -81,39 +362,46 @@ def metrics_flood(port: int, connections: int) -> list[socket.socket]:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             out.append(s)
         except OSError:
-            break
+            pass
     return out
 
 
-def slow_bodies(port: int, ctx: ssl.SSLContext, clients: int) -> list[ssl.SSLSocket]:
-    """Clients that declare a 100-byte body and send 10 bytes of it."""
-    out = []
-    for _ in range(clients):
-        s = tls_socket(port, ctx)
-        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 100\r\n\r\n" + b"{" * 10)
-        out.append(s)
-    return out
+def idle_metrics_and_scrapes(port: int, idle: int = 16, every: float = 5.0, scrapes: int = 15,
+                             pause: float = 1.0) -> list[int]:
+    """`idle` connections to the metrics port that never send, reopened every `every`
+    seconds, while `scrapes` scrapes run one a `pause`: each scrape's status (0: none,
+    twice)."""
+    stop = threading.Event()
 
+    def hold() -> None:
+        while not stop.is_set():
+            socks = idle_connections(port, None, idle)
+            stop.wait(every)
+            close_all(socks)
 
-def pipelined(port: int, ctx: ssl.SSLContext, count: int) -> int:
-    """`count` pipelined `GET /healthz` on one connection; the answers that came back."""
-    s = tls_socket(port, ctx, timeout=10)
-    got = b""
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    time.sleep(0.5)
+    statuses = []
     try:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n" * count)
-        while chunk := s.recv(65536):
-            got += chunk
-    except (OSError, ssl.SSLError):
-        pass
+        for _ in range(scrapes):
+            for attempt in range(2):  # one arriving in the very instant the idle ones reopen may lose
+                try:                  # its place to them; Prometheus scrapes again, so does this
+                    statuses.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code)
+                    break
+                except httpx.HTTPError:
+                    if attempt:
+                        statuses.append(0)
+            time.sleep(pause)
     finally:
-        s.close()
-    return got.count(b"HTTP/1.1 200")
+        stop.set()
+        holder.join(30)
+    return statuses
 
 
 def _post_forever(url: str, ca: str, body: bytes, statuses: Any) -> None:
     ctx = h.client_context(ca)
-    with httpx.Client(verify=ctx, timeout=60) as c:
+    with httpx.Client(verify=ctx, timeout=120) as c:
         while True:
             try:
                 status = c.post(f"{url}/mutate", content=body, headers=JSON_CT).status_code
@@ -123,9 +411,10 @@ def _post_forever(url: str, ca: str, body: bytes, statuses: Any) -> None:
 
 
 @contextlib.contextmanager
-def posting(url: str, ca: str, body: bytes, clients: int) -> Iterator[list[int]]:
+def posting(url: str, ca: str, body: bytes, clients: int) -> Iterator[Any]:
     """`clients` processes (not threads: a client's own CPU work must not slow the
-    measuring one) posting `body` back to back while the block runs; the statuses."""
+    measuring one) posting `body` back to back while the block runs. Yields a function
+    returning the statuses so far."""
     import multiprocessing
 
     mp = multiprocessing.get_context("fork")
@@ -134,32 +423,23 @@ def posting(url: str, ca: str, body: bytes, clients: int) -> Iterator[list[int]]
     for p in procs:
         p.start()
     statuses: list[int] = []
+
+    def seen() -> list[int]:
+        while not queue.empty():
+            statuses.append(queue.get())
+        return statuses
+
     try:
-        yield statuses
+        yield seen
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.join(30)
-        while not queue.empty():
-            statuses.append(queue.get())
+        seen()
 
 
-def latencies(url: str, ctx: ssl.SSLContext, body: bytes, count: int, pause: float = 0.02) -> list[tuple[int, float]]:
-    """`count` reviews on one kept-alive connection, one at a time: (status, seconds)."""
-    out = []
-    with httpx.Client(verify=ctx, timeout=60) as c:
-        for _ in range(count):
-            start = time.perf_counter()
-            try:
-                status = c.post(f"{url}/mutate", content=body, headers=JSON_CT).status_code
-            except httpx.HTTPError:
-                status = 0
-            out.append((status, time.perf_counter() - start))
-            time.sleep(pause)
-    return out
-
-
+# --- the server's process ----------------------------------------------------------------------
 def children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -180,6 +460,11 @@ def memory_kb(pid: int, field: str = "VmRSS") -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class MemoryCgroup:
@@ -234,6 +519,12 @@ class MemoryCgroup:
         except OSError:
             return 0
 
+    def reset_peak(self) -> None:
+        """Start the peak over (v1 only; v2's memory.peak cannot be reset before 6.12)."""
+        if not self.v2:
+            with contextlib.suppress(OSError):
+                (self.path / "memory.max_usage_in_bytes").write_text("0")
+
     def remove(self) -> None:
         for _ in range(100):
             try:
@@ -241,19 +532,3 @@ class MemoryCgroup:
                 return
             except OSError:
                 time.sleep(0.1)  # its processes are still exiting
-
-
-def run_all(port: int, metrics_port: int, ca: str, *, large: bytes,
-            note: Callable[[str, Any], None] = lambda _k, _v: None) -> None:
-    """Every heavy case in turn, against one server: what the memory-cap test drives."""
-    ctx = h.client_context(ca)
-    note("header flood bytes taken", header_flood(port, ctx))
-    flood = metrics_flood(metrics_port, 300)
-    note("metrics flood connections", len(flood))
-    slow = slow_bodies(port, ctx, 50)
-    with posting(f"https://127.0.0.1:{port}", ca, large, 4) as statuses:
-        note("small reviews during the large flood", latencies(f"https://127.0.0.1:{port}", ctx, small_body(), 30))
-    note("large reviews answered", statuses)
-    note("pipelined answers", pipelined(port, ctx, 20000))
-    for s in [*flood, *slow]:
-        s.close()

@@ -8,6 +8,8 @@ import copy
 import dataclasses
 import ssl
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +25,7 @@ LOOPBACK = rotation.Wanted(("localhost",), ("127.0.0.1",))
 
 def make_certs(directory: Path) -> Path:
     """CA + serving pair for 127.0.0.1 in `directory`; returns the CA file."""
-    manage.ensure_local(directory, LOOPBACK)
+    manage.ensure_local_certificates(directory, LOOPBACK)
     return directory / store.CA_CERT
 
 
@@ -44,12 +46,45 @@ def client_context(ca: Path | str, *, cert: tuple[str, str] | None = None) -> ss
 def running(settings: Settings, **kwargs: Any) -> Iterator[HttpsServer]:
     """A real server in a thread, on a free 127.0.0.1 port, stopped on exit."""
     server = HttpsServer(settings, sock=bind(), reload_interval=0.1, graceful_seconds=2, **kwargs)
-    server.start_in_thread()
+    thread = start_in_thread(server)
     try:
         yield server
     finally:
         server.stop()
+        thread.join(30)
         server.sock.close()
+
+
+def start_in_thread(server: HttpsServer, timeout: float = 60.0) -> threading.Thread:
+    """`server.run()` in a daemon thread, once uvicorn serves; the error it stopped with if not."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            server.run()
+        except BaseException as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="initshift-https", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.uvicorn.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.uvicorn.started:
+        server.stop()
+        thread.join(10)
+        if errors:
+            raise errors[0]
+        raise RuntimeError("server did not start")
+    return thread
+
+
+def wait_until(condition: Any, seconds: float, what: str) -> None:
+    """Polls `condition` until true; fails naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def base_url(server: HttpsServer) -> str:
@@ -74,12 +109,12 @@ def review(pod: dict, **kw: Any) -> dict:
     return wrap(copy.deepcopy(pod), **kw)
 
 
-def serve_process(directory: Path, body: bytes, *, tree: Path | None = None, workers: int | None = None,
+def serve_process(directory: Path, body: bytes, *, tree: Path | None = None,
                   env: dict[str, str] | None = None, preexec_fn: Any = None) -> tuple["subprocess.Popen", int]:
     """`initshift serve` as a process (JSON logs on, as in production) with the certificates
     of `directory`, on a free port (metrics on another), once it answers and rewrites `body`;
-    the benchmarks' server. `tree`: the checkout it runs from (default: this one); `workers`:
-    INITSHIFT_WORKERS; `env`: more variables; `preexec_fn`: run in the child (resource limits)."""
+    the benchmarks' server. `tree`: the checkout it runs from (default: this one); `env`:
+    more variables; `preexec_fn`: run in the child (resource limits)."""
     import os
     import sys
     import time
@@ -96,8 +131,6 @@ def serve_process(directory: Path, body: bytes, *, tree: Path | None = None, wor
            "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY), **(env or {})}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    if workers is not None:
-        env["INITSHIFT_WORKERS"] = str(workers)
     proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
     url, ctx = f"https://127.0.0.1:{port}", client_context(directory / store.CA_CERT)

@@ -33,7 +33,7 @@ from waiter import protocol as p
 from webhook.admission._https import HttpsServer
 from webhook.kube import KubeError
 from tests.support.patching import apply_patch
-from webhook.admission._review import decode_patch
+from tests.support.patching import decode_patch
 from webhook.cli._review import wrap
 from webhook.settings import Settings, WatcherSettings
 from webhook.watcher import run_watcher

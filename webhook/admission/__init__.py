@@ -1,8 +1,10 @@
 """The admission server: the FastAPI app, AdmissionReview parsing, the JSONPatch, TLS with
-reload, the server's certificates and the cluster's native-sidecar detection.
+reload, the front door's guards, the server's certificates and the cluster's
+native-sidecar detection.
 
 Exports load on first use (PEP 562): `initshift mutate` and `review` need the patch and the
 review's constants, and must not pay for FastAPI and uvicorn, which only serving needs.
+Every name is the one its module defines.
 """
 
 from __future__ import annotations
@@ -12,22 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "create_app": "_app", "MUTATE_PATH": "_app",
-    "HttpsServer": "_https", "bind": "_https", "run_loop": "_https",
+    "HttpsServer": "_https", "ListenError": "_https", "bind": "_https", "run_loop": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
     "Review": "_review", "parse_review": "_review", "response": "_review",
     "make_patch": "_patch",
     "TLSError": "_tls", "CertReloader": "_tls",
     "ensure_certificates": "_certs", "keep_certificates_fresh": "_certs", "ensure_local_certificates": "_certs",
     "detect_native_support": "_cluster", "NativeSupport": "_cluster",
-    "Supervisor": "_workers", "worker_count": "_workers", "die_with_parent": "_workers",
 }
-_RENAMED = {"ensure_certificates": "ensure", "keep_certificates_fresh": "keep_fresh",
-            "ensure_local_certificates": "ensure_local", "detect_native_support": "start"}
 
-__all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "HttpsServer", "KIND", "MUTATE_PATH", "NativeSupport",
-           "Review", "Supervisor", "TLSError", "bind", "create_app", "detect_native_support", "die_with_parent",
-           "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh", "make_patch", "parse_review",
-           "response", "run_loop", "worker_count"]
+__all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "HttpsServer", "KIND", "ListenError",
+           "MUTATE_PATH", "NativeSupport", "Review", "TLSError", "bind", "create_app", "detect_native_support",
+           "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh", "make_patch",
+           "parse_review", "response", "run_loop"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 
@@ -35,18 +34,16 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), _RENAMED.get(name, name))
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
 
 if TYPE_CHECKING:
     from ._app import MUTATE_PATH, create_app
-    from ._certs import ensure as ensure_certificates, ensure_local as ensure_local_certificates
-    from ._certs import keep_fresh as keep_certificates_fresh
-    from ._cluster import NativeSupport, start as detect_native_support
-    from ._https import HttpsServer, bind, run_loop
+    from ._certs import ensure_certificates, ensure_local_certificates, keep_certificates_fresh
+    from ._cluster import NativeSupport, detect_native_support
+    from ._https import HttpsServer, ListenError, bind, run_loop
     from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
     from ._tls import CertReloader, TLSError
-    from ._workers import Supervisor, die_with_parent, worker_count

@@ -1,31 +1,39 @@
-"""The webhook application: POST /mutate, /healthz, /readyz (metrics have their own plain-HTTP
-port, see _https.py).
+"""The webhook application: POST /mutate, /healthz, /readyz (metrics have their own
+plain-HTTP port, see _https.py).
 
-POST /mutate is a plain ASGI handler in front of FastAPI (`_WebhookApp`): it is what every
-pod creation in an opted-in namespace waits for, and FastAPI's middleware stack, routing
-and request objects cost more than the rest of a small review. FastAPI serves every other
-route (and answers 405 for other methods on /mutate).
+POST /mutate is a plain ASGI handler in front of FastAPI: it is what every pod creation
+in an opted-in namespace waits for, and FastAPI's middleware, routing and request objects
+cost more than the rest of a small review. It reads the raw body itself, so a malformed
+review is a one-line HTTP 400 and FastAPI's validation never runs.
 
-The review path reads the raw body itself (bounded in size, time and bytes held across
-requests), so a malformed review is a one-line HTTP 400 and FastAPI's own validation
-never runs. A review of up to INLINE_MAX_BYTES (an ordinary pod, a few hundred
-microseconds of work) is parsed, rewritten and encoded on the event loop; a bigger one on
-a worker thread (one per size lane, see _capacity.py), so the loop stays free to accept
-connections, finish TLS handshakes and answer /healthz while it is worked on; after
-registry lookups (I/O, on the loop) the rest of a review always runs on its lane's thread.
-Complete reviews beyond a fixed number in hand are refused at once with a 503 (the
-apiserver then applies the webhook's failurePolicy) instead of waiting in a queue past the
-webhook's timeout. Everything after parsing follows the failure mode: an internal error
-never becomes a 500.
+Memory is bounded by how reviews are taken, not by counting bytes:
+
+- A review of up to INLINE_MAX_BYTES (an ordinary pod: a 7-step build pod with Istio is
+  12 KB, a few hundred microseconds of work) is read, parsed, rewritten and encoded on
+  the event loop, start to end without a pause: one such review is in the works at a
+  time, and the hop to a thread would cost more than the review.
+- A larger one (or a chunked body, whose size is unknown) waits for the large turn, one
+  at a time per process, with its body unread (uvicorn stops reading a body the app
+  does not ask for after 64 KiB; the rest stays in TCP), then is read and worked on a
+  thread of its own, so the loop keeps serving meanwhile. The process's peak is its base
+  plus one large review's cost, whatever the clients do.
+- A client that leaves gives its turn back: a review waiting for the turn stops waiting,
+  one being worked on stops at the next step.
+
+The turn and the body share INITSHIFT_BODY_TIMEOUT_SECONDS (HTTP 503 while still waiting,
+408 for a body still arriving); the apiserver's own webhook timeout is at most that.
+Everything after parsing follows the failure mode: an internal error never becomes a 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -34,20 +42,36 @@ from starlette.types import Receive, Scope, Send
 
 from . import _review as admission
 from .. import jsontext, logs, metrics
-from ._capacity import Capacity, Holding, Refused as _Refused
 from ._review import BadReview, Review
+from ..errors import InitshiftError
 from ..rewrite import EntrypointResolver, UnresolvedEntrypoint
 from ..settings import Settings
+
+if TYPE_CHECKING:
+    from ._guards import Connection
 
 log = logging.getLogger("initshift.server")
 
 MUTATE_PATH = "/mutate"
-# Reviews up to this size are worked on the event loop (the 7-step kpack pod with istio-proxy
-# is 12 KB, about 0.3 ms); bigger ones on the worker thread (see the module docstring).
+# Reviews up to this size are worked on the event loop, bigger ones one at a time on a thread.
 INLINE_MAX_BYTES = 64 * 1024
-
+# Large reviews read and worked on at once per process (each costs many times its size).
+LARGE_AT_ONCE = 1
 
 T = TypeVar("T")
+
+
+class Refused(InitshiftError):
+    """A request the server will not take now: HTTP `status`, a one-line message; `close`:
+    the body was not read to its end, so the connection cannot be reused."""
+
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.close = status, close
+
+
+class ClientGone(InitshiftError):
+    """The client left before its answer: nothing is sent, the work stops."""
 
 
 @dataclass(frozen=True)
@@ -60,63 +84,15 @@ class Answer:
     pod_result: str | None = None  # rewritten, skipped, denied; None for non-pod requests
 
 
-def _declared_length(declared: bytes | None, limit: int) -> int | None:
-    """Content-Length, refused early when over the limit; None for a chunked body."""
-    if declared is None:
-        return None
-    try:
-        size = int(declared)
-    except ValueError:
-        raise BadReview("invalid Content-Length") from None
-    if size < 0:
-        raise BadReview("invalid Content-Length")
-    if size > limit:
-        raise BadReview(f"body of {size} bytes is over the limit of {limit} bytes")
-    return size
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    """The first value of header `name` (lower case, as ASGI servers give them)."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
-
-
-async def _read_body(receive: Receive, limit: int, timeout: float | None, held: Holding) -> bytes:
-    """The body, refusing over `limit` while streaming (chunked) and after `timeout` seconds;
-    each chunk is counted in `held` as it arrives. A body already complete when the review
-    starts (the usual case) is one message."""
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":  # http.disconnect
-                    raise BadReview("client disconnected before the body was complete")
-                chunk = message.get("body", b"")
-                total += len(chunk)
-                if total > limit:
-                    raise BadReview(f"body is over the limit of {limit} bytes")
-                held.add_bytes(len(chunk))
-                if not message.get("more_body", False):
-                    return chunk if not chunks else b"".join((*chunks, chunk))
-                chunks.append(chunk)
-    except TimeoutError:
-        raise _Refused(408, f"initshift: the body was not complete after {timeout:g} s "
-                            f"(INITSHIFT_BODY_TIMEOUT_SECONDS)", close=True) from None
-
-
-def _protected(settings: Settings) -> frozenset[str]:
-    return frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
+def _never() -> bool:
+    return False
 
 
 class Reviewer:
-    """Turns a parsed review into a decision; holds the hooks the app was built with.
-
-    `decide` runs the synchronous parts through `offload` (the app's worker thread) and
-    only the registry lookups, which are I/O, on the event loop."""
+    """Turns a review's body into a decision and its encoded answer; holds the hooks the
+    app was built with. The steps without I/O run where the caller runs them (the event
+    loop for a small review, the large turn's thread for a large one); registry lookups,
+    which are I/O, always on the loop."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None]) -> None:
@@ -127,30 +103,38 @@ class Reviewer:
         self.settings = settings
         self.resolver = resolver
         self.native_supported = native_supported
-        self.protected = _protected(settings)
-        self.large_bytes = settings.server.large_review_bytes
+        self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
         self._make_plan, self._make_patch = plan, make_patch
 
-    def start(self, body: bytes) -> tuple[Review, Answer | tuple[Any, list], bytes | None]:
-        """On the worker thread, in one hop: parse (BadReview propagates), plan, and when no
-        registry lookup is needed the whole decision and its encoded answer."""
-        review = admission.parse_review(body, yielding=len(body) > self.large_bytes)
+    def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
+        """Parse (BadReview propagates) and plan; with no registry lookup to make, the whole
+        decision. `gone` is asked between steps: once true, ClientGone."""
+        review = admission.parse_review(body)
         first = self._safe(review, self._plan, review)
-        return review, first, jsontext.dumps(first.answer) if isinstance(first, Answer) else None
+        if isinstance(first, tuple) and not first[1]:
+            _check(gone)
+            first = self._safe(review, self._finish, review, first[0], None, None)
+        _check(gone)
+        return review, first
 
-    async def decide(self, review: Review, offload: Callable[..., Any] | None = None) -> Answer:
-        run = offload or _inline
-        return await self.complete(review, await run(self._safe, review, self._plan, review), run)
+    async def decide(self, review: Review) -> Answer:
+        """The whole decision on the event loop (tests and tools)."""
+        return await self.complete(review, self._safe(review, self._plan, review), _inline)
 
-    async def complete(self, review: Review, first: Answer | tuple[Any, list], run: Callable[..., Any]) -> Answer:
-        """The decision once the registry lookups `first` asks for are done (on the loop)."""
+    async def complete(self, review: Review, first: Answer | tuple[Any, list],
+                       run: Callable[..., Any], gone: Callable[[], bool] = _never) -> Answer:
+        """The decision once the registry lookups `first` asks for are done (on the loop);
+        the rest through `run` (inline, or the large turn's thread)."""
         if isinstance(first, Answer):
             return first
         plan, lookups = first
-        try:
-            images, lookup_error = await self._resolve(review, lookups)
-        except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
-            return self._failed(review, e)
+        images, lookup_error = None, None
+        if lookups:
+            try:
+                images, lookup_error = await self._resolve(review, lookups)
+            except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
+                return self._failed(review, e)
+        _check(gone)
         return await run(self._safe, review, self._finish, review, plan, images, lookup_error)
 
     def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Answer:
@@ -161,18 +145,14 @@ class Reviewer:
 
     def _failed(self, review: Review, e: Exception) -> Answer:
         log.error("rewrite failed", exc_info=e, extra={"uid": review.uid})
-        why = f"initshift: internal error, pod {'denied' if self._deny_on_error else 'left unchanged'}: " \
-              f"{type(e).__name__}: {e}"
-        if self._deny_on_error:
+        deny = self.settings.server.failure_mode == "deny"
+        why = f"initshift: internal error, pod {'denied' if deny else 'left unchanged'}: {type(e).__name__}: {e}"
+        if deny:
             return Answer(admission.response(review, denied=why, code=500), "error", "internal-error", "denied")
         return Answer(admission.response(review, warnings=[why]), "error", "internal-error", "skipped")
 
-    @property
-    def _deny_on_error(self) -> bool:
-        return self.settings.server.failure_mode == "deny"
-
     def _plan(self, review: Review) -> Answer | tuple[Any, list]:
-        """A decision without I/O, or the rewrite's plan and the image lookups it needs."""
+        """A decision without the rewrite, or the rewrite's plan and the image lookups it needs."""
         if not review.is_pod_create:
             return Answer(admission.response(review), "allowed", "not-pod-create")
         namespace = review.namespace or _meta(review.obj).get("namespace") or ""
@@ -180,10 +160,7 @@ class Reviewer:
             why = f"initshift: namespace {namespace!r} is never mutated"
             return Answer(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
         plan = self._make_plan(review.obj, self.settings, native_supported=self.native_supported())
-        lookups = plan.lookups() if self.resolver is not None else []
-        if not lookups:
-            return self._finish(review, plan, None, None)
-        return plan, lookups
+        return plan, (plan.lookups() if self.resolver is not None else [])
 
     async def _resolve(self, review: Review, lookups: list) -> tuple[dict[str, Any] | None, str | None]:
         try:
@@ -207,12 +184,17 @@ class Reviewer:
             # "rewritten" would repeat the result: the reason says which strategy did it.
             reason = result.strategy if result.reason == "rewritten" and result.strategy else result.reason
             return Answer(admission.response(review, patch=patch, warnings=warnings), "patched",
-                            reason or "rewritten", "rewritten")
+                          reason or "rewritten", "rewritten")
         if not warnings:  # every pod left unchanged says why
             warnings = [f"initshift: pod left unchanged ({result.reason or 'nothing to do'})"]
         # Not rewritten: the patch, if any, only records the reason on the pod.
         return Answer(admission.response(review, patch=patch or None, warnings=warnings), "allowed",
-                        result.reason or "unchanged", "skipped")
+                      result.reason or "unchanged", "skipped")
+
+
+def _check(gone: Callable[[], bool]) -> None:
+    if gone():
+        raise ClientGone("the client left while its review was worked on")
 
 
 async def _inline(fn: Callable[..., T], *args: Any) -> T:
@@ -224,25 +206,66 @@ def _meta(obj: Any) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(jsontext.dumps(data), status, media_type="application/json", headers=headers)
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case, as ASGI servers give them)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
 
 
-_Headers = tuple[tuple[bytes, bytes], ...]
+def _declared_length(scope: Scope, limit: int) -> int | None:
+    """Content-Length, refused at once when over the limit; None for a chunked body."""
+    declared = _header(scope, b"content-length")
+    if declared is None:
+        return None
+    try:
+        size = int(declared)
+    except ValueError:
+        raise BadReview("invalid Content-Length") from None
+    if size < 0:
+        raise BadReview("invalid Content-Length")
+    if size > limit:
+        raise Refused(413, f"body of {size} bytes is over the limit of {limit} bytes (INITSHIFT_MAX_BODY_BYTES)",
+                      close=True)
+    return size
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The body, refused past `limit` while it streams (chunked); a body complete when the
+    review starts (the usual case) is one message."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # http.disconnect
+            raise ClientGone("the client left before its body was complete")
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            raise Refused(413, f"body is over the limit of {limit} bytes (INITSHIFT_MAX_BODY_BYTES)", close=True)
+        if not message.get("more_body", False):
+            return chunk if not chunks else b"".join((*chunks, chunk))
+        chunks.append(chunk)
 
 
 class _Mutate:
-    """POST /mutate as a plain ASGI application: the request's headers straight from the
-    scope, the body from `receive`, the answer in two `send`s (see the module docstring)."""
+    """POST /mutate as a plain ASGI application (see the module docstring)."""
 
-    def __init__(self, settings: Settings, reviewer: Reviewer, capacity: Capacity) -> None:
-        self.reviewer, self.capacity = reviewer, capacity
+    def __init__(self, settings: Settings, reviewer: Reviewer) -> None:
+        self.reviewer = reviewer
         self.limit = settings.server.max_body_bytes
         self.body_timeout = settings.server.body_timeout_seconds
+        self.turn = asyncio.Semaphore(LARGE_AT_ONCE)
+        self.worker = ThreadPoolExecutor(max_workers=LARGE_AT_ONCE, thread_name_prefix="initshift-review")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, conn: "Connection | None" = None) -> None:
+        """`conn`: the front door's connection (_guards.py): told when the review is worked
+        on, and closed when the client leaves."""
         try:
-            status, payload, headers = await self.answer(scope, receive)
+            status, payload, headers = await self.answer(scope, receive, conn)
+        except ClientGone:
+            return  # nobody to answer
         except Exception as exc:  # noqa: BLE001 - last line of defence, as FastAPI's handler below
             log.error("unexpected error", exc_info=exc)
             status, payload = 500, jsontext.dumps({"error": f"internal error: {type(exc).__name__}"})
@@ -251,34 +274,32 @@ class _Mutate:
             *headers, (b"content-length", b"%d" % len(payload)), (b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
 
-    async def answer(self, scope: Scope, receive: Receive) -> tuple[int, bytes, _Headers]:
+    async def answer(self, scope: Scope, receive: Receive,
+                     conn: "Connection | None") -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
         start = time.perf_counter()
         body = b""
-        held = self.capacity.hold()
-        reviewer = self.reviewer
         try:
             content_type = _header(scope, b"content-type")
             admission.check_content_type(None if content_type is None else content_type.decode("latin-1"))
-            await held.wait_turn(_declared_length(_header(scope, b"content-length"), self.limit), self.body_timeout)
-            body = await _read_body(receive, self.limit, self.body_timeout, held)
-            offload = held.take_lane(len(body)).run  # in hand only once the body is complete
-            inline = len(body) <= INLINE_MAX_BYTES
-            review, first, payload = reviewer.start(body) if inline else await offload(reviewer.start, body)
-            if payload is None:  # registry lookups first (I/O, on the loop), the rest on the lane's thread
-                decision = await reviewer.complete(review, first, offload)
-                encode = jsontext.dumps
-                payload = encode(decision.answer) if inline else await offload(encode, decision.answer)
+            size = _declared_length(scope, self.limit)
+            if size is not None and size <= INLINE_MAX_BYTES:
+                body = await self._read(receive)
+                if conn is not None:
+                    conn.working()
+                review, first = self.reviewer.start(body)
+                decision = await self.reviewer.complete(review, first, _inline)
+                payload = jsontext.dumps(decision.answer)
             else:
-                decision = first
+                review, decision, payload = await self._large(receive, conn)
         except BadReview as e:
-            _bad_request(body, e, time.perf_counter() - start, "bad_request")
+            _log_refusal(body, e, time.perf_counter() - start, "bad_request")
             return 400, jsontext.dumps({"error": str(e)}), ()
-        except _Refused as e:
-            _bad_request(body, e, time.perf_counter() - start, "refused")
-            headers = ((b"connection", b"close"),) if e.close else ((b"retry-after", b"1"),)
-            return e.status, jsontext.dumps({"error": str(e)}), headers
-        finally:
-            held.release()
+        except Refused as e:
+            _log_refusal(body, e, time.perf_counter() - start, "refused")
+            return e.status, jsontext.dumps({"error": str(e)}), ((b"connection", b"close"),) if e.close else ()
+        except ClientGone as e:
+            _log_refusal(body, e, time.perf_counter() - start, "gone")
+            raise
         elapsed = time.perf_counter() - start
         metrics.REQUESTS.labels(decision.outcome).inc()
         metrics.LATENCY.observe(elapsed)
@@ -289,8 +310,71 @@ class _Mutate:
                         decision=decision.outcome, reason=decision.reason, dry_run=review.dry_run, duration=elapsed)
         return 200, payload, ()
 
+    async def _read(self, receive: Receive, started: float | None = None) -> bytes:
+        """The body within INITSHIFT_BODY_TIMEOUT_SECONDS of `started` (default: now)."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at((started or loop.time()) + self.body_timeout):
+                return await _read_body(receive, self.limit)
+        except TimeoutError:
+            raise Refused(408, f"initshift: the body was not complete after {self.body_timeout:g} s "
+                               f"(INITSHIFT_BODY_TIMEOUT_SECONDS)", close=True) from None
 
-def _bad_request(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
+    async def _large(self, receive: Receive, conn: "Connection | None") -> tuple[Review, Answer, bytes]:
+        """One large review: the turn, the body, then the work on the turn's thread."""
+        started = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                await _take(self.turn, conn.closed if conn is not None else None)
+        except TimeoutError:
+            raise Refused(503, f"initshift: busy: a large review is being worked on in this server process; "
+                               f"retry (waited {self.body_timeout:g} s)", close=True) from None
+        try:
+            body = await self._read(receive, started)
+            if conn is not None:
+                conn.working()
+            # The body is complete: from here `receive` returns only when the client leaves.
+            left = threading.Event()
+            watch = asyncio.get_running_loop().create_task(_watch(receive, left))
+            try:
+                review, first = await self._run(self.reviewer.start, body, left.is_set)
+                decision = await self.reviewer.complete(review, first, self._run, left.is_set)
+                return review, decision, await self._run(jsontext.dumps, decision.answer)
+            finally:
+                watch.cancel()
+        finally:
+            self.turn.release()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+
+async def _take(turn: asyncio.Semaphore, gone: asyncio.Event | None) -> None:
+    """Acquire `turn`, unless the client leaves first (ClientGone)."""
+    if gone is None:
+        await turn.acquire()
+        return
+    got, left = asyncio.ensure_future(turn.acquire()), asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait((got, left), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the deadline: a turn got meanwhile is given back
+        if got.done() and not got.cancelled():
+            turn.release()
+        got.cancel()
+        raise
+    finally:
+        left.cancel()
+    if not got.done():
+        got.cancel()
+        raise ClientGone("the client left while its review waited for its turn")
+
+
+async def _watch(receive: Receive, left: threading.Event) -> None:
+    if (await receive())["type"] == "http.disconnect":
+        left.set()
+
+
+def _log_refusal(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
     metrics.REQUESTS.labels(outcome).inc()
     metrics.LATENCY.observe(elapsed)
     logs.log_review(uid=admission.request_uid(body) if 0 < len(body) < 65536 else "", namespace="", name="",
@@ -303,11 +387,17 @@ class _WebhookApp(FastAPI):
 
     mutate: _Mutate
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, conn: "Connection | None" = None) -> None:
         if scope["type"] == "http" and scope["path"] == MUTATE_PATH and scope["method"] == "POST":
-            await self.mutate(scope, receive, send)
+            await self.mutate(scope, receive, send, conn)
         else:
+            if conn is not None:
+                conn.working()  # /healthz, /readyz: no body to wait for
             await super().__call__(scope, receive, send)
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(jsontext.dumps(data), status, media_type="application/json")
 
 
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
@@ -323,12 +413,8 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     """
     app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
     reviewer = Reviewer(settings, resolver, native_supported)
-    srv = settings.server
-    capacity = Capacity(srv.max_pending_reviews, srv.max_large_reviews, srv.max_body_bytes_in_flight,
-                        srv.large_review_bytes)
-    app.mutate = _Mutate(settings, reviewer, capacity)
+    app.mutate = _Mutate(settings, reviewer)
     app.state.reviewer = reviewer
-    app.state.capacity = capacity
     # The route as FastAPI knows it: other methods get its 405, and it lists /mutate.
     app.router.routes.append(Route(MUTATE_PATH, app.mutate, methods=["POST"]))
 

@@ -31,7 +31,7 @@ def wanted(settings: Settings, ips: tuple[str, ...] = (), extra_dns: tuple[str, 
                            prune_after=dt.timedelta(seconds=2 * _RENEW_CHECK_SECONDS))
 
 
-async def ensure(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] = (),
+async def ensure_certificates(settings: Settings, api: kube.KubeApi, *, ips: tuple[str, ...] = (),
                  now: dt.datetime | None = None) -> rotation.Plan:
     """Bring Secret, caBundle and local files to the plan; returns what was done."""
     srv = settings.server
@@ -67,9 +67,9 @@ def _count_rotation(plan: rotation.Plan) -> None:
         metrics.CERT_ROTATIONS.labels("ca").inc()
 
 
-async def keep_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,
+async def keep_certificates_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,
                      every: float = _RENEW_CHECK_SECONDS) -> None:
-    """Re-run `ensure` until `stop`: renews before the margin and prunes a rotated CA."""
+    """Re-run `ensure_certificates` until `stop`: renews before the margin and prunes a rotated CA."""
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), every)
@@ -77,12 +77,12 @@ async def keep_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,
         except asyncio.TimeoutError:
             pass
         try:
-            await ensure(settings, api)
+            await ensure_certificates(settings, api)
         except Exception as e:  # noqa: BLE001 - keep serving the current certificate, retry later
             log.warning("certificate renewal failed", extra={"error": f"{type(e).__name__}: {e}"})
 
 
-def ensure_local(directory: str | Path, want: rotation.Wanted, now: dt.datetime | None = None) -> rotation.Plan:
+def ensure_local_certificates(directory: str | Path, want: rotation.Wanted, now: dt.datetime | None = None) -> rotation.Plan:
     """The same plan for a directory of files (dev-server): CA kept, serving pair renewed."""
     plan = rotation.plan(store.read_dir(directory), [], want, now)
     if plan.serving_changed:

@@ -47,10 +47,9 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\D.*)?$")
 _NUMBER = re.compile(r"^(\d+)\+?$")  # /version's major and minor ("29+" on some providers)
 
 _SUPPORTED = Gauge("initshift_native_sidecars_supported",
-                  "Whether the cluster runs native sidecars: 1 yes, 0 no, -1 unknown.", registry=metrics.REGISTRY,
-                  multiprocess_mode="livemostrecent")  # each server process detects on its own
+                  "Whether the cluster runs native sidecars: 1 yes, 0 no, -1 unknown.", registry=metrics.REGISTRY)
 _ACTIVE = Gauge("initshift_active_strategy", "1 for the strategy pods get by default, 0 for the others.",
-               ["strategy"], registry=metrics.REGISTRY, multiprocess_mode="livemostrecent")
+               ["strategy"], registry=metrics.REGISTRY)
 
 
 def parse_version(text: object) -> Version | None:
@@ -267,7 +266,7 @@ class NativeSupport:
                  strategy, extra={"native_sidecars": self.setting, "strategy": strategy})
 
 
-async def start(settings: "Settings", api: "KubeApi | None" = None) -> NativeSupport:
+async def detect_native_support(settings: "Settings", api: "KubeApi | None" = None) -> NativeSupport:
     """The NativeSupport `initshift serve` uses: detection at start-up when `auto`.
 
     `api` is reused when the server already has one; otherwise one is built from the

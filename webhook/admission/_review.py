@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import json.decoder
-import json.scanner
 import math
 import re
 from dataclasses import dataclass, field
@@ -118,22 +116,8 @@ def _dict(obj: Mapping, key: str, where: str) -> dict:
     return value
 
 
-def _yielding_loads(text: str) -> Any:
-    """json.loads with the standard library's pure-Python scanner: the same grammar and
-    values, about four times slower, but it gives up the GIL every switch interval. The C
-    scanner holds the GIL for the whole document (~100 ms for 7 MB), and every small review
-    on the event loop or the other lane would wait that long behind it. A decoder per call:
-    the pure-Python scanner keeps its memo on the decoder."""
-    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
-    decoder.parse_string = json.decoder.py_scanstring  # type: ignore[attr-defined]
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder.decode(text)
-
-
-def parse_review(body: bytes, *, yielding: bool = False) -> Review:
-    """Decode and validate an AdmissionReview body; raise BadReview with the reason.
-    `yielding`: parse without holding the GIL throughout (large reviews, on their lane's
-    thread)."""
+def parse_review(body: bytes) -> Review:
+    """Decode and validate an AdmissionReview body; raise BadReview with the reason."""
     if not body:
         raise BadReview("empty body")
     try:
@@ -143,8 +127,7 @@ def parse_review(body: bytes, *, yielding: bool = False) -> Review:
     except UnicodeDecodeError as e:
         raise BadReview(f"the body is not UTF-8: {_one_line(e)}") from None
     try:
-        doc = _yielding_loads(text) if yielding else json.loads(text, parse_constant=_reject_constant,
-                                                                   parse_float=_finite)
+        doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite)
     except BadReview:
         raise
     except RecursionError:
@@ -156,8 +139,12 @@ def parse_review(body: bytes, *, yielding: bool = False) -> Review:
     if _SURROGATE_ESCAPE.search(body):
         _check_unicode(doc)
     api_version = doc.get("apiVersion")
+    if api_version is None:
+        raise BadReview(f"not an AdmissionReview: apiVersion is missing (expected {' or '.join(_API_VERSIONS)})")
     if api_version not in _API_VERSIONS:
         raise BadReview(f"apiVersion must be one of {', '.join(_API_VERSIONS)}, got {_one_line(repr(api_version), 80)}")
+    if doc.get("kind") is None:
+        raise BadReview(f"not an AdmissionReview: kind is missing (expected {KIND})")
     if doc.get("kind") != KIND:
         raise BadReview(f"kind must be {KIND}, got {_one_line(repr(doc.get('kind')), 80)}")
     request = doc.get("request")
@@ -222,9 +209,3 @@ def response(review: Review, *, patch: list[dict] | None = None, warnings: list[
     if warnings:
         resp["warnings"] = [_one_line(w, 512) for w in warnings]
     return {"apiVersion": review.api_version, "kind": KIND, "response": resp}
-
-
-def decode_patch(answer: Mapping) -> list[dict]:
-    """The JSONPatch inside an answer (empty when there is none); for tests and debugging."""
-    raw = answer.get("response", {}).get("patch")
-    return json.loads(base64.b64decode(raw)) if raw else []

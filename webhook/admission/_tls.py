@@ -1,6 +1,6 @@
 """The server's SSLContext, and its reload when the certificate files change.
 
-uvicorn builds its listening socket around one SSLContext for the life of the process.
+Every connection's TLS starts from one SSLContext for the life of the process (_guards.py).
 Reloading therefore means `load_cert_chain()` on that same object: new handshakes get the
 new certificate, connections already open keep theirs (OpenSSL copies the certificate
 into each connection). Kubernetes updates a Secret volume by swapping a `..data` symlink,
@@ -59,13 +59,42 @@ def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
+    for path, what in ((cert, "certificate"), (key, "key")):
+        problem = _file_problem(path)
+        if problem:
+            raise TLSError(f"TLS {what} {path}: {problem}")
     try:
         ctx.load_cert_chain(certfile=cert, keyfile=key)
-    except FileNotFoundError:
-        missing = [p for p in (cert, key) if not os.path.exists(p)] or [cert]
-        raise TLSError(f"certificate file missing: {', '.join(missing)}") from None
     except (OSError, ssl.SSLError) as e:
-        raise TLSError(f"cannot load certificate {cert} / key {key}: {e}") from None
+        raise TLSError(f"cannot load TLS certificate {cert} with key {key}: {_why(e, cert, key)}") from None
+
+
+def _file_problem(path: str) -> str | None:
+    """What keeps `path` from being a PEM file, in words (None: it is a readable file)."""
+    try:
+        with open(path, "rb") as f:
+            empty = not f.read(1)
+    except FileNotFoundError:
+        return "no such file"
+    except IsADirectoryError:
+        return "is a directory, not a PEM file"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+    return "the file is empty" if empty else None
+
+
+def _why(error: Exception, cert: str, key: str) -> str:
+    """OpenSSL's reason, said about the file it concerns."""
+    if "KEY_VALUES_MISMATCH" in str(error):
+        return "the key does not belong to the certificate"
+    try:
+        with open(cert, "rb") as f:
+            x509.load_pem_x509_certificate(f.read())
+    except ValueError:
+        return f"{cert} holds no PEM certificate"
+    except OSError:
+        pass
+    return f"{key} holds no PEM private key (or one encrypted with a passphrase)"
 
 
 def _load_pair_safely(ctx: ssl.SSLContext, cert: str, key: str) -> None:
@@ -79,12 +108,12 @@ def _load_pair_safely(ctx: ssl.SSLContext, cert: str, key: str) -> None:
     """
     with tempfile.TemporaryDirectory(prefix="initshift-tls-") as tmp:
         snap_cert, snap_key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
-        for src, dst in ((cert, snap_cert), (key, snap_key)):
-            try:
-                with open(src, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                raise TLSError(f"certificate file missing: {src}") from None
+        for src, dst, what in ((cert, snap_cert, "certificate"), (key, snap_key, "key")):
+            problem = _file_problem(src)
+            if problem:
+                raise TLSError(f"TLS {what} {src}: {problem}")
+            with open(src, "rb") as f:
+                data = f.read()
             fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

@@ -11,6 +11,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from waiter import protocol as p
 
@@ -19,11 +20,13 @@ from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal
 
 _PROG = "initshift dev-server"
 _RUN_DIR = ".run"
-_EXAMPLE = "examples/review.json"
+# The example review of the checkout this runs from, by its absolute path so the printed
+# curl works from any directory.
+_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "review.json"
 _DEV_DEFAULTS = {p.FEATURE_GATE_ENV: "true", "INITSHIFT_HOST": "127.0.0.1", "INITSHIFT_PORT": "8443"}
 
 
-def _dev_settings(run_dir: Path, environ: dict[str, str] | os._Environ) -> Settings:
+def _dev_settings(run_dir: Path, environ: Mapping[str, str]) -> Settings:
     env = {**_DEV_DEFAULTS, **environ,
            "INITSHIFT_TLS_CERT": str(run_dir / "tls.crt"), "INITSHIFT_TLS_KEY": str(run_dir / "tls.key")}
     return Settings.from_env(env)
@@ -35,9 +38,9 @@ def _ensure_certs(run_dir: Path, host: str) -> str:
     from certs import rotation, store
 
     names = ("localhost",)
-    ips = tuple(dict.fromkeys(("127.0.0.1", "::1", *([host] if _is_ip(host) and host != "0.0.0.0" else []))))
+    ips = tuple(dict.fromkeys(("127.0.0.1", "::1", *([host] if _is_ip(host) and host not in ("0.0.0.0", "::") else []))))
     ensure_local_certificates(run_dir, rotation.Wanted(names, ips))
-    return str(run_dir / store.CA_CERT)
+    return str((run_dir / store.CA_CERT).resolve())
 
 
 def _is_ip(value: str) -> bool:
@@ -50,11 +53,15 @@ def _is_ip(value: str) -> bool:
     return True
 
 
-def _curl_command(ca: str, host: str, port: int, example: str = _EXAMPLE) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+def _curl_command(ca: str, host: str, port: int, example: Path = _EXAMPLE) -> str:
+    """The curl to paste: the example review, or (outside a checkout) any pod through `review`."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else \
+        f"[{host}]" if ":" in host else host
+    curl = f"curl -sS --cacert {shlex.quote(ca)} -H 'Content-Type: application/json'"
     url = f"https://{shown}:{port}/mutate"
-    return (f"curl -sS --cacert {shlex.quote(ca)} -H 'Content-Type: application/json' "
-            f"--data @{example} {url}")
+    if example.is_file():
+        return f"{curl} --data @{shlex.quote(str(example))} {url}"
+    return f"initshift review POD.yaml | {curl} --data @- {url}"
 
 
 def metrics_url(host: str, port: int) -> str:
@@ -66,7 +73,9 @@ def metrics_url(host: str, port: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = Parser(prog=_PROG, description=__doc__.split("\n\n")[0])
+    ap = Parser(prog=_PROG, description=__doc__.split("\n\n")[0],
+                epilog="Exit codes: 0 stopped (SIGTERM, Ctrl-C), 1 the certificates, a port or the cluster failed, "
+                       "2 usage or settings.")
     ap.add_argument("--dir", default=_RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
     add_kubeconfig_args(ap)

@@ -1,7 +1,8 @@
 """`initshift serve`: the admission server over HTTPS, optionally with the watcher.
 
-Settings come from the environment (the settings table in docs/admission-server.md); flags
-override the few that are handy on a command line.
+One process per pod: the Deployment scales by replicas. Settings come from the environment
+(the settings table in docs/admission-server.md); flags override the few that are handy
+on a command line.
 """
 
 from __future__ import annotations
@@ -10,30 +11,35 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import os
-import socket
+import logging
+import signal
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
-from ..settings import Settings
-from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal, load_settings
-from ..admission import TLSError
+from ..settings import Settings, SettingsError, port_number, removed_settings
+from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 
 if TYPE_CHECKING:
     from ..admission import HttpsServer
 
 _Companion = Callable[[asyncio.Event], Awaitable[None]]
+EXIT_CODES = "Exit codes: 0 stopped (SIGTERM), 1 the certificate, a port or the cluster failed, 2 usage or settings."
+
+
+def port(text: str) -> int:
+    """argparse's type for a port flag: one clear line for a bad one."""
+    try:
+        return port_number(text)
+    except SettingsError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("port: ")) from None
 
 
 def parser(prog: str = "initshift serve") -> argparse.ArgumentParser:
-    ap = Parser(prog=prog, description="Run the mutating admission webhook over HTTPS.")
+    ap = Parser(prog=prog, description="Run the mutating admission webhook over HTTPS.", epilog=EXIT_CODES)
     ap.add_argument("--host", help="bind address (default: INITSHIFT_HOST)")
-    ap.add_argument("--port", type=int, help="port (default: INITSHIFT_PORT)")
-    ap.add_argument("--watch", action="store_true", help="also run the watcher (in the first server process)")
+    ap.add_argument("--port", type=port, help="port (default: INITSHIFT_PORT)")
+    ap.add_argument("--watch", action="store_true", help="also run the watcher")
     add_kubeconfig_args(ap)
-    # A worker started by the supervisor (webhook/admission/_workers.py): not for people.
-    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     return ap
 
 
@@ -43,18 +49,13 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.replace(server=dataclasses.replace(srv, **changes)) if changes else settings
 
 
-async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
-                sock: socket.socket | None = None, worker: int = 0) -> None:
-    """Self-managed certificates first (if on, in worker 0 only), then uvicorn with its
-    companions, on `sock` when the supervisor passed one."""
-    from ..admission import HttpsServer
+async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
+    """Self-managed certificates first (if on), then uvicorn with its companions."""
+    from ..admission import HttpsServer, detect_native_support, ensure_certificates, keep_certificates_fresh
 
-    if worker > 0:  # the metrics port is worker 0's: it serves every worker's values
-        settings = settings.replace(server=dataclasses.replace(settings.server, metrics_port=0))
     companions: list[_Companion] = []
     api = None
-    if settings.server.self_managed_certs and worker == 0:
-        from ..admission import ensure_certificates, keep_certificates_fresh
+    if settings.server.self_managed_certs:
         from ..kube import KubeApi
 
         api = await KubeApi.from_config()
@@ -69,19 +70,17 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
         from ..watcher import run_watcher
 
         companions.append(lambda stop: run_watcher(settings, stop))
-    from ..admission import detect_native_support as detect_native
-
-    native = await detect_native(settings, api)  # auto: apiserver and kubelet versions
+    native = await detect_native_support(settings, api)  # auto: apiserver and kubelet versions
     companions.append(native.run)
-    server = HttpsServer(settings, sock=sock, resolver=resolver, native_supported=native.current,
-                         strategy=native.strategy)
-    if on_started is not None:
-        companions.append(_when_started(server, on_started))
-    # What start-up allocated (modules, FastAPI's models: about 60,000 objects) lives as long
-    # as the process: out of the collector's sight, a full collection costs microseconds
-    # instead of about 16 ms in the middle of some review.
-    gc.freeze()
     try:
+        server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy)
+        server.listen()  # a port in use fails here, in one line
+        if on_started is not None:
+            companions.append(_when_started(server, on_started))
+        # What start-up allocated (modules, FastAPI's models: about 60,000 objects) lives as
+        # long as the process: out of the collector's sight, a full collection costs
+        # microseconds instead of about 16 ms in the middle of some review.
+        gc.freeze()
         await server.serve(*companions)
     finally:
         await native.close()
@@ -99,50 +98,38 @@ def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> _Compa
     return wait
 
 
-def _kube_flags(kube: tuple[str | None, str | None]) -> list[str]:
-    """--kubeconfig/--context again, for the worker processes."""
-    return [a for flag, value in zip(("--kubeconfig", "--context"), kube) if value for a in (flag, value)]
-
-
 def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
         kube: tuple[str | None, str | None] = (None, None), prog: str = "initshift serve") -> int:
-    """`initshift serve`: one process, or a supervisor and INITSHIFT_WORKERS of them.
-    `kube`: --kubeconfig/--context for every API client of the serving processes (the
-    supervisor makes no API call: it never imports the kube package, ~48 MB of
-    kubernetes-asyncio). From here on every stderr line is JSON, a start-up failure
-    included (one `error` line)."""
-    from ..admission import Supervisor, bind, worker_count
-
-    logs.configure(settings.server.log_level)
-    count = worker_count(settings.server.workers)
-    if count == 1:
-        return _run_one(settings, prog, watch=watch, on_started=on_started, kube=kube)
-    srv = settings.server
-    try:  # fail here, once, when the port is taken (the workers bind it with SO_REUSEPORT)
-        bind(srv.host, srv.port).close()
-    except OSError as e:
-        return fatal(prog, f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
-    return Supervisor(settings, count, watch=watch, worker_args=_kube_flags(kube)).run(on_started)
-
-
-def _run_one(settings: Settings, prog: str, *, watch: bool = False, on_started: Callable[[], None] | None = None,
-             sock: socket.socket | None = None, worker: int = 0,
-             kube: tuple[str | None, str | None] = (None, None)) -> int:
+    """`initshift serve` (and `dev-server`). `kube`: --kubeconfig/--context for every API
+    client. From here on every stderr line is JSON, a start-up failure included (one
+    `error` line)."""
     from certs.pki import PKIError
 
-    from ..admission import run_loop
+    from ..admission import ListenError, TLSError, run_loop
     from ..kube import KubeError, use_config
 
+    logs.configure(settings.server.log_level)
+    for line in removed_settings():
+        logging.getLogger("initshift.cli").warning(line)
     use_config(*kube)
-
+    # While uvicorn serves it takes SIGTERM and SIGINT for a graceful stop, then raises the
+    # signal again for the handler it found: this one, which ends the command with 0 after
+    # the companions stopped (and stops start-up the same way).
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        run_loop(serve(settings, watch=watch, on_started=on_started, sock=sock, worker=worker),
-                 settings.server.header_timeout_seconds)
-    except (TLSError, OSError, KubeError, PKIError) as e:  # start-up failures (files, API, certificates)
+        run_loop(serve(settings, watch=watch, on_started=on_started))
+    except (TLSError, ListenError, OSError, KubeError, PKIError) as e:  # start-up failures (files, ports, API)
         return fatal(prog, e)
-    except KeyboardInterrupt:
+    except SystemExit:
         return EXIT_OK
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return EXIT_OK
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise SystemExit(EXIT_OK)
 
 
 def main(argv: list[str]) -> int:
@@ -150,23 +137,4 @@ def main(argv: list[str]) -> int:
     settings = load_settings("initshift serve", lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE
-    kube = (args.kubeconfig, args.context)
-    if args.worker is None:
-        return run(settings, watch=args.watch, kube=kube)
-    from ..admission import bind, die_with_parent
-
-    die_with_parent()
-    logs.configure(settings.server.log_level)
-    ready_fd = args.ready_fd
-
-    def started() -> None:
-        if ready_fd is not None:
-            os.write(ready_fd, f"{args.worker}\n".encode())
-
-    srv = settings.server
-    try:
-        sock = bind(srv.host, srv.port, reuse_port=True)
-    except OSError as e:
-        return fatal("initshift serve", f"cannot listen on {srv.host}:{srv.port}: {describe(e)}")
-    return _run_one(settings, "initshift serve", watch=args.watch, on_started=started, sock=sock, worker=args.worker,
-                    kube=kube)
+    return run(settings, watch=args.watch, kube=(args.kubeconfig, args.context))

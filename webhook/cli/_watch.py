@@ -13,6 +13,7 @@ import signal
 import sys
 
 from .. import __version__, logs
+from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
@@ -67,7 +68,7 @@ async def watch(settings: Settings, kubeconfig: str | None, context: str | None)
         await api.close()
 
 
-class _NotConnected(Exception):
+class _NotConnected(InitshiftError):
     """No configuration to reach the API server with (before logging starts)."""
 
 

@@ -1,0 +1,344 @@
+"""The guards uvicorn lacks, on public asyncio API: one `Connection` in front of each of
+uvicorn's own h11 protocol objects (stock, configured through `uvicorn.Config`).
+
+uvicorn bounds some of what it buffers (h11's incomplete-event limit covers a head or a
+chunked body's trailers still arriving; a body pauses reading past 64 KiB until the app
+reads it), but not time: a connection may take as long as it likes over its TLS handshake
+or its request's head, and an answer its client never reads is held until the kernel
+gives up. Nor does it bound how many connections are open, or a head that arrives whole
+in one read (h11 parses it, however large). Each guard below names the attack it stops;
+one that fires counts in `initshift_connections_closed_total{reason}`.
+
+`Front` is what uvicorn is given as its `http` protocol: a callable making one
+`Connection` around one `H11Protocol`, which gets the asyncio protocol calls through it.
+A listening socket is a `Door` (TLS or not, its connection cap, its deadlines), found by
+the port a connection arrived on. The app tells a connection when a request starts and
+when its answer is done (`Front.started`, `Connection.answered`), found by the addresses
+in the ASGI scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .. import jsontext, metrics
+
+__all__ = ["Connection", "Door", "Front"]
+
+EARLY_BYTES = 64 * 1024  # what may arrive before the server's TLS starts (a ClientHello is < 16 KiB)
+MAX_HEAD_LINES = 100  # the request line and header fields of one request (the apiserver sends ~10)
+
+
+@dataclass(eq=False)
+class Door:
+    """One listening socket's policy and the connections it holds."""
+
+    name: str
+    ssl: ssl.SSLContext | None
+    max_connections: int
+    header_timeout: float  # the handshake and each request's head
+    write_timeout: float
+    max_head_bytes: int
+    shutdown_timeout: float = 2.0  # a TLS close waiting for the client's close_notify
+    open: dict["Connection", None] = field(default_factory=dict)
+    # The connections not being answered, by when they last moved on (oldest first): those
+    # waiting for a request (since accept or their last answer), and those whose request
+    # the app has but is not working on yet (its body still coming, or waiting its turn).
+    waiting: dict["Connection", None] = field(default_factory=dict)
+
+    def admit(self, conn: "Connection") -> bool:
+        """Guard: a flood of connections, idle, slow or stalled, holding every place. At the
+        cap the one that has waited longest without moving on goes; never one being
+        answered: a client that sends its request at once always gets a place."""
+        if len(self.open) >= self.max_connections:
+            victim = next(iter(self.waiting), None)
+            if victim is None:
+                return False
+            victim.kill("over-limit")
+            self.leave(victim)
+        self.open[conn] = None
+        return True
+
+    def wait(self, conn: "Connection") -> None:
+        """`conn` moved on, to a state where it waits: it goes last in line."""
+        self.waiting.pop(conn, None)
+        self.waiting[conn] = None
+
+    def leave(self, conn: "Connection") -> None:
+        self.open.pop(conn, None)
+        self.waiting.pop(conn, None)
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: the deadlines and limits around uvicorn's protocol `inner`.
+
+    uvicorn gets one request at a time: its head once complete and within the limits,
+    then its body's Content-Length bytes; what the client sends beyond (a pipelined next
+    request) waits here until the answer is done, and goes through the same limits."""
+
+    def __init__(self, front: "Front", inner: asyncio.Protocol) -> None:
+        self.front, self.inner = front, inner
+        self.door: Door | None = None
+        self.raw: Any = None  # the socket's transport (uvloop's are not asyncio's classes)
+        self.transport: Any = None  # what uvicorn writes to: the TLS transport, or the raw one
+        self.key: tuple | None = None
+        self.closed = asyncio.Event()  # the client is gone (the app stops waiting for it)
+        self.streaming = False  # a body of unknown length (chunked): the answer closes the connection
+        self._early: list[bytes] | None = None  # bytes read before TLS took over the connection
+        self._head: bytearray | None = bytearray()  # the head so far; None once complete
+        self._body = 0  # body bytes of the current request still to pass on
+        self._answered = False
+        self._held = bytearray()  # what came after the current request, before its answer
+        self._deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw = transport
+        local, peer = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        self.door = door = self.front.doors[local[1]]
+        self.key = _key(local, peer)
+        if not door.admit(self):
+            self.kill("over-limit")
+            return
+        self.front.by_key[self.key] = self
+        self._wait_for_request()
+        if door.ssl is None:
+            self._made(transport)
+            return
+        self._early = []
+        asyncio.get_running_loop().create_task(self._start_tls(door))
+
+    async def _start_tls(self, door: Door) -> None:
+        assert door.ssl is not None
+        loop = asyncio.get_running_loop()
+        # start_tls puts its TLS protocol on the transport at once and starts it on the
+        # loop's next turn; bytes that reached this connection before (the ClientHello,
+        # when the loop read it first) go to that protocol ahead of everything else.
+        loop.call_soon(self._hand_over_early)
+        try:
+            # Guard: a client that connects and never finishes its handshake (silent TCP,
+            # a ClientHello byte by byte). asyncio's own default would wait 60 s.
+            tls = await loop.start_tls(
+                self.raw, self, door.ssl, server_side=True, ssl_handshake_timeout=door.header_timeout,
+                ssl_shutdown_timeout=door.shutdown_timeout)
+        except BaseException as e:  # handshake refused or timed out, or the client left
+            self._release()
+            self.raw.abort()
+            if not isinstance(e, Exception):
+                raise
+            return
+        self._made(tls)
+
+    def _made(self, transport: Any) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+
+    def _hand_over_early(self) -> None:
+        early, self._early = b"".join(self._early or ()), None
+        if not early or self.raw.is_closing():
+            return
+        tls = self.raw.get_protocol()
+        if not hasattr(tls, "get_buffer"):
+            tls.data_received(early)
+            return
+        while early:  # an asyncio.BufferedProtocol (asyncio's and uvloop's TLS protocols are)
+            buf = tls.get_buffer(len(early))
+            n = min(len(buf), len(early))
+            buf[:n] = early[:n]
+            tls.buffer_updated(n)
+            early = early[n:]
+
+    def data_received(self, data: bytes) -> None:
+        if self._early is not None:  # before TLS
+            if sum(map(len, self._early)) + len(data) > EARLY_BYTES:
+                self.kill("header-limit")  # not a TLS client
+            else:
+                self._early.append(data)
+            return
+        while not self.transport.is_closing():
+            if self._head is None and not self.streaming and not self._body and self._answered:
+                data = self._next_request(data)
+            if not data:
+                return
+            if self._head is not None:
+                data = self._read_head(data)
+            elif self.streaming:
+                self.inner.data_received(data)
+                return
+            elif self._body:
+                part, data = data[:self._body], data[self._body:]
+                self._body -= len(part)
+                self.inner.data_received(part)
+            else:
+                # Guard: pipelined requests (no apiserver pipelines). The next request
+                # waits here, bounded, for the current answer; then it is read like any.
+                self._held += data
+                if len(self._held) > self.door.max_head_bytes:  # type: ignore[union-attr]
+                    self.kill("pipelined")
+                return
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+        if self.transport is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        # Guard: an answer its client never reads (a full receive window, requests sent
+        # without reading): the write buffer stays full, the connection goes after
+        # INITSHIFT_WRITE_TIMEOUT_SECONDS instead of when the kernel gives up.
+        if self._write_deadline is None and self.door is not None:
+            self._write_deadline = asyncio.get_running_loop().call_later(
+                self.door.write_timeout, self.kill, "write-timeout")
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+        self.inner.resume_writing()
+
+    # --- one request at a time ------------------------------------------------------------------
+    def _read_head(self, data: bytes) -> bytes:
+        """Take `data` into the head; pass the head on once complete; the rest returned.
+
+        Guard: a head too large or of too many fields, sent slowly or whole in one read
+        (h11 would parse it all: 256 KiB of small headers grew a process by 6 MB, per
+        connection): HTTP 431 and the connection closed."""
+        assert self._head is not None and self.door is not None
+        start = len(self._head)
+        self._head += data
+        if not start:  # empty lines before a request line are allowed (RFC 9112)
+            del self._head[:len(self._head) - len(self._head.lstrip(b"\r\n"))]
+        end = self._head.find(b"\r\n\r\n", max(0, start - 3))
+        head = self._head if end < 0 else self._head[:end + 4]
+        if len(head) > self.door.max_head_bytes:
+            return self._refuse(f"request head over {self.door.max_head_bytes} bytes (INITSHIFT_MAX_HEADER_BYTES)")
+        if head.count(b"\n") > MAX_HEAD_LINES:
+            return self._refuse(f"more than {MAX_HEAD_LINES} header fields")
+        if end < 0:
+            return b""
+        rest = bytes(self._head[end + 4:])
+        self._head = None
+        length = _body_length(head)
+        self.streaming, self._body, self._answered = length is None, length or 0, False
+        self.inner.data_received(bytes(head))
+        return rest
+
+    def _refuse(self, why: str) -> bytes:
+        metrics.CONNECTIONS_CLOSED.labels("header-limit").inc()
+        body = jsontext.dumps({"error": f"initshift: {why}"})
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+        return b""
+
+    def _next_request(self, data: bytes) -> bytes:
+        """The connection waits for its next request, which starts with what was held."""
+        data, self._held = bytes(self._held) + data, bytearray()
+        self._head, self._answered = bytearray(), False
+        self._wait_for_request()
+        return data
+
+    def _wait_for_request(self) -> None:
+        """From accept, and again after each answer.
+
+        Guard: a request's head sent slowly or never (slowloris, idle connections, a byte now
+        and then to keep uvicorn's keep-alive timer from firing): the handshake, the head,
+        and the app's start on it within INITSHIFT_HEADER_TIMEOUT_SECONDS."""
+        assert self.door is not None
+        self._cancel()
+        self.door.wait(self)
+        self._deadline = asyncio.get_running_loop().call_later(self.door.header_timeout, self.kill, "header-timeout")
+
+    @property
+    def between_requests(self) -> bool:
+        """Waiting for a request's head (after accept, or after an answer)."""
+        return self._head is not None
+
+    def started(self) -> None:
+        """The app has the request; its body has a deadline of its own there."""
+        self._cancel()
+        if self.door is not None:
+            self.door.wait(self)
+
+    def working(self) -> None:
+        """The app works on the request (its body is in): the connection is not evicted."""
+        if self.door is not None:
+            self.door.waiting.pop(self, None)
+
+    def answered(self) -> None:
+        """The app is done with the request: the next one may come (once the body is in)."""
+        self._answered = True
+        if self.transport is not None:
+            self.data_received(b"")
+
+    def kill(self, reason: str) -> None:
+        metrics.CONNECTIONS_CLOSED.labels(reason).inc()
+        self._cancel()
+        if self.raw is not None:
+            self.raw.abort()
+
+    def _cancel(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _release(self) -> None:
+        self._cancel()
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+        if self.door is not None:
+            self.door.leave(self)
+        if self.key is not None and self.front.by_key.get(self.key) is self:
+            del self.front.by_key[self.key]
+        self.closed.set()
+
+
+def _body_length(head: bytes | bytearray) -> int | None:
+    """The body's length by the head's Content-Length (0 without one); None when chunked or
+    unreadable, left to h11 (and to a closed connection after the answer)."""
+    length = 0
+    for line in bytes(head).split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            if not value.strip().isdigit():
+                return None
+            length = int(value)
+    return length
+
+
+def _key(local: Any, peer: Any) -> tuple:
+    """A connection's addresses as the ASGI scope gives them (`server` port, `client`)."""
+    return (int(local[1]), str(peer[0]), int(peer[1]))
+
+
+class Front:
+    """uvicorn's `http` protocol factory: each connection it makes is guarded."""
+
+    def __init__(self) -> None:
+        self.doors: dict[int, Door] = {}  # by local port
+        self.by_key: dict[tuple, Connection] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Connection:
+        return Connection(self, H11Protocol(*args, **kwargs))
+
+    def started(self, scope: dict) -> Connection | None:
+        """The connection a request arrived on, told that the app has it."""
+        server, client = scope.get("server"), scope.get("client")
+        conn = self.by_key.get(_key(server, client)) if server and client else None
+        if conn is not None:
+            conn.started()
+        return conn
