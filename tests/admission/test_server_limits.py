@@ -186,9 +186,8 @@ def test_pipelined_requests_are_read_one_at_a_time_and_a_flood_of_them_closes_th
         s.sendall((request_head(len(BODY)) + BODY) * 2 + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert [read_response(s)[0] for _ in range(3)] == [200, 200, 200]
         before = closed_count("pipelined")
-        got, flood = hostile.pipelined(server.port, h.client_context(pki / "ca.crt"), 20_000)
-        assert got < 20_000 and closed_count("pipelined") > before
-        assert closed_within(flood, 30)
+        got, closed = hostile.pipelined(server.port, h.client_context(pki / "ca.crt"), 20_000)
+        assert got < 20_000 and closed and closed_count("pipelined") > before
 
 
 # --- the connection cap ------------------------------------------------------------------------------

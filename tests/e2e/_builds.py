@@ -7,7 +7,7 @@ import re
 
 from waiter import protocol as p
 
-from ._check import check_build, proxy_stop
+from ._check import check_build, proxy_instant, proxy_stop
 from ._env import Env, Record, scenario
 from ._kube import wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
@@ -220,9 +220,9 @@ def start_order(env: Env, rec: Record) -> None:
     app_lines = log_lines(env.kube, ns, name, "app")
     proxy = log_lines(env.kube, ns, name, "istio-proxy")
     ready, started = first(proxy, " ready$"), first(app_lines, "^app start$")
-    assert ready and started and started.at >= ready.at, "app started before the proxy was ready"
+    assert ready and started and started.at >= proxy_instant(ready), "app started before the proxy was ready"
     inits, _ = container_names(obj)
     rec.note(f"proxy {'native' if 'istio-proxy' in inits else 'regular'}; app's first call through the proxy "
              f"succeeded, no restart")
-    rec.figure("ready -> app start", ms(started.at - ready.at))
+    rec.figure("ready -> app start", ms(started.at - proxy_instant(ready)))
     env.kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/web")

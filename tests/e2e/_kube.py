@@ -12,6 +12,7 @@ import base64
 import datetime as dt
 import json
 import os
+import re
 import ssl
 import subprocess
 import tempfile
@@ -42,13 +43,12 @@ def kubectl_path() -> str:
 
 def parse_time(value: str) -> dt.datetime:
     """RFC 3339 with up to nanoseconds (container log timestamps) or seconds (status times)."""
-    text = value.strip().replace("Z", "+00:00")
-    if "." in text:
-        head, rest = text.split(".", 1)
-        digits = "".join(ch for ch in rest if ch.isdigit())
-        zone = rest[len(digits):]
-        text = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
-    return dt.datetime.fromisoformat(text)
+    found = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", value.strip())
+    if not found:
+        raise ValueError(f"not an RFC 3339 time: {value!r}")
+    head, fraction, zone = found.groups()
+    return dt.datetime.fromisoformat(f"{head}.{(fraction or '')[:6].ljust(6, '0')}"
+                                     f"{'+00:00' if zone == 'Z' else zone}")
 
 
 class Kube:

@@ -58,9 +58,8 @@ def _twenty(env: Env, rec: Record, short: str, *, strategy: str, pod_annotations
         # where hybrid's time goes: the kubelet starts the steps once initshift-init (after the
         # native proxy) has ended and it has noticed so
         copied = first(log_lines(env.kube, ns, "steps", p.INIT_CONTAINER_NAME, waiter=True), "waiter installed")
-        step0 = first(build.steps[STEPS[0]], rf"^{STEPS[0]} start$")
-        if copied and step0:
-            rec.figure("waiter copied -> step 0", ms(step0.at - copied.at))
+        if copied:  # initshift-init has no waiter record: the kubelet's read of its line
+            rec.figure("waiter copied -> step 0", ms(build.times[STEPS[0]][0] - copied.at))
     rec.figure("proxy ready -> step 0", build.ready_to_step0_ms or 0)
     rec.figure("20 x 0.2 s span", build.span_s or 0, "s")
 

@@ -5,6 +5,7 @@ Debian packages the Makefile installs for it. (`make e2e` runs the scenarios the
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import hashlib
 import io
 import json
@@ -126,9 +127,13 @@ def test_the_install_changes_two_things_for_this_machine(flavour):
             assert after == before
 
 
-def test_log_timestamps_keep_microseconds():
-    assert parse_time("2026-11-25T16:45:31.195042059Z").microsecond == 195042
-    assert parse_time("2026-11-25T16:45:31Z").second == 31
+def test_times_keep_microseconds_and_their_zone():
+    stamp = parse_time("2026-11-25T16:45:31.195042059Z")
+    assert stamp.microsecond == 195042 and stamp.utcoffset() == dt.timedelta(0)
+    assert parse_time("2026-11-25T16:45:31Z").second == 31 and parse_time("2026-11-25T16:45:31Z").tzinfo
+    assert parse_time("2026-11-25T16:45:31.5+02:00").utcoffset() == dt.timedelta(hours=2)
+    with pytest.raises(ValueError):
+        parse_time("yesterday")
 
 
 def test_the_makefile_installs_every_debian_package_the_cluster_needs():

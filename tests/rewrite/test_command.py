@@ -30,8 +30,12 @@ def _container(args: list[str]) -> dict:
     return {"name": "c", "command": [p.WAITER_PATH], "args": args}
 
 
+# A container's name is an RFC 1123 label: it never starts with "-" (so never "--").
+names = nonempty.filter(lambda n: not n.startswith("-"))
+
+
 @settings(max_examples=200, deadline=None)
-@given(name=nonempty, argv=words, waits=st.booleans(), gate=st.booleans(),
+@given(name=names, argv=words, waits=st.booleans(), gate=st.booleans(),
        probes=st.lists(urls, max_size=3), timeout=st.integers(0, 10**6), retry=st.booleans(),
        quits=st.lists(urls, max_size=2), mains=st.integers(0, 3), log=st.none() | st.just("/dev/termination-log")
        | st.just("/tmp/custom-log"), argv_map=argv_maps)
@@ -63,8 +67,12 @@ def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: py
     assert read_argv(_container(args)) == (argv, argv_map)
 
 
+# A container's name is an RFC 1123 label: it never starts with "-" (so never "--").
+names = nonempty.filter(lambda n: not n.startswith("-"))
+
+
 @settings(max_examples=200, deadline=None)
-@given(name=nonempty, argv=words, marker=st.booleans(),
+@given(name=names, argv=words, marker=st.booleans(),
        conditions=st.lists(st.tuples(st.sampled_from([p.FLAG_PROBE, p.FLAG_AFTER_MARKER, p.FLAG_AFTER_READY_FILE]),
                                      st.integers(1, 65535)), max_size=4),
        max_wait=st.integers(0, 3600), argv_map=argv_maps)

@@ -11,6 +11,11 @@ state and socket, the kubelet's root-dir, CNI config and IP allocations), a brid
 Teardown (also after a failure) deletes the pods through the kubelet, then kills what is
 left in the cgroup root and the runtime's shims, unmounts everything under the directory,
 removes the bridge and the cgroups; `leftovers()` lists anything still there.
+
+The kubelet, containerd's shims and the CNI plugins also make a few fixed directories
+(`/var/lib/kubelet/device-plugins`, `/run/containerd/s`, `/var/lib/cni/results`, ...)
+whatever they are told. A run removes the ones it made once they are empty; when two runs
+overlap, the one that made them may find them still in use, and they stay, empty.
 """
 
 from __future__ import annotations
