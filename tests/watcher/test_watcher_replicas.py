@@ -281,6 +281,7 @@ async def test_finished_pods_leave_the_store(kube: KubeDouble) -> None:
         finish(kube, "f0", quit=True)
         await eventually(lambda: (NS, "f0") not in c.store, "f0 dropped once done")
         assert (NS, "f1") in c.store and c.store.done == {(NS, "f0"): kube.pod(NS, "f0")["metadata"]["uid"]}
+        assert kube.pod(NS, "f0")["metadata"]["uid"] not in c.recorder.sent, "nor what its Events were"
         await settled(kube, c)
         requests = len(kube.requests)
         kube.kill_pod(NS, "f0")  # a change of a finished pod: nothing to do, nothing kept

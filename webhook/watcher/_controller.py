@@ -49,7 +49,7 @@ from ._metrics import (API_ERRORS, DEADLINES, LEADER, OUTCOMES, REACTION, READY_
                        export_in_flight)
 from ._queue import WorkQueue
 from ._recorder import COMPONENT, EventRecorder
-from ._store import Key, PodStore, finished, key_of, rv_of
+from ._store import Key, PodStore, finished, key_of, rv_of, uid_of
 
 log = logging.getLogger("initshift.watcher")
 
@@ -115,6 +115,9 @@ class Controller:
         if kind == "DELETED":
             self._forget(key_of(pod))
             return
+        current = self.store.get(key_of(pod))
+        if current is not None and uid_of(current) != uid_of(pod):
+            self._forget(key_of(pod))  # the name now belongs to another pod
         key = self.store.observe(kind, pod)
         TRACKED.set(len(self.store))
         if key is not None:
@@ -130,12 +133,12 @@ class Controller:
             self._triage(key)
 
     def _observe_event(self, kind: str, event: dict) -> None:
-        key = self.recorder.observe(kind, event)
+        key = self.recorder.observe(kind, event, self.store.is_done)
         if key is not None and key in self.store:
             self._triage(key)  # it may be all that kept the pod in the store
 
     def _list_events(self, namespace: str | None, events: list[dict]) -> None:
-        for key in self.recorder.replace(namespace, events):
+        for key in self.recorder.replace(namespace, events, self.store.is_done):
             if key in self.store:
                 self._triage(key)
 
@@ -145,7 +148,9 @@ class Controller:
         self._untrack(key)
 
     def _drop(self, key: Key) -> None:
-        """The pod needs nothing more: the store keeps its name and uid only."""
+        """The pod needs nothing more: the store keeps its name and uid only (its later
+        changes are ignored, so what the recorder knows of it is not needed either)."""
+        self.recorder.forget(uid_of(self.store.get(key)))
         self.store.drop(key)
         self._untrack(key)
 

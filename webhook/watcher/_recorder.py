@@ -78,18 +78,22 @@ class EventRecorder:
         self._objects: dict[str, TokenBucket] = {}
 
     # --- what exists, what is due --------------------------------------------------------
-    def observe(self, kind: str, event: dict) -> Key | None:
+    def observe(self, kind: str, event: dict, ignore: Callable[[Key, str], bool] = lambda key, uid: False
+                ) -> Key | None:
         """One of the watcher's Events (the informer): the action it reports has its Event.
-        Returns the involved pod's key."""
+        Returns the involved pod's key; an Event about a pod `ignore(key, uid)` says needs
+        nothing more is not remembered."""
         involved = event.get("involvedObject") or {}
         uid, action = str(involved.get("uid") or ""), event.get("action")
-        if kind == "DELETED" or not uid or not isinstance(action, str):
+        key = str(involved.get("namespace") or ""), str(involved.get("name") or "")
+        if kind == "DELETED" or not uid or not isinstance(action, str) or ignore(key, uid):
             return None  # an Event that expired reports an action long done
         self.sent.setdefault(uid, set()).add(action)
-        return str(involved.get("namespace") or ""), str(involved.get("name") or "")
+        return key
 
-    def replace(self, namespace: str | None, events: list[dict]) -> list[Key]:
-        return [k for k in (self.observe("ADDED", e) for e in events) if k is not None]
+    def replace(self, namespace: str | None, events: list[dict],
+                ignore: Callable[[Key, str], bool] = lambda key, uid: False) -> list[Key]:
+        return [k for k in (self.observe("ADDED", e, ignore) for e in events) if k is not None]
 
     def _known(self, uid: str, kind: str) -> bool:
         entry = self._pending.get(uid)

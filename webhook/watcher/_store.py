@@ -81,6 +81,10 @@ class PodStore:
     def get(self, key: Key) -> dict | None:
         return self.pods.get(key)
 
+    def is_done(self, key: Key, uid: str) -> bool:
+        """This pod (by name and uid) needs nothing more."""
+        return self.done.get(key) == uid
+
     def keys(self) -> list[Key]:
         return list(self.pods)
 
