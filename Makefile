@@ -108,8 +108,11 @@ bench-admission-callgrind: $(STAMP)
 bench-hostile: $(STAMP)
 	$(PY) -m tests.bench.hostile_bench
 
-# The watcher against the API double at 100, 1,000 and 5,000 pods in flight (~5 minutes).
+# The watcher driving 1,000 build pods through a real etcd + kube-apiserver (tests/support/k8s,
+# the binaries make e2e uses), else through the in-process API double (~25 minutes).
+WATCHER_BENCH_APT_PACKAGES := etcd-server
 bench-watcher: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(WATCHER_BENCH_APT_PACKAGES)"
 	$(PY) -m tests.bench.watcher_bench
 
 # The rewrite and its JSONPatch as a pod grows to n steps x n mains (n up to 12,000).
