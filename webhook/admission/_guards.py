@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -31,7 +31,7 @@ class Door:
     """One listening socket's policy and the connections it holds."""
 
     name: str
-    ssl: ssl.SSLContext | None
+    tls: Callable[[], ssl.SSLContext] | None  # the context a new connection's TLS starts from
     max_connections: int
     header_timeout: float  # the handshake and each request's head
     write_timeout: float
@@ -98,14 +98,14 @@ class Connection(asyncio.Protocol):
             return
         self.front.by_key[self.key] = self
         self._wait_for_request()
-        if door.ssl is None:
+        if door.tls is None:
             self._made(transport)
             return
         self._early = []
-        asyncio.get_running_loop().create_task(self._start_tls(door))
+        asyncio.get_running_loop().create_task(self._start_tls(door.tls()))
 
-    async def _start_tls(self, door: Door) -> None:
-        assert door.ssl is not None
+    async def _start_tls(self, context: ssl.SSLContext) -> None:
+        assert self.door is not None
         loop = asyncio.get_running_loop()
         # start_tls puts its TLS protocol on the transport at once and starts it on the
         # loop's next turn; bytes that reached this connection before (the ClientHello,
@@ -115,8 +115,8 @@ class Connection(asyncio.Protocol):
             # Guard: a client that connects and never finishes its handshake (silent TCP,
             # a ClientHello byte by byte). asyncio's own default would wait 60 s.
             tls = await loop.start_tls(
-                self.raw, self, door.ssl, server_side=True, ssl_handshake_timeout=door.header_timeout,
-                ssl_shutdown_timeout=door.shutdown_timeout)
+                self.raw, self, context, server_side=True, ssl_handshake_timeout=self.door.header_timeout,
+                ssl_shutdown_timeout=self.door.shutdown_timeout)
         except BaseException as e:  # handshake refused or timed out, or the client left
             self._release()
             self.raw.abort()
@@ -131,13 +131,8 @@ class Connection(asyncio.Protocol):
 
     def _hand_over_early(self) -> None:
         early, self._early = b"".join(self._early or ()), None
-        if not early or self.raw.is_closing():
-            return
-        tls = self.raw.get_protocol()
-        if not hasattr(tls, "get_buffer"):
-            tls.data_received(early)
-            return
-        while early:  # an asyncio.BufferedProtocol (asyncio's and uvloop's TLS protocols are)
+        tls = self.raw.get_protocol()  # a BufferedProtocol: asyncio's and uvloop's TLS protocols are
+        while early and not self.raw.is_closing():
             buf = tls.get_buffer(len(early))
             n = min(len(buf), len(early))
             buf[:n] = early[:n]

@@ -63,8 +63,7 @@ class HttpsServer:
         number overrides it, 0 picking a free port (tests)."""
         srv = settings.server
         self.settings = settings
-        self.ctx = tls.make_context(srv.tls_cert, srv.tls_key, srv.client_ca)
-        self.reloader = tls.CertReloader(self.ctx, srv.tls_cert, srv.tls_key, srv.client_ca, reload_interval)
+        self.reloader = tls.CertReloader(srv.tls_cert, srv.tls_key, srv.client_ca, reload_interval)
         self.app = create_app(settings, ready=self.reloader.valid, **app_kwargs)
         self.metrics_app = make_asgi_app(registry=metrics.REGISTRY)
         self.sock = sock
@@ -72,7 +71,7 @@ class HttpsServer:
         self._metrics_wanted = srv.metrics_port if metrics_port is None else metrics_port
         self._metrics_on = metrics_port is not None or srv.metrics_port != 0
         self.front = Front()
-        self.door = Door("https", self.ctx, srv.max_connections, srv.header_timeout_seconds, srv.write_timeout_seconds,
+        self.door = Door("https", lambda: self.reloader.ctx, srv.max_connections, srv.header_timeout_seconds, srv.write_timeout_seconds,
                          srv.max_header_bytes)
         self.metrics_door = Door("metrics", None, METRICS_CONNECTIONS, srv.header_timeout_seconds,
                                  srv.write_timeout_seconds, srv.max_header_bytes)
