@@ -24,19 +24,18 @@ __all__ = ["Connection", "Door", "Front"]
 
 EARLY_BYTES = 64 * 1024  # what may arrive before the server's TLS starts (a ClientHello is < 16 KiB)
 MAX_HEAD_LINES = 100  # the request line and header fields of one request (the apiserver sends ~10)
+TLS_SHUTDOWN_SECONDS = 2.0  # a TLS close waiting for the client's close_notify
 
 
 @dataclass(eq=False)
 class Door:
     """One listening socket's policy and the connections it holds."""
 
-    name: str
     tls: Callable[[], ssl.SSLContext] | None  # the context a new connection's TLS starts from
     max_connections: int
     header_timeout: float  # the handshake and each request's head
     write_timeout: float
     max_head_bytes: int
-    shutdown_timeout: float = 2.0  # a TLS close waiting for the client's close_notify
     open: dict["Connection", None] = field(default_factory=dict)
     # The connections not being answered, by when they last moved on (oldest first): those
     # waiting for a request (since accept or their last answer), and those whose request
@@ -116,7 +115,7 @@ class Connection(asyncio.Protocol):
             # a ClientHello byte by byte). asyncio's own default would wait 60 s.
             tls = await loop.start_tls(
                 self.raw, self, context, server_side=True, ssl_handshake_timeout=self.door.header_timeout,
-                ssl_shutdown_timeout=self.door.shutdown_timeout)
+                ssl_shutdown_timeout=TLS_SHUTDOWN_SECONDS)
         except BaseException as e:  # handshake refused or timed out, or the client left
             self._release()
             self.raw.abort()
@@ -148,7 +147,9 @@ class Connection(asyncio.Protocol):
             return
         while self.transport is not None and not self.transport.is_closing():
             if self._head is None and not self.streaming and not self._body and self._answered:
-                data = self._next_request(data)
+                # The next request starts with what was held.
+                data, self._held, self._head = bytes(self._held) + data, bytearray(), bytearray()
+                self._wait_for_request()
             if not data:
                 return
             if self._head is not None:
@@ -226,13 +227,6 @@ class Connection(asyncio.Protocol):
         self.transport.close()
         return b""
 
-    def _next_request(self, data: bytes) -> bytes:
-        """The connection waits for its next request, which starts with what was held."""
-        data, self._held = bytes(self._held) + data, bytearray()
-        self._head, self._answered = bytearray(), False
-        self._wait_for_request()
-        return data
-
     def _wait_for_request(self) -> None:
         """From accept, and again after each answer.
 
@@ -281,7 +275,6 @@ class Connection(asyncio.Protocol):
         self._cancel()
         if self._write_deadline is not None:
             self._write_deadline.cancel()
-            self._write_deadline = None
         if self.door is not None:
             self.door.leave(self)
         if self.key is not None and self.front.by_key.get(self.key) is self:

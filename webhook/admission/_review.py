@@ -135,7 +135,7 @@ def parse_review(body: bytes) -> Review:
         raise
     except RecursionError:
         raise BadReview("malformed JSON: nested too deeply") from None
-    except (UnicodeDecodeError, ValueError) as e:
+    except ValueError as e:
         raise BadReview(f"malformed JSON: {_one_line(e)}") from None
     if not isinstance(doc, dict):
         raise BadReview("the body must be a JSON object (an AdmissionReview)")
