@@ -39,7 +39,7 @@ import httpx
 from tests.support import https_helpers as h
 
 BURST_SECONDS = 10.0
-RATES, RATE_SECONDS, RATE_P99_MS = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1500), 10.0, 5.0
+RATES, RATE_SECONDS, RATE_P99_MS = (50, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1500), 10.0, 5.0
 
 
 def pct(values: list[float], q: float) -> float:
