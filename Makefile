@@ -103,8 +103,8 @@ bench-admission-callgrind: $(STAMP)
 	$(if $(BASE),$(PY) -m tests.bench.admission_callgrind --server-tree $(BASE))
 	$(PY) -m tests.bench.admission_callgrind
 
-# One hostile client at a time (header flood, metrics flood, slow bodies, 7 MB reviews) and
-# what each costs the server: memory, CPU, /mutate latency meanwhile.
+# One hostile client at a time (every attack the server is bounded against) and what each
+# costs it: memory, CPU, a legitimate /mutate's latency meanwhile; then the memory sizing terms.
 bench-hostile: $(STAMP)
 	$(PY) -m tests.bench.hostile_bench
 

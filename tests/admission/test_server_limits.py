@@ -186,9 +186,8 @@ def test_pipelined_requests_are_read_one_at_a_time_and_a_flood_of_them_closes_th
         s.sendall((request_head(len(BODY)) + BODY) * 2 + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert [read_response(s)[0] for _ in range(3)] == [200, 200, 200]
         before = closed_count("pipelined")
-        got, flood = hostile.pipelined(server.port, h.client_context(pki / "ca.crt"), 20_000)
-        assert got < 20_000 and closed_count("pipelined") > before
-        assert closed_within(flood, 30)
+        got, closed = hostile.pipelined(server.port, h.client_context(pki / "ca.crt"), 20_000)
+        assert got < 20_000 and closed and closed_count("pipelined") > before
 
 
 # --- the connection cap ------------------------------------------------------------------------------
@@ -257,12 +256,14 @@ def test_trailers_that_never_end_are_a_400(pki):
         assert closed_within(s, 30)
 
 
-def test_an_upgrade_request_is_answered_as_an_ordinary_one(pki):
-    with h.running(h.settings_for(pki)) as server:
+def test_an_upgrade_request_is_answered_as_an_ordinary_one(pki, caplog):
+    with h.running(h.settings_for(pki)) as server, caplog.at_level("INFO"):
         s = tls(server.port, pki)
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                   b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
         assert read_response(s)[0] == 200
+    assert not [r for r in caplog.records if "upgrade" in r.getMessage().lower()
+                or "websocket" in r.getMessage().lower()]  # a flood of them floods no log
 
 
 # --- large reviews: one at a time, never in the way ----------------------------------------------

@@ -83,16 +83,16 @@ class Bench:
 
 def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable[[], tuple[str, list]]]]:
     def header_flood() -> tuple[str, list]:
-        cut, s = hostile.header_flood(b.port, b.ctx)
-        return f"answered {cut.answer!r} {cut.after * 1000:.0f} ms after the first byte" if cut.after is not None \
-            else "never answered", [s]
+        cut = hostile.header_flood(b.port, b.ctx)
+        return (f"answered {cut.answer!r} {cut.after * 1000:.0f} ms after the first byte, closed: {cut.closed}"
+                if cut.after is not None else "never answered"), []
 
     def trailer_flood() -> tuple[str, list]:
-        results = [hostile.trailer_flood(b.port, b.ctx) for _ in range(6)]
-        answers = collections.Counter(cut.answer for cut, _ in results)
-        slowest = max((cut.after for cut, _ in results if cut.after is not None), default=None)
-        return f"6 connections answered {dict(answers)}, the slowest {slowest * 1000:.0f} ms after its first byte" \
-            if slowest is not None else "never answered", [s for _, s in results]
+        cuts = [hostile.trailer_flood(b.port, b.ctx) for _ in range(6)]
+        answers = collections.Counter(cut.answer for cut in cuts)
+        slowest = max((cut.after for cut in cuts if cut.after is not None), default=None)
+        return (f"6 connections answered {dict(answers)}, the slowest {slowest * 1000:.0f} ms after its first byte, "
+                f"{sum(cut.closed for cut in cuts)} closed" if slowest is not None else "never answered"), []
 
     def upgrades() -> tuple[str, list]:
         socks = hostile.upgrade_flood(b.port, b.ctx, 1100)
@@ -134,8 +134,19 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
                 f"{took:.1f} s after they opened"), [*lorises, *idle, *silent]
 
     def pipelining() -> tuple[str, list]:
-        got, s = hostile.pipelined(b.port, b.ctx, 100_000)
-        return f"100,000 pipelined GET /healthz on one connection: {got} answered", [s]
+        got, closed = hostile.pipelined(b.port, b.ctx, 100_000)
+        return f"100,000 pipelined GET /healthz on one connection: {got} answered, closed: {closed}", []
+
+    def steps_by_mains() -> tuple[str, list]:
+        body = hostile.steps_by_mains(8000)
+        with hostile.posting(b.url, str(b.ca), body, 2) as seen:
+            start = time.monotonic()
+            deadline = start + 300
+            while seen().count(200) < 4 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            took = time.monotonic() - start
+        return (f"2 clients posting 8,000 steps x 8,000 mains ({len(body) / 1e6:.2f} MB): 4 answered in {took:.1f} s, "
+                f"{dict(collections.Counter(seen()))}"), []
 
     return {1: ("1. header flood, 32 MB of headers", header_flood),
             2: ("2. chunked trailers that never end", trailer_flood),
@@ -146,7 +157,8 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
             7: ("7. metrics flood", metrics_flood),
             8: ("8. slow bodies", slow_bodies),
             9: ("9. slow and silent heads", slow_heads),
-            10: ("10. pipelining", pipelining)}
+            10: ("10. pipelining", pipelining),
+            11: ("11. steps x mains", steps_by_mains)}
 
 
 def fresh(d: Path, small: bytes, tree: Path | None) -> tuple[Any, Bench]:
@@ -197,7 +209,7 @@ def sizing(d: Path, small: bytes, large: bytes, tree: Path | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server-tree", type=Path)
-    parser.add_argument("--cases", default=",".join(str(i) for i in range(1, 11)), help="cases to run (comma list)")
+    parser.add_argument("--cases", default=",".join(str(i) for i in range(1, 12)), help="cases to run (comma list)")
     parser.add_argument("--no-sizing", action="store_true", help="skip the sizing figures")
     args = parser.parse_args()
     chosen = {int(c) for c in args.cases.split(",") if c}

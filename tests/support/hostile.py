@@ -6,6 +6,7 @@ meanwhile: a review at a time on one kept-alive TLS connection."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
@@ -47,6 +48,19 @@ def large_body(size: int) -> bytes:
         body = json.dumps(h.review(pod, namespace="builds")).encode()
         if len(body) >= size:
             return body
+
+
+def steps_by_mains(n: int) -> bytes:
+    """A review of a pod with `n` steps and `n` mains (and Istio): the shape whose rewrite was
+    once quadratic (8,000 x 8,000 took 28 s)."""
+    pod = h.kpack_istio()
+    mesh = [c for c in pod["spec"]["initContainers"] if c["name"] == "istio-init"]
+    pod["spec"]["initContainers"] = mesh + [{"name": f"s{i}", "image": "busybox", "command": ["true"]}
+                                            for i in range(n)]
+    sidecars = [c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy"]
+    pod["spec"]["containers"] = sidecars + [{"name": f"m{i}", "image": "busybox", "command": ["true"]}
+                                            for i in range(n)]
+    return json.dumps(h.review(pod, namespace="builds")).encode()
 
 
 def largest_body(limit: int) -> bytes:
@@ -157,48 +171,61 @@ def close_all(socks: list[socket.socket]) -> None:
 # --- the attacks -----------------------------------------------------------------------------------
 @dataclass
 class Cut:
-    """How the server ended a flood: its answer's status line (empty if none) and when it
-    answered or closed, in seconds from the flood's first byte (None: it never did)."""
+    """How the server ended a flood: its answer's status line (empty if none), when it
+    answered or closed in seconds from the flood's first byte (None: it never did), and
+    whether it then closed the connection."""
 
     answer: str = ""
     after: float | None = None
+    closed: bool = False
 
 
-def _flood(port: int, ctx: ssl.SSLContext, head: bytes, chunk: bytes, total: int) -> tuple[Cut, socket.socket]:
-    """`head`, then `chunk` until `total` bytes or the server answers or closes."""
-    s = tls_socket(port, ctx)
+async def _aflood(port: int, ctx: ssl.SSLContext, head: bytes, chunk: bytes, total: int) -> Cut:
+    # asyncio, not two threads on one SSLSocket: OpenSSL's objects are not thread-safe.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost")
     cut = Cut()
     start = time.monotonic()
 
-    def read() -> None:
+    async def read() -> None:
         try:
-            first = s.recv(65536)
+            first = await reader.read(65536)
             cut.answer = first.split(b"\r\n", 1)[0].decode("latin-1")
+            cut.after = time.monotonic() - start
+            while await reader.read(65536):
+                pass
         except (OSError, ssl.SSLError):
-            pass
-        cut.after = time.monotonic() - start
+            if cut.after is None:
+                cut.after = time.monotonic() - start
+        cut.closed = True
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    answered = asyncio.create_task(read())
     sent = 0
     try:
-        s.sendall(head)
+        writer.write(head)
         while sent < total and cut.after is None:
-            s.sendall(chunk)
+            writer.write(chunk)
             sent += len(chunk)
-    except (OSError, ssl.SSLError):
+            await asyncio.wait_for(writer.drain(), 30)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError):
         pass
-    reader.join(60)
-    return cut, s
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(answered, 120)
+    writer.transport.abort()
+    return cut
 
 
-def header_flood(port: int, ctx: ssl.SSLContext, total: int = 32 * 1024 * 1024) -> tuple[Cut, socket.socket]:
+def _flood(port: int, ctx: ssl.SSLContext, head: bytes, chunk: bytes, total: int) -> Cut:
+    """`head`, then `chunk` until `total` bytes or the server answers or closes."""
+    return asyncio.run(_aflood(port, ctx, head, chunk, total))
+
+
+def header_flood(port: int, ctx: ssl.SSLContext, total: int = 32 * 1024 * 1024) -> Cut:
     """One request whose head is `total` bytes of small headers."""
     line = b"X-Flood: " + b"f" * 80 + b"\r\n"
     return _flood(port, ctx, b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n", line * (64 * 1024 // len(line)), total)
 
 
-def trailer_flood(port: int, ctx: ssl.SSLContext, total: int = 256 * 1024 * 1024) -> tuple[Cut, socket.socket]:
+def trailer_flood(port: int, ctx: ssl.SSLContext, total: int = 256 * 1024 * 1024) -> Cut:
     """A chunked review whose last chunk is followed by a trailer that never ends (no line end)."""
     head = (b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: ")
@@ -322,35 +349,39 @@ def unread_bodies(port: int, ctx: ssl.SSLContext, body: bytes, count: int) -> li
     return out
 
 
-def pipelined(port: int, ctx: ssl.SSLContext, count: int) -> tuple[int, socket.socket]:
-    """`count` pipelined `GET /healthz` sent at once on one connection, the answers read:
-    how many came back, and the connection."""
-    s = tls_socket(port, ctx, timeout=30)
-    got = 0
-    tail = b""
+async def _apipelined(port: int, ctx: ssl.SSLContext, count: int) -> tuple[int, bool]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost")
+    got, tail, closed = 0, b"", False
 
-    def read() -> None:
-        nonlocal got, tail
+    async def read() -> None:
+        nonlocal got, tail, closed
         try:
-            while chunk := s.recv(65536):
+            while chunk := await reader.read(65536):
                 data = tail + chunk
                 got += data.count(b"HTTP/1.1 200")
                 tail = data[-16:]
         except (OSError, ssl.SSLError):
             pass
+        closed = True
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    answers = asyncio.create_task(read())
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     try:
-        request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
         for i in range(0, count, 1000):
-            s.sendall(request * min(1000, count - i))
-    except (OSError, ssl.SSLError):
+            writer.write(request * min(1000, count - i))
+            await asyncio.wait_for(writer.drain(), 30)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError):
         pass
-    deadline = time.monotonic() + 300
-    while reader.is_alive() and got < count and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return got, s
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(answers, 300)
+    writer.transport.abort()
+    return got, closed
+
+
+def pipelined(port: int, ctx: ssl.SSLContext, count: int) -> tuple[int, bool]:
+    """`count` pipelined `GET /healthz` sent at once on one connection, the answers read:
+    how many came back, and whether the server closed the connection."""
+    return asyncio.run(_apipelined(port, ctx, count))
 
 
 def metrics_flood(port: int, connections: int) -> list[socket.socket]:

@@ -1,28 +1,13 @@
-"""The webhook application: POST /mutate, /healthz, /readyz (metrics have their own
-plain-HTTP port, see _https.py).
+"""The webhook application: POST /mutate, /healthz, /readyz (metrics: _https.py).
 
-POST /mutate is a plain ASGI handler in front of FastAPI: it is what every pod creation
-in an opted-in namespace waits for, and FastAPI's middleware, routing and request objects
-cost more than the rest of a small review. It reads the raw body itself, so a malformed
-review is a one-line HTTP 400 and FastAPI's validation never runs.
-
-Memory is bounded by how reviews are taken, not by counting bytes:
-
-- A review of up to INLINE_MAX_BYTES (an ordinary pod: a 7-step build pod with Istio is
-  12 KB, a few hundred microseconds of work) is read, parsed, rewritten and encoded on
-  the event loop, start to end without a pause: one such review is in the works at a
-  time, and the hop to a thread would cost more than the review.
-- A larger one (or a chunked body, whose size is unknown) waits for the large turn, one
-  at a time per process, with its body unread (uvicorn stops reading a body the app
-  does not ask for after 64 KiB; the rest stays in TCP), then is read and worked on a
-  thread of its own, so the loop keeps serving meanwhile. The process's peak is its base
-  plus one large review's cost, whatever the clients do.
-- A client that leaves gives its turn back: a review waiting for the turn stops waiting,
-  one being worked on stops at the next step.
-
-The turn and the body share INITSHIFT_BODY_TIMEOUT_SECONDS (HTTP 503 while still waiting,
-408 for a body still arriving); the apiserver's own webhook timeout is at most that.
-Everything after parsing follows the failure mode: an internal error never becomes a 500.
+POST /mutate is a plain ASGI handler in front of FastAPI (whose middleware and routing
+cost more than a small review) that reads the raw body itself: a malformed review is a
+one-line 400. Memory is bounded by how reviews are taken (docs/admission-server.md): a
+review up to INLINE_MAX_BYTES is read, parsed, rewritten and encoded on the event loop
+without a pause, so one is in the works at a time; a larger or chunked one waits for the
+large turn with its body unread (uvicorn reads no more than 64 KiB a body the app does not
+ask for), then is read and worked on the turn's thread while the loop serves. A client
+that leaves gives its turn back. Everything after parsing follows the failure mode.
 """
 
 from __future__ import annotations
@@ -89,10 +74,8 @@ def _never() -> bool:
 
 
 class Reviewer:
-    """Turns a review's body into a decision and its encoded answer; holds the hooks the
-    app was built with. The steps without I/O run where the caller runs them (the event
-    loop for a small review, the large turn's thread for a large one); registry lookups,
-    which are I/O, always on the loop."""
+    """A review's body to its decision: the steps without I/O where the caller runs them
+    (the loop, or the large turn's thread), registry lookups (I/O) on the loop."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None]) -> None:
@@ -118,13 +101,12 @@ class Reviewer:
         return review, first
 
     async def decide(self, review: Review) -> Answer:
-        """The whole decision on the event loop (tests and tools)."""
+        """The whole decision on the event loop (tests)."""
         return await self.complete(review, self._safe(review, self._plan, review), _inline)
 
     async def complete(self, review: Review, first: Answer | tuple[Any, list],
                        run: Callable[..., Any], gone: Callable[[], bool] = _never) -> Answer:
-        """The decision once the registry lookups `first` asks for are done (on the loop);
-        the rest through `run` (inline, or the large turn's thread)."""
+        """The decision after the lookups `first` asks for; the rest through `run`."""
         if isinstance(first, Answer):
             return first
         plan, lookups = first

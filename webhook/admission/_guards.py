@@ -1,20 +1,12 @@
-"""The guards uvicorn lacks, on public asyncio API: one `Connection` in front of each of
-uvicorn's own h11 protocol objects (stock, configured through `uvicorn.Config`).
+"""The guards uvicorn lacks, on public asyncio API: a `Connection` in front of each of
+uvicorn's own h11 protocol objects, which `Front` (uvicorn's `http` factory) makes.
 
-uvicorn bounds some of what it buffers (h11's incomplete-event limit covers a head or a
-chunked body's trailers still arriving; a body pauses reading past 64 KiB until the app
-reads it), but not time: a connection may take as long as it likes over its TLS handshake
-or its request's head, and an answer its client never reads is held until the kernel
-gives up. Nor does it bound how many connections are open, or a head that arrives whole
-in one read (h11 parses it, however large). Each guard below names the attack it stops;
-one that fires counts in `initshift_connections_closed_total{reason}`.
-
-`Front` is what uvicorn is given as its `http` protocol: a callable making one
-`Connection` around one `H11Protocol`, which gets the asyncio protocol calls through it.
-A listening socket is a `Door` (TLS or not, its connection cap, its deadlines), found by
-the port a connection arrived on. The app tells a connection when a request starts and
-when its answer is done (`Front.started`, `Connection.answered`), found by the addresses
-in the ASGI scope.
+uvicorn bounds what it buffers of a head still arriving, not time (a handshake or a head
+may take forever, an unread answer is held until the kernel gives up), nor how many
+connections are open, nor a head that arrives whole in one read. Each guard names the
+attack it stops and counts in `initshift_connections_closed_total{reason}`. A listening
+socket is a `Door` (TLS or not, its cap and deadlines); the app tells a connection, found
+by the ASGI scope's addresses, when a request starts and when its answer is done.
 """
 
 from __future__ import annotations
@@ -75,11 +67,9 @@ class Door:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: the deadlines and limits around uvicorn's protocol `inner`.
-
-    uvicorn gets one request at a time: its head once complete and within the limits,
-    then its body's Content-Length bytes; what the client sends beyond (a pipelined next
-    request) waits here until the answer is done, and goes through the same limits."""
+    """One client connection around uvicorn's protocol `inner`, which gets one request at a
+    time: its head once complete and within limits, then its Content-Length bytes; a
+    pipelined next request waits here for the answer, then passes the same limits."""
 
     def __init__(self, front: "Front", inner: asyncio.Protocol) -> None:
         self.front, self.inner = front, inner
@@ -161,7 +151,7 @@ class Connection(asyncio.Protocol):
             else:
                 self._early.append(data)
             return
-        while not self.transport.is_closing():
+        while self.transport is not None and not self.transport.is_closing():
             if self._head is None and not self.streaming and not self._body and self._answered:
                 data = self._next_request(data)
             if not data:

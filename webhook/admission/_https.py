@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import socket
 from typing import Any, Awaitable, Callable
 
@@ -39,6 +40,12 @@ from ..settings import Settings
 
 # A Prometheus server or two scrape one connection each; a flood of idle ones is evicted.
 METRICS_CONNECTIONS = 16
+
+
+def _not_about_websockets(record: logging.LogRecord) -> bool:
+    """uvicorn warns twice per `Upgrade` request that it has no WebSocket support; with
+    `ws="none"` that is the design, and a flood of them must not flood the log."""
+    return not str(record.msg).startswith(("Unsupported upgrade request", "No supported WebSocket library"))
 
 
 class ListenError(InitshiftError):
@@ -79,6 +86,7 @@ class HttpsServer:
             log_config=None, access_log=False, server_header=False, proxy_headers=False,
         )
         self.uvicorn = uvicorn.Server(config)
+        logging.getLogger("uvicorn.error").addFilter(_not_about_websockets)
 
     @property
     def port(self) -> int:

@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import logging
 import signal
+import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..admission import HttpsServer
 
 _Companion = Callable[[asyncio.Event], Awaitable[None]]
+SWITCH_INTERVAL = 0.0005  # seconds
 EXIT_CODES = "Exit codes: 0 stopped (SIGTERM), 1 the certificate, a port or the cluster failed, 2 usage or settings."
 
 
@@ -81,6 +83,10 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
         # long as the process: out of the collector's sight, a full collection costs
         # microseconds instead of about 16 ms in the middle of some review.
         gc.freeze()
+        # A large review's thread is CPU work; the event loop, between two system calls of a
+        # small review, waits for the GIL at most this long (Python's default: 5 ms, which
+        # a small review pays at each of its dozen waits while a large one runs).
+        sys.setswitchinterval(SWITCH_INTERVAL)
         await server.serve(*companions)
     finally:
         await native.close()
