@@ -1,251 +1,636 @@
-"""`make bench-watcher`: the watcher driving managed build pods at cluster scale.
+"""`make bench-watcher`: the watcher driving build pods through a real kube-apiserver.
 
-The in-process API double plays the apiserver, with every write taking 20-30 ms before it
-commits (a loaded apiserver's latency); the bench plays the kubelet, writing container
-statuses (in-process, as `pods/status` writes would land). The watcher runs as its own
-process (`run_watcher`, leader election on, JSON logs at info to /dev/null, as deployed),
-so its CPU and memory are its own.
+The API: etcd + kube-apiserver from ../shared/k8s (`tests/support/k8s`, v1.34) when the
+binaries are there, else the in-process API double (`tests/support/kubedouble.py`, every
+write waiting 20-30 ms before it commits, as a loaded apiserver would). The bench plays the
+kubelet: the pods are created bound to a node that does not exist (`spec.nodeName`), and
+their status is written through `pods/status` as the kubelet writes it (a merge patch of the
+whole status). The watcher is `initshift watch` in its own process (leader election on,
+JSON logs at info to a file), so its CPU is its own; `--watcher-tree DIR` runs the watcher
+of another checkout (e.g. `git worktree add /tmp/base main`) against the same driver, for a
+before/after.
 
-Each scenario starts a fresh double and watcher with N managed pods in flight (Pending).
-The driver advances pods through four status changes each (sidecar Ready and steps
-running; step 1 done; step 2 done; the main done, the proxy quitting with it for half the
-pods and kept running for the other half, which the watcher ends with the deadline) at a
-fixed rate, on a window of 64 pods at a time, for a fixed time (or until every pod is
-done). A burst: up to 1,000 pods made Ready at once, then all their steps done at once.
-`INITSHIFT_GRACE_SECONDS=0`, so the outcome is due at the last change (not after a grace
-period whose start the kubelet stamps to the second).
+The pods are what the webhook writes for a Job pod with two init steps under Istio (the real
+rewrite of `tests/support/fixtures`, waiter strategy): steps `git-clone` and `deps`, main
+`build`, the proxy. Two kinds: *probe-gated* (the proxy as Istio injects it, with its
+loopback readiness probe, which step 0's waiter checks itself) and *annotation-gated* (a
+proxy without a readiness probe: step 0 reads the watcher's `initshift.io/ready`
+annotation, so the driver starts the steps only once it is written).
 
-Latencies are measured on the double: from the status change to the answer to the
-watcher's PATCH (ready annotation; outcome annotation). Prints, asserts nothing.
+Each scenario starts a fresh API and watcher with N pods in flight (Pending). The driver
+takes each through four status changes (proxy Ready and the containers running; step 1
+done; step 2 done; the main done, the proxy quitting with it for half the pods and kept
+running for the other half, which the watcher ends with `activeDeadlineSeconds`) at a fixed
+rate over a window of 64 pods at a time until every pod is done; a burst makes every pod
+Ready at once, then finishes all their steps at once. `INITSHIFT_GRACE_SECONDS=0`: the
+outcome (and the deadline) is due at the last change.
+
+Figures: latencies from the answer to the driver's status write to the driver's watch
+seeing the watcher's write (ready annotation, outcome annotation, activeDeadlineSeconds);
+the watcher's writes per pod (pod PATCHes and Event writes, counted by the apiserver's
+`apiserver_request_total`, or the double's request log); missed (a pod done without an
+outcome, or a gated pod never opened) and written twice (an outcome that changed once
+set); the API server's CPU per pod (kube-apiserver and etcd, less what they spend idle with
+the watcher connected) and the watcher's. Prints, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
+import dataclasses
 import json
 import os
+import platform
 import random
+import re
 import subprocess
+import ssl
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
+from tests.support.fixtures.pods import catalogue
 from tests.support.kubedouble import KubeDouble, running, terminated, waiting
+from tests.support.podstatus import write_kubeconfig as double_kubeconfig
 from waiter import protocol as p
+import aiohttp
 
 NS = "builds"
-AGENT = "bench-watcher"
+NODE = "bench-node"  # no such Node: nothing but the driver writes the pods' status
 WINDOW = 64  # pods driven at once in the rate phases
-SCENARIOS = [(100, 40, 20.0), (100, 200, 15.0), (1000, 40, 20.0), (1000, 200, 15.0), (5000, 40, 20.0),
-             (5000, 200, 15.0)]
-BURST = 1000
-WRITE_LATENCY = (0.020, 0.030)
-SETTLE = 30.0  # seconds the watcher gets to write what is due after the last change
+DOUBLE_WRITE_LATENCY = (0.020, 0.030)
+SLOW_WRITE_LATENCY = (0.8, 1.2)  # "a busy apiserver": the slow scenario on the double
+SETTLE = 60.0  # seconds the watcher gets to write what is due after the last change
+QUIET = 3.0  # the watcher's writes have stopped (its Events drained) after this long without one
+IDLE_SECONDS = 5.0  # how long the servers' idle CPU is measured before a run
+REPO = Path(__file__).resolve().parents[2]
+STEPS, MAIN, PROXY = ("git-clone", "deps"), "build", "istio-proxy"
 
 
-def build_pod(name: str) -> dict:
-    """A pod as the webhook writes it: two steps, one main, the proxy (with the usual env)."""
-    cmd = [p.WAITER_PATH, p.CMD_RUN]
-    env = [{"name": f"VAR_{i}", "value": "x" * 40} for i in range(10)]
-    return {
-        "metadata": {"name": name, "namespace": NS, "labels": {p.LABEL_MANAGED: p.MODE_WAITER, "app": "build"},
-                     "annotations": {p.ANNOTATION_STEPS: json.dumps(["fetch", "build"]),
-                                     p.ANNOTATION_MAINS: json.dumps(["completion"]),
-                                     "sidecar.istio.io/status": json.dumps({"containers": ["istio-proxy"]})}},
-        "spec": {"restartPolicy": "Never",
-                 "initContainers": [{"name": p.INIT_CONTAINER_NAME, "image": "initshift", "env": env}],
-                 "containers": [{"name": n, "image": "tool", "command": cmd, "args": ["--", "make", n], "env": env}
-                                for n in ("fetch", "build", "completion")]
-                 + [{"name": "istio-proxy", "image": "proxy", "args": ["proxy", "sidecar"], "env": env}]},
-    }
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    pods: int
+    rate: float  # status changes per second; 0: a burst
+    gated: float  # share of the pods that read the ready annotation (a proxy without a loopback probe)
+    slow: bool = False  # the double only: every write takes ~1 s
+    watcher: bool = True  # False: the kubelet's writes alone (what the API spends without a watcher)
 
 
-def record(name: str) -> str:
+SCENARIOS = [
+    Scenario("1,000 pods, 40/s, no watcher (baseline)", 1000, 40, 0.0, watcher=False),
+    Scenario("1,000 pods, 40/s, probe-gated", 1000, 40, 0.0),
+    Scenario("1,000 pods, 40/s, annotation-gated", 1000, 40, 1.0),
+    Scenario("1,000 pods, 200/s, probe-gated", 1000, 200, 0.0),
+    Scenario("1,000 pods, burst, probe-gated", 1000, 0, 0.0),
+]
+SLOW = Scenario("300 pods, 40/s, half gated, writes ~1 s", 300, 40, 0.5, slow=True)
+
+
+# --- the driver's client ---------------------------------------------------------------------
+class ApiError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"{status}: {text[:300]}")
+        self.status = status
+
+
+class Client:
+    """The driver's own client: plain aiohttp (with the admin's certificate on a real
+    apiserver), so that playing the kubelet costs the bench as little CPU as it can."""
+
+    def __init__(self, base: str, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=ssl_context or False),
+                                             headers={"User-Agent": "bench-watcher-driver"})
+
+    async def request(self, method: str, path: str, body: Any = None, *, query: dict | None = None,
+                      content_type: str = "application/json") -> Any:
+        data = None if body is None else json.dumps(body)
+        async with self.session.request(method, self.base + path, data=data, params=query,
+                                        headers={"Content-Type": content_type}) as resp:
+            text = await resp.text()
+            if not 200 <= resp.status < 300:
+                raise ApiError(resp.status, text)
+            return json.loads(text) if text else None
+
+    async def watch(self, path: str, resource_version: str) -> Any:
+        params = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": "3600"}
+        async with self.session.get(self.base + path, params=params,
+                                    timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as resp:
+            if resp.status != 200:
+                raise ApiError(resp.status, await resp.text())
+            async for line in resp.content:
+                if line.strip():
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+# --- the pods --------------------------------------------------------------------------------
+def templates() -> dict[str, dict]:
+    """The rewritten pod of each kind (probe-gated, annotation-gated), bound to NODE."""
+    from webhook.rewrite import rewrite
+    from webhook.settings import Settings
+
+    base = catalogue()["job-istio"]
+    base = copy.deepcopy(base)
+    clone = next(c for c in base["spec"]["initContainers"] if c["name"] == "git-clone")
+    base["spec"]["initContainers"].append({**copy.deepcopy(clone), "name": "deps", "command": ["sh", "-c"],
+                                           "args": ["npm ci --prefix /src"]})
+    unprobed = copy.deepcopy(base)
+    for c in unprobed["spec"]["containers"]:
+        if c["name"] == PROXY:
+            c.pop("readinessProbe", None)
+    out = {}
+    for kind, pod in (("probe", base), ("annotation", unprobed)):
+        new = rewrite(pod, Settings(feature_gate=True), native_supported=False).pod
+        assert new["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+        new["metadata"].pop("generateName", None)
+        new["metadata"]["namespace"] = NS
+        new["spec"]["nodeName"] = NODE
+        out[kind] = new
+    return out
+
+
+def pod_object(template: dict, name: str) -> dict:
+    pod = copy.deepcopy(template)
+    pod["metadata"]["name"] = name
+    return pod
+
+
+def _record(name: str) -> str:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return json.dumps({"name": name, "exitCode": 0, "reason": p.REASON_COMPLETED, "startedAt": now,
                        "finishedAt": now, "message": ""})
 
 
-def done(name: str) -> dict:
-    return terminated(name, 0, message=record(name))
+def _done(name: str) -> dict:
+    return terminated(name, 0, message=_record(name), image="tool")
+
+
+INITS = (p.INIT_CONTAINER_NAME, "istio-init")
 
 
 @dataclass
 class Pod:
     name: str
-    quits: bool
+    quits: bool  # the proxy quits with the last main (else the watcher ends the pod)
+    gated: bool  # step 0 reads the ready annotation
     stage: int = 0  # status changes written so far (4: done)
-    ready_at: float = 0.0  # when the change that makes it Ready was written
-    last_at: float = 0.0  # when the last change was written
+    busy: bool = False  # a status write in flight
+    changed_at: list[float] = field(default_factory=list)  # when each change's write was answered
+    ready_seen: float | None = None
+    outcome_seen: float | None = None
+    outcome: str | None = None
+    outcome_changes: int = 0
+    deadline_seen: float | None = None
+
+    def status(self, stage: int, now: str) -> dict:
+        """The whole status after `stage` changes, as the kubelet writes it."""
+        inits = [terminated(n, 0, image="init") for n in INITS]
+        containers = {n: running(n, image="tool", started_at=now) for n in (*STEPS, MAIN)}
+        containers[PROXY] = running(PROXY, image="proxy", started_at=now)
+        phase = "Running"
+        for step in STEPS[:max(0, stage - 1)]:
+            containers[step] = _done(step)
+        if stage >= 4:
+            containers[MAIN] = _done(MAIN)
+            if self.quits:
+                containers[PROXY] = terminated(PROXY, 0, image="proxy")
+                phase = "Succeeded"
+        return {"status": {"phase": phase, "startTime": now, "initContainerStatuses": inits,
+                           "containerStatuses": [containers[n] for n in sorted(containers)]}}
+
+    def movable(self) -> bool:
+        """The next change may be written: step 0 starts only once the gate opened."""
+        return not self.busy and self.stage < 4 and not (self.stage == 1 and self.gated and self.ready_seen is None)
 
 
+def pending_status() -> dict:
+    return {"status": {"phase": "Pending", "initContainerStatuses": [waiting(n, image="init") for n in INITS],
+                       "containerStatuses": [waiting(n, "PodInitializing", image="tool")
+                                             for n in sorted((*STEPS, MAIN, PROXY))]}}
+
+
+# --- the API: a real kube-apiserver or the double ----------------------------------------------
+class Backend(Protocol):
+    label: str
+    kubeconfig: str
+
+    async def start(self, scenario: Scenario) -> Client: ...
+
+    async def stop(self) -> None: ...
+
+    async def writes(self) -> dict[str, int]:
+        """The watcher's requests so far by kind: pod patches, Event writes, pod GETs, Lease writes."""
+        ...
+
+    async def watching(self) -> bool:
+        """The watcher has its pods watch open."""
+        ...
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds the API's processes have used (none for the in-process double)."""
+        ...
+
+
+_METRIC = re.compile(r'^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$')
+_LONGRUNNING = re.compile(r'^apiserver_longrunning_requests\{([^}]*)\} ([0-9.e+]+)$')
+
+
+def _labels(text: str) -> dict[str, str]:
+    return dict(re.findall(r'(\w+)="([^"]*)"', text))
+
+
+class RealBackend:
+    """etcd + kube-apiserver (tests/support/k8s), one fresh pair per scenario."""
+
+    def __init__(self, version: str) -> None:
+        self.version, self.label, self.kubeconfig = version, "", ""
+        self._cm: Any = None
+        self.plane: Any = None
+
+    async def start(self, scenario: Scenario) -> Client:
+        from tests.support.k8s import control_plane
+
+        self._cm = control_plane(self.version)
+        self.plane = await asyncio.to_thread(self._cm.__enter__)
+        self.label = f"kube-apiserver {self.plane.version} + etcd (tests/support/k8s)"
+        self.kubeconfig = str(self.plane.kubeconfig)
+        context = ssl.create_default_context(cafile=str(self.plane.ca_file))
+        context.load_cert_chain(str(self.plane.dir / "pki" / "admin.crt"), str(self.plane.dir / "pki" / "admin.key"))
+        api = Client(self.plane.server, context)
+        for ns in (NS, "initshift-system"):
+            await api.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+            # No controller-manager: the ServiceAccount admission needs the default one to exist.
+            await _retry(lambda ns=ns: api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                                                   {"metadata": {"name": "default"}}))
+        return api
+
+    async def stop(self) -> None:
+        if self._cm is not None:
+            await asyncio.to_thread(self._cm.__exit__, None, None, None)
+            self._cm = None
+
+    async def _metrics(self) -> list[str]:
+        status, body = await asyncio.to_thread(self.plane.get, "/metrics", 30.0)
+        if status != 200:
+            raise SystemExit(f"GET /metrics: {status}")
+        return body.decode().splitlines()
+
+    async def writes(self) -> dict[str, int]:
+        counts = {"pod_patches": 0, "event_writes": 0, "pod_gets": 0, "lease": 0}
+        for line in await self._metrics():
+            m = _METRIC.match(line)
+            if not m:
+                continue
+            lb, n = _labels(m.group(1)), int(float(m.group(2)))
+            verb, resource, sub = lb.get("verb"), lb.get("resource"), lb.get("subresource", "")
+            if resource == "pods" and sub == "" and verb == "PATCH":
+                counts["pod_patches"] += n  # the driver writes pods/status only
+            elif resource == "events" and verb in ("POST", "PATCH", "PUT"):
+                counts["event_writes"] += n  # nothing else makes Events here
+            elif resource == "pods" and sub == "" and verb == "GET":
+                counts["pod_gets"] += n
+            elif resource == "leases" and verb in ("PUT", "POST"):
+                counts["lease"] += n
+        return counts
+
+    async def watching(self) -> bool:
+        open_ = 0
+        for line in await self._metrics():
+            m = _LONGRUNNING.match(line)
+            if m:
+                lb = _labels(m.group(1))
+                if lb.get("resource") == "pods" and lb.get("verb") == "WATCH":
+                    open_ += int(float(m.group(2)))
+        return open_ >= 2  # the driver's and the watcher's
+
+    def cpu(self) -> dict[str, float]:
+        return {"kube-apiserver": self.plane.apiserver.cpu_seconds(), "etcd": self.plane.etcd.cpu_seconds()}
+
+
+class DoubleBackend:
+    """The in-process API double; the watcher is told it is one (a kubeconfig to its URL)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir, self.label, self.kubeconfig = workdir, "", ""
+        self.kube: KubeDouble | None = None
+
+    async def start(self, scenario: Scenario) -> Client:
+        self.kube = await KubeDouble(history_limit=50000).start()
+        self.kube.write_latency = SLOW_WRITE_LATENCY if scenario.slow else DOUBLE_WRITE_LATENCY
+        lo, hi = self.kube.write_latency
+        self.label = f"the in-process API double (writes take {lo * 1000:.0f}-{hi * 1000:.0f} ms)"
+        self.kubeconfig = double_kubeconfig(self.workdir / "double.kubeconfig", self.kube.url, NS)
+        return Client(self.kube.url)
+
+    async def stop(self) -> None:
+        if self.kube is not None:
+            await self.kube.stop()
+            self.kube = None
+
+    def _watcher_requests(self) -> list:
+        assert self.kube is not None
+        return [r for r in self.kube.requests if r.user_agent.startswith("initshift-watcher")]
+
+    async def writes(self) -> dict[str, int]:
+        counts = {"pod_patches": 0, "event_writes": 0, "pod_gets": 0, "lease": 0}
+        for r in self._watcher_requests():
+            if r.method == "PATCH" and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods/[^/]+", r.path):
+                counts["pod_patches"] += 1
+            elif r.method in ("POST", "PATCH", "PUT") and "/events" in r.path:
+                counts["event_writes"] += 1
+            elif r.method == "GET" and re.fullmatch(r"/api/v1/namespaces/[^/]+/pods/[^/]+", r.path):
+                counts["pod_gets"] += 1
+            elif "/leases" in r.path and r.method in ("PUT", "POST"):
+                counts["lease"] += 1
+        return counts
+
+    async def watching(self) -> bool:
+        return any(r.query.get("watch") == "true" and r.path == "/api/v1/pods" for r in self._watcher_requests())
+
+    def cpu(self) -> dict[str, float]:
+        return {}
+
+
+async def _retry(call: Callable[[], Any], seconds: float = 30.0) -> Any:
+    """An API call right after start-up (the namespace's admission may lag a moment); one
+    that finds its object there already is done."""
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            return await call()
+        except ApiError as e:
+            if e.status == 409:
+                return None
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(0.2)
+
+
+# --- the watcher process ---------------------------------------------------------------------
+class WatcherProcess:
+    def __init__(self, tree: Path, kubeconfig: str, log: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(tree), "INITSHIFT_GRACE_SECONDS": "0", "INITSHIFT_LOG_LEVEL": "info",
+               "INITSHIFT_NAMESPACE": "initshift-system"}
+        env.pop("KUBECONFIG", None)
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "watch", "--kubeconfig", kubeconfig],
+                                         cwd=tree, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+
+    def stats(self) -> tuple[float, float]:
+        """(CPU seconds, peak RSS MiB)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        status = dict(line.split(":", 1) for line in open(f"/proc/{self.proc.pid}/status"))
+        return cpu, int(status["VmHWM"].split()[0]) / 1024
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+# --- driving ---------------------------------------------------------------------------------
+class Driver:
+    def __init__(self, api: Client, pods: list[Pod]) -> None:
+        self.api = api
+        self.pods = {pd.name: pd for pd in pods}
+        self.writes: set[asyncio.Task] = set()
+        self.failed = 0
+        self.latency: list[float] = []  # seconds each status write took: the API's own latency
+
+    async def write(self, pod: Pod, stage: int) -> None:
+        pod.busy = True
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        sent = time.monotonic()
+        try:
+            await self.api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
+                                   pod.status(stage, now), content_type="application/merge-patch+json")
+            self.latency.append(time.monotonic() - sent)
+        except (ApiError, aiohttp.ClientError) as e:
+            self.failed += 1
+            print(f"  status write of {pod.name} failed: {e}", file=sys.stderr)
+            return
+        finally:
+            pod.busy = False
+        pod.stage = stage
+        pod.changed_at += [time.monotonic()] * (stage - len(pod.changed_at))
+
+    def spawn(self, pod: Pod, stage: int) -> None:
+        task = asyncio.ensure_future(self.write(pod, stage))
+        self.writes.add(task)
+        task.add_done_callback(self.writes.discard)
+
+    async def watch(self, since: str) -> None:
+        """What the watcher wrote, as a client sees it (the driver's own pods watch)."""
+        rv = since
+        while True:
+            try:
+                async for kind, obj in self.api.watch(f"/api/v1/namespaces/{NS}/pods", rv):
+                    if kind == "ERROR":
+                        raise SystemExit(f"the driver's watch failed: {obj.get('message')}")
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if kind in ("ADDED", "MODIFIED"):
+                        self.seen(obj)
+            except (ApiError, aiohttp.ClientError):
+                await asyncio.sleep(0.1)
+
+    def seen(self, obj: dict) -> None:
+        pod = self.pods.get(obj["metadata"]["name"])
+        if pod is None:
+            return
+        now = time.monotonic()
+        ann = obj["metadata"].get("annotations") or {}
+        if ann.get(p.ANNOTATION_READY) == p.READY_TRUE and pod.ready_seen is None:
+            pod.ready_seen = now
+        value = ann.get(p.ANNOTATION_OUTCOME)
+        if value is not None and value != pod.outcome:
+            pod.outcome_changes += 1
+            pod.outcome = value
+            if pod.outcome_seen is None:
+                pod.outcome_seen = now
+        if (obj.get("spec") or {}).get("activeDeadlineSeconds") is not None and pod.deadline_seen is None:
+            pod.deadline_seen = now
+
+    async def at_rate(self, rate: float) -> int:
+        queue = list(self.pods.values())
+        window: list[Pod] = []
+        changes, start = 0, time.monotonic()
+        while queue or window:
+            due = int((time.monotonic() - start) * rate) - changes
+            for _ in range(due):
+                while len(window) < WINDOW and queue:
+                    window.append(queue.pop(0))
+                movable = [pd for pd in window if pd.movable()]
+                if not movable:
+                    break
+                pod = random.choice(movable)
+                self.spawn(pod, pod.stage + 1)
+                pod.busy = True
+                changes += 1
+            window = [pd for pd in window if pd.stage < 4 or pd.busy]
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*self.writes)
+        return changes
+
+    async def burst(self) -> int:
+        pods = list(self.pods.values())
+        await self._all(pods, 1)
+        await wait_for(lambda: all(pd.ready_seen is not None for pd in pods if pd.gated), SETTLE)
+        await self._all(pods, 4)
+        return len(pods) * 2
+
+    async def _all(self, pods: list[Pod], stage: int) -> None:
+        slots = asyncio.Semaphore(64)
+
+        async def one(pod: Pod) -> None:
+            async with slots:
+                await self.write(pod, stage)
+        await asyncio.gather(*(one(pd) for pd in pods))
+
+
+async def wait_for(check: Callable[[], Any], seconds: float, step: float = 0.1) -> bool:
+    """Until `check()` (a function, or a coroutine function) is true, or `seconds` have passed."""
+    async def holds() -> bool:
+        value = check()
+        return bool(await value if asyncio.iscoroutine(value) else value)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if await holds():
+            return True
+        await asyncio.sleep(step)
+    return await holds()
+
+
+# --- a scenario ------------------------------------------------------------------------------
 @dataclass
 class Result:
-    label: str
+    scenario: Scenario
+    api: str = ""
     changes: int = 0
     seconds: float = 0.0
     ready: list[float] = field(default_factory=list)
     outcome: list[float] = field(default_factory=list)
-    pods_done: int = 0
+    deadline: list[float] = field(default_factory=list)
+    done: int = 0
     missed: int = 0
     twice: int = 0
-    requests: int = 0
-    cpu: float = 0.0
-    rss: float = 0.0
-    hwm: float = 0.0
+    writes: dict[str, int] = field(default_factory=dict)
+    server_cpu: dict[str, float] = field(default_factory=dict)  # net of idle, per pod (ms)
+    api_latency: list[float] = field(default_factory=list)  # the status writes' (the kubelet's)
+    watcher_cpu: float = 0.0
+    watcher_hwm: float = 0.0
 
 
-def advance(kube: KubeDouble, pod: Pod) -> None:
-    """The next status change of `pod`, as the kubelet writes it."""
-    now = time.monotonic()
-    if pod.stage == 0:
-        kube.set_container_statuses(NS, pod.name, [running("istio-proxy"), running("fetch"), running("build"),
-                                                   running("completion")], phase="Running")
-        pod.ready_at = now
-    elif pod.stage == 1:
-        kube.set_container_statuses(NS, pod.name, [done("fetch")])
-    elif pod.stage == 2:
-        kube.set_container_statuses(NS, pod.name, [done("build")])
-    else:
-        last = [done("completion")] + ([terminated("istio-proxy", 0)] if pod.quits else [])
-        kube.set_container_statuses(NS, pod.name, last, phase="Succeeded" if pod.quits else None)
-    pod.stage += 1
-    pod.last_at = now
+async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> Result:
+    result = Result(s)
+    api = await backend.start(s)
+    watcher: WatcherProcess | None = None
+    try:
+        result.api = backend.label
+        kinds = templates()
+        pods = [Pod(f"build-{i:05d}", quits=i % 2 == 0, gated=(i % 100) < s.gated * 100) for i in range(s.pods)]
+        slots = asyncio.Semaphore(32)
 
-
-def annotations(kube: KubeDouble, name: str) -> dict:
-    return kube._objects["pods"][(NS, name)]["metadata"].get("annotations") or {}  # no copy: 5,000 pods
-
-
-def gated(kube: KubeDouble, pod: Pod) -> bool:
-    """The steps start only once the watcher opened the gate."""
-    return pod.stage != 1 or annotations(kube, pod.name).get(p.ANNOTATION_READY) == p.READY_TRUE
-
-
-async def drive(kube: KubeDouble, pods: list[Pod], rate: float, seconds: float) -> int:
-    """Status changes at `rate` per second on a window of pods, for `seconds` or until all are done."""
-    queue = list(pods)
-    window: list[Pod] = []
-    changes, start = 0, time.monotonic()
-    while time.monotonic() - start < seconds and (queue or window):
-        due = int((time.monotonic() - start) * rate) - changes
-        for _ in range(due):
-            while len(window) < WINDOW and queue:
-                window.append(queue.pop(0))
-            movable = [pd for pd in window if gated(kube, pd)]
-            if not movable:
-                break
-            pod = random.choice(movable)
-            advance(kube, pod)
-            changes += 1
-            if pod.stage == 4:
-                window.remove(pod)
-        await asyncio.sleep(0.01)
-    return changes
-
-
-async def burst(kube: KubeDouble, pods: list[Pod]) -> int:
-    """Every pod Ready at once; once the gates are open, every pod's steps done at once."""
-    for pod in pods:
-        advance(kube, pod)
-    await wait_for(lambda: all(gated(kube, pd) for pd in pods if pd.stage == 1), SETTLE)
-    for pod in pods:
-        now = time.monotonic()
-        done_all = [done("fetch"), done("build"), done("completion")]
-        kube.set_container_statuses(NS, pod.name, done_all + ([terminated("istio-proxy", 0)] if pod.quits else []),
-                                    phase="Succeeded" if pod.quits else None)
-        pod.stage, pod.last_at = 4, now
-    return len(pods) * 2
-
-
-async def wait_for(check, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if check():
-            return True
-        await asyncio.sleep(0.1)
-    return False
-
-
-def proc_stats(pid: int) -> tuple[float, float, float]:
-    """(CPU seconds, RSS MiB, peak RSS MiB) of a process."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
-    return cpu, int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
-
-
-def measure(kube: KubeDouble, pods: list[Pod], result: Result, since: int) -> None:
-    """Latencies from the double's record of the watcher's patches after request `since`."""
-    ready_at: dict[str, float] = {}
-    outcome_at: dict[str, list[float]] = {}
-    for r in kube.requests[since:]:
-        if r.user_agent != AGENT or r.method != "PATCH" or r.status != 200:
-            continue
-        name = r.path.rsplit("/", 1)[1]
-        ann = (r.body.get("metadata") or {}).get("annotations") or {}
-        if p.ANNOTATION_READY in ann:
-            ready_at.setdefault(name, r.finished)
-        if p.ANNOTATION_OUTCOME in ann:
-            outcome_at.setdefault(name, []).append(r.finished)
-    for pod in pods:
-        if pod.stage >= 1 and pod.name in ready_at:
-            result.ready.append(ready_at[pod.name] - pod.ready_at)
-        if pod.stage == 4:
-            result.pods_done += 1
-            got = outcome_at.get(pod.name)
-            if not got:
-                result.missed += 1
-                continue
-            result.outcome.append(got[0] - pod.last_at)
-            result.twice += len(got) > 1
-        elif pod.stage >= 1 and pod.name not in ready_at:
-            result.missed += 1
-    result.requests = sum(1 for r in kube.requests[since:] if r.user_agent == AGENT)
-
-
-async def scenario(n: int, label: str, rate: float, seconds: float) -> Result:
-    """N pods in flight, a fresh double and watcher; drive them at `rate` (0: a burst)."""
-    async with KubeDouble(history_limit=20000) as kube:
-        pods = [Pod(f"build-{i:05d}", quits=i % 2 == 0) for i in range(n)]
-        for pod in pods:
-            kube.put_pod(build_pod(pod.name))
-            kube.set_container_statuses(NS, pod.name, [waiting("istio-proxy"), waiting("fetch"), waiting("build"),
-                                                       waiting("completion")], phase="Pending")
-        kube.write_latency = WRITE_LATENCY
-        env = {**os.environ, "INITSHIFT_GRACE_SECONDS": "0", "INITSHIFT_LOG_LEVEL": "info"}
-        proc = subprocess.Popen([sys.executable, "-m", "tests.bench.watcher_bench", "--watcher", kube.url], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            listed = lambda: any(r.user_agent == AGENT and r.query.get("watch") == "true"  # noqa: E731
-                                 and r.path == "/api/v1/pods" for r in kube.requests)
-            if not await wait_for(listed, 120):
-                raise SystemExit("the watcher did not start watching")
-            await asyncio.sleep(1.0)
-            result = Result(label)
-            since = len(kube.requests)
-            cpu0, _, _ = proc_stats(proc.pid)
-            start = time.monotonic()
-            if rate:
-                result.changes = await drive(kube, pods, rate, seconds)
-            else:
-                result.changes = await burst(kube, pods[:BURST])
-            result.seconds = time.monotonic() - start
-            moved = [pd for pd in pods if pd.stage > 0]
-            await wait_for(lambda: all(p.ANNOTATION_OUTCOME in annotations(kube, pd.name)
-                                       for pd in moved if pd.stage == 4), SETTLE)
+        async def create(pod: Pod) -> None:
+            async with slots:
+                template = kinds["annotation" if pod.gated else "probe"]
+                await _retry(lambda: api.request("POST", f"/api/v1/namespaces/{NS}/pods",
+                                                 pod_object(template, pod.name)))
+                await api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
+                                  pending_status(), content_type="application/merge-patch+json")
+        await asyncio.gather(*(create(pd) for pd in pods))
+        listed = await api.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"limit": "1"})
+        driver = Driver(api, pods)
+        watch = asyncio.ensure_future(driver.watch(listed["metadata"]["resourceVersion"]))
+        if s.watcher:
+            watcher = WatcherProcess(tree, backend.kubeconfig, workdir / f"watcher-{s.pods}-{s.rate}-{s.gated}.log")
+            if not await wait_for(backend.watching, 120):
+                raise SystemExit(f"the watcher did not start watching; its log: {watcher.log}")
+        await asyncio.sleep(1.0)
+        # The servers' CPU with nothing to do but the watcher's Lease, to take off the run's.
+        idle0, t0 = backend.cpu(), time.monotonic()
+        await asyncio.sleep(IDLE_SECONDS if idle0 else 0)
+        idle1, t1 = backend.cpu(), time.monotonic()
+        writes0 = await backend.writes()
+        cpu0 = watcher.stats()[0] if watcher else 0.0
+        start = time.monotonic()
+        result.changes = await (driver.at_rate(s.rate) if s.rate else driver.burst())
+        result.seconds = time.monotonic() - start
+        result.api_latency = driver.latency
+        if watcher:
+            await wait_for(lambda: all(pd.outcome_seen is not None for pd in pods if pd.stage == 4), SETTLE)
+        last, quiet_since = await backend.writes(), time.monotonic()
+        while time.monotonic() - quiet_since < QUIET and time.monotonic() - start < result.seconds + 2 * SETTLE:
             await asyncio.sleep(0.5)
-            measure(kube, moved, result, since)
-            result.cpu, result.rss, result.hwm = proc_stats(proc.pid)
-            result.cpu -= cpu0
-            return result
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            now = await backend.writes()
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+        end_cpu, end = backend.cpu(), time.monotonic()
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        measure(pods, result, s.watcher)
+        result.writes = {k: last[k] - writes0.get(k, 0) for k in last}
+        for proc, used in end_cpu.items():
+            idle_rate = (idle1[proc] - idle0[proc]) / (t1 - t0)
+            busy = used - idle1[proc] - idle_rate * (end - t1)
+            result.server_cpu[proc] = 1000 * busy / max(1, result.done)
+        if watcher:
+            cpu1, result.watcher_hwm = watcher.stats()
+            result.watcher_cpu = cpu1 - cpu0
+            if not watcher.alive():
+                raise SystemExit(f"the watcher exited; its log: {watcher.log}")
+        return result
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        await api.close()
+        await backend.stop()
 
 
+def measure(pods: list[Pod], result: Result, watched: bool = True) -> None:
+    for pod in pods:
+        if not watched:
+            result.done += pod.stage == 4
+            continue
+        if pod.gated and pod.stage >= 1:
+            if pod.ready_seen is None:
+                result.missed += 1
+            else:
+                result.ready.append(pod.ready_seen - pod.changed_at[0])
+        if pod.stage < 4:
+            continue
+        result.done += 1
+        if pod.outcome_seen is None:
+            result.missed += 1
+            continue
+        result.outcome.append(pod.outcome_seen - pod.changed_at[-1])
+        result.twice += pod.outcome_changes > 1
+        if not pod.quits:
+            if pod.deadline_seen is None:
+                result.missed += 1
+            else:
+                result.deadline.append(pod.deadline_seen - pod.changed_at[-1])
+
+
+# --- report ----------------------------------------------------------------------------------
 def pct(values: list[float], q: float) -> str:
     if not values:
         return "-"
@@ -253,65 +638,90 @@ def pct(values: list[float], q: float) -> str:
     return f"{values[min(len(values) - 1, int(len(values) * q))]:.2f}"
 
 
-def report(results: list[Result]) -> None:
-    print(f"watcher benchmark: writes {WRITE_LATENCY[0] * 1000:.0f}-{WRITE_LATENCY[1] * 1000:.0f} ms on the API "
-          f"double, {os.cpu_count()} cores shared by the double, the driver and the watcher")
-    print(f"{'load':<28} {'changes/s':>9} {'ready p50/p99 s':>16} {'outcome p50/p99 s':>18} {'done':>5} "
-          f"{'missed':>6} {'twice':>5} {'req/pod':>7} {'CPU s':>6} {'RSS/peak MiB':>13}")
+def machine() -> str:
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
+    except OSError:
+        pass
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{model or platform.processor()}, {os.cpu_count()} cores, load average {load}"
+
+
+def _p(values: list[float]) -> str:
+    return f"{pct(values, 0.5)} / {pct(values, 0.99)}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def report(results: list[Result], tree: Path) -> None:
+    print(f"watcher benchmark ({'this tree' if tree == REPO else tree}); machine: {machine()}")
+    print("API: " + "; ".join(sorted({r.api for r in results})))
+    print(f"\n{'load':<42} {'chg/s':>5} {'API write p50/p99':>17} {'ready p50/p99':>13} {'outcome p50/p99':>15} "
+          f"{'deadline p50/p99':>16} {'done':>5} {'missed':>6} {'twice':>5}")
     for r in results:
-        print(f"{r.label:<28} {r.changes / max(r.seconds, 1e-9):>9.0f} "
-              f"{pct(r.ready, 0.5) + ' / ' + pct(r.ready, 0.99):>16} "
-              f"{pct(r.outcome, 0.5) + ' / ' + pct(r.outcome, 0.99):>18} {r.pods_done:>5} {r.missed:>6} "
-              f"{r.twice:>5} {r.requests / max(r.pods_done, 1):>7.1f} {r.cpu:>6.1f} "
-              f"{r.rss:>6.0f}/{r.hwm:<6.0f}")
+        print(f"{r.scenario.label:<42} {r.changes / max(r.seconds, 1e-9):>5.0f} {_p(r.api_latency):>17} "
+              f"{_p(r.ready):>13} {_p(r.outcome):>15} {_p(r.deadline):>16} {r.done:>5} {r.missed:>6} {r.twice:>5}")
+    print("seconds: API write, the kubelet's status writes; the others, from the answer to the status write that "
+          "made a write due to the watcher's write seen on a watch")
+    baselines = {(r.scenario.pods, r.scenario.rate): r for r in results if not r.scenario.watcher}
+    print(f"\n{'load':<42} {'PATCH/pod':>9} {'Event/pod':>9} {'writes/pod':>10} {'apiserver ms/pod':>16} "
+          f"{'of which watcher':>16} {'etcd ms/pod':>11} {'watcher CPU s':>13} {'peak MiB':>8}")
+    for r in results:
+        n = max(1, r.done)
+        patches, events = r.writes.get("pod_patches", 0) / n, r.writes.get("event_writes", 0) / n
+        api_ms = r.server_cpu.get("kube-apiserver")
+        base = baselines.get((r.scenario.pods, r.scenario.rate))
+        share = api_ms - base.server_cpu["kube-apiserver"] if api_ms is not None and base and r.scenario.watcher \
+            else None
+        print(f"{r.scenario.label:<42} {patches:>9.2f} {events:>9.2f} {patches + events:>10.2f} {_ms(api_ms):>16} "
+              f"{_ms(share):>16} {_ms(r.server_cpu.get('etcd')):>11} {r.watcher_cpu:>13.1f} {r.watcher_hwm:>8.0f}")
+    print("writes/pod: the watcher's pod PATCHes and Event writes per pod done; ms/pod: CPU less the idle rate, per "
+          "pod done; of which watcher: less the run without a watcher at the same load")
 
 
-async def run_all(only: int | None) -> list[Result]:
-    results: list[Result] = []
-    runs = [(n, f"{n:,} pods, {rate}/s ({seconds:.0f} s)", rate, seconds) for n, rate, seconds in SCENARIOS]
-    runs += [(n, f"{n:,} pods, burst of {min(n, BURST):,}", 0, 0) for n in sorted({s[0] for s in SCENARIOS})]
-    runs.sort(key=lambda r: r[0])
-    for n, label, rate, seconds in runs:
-        if only and n != only:
-            continue
-        results.append(await scenario(n, label, rate, seconds))
-        print(f"  ({label}: done)", file=sys.stderr, flush=True)
-    return results
+def pick_backend(choice: str, workdir: Path) -> Backend:
+    from tests.support.k8s import available
+
+    if choice == "double" or (choice == "auto" and not any(v.startswith("v1.34") for v in available())):
+        if choice == "auto":
+            print("no kube-apiserver binaries (../shared/k8s): the in-process API double plays the apiserver",
+                  file=sys.stderr)
+        return DoubleBackend(workdir)
+    return RealBackend("1.34")
 
 
-def watcher_main(url: str) -> None:
-    """The watcher process: `run_watcher` against the double, until SIGTERM."""
-    import signal
-
-    from webhook import logs
-    from webhook.kube import KubeApi
-    from webhook.settings import Settings
-    from webhook.watcher import run_watcher
-
-    settings = Settings.from_env()
-    logs.configure(settings.server.log_level)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        api = KubeApi.for_host(url)
-        api.user_agent = AGENT
-        try:
-            await run_watcher(settings, stop, api=api, identity="bench")
-        finally:
-            await api.close()
-    asyncio.run(main())
+async def run_all(args: argparse.Namespace) -> list[Result]:
+    tree = Path(args.watcher_tree).resolve() if args.watcher_tree else REPO
+    with tempfile.TemporaryDirectory(prefix="bench-watcher-") as tmp:
+        workdir = Path(tmp)
+        backend = pick_backend(args.api, workdir)
+        chosen = [s for s in SCENARIOS if not args.only or re.search(args.only, s.label)]
+        if args.pods:
+            chosen = [dataclasses.replace(s, pods=args.pods, label=s.label.replace(f"{s.pods:,} pods", f"{args.pods:,} pods"))
+                      for s in chosen]
+        if isinstance(backend, DoubleBackend) and not args.only:
+            chosen.append(SLOW)
+        results = []
+        for s in chosen:
+            print(f"  ({s.label} ...)", file=sys.stderr, flush=True)
+            results.append(await scenario(backend, s, tree, workdir))
+        return results
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--watcher", metavar="URL", help=argparse.SUPPRESS)
-    ap.add_argument("--pods", type=int, help="only the scenarios with this many pods")
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.watcher_bench")
+    ap.add_argument("--api", choices=["auto", "real", "double"], default="auto",
+                    help="a real kube-apiserver (../shared/k8s), the in-process double, or the first that exists")
+    ap.add_argument("--watcher-tree", metavar="DIR", help="run the watcher of this checkout (a before/after)")
+    ap.add_argument("--only", metavar="REGEX", help="only the scenarios whose label matches")
+    ap.add_argument("--pods", type=int, help="this many pods in each scenario (default: as labelled)")
     args = ap.parse_args()
-    if args.watcher:
-        watcher_main(args.watcher)
-        return 0
-    report(asyncio.run(run_all(args.pods)))
+    tree = Path(args.watcher_tree).resolve() if args.watcher_tree else REPO
+    report(asyncio.run(run_all(args)), tree)
     return 0
 
 

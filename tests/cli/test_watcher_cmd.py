@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.kubedouble import KubeDouble
+from tests.support.kubedouble import KubeDouble, running
 from tests.watcher.test_watcher import build_pod, eventually
 from waiter import protocol as p
 
@@ -38,7 +38,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 async def test_watch_command_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
     async with KubeDouble() as kube:
-        kube.put_pod(build_pod("cli", sidecars=()))
+        kube.put_pod(build_pod("cli"))
+        kube.set_container_statuses("ci", "cli", [running("istio-proxy"), running("fetch")], phase="Running")
         cfg = kubeconfig(tmp_path / "config", kube.url)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "webhook.cli", "watch", "--kubeconfig", str(cfg), "-n", "ci",

@@ -477,3 +477,32 @@ async def test_events_are_validated_and_selected_by_source(kube: KubeDouble, htt
     assert (await call(http, "POST", "/api/v1/namespaces/ns/events", other))[0] == 201
     _, listed = await call(http, "GET", "/api/v1/events", fieldSelector="source=initshift-watcher")
     assert [e["metadata"]["name"] for e in listed["items"]] == ["x.1"]
+
+
+async def test_metadata_is_validated_as_the_apiserver_does(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """Label and annotation keys are qualified names, label values short, annotations at
+    most 256 KiB together: 422, on create and on every update."""
+    status, _ = await call(http, "POST", "/api/v1/namespaces/ns/pods", pod("ok", labels={"app": "x"}))
+    assert status == 201
+    for meta, what in [
+        ({"annotations": {"initshift.io/ready-" + "c" * 60: "true"}}, "name part must be no more than 63"),
+        ({"annotations": {"Bad_Prefix.io/x": "y"}}, "prefix part"),
+        ({"annotations": {"a": "x" * (256 * 1024)}}, "Too long"),
+        ({"labels": {"app": "x" * 64}}, "must be no more than 63 characters"),
+        ({"labels": {"app": "-x"}}, "a valid label"),
+    ]:
+        status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/ok", {"metadata": meta}, MERGE)
+        assert status == 422 and what in body["message"], (meta, body)
+        status, body = await call(http, "POST", "/api/v1/namespaces/ns/pods", {**pod("new"), "metadata": {
+            "name": "new", **meta}})
+        assert status == 422 and what in body["message"], (meta, body)
+    status, _ = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/ok",
+                           {"metadata": {"annotations": {"initshift.io/ready-" + "c" * 57: "true",
+                                                         "Example.COM/Mixed_Case.Name": "x" * 1000}}}, MERGE)
+    assert status == 200, "annotation keys are checked lower-cased; values have no alphabet"
+    # The status subresource writes the status and the metadata, never the spec.
+    status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/ok/status",
+                              {"metadata": {"annotations": {"via": "status"}}, "spec": {"nodeName": "n"},
+                               "status": {"phase": "Running"}}, MERGE)
+    assert status == 200 and body["metadata"]["annotations"]["via"] == "status"
+    assert body["status"]["phase"] == "Running" and "nodeName" not in body["spec"]

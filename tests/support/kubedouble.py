@@ -16,12 +16,16 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
   a patch carrying metadata.resourceVersion is conditional (409 when stale); delete;
-- labels (keys and values) are validated on every write (422), as the apiserver does;
+- object metadata as the apiserver validates it, on create and every update: label and
+  annotation keys are qualified names, label values at most 63 characters of their
+  alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
+  `generateName` used as a label value, with its trailing "-");
 - events: the name must be a DNS subdomain and `involvedObject.namespace` the event's
   own namespace (422), as the apiserver validates them;
 - pods: updates may change metadata, container images and `spec.activeDeadlineSeconds`
   (only set when unset, or lowered, > 0) and nothing else in spec (422); status is
-  written only through `/status` or `set_container_statuses()`; a no-op update does not
+  written only through `/status` (which may change labels and annotations too, as the
+  apiserver's status strategy allows) or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
   "waiting to start" before the container runs, a follow ends when it terminates);
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
@@ -778,7 +782,7 @@ class KubeDouble:
                 raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
-        _check_labels(res.kind, meta)
+        _check_metadata(res.kind, meta)
         if res.key == "events":
             _check_event(obj, namespace or "")
         if key in self._objects[res.key]:
@@ -824,16 +828,18 @@ class KubeDouble:
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
                 meta[fixed] = current["metadata"][fixed]
-        _check_labels(res.kind, meta)
         updated["apiVersion"], updated["kind"] = current.get("apiVersion"), current.get("kind")
         if res.key == "pods":
-            if sub == "status":
-                updated = {**current, "status": updated.get("status") or {}}
+            if sub == "status":  # the status strategy keeps spec, deletionTimestamp and ownerReferences
+                kept = {k: v for k, v in current["metadata"].items() if k in ("deletionTimestamp", "ownerReferences")}
+                meta = {k: v for k, v in meta.items() if k not in ("deletionTimestamp", "ownerReferences")}
+                updated = {**current, "metadata": {**meta, **kept}, "status": updated.get("status") or {}}
             else:
                 updated["status"] = copy.deepcopy(current.get("status"))
                 _check_pod_spec(key[1], current.get("spec") or {}, updated.get("spec") or {})
         elif sub == "status":
             updated = {**current, "status": updated.get("status")}
+        _check_metadata(res.kind, updated["metadata"])
         meta = updated["metadata"] = dict(updated["metadata"])
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         if updated == current:  # a no-op update does not bump the resourceVersion
@@ -976,25 +982,51 @@ def _uid() -> str:
         "".join(random.choices("0123456789abcdef", k=12))
 
 
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+ANNOTATIONS_LIMIT = 256 * 1024  # bytes of keys and values together (TotalAnnotationSizeLimitB)
 
 
-def _check_labels(kind: str, meta: dict) -> None:
-    """metadata.labels as the apiserver validates them on every write: a qualified name
-    (an optional DNS-subdomain prefix and `/`, a name of at most 63 characters) and a value
-    of at most 63 characters, empty or alphanumeric at both ends (a real apiserver refused a
-    `generateName` used as a value, with its trailing "-")."""
-    labels = meta.get("labels") or {}
+def _qualified_name_errors(key: str) -> str | None:
+    """What the apiserver says of a label or annotation key that is not a qualified name
+    (an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters)."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, " \
+               "'-' or '.', and must start and end with an alphanumeric character"
+    if not name or len(name) > 63:
+        return "name part must be no more than 63 characters" if name else "name part must be non-empty"
+    if not _QUALIFIED_NAME.match(name):
+        return "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with " \
+               "an alphanumeric character"
+    return None
+
+
+def _check_metadata(kind: str, meta: dict) -> None:
+    """The apiserver's object metadata validation, the part a client can get wrong: label
+    and annotation keys are qualified names, label values at most 63 characters of their
+    alphabet, annotations at most 256 KiB together (422 otherwise)."""
     name = meta.get("name") or meta.get("generateName") or ""
+    annotations = meta.get("annotations") or {}
+    for key, value in annotations.items():
+        if not isinstance(value, str):
+            raise ApiError(400, f"metadata.annotations[{key}]: a string is expected, got {type(value).__name__}")
+        problem = _qualified_name_errors(key.lower())
+        if problem:
+            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.annotations: Invalid value: "{key}": {problem}')
+    size = sum(len(k) + len(v) for k, v in annotations.items())
+    if size > ANNOTATIONS_LIMIT:
+        raise ApiError(422, f'{kind} "{name}" is invalid: metadata.annotations: Too long: may not be more than '
+                            f"{ANNOTATIONS_LIMIT} bytes")
+    labels = meta.get("labels") or {}
     for key, value in labels.items() if isinstance(labels, dict) else []:
-        prefix, _, short = str(key).rpartition("/")
-        if not (len(short) <= 63 and _LABEL_NAME.fullmatch(short)) or \
-                (prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix))):
-            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{key}": name part '
-                                f"must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
-                                f"with an alphanumeric character")
-        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        problem = _qualified_name_errors(str(key))
+        if problem:
+            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{key}": {problem}')
+        if isinstance(value, str) and len(value) > 63:
+            raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{value}": must be no '
+                                f"more than 63 characters")
+        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
             raise ApiError(422, f'{kind} "{name}" is invalid: metadata.labels: Invalid value: "{value}": a valid '
                                 f"label must be an empty string or consist of alphanumeric characters, '-', '_' or "
                                 f"'.', and must start and end with an alphanumeric character")

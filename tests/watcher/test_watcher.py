@@ -1,22 +1,30 @@
-"""The watch loop against the in-process API double: a build pod from Pending to done."""
+"""The watch loop against the in-process API double: a build pod from Pending to done.
+
+Where a test says nothing happened, it says so after `settled()`: the controller has
+processed every change the double made (its informers have passed the double's newest
+resourceVersion, through a bookmark) and has nothing queued, in progress or unsent; and
+time-based work (grace periods, takeover delays) runs on a `ManualClock` the test moves.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
-
+from tests.support.clock import ManualClock
 from tests.support.kubedouble import KubeDouble, now_rfc3339, running, terminated, waiting
 from waiter import protocol as p
 from webhook.metrics import REGISTRY
+from webhook.rewrite._command import run_command
 from webhook.settings import Settings, WatcherSettings
-from webhook.watcher._controller import event_name, run_watcher
+from webhook.watcher import Controller, run_watcher
+from webhook.watcher._recorder import event_name
 
 NS = "ci"
 BOUND = 20.0  # no single wait in these tests may take longer: a bug fails instead of hanging
+PROBE = "http://127.0.0.1:15021/healthz/ready"
 
 
 def settings(**watcher: object) -> Settings:
@@ -26,28 +34,38 @@ def settings(**watcher: object) -> Settings:
     return Settings(watcher=WatcherSettings(**base))  # type: ignore[arg-type]
 
 
-def build_pod(name: str, namespace: str = NS, *, sidecars: tuple[str, ...] = ("istio-proxy",)) -> dict:
-    """A pod as the webhook writes it: two steps, one main, the proxy."""
-    cmd = [p.WAITER_PATH, p.CMD_RUN]
+def build_pod(name: str, namespace: str = NS, *, sidecars: tuple[str, ...] = ("istio-proxy",),
+              probed: bool = False) -> dict:
+    """A pod as the webhook writes it: two steps, one main, the proxy. Step 0's gate is the
+    ready annotation (a proxy without a loopback readiness probe) or, `probed`, the proxy's
+    probe, which the waiter checks itself (then the annotation is never written)."""
+    names = ("fetch", "build", "completion")
+
+    def wrapped(i: int, n: str) -> dict:
+        gated = i == 0 and bool(sidecars)
+        args = run_command(name=n, post=p.completion_path(i), argv=["make", n],
+                           wait=p.completion_path(i - 1) if i else None, ready_file=p.READY_FILE if gated else None,
+                           probes=(PROBE,) if gated and probed else ())
+        return {"name": n, "image": "tool", "command": [p.WAITER_PATH], "args": args}
     return {
         "metadata": {"name": name, "namespace": namespace, "labels": {p.LABEL_MANAGED: p.MODE_WAITER},
                      "annotations": {p.ANNOTATION_STEPS: json.dumps(["fetch", "build"]),
                                      p.ANNOTATION_MAINS: json.dumps(["completion"])}},
         "spec": {"restartPolicy": "Never",
                  "initContainers": [{"name": p.INIT_CONTAINER_NAME, "image": "initshift"}],
-                 "containers": [{"name": n, "image": "tool", "command": cmd} for n in ("fetch", "build", "completion")]
+                 "containers": [wrapped(i, n) for i, n in enumerate(names)]
                  + [{"name": s, "image": "proxy"} for s in sidecars]},
     }
 
 
-def record(name: str, code: int = 0, reason: str = p.REASON_COMPLETED) -> str:
-    now = now_rfc3339()
+def record(name: str, code: int = 0, reason: str = p.REASON_COMPLETED, at: str | None = None) -> str:
+    now = at or now_rfc3339()
     return json.dumps({"name": name, "exitCode": code, "reason": reason, "startedAt": now, "finishedAt": now,
                        "message": ""})
 
 
-def step_done(name: str, code: int = 0, reason: str = p.REASON_COMPLETED) -> dict:
-    return terminated(name, code, message=record(name, code, reason))
+def step_done(name: str, code: int = 0, reason: str = p.REASON_COMPLETED, at: str | None = None) -> dict:
+    return terminated(name, code, message=record(name, code, reason, at), finished_at=at)
 
 
 async def eventually(check: Callable[[], object], what: str, timeout: float = BOUND) -> object:
@@ -61,6 +79,31 @@ async def eventually(check: Callable[[], object], what: str, timeout: float = BO
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+def _caught_up(c: Controller, rv: int) -> bool:
+    return all(int(i.resource_version or 0) >= rv for i in c.informers) and not len(c.queue) and \
+        not c.queue.busy and c.recorder.idle
+
+
+async def settled(kube: KubeDouble, *controllers: Controller) -> None:
+    """Every controller has seen every change the double has made and acted on it: its
+    informers have passed the newest resourceVersion (a bookmark brings it) and nothing is
+    queued, in progress or unsent. Its own writes are changes too: until none comes."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + BOUND
+    while True:
+        rv = kube.resource_version
+        while not all(_caught_up(c, rv) for c in controllers):
+            if loop.time() > end:
+                state = [([i.resource_version for i in c.informers], len(c.queue), c.queue.busy, c.recorder.idle)
+                         for c in controllers]
+                raise AssertionError(f"the watcher did not catch up with {rv}: (informers, queued, busy, "
+                                     f"Events idle) {state}")
+            kube.send_bookmarks()  # (a watch that is only opening gets the next one)
+            await asyncio.sleep(0.02)
+        if kube.resource_version == rv:
+            return
 
 
 def annotation(kube: KubeDouble, name: str, key: str, namespace: str = NS) -> str | None:
@@ -81,14 +124,22 @@ def outcome_patches(kube: KubeDouble, name: str) -> list:
     return [r for r in kube.patches(NS, name) if p.ANNOTATION_OUTCOME in json.dumps(r.body)]
 
 
+def watcher_writes(kube: KubeDouble, name: str) -> list:
+    """The watcher's writes about one pod: its patches and its Events' creates."""
+    events = [r for r in kube.requests if r.method == "POST" and r.path == f"/api/v1/namespaces/{NS}/events"
+              and r.body["involvedObject"]["name"] == name]
+    return sorted(kube.patches(NS, name) + events, key=lambda r: r.started)
+
+
 @asynccontextmanager
-async def watcher(kube: KubeDouble, s: Settings, *, user_agent: str = "watcher-a",
-                  identity: str | None = None) -> AsyncIterator[asyncio.Task]:
+async def watcher(kube: KubeDouble, s: Settings, *, user_agent: str = "watcher-a", identity: str | None = None,
+                  clock: ManualClock | None = None) -> AsyncIterator[Controller]:
     stop = asyncio.Event()
     api = kube.kube_api(user_agent)
-    task = asyncio.ensure_future(run_watcher(s, stop, api=api, identity=identity or user_agent))
+    controller = Controller(api, s, identity or user_agent, clock=clock)
+    task = asyncio.ensure_future(run_watcher(s, stop, controller=controller))
     try:
-        yield task
+        yield controller
     finally:
         stop.set()
         try:
@@ -97,29 +148,36 @@ async def watcher(kube: KubeDouble, s: Settings, *, user_agent: str = "watcher-a
             await api.close()
 
 
-async def walk_to_steps_done(kube: KubeDouble, name: str) -> None:
+async def walk_to_steps_done(kube: KubeDouble, c: Controller, name: str, at: str | None = None) -> None:
     """Pending -> sidecar Ready (gate opens) -> fetch -> build -> completion."""
     kube.set_container_statuses(NS, name, [waiting("istio-proxy"), waiting("fetch"), waiting("build"),
-                                           waiting("completion")], phase="Pending")
-    await asyncio.sleep(0.1)
+                                           waiting("completion")], phase="Pending", start_time=at)
+    await settled(kube, c)
     assert annotation(kube, name, p.ANNOTATION_READY) is None  # sidecar not Ready: the gate stays shut
     kube.set_container_statuses(NS, name, [running("istio-proxy", ready=False), running("fetch", ready=False),
                                            running("build"), running("completion")], phase="Running")
-    await asyncio.sleep(0.1)
+    await settled(kube, c)
     assert annotation(kube, name, p.ANNOTATION_READY) is None
     kube.set_container_statuses(NS, name, [running("istio-proxy")])
     await eventually(lambda: annotation(kube, name, p.ANNOTATION_READY) == p.READY_TRUE, "the ready gate")
-    kube.set_container_statuses(NS, name, [step_done("fetch")])
-    kube.set_container_statuses(NS, name, [step_done("build")])
-    kube.set_container_statuses(NS, name, [step_done("completion")])
+    for step in ("fetch", "build", "completion"):
+        kube.set_container_statuses(NS, name, [step_done(step, at=at)])
 
 
 async def test_build_walks_from_pending_to_outcome_and_deadline(kube: KubeDouble) -> None:
     kube.put_pod(build_pod("b1"))
     before = REGISTRY.get_sample_value("initshift_watcher_deadline_terminations_total") or 0.0
-    async with watcher(kube, settings()):
-        await walk_to_steps_done(kube, "b1")
-        # The proxy ignores the quit: after the grace period the outcome, then the deadline.
+    clock = ManualClock()
+    async with watcher(kube, settings(grace_seconds=5.0), clock=clock) as c:
+        await walk_to_steps_done(kube, c, "b1", at=clock.stamp())
+        await settled(kube, c)
+        assert outcome(kube, "b1") is None, "the proxy may still quit within the grace period"
+        clock.advance(3.0)
+        await settled(kube, c)
+        assert outcome(kube, "b1") is None
+        # The proxy ignores the quit: once the grace period is over, the outcome and the
+        # deadline in one patch.
+        clock.advance(3.0)
         await eventually(lambda: kube.pod(NS, "b1")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
         got = outcome(kube, "b1")
         assert got["result"] == "Succeeded" and got["failed"] is None
@@ -127,35 +185,54 @@ async def test_build_walks_from_pending_to_outcome_and_deadline(kube: KubeDouble
         assert [s["name"] for s in got["steps"]] == ["fetch", "build"]
         assert [m["name"] for m in got["mains"]] == ["completion"]
         assert all(s["exitCode"] == 0 and s["reason"] == "Completed" for s in got["steps"] + got["mains"])
-        patches = kube.patches(NS, "b1")
-        o, d = patches.index(outcome_patches(kube, "b1")[0]), patches.index(deadline_patches(kube, "b1")[0])
-        assert o < d  # outcome written first
-        assert all(r.content_type == "application/merge-patch+json" for r in patches)
+        assert outcome_patches(kube, "b1") == deadline_patches(kube, "b1")  # one patch holds both
         kube.kill_pod(NS, "b1")  # the kubelet ends it
-        await eventually(lambda: len(kube.events_for(NS, "b1")) >= 3, "three events")
-        await asyncio.sleep(0.3)
-        assert len(outcome_patches(kube, "b1")) == 1 and len(deadline_patches(kube, "b1")) == 1
-    reasons = [e["reason"] for e in kube.events_for(NS, "b1")]
-    assert reasons == ["SidecarsReady", "StepsSucceeded", "SidecarsEnded"]
-    ready_event = kube.events_for(NS, "b1")[0]
-    assert ready_event["involvedObject"]["name"] == "b1" and "Ready after" in ready_event["message"]
-    assert ready_event["type"] == "Normal" and kube.events_for(NS, "b1")[2]["type"] == "Warning"
+        await settled(kube, c)
+        assert (NS, "b1") not in c.store, "nothing left to do: dropped"
+    patches = kube.patches(NS, "b1")
+    assert all(r.content_type == "application/merge-patch+json" and r.status == 200 for r in patches)
+    # The write budget of a pod whose gate is the annotation: the gate, the outcome, one Event.
+    writes = watcher_writes(kube, "b1")
+    assert [("event" if r.path.endswith("/events") else "patch") for r in writes] == ["patch", "patch", "event"]
+    (event,) = kube.events_for(NS, "b1")
+    assert event["reason"] == "StepsSucceeded" and event["type"] == "Normal" and event["action"] == "outcome"
+    assert event["message"] == "Succeeded: 2 steps and 1 mains succeeded; sidecars stopped by deadline"
+    assert event["involvedObject"]["name"] == "b1" and event["source"]["component"] == "initshift-watcher"
     assert REGISTRY.get_sample_value("initshift_watcher_deadline_terminations_total") == before + 1
     assert REGISTRY.get_sample_value("initshift_watcher_outcomes_total",
                                      {"result": "Succeeded", "sidecars_stopped_by": "deadline"}) >= 1
 
 
+async def test_a_probe_gated_build_costs_one_patch_and_one_event(kube: KubeDouble) -> None:
+    """Step 0 checks the proxy's loopback probe itself: no ready annotation, so the whole
+    build costs the outcome's patch (with the deadline in it) and its Event."""
+    kube.put_pod(build_pod("p1", probed=True))
+    async with watcher(kube, settings(grace_seconds=0.0)) as c:
+        kube.set_container_statuses(NS, "p1", [running("istio-proxy"), running("fetch"), running("build"),
+                                               running("completion")], phase="Running")
+        await settled(kube, c)
+        assert watcher_writes(kube, "p1") == [] and annotation(kube, "p1", p.ANNOTATION_READY) is None
+        for step in ("fetch", "build", "completion"):
+            kube.set_container_statuses(NS, "p1", [step_done(step)])
+        await eventually(lambda: kube.events_for(NS, "p1"), "the Event")
+        await settled(kube, c)
+    (patch, event) = watcher_writes(kube, "p1")
+    assert patch.body["spec"] == {"activeDeadlineSeconds": 1} and p.ANNOTATION_OUTCOME in patch.body["metadata"][
+        "annotations"] and event.method == "POST"
+
+
 async def test_sidecars_that_quit_need_no_deadline(kube: KubeDouble) -> None:
     kube.put_pod(build_pod("b2"))
-    async with watcher(kube, settings(grace_seconds=5.0)):
-        await walk_to_steps_done(kube, "b2")
+    clock = ManualClock()
+    async with watcher(kube, settings(grace_seconds=5.0), clock=clock) as c:
+        await walk_to_steps_done(kube, c, "b2", at=clock.stamp())
         kube.set_container_statuses(NS, "b2", [terminated("istio-proxy", 0)], phase="Succeeded")
         got = await eventually(lambda: outcome(kube, "b2"), "the outcome")
         assert got["result"] == "Succeeded" and got["sidecarsStoppedBy"] == "quit"
-        await eventually(lambda: len(kube.events_for(NS, "b2")) >= 2, "two events")
-        await asyncio.sleep(0.3)
+        await settled(kube, c)
+        assert clock.pending == [], "nothing left to wait for"
     assert deadline_patches(kube, "b2") == []
-    assert [e["reason"] for e in kube.events_for(NS, "b2")] == ["SidecarsReady", "StepsSucceeded"]
+    assert [e["reason"] for e in kube.events_for(NS, "b2")] == ["StepsSucceeded"]
 
 
 async def test_dropped_watch_mid_build_still_finishes(kube: KubeDouble) -> None:
@@ -194,15 +271,18 @@ async def test_conflicts_and_server_errors_are_retried(kube: KubeDouble) -> None
     kube.put_pod(build_pod("b5"))
     kube.fail_next("/api/v1/pods", 500, times=2, watch=False)  # the first lists fail: back off, retry
     kube.fail_next(f"/api/v1/namespaces/{NS}/pods/b5", 409, times=2, method="PATCH")
+    kube.fail_next(f"/api/v1/namespaces/{NS}/pods/b5", 500, times=1, method="PATCH")
     kube.fail_next(f"/api/v1/namespaces/{NS}/events", 500, times=1)  # a lost Event never blocks the work
-    async with watcher(kube, settings()):
+    async with watcher(kube, settings()) as c:
         kube.set_container_statuses(NS, "b5", [running("istio-proxy"), step_done("fetch"), step_done("build"),
                                                step_done("completion")], phase="Running")
         await eventually(lambda: kube.pod(NS, "b5")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
+        await eventually(lambda: kube.events_for(NS, "b5"), "the Event, on its second try")
+        await settled(kube, c)
     assert outcome(kube, "b5")["sidecarsStoppedBy"] == "deadline"
     statuses = [r.status for r in kube.patches(NS, "b5")]
-    assert statuses.count(409) == 2 and statuses.count(200) >= 2
-    assert len([r for r in outcome_patches(kube, "b5") if r.status == 200]) == 1
+    assert statuses == [409, 409, 500, 200]
+    assert [e["reason"] for e in kube.events_for(NS, "b5")] == ["StepsSucceeded"]
 
 
 async def test_stale_outcome_patch_is_refused_and_not_rewritten(kube: KubeDouble) -> None:
@@ -213,17 +293,19 @@ async def test_stale_outcome_patch_is_refused_and_not_rewritten(kube: KubeDouble
     kube.put_pod(pod)
     kube.set_container_statuses(NS, "b6", [step_done("fetch"), step_done("build"), step_done("completion"),
                                            terminated("istio-proxy", 0)], phase="Succeeded")
-    theirs = json.dumps({"result": "Succeeded", "sidecarsStoppedBy": "quit", "by": "other-replica"})
+    theirs = json.dumps({"result": "Succeeded", "message": "theirs", "sidecarsStoppedBy": "quit",
+                         "by": "other-replica"})
     kube.delay(f"/api/v1/namespaces/{NS}/pods/b6", 0.3, times=1, method="PATCH")
-    async with watcher(kube, settings()):
+    async with watcher(kube, settings()) as c:
         await eventually(lambda: kube.patches(NS, "b6"), "a patch attempt")
         # While the watcher's patch is in flight, the other replica's lands first.
         current = kube.pod(NS, "b6")
         current["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = theirs
         kube.put_pod(current)
         await eventually(lambda: any(r.status == 409 for r in kube.patches(NS, "b6")), "the conflict")
-        await asyncio.sleep(0.3)
+        await settled(kube, c)
     assert annotation(kube, "b6", p.ANNOTATION_OUTCOME) == theirs
+    assert [r.status for r in kube.patches(NS, "b6")] == [409]
 
 
 async def test_oomkilled_step_fails_and_ends_the_pod(kube: KubeDouble) -> None:
@@ -234,34 +316,59 @@ async def test_oomkilled_step_fails_and_ends_the_pod(kube: KubeDouble) -> None:
         await eventually(lambda: annotation(kube, "b7", p.ANNOTATION_READY), "the ready gate")
         kube.set_container_statuses(NS, "b7", [terminated("fetch", 137, "OOMKilled")])
         await eventually(lambda: kube.pod(NS, "b7")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
-        await eventually(lambda: len(kube.events_for(NS, "b7")) >= 3, "three events")
+        await eventually(lambda: kube.events_for(NS, "b7"), "the Event")
     got = outcome(kube, "b7")
     assert got["result"] == "Failed" and got["failed"] == "fetch" and "OOMKilled" in got["message"]
     assert [s["reason"] for s in got["steps"]] == ["OOMKilled", "NotRun"]
-    assert [e["reason"] for e in kube.events_for(NS, "b7")] == ["SidecarsReady", "StepsFailed", "SidecarsEnded"]
+    (event,) = kube.events_for(NS, "b7")
+    assert event["reason"] == "StepsFailed" and event["type"] == "Warning"
 
 
 async def test_sidecar_never_ready_times_out(kube: KubeDouble) -> None:
-    kube.put_pod(build_pod("b8"))
-    async with watcher(kube, settings(sidecar_ready_timeout_seconds=1.0)):
+    kube.put_pod(build_pod("b8", probed=True))
+    clock = ManualClock()
+    async with watcher(kube, settings(sidecar_ready_timeout_seconds=30.0), clock=clock) as c:
         kube.set_container_statuses(NS, "b8", [running("istio-proxy", ready=False), running("fetch")],
-                                    phase="Running")
-        # No further event arrives: the watcher's own timer must fire.
+                                    phase="Running", start_time=clock.stamp())
+        await settled(kube, c)
+        clock.advance(25.0)
+        await settled(kube, c)
+        assert kube.patches(NS, "b8") == []
+        # No further event arrives: the watcher's own timer fires.
+        clock.advance(10.0)
         await eventually(lambda: kube.pod(NS, "b8")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
     got = outcome(kube, "b8")
     assert got["result"] == "Failed" and got["failed"] == "istio-proxy" and "not Ready" in got["message"]
     assert annotation(kube, "b8", p.ANNOTATION_READY) is None
 
 
+async def test_a_probe_gated_pod_whose_proxy_turns_unready_later_is_not_failed(kube: KubeDouble) -> None:
+    """Once the watcher has seen every sidecar Ready, a sidecar not Ready past the timeout
+    is a hiccup of a running build, not a gate that never opened."""
+    kube.put_pod(build_pod("b9", probed=True))
+    clock = ManualClock()
+    async with watcher(kube, settings(sidecar_ready_timeout_seconds=30.0), clock=clock) as c:
+        kube.set_container_statuses(NS, "b9", [running("istio-proxy"), running("fetch")], phase="Running",
+                                    start_time=clock.stamp())
+        await settled(kube, c)
+        kube.set_container_statuses(NS, "b9", [running("istio-proxy", ready=False)])
+        await settled(kube, c)
+        clock.advance(60.0)
+        await settled(kube, c)
+    assert kube.patches(NS, "b9") == []
+
+
 async def test_only_configured_namespaces_and_managed_pods(kube: KubeDouble) -> None:
-    kube.put_pod(build_pod("in-scope", "team-a", sidecars=()))
-    kube.put_pod(build_pod("other-ns", "team-b", sidecars=()))
-    unmanaged = build_pod("unmanaged", "team-a", sidecars=())
+    kube.put_pod(build_pod("in-scope", "team-a"))
+    kube.put_pod(build_pod("other-ns", "team-b"))
+    unmanaged = build_pod("unmanaged", "team-a")
     unmanaged["metadata"]["labels"] = {}
     kube.put_pod(unmanaged)
-    async with watcher(kube, settings(namespaces=("team-a",))):
-        await eventually(lambda: annotation(kube, "in-scope", p.ANNOTATION_READY, "team-a"), "the gate (no sidecars)")
-        await asyncio.sleep(0.3)
+    async with watcher(kube, settings(namespaces=("team-a",))) as c:
+        for ns, name in (("team-a", "in-scope"), ("team-b", "other-ns"), ("team-a", "unmanaged")):
+            kube.set_container_statuses(ns, name, [running("istio-proxy"), running("fetch")], phase="Running")
+        await eventually(lambda: annotation(kube, "in-scope", p.ANNOTATION_READY, "team-a"), "the gate")
+        await settled(kube, c)
     assert annotation(kube, "other-ns", p.ANNOTATION_READY, "team-b") is None
     assert annotation(kube, "unmanaged", p.ANNOTATION_READY, "team-a") is None
 
@@ -270,18 +377,20 @@ async def test_two_watchers_one_lease_never_both_act(kube: KubeDouble) -> None:
     s = settings(leader_election=True, lease_seconds=1.5)
     lease = lambda: kube.get("leases", s.server.namespace, s.watcher.lease_name)  # noqa: E731
     kube.put_pod(build_pod("c1"))
-    async with watcher(kube, s, user_agent="replica-a"):
+    follower_clock = ManualClock()
+    async with watcher(kube, s, user_agent="replica-a") as a:
         await eventually(lease, "the lease")
-        async with watcher(kube, s, user_agent="replica-b"):
-            await walk_to_steps_done(kube, "c1")
+        async with watcher(kube, s, user_agent="replica-b", clock=follower_clock) as b:
+            await walk_to_steps_done(kube, a, "c1")
             await eventually(lambda: outcome(kube, "c1"), "the outcome")
             await eventually(lambda: kube.pod(NS, "c1")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
-            await asyncio.sleep(1.0)  # several renewals: the follower must stay passive
-            agents = {r.user_agent for r in kube.patches()}
-            assert agents == {"replica-a"}
+            await settled(kube, a, b)
+            # Past the takeover delay on the follower's clock: it finds nothing left undone.
+            follower_clock.advance(s.watcher.takeover_seconds + 1.0)
+            await settled(kube, a, b)
+            assert {r.user_agent for r in kube.patches()} == {"replica-a"}
             assert lease()["spec"]["holderIdentity"] == "replica-a"
-            instances = {e["reportingInstance"] for e in kube.events_for(NS, "c1")}
-            assert instances == {"replica-a"}
+            assert {e["reportingInstance"] for e in kube.events_for(NS, "c1")} == {"replica-a"}
         # (the follower stopped; the leader still acts alone)
     # The leader released the Lease when it stopped.
     assert lease()["spec"]["holderIdentity"] == ""
@@ -289,14 +398,15 @@ async def test_two_watchers_one_lease_never_both_act(kube: KubeDouble) -> None:
 
 async def test_follower_takes_over_when_the_leader_stops(kube: KubeDouble) -> None:
     s = settings(leader_election=True, lease_seconds=1.5)
-    kube.put_pod(build_pod("c2", sidecars=()))
+    kube.put_pod(build_pod("c2"))
+    kube.set_container_statuses(NS, "c2", [running("istio-proxy"), running("fetch")], phase="Running")
     async with watcher(kube, s, user_agent="replica-b"):
         async with watcher(kube, s, user_agent="replica-a"):
             await eventually(lambda: annotation(kube, "c2", p.ANNOTATION_READY), "the gate from the first leader")
             first = kube.get("leases", s.server.namespace, s.watcher.lease_name)["spec"]["holderIdentity"]
         # One replica stopped; whichever remains must hold the lease and do the rest.
-        kube.set_container_statuses(NS, "c2", [step_done("fetch"), step_done("build"), step_done("completion")],
-                                    phase="Succeeded")
+        kube.set_container_statuses(NS, "c2", [step_done("fetch"), step_done("build"), step_done("completion"),
+                                               terminated("istio-proxy", 0)], phase="Succeeded")
         await eventually(lambda: outcome(kube, "c2"), "the outcome from the remaining replica")
         holder = kube.get("leases", s.server.namespace, s.watcher.lease_name)["spec"]["holderIdentity"]
         assert holder == "replica-b"
@@ -308,43 +418,54 @@ async def test_follower_takes_over_when_the_leader_stops(kube: KubeDouble) -> No
 async def test_a_follower_leaves_work_to_a_live_holder_and_takes_over_what_it_leaves(kube: KubeDouble) -> None:
     """Another identity holds a fresh Lease and does the work (patch and Event): this replica
     never writes. Work that holder leaves undone is done by this replica, but only once it
-    has been due for INITSHIFT_WATCHER_TAKEOVER_SECONDS."""
+    has been due for INITSHIFT_WATCHER_TAKEOVER_SECONDS on its clock."""
     s = settings(leader_election=True, lease_seconds=1.5, takeover_seconds=0.8)
     kube.put("leases", {"metadata": {"name": s.watcher.lease_name, "namespace": s.server.namespace},
                         "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 60,
                                  "renewTime": now_rfc3339()}})
-    kube.put_pod(build_pod("c3", sidecars=()))
+    kube.put_pod(build_pod("c3"))
+    kube.set_container_statuses(NS, "c3", [step_done("fetch"), step_done("build"), step_done("completion"),
+                                           terminated("istio-proxy", 0)], phase="Succeeded")
 
-    async def live_holder() -> None:  # renews, and opens c3's gate (with its Event) as the watcher would
+    async def live_holder() -> None:  # renews, and records c3's outcome (with its Event) as the watcher would
         while True:
             lease = kube.get("leases", s.server.namespace, s.watcher.lease_name)
             lease["spec"]["renewTime"] = now_rfc3339()
             kube.put("leases", lease)
             pod = kube.pod(NS, "c3")
-            if annotation(kube, "c3", p.ANNOTATION_READY) is None:
-                pod["metadata"]["annotations"][p.ANNOTATION_READY] = p.READY_TRUE
+            if annotation(kube, "c3", p.ANNOTATION_OUTCOME) is None:
+                pod["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = json.dumps(
+                    {"result": "Succeeded", "message": "by the holder", "sidecarsStoppedBy": "quit"})
                 kube.put_pod(pod)
                 uid = pod["metadata"]["uid"]
-                kube.put("events", {"metadata": {"name": event_name("c3", uid, "ready"), "namespace": NS},
+                kube.put("events", {"metadata": {"name": event_name("c3", uid, "outcome"), "namespace": NS},
                                     "involvedObject": {"kind": "Pod", "namespace": NS, "name": "c3", "uid": uid},
-                                    "reason": "SidecarsReady", "action": "ready",
+                                    "reason": "StepsSucceeded", "action": "outcome",
                                     "source": {"component": "initshift-watcher"}})
             await asyncio.sleep(0.1)
     holder = asyncio.ensure_future(live_holder())
+    clock = ManualClock()
     try:
-        async with watcher(kube, s, user_agent="replica-c"):
-            await asyncio.sleep(1.5)  # more than the takeover delay
+        async with watcher(kube, s, user_agent="replica-c", clock=clock) as c:
+            await eventually(lambda: kube.events_for(NS, "c3"), "the holder's Event")
+            await settled(kube, c)
+            clock.advance(1.5)  # more than the takeover delay
+            await settled(kube, c)
             assert kube.patches() == [] and len(kube.events_for(NS, "c3")) == 1
-            kube.put_pod(build_pod("c4", sidecars=()))  # the holder leaves this one alone
-            put_at = time.monotonic()
+            kube.put_pod(build_pod("c4"))  # the holder leaves this one alone
+            kube.set_container_statuses(NS, "c4", [running("istio-proxy"), running("fetch")], phase="Running")
+            await settled(kube, c)
+            clock.advance(0.7)  # not yet due for takeover_seconds
+            await settled(kube, c)
+            assert kube.patches() == []
+            clock.advance(0.2)
             await eventually(lambda: annotation(kube, "c4", p.ANNOTATION_READY), "the follower takes over")
-            await eventually(lambda: kube.events_for(NS, "c4"), "the follower's Event")
+            await settled(kube, c)
     finally:
         holder.cancel()
-    patches = kube.patches()
-    assert [r.path.rsplit("/", 1)[1] for r in patches] == ["c4"] and patches[0].started - put_at >= 0.8
+    assert [r.path.rsplit("/", 1)[1] for r in kube.patches()] == ["c4"]
     assert kube.get("leases", s.server.namespace, s.watcher.lease_name)["spec"]["holderIdentity"] == "someone-else"
-    assert [e["reason"] for e in kube.events_for(NS, "c3")] == ["SidecarsReady"]
+    assert [e["reason"] for e in kube.events_for(NS, "c3")] == ["StepsSucceeded"]
 
 
 class HangingLeaseApi:
@@ -414,3 +535,58 @@ async def test_start_order_pods_get_per_container_ready_annotations(kube: KubeDo
         await eventually(lambda: annotation(kube, "app", key) == "false", "ready-cache=false again")
     assert kube.events_for(NS, "app") == []
     assert annotation(kube, "app", p.ANNOTATION_OUTCOME) is None
+
+
+# --- the write budget, and the order of writes under a slow apiserver -----------------------------
+def finish_statuses(proxy_quits: bool, at: str | None = None) -> list[dict]:
+    done = [step_done(n, at=at) for n in ("fetch", "build", "completion")]
+    return done + [terminated("istio-proxy", 0) if proxy_quits else running("istio-proxy")]
+
+
+async def test_write_budget_per_pod(kube: KubeDouble) -> None:
+    """A pod whose gate is a loopback probe costs two writes (the outcome's patch, with the
+    deadline in it when the proxy keeps running, and the outcome's Event); one whose gate is
+    the ready annotation one more (the annotation). Nothing else: no GET, no second patch."""
+    kinds = {"probe-quit": (True, True), "probe-kept": (True, False), "gate-quit": (False, True),
+             "gate-kept": (False, False)}
+    for name, (probed, _) in kinds.items():
+        kube.put_pod(build_pod(name, probed=probed))
+    async with watcher(kube, settings(grace_seconds=0.0)) as c:
+        for name in kinds:
+            kube.set_container_statuses(NS, name, [running("istio-proxy"), running("fetch"), running("build"),
+                                                   running("completion")], phase="Running")
+        await eventually(lambda: all(annotation(kube, n, p.ANNOTATION_READY) for n in kinds if n.startswith("gate")),
+                         "the gates that read the annotation")
+        for name, (_, quits) in kinds.items():
+            kube.set_container_statuses(NS, name, finish_statuses(quits), phase="Succeeded" if quits else None)
+        await eventually(lambda: all(kube.events_for(NS, n) for n in kinds), "every Event")
+        await settled(kube, c)
+    for name, (probed, quits) in kinds.items():
+        writes = [("event" if r.path.endswith("/events") else "patch") for r in watcher_writes(kube, name)]
+        assert writes == ([] if probed else ["patch"]) + ["patch", "event"], (name, writes)
+        assert (kube.pod(NS, name)["spec"].get("activeDeadlineSeconds") == 1) is not quits
+    assert [r for r in kube.requests if r.method == "GET" and "/pods/" in r.path] == []
+
+
+async def test_a_slow_apiserver_serves_what_ends_pods_and_opens_gates_first(kube: KubeDouble) -> None:
+    """Twelve writes due at once, two workers, every write 100 ms: the six that end a pod
+    (outcome and deadline) or open a gate (the ready annotation) go before the six outcomes
+    of pods whose proxy has quit, although those came first; and no Event before any write."""
+    records = [f"a-record-{i}" for i in range(6)]  # listed first: a FIFO queue would serve them first
+    ends, gates = [f"b-end-{i}" for i in range(3)], [f"c-gate-{i}" for i in range(3)]
+    for name in records + ends:
+        kube.put_pod(build_pod(name, probed=True))
+        kube.set_container_statuses(NS, name, finish_statuses(name in records),
+                                    phase="Succeeded" if name in records else "Running")
+    for name in gates:
+        kube.put_pod(build_pod(name))
+        kube.set_container_statuses(NS, name, [running("istio-proxy"), running("fetch")], phase="Running")
+    kube.write_latency = (0.1, 0.1)
+    async with watcher(kube, settings(grace_seconds=0.0, concurrency=2)) as c:
+        await eventually(lambda: all(kube.events_for(NS, n) for n in records + ends), "every Event")
+        await settled(kube, c)
+    patches = [r for r in kube.patches() if r.method == "PATCH"]
+    order = [r.path.rsplit("/", 1)[1] for r in sorted(patches, key=lambda r: r.started)]
+    assert sorted(order[:6]) == sorted(ends + gates) and sorted(order[6:]) == records, order
+    events = [r for r in kube.requests if r.method == "POST" and r.path.endswith("/events")]
+    assert len(events) == 9 and min(e.started for e in events) > max(r.started for r in patches)

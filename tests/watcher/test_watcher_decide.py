@@ -10,7 +10,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from tests.support.kubedouble import merge_patch, running, terminated, waiting
 from waiter import protocol as p
-from webhook.watcher._decide import decide, format_time
+from webhook.rewrite._command import run_command
+from webhook.watcher._decide import RECORD, URGENT, decide, format_time
 from webhook.watcher._podstate import layout
 from webhook.settings import WatcherSettings
 
@@ -33,19 +34,30 @@ def done(name: str, code: int = 0, reason: str = p.REASON_COMPLETED, end: float 
                       started_at=ago(end + 5), finished_at=ago(end))
 
 
+def waiter_container(name: str, *, gated: bool, probes: tuple[str, ...] = ()) -> dict:
+    """A container as the rewrite wraps it; `gated`: it waits for the ready gate (step 0, or
+    the mains of a pod without steps), whose ready file it reads, and `probes` it checks."""
+    args = run_command(name=name, post=p.completion_path(0), argv=["make", name],
+                       ready_file=p.READY_FILE if gated else None, probes=probes if gated else ())
+    return {"name": name, "image": "x", "command": [p.WAITER_PATH], "args": args}
+
+
 def make_pod(statuses: list[dict], *, phase: str = "Running", steps=("fetch", "build"), mains=("completion",),
              sidecars=("istio-proxy",), native=(), init_statuses=(), annotations=None, start: float = 60,
-             deadline=None, mains_annotation: bool = True, reason: str | None = None) -> dict:
+             deadline=None, mains_annotation: bool = True, reason: str | None = None,
+             probes: tuple[str, ...] = ()) -> dict:
+    """`probes`: the loopback probes step 0 checks itself (then it does not read the ready
+    annotation); without, its gate is the annotation alone, as for a sidecar without a probe."""
     ann = {p.ANNOTATION_STEPS: json.dumps(list(steps))}
     if mains_annotation:
         ann[p.ANNOTATION_MAINS] = json.dumps(list(mains))
     ann.update(annotations or {})
-    waiter_cmd = [p.WAITER_PATH, p.CMD_RUN]
+    gated = set(steps[:1] or mains) if sidecars or native else set()
     spec: dict = {
         "restartPolicy": "Never",
         "initContainers": [{"name": p.INIT_CONTAINER_NAME, "image": "initshift"}] +
                           [{"name": n, "image": "proxy", "restartPolicy": "Always"} for n in native],
-        "containers": [{"name": n, "image": "x", "command": waiter_cmd} for n in list(steps) + list(mains)] +
+        "containers": [waiter_container(n, gated=n in gated, probes=probes) for n in list(steps) + list(mains)] +
                       [{"name": n, "image": "proxy"} for n in sidecars],
     }
     if deadline is not None:
@@ -63,31 +75,39 @@ READY = {p.ANNOTATION_READY: p.READY_TRUE}
 OUTCOME = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Succeeded", "sidecarsStoppedBy": "deadline"})}
 ALL_DONE = [done("fetch", end=40), done("build", end=30), done("completion", end=20)]
 
-# (id, pod, expected action kinds, expected outcome fields or None)
+PROBE = ("http://127.0.0.1:15021/healthz/ready",)
+
+# (id, pod, expected action kinds, expected outcome fields or None); "outcome+end": the
+# outcome and activeDeadlineSeconds in one merge patch.
 CASES = [
     ("pending-sidecar-not-ready", make_pod([waiting("istio-proxy"), waiting("fetch")], phase="Pending"), [], None),
     ("sidecar-ready-opens-gate", make_pod([running("istio-proxy"), running("fetch", ready=False)]), ["ready"], None),
+    ("sidecar-ready-probe-gated", make_pod([running("istio-proxy"), running("fetch")], probes=PROBE), [], None),
     ("sidecar-running-not-ready", make_pod([running("istio-proxy", ready=False)]), [], None),
-    ("no-sidecars-ready-at-once", make_pod([], phase="Pending", sidecars=()), ["ready"], None),
+    ("no-sidecars-no-gate", make_pod([], phase="Pending", sidecars=()), [], None),
     ("native-sidecar-ready", make_pod([running("fetch")], sidecars=(), native=("istio-proxy",),
                                       init_statuses=[running("istio-proxy")]), ["ready"], None),
     ("native-sidecar-not-ready", make_pod([running("fetch")], sidecars=(), native=("istio-proxy",),
                                           init_statuses=[running("istio-proxy", ready=False)]), [], None),
     ("gate-open-steps-running", make_pod([running("istio-proxy"), running("fetch")], annotations=READY), [], None),
     ("sidecar-ready-timeout", make_pod([running("istio-proxy", ready=False)], start=601),
-     ["outcome", "end"], {"result": "Failed", "failed": "istio-proxy", "sidecarsStoppedBy": "deadline"}),
+     ["outcome+end"], {"result": "Failed", "failed": "istio-proxy", "sidecarsStoppedBy": "deadline"}),
+    ("sidecar-ready-timeout-probe-gated", make_pod([running("istio-proxy", ready=False)], start=601, probes=PROBE),
+     ["outcome+end"], {"result": "Failed", "failed": "istio-proxy", "sidecarsStoppedBy": "deadline"}),
     ("all-done-sidecars-quit", make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY),
      ["outcome"], {"result": "Succeeded", "failed": None, "sidecarsStoppedBy": "quit"}),
     ("all-done-sidecar-in-grace", make_pod([done("fetch"), done("build"), done("completion", end=3),
                                             running("istio-proxy")], annotations=READY), [], None),
     ("all-done-sidecar-after-grace", make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY),
-     ["outcome", "end"], {"result": "Succeeded", "sidecarsStoppedBy": "deadline"}),
+     ["outcome+end"], {"result": "Succeeded", "sidecarsStoppedBy": "deadline"}),
+    ("all-done-probe-gated-sidecar-after-grace", make_pod(ALL_DONE + [running("istio-proxy")], probes=PROBE),
+     ["outcome+end"], {"result": "Succeeded", "sidecarsStoppedBy": "deadline"}),
     ("step-oomkilled-later-waiting", make_pod([terminated("fetch", 137, "OOMKilled"), running("build"),
                                                running("completion"), running("istio-proxy")], annotations=READY),
-     ["outcome", "end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "deadline"}),
+     ["outcome+end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "deadline"}),
     ("step-cannot-run-no-sidecars", make_pod([terminated("fetch", 128, "ContainerCannotRun"), running("build"),
                                               running("completion")], sidecars=(), annotations=READY),
-     ["outcome", "end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "none"}),
+     ["outcome+end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "none"}),
     ("step-failed-rest-skipped", make_pod([done("fetch"), done("build", 2, p.REASON_ERROR),
                                            done("completion", 2, p.REASON_SKIPPED), terminated("istio-proxy", 0)],
                                           annotations=READY),
@@ -124,10 +144,14 @@ CASES = [
 ]
 
 
+def kinds_of(decision) -> list[str]:
+    return [a.kind + ("+end" if a.kind == "outcome" and a.ends else "") for a in decision.actions]
+
+
 @pytest.mark.parametrize("pod,kinds,fields", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_decision_table(pod: dict, kinds: list[str], fields: dict | None) -> None:
     decision = decide(pod, NOW, W)
-    assert [a.kind for a in decision.actions] == kinds
+    assert kinds_of(decision) == kinds
     outcome = next((a.outcome for a in decision.actions if a.kind == "outcome"), None)
     if fields is not None:
         assert outcome is not None
@@ -140,6 +164,10 @@ def test_decision_table(pod: dict, kinds: list[str], fields: dict | None) -> Non
             assert action.patch == {"spec": {"activeDeadlineSeconds": 1}}
         if action.kind == "ready":
             assert action.patch == {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}}
+        if action.kind == "outcome":
+            assert action.patch.get("spec") == ({"activeDeadlineSeconds": 1} if action.ends else None)
+        # What ends a pod or opens a gate goes first; an outcome that ends nothing after it.
+        assert action.priority == (RECORD if action.kind == "outcome" and not action.ends else URGENT)
 
 
 def test_waits_report_when_to_look_again() -> None:
@@ -184,7 +212,31 @@ def test_legacy_pod_without_mains_annotation() -> None:
     pod = make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY, mains_annotation=False)
     lay = layout(pod)
     assert (lay.steps, lay.mains, lay.sidecars) == (["fetch", "build"], ["completion"], ["istio-proxy"])
-    assert [a.kind for a in decide(pod, NOW, W).actions] == ["outcome", "end"]
+    assert kinds_of(decide(pod, NOW, W)) == ["outcome+end"]
+
+
+def test_the_gate_seen_open_is_not_failed_by_a_sidecar_that_turns_unready_later() -> None:
+    """A gate of loopback probes leaves nothing on the pod: the caller tells decide() it saw
+    every sidecar Ready, and a sidecar not Ready after the timeout then fails nothing."""
+    later = make_pod([running("istio-proxy", ready=False), running("fetch")], start=601, probes=PROBE)
+    assert kinds_of(decide(later, NOW, W)) == ["outcome+end"]
+    assert decide(later, NOW, W, gate_seen_open=True).actions == []
+    ready = make_pod([running("istio-proxy"), running("fetch")], start=30, probes=PROBE)
+    assert decide(ready, NOW, W).gate_open and not decide(later, NOW, W).gate_open
+    # A pod that reads the annotation is not opened by what the caller saw: it waits for it.
+    gated = make_pod([running("istio-proxy"), running("fetch")], start=30)
+    assert kinds_of(decide(gated, NOW, W, gate_seen_open=True)) == ["ready"]
+
+
+def test_the_ready_annotation_only_where_the_gate_reads_it() -> None:
+    """The rule is read from the pod itself: step 0's (or, without steps, the mains') waiter
+    command line, as the rewrite wrote it."""
+    statuses = [running("istio-proxy"), running("fetch"), running("build"), running("completion")]
+    assert layout(make_pod(statuses)).ready_readers == {"fetch"}
+    assert layout(make_pod(statuses, probes=PROBE)).ready_readers == frozenset()
+    jobs = make_pod([running("istio-proxy"), running("a"), running("b")], steps=(), mains=("a", "b"))
+    assert layout(jobs).ready_readers == {"a", "b"} and kinds_of(decide(jobs, NOW, W)) == ["ready"]
+    assert layout(make_pod(statuses, sidecars=())).ready_readers == frozenset()
 
 
 def test_extra_sidecar_injected_after_the_webhook_is_a_sidecar() -> None:
@@ -215,8 +267,8 @@ def _status(name: str, state: str, end: float) -> dict:
 @given(states=st.lists(_STATE, min_size=4, max_size=4), sidecar=st.sampled_from(["ready", "unready", "gone", "none"]),
        phase=st.sampled_from(["Pending", "Running", "Failed", "Succeeded"]),
        end=st.floats(min_value=0, max_value=30), start=st.floats(min_value=0, max_value=700),
-       ready=st.booleans())
-def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready) -> None:
+       ready=st.booleans(), probes=st.booleans(), seen=st.booleans())
+def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready, probes, seen) -> None:
     names = ["a", "b", "c", "m"]
     statuses = [_status(n, s, end) for n, s in zip(names, states)]
     sidecars = () if sidecar == "none" else ("istio-proxy",)
@@ -224,17 +276,18 @@ def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready) -> 
         statuses.append({"ready": running("istio-proxy"), "unready": running("istio-proxy", ready=False),
                          "gone": terminated("istio-proxy", 0)}[sidecar])
     pod = make_pod(statuses, phase=phase, steps=names[:3], mains=("m",), sidecars=sidecars, start=start,
-                   annotations=READY if ready else None)
-    first = decide(pod, NOW, W)
+                   annotations=READY if ready else None, probes=PROBE if probes else ())
+    first = decide(pod, NOW, W, gate_seen_open=seen)
     kinds = [a.kind for a in first.actions]
-    assert kinds.count("outcome") <= 1 and kinds.count("end") <= 1 and kinds.count("ready") <= 1
-    if "end" in kinds and "outcome" in kinds:
-        assert kinds.index("outcome") < kinds.index("end")  # the outcome is written first
+    # At most one patch per kind, and never more than the gate and the outcome (the deadline
+    # comes inside the outcome's patch).
+    assert len(kinds) == len(set(kinds)) and "end" not in kinds and len(kinds) <= 2
+    assert "ready" not in kinds or layout(pod).reads_ready
     after = pod
     for action in first.actions:
         after = merge_patch(after, {k: v for k, v in action.patch.items()})
         after["metadata"]["resourceVersion"] = "43"
-    again = decide(after, NOW, W)
+    again = decide(after, NOW, W, gate_seen_open=seen or first.gate_open)
     assert [a.kind for a in again.actions if a.kind in ("outcome", "ready", "end")] == []
 
 
@@ -261,7 +314,7 @@ def test_start_order_ready_annotations_follow_the_kubelet(statuses, annotations,
         assert decision.actions == []
         return
     (action,) = decision.actions
-    assert action.kind == "container-ready" and action.reason == ""  # no Event for readiness flips
+    assert action.kind == "container-ready" and action.priority == URGENT  # it opens a gate
     assert action.patch == {"metadata": {"annotations": {f"{p.ANNOTATION_READY_PREFIX}{k}": v
                                                          for k, v in expected.items()}}}
 
@@ -313,19 +366,23 @@ def test_a_success_record_wins_over_a_later_kill() -> None:
 
 
 def test_notices_follow_the_actions_done() -> None:
+    """One Event per pod on the happy path: the outcome's, which says how the sidecars
+    stopped; a deadline gets one of its own only when it was set apart from the outcome."""
     from webhook.watcher._decide import notices
 
     assert notices(make_pod([running("istio-proxy")])) == []
-    assert [n.reason for n in notices(make_pod([], annotations=READY))] == ["SidecarsReady"]
-    ended = make_pod([], annotations={**READY, **OUTCOME}, deadline=1)
-    assert [(n.kind, n.reason, n.warning) for n in notices(ended)] == [
-        ("ready", "SidecarsReady", False), ("outcome", "StepsSucceeded", False), ("end", "SidecarsEnded", True)]
-    # The outcome Event's message is the one the acting replica sends.
-    pod = make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY)
-    action = next(a for a in decide(pod, NOW, W).actions if a.kind == "outcome")
-    written = merge_patch(pod, action.patch)
-    assert next(n for n in notices(written) if n.kind == "outcome").message == action.message
-    start_order = make_pod([], annotations=READY)
+    assert notices(make_pod([], annotations=READY)) == [], "the ready annotation is no news"
+    with_deadline = make_pod([], annotations={**READY, **OUTCOME}, deadline=1)
+    assert [(n.kind, n.reason, n.warning) for n in notices(with_deadline)] == [("outcome", "StepsSucceeded", False)]
+    quit_first = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Failed", "message": "x", "sidecarsStoppedBy": "quit"})}
+    ended_apart = make_pod([], annotations=quit_first, deadline=1)
+    assert [(n.kind, n.reason, n.warning) for n in notices(ended_apart)] == [
+        ("outcome", "StepsFailed", True), ("end", "SidecarsEnded", True)]
+    pod = make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY)
+    (action,) = decide(pod, NOW, W).actions
+    (notice,) = notices(merge_patch(pod, action.patch))
+    assert notice.message == "Succeeded: 2 steps and 1 mains succeeded; sidecars stopped by deadline"
+    start_order = make_pod([], annotations={**READY, **OUTCOME})
     start_order["metadata"]["labels"][p.LABEL_MANAGED] = p.MANAGED_START_ORDER
     assert notices(start_order) == []
 
@@ -338,9 +395,11 @@ def test_the_slim_pod_decides_as_the_whole_pod(pod: dict) -> None:
     fat = json.loads(json.dumps(pod))
     fat["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "x" * 5000
     for c in fat["spec"]["containers"]:
-        c.update(env=[{"name": "A", "value": "b"}], resources={"limits": {"memory": "1Gi"}}, args=["-v"])
+        c.update(env=[{"name": "A", "value": "b"}], resources={"limits": {"memory": "1Gi"}})
+        c["args"] = [*c["args"], *["--verbose"] * 50] if "args" in c else ["-v"]  # the user's argv, long
     for s in fat["status"]["containerStatuses"]:
         s.update(imageID="sha256:" + "0" * 64, containerID="containerd://" + "1" * 64)
     slim = slim_pod(fat)
     assert decide(slim, NOW, W) == decide(fat, NOW, W) and notices(slim) == notices(fat)
+    assert layout(slim).ready_readers == layout(fat).ready_readers
     assert len(json.dumps(slim)) < len(json.dumps(fat)) / 2

@@ -5,12 +5,11 @@ without its waiter's record still ends the pod."""
 
 from __future__ import annotations
 
-import asyncio
-
+from tests.support.clock import ManualClock
 from tests.support.fixtures.pods import catalogue
 from tests.support.kubedouble import KubeDouble, running, terminated
-from tests.watcher.test_watcher import (NS, annotation, deadline_patches, eventually, outcome, settings, step_done,
-                                        watcher)
+from tests.watcher.test_watcher import (NS, annotation, deadline_patches, eventually, outcome, settings, settled,
+                                        step_done, watcher)
 from tests.watcher.test_watcher_decide import NOW, W, ago, record
 from waiter import protocol as p
 from webhook.rewrite import rewrite
@@ -29,6 +28,7 @@ def hybrid_pod(name: str) -> dict:
 def test_layout_of_a_hybrid_pod():
     lay = layout(hybrid_pod("h0"))
     assert (lay.steps, lay.mains, lay.sidecars, lay.native) == (["git-clone"], ["build"], [], ["istio-proxy"])
+    assert not lay.reads_ready, "step 0 probes Istio's proxy on loopback itself"
 
 
 def test_done_with_the_proxy_still_running_records_the_outcome_and_never_a_deadline():
@@ -48,20 +48,24 @@ def test_done_with_the_proxy_still_running_records_the_outcome_and_never_a_deadl
 
 async def test_hybrid_pod_from_pending_to_outcome_without_a_deadline(kube: KubeDouble) -> None:
     kube.put_pod(hybrid_pod("h1"))
-    async with watcher(kube, settings(grace_seconds=0.3)):
+    clock = ManualClock()
+    async with watcher(kube, settings(grace_seconds=0.3), clock=clock) as c:
         kube.set_container_statuses(NS, "h1", [running("git-clone"), running("build")],
                                     init=[terminated("istio-init", 0), running("istio-proxy"),
                                           terminated(p.INIT_CONTAINER_NAME, 0)], phase="Running")
-        await eventually(lambda: annotation(kube, "h1", p.ANNOTATION_READY), "the ready annotation")
-        kube.set_container_statuses(NS, "h1", [step_done("git-clone")])
-        kube.set_container_statuses(NS, "h1", [step_done("build")])
+        await settled(kube, c)
+        assert kube.patches(NS, "h1") == [], "step 0 opens its own gate: no ready annotation to write"
+        kube.set_container_statuses(NS, "h1", [step_done("git-clone", at=clock.stamp())])
+        kube.set_container_statuses(NS, "h1", [step_done("build", at=clock.stamp())])
         got = await eventually(lambda: outcome(kube, "h1"), "the outcome")
         assert got["result"] == "Succeeded" and got["sidecarsStoppedBy"] == "native"
-        await asyncio.sleep(0.6)  # past the grace period: the proxy is still running
+        clock.advance(5.0)  # past the grace period: the proxy is still running
+        await settled(kube, c)
         kube.set_container_statuses(NS, "h1", init=[terminated("istio-proxy", 0)], phase="Succeeded")
-        await asyncio.sleep(0.2)
+        await settled(kube, c)
     assert deadline_patches(kube, "h1") == [], "the kubelet stops native sidecars"
-    assert [e["reason"] for e in kube.events_for(NS, "h1")] == ["SidecarsReady", "StepsSucceeded"]
+    assert len(kube.patches(NS, "h1")) == 1 and annotation(kube, "h1", p.ANNOTATION_READY) is None
+    assert [e["reason"] for e in kube.events_for(NS, "h1")] == ["StepsSucceeded"]
 
 
 async def test_a_step_killed_with_its_waiter_ends_the_hybrid_pod(kube: KubeDouble) -> None:
@@ -69,7 +73,6 @@ async def test_a_step_killed_with_its_waiter_ends_the_hybrid_pod(kube: KubeDoubl
     async with watcher(kube, settings(grace_seconds=30.0)):
         kube.set_container_statuses(NS, "h2", [running("git-clone"), running("build")],
                                     init=[running("istio-proxy")], phase="Running")
-        await eventually(lambda: annotation(kube, "h2", p.ANNOTATION_READY), "the ready annotation")
         # A cgroup-wide OOM kill took the waiter with the step: no record, and `build` waits forever.
         kube.set_container_statuses(NS, "h2", [terminated("git-clone", 137, "OOMKilled")])
         await eventually(lambda: kube.pod(NS, "h2")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")

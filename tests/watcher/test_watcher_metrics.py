@@ -3,6 +3,7 @@ in flight by stage, and the oldest pod whose outcome is recorded but that still 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from tests.support.kubedouble import KubeDouble, running
@@ -10,31 +11,42 @@ from tests.watcher.test_watcher import NS, annotation, build_pod, eventually, ou
 from waiter import protocol as p
 from webhook.metrics import REGISTRY
 from webhook.watcher import _controller
-from webhook.watcher._controller import export_in_flight
+from webhook.watcher._metrics import export_in_flight
+from webhook.watcher._store import PodStore
 
 
 def value(name: str, labels: dict | None = None) -> float:
     return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
+_NUMBERS = itertools.count()
+
+
 def pod(phase: str, outcome_at: str | None = None, managed: str = p.MODE_WAITER) -> dict:
-    meta: dict = {"labels": {p.LABEL_MANAGED: managed}, "annotations": {}}
+    n = next(_NUMBERS)
+    meta: dict = {"name": f"p{n}", "namespace": NS, "uid": f"u{n}", "labels": {p.LABEL_MANAGED: managed},
+                  "annotations": {}}
     if outcome_at:
         meta["annotations"][p.ANNOTATION_OUTCOME] = json.dumps({"result": "Succeeded", "decidedAt": outcome_at})
     return {"metadata": meta, "status": {"phase": phase}}
 
 
 def test_in_flight_stages_from_the_pods():
-    export_in_flight([
+    store = PodStore()
+    for kept in [
         pod("Running"), pod("Pending"),  # steps
-        pod("Running", "2026-01-01T00:00:10Z"), pod("Running", "2026-01-01T00:00:05Z"),  # ending
+        pod("Running", "2026-01-01T00:00:10Z"),  # ending
         pod("Succeeded", "2026-01-01T00:00:01Z"), pod("Failed"),  # ended: not in flight
         pod("Running", managed=p.MANAGED_START_ORDER),  # long-running by design: not counted
-    ])
+    ]:
+        store.observe("ADDED", kept)
+    dropped = pod("Running", "2026-01-01T00:00:05Z")  # ending, dropped from the store: still counted
+    store.drop(store.observe("ADDED", dropped))  # type: ignore[arg-type]
+    export_in_flight(*store.in_flight())
     assert value("initshift_watcher_pods_in_flight", {"stage": "steps"}) == 2
     assert value("initshift_watcher_pods_in_flight", {"stage": "ending"}) == 2
     assert value("initshift_watcher_oldest_ending_timestamp_seconds") == 1767225605.0  # the older decidedAt
-    export_in_flight([])
+    export_in_flight(0, [])
     assert value("initshift_watcher_pods_in_flight", {"stage": "ending"}) == 0
     assert value("initshift_watcher_oldest_ending_timestamp_seconds") == 0
 

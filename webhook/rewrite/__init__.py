@@ -2,6 +2,7 @@
 start order, resources, and the safety net that never lets an invalid pod out. No I/O."""
 
 from ._classify import classify, managed_as
+from ._command import gate_of
 from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Lookup, UnresolvedEntrypoint,
                           effective_argv)
 from ._native import resolve_support
@@ -15,5 +16,5 @@ from ._start_order import start_order_ready_patch
 
 __all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "MAX_DEPTH", "Plan", "Reason",
            "RewriteError", "RewriteResult", "UnresolvedEntrypoint", "classify", "depth_problem", "effective_argv",
-           "is_restartable", "managed_as", "plan", "removed_startup_probes", "resolve_support", "rewrite",
+           "gate_of", "is_restartable", "managed_as", "plan", "removed_startup_probes", "resolve_support", "rewrite",
            "start_order_ready_patch"]

@@ -1,5 +1,5 @@
 """The waiter's command line in a wrapped container: the one writer (`run_command`,
-`start_after_command`) and the one reader (`read_argv`).
+`start_after_command`) and the one reader (`read_argv`, and `gate_of` for step 0's gate).
 
 The reader parses with the waiter's own grammars (`waiter.flags`), so what the webhook
 writes is exactly what the waiter accepts; a round-trip property test holds them together.
@@ -71,16 +71,32 @@ def waiter_command(container: Mapping) -> str | None:
     return args[0] if args[0] in waiter_flags.GRAMMARS else None
 
 
-def gate_probes(container: Mapping) -> list[str] | None:
-    """The loopback probes a `waiter run` container waits for before it starts (step 0's
-    gate), or None when the waiter does not run it or its command line does not parse."""
+def _run_flags(container: Mapping) -> list[tuple[str, str | None]] | None:
+    """The flags of a `waiter run` container's command line; None when the waiter does not
+    run it or its command line does not parse."""
     if waiter_command(container) != p.CMD_RUN:
         return None
     try:
         pairs, _ = waiter_flags.split(list(container["args"][1:]), waiter_flags.RUN)
     except UsageError:
         return None
-    return [str(v) for f, v in pairs if f == p.FLAG_PROBE]
+    return pairs
+
+
+def gate_probes(container: Mapping) -> list[str] | None:
+    """The loopback probes a `waiter run` container waits for before it starts (step 0's
+    gate), or None when the waiter does not run it or its command line does not parse."""
+    pairs = _run_flags(container)
+    return None if pairs is None else [str(v) for f, v in pairs if f == p.FLAG_PROBE]
+
+
+def gate_of(container: Mapping) -> tuple[str | None, tuple[str, ...]]:
+    """The ready gate of a container `waiter run` runs: the ready file it reads (the
+    downward-API file of `initshift.io/ready`) and the loopback probes it checks itself;
+    (None, ()) for a container that waits for no gate, or whose command line does not parse."""
+    pairs = _run_flags(container) or []
+    ready = next((v for f, v in pairs if f == p.FLAG_READY_FILE and v), None)
+    return ready, tuple(str(v) for f, v in pairs if f == p.FLAG_PROBE and v)
 
 
 def read_argv(container: Mapping) -> Argv:

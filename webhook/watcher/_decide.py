@@ -1,10 +1,16 @@
 """The watcher's decisions: a pure function from a pod dict (and the time) to actions.
 
 No I/O here. `decide()` reads the annotations the webhook wrote and the kubelet's
-container statuses and returns the merge patches to apply, in order, with the Event to
-emit for each, and when to look again if nothing changes (a grace period or a timeout
-running out). Level-triggered: the same pod always gives the same answer, so a missed
-event, a restart or a second replica only repeats work that is already idempotent.
+container statuses and returns the merge patches to apply, in order, and when to look
+again if nothing changes (a grace period or a timeout running out); `notices()` says which
+Events the pod's state shows actions for. Level-triggered: the same pod always gives the
+same answer, so a missed event, a restart or a second replica only repeats work that is
+already idempotent.
+
+The write budget of a build pod on the happy path: one patch (the outcome, with
+`activeDeadlineSeconds` in the same merge patch when the sidecars must be ended) and one
+Event (the outcome's). The ready annotation costs one more patch, and only in pods whose
+gate reads it (`Layout.reads_ready`: no loopback probe the waiter could check itself).
 """
 
 from __future__ import annotations
@@ -29,31 +35,44 @@ _STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
 _STOPPED_NONE = "none"  # no sidecars
 
 # Event reasons.
-_EVENT_READY = "SidecarsReady"
 _EVENT_SUCCEEDED = "StepsSucceeded"
 _EVENT_FAILED = "StepsFailed"
 _EVENT_ENDED = "SidecarsEnded"
 
 _DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
 
+# How urgent a write is (lower first): the work queue serves a pod whose write ends it or
+# opens a gate before one whose write only records what happened.
+URGENT = 0  # ends a pod (activeDeadlineSeconds) or opens a gate (ready annotations)
+RECORD = 1  # an outcome that ends nothing (the sidecars have stopped or the pod has ended)
+
 
 @dataclass(frozen=True)
 class Action:
-    """One merge patch and the Event that reports it."""
+    """One merge patch."""
 
     kind: str  # "ready", "outcome", "end" or "container-ready" (start-order pods)
     patch: dict
-    reason: str  # the Event's reason; empty: no Event
-    message: str
-    warning: bool = False
+    message: str  # what the log line says
     outcome: dict | None = None  # for kind == "outcome"
+    ends: bool = False  # the patch sets activeDeadlineSeconds: the kubelet ends the pod
+
+    @property
+    def priority(self) -> int:
+        return URGENT if self.ends or self.kind in ("ready", "end", "container-ready") else RECORD
 
 
 @dataclass(frozen=True)
 class Decision:
     actions: list[Action] = field(default_factory=list)
     requeue_after: float | None = None  # look again after this many seconds
-    ready_latency: float | None = None  # set with a "ready" action: seconds since the pod started
+    ready_latency: float | None = None  # the gate opens in this decision: seconds since the pod started
+    gate_open: bool = False  # every sidecar has been Ready while the pod ran (or the annotation says so)
+
+    @property
+    def priority(self) -> int | None:
+        """The most urgent of the actions' priorities; None without actions."""
+        return min((a.priority for a in self.actions), default=None)
 
 
 def format_time(t: datetime) -> str:
@@ -84,6 +103,8 @@ def slim_pod(pod: dict) -> dict:
             entry = {"name": c.get("name")}
             if isinstance(c.get("command"), list) and c["command"]:
                 entry["command"] = c["command"][:1]  # only whether the waiter runs it
+            if isinstance(c.get("args"), list):
+                entry["args"] = _gate_args(c["args"])
             containers.append(entry)
     slim_spec: dict[str, Any] = {
         "containers": containers,
@@ -104,8 +125,24 @@ def slim_pod(pod: dict) -> dict:
     return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
 
 
+def _gate_args(args: list) -> list:
+    """The waiter's subcommand and its gate flags (what `Layout.ready_readers` reads), not
+    the rest of its command line nor the user's argv."""
+    out = args[:1]
+    for i in range(1, len(args) - 1):
+        if args[i] == p.ARGV_SEPARATOR:
+            break
+        if args[i] in (p.FLAG_READY_FILE, p.FLAG_PROBE):
+            out += args[i:i + 2]
+    return [*out, p.ARGV_SEPARATOR]
+
+
 # --- the decision --------------------------------------------------------------------------
-def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
+def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_open: bool = False) -> Decision:
+    """`gate_seen_open`: the caller saw this pod's gate open before (every sidecar Ready
+    while it ran), which the pod itself does not record when the watcher had nothing to
+    write for it (a gate of loopback probes); a sidecar that is not Ready later then does
+    not fail the pod, as it does not once the ready annotation is written."""
     meta = pod.get("metadata") or {}
     if managed_as(pod) == p.MANAGED_START_ORDER:
         return _decide_start_order(pod)
@@ -127,7 +164,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
 
     actions: list[Action] = []
     latency = None
-    ready = ann.get(p.ANNOTATION_READY) == p.READY_TRUE
+    gate_open = ann.get(p.ANNOTATION_READY) == p.READY_TRUE or (gate_seen_open and not lay.reads_ready)
     started = parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp"))
     elapsed = (now - started).total_seconds() if started else 0.0
     unready = [n for n in lay.sidecars if not (cs.get(n) or {}).get("ready")] + \
@@ -138,14 +175,14 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     retried = (pod.get("spec") or {}).get("restartPolicy") == "OnFailure" and not ended
     all_done = bool(runs) and all(r.state == "terminated" and (r.ok or not retried) for r in runs.values())
 
-    if not ready and not ended and not all_done:
+    if not gate_open and not ended and not all_done:
         if not unready and (phase == "Running" or not (lay.sidecars or lay.native)):
-            sidecars = lay.sidecars + lay.native
-            what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
-            actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
-                                  _EVENT_READY, f"{what} after {elapsed:.1f}s; {_may_start(lay)}"))
-            latency = elapsed
-            ready = True
+            gate_open, latency = True, elapsed
+            if lay.reads_ready:  # else the waiter's own probes open it (or it has no gate)
+                sidecars = lay.sidecars + lay.native
+                what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
+                actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
+                                      f"{what} after {elapsed:.1f}s; {_may_start(lay)}"))
         elif elapsed >= settings.sidecar_ready_timeout_seconds:
             names = unready or lay.sidecars + lay.native
             msg = f"sidecar {', '.join(names)} not Ready after {settings.sidecar_ready_timeout_seconds:g}s"
@@ -162,7 +199,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
                 any(runs[later].state != "terminated" for later in order[i + 1:]) and not ended:
             msg = f"{name} terminated without completing: {r.summary()}"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
-                                                deadline_set).actions, None, latency)
+                                                deadline_set).actions, None, latency, gate_open)
 
     if ended and not all_done:
         # The pod ended around unfinished work (evicted, the user's own deadline, deleted node).
@@ -170,16 +207,16 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
         why = ": ".join(x for x in (status.get("reason"), status.get("message")) if x) or f"pod {phase}"
         outcome = _outcome(lay, runs, first.name, f"pod ended before {first.name} finished ({why})", now,
                            _STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded" else _stopped(lay, None))
-        return Decision(actions + [_outcome_action(meta, outcome)], None, latency)
+        return Decision(actions + [_outcome_action(meta, outcome)], None, latency, gate_open)
 
     if not all_done:
-        return Decision(actions, requeue, latency)
+        return Decision(actions, requeue, latency, gate_open)
 
     # Every step and main has terminated: wait (up to the grace period) for the sidecars
     # to stop on their own, so the outcome can say how they stopped; then write it once.
     left = _grace_left(runs, now, settings)
     if running_sidecars and not ended and not deadline_set and left > 0:
-        return Decision(actions, left, latency)
+        return Decision(actions, left, latency, gate_open)
     failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason != p.REASON_SKIPPED), None) \
         or next((r for r in (runs[n] for n in order) if not r.ok), None)
     if failed is None:
@@ -190,10 +227,8 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings) -> Decision:
     end_now = bool(running_sidecars) and not ended and not deadline_set
     stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
-    actions.append(_outcome_action(meta, outcome))
-    if end_now:
-        actions.append(_sidecars_deadline(running_sidecars, settings))
-    return Decision(actions, None, latency)
+    actions.append(_outcome_action(meta, outcome, _sidecars_deadline(running_sidecars, settings) if end_now else None))
+    return Decision(actions, None, latency, gate_open)
 
 
 def _may_start(lay: Layout) -> str:
@@ -206,7 +241,8 @@ def _decide_start_order(pod: dict) -> Decision:
     from ..rewrite import start_order_ready_patch
 
     patch = start_order_ready_patch(pod)
-    return Decision([Action("container-ready", patch, "", "")]) if patch else Decision()
+    return Decision([Action("container-ready", patch, "container readiness for the start order")]) if patch \
+        else Decision()
 
 
 def _stopped(lay: Layout, status: dict | None) -> str:
@@ -235,14 +271,18 @@ def _outcome(lay: Layout, runs: dict[str, Run], failed: str | None, message: str
     }
 
 
-def _outcome_action(meta: dict, outcome: dict) -> Action:
+def _outcome_action(meta: dict, outcome: dict, end: Action | None = None) -> Action:
+    """The outcome's patch, with `end`'s (activeDeadlineSeconds) in the same merge patch: one
+    write records the build and ends the pod, and the outcome is never written after it."""
     # Conditional on the resourceVersion the decision was made from: a second replica
     # (or a stale cache) gets 409, re-reads, sees the outcome and leaves it alone.
-    patch = {"metadata": {"annotations": {p.ANNOTATION_OUTCOME: json.dumps(outcome, separators=(",", ":"))}}}
+    patch: dict = {"metadata": {"annotations": {p.ANNOTATION_OUTCOME: json.dumps(outcome, separators=(",", ":"))}}}
     if meta.get("resourceVersion"):
         patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
-    reason, message, warning = _outcome_event(outcome)
-    return Action("outcome", patch, reason, message, warning=warning, outcome=outcome)
+    message = f"{outcome['result']}: {outcome['message']}"
+    if end is None:
+        return Action("outcome", patch, message, outcome=outcome)
+    return Action("outcome", {**patch, **end.patch}, f"{message}; {end.message}", outcome=outcome, ends=True)
 
 
 def _outcome_event(outcome: dict) -> tuple[str, str, bool]:
@@ -253,9 +293,9 @@ def _outcome_event(outcome: dict) -> tuple[str, str, bool]:
 
 
 @dataclass(frozen=True)
-class _Notice:
-    """An Event the pod's state says is due: one for each action done on it, known by the
-    action's kind (so a replica that did not act can still tell it is due, and send it)."""
+class Notice:
+    """An Event the pod's state says is due, known by the kind of the action it reports (so
+    a replica that did not act can still tell it is due, and send it, with the same words)."""
 
     kind: str
     reason: str
@@ -263,30 +303,31 @@ class _Notice:
     warning: bool = False
 
 
-def notices(pod: dict) -> list[_Notice]:
-    """The Events that the pod's annotations and spec show actions for (start-order pods: none).
-    The message is what can be told from the pod alone; the replica that acted sends its own."""
+def notices(pod: dict) -> list[Notice]:
+    """The Events the pod's state shows actions for: one for the outcome (which tells how the
+    sidecars stopped, the deadline included when it came with the outcome), and one for a
+    deadline set apart from it (an outcome written before, by another watcher). The ready
+    annotation gets none: it is on the pod itself, and the outcome's Event follows soon.
+    Start-order pods: none (readiness flips are not news)."""
     if managed_as(pod) == p.MANAGED_START_ORDER:
         return []
     ann = (pod.get("metadata") or {}).get("annotations") or {}
-    out = []
-    if ann.get(p.ANNOTATION_READY) == p.READY_TRUE:
-        out.append(_Notice("ready", _EVENT_READY, "sidecars Ready; steps may start"))
     try:
         outcome = json.loads(ann[p.ANNOTATION_OUTCOME]) if p.ANNOTATION_OUTCOME in ann else None
     except ValueError:
         outcome = None
-    if isinstance(outcome, dict):
-        out.append(_Notice("outcome", *_outcome_event(outcome)))
-        ads = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-        if isinstance(ads, int) and ads <= _DEADLINE:
-            out.append(_Notice("end", _EVENT_ENDED, f"ending the pod (activeDeadlineSeconds={_DEADLINE})", True))
+    if not isinstance(outcome, dict):
+        return []
+    out = [Notice("outcome", *_outcome_event(outcome))]
+    ads = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if isinstance(ads, int) and ads <= _DEADLINE and outcome.get("sidecarsStoppedBy") != _STOPPED_DEADLINE:
+        out.append(Notice("end", _EVENT_ENDED, f"ending the pod (activeDeadlineSeconds={_DEADLINE})", True))
     return out
 
 
 def _deadline_action(message: str) -> Action:
-    return Action("end", {"spec": {"activeDeadlineSeconds": _DEADLINE}}, _EVENT_ENDED,
-                  f"{message} (activeDeadlineSeconds={_DEADLINE})", warning=True)
+    return Action("end", {"spec": {"activeDeadlineSeconds": _DEADLINE}},
+                  f"{message} (activeDeadlineSeconds={_DEADLINE})", ends=True)
 
 
 def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: list[str], failed: str,
@@ -296,9 +337,8 @@ def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: li
     ended = pod_ended(pod)
     stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed, message, now, stopped)
-    actions = [_outcome_action(pod.get("metadata") or {}, outcome)]
-    end = _end(lay, runs, running_sidecars, ended or deadline_set, True, now, settings, message)
-    return Decision(actions + end.actions, None)
+    end = _end(lay, runs, running_sidecars, ended or deadline_set, True, now, settings, None).actions
+    return Decision([_outcome_action(pod.get("metadata") or {}, outcome, end[0] if end else None)], None)
 
 
 def _end(lay: Layout, runs: dict[str, Run], running_sidecars: list[str], done: bool, blocked: bool,

@@ -32,3 +32,11 @@ IN_FLIGHT = Gauge("initshift_watcher_pods_in_flight", "Waiter-managed pods not e
 OLDEST_ENDING = Gauge("initshift_watcher_oldest_ending_timestamp_seconds",
                       "When the outcome of the oldest pod still not ended was recorded (Unix time); 0: none.",
                       registry=REGISTRY, multiprocess_mode="livemax")
+
+
+def export_in_flight(steps: int, ending: list[float]) -> None:
+    """Set the in-flight gauges: pods running their steps, and the decision times (Unix
+    time, 0 when unknown) of the pods whose outcome is written but that still run."""
+    IN_FLIGHT.labels("steps").set(steps)
+    IN_FLIGHT.labels("ending").set(len(ending))
+    OLDEST_ENDING.set(min((t for t in ending if t), default=0.0))

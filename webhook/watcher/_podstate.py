@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from waiter import protocol as p
 
-from ..rewrite import classify, is_restartable, managed_as
+from ..rewrite import classify, gate_of, is_restartable, managed_as
 from ..settings import RewriteSettings
 from ..errors import InitshiftError
 
@@ -79,6 +79,14 @@ class Layout:
     sequence: list[str]  # inits and steps interleaved as they run (mains wait for its last)
     in_init: frozenset[str]  # names whose status is in initContainerStatuses
     waiter_run: frozenset[str]  # containers whose command is the waiter
+    # Containers whose ready gate is the `initshift.io/ready` annotation alone: the waiter
+    # reads its downward-API file and has no loopback probe to check the sidecars itself.
+    # The one rule for "the watcher writes the ready annotation": only for such pods.
+    ready_readers: frozenset[str] = frozenset()
+
+    @property
+    def reads_ready(self) -> bool:
+        return bool(self.ready_readers)
 
     @property
     def work(self) -> list[str]:
@@ -111,6 +119,7 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
     waiter_run = frozenset(c["name"] for c in regular
                            if isinstance(c.get("command"), list) and c["command"][:1] == [p.WAITER_PATH])
     in_init = frozenset(c["name"] for c in inits)
+    readers = frozenset(c["name"] for c in regular if c["name"] in waiter_run and _reads_ready(c))
     names = [c["name"] for c in regular]
     if strategy in WAITER_RUN:
         steps = [n for n in _json_list(annotations.get(p.ANNOTATION_STEPS)) or [] if n in names]
@@ -119,7 +128,8 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
         else:  # pods written before the mains annotation: a waiter-run container is a main
             mains = [n for n in names if n not in steps and n in waiter_run]
         sidecars = [n for n in names if n not in steps and n not in mains]
-        return Layout(strategy, sequential, steps, mains, sidecars, native, sequential + steps, in_init, waiter_run)
+        return Layout(strategy, sequential, steps, mains, sidecars, native, sequential + steps, in_init, waiter_run,
+                      readers)
     if strategy is None and not sequential:
         label = managed_as(pod)
         why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
@@ -132,6 +142,11 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
     mains = [n for n in names if n not in sidecars and n not in native]
     return Layout(strategy, [n for n in sequential if n not in steps], steps, mains, sidecars, native,
                   sequential, in_init, waiter_run)
+
+
+def _reads_ready(container: Mapping) -> bool:
+    ready_file, probes = gate_of(container)
+    return ready_file is not None and not probes
 
 
 def statuses(pod: Mapping) -> dict[str, dict]:

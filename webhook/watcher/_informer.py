@@ -1,0 +1,90 @@
+"""An informer's list-and-watch loop (client-go's reflector), for one core/v1 collection in
+one namespace or all.
+
+It lists first (in pages, each cut down by `shrink` before the next arrives), then
+watches from the list's resourceVersion with bookmarks, and resumes from the last
+resourceVersion it saw (an event's or a bookmark's) when a watch ends (the server ends
+each after 5-10 min) or breaks. It re-lists only on 410 Gone, after a failed list, or
+every `resync_seconds` when asked to. Errors back off exponentially (0.2 s doubling up to
+5 s, with jitter), so after an outage it is back within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Callable
+
+from ..kube import KubeApi, KubeError
+from ._metrics import API_ERRORS
+from ._ratelimit import Backoff
+from ._store import rv_of
+
+log = logging.getLogger("initshift.watcher")
+
+_WATCH_SECONDS = (300, 600)  # a watch asks the server to end it after a random time in this range
+
+
+class Informer:
+    def __init__(self, api: KubeApi, plural: str, namespace: str | None, *, label_selector: str | None = None,
+                 field_selector: str | None = None, on_list: Callable[[str | None, list[dict]], None],
+                 on_event: Callable[[str, dict], None], shrink: Callable[[dict], dict] = lambda obj: obj,
+                 page_size: int = 500, resync_seconds: float = 0.0, backoff_initial: float = 0.2) -> None:
+        self.api, self.plural, self.namespace = api, plural, namespace
+        self.label_selector, self.field_selector = label_selector, field_selector
+        self.on_list, self.on_event, self.shrink = on_list, on_event, shrink
+        self.page_size, self.resync_seconds, self.backoff_initial = page_size, resync_seconds, backoff_initial
+        self.resource_version = ""  # the newest one delivered (a list's, an event's, a bookmark's)
+        self.synced = asyncio.Event()  # the first list has been delivered
+
+    async def _list(self) -> tuple[list[dict], str]:
+        items: list[dict] = []
+        rv = ""
+        async for page, rv in self.api.list_pages(self.plural, self.namespace, label_selector=self.label_selector,
+                                                  field_selector=self.field_selector, limit=self.page_size):
+            items.extend(self.shrink(obj) for obj in page)
+        return items, rv
+
+    async def run(self) -> None:
+        backoff = Backoff(self.backoff_initial)
+        where = {"namespace": self.namespace or "*", "resource": self.plural}
+        rv: str | None = None
+        next_list = float("inf")
+        while True:
+            try:
+                if rv is None or time.monotonic() >= next_list:
+                    items, rv = await self._list()
+                    next_list = time.monotonic() + self.resync_seconds if self.resync_seconds > 0 else float("inf")
+                    self.on_list(self.namespace, items)
+                    self.resource_version = rv
+                    self.synced.set()
+                    backoff.reset()
+                seconds = random.randint(*_WATCH_SECONDS)
+                if next_list != float("inf"):
+                    seconds = max(1, min(seconds, int(next_list - time.monotonic()) + 1))
+                opened = time.monotonic()
+                async for kind, obj in self.api.watch(self.plural, self.namespace, label_selector=self.label_selector,
+                                                      field_selector=self.field_selector, resource_version=rv,
+                                                      timeout_seconds=seconds):
+                    rv = rv_of(obj) or rv
+                    if kind != "BOOKMARK":
+                        self.on_event(kind, obj)
+                    self.resource_version = rv
+                    backoff.reset()
+                if time.monotonic() - opened < 1.0:
+                    await asyncio.sleep(backoff.next())  # a stream that ends at once: don't spin
+            except KubeError as e:
+                API_ERRORS.labels(f"watch_{self.plural}", str(e.status)).inc()
+                if e.gone:
+                    log.info("watch expired (410), re-listing", extra=where)
+                    rv = None
+                    continue
+                delay = backoff.next()
+                log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra=where)
+                await asyncio.sleep(delay)
+            except Exception:  # a bug or an unexpected payload: keep watching, after a pause
+                delay = backoff.next()
+                log.exception("watch loop error, retrying in %.1fs", delay, extra=where)
+                await asyncio.sleep(delay)
