@@ -92,7 +92,7 @@ class Reviewer:
     def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
         """Parse (BadReview propagates) and plan; with no registry lookup to make, the whole
         decision. `gone` is asked between steps: once true, ClientGone."""
-        review = admission.parse_review(body)
+        review = admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
         first = self._safe(review, self._plan, review)
         if isinstance(first, tuple) and not first[1]:
             _check(gone)
