@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Mapping, Sequence
-
 import httpx
 import pytest
 
@@ -16,8 +14,8 @@ from tests.support.kubedouble import KubeDouble
 from waiter import protocol as p
 from webhook.admission import _review as admission, _cluster as cluster
 from webhook import metrics
-from webhook.admission._cluster import KubeFetcher, NativeSupport, NodesForbidden, Observation, decide
-from webhook.kube._api import KubeError
+from webhook.admission._cluster import NativeSupport, decide
+from webhook.kube import ClusterVersions as Observation, KubeError, read_versions
 from tests.support.patching import apply_patch, decode_patch
 from webhook.admission._app import create_app
 from webhook.settings import RewriteSettings, Settings
@@ -28,59 +26,29 @@ def settings(**rewrite) -> Settings:
 
 
 class Cluster:
-    """What GET /version and the node list answer; an exception instance is raised."""
+    """A KubeApi stand-in: what GET /version and the node list answer; an exception instance
+    is raised."""
 
     def __init__(self, version: object, kubelets: object = ()) -> None:
         self.answer_version, self.kubelets = version, kubelets
         self.calls = 0
 
-    async def version(self) -> Mapping:
-        self.calls += 1
-        if isinstance(self.answer_version, Exception):
-            raise self.answer_version
-        return self.answer_version  # type: ignore[return-value]
-
-    async def nodes(self) -> Sequence[Mapping]:
-        if isinstance(self.kubelets, Exception):
-            raise self.kubelets
-        return [{"metadata": {"name": f"n{i}"}, "status": {"nodeInfo": {"kubeletVersion": v}}}
-                for i, v in enumerate(self.kubelets)]  # type: ignore[arg-type]
+    async def request(self, method: str, path: str, *, query: dict | None = None) -> object:
+        answer = self.answer_version if path == "/version" else self.kubelets
+        self.calls += path == "/version"
+        if isinstance(answer, Exception):
+            raise answer
+        if path == "/version":
+            return answer
+        return {"items": [{"metadata": {"name": f"n{i}"}, "status": {"nodeInfo": {"kubeletVersion": v}}}
+                          for i, v in enumerate(answer)], "metadata": {}}  # type: ignore[arg-type]
 
 
 def git(version: str) -> dict:
     return {"major": "1", "minor": version.split(".")[1], "gitVersion": version}
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("v1.29.3-eks-abc", (1, 29)),
-    ("v1.30.0", (1, 30)),
-    ("1.28", (1, 28)),
-    ("v1.28.5+k3s1", (1, 28)),
-    ("v1.31.1-gke.1146000", (1, 31)),
-    ("v2.0.0", (2, 0)),
-    ("", None),
-    ("latest", None),
-    ("v1", None),
-    (None, None),
-    (129, None),
-])
-def test_parse_version(text, expected):
-    assert cluster.parse_version(text) == expected
-
-
-@pytest.mark.parametrize("body, expected", [
-    ({"gitVersion": "v1.29.3-eks-abc", "major": "1", "minor": "29"}, (1, 29)),
-    ({"gitVersion": "", "major": "1", "minor": "29+"}, (1, 29)),  # GKE/EKS style minor
-    ({"major": "1", "minor": "30"}, (1, 30)),
-    ({"major": "1", "minor": "x"}, None),
-    ({}, None),
-    ("not a mapping", None),
-])
-def test_apiserver_version(body, expected):
-    assert cluster.apiserver_version(body) == expected
-
-
-DENIED = NodesForbidden('nodes is forbidden: User "system:serviceaccount:initshift-system:initshift" cannot list')
+DENIED = KubeError(403, 'nodes is forbidden: User "system:serviceaccount:initshift-system:initshift" cannot list')
 
 # (apiserver /version, kubelet versions or an error, expected support)
 TABLE = [
@@ -104,8 +72,7 @@ TABLE = [
 
 @pytest.mark.parametrize("version, kubelets, expected", TABLE)
 async def test_auto_decision_table(version, kubelets, expected):
-    obs = await cluster.observe(Cluster(version, kubelets))
-    decision = decide(obs)
+    decision = decide(await read_versions(Cluster(version, kubelets)))  # type: ignore[arg-type]
     assert decision.supported is expected, decision.why
     support = NativeSupport(settings(), Cluster(version, kubelets))
     await support.refresh()
@@ -123,23 +90,23 @@ def test_decision_explains_itself():
 
 @pytest.mark.parametrize("setting, expected", [("true", True), ("false", False)])
 async def test_setting_overrides_detection_without_api_calls(setting, expected):
-    fetcher = Cluster(git("v1.27.0") if expected else git("v1.31.0"), ["v1.31.0"])
-    support = NativeSupport(settings(native_sidecars=setting), fetcher)
+    api = Cluster(git("v1.27.0") if expected else git("v1.31.0"), ["v1.31.0"])
+    support = NativeSupport(settings(native_sidecars=setting), api)
     await support.refresh()
-    assert support.current() is expected and fetcher.calls == 0
+    assert support.current() is expected and api.calls == 0
     assert (await cluster.detect_native_support(settings(native_sidecars=setting))).current() is expected
 
 
 async def test_failed_refresh_keeps_the_last_answer_and_upgrades_are_seen():
-    fetcher = Cluster(git("v1.28.3"), ["v1.28.3"])
-    support = NativeSupport(settings(), fetcher)
+    api = Cluster(git("v1.28.3"), ["v1.28.3"])
+    support = NativeSupport(settings(), api)
     assert support.current() is None and support.strategy() == p.MODE_WAITER, "unknown before detection"
     await support.refresh()
     assert support.current() is False
-    fetcher.answer_version = KubeError(0, "connection refused")
+    api.answer_version = KubeError(0, "connection refused")
     await support.refresh()
     assert support.current() is False, "a transient failure does not flip the strategy"
-    fetcher.answer_version, fetcher.kubelets = git("v1.29.1"), ["v1.29.1", "v1.29.0"]
+    api.answer_version, api.kubelets = git("v1.29.1"), ["v1.29.1", "v1.29.0"]
     await support.refresh()
     assert support.current() is True and support.strategy() == p.MODE_HYBRID
 
@@ -157,8 +124,8 @@ async def test_metrics_follow_the_decision():
     def value(name: str, **labels: str) -> float | None:
         return metrics.REGISTRY.get_sample_value(name, labels)
 
-    fetcher = Cluster(git("v1.30.0"), ["v1.30.0"])
-    support = NativeSupport(settings(), fetcher)
+    api = Cluster(git("v1.30.0"), ["v1.30.0"])
+    support = NativeSupport(settings(), api)
     assert value("initshift_native_sidecars_supported") == -1
     await support.refresh()
     assert value("initshift_native_sidecars_supported") == 1
@@ -171,13 +138,13 @@ async def test_metrics_follow_the_decision():
 
 
 async def test_run_retries_until_known_then_stops_on_request():
-    fetcher = Cluster(KubeError(0, "apiserver not up yet"), ["v1.30.0"])
-    support = NativeSupport(settings(native_refresh_seconds=1.0), fetcher)
+    api = Cluster(KubeError(0, "apiserver not up yet"), ["v1.30.0"])
+    support = NativeSupport(settings(native_refresh_seconds=1.0), api)
     stop = asyncio.Event()
     task = asyncio.create_task(support.run(stop))
     await support.refresh()
     assert support.current() is None
-    fetcher.answer_version = git("v1.30.0")
+    api.answer_version = git("v1.30.0")
     for _ in range(200):  # the loop's own retry picks up the answer
         if support.current() is not None:
             break
@@ -185,27 +152,6 @@ async def test_run_retries_until_known_then_stops_on_request():
     assert support.current() is True
     stop.set()
     await asyncio.wait_for(task, 5)
-
-
-class PagedApi:
-    """A KubeApi stand-in for the node list's pagination (the API double does not page)."""
-
-    def __init__(self, pages: list[list[str]]) -> None:
-        self.pages, self.queries = pages, []
-
-    async def request(self, method: str, path: str, *, query: dict | None = None) -> dict:
-        self.queries.append(dict(query or {}))
-        index = int((query or {}).get("continue") or 0)
-        more = {"continue": str(index + 1)} if index + 1 < len(self.pages) else {}
-        return {"items": [{"status": {"nodeInfo": {"kubeletVersion": v}}} for v in self.pages[index]],
-                "metadata": more}
-
-
-async def test_node_list_follows_continue_tokens():
-    api = PagedApi([["v1.30.0"], ["v1.30.0"], ["v1.28.0"]])
-    nodes = await KubeFetcher(api).nodes()  # type: ignore[arg-type]
-    assert len(nodes) == 3 and [q.get("continue") for q in api.queries] == [None, "1", "2"]
-    assert all(q["limit"] == KubeFetcher.PAGE for q in api.queries)
 
 
 # --- against the in-process API double ---------------------------------------------------------

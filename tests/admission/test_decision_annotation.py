@@ -21,8 +21,8 @@ def reviewer() -> Reviewer:
 
 
 async def decide(pod: dict, namespace: str = "builds"):
-    return await reviewer().decide(admission.parse_review(
-        json.dumps(h.review(pod, namespace=namespace)).encode()))
+    r = reviewer()
+    return await r.complete(*r.start(json.dumps(h.review(pod, namespace=namespace)).encode()))
 
 
 async def test_skipped_pod_gets_only_the_reason():

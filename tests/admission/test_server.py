@@ -363,7 +363,7 @@ def test_one_json_log_line_per_review_without_pod_contents(client, caplog):
 def test_tls_1_2_and_newer_only(server, pki, version):
     # This OpenSSL refuses TLS < 1.2 on the client side too, so the floor is checked on the
     # context the listening socket uses; each allowed version is checked by a handshake.
-    assert server.ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert server.reloader.ctx.minimum_version == ssl.TLSVersion.TLSv1_2
     ctx = h.client_context(pki / "ca.crt")
     ctx.minimum_version = ctx.maximum_version = version
     assert httpx.get(f"{h.base_url(server)}/healthz", verify=ctx).status_code == 200

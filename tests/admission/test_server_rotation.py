@@ -107,17 +107,16 @@ def test_a_half_written_pair_keeps_the_old_certificate(tmp_path):
     ca = pki.create_ca()
     first, second = (pki.create_serving(ca, names, h.LOOPBACK.ips) for _ in range(2))
     store.write_dir(tmp_path, ca, first)
-    ctx = tls.make_context(str(tmp_path / store.TLS_CERT), str(tmp_path / store.TLS_KEY))
-    reloader = tls.CertReloader(ctx, str(tmp_path / store.TLS_CERT), str(tmp_path / store.TLS_KEY))
+    reloader = tls.CertReloader(str(tmp_path / store.TLS_CERT), str(tmp_path / store.TLS_KEY))
     store.write_file(tmp_path / store.TLS_CERT, second.cert_pem)  # new certificate, old key
     assert reloader.check() is False and reloader.reloads == 0
     # ...and the context still serves the old pair (a failed load must not leave it without a key)
-    assert handshake_cert(ctx, ca) == der(first)
+    assert handshake_cert(reloader.ctx, ca) == der(first)
     store.write_file(tmp_path / store.TLS_KEY, second.key_pem)  # the writer finishes
     assert reloader.check() is True and reloader.reloads == 1
     assert reloader.check() is False  # nothing changed since
     assert reloader.valid()
-    assert handshake_cert(ctx, ca) == der(second)
+    assert handshake_cert(reloader.ctx, ca) == der(second)
 
 
 def handshake_cert(server_ctx: ssl.SSLContext, ca: pki.KeyPair) -> bytes:

@@ -2,24 +2,25 @@
 build pod with an istio-proxy sidecar (part one, tests/bench/latency_bench.py, times one
 review in process and over one connection). Prints figures, asserts nothing.
 
-1. Throughput at 16 keep-alive connections (ApacheBench: C, so the client takes little of
-   the machine's CPU away from the server).
-2. A burst: 64 keep-alive connections sending reviews as fast as they are answered, while a
+The server (`initshift serve`, one process, JSON logs on, as in production) is pinned to
+one core and every client to another, so no client takes the server's CPU.
+
+1. What one process serves: wrk (C) sends reviews as a Poisson stream at a rate asked
+   for (each connection waits an exponential time before each request), 100/s and up,
+   10 s each, until p99 reaches 5 ms; the highest rate under it is the figure the
+   Deployment is sized by (docs/admission-server.md#sizing).
+2. Throughput at 16 keep-alive connections sending as fast as answered (ApacheBench).
+3. A burst: 64 keep-alive connections sending reviews as fast as they are answered, while a
    probe opens a new TLS connection every 100 ms (handshake time) and asks /healthz on
    its own connection (latency): the webhook's 5 s timeout must never be near.
-3. What one process serves: fixed-rate runs (reviews started on schedule whatever the
-   answers' pace) at rising rates, 5 s each, until p99 reaches 5 ms; the highest rate under
-   it is the figure the Deployment is sized by (docs/admission-server.md#sizing).
 
-The server runs as `initshift serve` (one process, JSON logs on, as in production).
-`--server-tree DIR` runs the server from another checkout (a baseline), `--quick` skips the
-fixed-rate runs.
+`--server-tree DIR` runs the server from another checkout (a baseline), `--rates-only`
+runs part 1 alone, `--quick` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -38,7 +39,7 @@ import httpx
 from tests.support import https_helpers as h
 
 BURST_SECONDS = 10.0
-RATES, RATE_SECONDS, RATE_P99_MS = (100, 200, 300, 400, 500, 600, 800, 1000, 1200, 1500, 2000), 5.0, 5.0
+RATES, RATE_SECONDS, RATE_P99_MS = (50, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1500), 10.0, 5.0
 
 
 def pct(values: list[float], q: float) -> float:
@@ -107,110 +108,109 @@ def burst(url: str, port: int, ca: Path, body_file: Path) -> tuple[dict, Probe]:
     return load, probe
 
 
-# --- fixed rate ---------------------------------------------------------------------------
-async def fixed_rate(port: int, ca: Path, body: bytes, rate: int) -> dict:
-    """Open loop: request i is due at start + i/RATE whatever the earlier answers' pace, and
-    its latency counts from then (waiting for a free connection included). A raw asyncio
-    TLS client (prepared request bytes) keeps the client's own CPU small; connections are
-    reused last-in first-out, and one the server closed while idle is reopened once."""
-    ctx = h.client_context(ca)
-    request = (f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    free = asyncio.Semaphore(64)
-    latencies: list[float] = []
-    errors: dict[str, int] = {}
-    reopened = 0
-
-    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost")
-
-    async def exchange(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> int:
-        reader, writer = conn
-        writer.write(request)
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = re.search(rb"(?i)content-length:\s*(\d+)", head)
-        await reader.readexactly(int(length.group(1)) if length else 0)
-        return int(head.split()[1])
-
-    async def one(due: float) -> None:
-        nonlocal reopened
-        async with free:
-            conn = idle.pop() if idle else await connect()
-            try:
-                try:
-                    status = await exchange(conn)
-                except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
-                    conn[1].close()
-                    reopened += 1
-                    conn = await connect()
-                    status = await exchange(conn)
-                if status != 200:
-                    errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
-                idle.append(conn)
-            except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as e:
-                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
-            latencies.append(time.perf_counter() - due)
-
-    tasks = []
-    start = time.perf_counter()
-    for i in range(int(rate * RATE_SECONDS)):
-        due = start + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(due)))
-    await asyncio.gather(*tasks)
-    wall = time.perf_counter() - start
-    for _, writer in idle:
-        writer.close()
-    return {"sent": len(tasks), "rps": len(tasks) / wall, "p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
-            "max": max(latencies) * 1000, "errors": errors, "reopened": reopened}
+# --- what one process serves ----------------------------------------------------------------
+# wrk (C) paces each connection with Lua's delay() hook: before each request it waits an
+# exponential time, so the requests of all connections together arrive as a Poisson stream
+# at the rate asked (many independent clients, as an apiserver's many writers are), and one
+# late answer holds back only its own connection's next request. The first request of each
+# connection waits for the TLS handshakes of all of them to be over (not counted).
+_PACED = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*a")
+f:close()
+local gap, started = {gap_ms}, 0
+function delay()
+  started = started + 1
+  local wait = -gap * math.log(1 - math.random())
+  if started <= {connections} then wait = wait + 1000 end
+  return wait
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("PACED %d %d %d %d %.0f %.0f %.0f %.0f\\n", summary.requests, summary.duration,
+    e.status, e.connect + e.read + e.write + e.timeout, latency:percentile(50), latency:percentile(99),
+    latency:percentile(99.9), latency.max))
+end
+"""
 
 
-def sweep(port: int, ca: Path, body: bytes) -> list[dict]:
-    """Fixed-rate runs at RATES until one misses p99 < RATE_P99_MS (or fails); printed as they go."""
+def paced(url: str, body_file: Path, rate: int) -> dict:
+    """`rate` reviews/s for RATE_SECONDS (plus the second of warm-up) through wrk, pinned."""
+    connections = max(8, min(64, rate // 10))
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
+        lua.write(_PACED.format(body=body_file, gap_ms=1000.0 * connections / rate, connections=connections))
+        lua.flush()
+        out = subprocess.run(["wrk", "-t1", f"-c{connections}",
+                              f"-d{RATE_SECONDS + 1:g}s", "--timeout", "10s", "-s", lua.name, f"{url}/mutate"],
+                             capture_output=True, text=True, timeout=RATE_SECONDS + 120, check=True).stdout
+    m = re.search(r"^PACED" + r" (\d+)" * 8 + "$", out, re.M)
+    if m is None:
+        raise SystemExit(f"wrk printed no figures:\n{out}")
+    done, duration, status, errors, p50, p99, p999, worst = map(int, m.groups())
+    return {"rate": rate, "connections": connections, "done": done, "rps": done / (duration / 1e6),
+            "errors": status + errors, "p50": p50 / 1000, "p99": p99 / 1000, "p999": p999 / 1000, "max": worst / 1000}
+
+
+def sweep(url: str, body_file: Path) -> list[dict]:
+    """Paced runs at RATES until one misses p99 < RATE_P99_MS (or fails); printed as they go."""
     out = []
     for rate in RATES:
-        r = dict(asyncio.run(fixed_rate(port, ca, body, rate)), rate=rate)
+        r = paced(url, body_file, rate)
         out.append(r)
-        print(f"fixed rate {rate}/s for {RATE_SECONDS:g} s (up to 64 connections): {r['sent']} sent at "
-              f"{r['rps']:.0f}/s, p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, max {r['max']:.0f} ms, "
-              f"errors {r['errors'] or 0}, idle connections reopened {r['reopened']}", flush=True)
+        print(f"paced {rate}/s ({r['connections']} connections, {RATE_SECONDS:g} s): {r['done']} answered at "
+              f"{r['rps']:.0f}/s, p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, p99.9 {r['p999']:.1f} ms, "
+              f"max {r['max']:.0f} ms, errors {r['errors']}, load average {os.getloadavg()[0]:.1f}", flush=True)
         if r["p99"] >= RATE_P99_MS or r["errors"]:
             break
     return out
 
 
+def pin() -> tuple[set[int], set[int]] | None:
+    """One core for the server (a Python process uses one), another for the clients (this
+    process, wrk and ab inherit it): the client never takes the server's CPU. None with
+    fewer than two cores."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    server, client = {cpus[-1]}, {cpus[0]}
+    os.sched_setaffinity(0, client)
+    return server, client
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server-tree", type=Path, default=Path.cwd(), help="checkout the server runs from")
-    ap.add_argument("--quick", action="store_true", help="skip the fixed-rate runs")
+    ap.add_argument("--rates-only", action="store_true", help="only the paced runs (what one process serves)")
+    ap.add_argument("--quick", action="store_true", help="skip the paced runs")
     args = ap.parse_args(argv)
-    pod = h.seven_step_pod()
-    review = h.review(pod, namespace="builds")
-    body = json.dumps(review).encode()
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (make bench-admission installs it as root)")
+        return 1
+    pinned = pin()
+    body = json.dumps(h.review(h.seven_step_pod(), namespace="builds")).encode()
+    where = f"server on CPU {min(pinned[0])}, clients on CPU {min(pinned[1])}" if pinned else "not pinned (one CPU)"
     print(f"admission benchmark: 7-step pod + istio-proxy, {len(body)} byte review, TLS, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f}, one server process from {args.server_tree}")
-    have_ab = shutil.which("ab") is not None
+          f"{where}, load average {os.getloadavg()[0]:.1f}, one server process from {args.server_tree}")
+    have_ab = shutil.which("ab") is not None and not args.rates_only
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         ca = h.make_certs(d)
         body_file = d / "review.json"
         body_file.write_bytes(body)
-        proc, port = h.serve_process(d, body, tree=args.server_tree.resolve())
+        affinity = (lambda: os.sched_setaffinity(0, pinned[0])) if pinned else None
+        proc, port = h.serve_process(d, body, tree=args.server_tree.resolve(), preexec_fn=affinity,
+                                     env={"INITSHIFT_WORKERS": "1"})  # one process from an older --server-tree
         url = f"https://127.0.0.1:{port}"
         try:
+            rates = [] if args.quick else sweep(url, body_file)
             steady = ab(url, body_file, 16, 10) if have_ab else None
             load, probe = burst(url, port, ca, body_file) if have_ab else (None, None)
-            rates = [] if args.quick else sweep(port, ca, body)
         finally:
             proc.terminate()
             proc.wait(30)
-    if steady is None or load is None or probe is None:
-        print("ApacheBench (ab, Debian apache2-utils) not found: no throughput or burst figures")
-    else:
+    if steady is not None and load is not None and probe is not None:
         print(f"ab, 16 keep-alive connections, 10 s: {steady['rps']:.0f} req/s, p99 {steady['p99']:.0f} ms, "
               f"{steady['failed']:.0f} failed, {steady['non2xx']:.0f} non-2xx")
         print(f"burst, 64 keep-alive connections, {BURST_SECONDS:g} s: {load['rps']:.0f} req/s, p99 {load['p99']:.0f} ms, "
@@ -221,10 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  /healthz during it: {len(probe.healthz)}, p50 {pct(probe.healthz, 0.5):.0f} ms, "
               f"p99 {pct(probe.healthz, 0.99):.0f} ms, max {max(probe.healthz, default=0) * 1000:.0f} ms; "
               f"probe failures: {len(probe.failures)} {probe.failures[:3]}")
-    best = max((r["rate"] for r in rates if r["p99"] < RATE_P99_MS and not r["errors"]), default=None)
+    elif not args.rates_only:
+        print("ApacheBench (ab, Debian apache2-utils) not found: no throughput or burst figures")
     if rates:
-        print(f"one process serves {best or 'under ' + str(RATES[0])} reviews/s at p99 < {RATE_P99_MS:g} ms "
-              f"(the highest fixed rate below)")
+        best = max((r["rps"] for r in rates if r["p99"] < RATE_P99_MS and not r["errors"]), default=None)
+        print(f"one process serves {f'{best:.0f}' if best else 'under ' + str(RATES[0])} reviews/s at p99 < "
+              f"{RATE_P99_MS:g} ms (the highest paced rate above whose p99 stayed under it; load average "
+              f"{os.getloadavg()[0]:.1f} at the end)")
     return 0
 
 

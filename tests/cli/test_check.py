@@ -4,6 +4,7 @@ line and exit code 1."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -103,9 +104,23 @@ async def test_ca_bundle_that_does_not_verify(kube: KubeDouble, tmp_path) -> Non
     assert "unable to get local issuer certificate: the apiserver cannot call the webhook" in out
 
 
+async def refused(port: int, seconds: float = 30) -> None:
+    """Until nothing listens on the port: stop() only asks uvicorn to exit (it looks every 0.1 s)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionRefusedError:
+            return
+        writer.close()
+        assert asyncio.get_running_loop().time() < deadline, "the server still listens"
+        await asyncio.sleep(0.05)
+
+
 async def test_server_down(kube: KubeDouble, tmp_path) -> None:
     async with inst.healthy(kube, tmp_path) as i:
         i.server.stop()
+        await refused(int(i.url.rsplit(":", 1)[1]))
         i.server.sock.close()
         code, out, _ = await check(*i.argv())
     host = i.url.removeprefix("https://")

@@ -195,11 +195,11 @@ async def test_rbac_allows_every_call_the_code_makes(name, tmp_path):
 
 
 async def node_calls() -> list[Attrs]:
-    from webhook.admission._cluster import KubeFetcher, observe
+    from webhook.kube import read_versions
 
     rec = Recorder(lambda m, path, q: (200, {"major": "1", "minor": "30", "gitVersion": "v1.30.2"})
                    if path == "/version" else (200, {"items": [], "metadata": {}}))
-    await observe(KubeFetcher(rec))
+    await read_versions(rec)
     return [c for c in rec.calls if c[2] not in PUBLIC_INFO]
 
 
@@ -305,7 +305,7 @@ def server_modules(start: str = "webhook.cli._serve") -> set[str]:
 
 
 # Server modules that call KubeApi.request directly, each replayed above.
-DIRECT_REQUESTS = {"webhook.kube._api", "webhook.kube._certs", "webhook.registry._pullsecrets", "webhook.admission._cluster"}
+DIRECT_REQUESTS = {"webhook.kube._api", "webhook.kube._certs", "webhook.registry._pullsecrets", "webhook.kube._versions"}
 
 
 def test_every_direct_api_request_is_covered():
@@ -320,7 +320,7 @@ def test_every_direct_api_request_is_covered():
 @pytest.mark.parametrize("with_component", [False, True])
 async def test_native_detection_reads_nodes_only_with_the_component(with_component):
     """The apiserver answers 403 for what RBAC does not grant; detection must cope."""
-    from webhook.admission._cluster import KubeFetcher, observe
+    from webhook.kube import read_versions
 
     r = Rendered(kustomize("overlays/self-managed", COMPONENTS[:1] if with_component else ()))
     g = grants(r)
@@ -333,7 +333,7 @@ async def test_native_detection_reads_nodes_only_with_the_component(with_compone
         return 200, {"items": [{"status": {"nodeInfo": {"kubeletVersion": "v1.30.1"}}}], "metadata": {}}
 
     rec = Recorder(responder)
-    obs = await observe(KubeFetcher(rec))
+    obs = await read_versions(rec)
     assert obs.apiserver is not None
     if with_component:
         assert obs.kubelets and obs.nodes_error is None

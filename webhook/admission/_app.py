@@ -5,8 +5,8 @@ cost more than a small review) that reads the raw body itself: a malformed revie
 one-line 400. Memory is bounded by how reviews are taken (docs/admission-server.md): a
 review up to INLINE_MAX_BYTES is read, parsed, rewritten and encoded on the event loop
 without a pause, so one is in the works at a time; a larger or chunked one waits for the
-large turn with its body unread (uvicorn reads no more than 64 KiB a body the app does not
-ask for), then is read and worked on the turn's thread while the loop serves. A client
+large turn with its body unread (uvicorn reads no more than 64 KiB of a body the app does
+not ask for), then is read and worked on the turn's thread while the loop serves. A client
 that leaves gives its turn back. Everything after parsing follows the failure mode.
 """
 
@@ -27,9 +27,10 @@ from starlette.types import Receive, Scope, Send
 
 from . import _review as admission
 from .. import jsontext, logs, metrics
+from ._patch import make_patch
 from ._review import BadReview, Review
 from ..errors import InitshiftError
-from ..rewrite import EntrypointResolver, UnresolvedEntrypoint
+from ..rewrite import EntrypointResolver, UnresolvedEntrypoint, plan
 from ..settings import Settings
 
 if TYPE_CHECKING:
@@ -38,10 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("initshift.server")
 
 MUTATE_PATH = "/mutate"
-# Reviews up to this size are worked on the event loop, bigger ones one at a time on a thread.
-INLINE_MAX_BYTES = 64 * 1024
-# Large reviews read and worked on at once per process (each costs many times its size).
-LARGE_AT_ONCE = 1
+INLINE_MAX_BYTES = 64 * 1024  # reviews up to this size are worked on the event loop
 
 T = TypeVar("T")
 
@@ -73,26 +71,28 @@ def _never() -> bool:
     return False
 
 
+async def _inline(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)
+
+
+def _check(gone: Callable[[], bool]) -> None:
+    if gone():
+        raise ClientGone("the client left while its review was worked on")
+
+
 class Reviewer:
     """A review's body to its decision: the steps without I/O where the caller runs them
     (the loop, or the large turn's thread), registry lookups (I/O) on the loop."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None]) -> None:
-        # Imported here so the app module stays importable (and /healthz cheap) on its own.
-        from ..rewrite import plan
-        from ._patch import make_patch
-
-        self.settings = settings
-        self.resolver = resolver
-        self.native_supported = native_supported
+        self.settings, self.resolver, self.native_supported = settings, resolver, native_supported
         self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
-        self._make_plan, self._make_patch = plan, make_patch
 
     def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
         """Parse (BadReview propagates) and plan; with no registry lookup to make, the whole
         decision. `gone` is asked between steps: once true, ClientGone."""
-        review = admission.parse_review(body)
+        review = admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
         first = self._safe(review, self._plan, review)
         if isinstance(first, tuple) and not first[1]:
             _check(gone)
@@ -100,24 +100,22 @@ class Reviewer:
         _check(gone)
         return review, first
 
-    async def decide(self, review: Review) -> Answer:
-        """The whole decision on the event loop (tests)."""
-        return await self.complete(review, self._safe(review, self._plan, review), _inline)
-
     async def complete(self, review: Review, first: Answer | tuple[Any, list],
-                       run: Callable[..., Any], gone: Callable[[], bool] = _never) -> Answer:
+                       run: Callable[..., Any] = _inline, gone: Callable[[], bool] = _never) -> Answer:
         """The decision after the lookups `first` asks for; the rest through `run`."""
         if isinstance(first, Answer):
             return first
-        plan, lookups = first
+        pod_plan, lookups = first
         images, lookup_error = None, None
-        if lookups:
-            try:
-                images, lookup_error = await self._resolve(review, lookups)
-            except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
-                return self._failed(review, e)
+        try:
+            # The pod of a CREATE review often has no namespace: the request's decides.
+            images = await self.resolver.resolve(review.obj, lookups, namespace=review.namespace or None)  # type: ignore[union-attr]
+        except UnresolvedEntrypoint as e:
+            lookup_error = str(e)  # the rewrite denies or admits per on_unresolved, saying why
+        except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
+            return self._failed(review, e)
         _check(gone)
-        return await run(self._safe, review, self._finish, review, plan, images, lookup_error)
+        return await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error)
 
     def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Answer:
         try:
@@ -137,31 +135,21 @@ class Reviewer:
         """A decision without the rewrite, or the rewrite's plan and the image lookups it needs."""
         if not review.is_pod_create:
             return Answer(admission.response(review), "allowed", "not-pod-create")
-        namespace = review.namespace or _meta(review.obj).get("namespace") or ""
-        if namespace in self.protected:
-            why = f"initshift: namespace {namespace!r} is never mutated"
+        if review.pod_namespace in self.protected:
+            why = f"initshift: namespace {review.pod_namespace!r} is never mutated"
             return Answer(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
-        plan = self._make_plan(review.obj, self.settings, native_supported=self.native_supported())
-        return plan, (plan.lookups() if self.resolver is not None else [])
+        pod_plan = plan(review.obj, self.settings, native_supported=self.native_supported())
+        return pod_plan, (pod_plan.lookups() if self.resolver is not None else [])
 
-    async def _resolve(self, review: Review, lookups: list) -> tuple[dict[str, Any] | None, str | None]:
-        try:
-            # The pod of a CREATE review often has no namespace: the request's decides.
-            assert self.resolver is not None
-            return await self.resolver.resolve(review.obj, lookups, namespace=review.namespace or None), None
-        except UnresolvedEntrypoint as e:
-            # Rewrite without the image: it denies or admits per on_unresolved, saying why.
-            return None, str(e)
-
-    def _finish(self, review: Review, plan: Any, images: dict[str, Any] | None,
+    def _finish(self, review: Review, pod_plan: Any, images: dict[str, Any] | None,
                 lookup_error: str | None) -> Answer:
         pod = review.obj
-        result = plan.rewrite(images=images, lookup_error=lookup_error)
+        result = pod_plan.rewrite(images=images, lookup_error=lookup_error)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)
             return Answer(answer, "denied", result.reason or "denied", "denied")
-        patch = self._make_patch(pod, result.pod) if result.pod is not pod else []
+        patch = make_patch(pod, result.pod) if result.pod is not pod else []
         if patch and result.changed:
             # "rewritten" would repeat the result: the reason says which strategy did it.
             reason = result.strategy if result.reason == "rewritten" and result.strategy else result.reason
@@ -174,147 +162,95 @@ class Reviewer:
                       result.reason or "unchanged", "skipped")
 
 
-def _check(gone: Callable[[], bool]) -> None:
-    if gone():
-        raise ClientGone("the client left while its review was worked on")
-
-
-async def _inline(fn: Callable[..., T], *args: Any) -> T:
-    return fn(*args)
-
-
-def _meta(obj: Any) -> dict:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    return meta if isinstance(meta, dict) else {}
-
-
 def _header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header `name` (lower case, as ASGI servers give them)."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
-
-
-def _declared_length(scope: Scope, limit: int) -> int | None:
-    """Content-Length, refused at once when over the limit; None for a chunked body."""
-    declared = _header(scope, b"content-length")
-    if declared is None:
-        return None
-    try:
-        size = int(declared)
-    except ValueError:
-        raise BadReview("invalid Content-Length") from None
-    if size < 0:
-        raise BadReview("invalid Content-Length")
-    if size > limit:
-        raise Refused(413, f"body of {size} bytes is over the limit of {limit} bytes (INITSHIFT_MAX_BODY_BYTES)",
-                      close=True)
-    return size
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    """The body, refused past `limit` while it streams (chunked); a body complete when the
-    review starts (the usual case) is one message."""
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # http.disconnect
-            raise ClientGone("the client left before its body was complete")
-        chunk = message.get("body", b"")
-        total += len(chunk)
-        if total > limit:
-            raise Refused(413, f"body is over the limit of {limit} bytes (INITSHIFT_MAX_BODY_BYTES)", close=True)
-        if not message.get("more_body", False):
-            return chunk if not chunks else b"".join((*chunks, chunk))
-        chunks.append(chunk)
+    return next((value for key, value in scope["headers"] if key == name), None)
 
 
 class _Mutate:
-    """POST /mutate as a plain ASGI application (see the module docstring)."""
+    """POST /mutate as a plain ASGI application (see the module docstring). `conn`: the
+    front door's connection (_guards.py), told when the review is worked on; its `closed`
+    says when the client left."""
 
     def __init__(self, settings: Settings, reviewer: Reviewer) -> None:
         self.reviewer = reviewer
-        self.limit = settings.server.max_body_bytes
-        self.body_timeout = settings.server.body_timeout_seconds
-        self.turn = asyncio.Semaphore(LARGE_AT_ONCE)
-        self.worker = ThreadPoolExecutor(max_workers=LARGE_AT_ONCE, thread_name_prefix="initshift-review")
+        self.limit, self.body_timeout = settings.server.max_body_bytes, settings.server.body_timeout_seconds
+        self.turn = asyncio.Lock()  # large reviews: one at a time per process
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="initshift-review")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, conn: "Connection | None" = None) -> None:
-        """`conn`: the front door's connection (_guards.py): told when the review is worked
-        on, and closed when the client leaves."""
+        start = time.perf_counter()
+        body, review, headers = b"", None, ()
         try:
-            status, payload, headers = await self.answer(scope, receive, conn)
-        except ClientGone:
+            admission.check_content_type(_header(scope, b"content-type"))
+            declared = _header(scope, b"content-length")  # h11 has checked it is a number
+            size = None if declared is None else int(declared)  # None: chunked
+            if size is not None and size > self.limit:
+                raise Refused(413, f"body of {size} bytes is over the limit of {self.limit} bytes "
+                                   f"(INITSHIFT_MAX_BODY_BYTES)", close=True)
+            if size is not None and size <= INLINE_MAX_BYTES:
+                body = await self._read(receive, conn)
+                review, first = self.reviewer.start(body)
+                decision = await self.reviewer.complete(review, first)
+                status, payload = 200, jsontext.dumps(decision.answer)
+            else:
+                review, decision, payload = await self._large(receive, conn)
+                status = 200
+            outcome, why = decision.outcome, decision.reason
+        except BadReview as e:
+            status, payload, outcome, why = 400, jsontext.dumps({"error": str(e)}), "bad_request", str(e)
+        except Refused as e:
+            status, payload, outcome, why = e.status, jsontext.dumps({"error": str(e)}), "refused", str(e)
+            headers = ((b"connection", b"close"),) if e.close else ()
+        except ClientGone as e:
+            _record(start, "gone", str(e), body)
             return  # nobody to answer
         except Exception as exc:  # noqa: BLE001 - last line of defence, as FastAPI's handler below
             log.error("unexpected error", exc_info=exc)
             status, payload = 500, jsontext.dumps({"error": f"internal error: {type(exc).__name__}"})
             headers = ((b"connection", b"close"),)  # an HTTP/1.1 client must not reuse it
+        else:
+            if decision.pod_result:
+                metrics.PODS.labels(decision.pod_result, decision.reason).inc()
+        if status != 500:
+            _record(start, outcome, why, body, review)
         await send({"type": "http.response.start", "status": status, "headers": [
             *headers, (b"content-length", b"%d" % len(payload)), (b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
 
-    async def answer(self, scope: Scope, receive: Receive,
-                     conn: "Connection | None") -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]:
-        start = time.perf_counter()
-        body = b""
-        try:
-            content_type = _header(scope, b"content-type")
-            admission.check_content_type(None if content_type is None else content_type.decode("latin-1"))
-            size = _declared_length(scope, self.limit)
-            if size is not None and size <= INLINE_MAX_BYTES:
-                body = await self._read(receive)
-                if conn is not None:
-                    conn.working()
-                review, first = self.reviewer.start(body)
-                decision = await self.reviewer.complete(review, first, _inline)
-                payload = jsontext.dumps(decision.answer)
-            else:
-                review, decision, payload = await self._large(receive, conn)
-        except BadReview as e:
-            _log_refusal(body, e, time.perf_counter() - start, "bad_request")
-            return 400, jsontext.dumps({"error": str(e)}), ()
-        except Refused as e:
-            _log_refusal(body, e, time.perf_counter() - start, "refused")
-            return e.status, jsontext.dumps({"error": str(e)}), ((b"connection", b"close"),) if e.close else ()
-        except ClientGone as e:
-            _log_refusal(body, e, time.perf_counter() - start, "gone")
-            raise
-        elapsed = time.perf_counter() - start
-        metrics.REQUESTS.labels(decision.outcome).inc()
-        metrics.LATENCY.observe(elapsed)
-        if decision.pod_result:
-            metrics.PODS.labels(decision.pod_result, decision.reason).inc()
-        logs.log_review(uid=review.uid, namespace=review.namespace or _meta(review.obj).get("namespace") or "",
-                        name=review.display_name, kind=review.kind, operation=review.operation,
-                        decision=decision.outcome, reason=decision.reason, dry_run=review.dry_run, duration=elapsed)
-        return 200, payload, ()
-
-    async def _read(self, receive: Receive, started: float | None = None) -> bytes:
-        """The body within INITSHIFT_BODY_TIMEOUT_SECONDS of `started` (default: now)."""
+    async def _read(self, receive: Receive, conn: "Connection | None", started: float | None = None) -> bytes:
+        """The body within INITSHIFT_BODY_TIMEOUT_SECONDS of `started` (default: now), refused
+        past the limit while it streams (chunked); one message when it is complete already
+        (the usual case). The connection is then being worked on: never evicted."""
         loop = asyncio.get_running_loop()
+        chunks: list[bytes] = []
+        total = 0
         try:
             async with asyncio.timeout_at((started or loop.time()) + self.body_timeout):
-                return await _read_body(receive, self.limit)
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # http.disconnect
+                        raise ClientGone("the client left before its body was complete")
+                    chunks.append(message.get("body", b""))
+                    total += len(chunks[-1])
+                    if total > self.limit:
+                        raise Refused(413, f"body is over the limit of {self.limit} bytes (INITSHIFT_MAX_BODY_BYTES)",
+                                      close=True)
+                    if not message.get("more_body", False):
+                        break
         except TimeoutError:
             raise Refused(408, f"initshift: the body was not complete after {self.body_timeout:g} s "
                                f"(INITSHIFT_BODY_TIMEOUT_SECONDS)", close=True) from None
+        if conn is not None:
+            conn.working()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _large(self, receive: Receive, conn: "Connection | None") -> tuple[Review, Answer, bytes]:
         """One large review: the turn, the body, then the work on the turn's thread."""
         started = asyncio.get_running_loop().time()
+        await self._take_turn(conn)
         try:
-            async with asyncio.timeout(self.body_timeout):
-                await _take(self.turn, conn.closed if conn is not None else None)
-        except TimeoutError:
-            raise Refused(503, f"initshift: busy: a large review is being worked on in this server process; "
-                               f"retry (waited {self.body_timeout:g} s)", close=True) from None
-        try:
-            body = await self._read(receive, started)
-            if conn is not None:
-                conn.working()
+            body = await self._read(receive, conn, started)
             # The body is complete: from here `receive` returns only when the client leaves.
             left = threading.Event()
             watch = asyncio.get_running_loop().create_task(_watch(receive, left))
@@ -327,28 +263,28 @@ class _Mutate:
         finally:
             self.turn.release()
 
+    async def _take_turn(self, conn: "Connection | None") -> None:
+        """The large turn within the body timeout (else 503), unless the client leaves first."""
+        got = asyncio.ensure_future(self.turn.acquire())
+        left = asyncio.ensure_future(conn.closed.wait() if conn is not None else asyncio.Event().wait())
+        try:
+            await asyncio.wait((got, left), timeout=self.body_timeout, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: a turn got meanwhile is given back
+            if not got.cancel() and not got.cancelled():
+                self.turn.release()
+            raise
+        finally:
+            left.cancel()
+        if got.done():
+            return
+        got.cancel()
+        if conn is not None and conn.closed.is_set():
+            raise ClientGone("the client left while its review waited for its turn")
+        raise Refused(503, f"initshift: busy: a large review is being worked on in this server process; "
+                           f"retry (waited {self.body_timeout:g} s)", close=True)
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
-
-
-async def _take(turn: asyncio.Semaphore, gone: asyncio.Event | None) -> None:
-    """Acquire `turn`, unless the client leaves first (ClientGone)."""
-    if gone is None:
-        await turn.acquire()
-        return
-    got, left = asyncio.ensure_future(turn.acquire()), asyncio.ensure_future(gone.wait())
-    try:
-        await asyncio.wait((got, left), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # the deadline: a turn got meanwhile is given back
-        if got.done() and not got.cancelled():
-            turn.release()
-        got.cancel()
-        raise
-    finally:
-        left.cancel()
-    if not got.done():
-        got.cancel()
-        raise ClientGone("the client left while its review waited for its turn")
 
 
 async def _watch(receive: Receive, left: threading.Event) -> None:
@@ -356,12 +292,19 @@ async def _watch(receive: Receive, left: threading.Event) -> None:
         left.set()
 
 
-def _log_refusal(body: bytes, error: Exception, elapsed: float, outcome: str) -> None:
+def _record(start: float, outcome: str, reason: str, body: bytes, review: Review | None = None) -> None:
+    """The review's metrics and its log line (a warning for one refused before a decision)."""
+    elapsed = time.perf_counter() - start
     metrics.REQUESTS.labels(outcome).inc()
     metrics.LATENCY.observe(elapsed)
-    logs.log_review(uid=admission.request_uid(body) if 0 < len(body) < 65536 else "", namespace="", name="",
-                    kind="", operation="", decision=outcome, reason=str(error), dry_run=False,
-                    duration=elapsed, level=logging.WARNING)
+    if review is None:
+        logs.log_review(uid=admission.request_uid(body) if 0 < len(body) < 65536 else "", namespace="", name="",
+                        kind="", operation="", decision=outcome, reason=reason, dry_run=False, duration=elapsed,
+                        level=logging.WARNING)
+    else:
+        logs.log_review(uid=review.uid, namespace=review.pod_namespace, name=review.display_name, kind=review.kind,
+                        operation=review.operation, decision=outcome, reason=reason, dry_run=review.dry_run,
+                        duration=elapsed)
 
 
 class _WebhookApp(FastAPI):
@@ -378,10 +321,6 @@ class _WebhookApp(FastAPI):
             await super().__call__(scope, receive, send)
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(jsontext.dumps(data), status, media_type="application/json")
-
-
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
                native_supported: Callable[[], bool | None] = lambda: None,
                ready: Callable[[], bool] = lambda: True,
@@ -394,21 +333,21 @@ def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None
     `strategy`: what `/readyz` reports as the strategy in use (filled by native detection).
     """
     app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
-    reviewer = Reviewer(settings, resolver, native_supported)
-    app.mutate = _Mutate(settings, reviewer)
-    app.state.reviewer = reviewer
+    app.state.reviewer = Reviewer(settings, resolver, native_supported)
+    app.mutate = _Mutate(settings, app.state.reviewer)
     # The route as FastAPI knows it: other methods get its 405, and it lists /mutate.
     app.router.routes.append(Route(MUTATE_PATH, app.mutate, methods=["POST"]))
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return _json({"status": "ok"})
+        return Response(b'{"status":"ok"}', media_type="application/json")
 
     @app.get("/readyz")
     async def readyz() -> Response:
         ok = ready()
-        return _json({"status": "ok" if ok else "not ready", "certificate": ok, "strategy": strategy(),
-                      "native_supported": native_supported()}, 200 if ok else 503)
+        return Response(jsontext.dumps({"status": "ok" if ok else "not ready", "certificate": ok,
+                                        "strategy": strategy(), "native_supported": native_supported()}),
+                         200 if ok else 503, media_type="application/json")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -41,30 +41,23 @@ async def ensure_certificates(settings: Settings, api: kube.KubeApi, *, ips: tup
         have = store.material_from_secret(secret)
         trusted = await kube.read_ca_bundle(api, srv.webhook_config)
         plan = rotation.plan(have, trusted, want, now)
+        # Trust first: the apiserver must accept a new certificate before anyone serves it.
+        await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
         if plan.serving_changed:
-            # Trust first: the apiserver must accept the new certificate before anyone serves it.
-            await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
             data = store.secret_data(plan.serving, plan.ca.cert_pem, plan.ca.key_pem)
             if not await kube.write_secret(api, srv.namespace, srv.cert_secret, data,
                                            create_only=have.ca is None and have.serving is None,
                                            resource_version=version):
-                continue  # another replica wrote it first: adopt theirs
-            _count_rotation(plan)
-        else:
-            await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
+                continue  # another replica wrote it first: adopt theirs (and count nothing)
+            metrics.CERT_ROTATIONS.labels("serving").inc()
+            if plan.action in ("created", "ca-rotated"):
+                metrics.CERT_ROTATIONS.labels("ca").inc()
         store.write_serving(srv.tls_cert, srv.tls_key, plan.serving)
         metrics.set_expiry("ca", plan.ca.cert.not_valid_after_utc)
         log.info("certificates ensured", extra={"action": plan.action, "secret": f"{srv.namespace}/{srv.cert_secret}",
                                                 "not_after": str(plan.serving.cert.not_valid_after_utc)})
         return plan
     raise kube.KubeError(0, f"Secret {srv.namespace}/{srv.cert_secret} kept changing while creating it")
-
-
-def _count_rotation(plan: rotation.Plan) -> None:
-    """Count what this replica issued (a replica adopting another's write counts nothing)."""
-    metrics.CERT_ROTATIONS.labels("serving").inc()
-    if plan.action in ("created", "ca-rotated"):
-        metrics.CERT_ROTATIONS.labels("ca").inc()
 
 
 async def keep_certificates_fresh(settings: Settings, api: kube.KubeApi, stop: asyncio.Event,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -24,19 +24,18 @@ __all__ = ["Connection", "Door", "Front"]
 
 EARLY_BYTES = 64 * 1024  # what may arrive before the server's TLS starts (a ClientHello is < 16 KiB)
 MAX_HEAD_LINES = 100  # the request line and header fields of one request (the apiserver sends ~10)
+TLS_SHUTDOWN_SECONDS = 2.0  # a TLS close waiting for the client's close_notify
 
 
 @dataclass(eq=False)
 class Door:
     """One listening socket's policy and the connections it holds."""
 
-    name: str
-    ssl: ssl.SSLContext | None
+    tls: Callable[[], ssl.SSLContext] | None  # the context a new connection's TLS starts from
     max_connections: int
     header_timeout: float  # the handshake and each request's head
     write_timeout: float
     max_head_bytes: int
-    shutdown_timeout: float = 2.0  # a TLS close waiting for the client's close_notify
     open: dict["Connection", None] = field(default_factory=dict)
     # The connections not being answered, by when they last moved on (oldest first): those
     # waiting for a request (since accept or their last answer), and those whose request
@@ -98,14 +97,14 @@ class Connection(asyncio.Protocol):
             return
         self.front.by_key[self.key] = self
         self._wait_for_request()
-        if door.ssl is None:
+        if door.tls is None:
             self._made(transport)
             return
         self._early = []
-        asyncio.get_running_loop().create_task(self._start_tls(door))
+        asyncio.get_running_loop().create_task(self._start_tls(door.tls()))
 
-    async def _start_tls(self, door: Door) -> None:
-        assert door.ssl is not None
+    async def _start_tls(self, context: ssl.SSLContext) -> None:
+        assert self.door is not None
         loop = asyncio.get_running_loop()
         # start_tls puts its TLS protocol on the transport at once and starts it on the
         # loop's next turn; bytes that reached this connection before (the ClientHello,
@@ -115,8 +114,8 @@ class Connection(asyncio.Protocol):
             # Guard: a client that connects and never finishes its handshake (silent TCP,
             # a ClientHello byte by byte). asyncio's own default would wait 60 s.
             tls = await loop.start_tls(
-                self.raw, self, door.ssl, server_side=True, ssl_handshake_timeout=door.header_timeout,
-                ssl_shutdown_timeout=door.shutdown_timeout)
+                self.raw, self, context, server_side=True, ssl_handshake_timeout=self.door.header_timeout,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_SECONDS)
         except BaseException as e:  # handshake refused or timed out, or the client left
             self._release()
             self.raw.abort()
@@ -131,13 +130,8 @@ class Connection(asyncio.Protocol):
 
     def _hand_over_early(self) -> None:
         early, self._early = b"".join(self._early or ()), None
-        if not early or self.raw.is_closing():
-            return
-        tls = self.raw.get_protocol()
-        if not hasattr(tls, "get_buffer"):
-            tls.data_received(early)
-            return
-        while early:  # an asyncio.BufferedProtocol (asyncio's and uvloop's TLS protocols are)
+        tls = self.raw.get_protocol()  # a BufferedProtocol: asyncio's and uvloop's TLS protocols are
+        while early and not self.raw.is_closing():
             buf = tls.get_buffer(len(early))
             n = min(len(buf), len(early))
             buf[:n] = early[:n]
@@ -153,7 +147,9 @@ class Connection(asyncio.Protocol):
             return
         while self.transport is not None and not self.transport.is_closing():
             if self._head is None and not self.streaming and not self._body and self._answered:
-                data = self._next_request(data)
+                # The next request starts with what was held.
+                data, self._held, self._head = bytes(self._held) + data, bytearray(), bytearray()
+                self._wait_for_request()
             if not data:
                 return
             if self._head is not None:
@@ -231,13 +227,6 @@ class Connection(asyncio.Protocol):
         self.transport.close()
         return b""
 
-    def _next_request(self, data: bytes) -> bytes:
-        """The connection waits for its next request, which starts with what was held."""
-        data, self._held = bytes(self._held) + data, bytearray()
-        self._head, self._answered = bytearray(), False
-        self._wait_for_request()
-        return data
-
     def _wait_for_request(self) -> None:
         """From accept, and again after each answer.
 
@@ -286,7 +275,6 @@ class Connection(asyncio.Protocol):
         self._cancel()
         if self._write_deadline is not None:
             self._write_deadline.cancel()
-            self._write_deadline = None
         if self.door is not None:
             self.door.leave(self)
         if self.key is not None and self.front.by_key.get(self.key) is self:

@@ -2,21 +2,13 @@
 with the guards of _guards.py in front of each connection.
 
 One uvicorn server listens on two sockets: the webhook's (TLS, admission and health only)
-and the metrics port (plain HTTP, prometheus_client's own ASGI exposition), which a
-ServiceMonitor scrapes without the webhook's CA, like cert-manager's 9402 or
-controller-runtime's 8080. What uvicorn bounds itself, through `uvicorn.Config`:
-
-- `http`: uvicorn's h11 protocol (inside the guards); `h11_max_incomplete_event_size`
-  (INITSHIFT_MAX_HEADER_BYTES) caps what it buffers of a request's head or a chunked
-  body's trailers, else HTTP 400 and the connection closed;
-- `ws="none"`: an `Upgrade` request is an ordinary request;
-- `timeout_keep_alive`: an idle kept-alive connection is closed;
-- `limit_concurrency`: a backstop on connections and requests in progress that the
-  guards keep it from reaching (past it, uvicorn answers 503);
-- `timeout_graceful_shutdown`: what SIGTERM waits for.
-
-TLS is started by the guards (asyncio's `start_tls`, for its handshake deadline) with the
-SSLContext of _tls.py, which the certificate reloader updates in place.
+and the metrics port (plain HTTP, prometheus_client's own ASGI exposition, scraped without
+the webhook's CA, like cert-manager's 9402 or controller-runtime's 8080). uvicorn's options
+bound the rest: its h11 protocol buffers at most `h11_max_incomplete_event_size` of a head
+or of a chunked body's trailers (INITSHIFT_MAX_HEADER_BYTES, else HTTP 400); `ws="none"`
+makes an `Upgrade` request an ordinary one; `timeout_keep_alive` closes idle kept-alive
+connections; `limit_concurrency` is a backstop the guards keep it from reaching (503);
+`timeout_graceful_shutdown` is what SIGTERM waits for.
 """
 
 from __future__ import annotations
@@ -62,20 +54,17 @@ class HttpsServer:
         `metrics_port`: None uses INITSHIFT_METRICS_PORT (0 there turns metrics off); a
         number overrides it, 0 picking a free port (tests)."""
         srv = settings.server
-        self.settings = settings
-        self.ctx = tls.make_context(srv.tls_cert, srv.tls_key, srv.client_ca)
-        self.reloader = tls.CertReloader(self.ctx, srv.tls_cert, srv.tls_key, srv.client_ca, reload_interval)
+        self.settings, self.sock = settings, sock
+        self.reloader = tls.CertReloader(srv.tls_cert, srv.tls_key, srv.client_ca, reload_interval)
         self.app = create_app(settings, ready=self.reloader.valid, **app_kwargs)
         self.metrics_app = make_asgi_app(registry=metrics.REGISTRY)
-        self.sock = sock
         self.metrics_sock: socket.socket | None = None
-        self._metrics_wanted = srv.metrics_port if metrics_port is None else metrics_port
-        self._metrics_on = metrics_port is not None or srv.metrics_port != 0
+        # None: metrics off (INITSHIFT_METRICS_PORT=0 and no port asked for)
+        self._metrics_wanted = metrics_port if metrics_port is not None else srv.metrics_port or None
         self.front = Front()
-        self.door = Door("https", self.ctx, srv.max_connections, srv.header_timeout_seconds, srv.write_timeout_seconds,
-                         srv.max_header_bytes)
-        self.metrics_door = Door("metrics", None, METRICS_CONNECTIONS, srv.header_timeout_seconds,
-                                 srv.write_timeout_seconds, srv.max_header_bytes)
+        limits = (srv.header_timeout_seconds, srv.write_timeout_seconds, srv.max_header_bytes)
+        self.door = Door(lambda: self.reloader.ctx, srv.max_connections, *limits)
+        self.metrics_door = Door(None, METRICS_CONNECTIONS, *limits)
         config = uvicorn.Config(
             self._dispatch, interface="asgi3", http=self.front, ws="none", lifespan="off",  # type: ignore[arg-type]
             h11_max_incomplete_event_size=srv.max_header_bytes,
@@ -124,7 +113,7 @@ class HttpsServer:
         srv = self.settings.server
         if self.sock is None:
             self.sock = _listen(srv.host, srv.port, "INITSHIFT_PORT")
-        if self._metrics_on and self.metrics_sock is None:
+        if self._metrics_wanted is not None and self.metrics_sock is None:
             self.metrics_sock = _listen(srv.metrics_host or srv.host, self._metrics_wanted, "INITSHIFT_METRICS_PORT")
         self.front.doors[self.port] = self.door
         if self.metrics_sock is not None:

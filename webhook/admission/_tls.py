@@ -1,10 +1,11 @@
-"""The server's SSLContext, and its reload when the certificate files change.
+"""The server's SSLContext, rebuilt when the certificate files change.
 
-Every connection's TLS starts from one SSLContext for the life of the process (_guards.py).
-Reloading therefore means `load_cert_chain()` on that same object: new handshakes get the
-new certificate, connections already open keep theirs (OpenSSL copies the certificate
-into each connection). Kubernetes updates a Secret volume by swapping a `..data` symlink,
-so the watcher compares each file's resolved path, inode, size and mtime.
+Each connection's TLS starts from `CertReloader.ctx` as it is when the connection comes
+(_guards.py). A reload builds a whole new context and only then puts it there: new
+handshakes get the new certificate, open connections keep theirs, and a pair that does not
+load (a new certificate with the old key, half-written) never replaces one that does.
+Kubernetes updates a Secret volume by swapping a `..data` symlink, so the reloader
+compares each file's resolved path, inode, size and mtime.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import datetime as dt
 import logging
 import os
 import ssl
-import tempfile
-from dataclasses import dataclass
 
 from cryptography import x509
 
@@ -48,17 +47,6 @@ def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     # No compression (CRIME), no renegotiation (a client could make the server redo
     # handshakes on one connection for free).
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
-    _load_chain(ctx, cert, key)
-    if client_ca:
-        try:
-            ctx.load_verify_locations(cafile=client_ca)
-        except (OSError, ssl.SSLError) as e:
-            raise TLSError(f"cannot load client CA {client_ca}: {e}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
     for path, what in ((cert, "certificate"), (key, "key")):
         problem = _file_problem(path)
         if problem:
@@ -67,6 +55,13 @@ def _load_chain(ctx: ssl.SSLContext, cert: str, key: str) -> None:
         ctx.load_cert_chain(certfile=cert, keyfile=key)
     except (OSError, ssl.SSLError) as e:
         raise TLSError(f"cannot load TLS certificate {cert} with key {key}: {_why(e, cert, key)}") from None
+    if client_ca:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as e:
+            raise TLSError(f"cannot load client CA {client_ca}: {e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
 
 
 def _file_problem(path: str) -> str | None:
@@ -97,33 +92,6 @@ def _why(error: Exception, cert: str, key: str) -> str:
     return f"{key} holds no PEM private key (or one encrypted with a passphrase)"
 
 
-def _load_pair_safely(ctx: ssl.SSLContext, cert: str, key: str) -> None:
-    """Load a new pair into the live `ctx` only once it is known to load.
-
-    A failed `load_cert_chain()` is not atomic: OpenSSL installs the new certificate, drops
-    the old key that no longer matches it, then refuses the key, leaving `ctx` with no
-    usable pair (every handshake fails). So the files are read once into a private
-    snapshot, the snapshot is tried on a scratch context, and the live one loads the same
-    bytes (the files may change again in between).
-    """
-    with tempfile.TemporaryDirectory(prefix="initshift-tls-") as tmp:
-        snap_cert, snap_key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
-        for src, dst, what in ((cert, snap_cert, "certificate"), (key, snap_key, "key")):
-            problem = _file_problem(src)
-            if problem:
-                raise TLSError(f"TLS {what} {src}: {problem}")
-            with open(src, "rb") as f:
-                data = f.read()
-            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        try:
-            _load_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), snap_cert, snap_key)
-        except TLSError as e:  # name the real files, not the snapshot
-            raise TLSError(str(e).replace(snap_cert, cert).replace(snap_key, key)) from None
-        _load_chain(ctx, snap_cert, snap_key)
-
-
 def _signature(path: str) -> tuple:
     """What changes when a file (or the symlink chain leading to it) is replaced."""
     try:
@@ -141,19 +109,14 @@ def not_after(cert_path: str) -> dt.datetime | None:
         return None
 
 
-@dataclass
 class CertReloader:
-    """Keeps `ctx` serving what the certificate files hold now."""
+    """Keeps `ctx` what the certificate files hold now."""
 
-    ctx: ssl.SSLContext
-    cert: str
-    key: str
-    client_ca: str = ""
-    interval: float = 1.0
-
-    def __post_init__(self) -> None:
+    def __init__(self, cert: str, key: str, client_ca: str = "", interval: float = 1.0) -> None:
+        self.cert, self.key, self.client_ca, self.interval = cert, key, client_ca, interval
         self._seen = self._current()
-        self.expires = not_after(self.cert)
+        self.ctx = make_context(cert, key, client_ca)
+        self.expires = not_after(cert)
         metrics.set_expiry("serving", self.expires)
         self.reloads = 0
 
@@ -170,12 +133,8 @@ class CertReloader:
         if now == self._seen:
             return False
         try:
-            _load_pair_safely(self.ctx, self.cert, self.key)
-            if self.client_ca:
-                # OpenSSL can only add to the trust store: a removed client CA stays trusted
-                # until restart (documented in docs/admission-server.md).
-                self.ctx.load_verify_locations(cafile=self.client_ca)
-        except (TLSError, OSError, ssl.SSLError) as e:
+            self.ctx = make_context(self.cert, self.key, self.client_ca)
+        except TLSError as e:
             metrics.CERT_RELOADS.labels("error").inc()
             log.warning("certificate reload failed, keeping the previous one", extra={"error": str(e)})
             return False
