@@ -9,7 +9,7 @@ from waiter import protocol as p
 
 from ._check import check_build
 from ._env import Env, Record, native_only, scenario
-from ._mesh import ISTIO_TRAFFIC
+from ._mesh import ISTIO_TRAFFIC, READY_AFTER
 from ._pods import annotations, container_names, first, log_lines, managed, ms, pod, step
 
 STEPS = [f"step-{i:02d}" for i in range(20)]
@@ -90,3 +90,11 @@ def hybrid_made_native(env: Env, rec: Record) -> None:
     """Hybrid (forced) with a classic proxy that initshift made native on re-invocation."""
     _twenty(env, rec, "hyb-cls", strategy=p.MODE_HYBRID, pod_annotations={p.ANNOTATION_MODE: p.MODE_HYBRID},
             native_proxy=True)
+
+
+@scenario("hybrid-slow-proxy", phase=2, applies=native_only)
+def hybrid_slow_proxy(env: Env, rec: Record) -> None:
+    """Hybrid (auto's choice), the proxy injected natively and ready 3 s after it starts (past the
+    kubelet's two relists before the steps): step 0 starts on the waiter's own gate."""
+    _twenty(env, rec, "hyb-slow", strategy=p.MODE_HYBRID,
+            pod_annotations={p.ISTIO_INJECT_ANNOTATION: "true", READY_AFTER: "3"}, native_proxy=True)
