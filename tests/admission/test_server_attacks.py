@@ -136,6 +136,14 @@ def test_a_metrics_flood_is_harmless(server):
     attack(server, socks, client)
 
 
+def test_connections_closed_at_once_take_no_place(server):
+    """TCP health checks and port scans: 1,000 connections gone before their handshake,
+    more than uvicorn's limit_concurrency (288); reviews after them are still answered."""
+    with legit(server).running(at_least=60) as client:
+        hostile.connect_and_close(server.port, 1000)
+    attack(server, [], client)
+
+
 def test_slow_bodies_never_refuse_a_review(server):
     with legit(server).running() as client:
         socks = hostile.slow_bodies(server.port, server.ctx, 140)

@@ -216,6 +216,23 @@ def test_a_connection_past_a_cap_of_connections_being_answered_is_closed_at_once
                 tls(server.port, pki)  # closed before its handshake
 
 
+def test_connections_closed_before_their_handshake_leave_nothing_behind(pki):
+    """A TCP health check or a port scan: connect, close. uvicorn counts every connection it
+    was handed against limit_concurrency (2 x (cap + metrics places) = 36 here); one it is
+    handed after the client left would never be taken back, and past 36 of them every
+    review would be a 503."""
+    with h.running(h.settings_for(pki, max_connections=2)) as server:
+        for _ in range(60):
+            socket.create_connection(("127.0.0.1", server.port), timeout=10).close()
+        deadline = time.monotonic() + 30
+        while server.door.open and time.monotonic() < deadline:  # the server has seen them go
+            time.sleep(0.05)
+        assert not server.door.open
+        with httpx.Client(verify=h.client_context(pki / "ca.crt")) as client:
+            assert client.post(f"https://127.0.0.1:{server.port}/mutate", content=BODY,
+                               headers=JSON_CT).status_code == 200
+
+
 # --- what uvicorn bounds: the head, trailers, upgrades ---------------------------------------------
 HEADS = {
     "many fields": b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n" + b"".join(

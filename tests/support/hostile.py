@@ -263,6 +263,14 @@ def silent_tcp(port: int, count: int) -> list[socket.socket]:
     return idle_connections(port, None, count)
 
 
+def connect_and_close(port: int, count: int) -> None:
+    """`count` TCP connections closed as soon as they are open (TCP health checks, a port
+    scan), one after another."""
+    for _ in range(count):
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+
+
 def slowloris(port: int, ctx: ssl.SSLContext, count: int) -> list[socket.socket]:
     """`count` connections each sending the first bytes of a request's head, more to follow
     (the caller trickles them with `trickle`)."""

@@ -105,6 +105,8 @@ class Connection(asyncio.Protocol):
 
     async def _start_tls(self, context: ssl.SSLContext) -> None:
         assert self.door is not None
+        if self.closed.is_set():  # gone before its turn came: no TLS state built for it
+            return
         loop = asyncio.get_running_loop()
         # start_tls puts its TLS protocol on the transport at once and starts it on the
         # loop's next turn; bytes that reached this connection before (the ClientHello,
@@ -121,6 +123,12 @@ class Connection(asyncio.Protocol):
             self.raw.abort()
             if not isinstance(e, Exception):
                 raise
+            return
+        if self.closed.is_set():
+            # Guard: a client gone before its handshake (a TCP health check, a port scan).
+            # uvloop's start_tls may still return a transport after connection_lost came;
+            # uvicorn, handed it, would count it against limit_concurrency for good.
+            tls.abort()
             return
         self._made(tls)
 
