@@ -40,10 +40,25 @@ def test_parsing_every_kind():
     ({"INITSHIFT_GRACE_SECONDS": "soon"}, "INITSHIFT_GRACE_SECONDS: expected a number, got 'soon'"),
     ({"INITSHIFT_MODE": "fast"}, "expected one of disabled, waiter, native, hybrid, auto"),
     ({"INITSHIFT_QUIT_ENDPOINTS": "istio-proxy"}, "expected name=value"),
+    ({"INITSHIFT_SERVICE_NAME": "Initshift"}, r"INITSHIFT_SERVICE_NAME: expected a Kubernetes name \(RFC 1035 label"),
+    ({"INITSHIFT_SERVICE_NAME": "1nitshift"}, "RFC 1035 label"),  # a Service name starts with a letter
+    ({"INITSHIFT_NAMESPACE": "initshift_system"}, "INITSHIFT_NAMESPACE: expected a Kubernetes name .*RFC 1123 label"),
+    ({"INITSHIFT_NAMESPACE": "n" * 64}, "at most 63 characters"),
+    ({"INITSHIFT_WATCH_NAMESPACES": "builds, CI"}, "INITSHIFT_WATCH_NAMESPACES: .* got 'CI'"),
+    ({"INITSHIFT_LEASE_NAME": "watcher.-x"}, "INITSHIFT_LEASE_NAME: .*RFC 1123 subdomain"),
+    ({"INITSHIFT_CERT_SECRET": "tls/secret"}, "INITSHIFT_CERT_SECRET"),
+    ({"INITSHIFT_WEBHOOK_CONFIG": "-webhook"}, "INITSHIFT_WEBHOOK_CONFIG"),
 ])
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
+
+
+def test_kubernetes_names_that_are_valid_are_kept():
+    s = Settings.from_env({"INITSHIFT_SERVICE_NAME": "my-webhook", "INITSHIFT_NAMESPACE": "0-platform",
+                           "INITSHIFT_LEASE_NAME": "initshift.watcher", "INITSHIFT_WATCH_NAMESPACES": "builds,ci"})
+    assert (s.server.service_name, s.server.namespace) == ("my-webhook", "0-platform")
+    assert s.watcher.lease_name == "initshift.watcher" and s.watcher.namespaces == ("builds", "ci")
 
 
 def test_every_variable_is_prefixed_and_unique():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -38,6 +39,28 @@ def _choice(*values: str) -> dict[str, tuple[str, ...]]:
 
 
 _PORT = {"port": True}
+
+# Kubernetes object names, checked where they are read, not at the first API call that
+# uses them: a Namespace is an RFC 1123 label, a Service an RFC 1035 label, a Secret, a
+# Lease and a MutatingWebhookConfiguration an RFC 1123 subdomain.
+_NAMES = {
+    "RFC 1123 label": (re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"), 63),
+    "RFC 1035 label": (re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?"), 63),
+    "RFC 1123 subdomain": (re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"), 253),
+}
+
+
+def _name(kind: str) -> dict[str, str]:
+    return {"k8s_name": kind}
+
+
+def _check_name(value: str, kind: str, variable: str) -> str:
+    pattern, limit = _NAMES[kind]
+    if len(value) > limit or not pattern.fullmatch(value):
+        raise SettingsError(f"{variable}: expected a Kubernetes name ({kind}: lower-case letters, digits and '-'"
+                            f"{', and dots' if 'subdomain' in kind else ''}, at most {limit} characters), "
+                            f"got {value!r}")
+    return value
 
 
 def port_number(text: str, name: str = "port") -> int:
@@ -135,21 +158,24 @@ class ServerSettings:
     failure_mode: str = _env("INITSHIFT_FAILURE_MODE",
                              "An internal rewrite error: `ignore` (admit unchanged, warn) or `deny`.",
                              "ignore", **_choice("ignore", "deny"))
-    namespace: str = _env("INITSHIFT_NAMESPACE", "The webhook's own namespace, never mutated.", "initshift-system")
-    service_name: str = _env("INITSHIFT_SERVICE_NAME", "Service name used in certificate DNS names.", "initshift")
+    namespace: str = _env("INITSHIFT_NAMESPACE", "The webhook's own namespace, never mutated.", "initshift-system",
+                          **_name("RFC 1123 label"))
+    service_name: str = _env("INITSHIFT_SERVICE_NAME", "Service name used in certificate DNS names.", "initshift",
+                             **_name("RFC 1035 label"))
     webhook_config: str = _env("INITSHIFT_WEBHOOK_CONFIG", "MutatingWebhookConfiguration to inject the caBundle into.",
-                               "initshift-webhook")
+                               "initshift-webhook", **_name("RFC 1123 subdomain"))
     self_managed_certs: bool = _env("INITSHIFT_SELF_MANAGED_CERTS",
                                     "Create/renew the certificate and inject the caBundle at start-up.", False)
     cert_secret: str = _env("INITSHIFT_CERT_SECRET", "Secret holding the serving certificate (self-managed mode).",
-                            "initshift-tls")
+                            "initshift-tls", **_name("RFC 1123 subdomain"))
     renew_before_days: int = _env("INITSHIFT_RENEW_BEFORE_DAYS", "Renew the certificate this many days before expiry.", 30)
     log_level: str = _env("INITSHIFT_LOG_LEVEL", "Log level.", "info", **_choice("debug", "info", "warning", "error"))
 
 
 @dataclass(frozen=True)
 class WatcherSettings:
-    namespaces: tuple[str, ...] = _env("INITSHIFT_WATCH_NAMESPACES", "Namespaces to watch (comma list); empty: all.", ())
+    namespaces: tuple[str, ...] = _env("INITSHIFT_WATCH_NAMESPACES", "Namespaces to watch (comma list); empty: all.", (),
+                                       **_name("RFC 1123 label"))
     grace_seconds: float = _env("INITSHIFT_GRACE_SECONDS",
                                 "Seconds a sidecar may keep running after the outcome before the pod is ended.", 10.0)
     sidecar_ready_timeout_seconds: float = _env("INITSHIFT_SIDECAR_READY_TIMEOUT_SECONDS",
@@ -159,7 +185,8 @@ class WatcherSettings:
     leader_election: bool = _env("INITSHIFT_LEADER_ELECTION",
                                  "Use a Lease: the holder acts at once, the others only on work it left overdue.",
                                  True)
-    lease_name: str = _env("INITSHIFT_LEASE_NAME", "Name of the leader-election Lease.", "initshift-watcher")
+    lease_name: str = _env("INITSHIFT_LEASE_NAME", "Name of the leader-election Lease.", "initshift-watcher",
+                          **_name("RFC 1123 subdomain"))
     lease_seconds: float = _env("INITSHIFT_LEASE_SECONDS", "Lease duration.", 15.0)
     renew_seconds: float = _env("INITSHIFT_WATCHER_RENEW_SECONDS",
                                 "How often the holder renews the Lease (and a follower retries it); each attempt "
@@ -235,7 +262,9 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
             except ValueError:
                 raise SettingsError(f"{name}: expected a number, got {raw!r}") from None
         if isinstance(default, tuple):
-            return tuple(x.strip() for x in raw.split(",") if x.strip())
+            items = tuple(x.strip() for x in raw.split(",") if x.strip())
+            kind = f.metadata.get("k8s_name")
+            return tuple(_check_name(x, kind, name) for x in items) if kind else items
         if isinstance(default, dict):
             out: dict[str, str] = {}
             for item in filter(None, (x.strip() for x in raw.split(","))):
@@ -251,7 +280,8 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
     choices = f.metadata.get("choices")
     if choices and raw not in choices:
         raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
-    return raw
+    kind = f.metadata.get("k8s_name")
+    return _check_name(raw, kind, name) if kind else raw
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -308,6 +338,8 @@ def settings_rows(cls: type = Settings) -> list[tuple[str, str, str]]:
         doc = f.metadata["doc"]
         if f.metadata.get("choices"):
             doc += f" One of: {', '.join(f.metadata['choices'])}."
+        if f.metadata.get("k8s_name"):
+            doc += f" A Kubernetes name ({f.metadata['k8s_name']})."
         rows.append((f.metadata["env"], _fmt(_default(f)), doc))
     return rows
 

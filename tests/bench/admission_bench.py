@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.bench._machine import Steal, describe
 from tests.support import https_helpers as h
 
 BURST_SECONDS = 10.0
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("wrk is not installed (make bench-admission installs it as root)")
         return 1
+    print(describe())
+    steal = Steal()
     pinned = pin()
     body = json.dumps(h.review(h.seven_step_pod(), namespace="builds")).encode()
     where = f"server on CPU {min(pinned[0])}, clients on CPU {min(pinned[1])}" if pinned else "not pinned (one CPU)"
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"one process serves {f'{best:.0f}' if best else 'under ' + str(RATES[0])} reviews/s at p99 < "
               f"{RATE_P99_MS:g} ms (the highest paced rate above whose p99 stayed under it; load average "
               f"{os.getloadavg()[0]:.1f} at the end)")
+    print(steal)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import platform
 import shutil
 import socket
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any, Callable
 
 import httpx
 
+from tests.bench._machine import Steal, describe
 from tests.support import hostile
 from tests.support import https_helpers as h
 from webhook.settings import ServerSettings
@@ -225,8 +225,8 @@ def main() -> None:
     parser.add_argument("--no-sizing", action="store_true", help="skip the sizing figures")
     args = parser.parse_args()
     chosen = {int(c) for c in args.cases.split(",") if c}
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
-          f"{os.getloadavg()[0]:.1f} at start (a shared machine gives noisy latencies)", flush=True)
+    print(describe(), flush=True)
+    steal = Steal()
     d = Path(tempfile.mkdtemp(prefix="initshift-hostile-"))
     h.make_certs(d)
     small = hostile.small_body()
@@ -257,6 +257,7 @@ def main() -> None:
             sizing(d, small, large, args.server_tree)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    print(steal)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.bench._machine import Steal, describe
 from tests.support import https_helpers as h
 from webhook.admission import make_patch
 from webhook.rewrite import plan
@@ -107,29 +107,20 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(r.get(key, 0.0) for r in runs)
 
 
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, load average {load} at start"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="runs of each part; the medians are printed")
     ap.add_argument("--server-tree", type=Path, help="checkout the HTTPS part's server runs from")
     args = ap.parse_args(argv)
-    print(f"machine: {machine()}")
+    print(describe())
+    steal = Steal()
     runs = [in_process() for _ in range(args.rounds)]
     print(f"in-process rewrite of the 7-step kpack pod + istio-proxy (plan, rewrite, JSONPatch), {RUNS} runs, "
           f"median of {args.rounds} rounds:")
     print(f"  p50 {median(runs, 'p50'):.3f} ms   p99 {median(runs, 'p99'):.3f} ms   min {median(runs, 'min'):.3f} ms")
     https = over_https(args.rounds, args.server_tree.resolve() if args.server_tree else None)
     if https is None:
+        print(steal)
         return 0
     mutate, healthz, size = https
     print(f"over HTTPS: wrk, 1 thread, 1 keep-alive TLS connection, {WRK_SECONDS} s each, {size} byte review, "
@@ -138,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, f in (("/mutate", mutate), ("/healthz", healthz)):
         print(f"{name:>9} {median(f, 'p50'):>8.2f} {median(f, 'p90'):>8.2f} {median(f, 'p99'):>8.2f} "
               f"{median(f, 'rps'):>8.0f}")
+    print(steal)
     return 0
 
 

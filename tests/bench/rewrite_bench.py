@@ -9,11 +9,10 @@ admitted unchanged (`too-large`) once the rewrite has measured them.
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 
 from tests.rewrite.test_linear import mains_of_a_job, steps_by_mains
+from tests.bench._machine import Steal, describe
 from waiter import protocol as p
 from webhook import jsontext
 from webhook.admission._patch import make_patch
@@ -35,8 +34,8 @@ def _best(pod: dict, runs: int = 3) -> tuple[float, object]:
 
 
 def main() -> None:
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.2f}, Python {platform.python_version()}")
+    print(describe())
+    steal = Steal()
     print(f"{'shape':24} {'n':>6} {'pod in':>10} {'pod out':>10} {'result':>10} {'rewrite+patch':>14}")
     for label, make in (("n steps x n mains", steps_by_mains), ("a Job's n mains", mains_of_a_job)):
         for n in SIZES:
@@ -44,6 +43,7 @@ def main() -> None:
             seconds, result = _best(pod)
             size_in, size_out = len(jsontext.dumps(pod)), len(jsontext.dumps(result.pod))
             print(f"{label:24} {n:>6} {size_in:>10,} {size_out:>10,} {result.reason:>10} {seconds * 1000:>11.1f} ms")
+    print(steal)
 
 
 if __name__ == "__main__":

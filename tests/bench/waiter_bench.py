@@ -39,6 +39,7 @@ from pathlib import Path
 
 from waiter import protocol as p
 from waiter.post import write_atomic
+from tests.bench._machine import Steal, describe
 from tests.support.waiter_support import SOURCE_WAITER, catches, ensure_bundle, record, waiter_env
 
 COLD_RUNS = 20
@@ -239,15 +240,6 @@ def chain(t: Target) -> float:
     return _ts(recs[-1][p.RECORD_FINISHED_AT]) - _ts(recs[0][p.RECORD_STARTED_AT])
 
 
-def machine() -> str:
-    """The CPU model, the kernel and the load average when the bench starts (figures from
-    a busy machine are not comparable with an idle one's)."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU")
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    return f"{model}, Linux {os.uname().release}, load average {load}"
-
-
 # --- a Job-shaped pod: mains gated on a proxy process, the last one quitting it (issue 23) --------
 JOB_RUNS = 20
 # A proxy as its own process: readiness 503 until SIGUSR1, then 200; a POST (the quit) is
@@ -331,7 +323,8 @@ def main() -> int:
         t = Target(Path(tmp))
         what = "frozen bundle in a chroot" if t.frozen else "SOURCE waiter (not root: no chroot)"
         print(f"waiter benchmark: {what}, {os.cpu_count()} CPUs")
-        print(f"machine: {machine()}")
+        print(describe())
+        steal = Steal()
         cold = cold_start(t)
         print(f"cold start (run -- true), median of {COLD_RUNS}: {statistics.median(cold) * 1000:.1f} ms "
               f"(min {min(cold) * 1000:.1f}, max {max(cold) * 1000:.1f})")
@@ -353,6 +346,7 @@ def main() -> int:
         print(f"{STEPS} steps of {STEP_SECONDS} s under the waiter, first start -> last end: {span:.2f} s "
               f"(the limit is {STEPS * STEP_SECONDS:.1f} s)")
         print_job_pod(t)
+        print(steal)
     return 0
 
 

@@ -45,7 +45,6 @@ import copy
 import dataclasses
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -58,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from tests.bench._machine import Steal, describe
 from tests.support.fixtures.pods import catalogue
 from tests.support.kubedouble import KubeDouble, running, terminated, waiting
 from tests.support.podstatus import write_kubeconfig as double_kubeconfig
@@ -642,17 +642,6 @@ def pct(values: list[float], q: float) -> str:
     return f"{values[min(len(values) - 1, int(len(values) * q))]:.2f}"
 
 
-def machine() -> str:
-    model = ""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
-    except OSError:
-        pass
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{model or platform.processor()}, {os.cpu_count()} cores, load average {load}"
-
-
 def _p(values: list[float]) -> str:
     return f"{pct(values, 0.5)} / {pct(values, 0.99)}"
 
@@ -662,7 +651,8 @@ def _ms(value: float | None) -> str:
 
 
 def report(results: list[Result], tree: Path) -> None:
-    print(f"watcher benchmark ({'this tree' if tree == REPO else tree}); machine: {machine()}")
+    print(f"watcher benchmark ({'this tree' if tree == REPO else tree})")
+    print(describe())
     print("API: " + "; ".join(sorted({r.api for r in results})))
     print(f"\n{'load':<42} {'chg/s':>5} {'API write p50/p99':>17} {'ready p50/p99':>13} {'outcome p50/p99':>15} "
           f"{'deadline p50/p99':>16} {'done':>5} {'missed':>6} {'twice':>5}")
@@ -726,7 +716,9 @@ def main() -> int:
     ap.add_argument("--pods", type=int, help="this many pods in each scenario (default: as labelled)")
     args = ap.parse_args()
     tree = Path(args.watcher_tree).resolve() if args.watcher_tree else REPO
+    steal = Steal()
     report(asyncio.run(run_all(args)), tree)
+    print(steal)
     return 0
 
 
