@@ -124,11 +124,13 @@ class Connection(asyncio.Protocol):
             if not isinstance(e, Exception):
                 raise
             return
-        if self.closed.is_set():
+        if tls is None or self.closed.is_set():
             # Guard: a client gone before its handshake (a TCP health check, a port scan).
-            # uvloop's start_tls may still return a transport after connection_lost came;
-            # uvicorn, handed it, would count it against limit_concurrency for good.
-            tls.abort()
+            # start_tls then returns None (asyncio, CPython gh-105993) or, under uvloop, a
+            # transport after connection_lost came; uvicorn, handed that, would count it
+            # against limit_concurrency for good. Its place is given back either way.
+            self._release()
+            (tls or self.raw).abort()
             return
         self._made(tls)
 
