@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from waiter import protocol as p
 
-from . import __version__
+from . import __version__, k8snames
 from .errors import InitshiftError
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -40,26 +39,18 @@ def _choice(*values: str) -> dict[str, tuple[str, ...]]:
 
 _PORT = {"port": True}
 
-# Kubernetes object names, checked where they are read, not at the first API call that
+# Kubernetes object names are checked where they are read, not at the first API call that
 # uses them: a Namespace is an RFC 1123 label, a Service an RFC 1035 label, a Secret, a
 # Lease and a MutatingWebhookConfiguration an RFC 1123 subdomain.
-_NAMES = {
-    "RFC 1123 label": (re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"), 63),
-    "RFC 1035 label": (re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?"), 63),
-    "RFC 1123 subdomain": (re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"), 253),
-}
-
-
 def _name(kind: str) -> dict[str, str]:
     return {"k8s_name": kind}
 
 
 def _check_name(value: str, kind: str, variable: str) -> str:
-    pattern, limit = _NAMES[kind]
-    if len(value) > limit or not pattern.fullmatch(value):
+    if not k8snames.is_name(value, kind):
         raise SettingsError(f"{variable}: expected a Kubernetes name ({kind}: lower-case letters, digits and '-'"
-                            f"{', and dots' if 'subdomain' in kind else ''}, at most {limit} characters), "
-                            f"got {value!r}")
+                            f"{', and dots' if kind == k8snames.DNS_SUBDOMAIN else ''}, at most "
+                            f"{k8snames.RULES[kind][1]} characters), got {value!r}")
     return value
 
 
@@ -159,15 +150,15 @@ class ServerSettings:
                              "An internal rewrite error: `ignore` (admit unchanged, warn) or `deny`.",
                              "ignore", **_choice("ignore", "deny"))
     namespace: str = _env("INITSHIFT_NAMESPACE", "The webhook's own namespace, never mutated.", "initshift-system",
-                          **_name("RFC 1123 label"))
+                          **_name(k8snames.DNS_LABEL))
     service_name: str = _env("INITSHIFT_SERVICE_NAME", "Service name used in certificate DNS names.", "initshift",
-                             **_name("RFC 1035 label"))
+                             **_name(k8snames.DNS_1035_LABEL))
     webhook_config: str = _env("INITSHIFT_WEBHOOK_CONFIG", "MutatingWebhookConfiguration to inject the caBundle into.",
-                               "initshift-webhook", **_name("RFC 1123 subdomain"))
+                               "initshift-webhook", **_name(k8snames.DNS_SUBDOMAIN))
     self_managed_certs: bool = _env("INITSHIFT_SELF_MANAGED_CERTS",
                                     "Create/renew the certificate and inject the caBundle at start-up.", False)
     cert_secret: str = _env("INITSHIFT_CERT_SECRET", "Secret holding the serving certificate (self-managed mode).",
-                            "initshift-tls", **_name("RFC 1123 subdomain"))
+                            "initshift-tls", **_name(k8snames.DNS_SUBDOMAIN))
     renew_before_days: int = _env("INITSHIFT_RENEW_BEFORE_DAYS", "Renew the certificate this many days before expiry.", 30)
     log_level: str = _env("INITSHIFT_LOG_LEVEL", "Log level.", "info", **_choice("debug", "info", "warning", "error"))
 
@@ -175,7 +166,7 @@ class ServerSettings:
 @dataclass(frozen=True)
 class WatcherSettings:
     namespaces: tuple[str, ...] = _env("INITSHIFT_WATCH_NAMESPACES", "Namespaces to watch (comma list); empty: all.", (),
-                                       **_name("RFC 1123 label"))
+                                       **_name(k8snames.DNS_LABEL))
     grace_seconds: float = _env("INITSHIFT_GRACE_SECONDS",
                                 "Seconds a sidecar may keep running after the outcome before the pod is ended.", 10.0)
     sidecar_ready_timeout_seconds: float = _env("INITSHIFT_SIDECAR_READY_TIMEOUT_SECONDS",
@@ -186,7 +177,7 @@ class WatcherSettings:
                                  "Use a Lease: the holder acts at once, the others only on work it left overdue.",
                                  True)
     lease_name: str = _env("INITSHIFT_LEASE_NAME", "Name of the leader-election Lease.", "initshift-watcher",
-                          **_name("RFC 1123 subdomain"))
+                          **_name(k8snames.DNS_SUBDOMAIN))
     lease_seconds: float = _env("INITSHIFT_LEASE_SECONDS", "Lease duration.", 15.0)
     renew_seconds: float = _env("INITSHIFT_WATCHER_RENEW_SECONDS",
                                 "How often the holder renews the Lease (and a follower retries it); each attempt "

@@ -222,8 +222,7 @@ def test_connections_closed_before_their_handshake_leave_nothing_behind(pki):
     handed after the client left would never be taken back, and past 36 of them every
     review would be a 503."""
     with h.running(h.settings_for(pki, max_connections=2)) as server:
-        for _ in range(60):
-            socket.create_connection(("127.0.0.1", server.port), timeout=10).close()
+        hostile.connect_and_close(server.port, 60)
         deadline = time.monotonic() + 30
         while server.door.open and time.monotonic() < deadline:  # the server has seen them go
             time.sleep(0.05)

@@ -155,8 +155,8 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
         hostile.connect_and_close(b.port, 2000)
         took = time.monotonic() - start
         with httpx.Client(verify=b.ctx, timeout=30) as client:
-            after = collections.Counter(client.post(f"{b.url}/mutate", content=small, headers=hostile.JSON_CT).status_code
-                                        for _ in range(20))
+            after = collections.Counter(
+                client.post(f"{b.url}/mutate", content=small, headers=hostile.JSON_CT).status_code for _ in range(20))
         return f"2,000 TCP connections closed at once, in {took:.1f} s; then 20 reviews: {dict(after)}", []
 
     return {1: ("1. header flood, 32 MB of headers", header_flood),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from tests.rewrite.test_linear import mains_of_a_job, steps_by_mains
 from tests.bench._machine import Steal, describe
+from tests.rewrite.test_linear import mains_of_a_job, steps_by_mains
 from waiter import protocol as p
 from webhook import jsontext
 from webhook.admission._patch import make_patch

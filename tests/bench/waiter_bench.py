@@ -322,7 +322,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="waiter-bench-") as tmp:
         t = Target(Path(tmp))
         what = "frozen bundle in a chroot" if t.frozen else "SOURCE waiter (not root: no chroot)"
-        print(f"waiter benchmark: {what}, {os.cpu_count()} CPUs")
+        print(f"waiter benchmark: {what}")
         print(describe())
         steal = Steal()
         cold = cold_start(t)

@@ -12,11 +12,10 @@ import re
 from typing import Mapping
 
 from .. import jsontext
+from ..k8snames import DNS_LABEL, DNS_SUBDOMAIN, is_name
 from ._quantity import QuantityError, parse
 from ._resources import SHAREABLE
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _ANNOTATION_REF = re.compile(r"^metadata\.annotations\['(.*)'\]$")
 # etcd refuses a value over 1.5 MiB (--max-request-bytes): the stored object (protobuf, then
@@ -30,7 +29,7 @@ def is_annotation_key(key: str) -> bool:
     """A qualified name ([prefix/]name), which annotation keys and the downward API's
     `metadata.annotations['key']` must be (the latter checked on the lowercased key)."""
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if prefix and not is_name(prefix, DNS_SUBDOMAIN):
         return False
     return len(name) <= 63 and bool(_KEY_NAME.match(name))
 
@@ -113,7 +112,7 @@ def size_problems(pod: Mapping) -> list[str]:
 @functools.lru_cache(maxsize=4096)
 def _is_dns_label(name: str) -> bool:
     """RFC 1123; the same few names recur in every pod of a kind, each is matched once."""
-    return len(name) <= 63 and bool(_DNS_LABEL.match(name))
+    return is_name(name, DNS_LABEL)
 
 
 def _name_problems(name: object, what: str, seen: set, twice: str) -> list[str]:
