@@ -14,6 +14,7 @@ from . import protocol as p
 
 COMMANDS: dict[str, tuple[str, str]] = {
     p.CMD_INIT: ("waiter.install", "copy the frozen waiter bundle into DEST (the shared emptyDir)"),
+    p.CMD_HOLD: ("waiter.hold", "the copier container's main: wait until its postStart hook's copy has ended"),
     p.CMD_RUN: ("waiter.entrypointer", "wait for the previous step, run a command, record the result"),
     p.CMD_START_AFTER: ("waiter.startafter", "wait until earlier containers are ready, then exec the command"),
 }

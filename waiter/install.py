@@ -1,5 +1,6 @@
 """`waiter init DEST`: copy the frozen bundle to DEST/waiter, idempotently and atomically,
-readable and executable by any UID (steps run as arbitrary users)."""
+readable and executable by any UID (steps run as arbitrary users). With `--hook` it runs
+as hybrid's postStart hook and then records itself for `waiter hold` (waiter/hold.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import sys
 
 from . import protocol as p
 from .errors import UsageError, WaiterError
+from .hold import record_hook
 
-USAGE = "usage: waiter init [--from BUNDLE_DIR] DEST"
+USAGE = f"usage: waiter init [--from BUNDLE_DIR] [{p.COPY_HOOK_FLAG}] DEST"
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
@@ -91,6 +93,9 @@ def install(src: str, dest: str) -> str:
 def main(argv: list[str]) -> int:
     args = list(argv)
     explicit = None
+    hook = p.COPY_HOOK_FLAG in args
+    if hook:
+        args.remove(p.COPY_HOOK_FLAG)
     try:
         if args and (args[0] == "--from" or args[0].startswith("--from=")):
             if "=" in args[0]:
@@ -103,6 +108,8 @@ def main(argv: list[str]) -> int:
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError(USAGE)
         exe = install(source_dir(explicit), args[0])
+        if hook:
+            record_hook(args[0])
     except WaiterError as exc:
         sys.stderr.write(f"waiter init: {exc.message}\n")
         return exc.exit_code

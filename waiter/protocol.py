@@ -79,6 +79,15 @@ BIN_MOUNT = "/initshift/bin"
 WAITER_PATH = f"{BIN_MOUNT}/{WAITER_DIR_NAME}/{WAITER_EXE_NAME}"
 # What the injected init container runs (in the initshift image) to copy the bundle.
 INIT_COMMAND = (f"{IMAGE_WAITER_DIR}/{WAITER_INIT_EXE_NAME}", "init", BIN_MOUNT)
+# Hybrid copies the bundle in the postStart hook of a first regular container instead: the
+# kubelet starts the next container only once that hook has returned, and the proxy stays
+# the last init container (one fewer ~1 s pod-cache relist before the steps start). The
+# container's own process waits for the hook to end, then exits 0 (`waiter hold`).
+COPY_CONTAINER_NAME = "initshift-copy"
+COPY_HOOK_FLAG = "--hook"  # `waiter init --hook DEST`: copy, then record the hook (COPY_DONE_FILE)
+COPY_DONE_FILE = ".initshift-copied"  # in BIN_MOUNT: "PID STARTTIME" of the hook that copied
+COPY_HOOK_COMMAND = (f"{IMAGE_WAITER_DIR}/{WAITER_INIT_EXE_NAME}", "init", COPY_HOOK_FLAG, BIN_MOUNT)
+COPY_HOLD_COMMAND = (f"{IMAGE_WAITER_DIR}/{WAITER_INIT_EXE_NAME}", "hold", BIN_MOUNT)
 
 RUN_VOLUME_PREFIX = "initshift-run-"  # + index in execution order
 RUN_MOUNT_ROOT = "/initshift/run"  # + "/" + index
@@ -128,6 +137,7 @@ def container_ready_path(container: str) -> str:
 
 # --- Waiter command line ----------------------------------------------------------------
 CMD_INIT = "init"
+CMD_HOLD = "hold"
 CMD_RUN = "run"
 CMD_START_AFTER = "start-after"
 ARGV_SEPARATOR = "--"

@@ -206,5 +206,5 @@ async def test_server_reports_and_uses_the_detected_strategy(tmp_path):
         answer = (await c.post("/mutate", json=h.review(pod, namespace="builds"))).json()
     patched = apply_patch(pod, decode_patch(answer))
     assert patched["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
-    assert [x["name"] for x in patched["spec"]["initContainers"]] == ["istio-init", "istio-proxy",
-                                                                      p.INIT_CONTAINER_NAME]
+    assert [x["name"] for x in patched["spec"]["initContainers"]] == ["istio-init", "istio-proxy"]
+    assert patched["spec"]["containers"][0]["name"] == p.COPY_CONTAINER_NAME

@@ -19,12 +19,12 @@ INITS = [init_done("istio-init", 0, 1)]
 
 def test_rows_in_execution_order_like_a_waiter_pod():
     pod = with_status(hybrid_pod(), annotations={p.ANNOTATION_READY: p.READY_TRUE},
-                      init=[*INITS, run("istio-proxy", 1), init_done(p.INIT_CONTAINER_NAME, 1, 2)],
-                      containers=[done("prepare", 5, 9), *[run(n, 3) for n in KPACK_STEPS[1:]], run("completion", 3)])
+                      init=[*INITS, run("istio-proxy", 1)],
+                      containers=[done(p.COPY_CONTAINER_NAME, 1, 2), done("prepare", 5, 9), *[run(n, 3) for n in KPACK_STEPS[1:]], run("completion", 3)])
     view = pv.pod_view(pod, NOW)
     assert view.strategy == p.MODE_HYBRID and view.ready is True
     assert [(r.name, r.kind) for r in view.rows] == [
-        ("istio-init", ps.INIT), (p.INIT_CONTAINER_NAME, ps.INIT), *[(n, ps.STEP) for n in KPACK_STEPS],
+        ("istio-init", ps.INIT), (p.COPY_CONTAINER_NAME, ps.INIT), *[(n, ps.STEP) for n in KPACK_STEPS],
         ("completion", ps.MAIN), ("istio-proxy", ps.SIDECAR)]
     states = {r.name: r.state for r in view.rows}
     assert states["prepare"] == pv.State.COMPLETED and states["analyze"] == pv.State.RUNNING
@@ -35,24 +35,22 @@ def test_rows_in_execution_order_like_a_waiter_pod():
 
 
 def test_first_step_held_for_the_native_proxy():
-    # Istio's own startupProbe is pending: the kubelet holds the init containers after the proxy.
-    pod = with_status(hybrid_pod(), phase="Pending", init=[*INITS, run("istio-proxy", 1, ready=False),
-                                                           wait(p.INIT_CONTAINER_NAME)],
-                      containers=[wait(n) for n in [*KPACK_STEPS, "completion"]])
+    # The kubelet has not started the regular containers yet (the proxy's startup is pending).
+    pod = with_status(hybrid_pod(), phase="Pending", init=[*INITS, run("istio-proxy", 1, ready=False)],
+                      containers=[wait(n) for n in [p.COPY_CONTAINER_NAME, *KPACK_STEPS, "completion"]])
     row = pv.pod_view(pod, NOW).row("prepare")
-    assert row.state == pv.State.WAITING_STEP and row.waiting_for == p.INIT_CONTAINER_NAME
+    assert row.state == pv.State.WAITING_STEP and row.waiting_for == p.COPY_CONTAINER_NAME
     # Started beside a proxy that is not Ready yet: the waiter's loopback gate holds step 0.
-    pod = with_status(hybrid_pod(), init=[*INITS, run("istio-proxy", 1, ready=False),
-                                          init_done(p.INIT_CONTAINER_NAME, 1, 2)],
-                      containers=[run(n, 3) for n in [*KPACK_STEPS, "completion"]])
+    pod = with_status(hybrid_pod(), init=[*INITS, run("istio-proxy", 1, ready=False)],
+                      containers=[done(p.COPY_CONTAINER_NAME, 1, 2), *[run(n, 3) for n in [*KPACK_STEPS, "completion"]]])
     assert pv.pod_view(pod, NOW).row("prepare").state == pv.State.WAITING_SIDECARS
 
 
 def test_outcome_is_read_and_status_waits_for_it():
     steps = [done(n, 5 + 10 * i, 14 + 10 * i) for i, n in enumerate(KPACK_STEPS)]
     ended = with_status(hybrid_pod(), phase="Succeeded",
-                        init=[*INITS, init_done("istio-proxy", 1, 70), init_done(p.INIT_CONTAINER_NAME, 1, 2)],
-                        containers=[*steps, done("completion", 65, 66)])
+                        init=[*INITS, init_done("istio-proxy", 1, 70)],
+                        containers=[done(p.COPY_CONTAINER_NAME, 1, 2), *steps, done("completion", 65, 66)])
     view = pv.pod_view(ended, NOW)
     assert not _finished(view, outcome_wait_over=False), "a hybrid pod's outcome is awaited like a waiter pod's"
     outcome = {"result": "Succeeded", "failed": None, "message": "6 steps and 1 mains succeeded",
@@ -64,8 +62,8 @@ def test_outcome_is_read_and_status_waits_for_it():
 
 
 def test_status_says_which_startup_probe_initshift_removed():
-    pod = with_status(hybrid_pod(), init=[*INITS, run("istio-proxy", 1), init_done(p.INIT_CONTAINER_NAME, 1, 2)],
-                      containers=[run(n, 3) for n in [*KPACK_STEPS, "completion"]])
+    pod = with_status(hybrid_pod(), init=[*INITS, run("istio-proxy", 1)],
+                      containers=[done(p.COPY_CONTAINER_NAME, 1, 2), *[run(n, 3) for n in [*KPACK_STEPS, "completion"]]])
     view = pv.pod_view(pod, NOW)
     assert view.startup_probes_removed == ("istio-proxy",)
     assert view.to_json()["startupProbesRemoved"] == ["istio-proxy"]

@@ -15,6 +15,8 @@ import datetime as dt
 import json
 from dataclasses import dataclass
 
+from waiter import protocol as p
+
 from ._env import Env, Record
 from ._kube import parse_time
 from ._pods import Line, first, log_lines, managed, ms, terminated, wait_end
@@ -41,6 +43,9 @@ def check_build(env: Env, rec: Record, ns: str, name: str, *, steps: list[str], 
     assert got == phase, f"pod {name} ended {got} ({obj['status'].get('reason') or ''}), expected {phase}"
     if strategy is not None:
         assert managed(obj) == strategy, f"pod {name} managed by {managed(obj)!r}, expected {strategy!r}"
+    if managed(obj) == p.MODE_HYBRID and phase == "Succeeded":  # the copier's hook returned, then it ended
+        copier = terminated(obj, p.COPY_CONTAINER_NAME) or {}
+        assert copier.get("exitCode") == 0, f"{p.COPY_CONTAINER_NAME} ended {copier}"
     logs = {s: log_lines(env.kube, ns, name, s) for s in steps}
     times: dict[str, tuple[dt.datetime, dt.datetime]] = {}
     for s in steps:

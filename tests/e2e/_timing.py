@@ -10,7 +10,7 @@ from waiter import protocol as p
 from ._check import check_build
 from ._env import Env, Record, native_only, scenario
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
-from ._pods import annotations, container_names, first, log_lines, managed, ms, pod, step
+from ._pods import annotations, container_names, managed, pod, step
 
 STEPS = [f"step-{i:02d}" for i in range(20)]
 SLEEP = 0.2
@@ -54,12 +54,6 @@ def _twenty(env: Env, rec: Record, short: str, *, strategy: str, pod_annotations
         how += ("; its startupProbe removed by initshift" if removed else
                 "; with a startupProbe" if "startupProbe" in proxy else "; no startupProbe")
     rec.note(f"strategy {managed(build.obj)}{how}; every step's first call through the proxy succeeded")
-    if p.INIT_CONTAINER_NAME in inits and "istio-proxy" in inits:
-        # where hybrid's time goes: the kubelet starts the steps once initshift-init (after the
-        # native proxy) has ended and it has noticed so
-        copied = first(log_lines(env.kube, ns, "steps", p.INIT_CONTAINER_NAME, waiter=True), "waiter installed")
-        if copied:  # initshift-init has no waiter record: the kubelet's read of its line
-            rec.figure("waiter copied -> step 0", ms(build.times[STEPS[0]][0] - copied.at))
     rec.figure("proxy ready -> step 0", build.ready_to_step0_ms or 0)
     rec.figure("20 x 0.2 s span", build.span_s or 0, "s")
 

@@ -18,7 +18,7 @@ from waiter import protocol as p
 from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
-from webhook.rewrite._classify import sidecar_names
+from webhook.rewrite._classify import managed_as, sidecar_names
 from webhook.rewrite._native import startup_probe
 from webhook.rewrite._waiter import loopback_probe
 from webhook.rewrite._resources import pod_requests
@@ -65,16 +65,36 @@ SHAPES = {**CATALOGUE, "argv-torture": torture_pod(), "guaranteed": guaranteed_p
 EXPECTED_SHAPES = {**EXPECTED, "argv-torture": "rewritten", "guaranteed": "rewritten"}
 
 
+def first_step(pod: dict) -> dict:
+    """The container step 0's gate holds: the first, after hybrid's copier."""
+    containers = pod["spec"]["containers"]
+    return containers[1] if managed_as(pod) == p.MODE_HYBRID else containers[0]
+
+
+def check_copier(src: dict, copier: dict) -> None:
+    """The waiter is copied in the first regular container's postStart hook, which the
+    kubelet runs before it creates the next container; it reserves nothing."""
+    assert copier["command"] == list(p.COPY_HOLD_COMMAND)
+    assert copier["lifecycle"] == {"postStart": {"exec": {"command": list(p.COPY_HOOK_COMMAND)}}}
+    assert copier["volumeMounts"] == [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT}]
+    if any(pod_requests(src["spec"]).values()):
+        assert copier["resources"]["requests"] == {"cpu": "0", "memory": "0"}
+    else:
+        assert "resources" not in copier, "a BestEffort pod stays BestEffort"
+
+
 def check_hybrid_pod(src: dict, out: dict) -> None:
-    """Valid, every container once, proxies native before initshift-init, steps in order
-    under the waiter, no quit, the effective request not grown, idempotent."""
+    """Valid, every container once, proxies native and the last init containers, the copier
+    first, steps in order under the waiter, no quit, the effective request not grown,
+    idempotent."""
     assert_valid_pod(out)
     assert apply_patch(src, make_patch(src, out)) == out
     before, after = by_name(src), by_name(out)
-    assert sorted(after) == sorted([*before, p.INIT_CONTAINER_NAME])
+    assert sorted(after) == sorted([*before, p.COPY_CONTAINER_NAME])
     inits, regular = out["spec"]["initContainers"], out["spec"]["containers"]
     assert not any(c["name"] in PROXIES for c in regular), "no proxy among the regular containers"
-    assert names(inits)[-1] == p.INIT_CONTAINER_NAME
+    assert p.INIT_CONTAINER_NAME not in names(inits)
+    check_copier(src, regular[0])
     assert all(c.get("restartPolicy") == "Always" for c in inits if c["name"] in PROXIES)
     meta = out["metadata"]
     assert meta["labels"][p.LABEL_MANAGED] == p.MODE_HYBRID
@@ -102,7 +122,7 @@ def removed_record(pod: dict) -> dict:
 def check_kubelet_hold(src: dict, out: dict) -> None:
     """Nothing reaches the network before the proxy is ready where initshift took the kubelet's
     hold away: every startupProbe it removed belongs to a native sidecar step 0 probes on
-    loopback, after which only initshift-init starts, in a pod whose every regular container
+    loopback, after which no init container starts, in a pod whose every regular container
     the waiter runs, and without a livenessProbe that probe kept off a slow start. A removed
     probe is the sidecar's own as admitted, or the one derived from its readiness probe."""
     spec = out["spec"]
@@ -116,20 +136,20 @@ def check_kubelet_hold(src: dict, out: dict) -> None:
         proxy = inits[i]
         assert proxy["restartPolicy"] == "Always" and "startupProbe" not in proxy, name
         assert loopback_probe(proxy) in flag_values(step0, p.FLAG_PROBE), "step 0 waits for its readiness itself"
-        assert names(inits)[i + 1:] in ([], [p.INIT_CONTAINER_NAME]), "nothing else starts after it"
-        assert names(spec["containers"]) == [*steps, *mains][:len(spec["containers"])] and \
-            sorted(names(spec["containers"])) == sorted([*steps, *mains]), "the waiter runs every regular container"
+        assert names(inits)[i + 1:] == [], "nothing else starts after it"
+        assert names(spec["containers"]) == [p.COPY_CONTAINER_NAME, *steps, *mains], \
+            "the waiter runs every regular container but its own copier"
         assert proxy.get("readinessProbe") == before[name].get("readinessProbe"), "readiness untouched"
         was = before[name].get("startupProbe")
         assert probe == (was if was is not None else startup_probe(before[name]["readinessProbe"]))
         assert was is None or "livenessProbe" not in proxy
     # And the other way: where all of that holds for a mesh's native sidecar, the hold is gone.
     recognised = sidecar_names(out["metadata"]["annotations"], RewriteSettings())
-    wrapped = sorted(names(spec["containers"])) == sorted([*steps, *mains])
+    wrapped = sorted(names(spec["containers"])) == sorted([p.COPY_CONTAINER_NAME, *steps, *mains])
     for i, c in enumerate(inits):
         if c.get("restartPolicy") == "Always" and c["name"] in recognised and wrapped \
                 and loopback_probe(c) in flag_values(step0, p.FLAG_PROBE) \
-                and names(inits)[i + 1:] in ([], [p.INIT_CONTAINER_NAME]) \
+                and names(inits)[i + 1:] == [] \
                 and not ("livenessProbe" in c and "startupProbe" in before[c["name"]]):
             assert "startupProbe" not in c, c["name"]
 
@@ -171,21 +191,21 @@ def test_kpack_layout_gate_and_resources():
     out = result.pod
     spec = out["spec"]
     steps = ["prepare", "analyze", "detect", "restore", "build", "export"]
-    assert names(spec["initContainers"]) == ["istio-init", "istio-proxy", p.INIT_CONTAINER_NAME]
-    assert names(spec["containers"]) == [*steps, "completion"]
+    assert names(spec["initContainers"]) == ["istio-init", "istio-proxy"]
+    assert names(spec["containers"]) == [p.COPY_CONTAINER_NAME, *steps, "completion"]
     proxy, was = by_name(out)["istio-proxy"], by_name(src)["istio-proxy"]
     assert {k: v for k, v in proxy.items() if k != "restartPolicy"} == \
         {k: v for k, v in was.items() if k != "startupProbe"}, "the proxy keeps its spec but its startupProbe"
     assert removed_record(out) == {"istio-proxy": was["startupProbe"]}, "recorded as it was"
     assert any("removed the startupProbe of 'istio-proxy'" in w for w in result.warnings)
-    step0 = spec["containers"][0]
+    step0 = first_step(out)
     assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
     assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the waiter's gate: probe, file as fallback"
     assert p.READY_VOLUME in [v["name"] for v in spec["volumes"]]
-    assert all(flag_values(c, p.FLAG_WAIT) == [p.completion_path(i - 1)] for i, c in enumerate(spec["containers"])
-               if i), "each waits for the one before; the main for the last step"
+    assert all(flag_values(c, p.FLAG_WAIT) == [p.completion_path(i - 1)]
+               for i, c in enumerate(spec["containers"][1:]) if i), "each waits for the one before; the main for the last"
     assert pod_requests(spec) == pod_requests(src["spec"]), "preserve: the effective request is unchanged"
-    assert spec["containers"][0]["resources"]["requests"] == {"cpu": "800m", "memory": "1792Mi"}
+    assert first_step(out)["resources"]["requests"] == {"cpu": "800m", "memory": "1792Mi"}
     assert not any("grows" in w for w in result.warnings)
 
 
@@ -194,8 +214,8 @@ def test_linkerd_probed_on_loopback_gets_no_startup_probe():
     proxy = by_name(out)["linkerd-proxy"]
     assert proxy["restartPolicy"] == "Always" and "startupProbe" not in proxy, \
         "step 0 probes it itself: the kubelet need not hold the regular containers back"
-    assert flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == ["http://127.0.0.1:4191/ready"]
-    assert names(out["spec"]["initContainers"]) == ["linkerd-init", "linkerd-proxy", p.INIT_CONTAINER_NAME]
+    assert flag_values(first_step(out), p.FLAG_PROBE) == ["http://127.0.0.1:4191/ready"]
+    assert names(out["spec"]["initContainers"]) == ["linkerd-init", "linkerd-proxy"]
 
 
 def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():
@@ -211,7 +231,7 @@ def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():
     assert by_name(out)["istio-proxy"]["startupProbe"] == {"exec": {"command": ["pilot-agent", "ready"]},
                                                            "periodSeconds": 1}
     assert "startupProbe" not in by_name(out)["cache"]
-    step0 = out["spec"]["containers"][0]
+    step0 = first_step(out)
     assert flag_values(step0, p.FLAG_PROBE) == ["tcp://127.0.0.1:6379"], "the one it can probe"
     assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE]
     assert any("'istio-proxy' got a startupProbe" in w for w in result.warnings)
@@ -220,7 +240,7 @@ def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():
     del pod["metadata"]["annotations"][p.ANNOTATION_SIDECARS]
     pod["spec"]["containers"].pop()
     alone = hybrid(pod).pod
-    step0 = alone["spec"]["containers"][0]
+    step0 = first_step(alone)
     assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
     assert p.READY_VOLUME not in [v["name"] for v in alone["spec"]["volumes"]]
     check_hybrid_pod(pod, alone)
@@ -232,7 +252,7 @@ def test_sidecar_without_any_probe_is_warned():
     del proxy["startupProbe"], proxy["readinessProbe"]
     result = hybrid(pod)
     assert any("no readiness or startup probe" in w for w in result.warnings)
-    step0 = result.pod["spec"]["containers"][0]
+    step0 = first_step(result.pod)
     assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
 
 
@@ -246,7 +266,7 @@ def test_guaranteed_pod_keeps_its_request_and_warns_of_the_qos_change():
 def test_argv_torture_reaches_the_waiter_word_for_word():
     src = torture_pod()
     out = hybrid(src).pod
-    for c in out["spec"]["containers"]:
+    for c in out["spec"]["containers"][1:]:
         o = by_name(src)[c["name"]]
         assert argv_after_separator(c) == [*o["command"], *o.get("args", [])]
 
@@ -261,7 +281,7 @@ def test_auto_picks_hybrid_native_or_waiter():
     on_failure["spec"]["restartPolicy"] = "OnFailure"
     result = rewrite(on_failure, AUTO, native_supported=True)
     assert result.strategy == p.MODE_HYBRID
-    assert all(p.FLAG_RETRY in c["args"] for c in result.pod["spec"]["containers"])
+    assert all(p.FLAG_RETRY in c["args"] for c in result.pod["spec"]["containers"][1:])
     ordered = copy.deepcopy(job)
     ordered["metadata"]["annotations"][p.ANNOTATION_START_ORDER] = "istio-proxy;build"
     result = rewrite(ordered, AUTO, native_supported=True)
@@ -288,8 +308,7 @@ def test_already_native_proxy_gets_hybrid_on_any_detection():
         for detected in (True, None, False):
             result = rewrite(pod, settings, native_supported=detected)
             assert result.strategy == p.MODE_HYBRID, (detected, result.warnings)
-            assert names(result.pod["spec"]["initContainers"]) == ["istio-init", "istio-proxy",
-                                                                   p.INIT_CONTAINER_NAME]
+            assert names(result.pod["spec"]["initContainers"]) == ["istio-init", "istio-proxy"]
             istio, ours = pod["spec"]["initContainers"][1], result.pod["spec"]["initContainers"][1]
             assert ours == {k: v for k, v in istio.items() if k != "startupProbe"}, \
                 "left as Istio made it but for its startupProbe"
@@ -326,7 +345,7 @@ def test_explicit_mode_rewrites_several_steps_without_sidecar(mode):
             assert result.changed and result.strategy == mode, result.warnings
             assert any("no sidecar" in w for w in result.warnings)
             assert_valid_pod(result.pod)
-            step0 = result.pod["spec"]["containers"][0]
+            step0 = first_step(result.pod)
             assert flag_values(step0, p.FLAG_PROBE) == [] and flag_values(step0, p.FLAG_READY_FILE) == []
             assert result.pod["metadata"]["labels"][p.LABEL_MANAGED] == mode
             assert rewrite(result.pod, AUTO, native_supported=detected).pod == result.pod
@@ -342,7 +361,7 @@ def test_steps_without_command_need_lookups():
     assert [x.container for x in the_plan.lookups()] == ["git-clone"]
     images = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("git",))})}
     out = the_plan.rewrite(images=images).pod
-    assert argv_after_separator(out["spec"]["containers"][0])[0] == "git"
+    assert argv_after_separator(first_step(out))[0] == "git"
     assert the_plan.rewrite().denied, "unresolved: denied as for the waiter strategy"
 
 
@@ -355,7 +374,7 @@ def test_reinvocation_after_the_mesh_injected(variant):
     assert first.changed and first.strategy == p.MODE_HYBRID
     key = p.LINKERD_NATIVE_ANNOTATION if variant == "linkerd" else p.ISTIO_NATIVE_ANNOTATION
     assert first.pod["metadata"]["annotations"][key] == "true", "the mesh is asked for a native proxy"
-    step0 = first.pod["spec"]["containers"][0]
+    step0 = first_step(first.pod)
     assert flag_values(step0, p.FLAG_PROBE) == [], "no sidecar yet: no wait"
     assert_valid_pod(first.pod)
 
@@ -366,11 +385,11 @@ def test_reinvocation_after_the_mesh_injected(variant):
     assert_valid_pod(out)
     proxy = "linkerd-proxy" if variant == "linkerd" else "istio-proxy"
     mesh_init = "linkerd-init" if variant == "linkerd" else "istio-init"
-    assert names(out["spec"]["initContainers"]) == [mesh_init, proxy, p.INIT_CONTAINER_NAME]
+    assert names(out["spec"]["initContainers"]) == [mesh_init, proxy]
     assert by_name(out)[proxy]["restartPolicy"] == "Always"
     url = "http://127.0.0.1:4191/ready" if variant == "linkerd" else "http://127.0.0.1:15021/healthz/ready"
-    assert flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == [url]
-    assert all(flag_values(c, p.FLAG_QUIT) == [] for c in out["spec"]["containers"])
+    assert flag_values(first_step(out), p.FLAG_PROBE) == [url]
+    assert all(flag_values(c, p.FLAG_QUIT) == [] for c in out["spec"]["containers"][1:])
     assert hybrid(out).pod == out and not hybrid(out).changed, "idempotent"
     # The same pod as a first admission after the injection, but for the requests planned
     # without the proxy and the annotation asking for a native one.
@@ -391,12 +410,12 @@ def test_unrecognised_regular_sidecar_injected_later_is_gated_by_the_ready_file(
     proxy = pod["spec"]["containers"][-1]
     proxy["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
     first = hybrid(pod).pod
-    assert flag_values(first["spec"]["containers"][0], p.FLAG_READY_FILE) == []
+    assert flag_values(first_step(first), p.FLAG_READY_FILE) == []
     late = copy.deepcopy(first)
     late["spec"]["containers"].append({"name": "log-shipper", "image": "fluent-bit:3",
                                        "readinessProbe": {"exec": {"command": ["true"]}}})
     out = hybrid(late).pod
-    step0 = out["spec"]["containers"][0]
+    step0 = first_step(out)
     assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the kubelet does not order a regular sidecar"
     assert flag_values(step0, p.FLAG_PROBE) == []
     assert p.READY_VOLUME in [v["name"] for v in out["spec"]["volumes"]]
@@ -419,7 +438,7 @@ def test_the_proxys_startup_probe_goes_where_step_0_gates_on_its_readiness(shape
     out = result.pod
     assert "startupProbe" not in proxy_of(out) and proxy_of(out)["readinessProbe"] == proxy_of(src)["readinessProbe"]
     assert removed_record(out) == {"istio-proxy": proxy_of(src)["startupProbe"]}
-    step0 = out["spec"]["containers"][0]
+    step0 = first_step(out)
     assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
     check_hybrid_pod(src, out)
     assert hybrid(out, AUTO).pod == out, "re-invocation keeps it, in any mode"
@@ -438,8 +457,7 @@ def test_an_ungated_init_container_after_the_proxy_keeps_the_hold():
                                           "command": ["vault", "agent", "-exit-after-auth"]})
     pod["metadata"]["annotations"][p.ANNOTATION_KEEP_INIT] = "vault-agent-init"
     out = hybrid(pod).pod
-    assert names(out["spec"]["initContainers"]) == ["istio-init", "istio-proxy", "vault-agent-init",
-                                                     p.INIT_CONTAINER_NAME]
+    assert names(out["spec"]["initContainers"]) == ["istio-init", "istio-proxy", "vault-agent-init"]
     assert proxy_of(out)["startupProbe"] == proxy_of(pod)["startupProbe"], "the kubelet still holds vault-agent-init"
     assert removed_record(out) == {}
     check_hybrid_pod(pod, out)
@@ -456,11 +474,11 @@ def test_a_sidecar_after_the_proxy_keeps_the_proxys_hold_and_loses_its_own():
     pod["spec"]["containers"].append({"name": "cache", "image": "redis:7", "readinessProbe": {"tcpSocket": {"port": 6379}},
                                       "startupProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 1}})
     out = hybrid(pod).pod
-    assert names(out["spec"]["initContainers"]) == ["istio-init", "istio-proxy", "cache", p.INIT_CONTAINER_NAME]
+    assert names(out["spec"]["initContainers"]) == ["istio-init", "istio-proxy", "cache"]
     assert "startupProbe" in proxy_of(out), "cache starts after the proxy: the kubelet holds it until the proxy started"
     assert "startupProbe" not in proxy_of(out, "cache")
     assert list(removed_record(out)) == ["cache"]
-    assert flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready",
+    assert flag_values(first_step(out), p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready",
                                                                        "tcp://127.0.0.1:6379"]
     check_hybrid_pod(pod, out)
 
@@ -478,7 +496,7 @@ def test_a_proxy_step_0_cannot_probe_keeps_its_startup_probe():
     pod["spec"]["initContainers"][1]["readinessProbe"] = {"exec": {"command": ["pilot-agent", "ready"]}}
     out = hybrid(pod).pod
     assert proxy_of(out)["startupProbe"] == pod["spec"]["initContainers"][1]["startupProbe"]
-    assert removed_record(out) == {} and flag_values(out["spec"]["containers"][0], p.FLAG_PROBE) == []
+    assert removed_record(out) == {} and flag_values(first_step(out), p.FLAG_PROBE) == []
 
 
 def test_reinvocation_puts_the_probe_back_when_a_container_no_longer_waits_for_step_0():

@@ -75,7 +75,8 @@ def test_valid_unique_request_kept_idempotent_and_reinvocation(case, policy, aut
     check_kubelet_hold(injected, out)
     inits = names(out["spec"]["initContainers"])
     proxy = "linkerd-proxy" if late_mesh == "linkerd" else "istio-proxy"
-    assert inits.index(proxy) < inits.index(p.INIT_CONTAINER_NAME), "the proxy starts before the waiter is copied"
+    assert inits[-1] == proxy and names(out["spec"]["containers"])[0] == p.COPY_CONTAINER_NAME, \
+        "the proxy is the last init container; the waiter is copied after it"
     assert proxy not in names(out["spec"]["containers"])
     assert all(p.FLAG_QUIT not in c.get("args", []) for c in out["spec"]["containers"])
     assert rewrite(out, settings, native_supported=True).pod == out, "idempotent"

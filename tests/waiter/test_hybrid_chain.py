@@ -35,9 +35,10 @@ def test_gate_on_the_loopback_probe_then_steps_in_order_and_no_quit(tmp_path, pr
     log = tmp_path / "order.log"
     scripts = {name: f'echo {name} >> "{log}"' for name in ("clone", "test", "package", "publish")}
     pod = hybrid(build_pod(proxy.port, scripts), proxy)
-    assert [c["name"] for c in pod["spec"]["initContainers"]][-2:] == ["istio-proxy", p.INIT_CONTAINER_NAME]
-    step0 = pod["spec"]["containers"][0]["args"]
-    assert p.FLAG_PROBE in step0 and all(p.FLAG_QUIT not in c["args"] for c in pod["spec"]["containers"])
+    assert [c["name"] for c in pod["spec"]["initContainers"]][-1] == "istio-proxy"
+    copier, *wrapped = pod["spec"]["containers"]
+    assert copier["name"] == p.COPY_CONTAINER_NAME
+    assert p.FLAG_PROBE in wrapped[0]["args"] and all(p.FLAG_QUIT not in c["args"] for c in wrapped)
     ready_at: list[float] = []
 
     def become_ready() -> None:

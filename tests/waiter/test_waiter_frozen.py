@@ -234,6 +234,52 @@ def test_waiter_init_from_the_image_layout(tmp_path: Path, bundle: Path) -> None
     assert res.returncode == 0, res.stderr
 
 
+def test_copier_hook_and_hold_from_the_image_layout(tmp_path: Path, bundle: Path) -> None:
+    """What hybrid's initshift-copy container does: its process (`hold`) and its postStart
+    hook (`init --hook`) run side by side in the initshift image as its UID; the hook copies
+    the bundle into the emptyDir, and the process ends with exit 0 once the hook has."""
+    image = tmp_path / "image"
+    shutil.copytree(bundle, image / p.IMAGE_WAITER_DIR.lstrip("/"), symlinks=True)
+    (image / p.BIN_MOUNT.lstrip("/")).mkdir(parents=True)
+    (image / "proc").mkdir()  # a container always has /proc: hold reads the hook's there
+    empty_dir = tmp_path / "emptydir"
+    empty_dir.mkdir()
+    empty_dir.chmod(0o777)
+    script = f'{MOUNT} -t proc proc "$4/proc" && {MOUNT} --bind "$1" "$2" && shift 2 && exec {CHROOT} "$@"'
+
+    def in_image(command: tuple[str, ...]) -> list:
+        return [UNSHARE, "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(empty_dir),
+                str(image / p.BIN_MOUNT.lstrip("/")), f"--userspec={p.IMAGE_UID}:{p.IMAGE_UID}", str(image), *command]
+
+    def holding() -> list[int]:
+        return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _argv(pid)[1:2] == [p.CMD_HOLD.encode()]
+                and _argv(pid)[0].endswith(p.WAITER_INIT_EXE_NAME.encode())]
+
+    hold = subprocess.Popen(in_image(p.COPY_HOLD_COMMAND), env={}, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: any(catches(pid, signal.SIGTERM) for pid in holding()) or hold.poll() is not None,
+                 "hold to start")
+        assert hold.poll() is None, hold.stderr.read()  # no hook has run: it can only wait
+        res = subprocess.run(in_image(p.COPY_HOOK_COMMAND), capture_output=True, text=True, env={})
+        assert res.returncode == 0, res.stderr
+        assert hold.wait(timeout=30) == 0, hold.stderr.read()
+    finally:
+        if hold.poll() is None:
+            for pid in holding():
+                os.kill(pid, signal.SIGKILL)
+            hold.wait()
+    assert sorted(os.listdir(empty_dir)) == [p.COPY_DONE_FILE, p.WAITER_DIR_NAME]
+    assert os.access(empty_dir / p.WAITER_DIR_NAME / p.WAITER_EXE_NAME, os.X_OK)
+    assert (empty_dir / p.COPY_DONE_FILE).stat().st_uid == p.IMAGE_UID
+
+
+def _argv(pid: str) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return []
+
+
 def test_bundle_is_self_contained() -> None:
     ensure_bundle()
     exe = DIST / p.WAITER_EXE_NAME

@@ -28,6 +28,7 @@ def hybrid_pod(name: str) -> dict:
 def test_layout_of_a_hybrid_pod():
     lay = layout(hybrid_pod("h0"))
     assert (lay.steps, lay.mains, lay.sidecars, lay.native) == (["git-clone"], ["build"], [], ["istio-proxy"])
+    assert lay.inits == ["istio-init", p.COPY_CONTAINER_NAME], "the copier runs first, and is no sidecar"
     assert not lay.reads_ready, "step 0 probes Istio's proxy on loopback itself"
 
 
@@ -35,9 +36,9 @@ def test_done_with_the_proxy_still_running_records_the_outcome_and_never_a_deadl
     pod = hybrid_pod("h0")
     pod["metadata"]["annotations"][p.ANNOTATION_READY] = p.READY_TRUE
     pod["status"] = {"phase": "Running", "startTime": ago(600),
-                     "initContainerStatuses": [terminated("istio-init", 0), running("istio-proxy"),
-                                               terminated(p.INIT_CONTAINER_NAME, 0)],
-                     "containerStatuses": [terminated("git-clone", 0, message=record("git-clone", end=100)),
+                     "initContainerStatuses": [terminated("istio-init", 0), running("istio-proxy")],
+                     "containerStatuses": [terminated(p.COPY_CONTAINER_NAME, 0),
+                                           terminated("git-clone", 0, message=record("git-clone", end=100)),
                                            terminated("build", 0, message=record("build", end=1))]}
     d = decide(pod, NOW, W)
     assert [a.kind for a in d.actions] == ["outcome"] and d.requeue_after is None
@@ -50,9 +51,9 @@ async def test_hybrid_pod_from_pending_to_outcome_without_a_deadline(kube: KubeD
     kube.put_pod(hybrid_pod("h1"))
     clock = ManualClock()
     async with watcher(kube, settings(grace_seconds=0.3), clock=clock) as c:
-        kube.set_container_statuses(NS, "h1", [running("git-clone"), running("build")],
-                                    init=[terminated("istio-init", 0), running("istio-proxy"),
-                                          terminated(p.INIT_CONTAINER_NAME, 0)], phase="Running")
+        kube.set_container_statuses(NS, "h1", [terminated(p.COPY_CONTAINER_NAME, 0), running("git-clone"),
+                                               running("build")],
+                                    init=[terminated("istio-init", 0), running("istio-proxy")], phase="Running")
         await settled(kube, c)
         assert kube.patches(NS, "h1") == [], "step 0 opens its own gate: no ready annotation to write"
         kube.set_container_statuses(NS, "h1", [step_done("git-clone", at=clock.stamp())])

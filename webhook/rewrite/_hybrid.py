@@ -84,11 +84,8 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     spec = pod.get("spec") or {}
     known = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
     late = [c for c in spec.get("containers") or [] if c.get("name") in known and c.get("name") not in work]
-    if late:
+    if late:  # after the last init container (before `initshift-init` in a pod an earlier initshift admitted)
         anchor = [c for c in spec.get("initContainers") or [] if c.get("name") == p.INIT_CONTAINER_NAME]
-        if not anchor:
-            raise RewriteError(f"pod is labelled {p.LABEL_MANAGED}={p.MODE_HYBRID} but has no "
-                               f"{p.INIT_CONTAINER_NAME!r} init container")
         pod = native.place_sidecars(pod, late, anchor, settings, _never).pod
     out, _ = _settle_startup(waiter.refresh(pod, settings), settings, [str(c["name"]) for c in late],
                              removed_startup_probes(pod))
@@ -121,7 +118,7 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
     held = [regular.get(n) for n in (steps[:1] or mains)]
     probed = [gate_probes(c) if c is not None else None for c in held]
     gated = set.intersection(*(set(x) for x in probed)) if probed and None not in probed else set()
-    wrapped = {*steps, *mains}
+    wrapped = {*steps, *mains, p.COPY_CONTAINER_NAME}  # the copier only copies the waiter
     every_wrapped = all(n in wrapped for n in regular)
     last_other = max((i for i, c in enumerate(inits) if c.get("name") != p.INIT_CONTAINER_NAME), default=-1)
     proxies = sidecar_names(mapping_at(pod, "metadata", "annotations"), settings)

@@ -61,6 +61,7 @@ def _restricted_security_context() -> dict:
     }
 
 _LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
+OWN_CONTAINERS = (p.INIT_CONTAINER_NAME, p.COPY_CONTAINER_NAME)  # the waiter's copiers: they mount its volume
 
 
 def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
@@ -86,6 +87,21 @@ def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> 
     requests = {r: format_quantity(min(v, budget.get(r, 0)) if budget is not None else v, r)
                 for r, v in _INIT_REQUESTS.items()}
     c["resources"] = {"requests": requests, "limits": dict(_INIT_LIMITS)}
+    return c
+
+
+def copier_container(settings: RewriteSettings, reserved: Amounts) -> dict:
+    """Hybrid's `initshift-copy`, the first regular container: its postStart hook copies the
+    waiter (the kubelet starts step 0 only once the hook has returned), its process waits
+    for the hook to end and exits 0. It runs beside the steps, so it requests nothing (the
+    pod's effective request stays the one admitted; the copy takes ~0.1 s) and has
+    initshift-init's limits; in a pod that `reserved` nothing, no resources at all (the
+    pod stays BestEffort)."""
+    c = {**init_container(settings), "name": p.COPY_CONTAINER_NAME, "command": list(p.COPY_HOLD_COMMAND),
+         "lifecycle": {"postStart": {"exec": {"command": list(p.COPY_HOOK_COMMAND)}}}}
+    del c["resources"]
+    if any(reserved.get(r) for r in _INIT_REQUESTS):
+        c["resources"] = {"requests": {r: "0" for r in _INIT_REQUESTS}, "limits": dict(_INIT_LIMITS)}
     return c
 
 
@@ -327,8 +343,8 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
             raise RewriteError(f"volume name {v.get('name')!r} is reserved by initshift")
     containers = _every_container(spec)
     for c in containers:
-        if c.get("name") == p.INIT_CONTAINER_NAME:
-            raise RewriteError(f"container name {p.INIT_CONTAINER_NAME!r} is reserved by initshift")
+        if c.get("name") in OWN_CONTAINERS:
+            raise RewriteError(f"container name {c.get('name')!r} is reserved by initshift")
     problems = reserved_mounts(containers)
     if problems:
         raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
@@ -387,7 +403,11 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     if not placed:
         containers += wrapped_steps
 
-    init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
+    if how == p.MODE_HYBRID:  # the proxy stays the last init container (protocol.COPY_CONTAINER_NAME)
+        init = list(cls.kept_init)
+        containers.insert(0, copier_container(settings, old_total))
+    else:
+        init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
 
     out = dict(pod)
     new_spec = out["spec"] = dict(spec)
@@ -458,11 +478,11 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         if name not in by_name:
             raise RewriteError(f"container {name!r} named in {p.ANNOTATION_STEPS}/{p.ANNOTATION_MAINS} is missing")
     index = {name: i for i, name in enumerate(order)}
-    regular_sidecars = [c for c in containers if c.get("name") not in index]
+    regular_sidecars = [c for c in containers if c.get("name") not in index and c.get("name") not in OWN_CONTAINERS]
     # A container added since the first rewrite (another webhook's) must not reach our
     # volumes, which exist now: admitting the pod as it is would leave it able to forge.
     problems = reserved_mounts([c for c in _every_container(spec)
-                                if c.get("name") not in index and c.get("name") != p.INIT_CONTAINER_NAME])
+                                if c.get("name") not in index and c.get("name") not in OWN_CONTAINERS])
     if problems:
         raise RewriteError(f"{problems[0]}", deny=True, reason=Reason.RESERVED)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]

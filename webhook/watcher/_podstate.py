@@ -5,8 +5,8 @@ the watcher's decisions and `initshift status`/`logs` read pods only through the
 
 Three kinds of pods read the same way:
 - waiter and hybrid (`initshift.io/managed: waiter|hybrid`): steps and mains from the
-  annotations, run by the waiter as regular containers; the kept init containers (mesh init, initshift-init)
-  run first; every other container is a sidecar;
+  annotations, run by the waiter as regular containers; the kept init containers (mesh init,
+  initshift-init) and hybrid's `initshift-copy` run first; every other container is a sidecar;
 - native (`initshift.io/managed: native`) and never rewritten: the non-restartable init
   containers run in spec order (the mesh's own and kept ones are `init`, the rest are
   steps), regular sidecars are recognised as the rewrite does, restartable init
@@ -71,7 +71,7 @@ class Layout:
     """Names by kind, each list in execution order; `sequence` is what runs one after the other."""
 
     strategy: str | None  # "waiter", "hybrid", "native" or None (never rewritten)
-    inits: list[str]  # init containers that are not steps (mesh init, initshift-init, kept ones)
+    inits: list[str]  # what runs before the steps (mesh init, initshift-init, kept ones, initshift-copy)
     steps: list[str]
     mains: list[str]
     sidecars: list[str]  # regular containers that are sidecars
@@ -127,9 +127,10 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
             mains = [n for n in _json_list(annotations[p.ANNOTATION_MAINS]) or [] if n not in steps and n in names]
         else:  # pods written before the mains annotation: a waiter-run container is a main
             mains = [n for n in names if n not in steps and n in waiter_run]
-        sidecars = [n for n in names if n not in steps and n not in mains]
-        return Layout(strategy, sequential, steps, mains, sidecars, native, sequential + steps, in_init, waiter_run,
-                      readers)
+        copier = [n for n in names if n == p.COPY_CONTAINER_NAME and n not in steps and n not in mains]
+        sidecars = [n for n in names if n not in steps and n not in mains and n not in copier]
+        first = sequential + copier  # hybrid's copier is the init containers' last word: step 0 follows it
+        return Layout(strategy, first, steps, mains, sidecars, native, first + steps, in_init, waiter_run, readers)
     if strategy is None and not sequential:
         label = managed_as(pod)
         why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"

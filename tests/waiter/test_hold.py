@@ -1,0 +1,97 @@
+"""`waiter hold` (hybrid's copier container) against real processes: it stays while its
+postStart hook runs, ignores a record an earlier run of the container left, and exits 0
+once the hook that copied is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.waiter_support import ROOT, SOURCE_WAITER, catches, wait_for, waiter_env
+from waiter import protocol as p
+from waiter.hold import process_start
+
+# A stand-in for the hook: records itself as `waiter init --hook` does, then lives until
+# its stdin closes (a copy that takes as long as the test wants).
+HOOK = [sys.executable, "-c", "import sys; from waiter.hold import record_hook; record_hook(sys.argv[1]); "
+        "sys.stdin.read()"]
+
+
+def hold(dest: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([*SOURCE_WAITER, p.CMD_HOLD, str(dest)], env=waiter_env(), cwd=ROOT,
+                            stderr=subprocess.PIPE)
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), "hold to start")
+    return proc
+
+
+def hook(dest: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([*HOOK, str(dest)], env=waiter_env(), cwd=ROOT, stdin=subprocess.PIPE)
+    wait_for(lambda: (dest / p.COPY_DONE_FILE).exists() and
+             (dest / p.COPY_DONE_FILE).read_text().split()[0] == str(proc.pid), "the hook's record")
+    return proc
+
+
+def sleeps(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt_switches:")))
+
+
+def polled(proc: subprocess.Popen, times: int = 4) -> None:
+    """`proc` has slept between polls a few more times: it has seen what is there now and
+    decided to stay."""
+    base = sleeps(proc.pid)
+    wait_for(lambda: proc.poll() is not None or sleeps(proc.pid) >= base + times, "hold to poll")
+    assert proc.poll() is None, "hold exited"
+
+
+def test_hold_stays_while_its_hook_runs_and_exits_0_once_it_is_gone(tmp_path: Path) -> None:
+    proc = hold(tmp_path)
+    polled(proc)  # no record yet
+    running = hook(tmp_path)
+    polled(proc)  # the hook has copied but is still running: the kubelet has not had its answer
+    running.stdin.close()
+    assert running.wait(timeout=20) == 0
+    assert proc.wait(timeout=20) == 0 and proc.stderr.read() == b""
+
+
+def test_a_record_from_an_earlier_run_of_the_container_is_not_this_hook(tmp_path: Path) -> None:
+    stale = hook(tmp_path)
+    stale.stdin.close()
+    stale.wait(timeout=20)
+    proc = hold(tmp_path)  # a restarted container: its last run's hook left its record
+    polled(proc)
+    fresh = hook(tmp_path)
+    fresh.stdin.close()
+    fresh.wait(timeout=20)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_sigterm_ends_the_hold(tmp_path: Path) -> None:
+    proc = hold(tmp_path)  # a pod deleted before the hook ran: PID 1 must not ignore SIGTERM
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == p.EXIT_SIGNAL_BASE + signal.SIGTERM
+
+
+def test_usage() -> None:
+    for args in ([], ["a", "b"], ["--x"]):
+        res = subprocess.run([*SOURCE_WAITER, p.CMD_HOLD, *args], env=waiter_env(), cwd=ROOT, capture_output=True,
+                             text=True)
+        assert res.returncode == p.EXIT_USAGE and res.stderr == "waiter hold: usage: waiter hold DEST\n", args
+
+
+def test_process_start_reads_past_any_command_name(tmp_path: Path) -> None:
+    odd = tmp_path / "a) b (c) 1"  # the kernel's comm field: parentheses and spaces are allowed
+    odd.symlink_to("/bin/sleep")
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text().strip() == odd.name[:15], "the exec")
+        mine = process_start("self")
+        assert isinstance(mine, int) and process_start(proc.pid) >= mine, "started after this test's process"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_start(proc.pid) is None, "gone once reaped"
+    assert process_start(os.getpid()) == process_start("self")
