@@ -216,13 +216,16 @@ def test_a_connection_past_a_cap_of_connections_being_answered_is_closed_at_once
                 tls(server.port, pki)  # closed before its handshake
 
 
-def test_connections_closed_before_their_handshake_leave_nothing_behind(pki):
-    """A TCP health check or a port scan: connect, close. uvicorn counts every connection it
-    was handed against limit_concurrency (2 x (cap + metrics places) = 36 here); one it is
-    handed after the client left would never be taken back, and past 36 of them every
-    review would be a 503."""
+@pytest.mark.parametrize("hello", [False, True], ids=["connect-close", "hello-close"])
+def test_connections_closed_before_their_handshake_leave_nothing_behind(pki, hello):
+    """A TCP health check or a port scan: connect, close (or a client that leaves after
+    its ClientHello). uvicorn counts every connection it was handed against
+    limit_concurrency (2 x (cap + metrics places) = 36 here); one it is handed after the
+    client left would never be taken back, and past 36 of them every review would be a 503."""
+    first = hostile.client_hello(h.client_context(pki / "ca.crt")) if hello else b""
+    assert not hello or first[:1] == b"\x16", "a TLS handshake record"
     with h.running(h.settings_for(pki, max_connections=2)) as server:
-        hostile.connect_and_close(server.port, 60)
+        hostile.connect_and_close(server.port, 60, first)
         deadline = time.monotonic() + 30
         while server.door.open and time.monotonic() < deadline:  # the server has seen them go
             time.sleep(0.05)

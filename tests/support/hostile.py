@@ -263,12 +263,24 @@ def silent_tcp(port: int, count: int) -> list[socket.socket]:
     return idle_connections(port, None, count)
 
 
-def connect_and_close(port: int, count: int) -> None:
+def connect_and_close(port: int, count: int, first: bytes = b"") -> None:
     """`count` TCP connections closed as soon as they are open (TCP health checks, a port
-    scan), one after another."""
+    scan), one after another; each sends `first` before it closes (`client_hello`: a
+    client that leaves during its handshake)."""
     for _ in range(count):
         with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                if first:
+                    s.sendall(first)
+
+
+def client_hello(ctx: ssl.SSLContext) -> bytes:
+    """The first flight of a TLS client with `ctx`: its ClientHello."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
 
 
 def slowloris(port: int, ctx: ssl.SSLContext, count: int) -> list[socket.socket]:

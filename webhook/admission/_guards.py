@@ -50,8 +50,7 @@ class Door:
             victim = next(iter(self.waiting), None)
             if victim is None:
                 return False
-            victim.kill("over-limit")
-            self.leave(victim)
+            victim.kill("over-limit")  # and it leaves
         self.open[conn] = None
         return True
 
@@ -68,10 +67,16 @@ class Door:
 class Connection(asyncio.Protocol):
     """One client connection around uvicorn's protocol `inner`, which gets one request at a
     time: its head once complete and within limits, then its Content-Length bytes; a
-    pipelined next request waits here for the answer, then passes the same limits."""
+    pipelined next request waits here for the answer, then passes the same limits.
 
-    def __init__(self, front: "Front", inner: asyncio.Protocol) -> None:
-        self.front, self.inner = front, inner
+    Guard: connections that never send a byte (TCP health checks, port scans, a connect
+    flood). Nothing is built for them but this object and its deadline: TLS starts with
+    the first bytes (a TLS client speaks first) and uvicorn's protocol once the connection
+    is ready for it."""
+
+    def __init__(self, front: "Front", make_inner: Callable[[], asyncio.Protocol]) -> None:
+        self.front, self._make_inner = front, make_inner
+        self.inner: asyncio.Protocol | None = None
         self.door: Door | None = None
         self.raw: Any = None  # the socket's transport (uvloop's are not asyncio's classes)
         self.transport: Any = None  # what uvicorn writes to: the TLS transport, or the raw one
@@ -100,8 +105,7 @@ class Connection(asyncio.Protocol):
         if door.tls is None:
             self._made(transport)
             return
-        self._early = []
-        asyncio.get_running_loop().create_task(self._start_tls(door.tls()))
+        self._early = []  # TLS starts with the first of them (data_received)
 
     async def _start_tls(self, context: ssl.SSLContext) -> None:
         assert self.door is not None
@@ -125,7 +129,7 @@ class Connection(asyncio.Protocol):
                 raise
             return
         if tls is None or self.closed.is_set():
-            # Guard: a client gone before its handshake (a TCP health check, a port scan).
+            # Guard: a client gone during its handshake (a ClientHello, then a close).
             # start_tls then returns None (asyncio, CPython gh-105993) or, under uvloop, a
             # transport after connection_lost came; uvicorn, handed that, would count it
             # against limit_concurrency for good. Its place is given back either way.
@@ -136,6 +140,7 @@ class Connection(asyncio.Protocol):
 
     def _made(self, transport: Any) -> None:
         self.transport = transport
+        self.inner = self._make_inner()
         self.inner.connection_made(transport)
 
     def _hand_over_early(self) -> None:
@@ -152,8 +157,10 @@ class Connection(asyncio.Protocol):
         if self._early is not None:  # before TLS
             if sum(map(len, self._early)) + len(data) > EARLY_BYTES:
                 self.kill("header-limit")  # not a TLS client
-            else:
-                self._early.append(data)
+                return
+            if not self._early and self.door is not None and self.door.tls is not None:
+                asyncio.get_running_loop().create_task(self._start_tls(self.door.tls()))
+            self._early.append(data)
             return
         while self.transport is not None and not self.transport.is_closing():
             if self._head is None and not self.streaming and not self._body and self._answered:
@@ -180,11 +187,11 @@ class Connection(asyncio.Protocol):
                 return
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        return self.inner.eof_received() if self.inner is not None else None  # None: close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._release()
-        if self.transport is not None:
+        if self.inner is not None:
             self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -194,13 +201,15 @@ class Connection(asyncio.Protocol):
         if self._write_deadline is None and self.door is not None:
             self._write_deadline = asyncio.get_running_loop().call_later(
                 self.door.write_timeout, self.kill, "write-timeout")
-        self.inner.pause_writing()
+        if self.inner is not None:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
-        self.inner.resume_writing()
+        if self.inner is not None:
+            self.inner.resume_writing()
 
     # --- one request at a time ------------------------------------------------------------------
     def _read_head(self, data: bytes) -> bytes:
@@ -272,7 +281,10 @@ class Connection(asyncio.Protocol):
 
     def kill(self, reason: str) -> None:
         metrics.CONNECTIONS_CLOSED.labels(reason).inc()
-        self._cancel()
+        # Released here, not on connection_lost: during a handshake that never comes (the
+        # TLS layer tells its app only once the handshake is done), and a handshake that
+        # ends after the kill must not hand uvicorn a dead connection it would count forever.
+        self._release()
         if self.raw is not None:
             self.raw.abort()
 
@@ -321,7 +333,7 @@ class Front:
         self.by_key: dict[tuple, Connection] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Connection:
-        return Connection(self, H11Protocol(*args, **kwargs))
+        return Connection(self, lambda: H11Protocol(*args, **kwargs))
 
     def started(self, scope: dict) -> Connection | None:
         """The connection a request arrived on, told that the app has it."""
