@@ -159,6 +159,15 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
                 client.post(f"{b.url}/mutate", content=small, headers=hostile.JSON_CT).status_code for _ in range(20))
         return f"2,000 TCP connections closed at once, in {took:.1f} s; then 20 reviews: {dict(after)}", []
 
+    def hello_close() -> tuple[str, list]:
+        start = time.monotonic()
+        hostile.connect_and_close(b.port, 2000, hostile.client_hello(b.ctx))
+        took = time.monotonic() - start
+        with httpx.Client(verify=b.ctx, timeout=30) as client:
+            after = collections.Counter(
+                client.post(f"{b.url}/mutate", content=small, headers=hostile.JSON_CT).status_code for _ in range(20))
+        return f"2,000 ClientHellos each followed by a close, in {took:.1f} s; then 20 reviews: {dict(after)}", []
+
     return {1: ("1. header flood, 32 MB of headers", header_flood),
             2: ("2. chunked trailers that never end", trailer_flood),
             3: ("3. WebSocket upgrade requests", upgrades),
@@ -170,7 +179,8 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
             9: ("9. slow and silent heads", slow_heads),
             10: ("10. pipelining", pipelining),
             11: ("11. steps x mains", steps_by_mains),
-            12: ("12. connections closed at once", connect_close)}
+            12: ("12. connections closed at once", connect_close),
+            13: ("13. handshakes abandoned", hello_close)}
 
 
 def fresh(d: Path, small: bytes, tree: Path | None) -> tuple[Any, Bench]:
@@ -221,7 +231,7 @@ def sizing(d: Path, small: bytes, large: bytes, tree: Path | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server-tree", type=Path)
-    parser.add_argument("--cases", default=",".join(str(i) for i in range(1, 13)), help="cases to run (comma list)")
+    parser.add_argument("--cases", default=",".join(str(i) for i in range(1, 14)), help="cases to run (comma list)")
     parser.add_argument("--no-sizing", action="store_true", help="skip the sizing figures")
     args = parser.parse_args()
     chosen = {int(c) for c in args.cases.split(",") if c}

@@ -12,6 +12,7 @@ by the ASGI scope's addresses, when a request starts and when its answer is done
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,6 +26,7 @@ __all__ = ["Connection", "Door", "Front"]
 EARLY_BYTES = 64 * 1024  # what may arrive before the server's TLS starts (a ClientHello is < 16 KiB)
 MAX_HEAD_LINES = 100  # the request line and header fields of one request (the apiserver sends ~10)
 TLS_SHUTDOWN_SECONDS = 2.0  # a TLS close waiting for the client's close_notify
+HANDSHAKES_PER_TURN = 4  # TLS handshakes started per turn of the event loop
 
 
 @dataclass(eq=False)
@@ -107,10 +109,11 @@ class Connection(asyncio.Protocol):
             return
         self._early = []  # TLS starts with the first of them (data_received)
 
-    async def _start_tls(self, context: ssl.SSLContext) -> None:
-        assert self.door is not None
+    async def start_tls(self) -> None:
+        assert self.door is not None and self.door.tls is not None
         if self.closed.is_set():  # gone before its turn came: no TLS state built for it
             return
+        context = self.door.tls()
         loop = asyncio.get_running_loop()
         # start_tls puts its TLS protocol on the transport at once and starts it on the
         # loop's next turn; bytes that reached this connection before (the ClientHello,
@@ -158,8 +161,8 @@ class Connection(asyncio.Protocol):
             if sum(map(len, self._early)) + len(data) > EARLY_BYTES:
                 self.kill("header-limit")  # not a TLS client
                 return
-            if not self._early and self.door is not None and self.door.tls is not None:
-                asyncio.get_running_loop().create_task(self._start_tls(self.door.tls()))
+            if not self._early:
+                self.front.handshake(self)
             self._early.append(data)
             return
         while self.transport is not None and not self.transport.is_closing():
@@ -331,6 +334,30 @@ class Front:
     def __init__(self) -> None:
         self.doors: dict[int, Door] = {}  # by local port
         self.by_key: dict[tuple, Connection] = {}
+        self._handshakes: collections.deque[Connection] = collections.deque()
+        self._starter: asyncio.Task | None = None
+
+    def handshake(self, conn: Connection) -> None:
+        """Guard: a burst of new TLS connections (thousands of ClientHellos at once, or
+        ones that leave right after). Each handshake costs ~1 ms of the event loop's CPU;
+        started all at once, they would run in one turn of the loop while a review on a
+        kept-alive connection waits for it. They start HANDSHAKES_PER_TURN per turn of the
+        loop instead, in arrival order, and one whose client left meanwhile costs nothing."""
+        self._handshakes.append(conn)
+        if self._starter is None:
+            self._starter = asyncio.get_running_loop().create_task(self._start_handshakes())
+
+    async def _start_handshakes(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._handshakes:
+                for _ in range(min(HANDSHAKES_PER_TURN, len(self._handshakes))):
+                    conn = self._handshakes.popleft()
+                    if not conn.closed.is_set():
+                        loop.create_task(conn.start_tls())
+                await asyncio.sleep(0)  # the loop's next turn: I/O first
+        finally:
+            self._starter = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Connection:
         return Connection(self, lambda: H11Protocol(*args, **kwargs))
