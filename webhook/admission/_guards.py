@@ -111,7 +111,10 @@ class Connection(asyncio.Protocol):
 
     async def start_tls(self) -> None:
         assert self.door is not None and self.door.tls is not None
-        if self.closed.is_set():  # gone before its turn came: no TLS state built for it
+        # Gone before its turn came (or going: its close read, connection_lost still to
+        # come): no TLS state built for it. Built on a closing transport, it would live on
+        # until the handshake deadline, ~50 KB a connection.
+        if self.closed.is_set() or self.raw.is_closing():
             return
         context = self.door.tls()
         loop = asyncio.get_running_loop()
