@@ -76,9 +76,9 @@ class RewriteSettings:
     native_refresh_seconds: float = _env(
         "INITSHIFT_NATIVE_REFRESH_SECONDS",
         "How often `auto` native-sidecar detection re-reads the apiserver and kubelet versions.", 300.0)
-    image: str = _env("INITSHIFT_IMAGE", "Image of the injected `initshift-init` container (holds the waiter).",
-                      f"ghcr.io/initshift/initshift:{__version__}")
-    image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init`.",
+    image: str = _env("INITSHIFT_IMAGE", "Image of the injected `initshift-init` (hybrid: `initshift-copy`) "
+                      "container, which holds the waiter.", f"ghcr.io/initshift/initshift:{__version__}")
+    image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init` and `initshift-copy`.",
                                   "IfNotPresent", **_choice("IfNotPresent", "Always", "Never"))
     sidecar_names: tuple[str, ...] = _env("INITSHIFT_SIDECAR_NAMES", "Container names treated as sidecars (comma list).",
                                           p.DEFAULT_SIDECAR_NAMES)
