@@ -297,14 +297,15 @@ def test_main_without_command_is_looked_up_or_denied():
     assert rewrite(pod, ON, native_supported=True).changed
 
 
-@pytest.mark.parametrize("change", ["volume", "container", "mount"])
+@pytest.mark.parametrize("change", ["volume", "container", "copier", "mount"])
 def test_reserved_names_leave_the_job_unchanged_with_the_reason(change):
     pod = copy.deepcopy(CATALOGUE["cronjob-istio"])
     main = pod["spec"]["containers"][0]
     if change == "volume":
         pod["spec"].setdefault("volumes", []).append({"name": p.MAINS_VOLUME, "emptyDir": {}})
-    elif change == "container":
-        pod["spec"]["containers"].append({**copy.deepcopy(main), "name": p.INIT_CONTAINER_NAME})
+    elif change in ("container", "copier"):
+        name = p.INIT_CONTAINER_NAME if change == "container" else p.COPY_CONTAINER_NAME
+        pod["spec"]["containers"].append({**copy.deepcopy(main), "name": name})
     else:
         pod["spec"].setdefault("volumes", []).append({"name": "x", "emptyDir": {}})
         main["volumeMounts"] = [{"name": "x", "mountPath": "/initshift/mains"}]

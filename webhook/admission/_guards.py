@@ -287,9 +287,9 @@ class Connection(asyncio.Protocol):
 
     def kill(self, reason: str) -> None:
         metrics.CONNECTIONS_CLOSED.labels(reason).inc()
-        # Released here, not on connection_lost: during a handshake that never comes (the
-        # TLS layer tells its app only once the handshake is done), and a handshake that
-        # ends after the kill must not hand uvicorn a dead connection it would count forever.
+        # Released here, not only on connection_lost: the TLS layer tells its app of a lost
+        # connection only once the handshake is done, and a handshake that ends after the
+        # kill must not hand uvicorn a dead connection it would count forever.
         self._release()
         if self.raw is not None:
             self.raw.abort()
@@ -339,6 +339,7 @@ class Front:
         self.by_key: dict[tuple, Connection] = {}
         self._handshakes: collections.deque[Connection] = collections.deque()
         self._starter: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def handshake(self, conn: Connection) -> None:
         """Guard: a burst of new TLS connections (thousands of ClientHellos at once, or
@@ -357,7 +358,9 @@ class Front:
                 for _ in range(min(HANDSHAKES_PER_TURN, len(self._handshakes))):
                     conn = self._handshakes.popleft()
                     if not conn.closed.is_set():
-                        loop.create_task(conn.start_tls())
+                        task = loop.create_task(conn.start_tls())
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
                 await asyncio.sleep(0)  # the loop's next turn: I/O first
         finally:
             self._starter = None

@@ -94,7 +94,7 @@ def copier_container(settings: RewriteSettings, reserved: Amounts) -> dict:
     """Hybrid's `initshift-copy`, the first regular container: its postStart hook copies the
     waiter (the kubelet starts step 0 only once the hook has returned), its process waits
     for the hook to end and exits 0. It runs beside the steps, so it requests nothing (the
-    pod's effective request stays the one admitted; the copy takes ~0.1 s) and has
+    pod's effective request stays the one admitted; it only copies, once) and has
     initshift-init's limits; in a pod that `reserved` nothing, no resources at all (the
     pod stays BestEffort)."""
     c = {**init_container(settings), "name": p.COPY_CONTAINER_NAME, "command": list(p.COPY_HOLD_COMMAND),
