@@ -95,7 +95,7 @@ def hybrid_made_native(env: Env, rec: Record) -> None:
 
 @scenario("hybrid-slow-proxy", phase=2, applies=native_only)
 def hybrid_slow_proxy(env: Env, rec: Record) -> None:
-    """Hybrid (auto's choice), the proxy injected natively and ready 3 s after it starts (past the
-    kubelet's two relists before the steps): step 0 starts on the waiter's own gate."""
+    """Hybrid (auto's choice), the proxy injected natively and ready 3 s after it starts (well past
+    the kubelet's relist before the steps' containers exist): step 0 starts on the waiter's own gate."""
     _twenty(env, rec, "hyb-slow", strategy=p.MODE_HYBRID,
             pod_annotations={p.ISTIO_INJECT_ANNOTATION: "true", READY_AFTER: "3"}, native_proxy=True)
