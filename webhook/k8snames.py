@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DNS_1035_LABEL", "DNS_LABEL", "DNS_SUBDOMAIN", "is_name"]
+__all__ = ["DNS_1035_LABEL", "DNS_LABEL", "DNS_SUBDOMAIN", "RULES", "is_name"]
 
 DNS_LABEL = "RFC 1123 label"  # Namespaces, containers, volumes
 DNS_1035_LABEL = "RFC 1035 label"  # Services: a letter first

@@ -10,11 +10,14 @@ from webhook.admission._guards import HANDSHAKES_PER_TURN, Front
 
 
 class _Conn:
-    """What the starter needs of a connection: `closed` and `start_tls`."""
+    """What the starter needs of a connection: `gone` and `start_tls`."""
 
     def __init__(self, number: int, started: list[tuple[int, int]], turn: list[int]) -> None:
         self.number, self.started, self.turn = number, started, turn
         self.closed = asyncio.Event()
+
+    def gone(self) -> bool:
+        return self.closed.is_set()
 
     async def start_tls(self) -> None:
         self.started.append((self.number, self.turn[0]))

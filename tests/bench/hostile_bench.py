@@ -150,23 +150,20 @@ def cases(b: Bench, large: bytes, small: bytes) -> dict[int, tuple[str, Callable
         return (f"2 clients posting 8,000 steps x 8,000 mains ({len(body) / 1e6:.2f} MB): 4 answered in {took:.1f} s, "
                 f"{dict(collections.Counter(seen()))}"), []
 
-    def connect_close() -> tuple[str, list]:
+    def closed_at_once(what: str, first: bytes = b"") -> tuple[str, list]:
         start = time.monotonic()
-        hostile.connect_and_close(b.port, 2000)
+        hostile.connect_and_close(b.port, 2000, first)
         took = time.monotonic() - start
         with httpx.Client(verify=b.ctx, timeout=30) as client:
             after = collections.Counter(
                 client.post(f"{b.url}/mutate", content=small, headers=hostile.JSON_CT).status_code for _ in range(20))
-        return f"2,000 TCP connections closed at once, in {took:.1f} s; then 20 reviews: {dict(after)}", []
+        return f"2,000 {what}, in {took:.1f} s; then 20 reviews: {dict(after)}", []
+
+    def connect_close() -> tuple[str, list]:
+        return closed_at_once("TCP connections closed at once")
 
     def hello_close() -> tuple[str, list]:
-        start = time.monotonic()
-        hostile.connect_and_close(b.port, 2000, hostile.client_hello(b.ctx))
-        took = time.monotonic() - start
-        with httpx.Client(verify=b.ctx, timeout=30) as client:
-            after = collections.Counter(
-                client.post(f"{b.url}/mutate", content=small, headers=hostile.JSON_CT).status_code for _ in range(20))
-        return f"2,000 ClientHellos each followed by a close, in {took:.1f} s; then 20 reviews: {dict(after)}", []
+        return closed_at_once("ClientHellos each followed by a close", hostile.client_hello(b.ctx))
 
     return {1: ("1. header flood, 32 MB of headers", header_flood),
             2: ("2. chunked trailers that never end", trailer_flood),

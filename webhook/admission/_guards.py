@@ -111,10 +111,7 @@ class Connection(asyncio.Protocol):
 
     async def start_tls(self) -> None:
         assert self.door is not None and self.door.tls is not None
-        # Gone before its turn came (or going: its close read, connection_lost still to
-        # come): no TLS state built for it. Built on a closing transport, it would live on
-        # until the handshake deadline, ~50 KB a connection.
-        if self.closed.is_set() or self.raw.is_closing():
+        if self.gone():  # no TLS state built for it
             return
         context = self.door.tls()
         loop = asyncio.get_running_loop()
@@ -143,6 +140,12 @@ class Connection(asyncio.Protocol):
             (tls or self.raw).abort()
             return
         self._made(tls)
+
+    def gone(self) -> bool:
+        """The client left, or is leaving (its close read, connection_lost still to come).
+        TLS built on a closing transport would live on until the handshake deadline, ~50 KB
+        a connection."""
+        return self.closed.is_set() or self.raw is None or self.raw.is_closing()
 
     def _made(self, transport: Any) -> None:
         self.transport = transport
@@ -357,7 +360,7 @@ class Front:
             while self._handshakes:
                 for _ in range(min(HANDSHAKES_PER_TURN, len(self._handshakes))):
                     conn = self._handshakes.popleft()
-                    if not conn.closed.is_set():
+                    if not conn.gone():
                         task = loop.create_task(conn.start_tls())
                         self._tasks.add(task)
                         task.add_done_callback(self._tasks.discard)

@@ -71,17 +71,22 @@ def init_container_within(settings: RewriteSettings, reserved: Amounts, init_con
     return init_container(settings, {r: max(0, v - natives.get(r, 0)) for r, v in reserved.items()})
 
 
-def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> dict:
-    """The injected `initshift-init` container. `budget` caps its requests (None: no cap)."""
-    c: dict = {
-        "name": p.INIT_CONTAINER_NAME,
+def _copying(settings: RewriteSettings, name: str, command: Sequence[str]) -> dict:
+    """A container of initshift's own image that copies the waiter into `initshift-bin`."""
+    return {
+        "name": name,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": list(p.INIT_COMMAND),
+        "command": list(command),
         "volumeMounts": [{"name": p.BIN_VOLUME, "mountPath": p.BIN_MOUNT}],
         "securityContext": _restricted_security_context(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def init_container(settings: RewriteSettings, budget: Amounts | None = None) -> dict:
+    """The injected `initshift-init` container. `budget` caps its requests (None: no cap)."""
+    c = _copying(settings, p.INIT_CONTAINER_NAME, p.INIT_COMMAND)
     if budget is not None and not any(budget.get(r) for r in _INIT_REQUESTS):
         return c  # a BestEffort-like pod: adding requests would change its class
     requests = {r: format_quantity(min(v, budget.get(r, 0)) if budget is not None else v, r)
@@ -97,9 +102,8 @@ def copier_container(settings: RewriteSettings, reserved: Amounts) -> dict:
     pod's effective request stays the one admitted; it only copies, once) and has
     initshift-init's limits; in a pod that `reserved` nothing, no resources at all (the
     pod stays BestEffort)."""
-    c = {**init_container(settings), "name": p.COPY_CONTAINER_NAME, "command": list(p.COPY_HOLD_COMMAND),
-         "lifecycle": {"postStart": {"exec": {"command": list(p.COPY_HOOK_COMMAND)}}}}
-    del c["resources"]
+    c = _copying(settings, p.COPY_CONTAINER_NAME, p.COPY_HOLD_COMMAND)
+    c["lifecycle"] = {"postStart": {"exec": {"command": list(p.COPY_HOOK_COMMAND)}}}
     if any(reserved.get(r) for r in _INIT_REQUESTS):
         c["resources"] = {"requests": {r: "0" for r in _INIT_REQUESTS}, "limits": dict(_INIT_LIMITS)}
     return c
