@@ -48,6 +48,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import ssl
 import sys
@@ -113,10 +114,10 @@ class Client:
                                              headers={"User-Agent": "bench-watcher-driver"})
 
     async def request(self, method: str, path: str, body: Any = None, *, query: dict | None = None,
-                      content_type: str = "application/json") -> Any:
+                      content_type: str = "application/json", accept: str = "application/json") -> Any:
         data = None if body is None else json.dumps(body)
         async with self.session.request(method, self.base + path, data=data, params=query,
-                                        headers={"Content-Type": content_type}) as resp:
+                                        headers={"Content-Type": content_type, "Accept": accept}) as resp:
             text = await resp.text()
             if not 200 <= resp.status < 300:
                 raise ApiError(resp.status, text)
@@ -523,6 +524,23 @@ async def wait_for(check: Callable[[], Any], seconds: float, step: float = 0.1) 
     return await holds()
 
 
+async def create_pods(api: Client, pods: list[Pod]) -> tuple[Driver, asyncio.Future]:
+    """The pods, created Pending; the driver, watching them from there on."""
+    kinds = templates()
+    slots = asyncio.Semaphore(32)
+
+    async def create(pod: Pod) -> None:
+        async with slots:
+            template = kinds["annotation" if pod.gated else "probe"]
+            await _retry(lambda: api.request("POST", f"/api/v1/namespaces/{NS}/pods", pod_object(template, pod.name)))
+            await api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
+                              pending_status(), content_type="application/merge-patch+json")
+    await asyncio.gather(*(create(pd) for pd in pods))
+    listed = await api.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"limit": "1"})
+    driver = Driver(api, pods)
+    return driver, asyncio.ensure_future(driver.watch(listed["metadata"]["resourceVersion"]))
+
+
 # --- a scenario ------------------------------------------------------------------------------
 @dataclass
 class Result:
@@ -541,31 +559,22 @@ class Result:
     api_latency: list[float] = field(default_factory=list)  # the status writes' (the kubelet's)
     watcher_cpu: float = 0.0
     watcher_hwm: float = 0.0
+    tree: str = ""  # whose watcher ("" for a row without one)
+    round: int = 0  # which repeat (--repeat): a watcher row's share is taken against its round's baseline
+    label: str = ""  # the row's name in the report
 
 
 async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> Result:
-    result = Result(s)
+    result = Result(s, tree=_tree_name(tree) if s.watcher else "")
     api = await backend.start(s)
     watcher: WatcherProcess | None = None
     try:
         result.api = backend.label
-        kinds = templates()
         pods = [Pod(f"build-{i:05d}", quits=i % 2 == 0, gated=(i % 100) < s.gated * 100) for i in range(s.pods)]
-        slots = asyncio.Semaphore(32)
-
-        async def create(pod: Pod) -> None:
-            async with slots:
-                template = kinds["annotation" if pod.gated else "probe"]
-                await _retry(lambda: api.request("POST", f"/api/v1/namespaces/{NS}/pods",
-                                                 pod_object(template, pod.name)))
-                await api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
-                                  pending_status(), content_type="application/merge-patch+json")
-        await asyncio.gather(*(create(pd) for pd in pods))
-        listed = await api.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"limit": "1"})
-        driver = Driver(api, pods)
-        watch = asyncio.ensure_future(driver.watch(listed["metadata"]["resourceVersion"]))
+        driver, watch = await create_pods(api, pods)
         if s.watcher:
-            watcher = WatcherProcess(tree, backend.kubeconfig, workdir / f"watcher-{s.pods}-{s.rate}-{s.gated}.log")
+            watcher = WatcherProcess(tree, backend.kubeconfig,
+                                     workdir / f"watcher-{_tree_name(tree)}-{s.pods}-{s.rate}-{s.gated}.log")
             if not await wait_for(backend.watching, 120):
                 raise SystemExit(f"the watcher did not start watching; its log: {watcher.log}")
         await asyncio.sleep(1.0)
@@ -581,12 +590,14 @@ async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> 
         result.api_latency = driver.latency
         if watcher:
             await wait_for(lambda: all(pd.outcome_seen is not None for pd in pods if pd.stage == 4), SETTLE)
+        # Quiet: no pod write, Event or GET for QUIET seconds (the Lease's renewals go on).
         last, quiet_since = await backend.writes(), time.monotonic()
         while time.monotonic() - quiet_since < QUIET and time.monotonic() - start < result.seconds + 2 * SETTLE:
             await asyncio.sleep(0.5)
             now = await backend.writes()
-            if now != last:
-                last, quiet_since = now, time.monotonic()
+            if {k: v for k, v in now.items() if k != "lease"} != {k: v for k, v in last.items() if k != "lease"}:
+                quiet_since = time.monotonic()
+            last = now
         end_cpu, end = backend.cpu(), time.monotonic()
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
@@ -650,31 +661,66 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def report(results: list[Result], tree: Path) -> None:
-    print(f"watcher benchmark ({'this tree' if tree == REPO else tree})")
+def _share(r: Result, results: list[Result]) -> float | None:
+    """The watcher's share of kube-apiserver's CPU per pod: the row less its round's row
+    without a watcher at the same load."""
+    api_ms = r.server_cpu.get("kube-apiserver")
+    base = next((b for b in results if not b.scenario.watcher and b.round == r.round
+                 and (b.scenario.pods, b.scenario.rate) == (r.scenario.pods, r.scenario.rate)), None)
+    if api_ms is None or base is None or not r.scenario.watcher:
+        return None
+    return api_ms - base.server_cpu["kube-apiserver"]
+
+
+def report(results: list[Result], trees: list[Path]) -> None:
+    print("watcher benchmark (" + ", ".join(f"{_tree_name(t)}: {t}" for t in trees) + ")")
     print(describe())
     print("API: " + "; ".join(sorted({r.api for r in results})))
-    print(f"\n{'load':<42} {'chg/s':>5} {'API write p50/p99':>17} {'ready p50/p99':>13} {'outcome p50/p99':>15} "
+    width = max(42, *(len(r.label) for r in results))
+    print(f"\n{'load':<{width}} {'chg/s':>5} {'API write p50/p99':>17} {'ready p50/p99':>13} {'outcome p50/p99':>15} "
           f"{'deadline p50/p99':>16} {'done':>5} {'missed':>6} {'twice':>5}")
     for r in results:
-        print(f"{r.scenario.label:<42} {r.changes / max(r.seconds, 1e-9):>5.0f} {_p(r.api_latency):>17} "
+        print(f"{r.label:<{width}} {r.changes / max(r.seconds, 1e-9):>5.0f} {_p(r.api_latency):>17} "
               f"{_p(r.ready):>13} {_p(r.outcome):>15} {_p(r.deadline):>16} {r.done:>5} {r.missed:>6} {r.twice:>5}")
     print("seconds: API write, the kubelet's status writes; the others, from the answer to the status write that "
           "made a write due to the watcher's write seen on a watch")
-    baselines = {(r.scenario.pods, r.scenario.rate): r for r in results if not r.scenario.watcher}
-    print(f"\n{'load':<42} {'PATCH/pod':>9} {'Event/pod':>9} {'writes/pod':>10} {'apiserver ms/pod':>16} "
+    print(f"\n{'load':<{width}} {'PATCH/pod':>9} {'Event/pod':>9} {'writes/pod':>10} {'apiserver ms/pod':>16} "
           f"{'of which watcher':>16} {'etcd ms/pod':>11} {'watcher CPU s':>13} {'peak MiB':>8}")
     for r in results:
         n = max(1, r.done)
         patches, events = r.writes.get("pod_patches", 0) / n, r.writes.get("event_writes", 0) / n
-        api_ms = r.server_cpu.get("kube-apiserver")
-        base = baselines.get((r.scenario.pods, r.scenario.rate))
-        share = api_ms - base.server_cpu["kube-apiserver"] if api_ms is not None and base and r.scenario.watcher \
-            else None
-        print(f"{r.scenario.label:<42} {patches:>9.2f} {events:>9.2f} {patches + events:>10.2f} {_ms(api_ms):>16} "
-              f"{_ms(share):>16} {_ms(r.server_cpu.get('etcd')):>11} {r.watcher_cpu:>13.1f} {r.watcher_hwm:>8.0f}")
+        print(f"{r.label:<{width}} {patches:>9.2f} {events:>9.2f} {patches + events:>10.2f} "
+              f"{_ms(r.server_cpu.get('kube-apiserver')):>16} {_ms(_share(r, results)):>16} "
+              f"{_ms(r.server_cpu.get('etcd')):>11} {r.watcher_cpu:>13.1f} {r.watcher_hwm:>8.0f}")
     print("writes/pod: the watcher's pod PATCHes and Event writes per pod done; ms/pod: CPU less the idle rate, per "
-          "pod done; of which watcher: less the run without a watcher at the same load")
+          "pod done; of which watcher: less the run without a watcher at the same load (in the same round)")
+    rounds = 1 + max(r.round for r in results)
+    if rounds > 1 or len(trees) > 1:
+        summary(results, width)
+
+
+def summary(results: list[Result], width: int) -> None:
+    """The A/B: each watcher's share per pod over the rounds, median and spread."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        if r.scenario.watcher:
+            groups.setdefault((r.scenario.label, r.tree), []).append(r)
+    print(f"\n{'load [watcher]':<{width}} {'rounds':>6} {'writes/pod':>10} {'of which watcher, each round':>30} "
+          f"{'median':>7} {'min-max':>11}")
+    for (label, tree), rows in groups.items():
+        shares = [x for x in (_share(r, results) for r in rows) if x is not None]
+        writes = statistics.median(sum(r.writes.get(k, 0) for k in ("pod_patches", "event_writes")) / max(1, r.done)
+                                   for r in rows)
+        each = " ".join(f"{x:.1f}" for x in shares)
+        spread = f"{min(shares):.1f}-{max(shares):.1f}" if shares else "-"
+        med = _ms(statistics.median(shares) if shares else None)
+        print(f"{label + ' [' + tree + ']':<{width}} {len(rows):>6} {writes:>10.2f} {each:>30} {med:>7} {spread:>11}")
+    print("of which watcher: kube-apiserver CPU ms per pod less the same round's run without a watcher; the rounds' "
+          "runs interleaved (each round's order rotated), so a drift in the machine's load touches every row alike")
+
+
+def _tree_name(tree: Path) -> str:
+    return "this tree" if tree == REPO else tree.name
 
 
 def pick_backend(choice: str, workdir: Path) -> Backend:
@@ -689,8 +735,15 @@ def pick_backend(choice: str, workdir: Path) -> Backend:
     return RealBackend("1.34")
 
 
-async def run_all(args: argparse.Namespace) -> list[Result]:
-    tree = Path(args.watcher_tree).resolve() if args.watcher_tree else REPO
+def plan(chosen: list[Scenario], trees: list[Path], rounds: int) -> list[tuple[int, Scenario, Path]]:
+    """Every round runs each scenario without a watcher once and with each tree's watcher
+    once; each round's order is the previous one's rotated by one, so that no row always
+    runs first or last."""
+    runs = [(s, tree) for s in chosen for tree in (trees if s.watcher else trees[:1])]
+    return [(r, s, tree) for r in range(rounds) for s, tree in runs[r % len(runs):] + runs[:r % len(runs)]]
+
+
+async def run_all(args: argparse.Namespace, trees: list[Path]) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="bench-watcher-") as tmp:
         workdir = Path(tmp)
         backend = pick_backend(args.api, workdir)
@@ -701,9 +754,14 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
         if isinstance(backend, DoubleBackend) and not args.only:
             chosen.append(SLOW)
         results = []
-        for s in chosen:
-            print(f"  ({s.label} ...)", file=sys.stderr, flush=True)
-            results.append(await scenario(backend, s, tree, workdir))
+        for round_, s, tree in plan(chosen, trees, args.repeat):
+            print(f"  ({s.label}{' [' + _tree_name(tree) + ']' if s.watcher else ''}, round {round_ + 1} ...)",
+                  file=sys.stderr, flush=True)
+            result = await scenario(backend, s, tree, workdir)
+            result.round = round_
+            result.label = " ".join(x for x in (s.label, f"[{_tree_name(tree)}]" if s.watcher and len(trees) > 1 else "",
+                                                f"#{round_ + 1}" if args.repeat > 1 else "") if x)
+            results.append(result)
         return results
 
 
@@ -711,13 +769,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.bench.watcher_bench")
     ap.add_argument("--api", choices=["auto", "real", "double"], default="auto",
                     help="a real kube-apiserver (../shared/k8s), the in-process double, or the first that exists")
-    ap.add_argument("--watcher-tree", metavar="DIR", help="run the watcher of this checkout (a before/after)")
+    ap.add_argument("--watcher-tree", metavar="DIR", action="append", default=[],
+                    help="also run the watcher of this checkout, beside this tree's (an A/B; may be repeated)")
     ap.add_argument("--only", metavar="REGEX", help="only the scenarios whose label matches")
     ap.add_argument("--pods", type=int, help="this many pods in each scenario (default: as labelled)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run every row N times, interleaved, and print the median and spread of the watcher's share")
+    ap.add_argument("--price", action="store_true",
+                    help="instead: what each kind of the watcher's requests costs a real kube-apiserver "
+                         "(tests/bench/watcher_price.py)")
     args = ap.parse_args()
-    tree = Path(args.watcher_tree).resolve() if args.watcher_tree else REPO
+    if args.price:
+        from tests.bench.watcher_price import price
+
+        steal = Steal()
+        print(describe())
+        asyncio.run(price(RealBackend("1.34"), args.pods or 1000))
+        print(steal)
+        return 0
+    trees = [REPO, *(Path(t).resolve() for t in args.watcher_tree)]
     steal = Steal()
-    report(asyncio.run(run_all(args)), tree)
+    report(asyncio.run(run_all(args, trees)), trees)
     print(steal)
     return 0
 
