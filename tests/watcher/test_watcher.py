@@ -518,6 +518,39 @@ async def test_a_leader_whose_renewal_hangs_steps_down() -> None:
         await asyncio.wait_for(runner, BOUND)
 
 
+async def test_the_holder_renews_with_one_put_and_reads_a_lease_changed_under_it(kube: KubeDouble) -> None:
+    """client-go's optimistic renewal: the holder PUTs the Lease its last write returned, no
+    GET before each; a Lease someone else wrote meanwhile (the PUT's 409) is read again and,
+    held by another, not taken."""
+    from webhook.watcher._leader import LeaderElector
+
+    api = kube.kube_api("elector")
+    elector = LeaderElector(api, NS, "lease", "me", lease_seconds=3.0, retry_seconds=0.1)
+    calls = lambda method: [r for r in kube.requests if r.method == method and "/leases" in r.path]  # noqa: E731
+    led, stop = asyncio.Event(), asyncio.Event()
+
+    async def lead() -> None:
+        led.set()
+        await asyncio.Event().wait()
+    runner = asyncio.ensure_future(elector.run(lead, stop))
+    try:
+        await asyncio.wait_for(led.wait(), BOUND)
+        gets = len(calls("GET"))
+        await eventually(lambda: len(calls("PUT")) >= 5, "five renewals")
+        assert len(calls("GET")) == gets and all(r.status == 200 for r in calls("PUT"))
+        lease = kube.get("leases", NS, "lease")
+        lease["spec"].update(holderIdentity="someone-else", renewTime=now_rfc3339())
+        kube.put("leases", lease)
+        await eventually(lambda: len(calls("GET")) > gets, "the Lease read after a renewal's 409")
+        assert any(r.status == 409 for r in calls("PUT"))
+        await asyncio.sleep(0.5)
+        assert kube.get("leases", NS, "lease")["spec"]["holderIdentity"] == "someone-else"
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, BOUND)
+        await api.close()
+
+
 async def test_start_order_pods_get_per_container_ready_annotations(kube: KubeDouble) -> None:
     key = f"{p.ANNOTATION_READY_PREFIX}cache"
     kube.put_pod({"metadata": {"name": "app", "namespace": NS, "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},

@@ -5,7 +5,10 @@ others poll as often. A holder's Lease is taken over only after it has not chang
 full lease duration, measured on the local monotonic clock (not by comparing the holder's
 timestamps with ours, so clock skew between nodes cannot hand the Lease to two replicas).
 Every write is a conditional PUT (resourceVersion), so two candidates racing for it cannot
-both win. Each renewal attempt gets at most `retry_seconds` (a hung request is abandoned and
+both win. The holder renews with that PUT alone, from the Lease its last write returned
+(client-go's optimistic renewal, kubernetes#122069): one request per renewal, not a GET and
+a PUT; only a PUT that fails (409: someone else wrote the Lease) makes it read the Lease
+first. Each renewal attempt gets at most `retry_seconds` (a hung request is abandoned and
 the next one tried at once), and a failed one is retried soon, so the holder keeps leading
 through API blips shorter than `renew_deadline`; one that cannot renew for `renew_deadline`
 stops leading, before anyone else may start. On a clean stop the Lease is released so a
@@ -45,15 +48,22 @@ class LeaderElector:
         self._clock = clock
         self._observed: tuple | None = None
         self._observed_at = 0.0
+        self._held: tuple[dict, float] | None = None  # the Lease as our last write left it, and when
         self.leading = False
 
     async def try_acquire_or_renew(self) -> bool:
         """One attempt; True when this replica holds the Lease afterwards."""
+        if self._held is not None and self._clock() - self._held[1] < self.lease_seconds:
+            lease = self._held[0]
+            try:  # the fast path: nobody may have written a Lease we hold, so it is as we left it
+                return self._hold(await self.api.replace_lease(self.namespace, self.name,
+                                                               self._lease(lease, lease.get("spec") or {})))
+            except KubeError:  # changed after all, or an API blip: read it, as every other replica does
+                self._held = None
         try:
             lease = await self.api.get_lease(self.namespace, self.name)
             if lease is None:
-                await self.api.create_lease(self.namespace, self._lease(None, {}))
-                return True
+                return self._hold(await self.api.create_lease(self.namespace, self._lease(None, {})))
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
             seen = (holder, spec.get("renewTime"), (lease.get("metadata") or {}).get("resourceVersion"))
@@ -62,13 +72,16 @@ class LeaderElector:
             duration = max(float(spec.get("leaseDurationSeconds") or 0), self.lease_seconds)
             if holder and holder != self.identity and self._clock() - self._observed_at < duration:
                 return False
-            await self.api.replace_lease(self.namespace, self.name, self._lease(lease, spec))
-            return True
+            return self._hold(await self.api.replace_lease(self.namespace, self.name, self._lease(lease, spec)))
         except KubeError as e:
             if not e.conflict:  # a conflict is another candidate winning the race: not an error
                 API_ERRORS.labels("lease", str(e.status)).inc()
                 log.warning("lease %s/%s: %s", self.namespace, self.name, e)
             return False
+
+    def _hold(self, written: dict) -> bool:
+        self._held = (written, self._clock())
+        return True
 
     def _lease(self, current: dict | None, spec: dict) -> dict:
         now = _micro_time()
@@ -152,6 +165,8 @@ class LeaderElector:
 
     def _set_leading(self, value: bool) -> None:
         self.leading = value
+        if not value:
+            self._held = None  # a replica that stopped leading reads the Lease before it writes again
         LEADER.set(1 if value else 0)
 
 
