@@ -6,9 +6,12 @@ write waiting 20-30 ms before it commits, as a loaded apiserver would). The benc
 kubelet: the pods are created bound to a node that does not exist (`spec.nodeName`), and
 their status is written through `pods/status` as the kubelet writes it (a merge patch of the
 whole status). The watcher is `initshift watch` in its own process (leader election on,
-JSON logs at info to a file), so its CPU is its own; `--watcher-tree DIR` runs the watcher
-of another checkout (e.g. `git worktree add /tmp/base main`) against the same driver, for a
-before/after.
+JSON logs at info to a file), so its CPU is its own. `--watcher-tree DIR` runs the watcher
+of another checkout (e.g. `git worktree add --detach /tmp/base main`) beside this tree's
+against the same driver, and `--repeat N` runs every row N times, the rounds interleaved
+(each round's order rotated by one), then prints each watcher's share per pod over the
+rounds (median and spread): a before/after judged in one run on one machine. `--price`
+prices each kind of the watcher's requests instead (`tests/bench/watcher_price.py`).
 
 The pods are what the webhook writes for a Job pod with two init steps under Istio (the real
 rewrite of `tests/support/fixtures`, waiter strategy): steps `git-clone` and `deps`, main

@@ -8,7 +8,9 @@ etcd's) CPU per request, less their idle rate. The watcher's watches are opened 
 by the bench itself (its `KubeApi` with the watcher's selectors, nothing written back), so
 the price of a pod change delivered to the watcher is the difference between the same
 status write with and without them (averaged over a write before and one after, so that
-the store's growth cancels). Writes are made as the watcher makes them (its patch of the
+the store's growth cancels), with the driver's JSON watch of the pods open (the bench's
+case: the apiserver encodes each change once for both) and closed (the watcher the only
+JSON watcher, as where the kubelet's protobuf watch is the only other). Writes are made as the watcher makes them (its patch of the
 outcome annotation, conditional on the resourceVersion; its Event, the recorder's shape),
 beside the other patch types for comparison. Prints, asserts nothing.
 """
@@ -93,6 +95,15 @@ async def price(backend: Any, pods: int) -> None:
             return lambda pod: api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
                                            pod.status(stage, now), content_type="application/merge-patch+json")
 
+        notes = iter(range(1 << 30))
+
+        def note() -> Callable[[Pod], Awaitable[Any]]:
+            """A status write every round of which changes the pod (its `status.message`)."""
+            n = next(notes)
+            return lambda pod: api.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod.name}/status",
+                                           {"status": {"message": f"bench {n}"}},
+                                           content_type="application/merge-patch+json")
+
         def patch(kind: str, key: str, accept: str = "application/json") -> Callable[[Pod], Awaitable[Any]]:
             def body(pod: Pod) -> Any:
                 if kind == "json":
@@ -125,11 +136,16 @@ async def price(backend: Any, pods: int) -> None:
                 f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
             return lambda pod: api.request("POST", path, body(pod))
 
-        await each("status write (the kubelet's), no watcher watches", status(1))
-        watches.open()
-        await each("status write, the watcher's two watches open", status(2))
-        await watches.close()
-        await each("status write, no watcher watches again", status(3))
+        async def fan_out(label: str) -> None:
+            """What one pod change costs the watcher's watch: a write before, one with, one after."""
+            await each(f"{label}, no watcher watches", note())
+            watches.open()
+            await each(f"{label}, the watcher's watches open", note())
+            await watches.close()
+            await each(f"{label}, no watcher watches again", note())
+
+        await each("status write (the kubelet's: the whole status)", status(1))
+        await fan_out("status message written")
         watches.open()
         await each("outcome merge patch (the watcher's), watches open", patch("merge", p.ANNOTATION_OUTCOME))
         await each("the same as a JSON patch (test rv, add)", patch("json", p.ANNOTATION_OUTCOME + "-json"))
@@ -145,6 +161,7 @@ async def price(backend: Any, pods: int) -> None:
         driver_watch.cancel()
         await asyncio.gather(driver_watch, return_exceptions=True)
         del driver
+        await fan_out("status message written, the driver's watch closed too")
     finally:
         await watches.close()
         await watcher_api.close()
