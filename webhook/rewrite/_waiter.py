@@ -36,8 +36,8 @@ from ._reasons import Reason
 from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
-from ._resources import (Amounts, add, apply_requests, growth_of, is_restartable, plan_steps, requests_and_qos,
-    restartable_sum, sum_requests)
+from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, growth_of, is_restartable,
+    plan_steps, requests_and_qos, restartable_sum, sum_requests)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import submap
@@ -64,10 +64,11 @@ _LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
 OWN_CONTAINERS = (p.INIT_CONTAINER_NAME, p.COPY_CONTAINER_NAME)  # the waiter's copiers: they mount its volume
 
 
-def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
+def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping],
+                          read: Read = container_amounts) -> dict:
     """`initshift-init`, last of `init_containers` (so beside every native sidecar among
     them), its requests within what the pod `reserved` before the rewrite."""
-    natives = restartable_sum(init_containers)
+    natives = restartable_sum(init_containers, read)
     return init_container(settings, {r: max(0, v - natives.get(r, 0)) for r, v in reserved.items()})
 
 
@@ -383,9 +384,10 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         raise RewriteError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
 
     warnings: list[str] = []
-    old_total, old_qos = requests_and_qos(origin_spec)
-    fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
-    plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
+    read = ReadOnce()
+    old_total, old_qos = requests_and_qos(origin_spec, read)
+    fixed = add(restartable_sum(cls.kept_init, read), sum_requests([*cls.mains, *cls.sidecars], read))
+    plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy, read)
     if plan.problem:
         raise RewriteError(plan.problem, reason=Reason.RESOURCES)
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
@@ -411,7 +413,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         init = list(cls.kept_init)
         containers.insert(0, copier_container(settings, old_total))
     else:
-        init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
+        init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init, read)]
 
     out = dict(pod)
     new_spec = out["spec"] = dict(spec)
@@ -421,7 +423,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
                                    bool(cls.mains))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
-    new_total, new_qos = requests_and_qos(new_spec)
+    new_total, new_qos = requests_and_qos(new_spec, read)
     grown = growth_of(old_total, new_total, f"policy {settings.resources_policy}")
     if grown:
         warnings.append(grown)
@@ -442,11 +444,14 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     return out, warnings
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=...) would build one per call
+
+
 def _mark(pod: dict, steps: list[str], mains: list[str], how: str) -> None:
     mark_managed(pod, how)
     annotations = submap(pod, "metadata", "annotations")
-    annotations[p.ANNOTATION_STEPS] = json.dumps(steps, separators=(",", ":"))
-    annotations[p.ANNOTATION_MAINS] = json.dumps(mains, separators=(",", ":"))
+    annotations[p.ANNOTATION_STEPS] = _COMPACT.encode(steps)
+    annotations[p.ANNOTATION_MAINS] = _COMPACT.encode(mains)
 
 
 def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
