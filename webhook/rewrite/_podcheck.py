@@ -71,7 +71,8 @@ def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
                 if r not in SHAREABLE and req != limit:
                     out.append(f"{where} {name!r}: {r} must have its request equal to its limit")
         for r, value in limits.items():
-            parse(value, r)
+            if r not in requests:  # the others were read above
+                parse(value, r)
     except QuantityError as e:
         out.append(f"{where} {name!r}: {e}")
     return out

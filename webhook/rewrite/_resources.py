@@ -33,7 +33,9 @@ Amounts = dict[str, int]  # resource -> its integer unit (milli-CPU, bytes, unit
 def container_amounts(c: Mapping) -> tuple[Amounts, Amounts]:
     """A container's requests (limits where a request is missing, as the apiserver defaults
     them) and its limits, each quantity parsed once."""
-    res = c.get("resources") or {}
+    res = c.get("resources")
+    if not res:
+        return {}, {}
     limits = {name: parse(value, name) for name, value in (res.get("limits") or {}).items()}
     requests = dict(limits)
     for name, value in (res.get("requests") or {}).items():

@@ -208,16 +208,17 @@ def wrap(container: Mapping, index: int, chain: _Chain,
     ready_file, probes = (chain.ready_file, chain.probes) if wait is None else (None, ())
     if ready_file:
         mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
-    if chain.is_main(index):  # the mains learn about each other through one shared directory
+    main = chain.is_main(index)
+    if main:  # the mains learn about each other through one shared directory
         mounts.append({"name": p.MAINS_VOLUME, "mountPath": p.MAINS_MOUNT})
     out = dict(container)
     out["command"] = [p.WAITER_PATH]
     out["args"] = run_command(
         name=str(container["name"]), post=p.completion_path(index), argv=argv or [],
         wait=None if wait is None else p.completion_path(wait), ready_file=ready_file, probes=probes,
-        timeout=0 if chain.is_main(index) else chain.step_timeout, retry=chain.retry,
+        timeout=0 if main else chain.step_timeout, retry=chain.retry,
         quits=chain.quit_urls if chain.quits(index) else (),
-        mains_dir=p.MAINS_MOUNT if chain.is_main(index) else None, mains=chain.n_mains if chain.is_main(index) else 0,
+        mains_dir=p.MAINS_MOUNT if main else None, mains=chain.n_mains if main else 0,
         termination_log=container.get("terminationMessagePath"),
         argv_map=None if argv_map is None else dict(argv_map))
     out["volumeMounts"] = mounts
@@ -244,8 +245,11 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
+_OUR_VOLUMES = frozenset((p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME))  # and the run dirs
+
+
 def _is_our_volume(name: object) -> bool:
-    return name in (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME) or str(name).startswith(p.RUN_VOLUME_PREFIX)
+    return name in _OUR_VOLUMES or str(name).startswith(p.RUN_VOLUME_PREFIX)
 
 
 def merge_ours(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[object], bool]) -> list[dict]:
@@ -331,8 +335,13 @@ def _under_reserved_root(path: object) -> bool:
 def reserved_mounts(containers: Sequence[Mapping]) -> list[str]:
     """Containers mounting a volume initshift adds: only the ones it wraps may (a container
     it does not wrap could forge a step's completion or replace the waiter every step runs)."""
+    # Each distinct name is tested once: a pod's mounts name its few volumes again and again.
+    names = {m.get("name") for c in containers for m in c.get("volumeMounts") or []}
+    reserved = {name for name in names if _is_reserved_volume(name)}
+    if not reserved:
+        return []
     return [f"container {c.get('name')!r} mounts {m.get('name')!r}, a volume only initshift's own containers mount"
-            for c in containers for m in c.get("volumeMounts") or [] if _is_reserved_volume(m.get("name"))]
+            for c in containers for m in c.get("volumeMounts") or [] if m.get("name") in reserved]
 
 
 def _every_container(spec: Mapping) -> list[Mapping]:
@@ -353,6 +362,9 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     problems = reserved_mounts(containers)
     if problems:
         raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
+    paths = {m.get("mountPath", "") for c in wrapped for m in c.get("volumeMounts") or []}
+    if not any(_under_reserved_root(path) for path in paths):  # each distinct path once, as above
+        return
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
             if _under_reserved_root(m.get("mountPath", "")):
