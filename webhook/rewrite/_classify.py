@@ -51,6 +51,7 @@ class Classification:
     sidecars: list[dict] = field(default_factory=list)  # regular containers
     native_sidecars: list[dict] = field(default_factory=list)  # restartable init containers
     warnings: list[str] = field(default_factory=list)
+    sidecar_names: set[str] = field(default_factory=set)  # the names recognised as sidecars (sidecar_names())
 
     @property
     def all_sidecars(self) -> list[dict]:
@@ -77,7 +78,7 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     sidecars = sidecar_names(annotations, settings)
     mesh_inits = mesh_init_names(annotations, settings)
     keep = _comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
-    out = Classification()
+    out = Classification(sidecar_names=sidecars)
 
     init_names = {c.get("name") for c in inits}
     known = init_names | {c.get("name") for c in regular}
@@ -123,10 +124,9 @@ def requested_meshes(pod: Mapping) -> dict[str, str]:
     return wanted
 
 
-def native_proxies(pod: Mapping, cls: Classification, settings: RewriteSettings) -> list[str]:
+def native_proxies(cls: Classification) -> list[str]:
     """Recognised sidecars already running as native sidecars (the mesh injected them so)."""
-    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
-    return [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+    return [c["name"] for c in cls.native_sidecars if c.get("name") in cls.sidecar_names]
 
 
 def native_requested(pod: Mapping) -> bool:
