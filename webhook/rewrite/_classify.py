@@ -58,14 +58,18 @@ class Classification:
         return [*self.native_sidecars, *self.sidecars]
 
 
-def sidecar_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
-    status = _istio_status(annotations)
+def sidecar_names(annotations: Mapping[str, str], settings: RewriteSettings, status: Mapping | None = None) -> set[str]:
+    """`status`: the pod's parsed `sidecar.istio.io/status` (_istio_status), when the caller
+    has read it already (classify reads it once for both name sets)."""
+    status = _istio_status(annotations) if status is None else status
     return (set(settings.sidecar_names) | _names(status.get("containers"))
             | set(_comma_list(annotations.get(p.ANNOTATION_SIDECARS))))
 
 
-def mesh_init_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
-    return set(settings.mesh_init_names) | _names(_istio_status(annotations).get("initContainers"))
+def mesh_init_names(annotations: Mapping[str, str], settings: RewriteSettings,
+                    status: Mapping | None = None) -> set[str]:
+    status = _istio_status(annotations) if status is None else status
+    return set(settings.mesh_init_names) | _names(status.get("initContainers"))
 
 
 def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
@@ -75,8 +79,9 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     inits = spec.get("initContainers") or []
     regular = spec.get("containers") or []
 
-    sidecars = sidecar_names(annotations, settings)
-    mesh_inits = mesh_init_names(annotations, settings)
+    status = _istio_status(annotations)
+    sidecars = sidecar_names(annotations, settings, status)
+    mesh_inits = mesh_init_names(annotations, settings, status)
     keep = _comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
     out = Classification(sidecar_names=sidecars)
 
