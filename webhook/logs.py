@@ -7,11 +7,12 @@ name or generateName: `name` is taken by the LogRecord itself).
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from typing import Any
+
+from . import jsontext
 
 _REVIEW_LOGGER = logging.getLogger("initshift.review")
 # uvicorn adds `color_message` (ANSI-coloured duplicate of msg) to its records.
@@ -34,7 +35,7 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             # One line still: the exception type and message, not a multi-line traceback.
             out["error"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"  # type: ignore[union-attr]
-        return json.dumps(out, default=str, separators=(",", ":"))
+        return jsontext.dumps(out, default=str).decode()
 
 
 def configure(level: str = "info", stream: Any = None) -> None:

@@ -18,21 +18,22 @@ def _token(key: str) -> str:
 
 
 def _diff(path: str, a: Any, b: Any, ops: list[dict]) -> None:
-    if a is b:  # the rewrite shares what it leaves alone with its input
-        return
+    # What the rewrite leaves alone it shares with its input (`is`): skipped before any
+    # path is built for it.
     if isinstance(a, dict) and isinstance(b, dict):
         for key in a:
             if key not in b:
                 ops.append({"op": "remove", "path": f"{path}/{_token(key)}"})
         for key, value in b.items():
-            if key in a:
-                _diff(f"{path}/{_token(key)}", a[key], value, ops)
-            else:
+            if key not in a:
                 ops.append({"op": "add", "path": f"{path}/{_token(key)}", "value": value})
+            elif a[key] is not value:
+                _diff(f"{path}/{_token(key)}", a[key], value, ops)
         return
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
-            _diff(f"{path}/{i}", x, y, ops)
+            if x is not y:
+                _diff(f"{path}/{i}", x, y, ops)
         return
     # Scalars compare with their JSON type: 1 == True and 1 == 1.0 in Python, not in JSON.
     if type(a) is not type(b) or a != b:
@@ -42,5 +43,6 @@ def _diff(path: str, a: Any, b: Any, ops: list[dict]) -> None:
 def make_patch(before: Mapping, after: Mapping) -> list[dict]:
     """JSONPatch ops that turn `before` into `after` (values are shared, not copied)."""
     ops: list[dict] = []
-    _diff("", before, after, ops)
+    if before is not after:
+        _diff("", before, after, ops)
     return ops

@@ -91,6 +91,15 @@ def _one_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+    return dict(pairs)
+
+
+# Built once: json.loads with options builds a decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
+_YIELDING = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite, object_pairs_hook=_pairs)
+
+
 def check_content_type(content_type: bytes | None) -> None:
     media = (content_type or b"").split(b";", 1)[0].strip().lower().decode("latin-1")
     if media != "application/json":
@@ -119,10 +128,6 @@ def _dict(obj: Mapping, key: str, where: str) -> dict:
     return value
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict:
-    return dict(pairs)
-
-
 def parse_review(body: bytes, *, yielding: bool = False) -> Review:
     """Decode and validate an AdmissionReview body; raise BadReview with the reason.
 
@@ -138,8 +143,7 @@ def parse_review(body: bytes, *, yielding: bool = False) -> Review:
     except UnicodeDecodeError as e:
         raise BadReview(f"the body is not UTF-8: {_one_line(e)}") from None
     try:
-        doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite,
-                         object_pairs_hook=_pairs if yielding else None)
+        doc = (_YIELDING if yielding else _DECODER).decode(text)
     except BadReview:
         raise
     except RecursionError:

@@ -51,20 +51,25 @@ class Classification:
     sidecars: list[dict] = field(default_factory=list)  # regular containers
     native_sidecars: list[dict] = field(default_factory=list)  # restartable init containers
     warnings: list[str] = field(default_factory=list)
+    sidecar_names: set[str] = field(default_factory=set)  # the names recognised as sidecars (sidecar_names())
 
     @property
     def all_sidecars(self) -> list[dict]:
         return [*self.native_sidecars, *self.sidecars]
 
 
-def sidecar_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
-    status = _istio_status(annotations)
+def sidecar_names(annotations: Mapping[str, str], settings: RewriteSettings, status: Mapping | None = None) -> set[str]:
+    """`status`: the pod's parsed `sidecar.istio.io/status` (_istio_status), when the caller
+    has read it already (classify reads it once for both name sets)."""
+    status = _istio_status(annotations) if status is None else status
     return (set(settings.sidecar_names) | _names(status.get("containers"))
             | set(_comma_list(annotations.get(p.ANNOTATION_SIDECARS))))
 
 
-def mesh_init_names(annotations: Mapping[str, str], settings: RewriteSettings) -> set[str]:
-    return set(settings.mesh_init_names) | _names(_istio_status(annotations).get("initContainers"))
+def mesh_init_names(annotations: Mapping[str, str], settings: RewriteSettings,
+                    status: Mapping | None = None) -> set[str]:
+    status = _istio_status(annotations) if status is None else status
+    return set(settings.mesh_init_names) | _names(status.get("initContainers"))
 
 
 def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
@@ -74,10 +79,11 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     inits = spec.get("initContainers") or []
     regular = spec.get("containers") or []
 
-    sidecars = sidecar_names(annotations, settings)
-    mesh_inits = mesh_init_names(annotations, settings)
+    status = _istio_status(annotations)
+    sidecars = sidecar_names(annotations, settings, status)
+    mesh_inits = mesh_init_names(annotations, settings, status)
     keep = _comma_list(annotations.get(p.ANNOTATION_KEEP_INIT))
-    out = Classification()
+    out = Classification(sidecar_names=sidecars)
 
     init_names = {c.get("name") for c in inits}
     known = init_names | {c.get("name") for c in regular}
@@ -123,10 +129,9 @@ def requested_meshes(pod: Mapping) -> dict[str, str]:
     return wanted
 
 
-def native_proxies(pod: Mapping, cls: Classification, settings: RewriteSettings) -> list[str]:
+def native_proxies(cls: Classification) -> list[str]:
     """Recognised sidecars already running as native sidecars (the mesh injected them so)."""
-    names = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
-    return [c["name"] for c in cls.native_sidecars if c.get("name") in names]
+    return [c["name"] for c in cls.native_sidecars if c.get("name") in cls.sidecar_names]
 
 
 def native_requested(pod: Mapping) -> bool:

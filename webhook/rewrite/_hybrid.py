@@ -66,7 +66,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: 
         placement = native.place_sidecars(pod, cls.sidecars, cls.steps, settings, _never)
         placed, moved = placement.pod, [str(c["name"]) for c in placement.natives]
         warnings.append(native.moved_note(placement, where=False))
-    elif not native_proxies(pod, cls, settings):
+    elif not native_proxies(cls):
         warnings += native.ask_native_injection(placed)  # the proxy comes later: ask for a native one
     out, more = waiter.wrap_pod(placed, classify(placed, settings), settings, images, lookup_error,
                                 origin=pod, how=p.MODE_HYBRID)

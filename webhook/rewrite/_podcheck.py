@@ -64,12 +64,15 @@ def _container_problems(c: Mapping, volumes: set[str], where: str) -> list[str]:
             req = parse(value, r)
             if req < 0:
                 out.append(f"{where} {name!r} requests a negative {r}")
-            if r in limits and req > parse(limits[r], r):
-                out.append(f"{where} {name!r} requests more {r} than its limit")
-            if r not in SHAREABLE and r in limits and req != parse(limits[r], r):
-                out.append(f"{where} {name!r}: {r} must have its request equal to its limit")
+            if r in limits:
+                limit = parse(limits[r], r)
+                if req > limit:
+                    out.append(f"{where} {name!r} requests more {r} than its limit")
+                if r not in SHAREABLE and req != limit:
+                    out.append(f"{where} {name!r}: {r} must have its request equal to its limit")
         for r, value in limits.items():
-            parse(value, r)
+            if r not in requests:  # the others were read above
+                parse(value, r)
     except QuantityError as e:
         out.append(f"{where} {name!r}: {e}")
     return out
@@ -133,7 +136,8 @@ def pod_problems(pod: Mapping) -> list[str]:
     volumes: set[str] = set()
     for v in spec.get("volumes") or []:
         out += _name_problems(v.get("name"), "volume", volumes, "volume {!r} is defined twice")
-        out += _downward_api_problems(v)
+        if "downwardAPI" in v:
+            out += _downward_api_problems(v)
     inits = spec.get("initContainers") or []
     regular = spec.get("containers") or []
     if not regular:

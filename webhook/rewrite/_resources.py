@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ._quantity import ZERO, format_quantity, parse
 from ._shape import submap
@@ -30,10 +30,12 @@ _QOS_RESOURCES = ("cpu", "memory")
 Amounts = dict[str, int]  # resource -> its integer unit (milli-CPU, bytes, units): _quantity.py
 
 
-def _container_amounts(c: Mapping) -> tuple[Amounts, Amounts]:
+def container_amounts(c: Mapping) -> tuple[Amounts, Amounts]:
     """A container's requests (limits where a request is missing, as the apiserver defaults
     them) and its limits, each quantity parsed once."""
-    res = c.get("resources") or {}
+    res = c.get("resources")
+    if not res:
+        return {}, {}
     limits = {name: parse(value, name) for name, value in (res.get("limits") or {}).items()}
     requests = dict(limits)
     for name, value in (res.get("requests") or {}).items():
@@ -41,8 +43,25 @@ def _container_amounts(c: Mapping) -> tuple[Amounts, Amounts]:
     return requests, limits
 
 
-def _container_requests(c: Mapping) -> Amounts:
-    return _container_amounts(c)[0]
+Read = Callable[[Mapping], tuple[Amounts, Amounts]]  # a container -> its (requests, limits)
+
+
+class ReadOnce:
+    """A `Read` for one review: each `resources` object is parsed once, however many rules
+    read it. The rewritten pod's containers are shallow copies that keep the admitted pod's
+    `resources` objects (only the steps whose requests change get new ones), so its
+    quantities are mostly read already. Keyed by object identity; each key's object is held,
+    so no id is reused while the reader lives. Nothing returned may be changed."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, Amounts, Amounts]] = {}
+
+    def __call__(self, c: Mapping) -> tuple[Amounts, Amounts]:
+        res = c.get("resources")
+        seen = self._seen.get(id(res))
+        if seen is None:
+            seen = self._seen[id(res)] = (res, *container_amounts(c))
+        return seen[1], seen[2]
 
 
 def add(a: Amounts, b: Mapping[str, int]) -> Amounts:
@@ -66,10 +85,10 @@ def _add_into(total: Amounts, b: Mapping[str, int]) -> None:
         total[k] = get(k, ZERO) + v
 
 
-def sum_requests(containers: Iterable[Mapping]) -> Amounts:
+def sum_requests(containers: Iterable[Mapping], read: Read = container_amounts) -> Amounts:
     total: Amounts = {}
     for c in containers:
-        _add_into(total, _container_requests(c))
+        _add_into(total, read(c)[0])
     return total
 
 
@@ -77,15 +96,15 @@ def is_restartable(c: Mapping) -> bool:
     return c.get("restartPolicy") == "Always"
 
 
-def restartable_sum(init_containers: Iterable[Mapping]) -> Amounts:
-    return sum_requests(c for c in init_containers if is_restartable(c))
+def restartable_sum(init_containers: Iterable[Mapping], read: Read = container_amounts) -> Amounts:
+    return sum_requests((c for c in init_containers if is_restartable(c)), read)
 
 
 _Parsed = list[tuple[Mapping, Amounts, Amounts]]  # (container, requests, limits)
 
 
-def _parsed(containers: Iterable[Mapping]) -> _Parsed:
-    return [(c, *_container_amounts(c)) for c in containers]
+def _parsed(containers: Iterable[Mapping], read: Read = container_amounts) -> _Parsed:
+    return [(c, *read(c)) for c in containers]
 
 
 def _pod_requests(inits: _Parsed, regulars: _Parsed) -> Amounts:
@@ -115,9 +134,9 @@ def pod_requests(spec: Mapping) -> Amounts:
     return _pod_requests(_parsed(spec.get("initContainers") or []), _parsed(spec.get("containers") or []))
 
 
-def requests_and_qos(spec: Mapping) -> tuple[Amounts, str]:
+def requests_and_qos(spec: Mapping, read: Read = container_amounts) -> tuple[Amounts, str]:
     """pod_requests and qos_class of one spec, each container's quantities parsed once."""
-    inits, regulars = _parsed(spec.get("initContainers") or []), _parsed(spec.get("containers") or [])
+    inits, regulars = _parsed(spec.get("initContainers") or [], read), _parsed(spec.get("containers") or [], read)
     return _pod_requests(inits, regulars), _qos_class([*inits, *regulars])
 
 
@@ -178,7 +197,7 @@ class _StepPlan:
 
 
 def plan_steps(
-    steps: list[Mapping], fixed_regular: Amounts, budget_total: Amounts, policy: str
+    steps: list[Mapping], fixed_regular: Amounts, budget_total: Amounts, policy: str, read: Read = container_amounts
 ) -> _StepPlan:
     """Choose each step's requests once the steps run as regular containers.
 
@@ -186,7 +205,7 @@ def plan_steps(
     (mains, sidecars, restartable init containers); `budget_total` is the old effective
     request, which the new regular sum must not exceed under `preserve` and `divide`.
     """
-    reqs = [_container_requests(s) for s in steps]
+    reqs = [read(s)[0] for s in steps]
     plan = _StepPlan(step_requests=[{} for _ in steps])
     by_resource: dict[str, list[int]] = defaultdict(list)  # resource -> the steps requesting it, in order
     for i, req in enumerate(reqs):

@@ -210,7 +210,7 @@ class _Case:
 
     @property
     def proxies(self) -> list[str]:
-        return native_proxies(self.pod, self.cls, self.settings.rewrite)
+        return native_proxies(self.cls)
 
 
 def _mode_origin(pod: Mapping, mode: str, mode_from: str | None) -> str:
@@ -367,7 +367,8 @@ def plan(pod: dict, settings: Settings, *, native_supported: bool | None = None,
         return Unchanged(pod=pod, reason=Reason.INVALID, message=f"{problem}; admitted unchanged")
     cleaned, forged = _without_watcher_state(pod) if settings.feature_gate else (pod, ())
     try:
-        return dataclasses.replace(_plan(cleaned, settings, native, mode_from), forged=forged)
+        choice = _plan(cleaned, settings, native, mode_from)
+        return dataclasses.replace(choice, forged=forged) if forged else choice
     except RewriteError as e:
         return Failed(pod=cleaned, error=e, forged=forged)
 

@@ -36,8 +36,8 @@ from ._reasons import Reason
 from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
-from ._resources import (Amounts, add, apply_requests, growth_of, is_restartable, plan_steps, requests_and_qos,
-    restartable_sum, sum_requests)
+from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, growth_of, is_restartable,
+    plan_steps, requests_and_qos, restartable_sum, sum_requests)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import submap
@@ -64,10 +64,11 @@ _LOOPBACK_HOSTS = (None, "", "127.0.0.1", "localhost")
 OWN_CONTAINERS = (p.INIT_CONTAINER_NAME, p.COPY_CONTAINER_NAME)  # the waiter's copiers: they mount its volume
 
 
-def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping]) -> dict:
+def init_container_within(settings: RewriteSettings, reserved: Amounts, init_containers: Sequence[Mapping],
+                          read: Read = container_amounts) -> dict:
     """`initshift-init`, last of `init_containers` (so beside every native sidecar among
     them), its requests within what the pod `reserved` before the rewrite."""
-    natives = restartable_sum(init_containers)
+    natives = restartable_sum(init_containers, read)
     return init_container(settings, {r: max(0, v - natives.get(r, 0)) for r, v in reserved.items()})
 
 
@@ -207,16 +208,17 @@ def wrap(container: Mapping, index: int, chain: _Chain,
     ready_file, probes = (chain.ready_file, chain.probes) if wait is None else (None, ())
     if ready_file:
         mounts.append({"name": p.READY_VOLUME, "mountPath": p.READY_MOUNT, "readOnly": True})
-    if chain.is_main(index):  # the mains learn about each other through one shared directory
+    main = chain.is_main(index)
+    if main:  # the mains learn about each other through one shared directory
         mounts.append({"name": p.MAINS_VOLUME, "mountPath": p.MAINS_MOUNT})
     out = dict(container)
     out["command"] = [p.WAITER_PATH]
     out["args"] = run_command(
         name=str(container["name"]), post=p.completion_path(index), argv=argv or [],
         wait=None if wait is None else p.completion_path(wait), ready_file=ready_file, probes=probes,
-        timeout=0 if chain.is_main(index) else chain.step_timeout, retry=chain.retry,
+        timeout=0 if main else chain.step_timeout, retry=chain.retry,
         quits=chain.quit_urls if chain.quits(index) else (),
-        mains_dir=p.MAINS_MOUNT if chain.is_main(index) else None, mains=chain.n_mains if chain.is_main(index) else 0,
+        mains_dir=p.MAINS_MOUNT if main else None, mains=chain.n_mains if main else 0,
         termination_log=container.get("terminationMessagePath"),
         argv_map=None if argv_map is None else dict(argv_map))
     out["volumeMounts"] = mounts
@@ -243,8 +245,11 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
+_OUR_VOLUMES = frozenset((p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME))  # and the run dirs
+
+
 def _is_our_volume(name: object) -> bool:
-    return name in (p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME) or str(name).startswith(p.RUN_VOLUME_PREFIX)
+    return name in _OUR_VOLUMES or str(name).startswith(p.RUN_VOLUME_PREFIX)
 
 
 def merge_ours(old: Sequence[dict], wanted: Sequence[dict], ours: Callable[[object], bool]) -> list[dict]:
@@ -330,8 +335,13 @@ def _under_reserved_root(path: object) -> bool:
 def reserved_mounts(containers: Sequence[Mapping]) -> list[str]:
     """Containers mounting a volume initshift adds: only the ones it wraps may (a container
     it does not wrap could forge a step's completion or replace the waiter every step runs)."""
+    # Each distinct name is tested once: a pod's mounts name its few volumes again and again.
+    names = {m.get("name") for c in containers for m in c.get("volumeMounts") or []}
+    reserved = {name for name in names if _is_reserved_volume(name)}
+    if not reserved:
+        return []
     return [f"container {c.get('name')!r} mounts {m.get('name')!r}, a volume only initshift's own containers mount"
-            for c in containers for m in c.get("volumeMounts") or [] if _is_reserved_volume(m.get("name"))]
+            for c in containers for m in c.get("volumeMounts") or [] if m.get("name") in reserved]
 
 
 def _every_container(spec: Mapping) -> list[Mapping]:
@@ -352,6 +362,9 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     problems = reserved_mounts(containers)
     if problems:
         raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
+    paths = {m.get("mountPath", "") for c in wrapped for m in c.get("volumeMounts") or []}
+    if not any(_under_reserved_root(path) for path in paths):  # each distinct path once, as above
+        return
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
             if _under_reserved_root(m.get("mountPath", "")):
@@ -383,9 +396,10 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         raise RewriteError(lookup_error or str(e), deny=settings.on_unresolved == "deny", reason=e.reason) from None
 
     warnings: list[str] = []
-    old_total, old_qos = requests_and_qos(origin_spec)
-    fixed = add(restartable_sum(cls.kept_init), sum_requests([*cls.mains, *cls.sidecars]))
-    plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy)
+    read = ReadOnce()
+    old_total, old_qos = requests_and_qos(origin_spec, read)
+    fixed = add(restartable_sum(cls.kept_init, read), sum_requests([*cls.mains, *cls.sidecars], read))
+    plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy, read)
     if plan.problem:
         raise RewriteError(plan.problem, reason=Reason.RESOURCES)
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
@@ -411,7 +425,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         init = list(cls.kept_init)
         containers.insert(0, copier_container(settings, old_total))
     else:
-        init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init)]
+        init = [*cls.kept_init, init_container_within(settings, old_total, cls.kept_init, read)]
 
     out = dict(pod)
     new_spec = out["spec"] = dict(spec)
@@ -421,7 +435,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
                                    bool(cls.mains))
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
-    new_total, new_qos = requests_and_qos(new_spec)
+    new_total, new_qos = requests_and_qos(new_spec, read)
     grown = growth_of(old_total, new_total, f"policy {settings.resources_policy}")
     if grown:
         warnings.append(grown)
@@ -442,11 +456,14 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     return out, warnings
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=...) would build one per call
+
+
 def _mark(pod: dict, steps: list[str], mains: list[str], how: str) -> None:
     mark_managed(pod, how)
     annotations = submap(pod, "metadata", "annotations")
-    annotations[p.ANNOTATION_STEPS] = json.dumps(steps, separators=(",", ":"))
-    annotations[p.ANNOTATION_MAINS] = json.dumps(mains, separators=(",", ":"))
+    annotations[p.ANNOTATION_STEPS] = _COMPACT.encode(steps)
+    annotations[p.ANNOTATION_MAINS] = _COMPACT.encode(mains)
 
 
 def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
