@@ -335,13 +335,8 @@ def _under_reserved_root(path: object) -> bool:
 def reserved_mounts(containers: Sequence[Mapping]) -> list[str]:
     """Containers mounting a volume initshift adds: only the ones it wraps may (a container
     it does not wrap could forge a step's completion or replace the waiter every step runs)."""
-    # Each distinct name is tested once: a pod's mounts name its few volumes again and again.
-    names = {m.get("name") for c in containers for m in c.get("volumeMounts") or []}
-    reserved = {name for name in names if _is_reserved_volume(name)}
-    if not reserved:
-        return []
     return [f"container {c.get('name')!r} mounts {m.get('name')!r}, a volume only initshift's own containers mount"
-            for c in containers for m in c.get("volumeMounts") or [] if m.get("name") in reserved]
+            for c in containers for m in c.get("volumeMounts") or [] if _is_reserved_volume(m.get("name"))]
 
 
 def _every_container(spec: Mapping) -> list[Mapping]:
@@ -362,9 +357,6 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     problems = reserved_mounts(containers)
     if problems:
         raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
-    paths = {m.get("mountPath", "") for c in wrapped for m in c.get("volumeMounts") or []}
-    if not any(_under_reserved_root(path) for path in paths):  # each distinct path once, as above
-        return
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
             if _under_reserved_root(m.get("mountPath", "")):
