@@ -239,7 +239,10 @@ def test_connections_closed_before_their_handshake_leave_nothing_behind(pki, hel
 def test_handshakes_of_clients_gone_leave_no_tls_state_behind(pki):
     """Clients that send their ClientHello and close at once: their handshakes wait their
     turn, by which time the client is gone; TLS state built for them anyway lived until
-    the handshake deadline (~50 KB each: 2,000 of them, 95 MiB, every burst while it lasted)."""
+    the handshake deadline (~50 KB each: 2,000 of them, 95 MiB, every burst while it lasted).
+    The burst stays under the smallest listen backlog in use (somaxconn 128 on older
+    kernels): past it, the kernel drops handshakes and a client's ClientHello and close may
+    reach the server a minute later or never, leaving a connection only its deadline ends."""
     def tls_objects() -> int:
         gc.collect()
         return sum(1 for o in gc.get_objects() if isinstance(o, ssl.MemoryBIO))
@@ -247,11 +250,11 @@ def test_handshakes_of_clients_gone_leave_no_tls_state_behind(pki):
     first = hostile.client_hello(h.client_context(pki / "ca.crt"))
     with h.running(h.settings_for(pki, header_timeout_seconds=120)) as server:
         before = tls_objects()
-        hostile.connect_and_close(server.port, 1000, first)
+        hostile.connect_and_close(server.port, 100, first)
         deadline = time.monotonic() + 60
         while (server.door.open or tls_objects() > before + 8) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not server.door.open
+        assert not server.door.open, f"{len(server.door.open)} connections of clients gone still open"
         assert tls_objects() <= before + 8, "TLS state left for clients that are gone"
 
 

@@ -131,11 +131,12 @@ class Connection(asyncio.Protocol):
             if not isinstance(e, Exception):
                 raise
             return
-        if tls is None or self.closed.is_set():
+        if tls is None or tls.is_closing() or self.closed.is_set():
             # Guard: a client gone during its handshake (a ClientHello, then a close).
             # start_tls then returns None (asyncio, CPython gh-105993) or, under uvloop, a
-            # transport after connection_lost came; uvicorn, handed that, would count it
-            # against limit_concurrency for good. Its place is given back either way.
+            # closed transport (its TLS protocol told of the loss, this one not); uvicorn,
+            # handed that, would count it against limit_concurrency for good. Its place is
+            # given back either way.
             self._release()
             (tls or self.raw).abort()
             return
