@@ -30,7 +30,7 @@ from .. import jsontext, logs, metrics
 from ._patch import make_patch
 from ._review import BadReview, Review
 from ..errors import InitshiftError
-from ..rewrite import EntrypointResolver, UnresolvedEntrypoint, plan
+from ..rewrite import EntrypointResolver, Reason, UnresolvedEntrypoint, plan
 from ..settings import Settings
 
 if TYPE_CHECKING:
@@ -152,14 +152,14 @@ class Reviewer:
         patch = make_patch(pod, result.pod) if result.pod is not pod else []
         if patch and result.changed:
             # "rewritten" would repeat the result: the reason says which strategy did it.
-            reason = result.strategy if result.reason == "rewritten" and result.strategy else result.reason
+            reason = result.strategy if result.reason == Reason.REWRITTEN and result.strategy else result.reason
             return Answer(admission.response(review, patch=patch, warnings=warnings), "patched",
-                          reason or "rewritten", "rewritten")
+                          reason or Reason.REWRITTEN, "rewritten")
         if not warnings:  # every pod left unchanged says why
             warnings = [f"initshift: pod left unchanged ({result.reason or 'nothing to do'})"]
         # Not rewritten: the patch, if any, only records the reason on the pod.
         return Answer(admission.response(review, patch=patch or None, warnings=warnings), "allowed",
-                      result.reason or "unchanged", "skipped")
+                      result.reason or Reason.UNCHANGED, "skipped")
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
