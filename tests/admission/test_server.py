@@ -3,6 +3,7 @@ the generated CA."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -11,6 +12,7 @@ import shlex
 import ssl
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,7 @@ from webhook.rewrite._rewrite import rewrite
 from webhook.admission._https import ListenError, bind
 from webhook.admission._app import create_app
 from webhook.settings import ServerSettings, settings_table
+from webhook.watcher import WatcherStopped
 
 OWN_NS = "initshift-system"
 
@@ -219,6 +222,33 @@ def test_metrics_port_off_and_in_use(pki):
         server.sock.close()
     finally:
         busy.close()
+
+
+def test_a_companion_that_fails_stops_the_server(pki):
+    """`serve --watch`: a watcher that stops with an error while the webhook serves stops
+    the server too, so the process exits 1 and the kubelet restarts it, instead of serving
+    reviews with no watcher to end their pods' sidecars."""
+    failure = WatcherStopped("the watcher's controller failed: gone")
+
+    async def companion(stop: asyncio.Event) -> None:
+        await asyncio.sleep(0.3)
+        raise failure
+
+    server = h.HttpsServer(h.settings_for(pki), sock=bind(), graceful_seconds=1)
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(companion)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            raised.append(e)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    thread.join(30)
+    server.sock.close()
+    assert not thread.is_alive(), "the server kept serving after its companion failed"
+    assert raised == [failure]
 
 
 # --- bad input, against the real server ----------------------------------------------------

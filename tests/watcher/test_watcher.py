@@ -13,13 +13,16 @@ import json
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
+import pytest
+
 from tests.support.clock import ManualClock
 from tests.support.kubedouble import KubeDouble, now_rfc3339, running, terminated, waiting
 from waiter import protocol as p
+from webhook.kube import KubeApi
 from webhook.metrics import REGISTRY
 from webhook.rewrite._command import run_command
 from webhook.settings import Settings, WatcherSettings
-from webhook.watcher import Controller, run_watcher
+from webhook.watcher import Controller, WatcherStopped, run_watcher
 from webhook.watcher._recorder import event_name
 
 NS = "ci"
@@ -516,6 +519,28 @@ async def test_a_leader_whose_renewal_hangs_steps_down() -> None:
         api.hang = False
         stop.set()
         await asyncio.wait_for(runner, BOUND)
+
+
+class StrayCancelApi(KubeApi):
+    """The double's API, but reading the Lease ends in a CancelledError no one asked for:
+    what aiohttp before 3.10.6 let out of a response read when the apiserver dropped the
+    connection (aio-libs/aiohttp#8175)."""
+
+    async def get_lease(self, namespace: str, name: str) -> dict | None:
+        raise asyncio.CancelledError()
+
+
+async def test_a_watcher_whose_election_dies_stops_loudly(kube: KubeDouble) -> None:
+    """The leader election ended while the watcher was to run on: run_watcher raises (the
+    process exits 1 and is restarted) instead of returning as if stopped, which left a
+    replica, or `serve --watch`'s webhook, running without a watcher."""
+    s = settings(leader_election=True, renew_seconds=0.1)
+    api = StrayCancelApi(kube.api_client("stray"))
+    try:
+        with pytest.raises(WatcherStopped, match="leader election was cancelled"):
+            await asyncio.wait_for(run_watcher(s, asyncio.Event(), api=api), BOUND)
+    finally:
+        await api.close()
 
 
 async def test_the_holder_renews_with_one_put_and_reads_a_lease_changed_under_it(kube: KubeDouble) -> None:

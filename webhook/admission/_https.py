@@ -14,7 +14,6 @@ connections; `limit_concurrency` is a backstop the guards keep it from reaching 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import socket
@@ -125,16 +124,30 @@ class HttpsServer:
         stop = asyncio.Event()
         tasks = [asyncio.create_task(self.reloader.watch(stop))]
         tasks += [asyncio.create_task(c(stop)) for c in companions]
+        failed: list[BaseException] = []
+
+        def ended(task: asyncio.Task) -> None:
+            # A companion that fails while serving (the watcher, the certificates' renewal)
+            # stops the server: the process exits 1 and the kubelet restarts it, rather
+            # than serving on without it.
+            if not stop.is_set() and not task.cancelled() and task.exception() is not None:
+                failed.append(task.exception())  # type: ignore[arg-type]
+                self.stop()
+        for task in tasks:
+            task.add_done_callback(ended)
         sockets = [s for s in (self.sock, self.metrics_sock) if s is not None]
         try:
             await self.uvicorn.serve(sockets=sockets)
         finally:
             stop.set()
-            for t in tasks:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(t, 5)
+            done, pending = await asyncio.wait(tasks, timeout=5)
+            for task in pending:
+                task.cancel()
             if self.metrics_sock is not None:
                 self.metrics_sock.close()
+        failed += [t.exception() for t in done if not t.cancelled() and t.exception() not in (None, *failed)]
+        if failed:
+            raise failed[0]
 
     def run(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         run_loop(self.serve(*companions))

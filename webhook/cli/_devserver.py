@@ -74,8 +74,8 @@ def metrics_url(host: str, port: int) -> str:
 
 def main(argv: list[str]) -> int:
     ap = Parser(prog=_PROG, description=__doc__.split("\n\n")[0],
-                epilog="Exit codes: 0 stopped (SIGTERM, Ctrl-C), 1 the certificates, a port or the cluster failed, "
-                       "2 usage or settings.")
+                epilog="Exit codes: 0 stopped (SIGTERM, Ctrl-C), 1 the certificates, a port, the cluster or the watcher "
+                       "failed, 2 usage or settings.")
     ap.add_argument("--dir", default=_RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
     add_kubeconfig_args(ap)

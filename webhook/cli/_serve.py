@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
+from ..errors import InitshiftError
 from ..settings import Settings, SettingsError, port_number, removed_settings
 from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 
 _Companion = Callable[[asyncio.Event], Awaitable[None]]
 SWITCH_INTERVAL = 0.0005  # seconds
-EXIT_CODES = "Exit codes: 0 stopped (SIGTERM), 1 the certificate, a port or the cluster failed, 2 usage or settings."
+EXIT_CODES = ("Exit codes: 0 stopped (SIGTERM), 1 the certificate, a port, the cluster or a companion (the watcher) "
+              "failed, 2 usage or settings.")
 
 
 def port(text: str) -> int:
@@ -125,6 +127,8 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     try:
         run_loop(serve(settings, watch=watch, on_started=on_started))
     except (TLSError, ListenError, OSError, KubeError, PKIError) as e:  # start-up failures (files, ports, API)
+        return fatal(prog, e)
+    except InitshiftError as e:  # a companion that failed while serving (WatcherStopped)
         return fatal(prog, e)
     except SystemExit:
         return EXIT_OK

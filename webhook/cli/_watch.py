@@ -25,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
     ap = Parser(prog=_PROG, description="Watch managed pods: open the ready gate, record the "
                                  "outcome, end sidecars. Finds the API server as kubectl does.",
                 epilog="Exit codes: 0 stopped by SIGINT or SIGTERM, 1 no configuration to reach the API server "
-                       "with (an unreachable server is retried, not fatal), 2 usage or a bad INITSHIFT_* setting.")
+                       "with (an unreachable server is retried, not fatal) or a part of the watcher failed, "
+                       "2 usage or a bad INITSHIFT_* setting.")
     add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                     help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")
@@ -82,7 +83,7 @@ def main(argv: list[str]) -> int:
     except _NotConnected as e:
         print(f"{_PROG}: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except KubeError as e:
+    except InitshiftError as e:  # the API refused the watcher (KubeError), or it stopped (WatcherStopped)
         return fatal(_PROG, e)
     except KeyboardInterrupt:
         return EXIT_OK

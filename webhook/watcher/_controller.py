@@ -39,6 +39,7 @@ from typing import Any
 from waiter import protocol as p
 
 from .. import __version__
+from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
 from ..settings import Settings
 from ._clock import Clock, RealClock, Timer
@@ -353,6 +354,27 @@ class Controller:
             await asyncio.sleep(_GAUGE_SECONDS)
 
 
+class WatcherStopped(InitshiftError):
+    """A part of the watcher ended while it was to run on. The watcher stops with this
+    error rather than quietly: a process left serving reviews with a dead watcher would
+    leave every pod's sidecars running. The kubelet restarts the container."""
+
+
+def _ended(work: asyncio.Future, ended: asyncio.Future) -> None:
+    """Raise what ended the watcher early: an API error of the controller as it is (the
+    commands report those), anything else (an exception, a cancellation no one asked for,
+    such as aiohttp before 3.10.6 let through from a dropped connection) as WatcherStopped."""
+    part = "controller" if ended is work else "leader election"
+    if ended.cancelled():
+        raise WatcherStopped(f"the watcher's {part} was cancelled while it was to run")
+    error = ended.exception()
+    if isinstance(error, KubeError):
+        raise error
+    if error is None:
+        raise WatcherStopped(f"the watcher's {part} ended while it was to run")
+    raise WatcherStopped(f"the watcher's {part} failed: {type(error).__name__}: {error}") from error
+
+
 def _default_identity() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
@@ -375,7 +397,8 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
     controller = controller or Controller(api, settings, identity, leading=not w.leader_election)
     controller.leading = not w.leader_election
     work = asyncio.ensure_future(controller.run())
-    tasks: list[asyncio.Future[Any]] = [work, asyncio.ensure_future(stop.wait())]
+    stopped = asyncio.ensure_future(stop.wait())
+    tasks: list[asyncio.Future[Any]] = [work, stopped]
     if not w.leader_election:
         LEADER.set(1)  # without election this replica acts: it is the leader
     else:
@@ -391,8 +414,8 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
         tasks.append(asyncio.ensure_future(elector.run(lead, stop)))
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if work.done() and not work.cancelled() and work.exception() is not None:
-            raise work.exception()  # type: ignore[misc]
+        if not stop.is_set():
+            _ended(work, next(t for t in tasks if t.done() and t is not stopped))
     finally:
         stop.set()  # the elector releases the Lease on its way out
         for task in tasks:
