@@ -145,9 +145,9 @@ class HttpsServer:
                 task.cancel()
             if self.metrics_sock is not None:
                 self.metrics_sock.close()
-        failed += [t.exception() for t in done if not t.cancelled() and t.exception() not in (None, *failed)]
-        if failed:
-            raise failed[0]
+        errors = failed or [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
 
     def run(self, *companions: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         run_loop(self.serve(*companions))
