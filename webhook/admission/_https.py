@@ -127,9 +127,9 @@ class HttpsServer:
         failed: list[BaseException] = []
 
         def ended(task: asyncio.Task) -> None:
-            # A companion that fails while serving (the watcher, the certificates' renewal)
-            # stops the server: the process exits 1 and the kubelet restarts it, rather
-            # than serving on without it.
+            # A companion that fails while serving (the watcher: WatcherStopped) stops the
+            # server: the process exits 1 and the kubelet restarts it, rather than serving
+            # on without it.
             if not stop.is_set() and not task.cancelled() and task.exception() is not None:
                 failed.append(task.exception())  # type: ignore[arg-type]
                 self.stop()
