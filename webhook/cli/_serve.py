@@ -113,8 +113,8 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     `error` line)."""
     from certs.pki import PKIError
 
-    from ..admission import ListenError, TLSError, run_loop
-    from ..kube import KubeError, use_config
+    from ..admission import run_loop
+    from ..kube import use_config
 
     logs.configure(settings.server.log_level)
     for line in removed_settings():
@@ -126,9 +126,9 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         run_loop(serve(settings, watch=watch, on_started=on_started))
-    except (TLSError, ListenError, OSError, KubeError, PKIError) as e:  # start-up failures (files, ports, API)
-        return fatal(prog, e)
-    except InitshiftError as e:  # a companion that failed while serving (WatcherStopped)
+    except (InitshiftError, OSError, PKIError) as e:
+        # Start-up failures (files, ports, the API: TLSError, ListenError, KubeError,
+        # PKIError), or a companion that failed while serving (WatcherStopped).
         return fatal(prog, e)
     except SystemExit:
         return EXIT_OK
