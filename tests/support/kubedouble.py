@@ -11,7 +11,9 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   streams ADDED/MODIFIED/DELETED lines; N older than the retained window gets an ERROR
   event with a 410 `Status`; `timeoutSeconds` ends the stream; no N (or "0") starts with
   synthetic ADDED events for what exists; with `allowWatchBookmarks=true`, a BOOKMARK
-  (only `metadata.resourceVersion`) every `bookmark_seconds` and on `send_bookmarks()`;
+  (only `metadata.resourceVersion`) every `bookmark_seconds` and on `send_bookmarks()`,
+  except on events: the apiserver keeps no watch cache for them (its default
+  `--watch-cache-sizes`), so their watches are etcd's and get no bookmarks;
 - create (409 AlreadyExists, `generateName`), get, PUT (409 on a stale
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
@@ -285,6 +287,7 @@ class _Change:
 
 
 _DROP, _END, _BOOKMARK = "drop", "end", "bookmark"
+_UNCACHED = ("events", "events.k8s.io")  # no watch cache in the apiserver: no bookmarks
 
 
 class KubeDouble:
@@ -857,7 +860,8 @@ class KubeDouble:
     async def _watch(self, request: web.Request, res: Resource, namespace: str | None) -> web.StreamResponse:
         q = request.query
         w = _Watcher(res, namespace, label_matcher(q.get("labelSelector")),
-                     field_matcher(q.get("fieldSelector"), res.key), bookmarks=_flag(q.get("allowWatchBookmarks")),
+                     field_matcher(q.get("fieldSelector"), res.key),
+                     bookmarks=_flag(q.get("allowWatchBookmarks")) and res.key not in _UNCACHED,
                      user_agent=request.headers.get("User-Agent", ""))
         rv = q.get("resourceVersion") or "0"
         if not rv.isdigit():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import pytest
 
@@ -23,7 +23,8 @@ from webhook.metrics import REGISTRY
 from webhook.rewrite._command import run_command
 from webhook.settings import Settings, WatcherSettings
 from webhook.watcher import Controller, WatcherStopped, run_watcher
-from webhook.watcher._recorder import event_name
+from webhook.watcher._decide import EVENT_NEWS_SECONDS
+from webhook.watcher._recorder import COMPONENT, event_name
 
 NS = "ci"
 BOUND = 20.0  # no single wait in these tests may take longer: a bug fails instead of hanging
@@ -84,8 +85,15 @@ async def eventually(check: Callable[[], object], what: str, timeout: float = BO
         await asyncio.sleep(0.02)
 
 
-def _caught_up(c: Controller, rv: int) -> bool:
-    return all(int(i.resource_version or 0) >= rv for i in c.informers) and not len(c.queue) and \
+def _caught_up(kube: KubeDouble, c: Controller, rv: int) -> bool:
+    """The pod informers have passed `rv`; the Event informers (no bookmarks: the apiserver
+    keeps no watch cache for Events) have seen the newest of the watcher's Events."""
+    def seen(i: Any) -> int:
+        if i.plural != "events":
+            return rv
+        return max((int(e["metadata"]["resourceVersion"]) for e in kube.items("events", i.namespace)
+                    if (e.get("source") or {}).get("component") == COMPONENT), default=0)
+    return all(int(i.resource_version or 0) >= seen(i) for i in c.informers) and not len(c.queue) and \
         not c.queue.busy and c.recorder.idle
 
 
@@ -97,7 +105,7 @@ async def settled(kube: KubeDouble, *controllers: Controller) -> None:
     end = loop.time() + BOUND
     while True:
         rv = kube.resource_version
-        while not all(_caught_up(c, rv) for c in controllers):
+        while not all(_caught_up(kube, c, rv) for c in controllers):
             if loop.time() > end:
                 state = [([i.resource_version for i in c.informers], len(c.queue), c.queue.busy, c.recorder.idle)
                          for c in controllers]
@@ -222,6 +230,34 @@ async def test_a_probe_gated_build_costs_one_patch_and_one_event(kube: KubeDoubl
     (patch, event) = watcher_writes(kube, "p1")
     assert patch.body["spec"] == {"activeDeadlineSeconds": 1} and p.ANNOTATION_OUTCOME in patch.body["metadata"][
         "annotations"] and event.method == "POST"
+
+
+async def test_a_watcher_started_after_the_event_expired_does_not_write_it_again(kube: KubeDouble) -> None:
+    """The apiserver deletes Events after its TTL (1 h by default); a watcher started later
+    (an upgrade, a rescheduled replica) finds the finished pod without its Event. The
+    outcome is old news then: no second Event. Within the news window it is sent."""
+    kube.put_pod(build_pod("p1", probed=True))
+    clock = ManualClock()
+    async with watcher(kube, settings(grace_seconds=0.0), clock=clock) as c:
+        kube.set_container_statuses(NS, "p1", [running("istio-proxy"), running("fetch"), running("build"),
+                                               running("completion")], phase="Running")
+        for step in ("fetch", "build", "completion"):
+            kube.set_container_statuses(NS, "p1", [step_done(step, at=clock.stamp())])
+        await eventually(lambda: kube.events_for(NS, "p1"), "the Event")
+        await settled(kube, c)
+    (first,) = kube.events_for(NS, "p1")
+    kube.delete("events", NS, first["metadata"]["name"])  # expired
+    clock.advance(EVENT_NEWS_SECONDS - 60)
+    async with watcher(kube, settings(grace_seconds=0.0), user_agent="watcher-b", clock=clock) as c:
+        await eventually(lambda: kube.events_for(NS, "p1"), "the Event, still news, sent again")
+        await settled(kube, c)
+    (again,) = kube.events_for(NS, "p1")
+    kube.delete("events", NS, again["metadata"]["name"])
+    clock.advance(120)
+    async with watcher(kube, settings(grace_seconds=0.0), user_agent="watcher-c", clock=clock) as c:
+        await settled(kube, c)
+        assert "p1" not in {name for _, name in c.store.keys()}, "old news: the pod needs nothing more"
+    assert kube.events_for(NS, "p1") == []
 
 
 async def test_sidecars_that_quit_need_no_deadline(kube: KubeDouble) -> None:

@@ -72,7 +72,8 @@ def make_pod(statuses: list[dict], *, phase: str = "Running", steps=("fetch", "b
 
 
 READY = {p.ANNOTATION_READY: p.READY_TRUE}
-OUTCOME = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Succeeded", "sidecarsStoppedBy": "deadline"})}
+OUTCOME = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Succeeded", "sidecarsStoppedBy": "deadline",
+                                              "decidedAt": "2024-05-01T11:59:00Z"})}
 ALL_DONE = [done("fetch", end=40), done("build", end=30), done("completion", end=20)]
 
 PROBE = ("http://127.0.0.1:15021/healthz/ready",)
@@ -370,21 +371,37 @@ def test_notices_follow_the_actions_done() -> None:
     stopped; a deadline gets one of its own only when it was set apart from the outcome."""
     from webhook.watcher._decide import notices
 
-    assert notices(make_pod([running("istio-proxy")])) == []
-    assert notices(make_pod([], annotations=READY)) == [], "the ready annotation is no news"
+    assert notices(make_pod([running("istio-proxy")]), NOW) == []
+    assert notices(make_pod([], annotations=READY), NOW) == [], "the ready annotation is no news"
     with_deadline = make_pod([], annotations={**READY, **OUTCOME}, deadline=1)
-    assert [(n.kind, n.reason, n.warning) for n in notices(with_deadline)] == [("outcome", "StepsSucceeded", False)]
-    quit_first = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Failed", "message": "x", "sidecarsStoppedBy": "quit"})}
+    assert [(n.kind, n.reason, n.warning) for n in notices(with_deadline, NOW)] == [
+        ("outcome", "StepsSucceeded", False)]
+    quit_first = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Failed", "message": "x", "sidecarsStoppedBy": "quit",
+                                                    "decidedAt": "2024-05-01T11:59:00Z"})}
     ended_apart = make_pod([], annotations=quit_first, deadline=1)
-    assert [(n.kind, n.reason, n.warning) for n in notices(ended_apart)] == [
+    assert [(n.kind, n.reason, n.warning) for n in notices(ended_apart, NOW)] == [
         ("outcome", "StepsFailed", True), ("end", "SidecarsEnded", True)]
     pod = make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY)
     (action,) = decide(pod, NOW, W).actions
-    (notice,) = notices(merge_patch(pod, action.patch))
+    (notice,) = notices(merge_patch(pod, action.patch), NOW)
     assert notice.message == "Succeeded: 2 steps and 1 mains succeeded; sidecars stopped by deadline"
     start_order = make_pod([], annotations={**READY, **OUTCOME})
     start_order["metadata"]["labels"][p.LABEL_MANAGED] = p.MANAGED_START_ORDER
-    assert notices(start_order) == []
+    assert notices(start_order, NOW) == []
+
+
+def test_an_outcome_is_news_for_a_few_minutes_only() -> None:
+    """A watcher that starts long after an outcome (its Event expired, after the apiserver's
+    Event TTL) does not write that Event again; one without `decidedAt` is not initshift's."""
+    from webhook.watcher._decide import EVENT_NEWS_SECONDS, notices
+
+    ended_apart = make_pod([], annotations=OUTCOME, deadline=1)
+    decided = NOW - timedelta(minutes=1)
+    assert [n.kind for n in notices(ended_apart, decided + timedelta(seconds=EVENT_NEWS_SECONDS))] == ["outcome"]
+    assert notices(ended_apart, decided + timedelta(seconds=EVENT_NEWS_SECONDS + 1)) == []
+    assert notices(ended_apart, NOW + timedelta(hours=2)) == []
+    undated = {p.ANNOTATION_OUTCOME: json.dumps({"result": "Succeeded", "sidecarsStoppedBy": "deadline"})}
+    assert notices(make_pod([], annotations=undated, deadline=1), NOW) == []
 
 
 @given(st.sampled_from([c[1] for c in CASES]))
@@ -400,6 +417,6 @@ def test_the_slim_pod_decides_as_the_whole_pod(pod: dict) -> None:
     for s in fat["status"]["containerStatuses"]:
         s.update(imageID="sha256:" + "0" * 64, containerID="containerd://" + "1" * 64)
     slim = slim_pod(fat)
-    assert decide(slim, NOW, W) == decide(fat, NOW, W) and notices(slim) == notices(fat)
+    assert decide(slim, NOW, W) == decide(fat, NOW, W) and notices(slim, NOW) == notices(fat, NOW)
     assert layout(slim).ready_readers == layout(fat).ready_readers
     assert len(json.dumps(slim)) < len(json.dumps(fat)) / 2

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.support.clock import ManualClock
+from tests.support.kubedouble import now_rfc3339
 from tests.watcher.test_watcher import BOUND, build_pod
 from waiter import protocol as p
 from webhook.kube import KubeError
@@ -123,7 +124,7 @@ def finished_pod(name: str, uid: str) -> dict:
     pod = build_pod(name)
     pod["metadata"].update(uid=uid, resourceVersion="7")
     pod["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = json.dumps(
-        {"result": "Failed", "message": "build failed", "sidecarsStoppedBy": "quit"})
+        {"result": "Failed", "message": "build failed", "sidecarsStoppedBy": "quit", "decidedAt": now_rfc3339()})
     pod["spec"]["activeDeadlineSeconds"] = 1  # set apart from the outcome: an Event of its own
     return pod
 

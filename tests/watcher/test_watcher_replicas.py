@@ -239,22 +239,31 @@ async def test_the_apiserver_gone_for_a_while(kube: KubeDouble, replicas: int) -
 
 async def test_bookmarks_keep_the_resume_point_fresh(kube: KubeDouble) -> None:
     """Between changes of its own pods, a watch still advances its resourceVersion through
-    bookmarks: after the other objects' churn is compacted away, it resumes without a re-list."""
+    bookmarks: after the other objects' churn is compacted away, it resumes without a re-list.
+    The Events' watch gets no bookmarks (no watch cache for Events): it gets 410 and resumes
+    from now, without reading every Event again."""
     kube.bookmark_seconds = 0.2
     kube.put_pod(build_pod("m0"))
     async with fleet(kube, 1, replica_settings(leader_election=False)) as f:
         await eventually(lambda: kube.open_watches >= 2, "the watches")
         for i in range(20):  # churn the watch does not see (not a managed pod)
             kube.put("configmaps", {"metadata": {"name": f"c{i}", "namespace": NS}})
-        await eventually(lambda: all(int(i.resource_version) >= kube.resource_version
-                                     for c in f.controllers.values() for i in c.informers), "a bookmark")
+        pods = [i for c in f.controllers.values() for i in c.informers if i.plural == "pods"]
+        await eventually(lambda: all(int(i.resource_version) >= kube.resource_version for i in pods), "a bookmark")
+        (events,) = [i for c in f.controllers.values() for i in c.informers if i.plural == "events"]
+        assert int(events.resource_version) < kube.resource_version  # no bookmark moved it
         kube.compact()
+        compacted = kube.resource_version
         kube.drop_watches()
         start(kube, "m0")
         await eventually(lambda: ready(kube, "m0"), "the gate after the resume")
+        await eventually(lambda: int(events.resource_version) >= compacted, "the Events' watch resumed from now")
     watches = [r for r in kube.requests if r.path == "/api/v1/pods" and r.query.get("watch") == "true"]
     assert all(r.query.get("allowWatchBookmarks") == "true" for r in watches)
     assert len([r for r in kube.requests if r.path == "/api/v1/pods" and "watch" not in r.query]) == 1
+    lists = [r.query for r in kube.requests if r.path == "/api/v1/events" and "watch" not in r.query]
+    assert [q.get("fieldSelector") for q in lists] == ["source=initshift-watcher", None], lists
+    assert lists[1].get("limit") == "1"
 
 
 async def test_finished_pods_leave_the_store(kube: KubeDouble) -> None:

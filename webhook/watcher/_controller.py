@@ -3,8 +3,8 @@
 A client-go controller, wired from parts that each live in a module of their own:
 
 - informers (`_informer.py`): list-then-watch loops for the managed pods and for the
-  watcher's own Events, paged, resumed from the last resourceVersion, re-listed only on
-  410 Gone;
+  watcher's own Events, paged, resumed from the last resourceVersion; the pods re-listed
+  only on 410 Gone, the Events never (a 410 resumes them from now);
 - the store (`_store.py`): the pods in flight, slimmed to what the decisions read;
 - the work queue (`_queue.py`): the pods with a write due, the most urgent first (a write
   that ends a pod or opens a gate before one that only records), never one pod on two
@@ -90,10 +90,13 @@ class Controller:
                                       backoff_initial=backoff_initial)
         w = settings.watcher
         namespaces: list[str | None] = list(w.namespaces) or [None]
-        # Events first: once the pods are listed, what is due is known.
+        # Events first: once the pods are listed, what is due is known. What the Event
+        # informer shows is a hint (the Events' fixed names make a second create a 409), so
+        # after a 410 it resumes from now rather than read every Event of the cluster again.
         self.informers = [Informer(api, "events", ns, field_selector=_EVENT_SELECTOR, on_list=self._list_events,
                                    on_event=self._observe_event, shrink=_event_fields, page_size=w.list_page_size,
-                                   resync_seconds=w.resync_seconds, backoff_initial=backoff_initial)
+                                   resync_seconds=w.resync_seconds, backoff_initial=backoff_initial,
+                                   relist_on_gone=False)
                           for ns in namespaces]
         self.informers += [Informer(api, "pods", ns, label_selector=_LABEL_SELECTOR, on_list=self._list_pods,
                                     on_event=self._observe, shrink=slim_pod, page_size=w.list_page_size,

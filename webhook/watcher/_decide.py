@@ -41,6 +41,12 @@ _EVENT_ENDED = "SidecarsEnded"
 
 _DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
 
+# An Event is news for this long after the outcome it reports (its `decidedAt`): long
+# enough for a backlog or a takeover to send it, far inside the apiserver's Event TTL (1 h
+# by default). A watcher that starts later and finds the pod's Event gone (expired) does
+# not write it again.
+EVENT_NEWS_SECONDS = 300.0
+
 # How urgent a write is (lower first): the work queue serves a pod whose write ends it or
 # opens a gate before one whose write only records what happened.
 URGENT = 0  # ends a pod (activeDeadlineSeconds) or opens a gate (ready annotations)
@@ -303,12 +309,13 @@ class Notice:
     warning: bool = False
 
 
-def notices(pod: dict) -> list[Notice]:
-    """The Events the pod's state shows actions for: one for the outcome (which tells how the
-    sidecars stopped, the deadline included when it came with the outcome), and one for a
-    deadline set apart from it (an outcome written before, by another watcher). The ready
-    annotation gets none: it is on the pod itself, and the outcome's Event follows soon.
-    Start-order pods: none (readiness flips are not news)."""
+def notices(pod: dict, now: datetime) -> list[Notice]:
+    """The Events the pod's state shows actions for, while they are news (EVENT_NEWS_SECONDS
+    after the outcome was decided): one for the outcome (which tells how the sidecars
+    stopped, the deadline included when it came with the outcome), and one for a deadline
+    set apart from it (an outcome written before, by another watcher). The ready annotation
+    gets none: it is on the pod itself, and the outcome's Event follows soon. Start-order
+    pods: none (readiness flips are not news)."""
     if managed_as(pod) == p.MANAGED_START_ORDER:
         return []
     ann = (pod.get("metadata") or {}).get("annotations") or {}
@@ -318,6 +325,9 @@ def notices(pod: dict) -> list[Notice]:
         outcome = None
     if not isinstance(outcome, dict):
         return []
+    decided = parse_time(outcome.get("decidedAt"))
+    if decided is None or (now - decided).total_seconds() > EVENT_NEWS_SECONDS:
+        return []  # old news (every outcome initshift writes says when it was decided)
     out = [Notice("outcome", *_outcome_event(outcome))]
     ads = (pod.get("spec") or {}).get("activeDeadlineSeconds")
     if isinstance(ads, int) and ads <= _DEADLINE and outcome.get("sidecarsStoppedBy") != _STOPPED_DEADLINE:

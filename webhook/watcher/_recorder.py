@@ -2,8 +2,8 @@
 their own, as client-go's EventRecorder sends a controller's.
 
 - What is due comes from the pod's state (`notices()`: one Event for the outcome, which
-  tells how the sidecars stopped), so any replica can tell an Event is due and send it with
-  the same words, and an action done twice is reported once.
+  tells how the sidecars stopped, while it is news), so any replica can tell an Event is
+  due and send it with the same words, and an action done twice is reported once.
 - Correlation: an Event's name is fixed by the pod's uid and the action it reports
   (`event_name`), so a second create is `409 AlreadyExists`, never a second Event; the
   Event informer (`observe`) tells every replica which exist, and what is pending or in
@@ -102,12 +102,12 @@ class EventRecorder:
     def missing(self, pod: dict) -> list[Notice]:
         """The Events the pod's state calls for that are neither sent nor on their way."""
         uid = uid_of(pod)
-        return [n for n in notices(pod) if not self._known(uid, n.kind)]
+        return [n for n in notices(pod, self._clock.now()) if not self._known(uid, n.kind)]
 
     def unsent(self, pod: dict) -> bool:
         """Some Event the pod's state calls for does not exist yet (pending or not)."""
         uid = uid_of(pod)
-        return any(n.kind not in self.sent.get(uid, ()) for n in notices(pod))
+        return any(n.kind not in self.sent.get(uid, ()) for n in notices(pod, self._clock.now()))
 
     def record(self, pod: dict, due: list[Notice]) -> None:
         """Send `due` (from `missing()`) for `pod`, after what is already pending for it."""
