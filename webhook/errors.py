@@ -2,7 +2,7 @@
 `InitshiftError`, so a caller can tell ours (a clear message, no traceback) from a bug.
 
 Each package keeps its own subclasses next to the code that raises them: `RewriteError`
-(rewrite), `BadReview` and `TLSError` (admission), `RegistryError` and friends (registry),
+(rewrite), `BadReview`, `TLSError`, `ListenError` and `CompanionStopped` (admission), `RegistryError` and friends (registry),
 `KubeError` and `KubeConfigError` (kube), `SettingsError` (settings), `NotManaged` and
 `WatcherStopped` (watcher), `InputError` and `CliError` (cli); tests/test_errors.py holds
 every exception class in webhook/ to it. certs/ and waiter/ import nothing from webhook/ and keep their own roots

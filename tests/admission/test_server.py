@@ -27,7 +27,7 @@ from webhook import logs
 from webhook.cli import _review as review_cmd
 from tests.support.patching import apply_patch, decode_patch
 from webhook.rewrite._rewrite import rewrite
-from webhook.admission._https import ListenError, bind
+from webhook.admission._https import CompanionStopped, ListenError, bind
 from webhook.admission._app import create_app
 from webhook.settings import ServerSettings, settings_table
 from webhook.watcher import WatcherStopped
@@ -249,6 +249,31 @@ def test_a_companion_that_fails_stops_the_server(pki):
     server.sock.close()
     assert not thread.is_alive(), "the server kept serving after its companion failed"
     assert raised == [failure]
+
+
+def test_a_companion_cancelled_by_no_one_here_stops_the_server(pki):
+    """A companion ended by a stray cancellation (a library's bug, as aiohttp#8175 was) is
+    not a stop the server asked for: it stops the server with an error naming it."""
+    async def watcher(stop: asyncio.Event) -> None:
+        await asyncio.sleep(0.3)
+        raise asyncio.CancelledError  # as a library's stray cancellation surfaces
+
+    server = h.HttpsServer(h.settings_for(pki), sock=bind(), graceful_seconds=1)
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(watcher)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            raised.append(e)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    thread.join(30)
+    server.sock.close()
+    assert not thread.is_alive(), "the server kept serving after its companion was cancelled"
+    assert [type(e) for e in raised] == [CompanionStopped]
+    assert str(raised[0]) == "watcher was cancelled while the server was serving"
 
 
 # --- bad input, against the real server ----------------------------------------------------

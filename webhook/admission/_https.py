@@ -43,6 +43,11 @@ class ListenError(InitshiftError):
     """A port cannot be listened on; the message names the setting."""
 
 
+class CompanionStopped(InitshiftError):
+    """A part running beside the server (the watcher, certificate renewal) was cancelled
+    while the server was serving."""
+
+
 class HttpsServer:
     """The webhook app and the metrics exposition behind uvicorn, TLS 1.2+, reloading its
     certificate."""
@@ -122,15 +127,20 @@ class HttpsServer:
         """Serve until uvicorn exits (signal or `stop()`); companions get a stop event."""
         self.listen()
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(self.reloader.watch(stop))]
-        tasks += [asyncio.create_task(c(stop)) for c in companions]
+        tasks = [asyncio.create_task(self.reloader.watch(stop), name="certificate reload")]
+        tasks += [asyncio.create_task(c(stop), name=_name(c)) for c in companions]
         failed: list[BaseException] = []
 
         def ended(task: asyncio.Task) -> None:
-            # A companion that fails while serving (the watcher: WatcherStopped) stops the
-            # server: the process exits 1 and the kubelet restarts it, rather than serving
-            # on without it.
-            if not stop.is_set() and not task.cancelled() and task.exception() is not None:
+            # A companion that fails while serving (the watcher: WatcherStopped), or is
+            # cancelled by no one here (a library's stray cancellation), stops the server: the
+            # process exits 1 and the kubelet restarts it, rather than serving on without it.
+            if stop.is_set():
+                return
+            if task.cancelled():
+                failed.append(CompanionStopped(f"{task.get_name()} was cancelled while the server was serving"))
+                self.stop()
+            elif task.exception() is not None:
                 failed.append(task.exception())  # type: ignore[arg-type]
                 self.stop()
         for task in tasks:
@@ -154,6 +164,11 @@ class HttpsServer:
 
     def stop(self) -> None:
         self.uvicorn.should_exit = True
+
+
+def _name(companion: Callable[..., Any]) -> str:
+    """What a companion is called in an error: its function's name, without the scopes."""
+    return getattr(companion, "__qualname__", repr(companion)).rsplit("<locals>.", 1)[-1]
 
 
 def _closing(send: Any) -> Any:

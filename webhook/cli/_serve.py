@@ -64,7 +64,10 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
 
         api = await KubeApi.from_config()
         await ensure_certificates(settings, api)
-        companions.append(lambda stop: keep_certificates_fresh(settings, api, stop))
+
+        async def certificate_renewal(stop: asyncio.Event) -> None:
+            await keep_certificates_fresh(settings, api, stop)
+        companions.append(certificate_renewal)
     resolver = None
     if settings.registry.lookup:
         from ..registry import make_resolver
@@ -73,7 +76,9 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
     if watch:
         from ..watcher import run_watcher
 
-        companions.append(lambda stop: run_watcher(settings, stop))
+        async def watcher(stop: asyncio.Event) -> None:
+            await run_watcher(settings, stop)
+        companions.append(watcher)
     native = await detect_native_support(settings, api)  # auto: apiserver and kubelet versions
     companions.append(native.run)
     try:
