@@ -172,7 +172,7 @@ class WatcherSettings:
     sidecar_ready_timeout_seconds: float = _env("INITSHIFT_SIDECAR_READY_TIMEOUT_SECONDS",
                                                 "Seconds sidecars may take to become Ready before the pod fails.", 600.0)
     resync_seconds: float = _env("INITSHIFT_RESYNC_SECONDS",
-                                 "Periodic full re-list; 0: never (re-list only on 410 Gone or a failed list).", 0.0)
+                                 "Periodic full re-list; 0: never (pods re-listed only on 410 Gone or a failed list).", 0.0)
     leader_election: bool = _env("INITSHIFT_LEADER_ELECTION",
                                  "Use a Lease: the holder acts at once, the others only on work it left overdue.",
                                  True)
