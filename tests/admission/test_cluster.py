@@ -33,15 +33,17 @@ class Cluster:
         self.answer_version, self.kubelets = version, kubelets
         self.calls = 0
 
-    async def request(self, method: str, path: str, *, query: dict | None = None) -> object:
+    async def request(self, method: str, path: str, *, query: dict | None = None, accept: str = "") -> object:
         answer = self.answer_version if path == "/version" else self.kubelets
         self.calls += path == "/version"
         if isinstance(answer, Exception):
             raise answer
         if path == "/version":
             return answer
-        return {"items": [{"metadata": {"name": f"n{i}"}, "status": {"nodeInfo": {"kubeletVersion": v}}}
-                          for i, v in enumerate(answer)], "metadata": {}}  # type: ignore[arg-type]
+        assert "as=Table" in accept, "nodes are read as the Table kubectl prints"
+        return {"kind": "Table", "columnDefinitions": [{"name": "Name"}, {"name": "Status"}, {"name": "Version"}],
+                "rows": [{"cells": [f"n{i}", "Ready", v]} for i, v in enumerate(answer)],  # type: ignore[arg-type]
+                "metadata": {}}
 
 
 def git(version: str) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from webhook.kube import KubeError, read_versions
-from webhook.kube._versions import NODE_PAGE, apiserver_version, parse_version
+from webhook.kube._versions import NODE_PAGE, TABLE, apiserver_version, kubelet_versions, parse_version
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -39,12 +39,13 @@ def test_apiserver_version(body, expected):
 
 
 class PagedApi:
-    """A KubeApi stand-in for the node list's pagination (the API double does not page)."""
+    """A KubeApi stand-in for the node list's pagination, answering as a plain list (a server
+    without server-side printing)."""
 
     def __init__(self, pages: list[list[str]], nodes_error: KubeError | None = None) -> None:
         self.pages, self.queries, self.nodes_error = pages, [], nodes_error
 
-    async def request(self, method: str, path: str, *, query: dict | None = None) -> dict:
+    async def request(self, method: str, path: str, *, query: dict | None = None, accept: str = "") -> dict:
         if path == "/version":
             return {"gitVersion": "v1.30.2"}
         if self.nodes_error is not None:
@@ -62,6 +63,29 @@ async def test_node_list_follows_continue_tokens():
     assert seen.apiserver == (1, 30) and seen.kubelets == ((1, 30), (1, 30), (1, 28), None)
     assert [q.get("continue") for q in api.queries] == [None, "1", "2"]
     assert all(q["limit"] == NODE_PAGE for q in api.queries)
+
+
+async def test_nodes_are_read_as_a_table_without_their_objects(kube):
+    """The kubelets' versions come from the Table `kubectl get nodes` prints (the "Version"
+    column), never from the node objects (~13 KB each with their status)."""
+    for i, version in enumerate(["v1.31.2", "v1.29.4-eks-1", "v1.31.0"] * 2):
+        kube.put_node(f"n{i}", kubelet_version=version)
+    api = kube.kube_api("detector")
+    try:
+        seen = await read_versions(api)
+    finally:
+        await api.close()
+    assert seen.kubelets == ((1, 31), (1, 29), (1, 31)) * 2
+    (nodes,) = [r for r in kube.requests if r.path == "/api/v1/nodes"]
+    assert nodes.query.get("includeObject") == "None" and nodes.accept == TABLE
+
+
+def test_a_table_without_a_version_column_reads_as_unknown():
+    table = {"kind": "Table", "columnDefinitions": [{"name": "Name"}], "rows": [{"cells": ["n0"]}, {"cells": []}]}
+    assert kubelet_versions(table) == [None, None]
+    moved = {"kind": "Table", "columnDefinitions": [{"name": "Version"}, {"name": "Name"}],
+             "rows": [{"cells": ["v1.33.1", "n0"]}, {"cells": []}]}
+    assert kubelet_versions(moved) == [(1, 33), None]
 
 
 @pytest.mark.parametrize("error, words", [(KubeError(403, "nodes is forbidden"), "listing nodes is forbidden"),

@@ -30,6 +30,8 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   apiserver's status strategy allows) or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
   "waiting to start" before the container runs, a follow ends when it terminates);
+- a node list as a Table (server-side printing, `Accept: ...;as=Table;...`, with
+  `includeObject`), as `kubectl get nodes` reads it;
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
   secrets, serviceaccounts, configmaps, services, apps/v1 deployments, mutating/validating
   webhook configurations, `GET /version`;
@@ -238,6 +240,7 @@ class RequestRecord:
     content_type: str
     body: Any
     user_agent: str
+    accept: str = ""
     status: int = 0
     started: float = 0.0  # time.monotonic() on arrival
     finished: float = 0.0  # when answered (0: never, e.g. cut by an outage)
@@ -284,6 +287,25 @@ class _Change:
     type: str
     obj: dict
     old: dict | None
+
+
+def _node_table(listed: dict, include: str) -> dict:
+    """A node list as the apiserver prints it for `kubectl get nodes` (server-side printing:
+    `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`), the columns a v1.34.9 apiserver
+    names; `includeObject=None` leaves the objects out, else each row has its metadata."""
+    names = ("Name", "Status", "Roles", "Age", "Version", "Internal-IP", "External-IP", "OS-Image", "Kernel-Version",
+             "Container-Runtime")
+    rows = []
+    for node in listed["items"]:
+        info = (node.get("status") or {}).get("nodeInfo") or {}
+        cells = [node["metadata"]["name"], "Ready", "<none>", "1d", info.get("kubeletVersion", ""), "<none>", "<none>",
+                 info.get("osImage", ""), info.get("kernelVersion", ""), info.get("containerRuntimeVersion", "")]
+        obj = None if include == "None" else {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                               "metadata": node["metadata"]}
+        rows.append({"cells": cells, "object": obj})
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": listed["metadata"],
+            "columnDefinitions": [{"name": n, "type": "string", "format": "", "description": "", "priority": 0}
+                                  for n in names], "rows": rows}
 
 
 _DROP, _END, _BOOKMARK = "drop", "end", "bookmark"
@@ -621,7 +643,8 @@ class KubeDouble:
         except ValueError:
             body = raw.decode(errors="replace")
         record = RequestRecord(request.method, request.path, dict(request.query), ctype, body,
-                               request.headers.get("User-Agent", ""), started=time.monotonic())
+                               request.headers.get("User-Agent", ""), request.headers.get("Accept", ""),
+                               started=time.monotonic())
         self.requests.append(record)
         is_watch = _flag(request.query.get("watch"))
         if self.in_outage:
@@ -692,7 +715,10 @@ class KubeDouble:
             if method == "GET" and is_watch:
                 return await self._watch(request, res, namespace)
             if method == "GET":
-                return web.json_response(self._list(res, namespace, request.query))
+                listed = self._list(res, namespace, request.query)
+                if "as=Table" in request.headers.get("Accept", "") and res.key == "nodes":
+                    listed = _node_table(listed, request.query.get("includeObject", "Metadata"))
+                return web.json_response(listed)
             if method == "POST":
                 return web.json_response(self._create(res, namespace, body), status=201)
             raise ApiError(405, f"{method} is not supported on a collection")

@@ -167,10 +167,10 @@ class KubeApi:
         return resp
 
     async def request(self, method: str, path: str, *, query: dict[str, Any] | None = None,
-                      body: Any = None, content_type: str = JSON) -> Any:
+                      body: Any = None, content_type: str = JSON, accept: str = JSON) -> Any:
         """One call; returns the decoded JSON body. Other modules may use it for calls
         not wrapped below, but prefer adding a small method here."""
-        resp = await self._open(method, path, query=query, body=body, content_type=content_type)
+        resp = await self._open(method, path, query=query, body=body, content_type=content_type, accept=accept)
         try:
             data = await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
