@@ -224,6 +224,26 @@ def test_metrics_port_off_and_in_use(pki):
         busy.close()
 
 
+def _serve_beside(pki, companion) -> list[BaseException]:
+    """Run a real HTTPS server with `companion` beside it until the server stops (at most
+    30 s); what `run()` raised."""
+    server = h.HttpsServer(h.settings_for(pki), sock=bind(), graceful_seconds=1)
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(companion)
+        except BaseException as e:  # noqa: BLE001 - asserted by the callers
+            raised.append(e)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    thread.join(30)
+    server.sock.close()
+    assert not thread.is_alive(), "the server kept serving after its companion ended"
+    return raised
+
+
 def test_a_companion_that_fails_stops_the_server(pki):
     """`serve --watch`: a watcher that stops with an error while the webhook serves stops
     the server too, so the process exits 1 and the kubelet restarts it, instead of serving
@@ -234,21 +254,7 @@ def test_a_companion_that_fails_stops_the_server(pki):
         await asyncio.sleep(0.3)
         raise failure
 
-    server = h.HttpsServer(h.settings_for(pki), sock=bind(), graceful_seconds=1)
-    raised: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            server.run(companion)
-        except BaseException as e:  # noqa: BLE001 - asserted below
-            raised.append(e)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    thread.join(30)
-    server.sock.close()
-    assert not thread.is_alive(), "the server kept serving after its companion failed"
-    assert raised == [failure]
+    assert _serve_beside(pki, companion) == [failure]
 
 
 def test_a_companion_cancelled_by_no_one_here_stops_the_server(pki):
@@ -258,20 +264,7 @@ def test_a_companion_cancelled_by_no_one_here_stops_the_server(pki):
         await asyncio.sleep(0.3)
         raise asyncio.CancelledError  # as a library's stray cancellation surfaces
 
-    server = h.HttpsServer(h.settings_for(pki), sock=bind(), graceful_seconds=1)
-    raised: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            server.run(watcher)
-        except BaseException as e:  # noqa: BLE001 - asserted below
-            raised.append(e)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    thread.join(30)
-    server.sock.close()
-    assert not thread.is_alive(), "the server kept serving after its companion was cancelled"
+    raised = _serve_beside(pki, watcher)
     assert [type(e) for e in raised] == [CompanionStopped]
     assert str(raised[0]) == "watcher was cancelled while the server was serving"
 
