@@ -71,8 +71,14 @@ class Informer:
         where = {"namespace": self.namespace or "*", "resource": self.plural}
         rv: str | None = None
         next_list = float("inf")
+        resume_from_now = False  # after a 410, when a re-list is not wanted
         while True:
             try:
+                if resume_from_now:
+                    rv = await self._current_resource_version() or None  # None: re-list after all
+                    resume_from_now = False
+                    self.resource_version = rv or self.resource_version
+                    log.info("watch expired (410), resuming from now", extra=where)
                 if rv is None or time.monotonic() >= next_list:
                     items, rv = await self._list()
                     next_list = time.monotonic() + self.resync_seconds if self.resync_seconds > 0 else float("inf")
@@ -96,19 +102,13 @@ class Informer:
                     await asyncio.sleep(backoff.next())  # a stream that ends at once: don't spin
             except KubeError as e:
                 API_ERRORS.labels(f"watch_{self.plural}", str(e.status)).inc()
-                if e.gone and self.relist_on_gone:
-                    log.info("watch expired (410), re-listing", extra=where)
-                    rv = None
-                    continue
                 if e.gone:
-                    try:
-                        rv = await self._current_resource_version() or None
-                    except KubeError as again:
-                        e = again
+                    if self.relist_on_gone or not self.synced.is_set():  # (a first list's pages expired)
+                        log.info("watch expired (410), re-listing", extra=where)
+                        rv = None
                     else:
-                        log.info("watch expired (410), resuming from now", extra=where)
-                        self.resource_version = rv or self.resource_version
-                        continue
+                        resume_from_now = True
+                    continue
                 delay = backoff.next()
                 log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra=where)
                 await asyncio.sleep(delay)
