@@ -117,6 +117,25 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
     return rec.calls
 
 
+async def limitrange_calls() -> list[Attrs]:
+    """The admission server's view of LimitRanges: its list and watch, then a live list."""
+    import asyncio
+
+    from webhook.admission import LimitRanges
+
+    rec = Recorder(lambda m, path, q: (200, {"items": [], "metadata": {"resourceVersion": "1"}}))
+    view, stop = LimitRanges(rec), asyncio.Event()
+    task = asyncio.create_task(view.run(stop))
+    for _ in range(500):
+        if any(c[0] == "watch" for c in rec.calls):
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert view.synced and await view.lookup("builds") == []
+    return rec.calls
+
+
 WATCHER_METHODS = {"list_pods", "watch_pods", "get_pod", "patch_pod", "create_event", "get_lease", "create_lease",
                    "replace_lease", "list_pages", "watch"}
 
@@ -185,7 +204,7 @@ async def test_rbac_allows_every_call_the_code_makes(name, tmp_path):
     settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": r.namespace})
     assert settings.server.self_managed_certs is self_managed
     g = grants(r)
-    calls = await watcher_calls(settings)
+    calls = await watcher_calls(settings) + await limitrange_calls()
     if self_managed:
         calls += await certificate_calls(settings, tmp_path)
     if pull_secrets:
@@ -209,7 +228,7 @@ async def test_server_access_is_exactly_what_the_code_calls(tmp_path):
     from webhook.kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, server_access
 
     settings = Settings()
-    calls = {ALWAYS: await watcher_calls(settings), SELF_MANAGED_CERTS: await certificate_calls(settings, tmp_path),
+    calls = {ALWAYS: await watcher_calls(settings) + await limitrange_calls(), SELF_MANAGED_CERTS: await certificate_calls(settings, tmp_path),
              NODE_VERSIONS: await node_calls(), PULL_SECRETS: await pull_secret_calls()}
     listed = server_access(settings)
     for needed, made in calls.items():

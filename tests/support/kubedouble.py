@@ -33,8 +33,11 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 - a node list as a Table (server-side printing, `Accept: ...;as=Table;...`, with
   `includeObject`), as `kubectl get nodes` reads it;
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
-  secrets, serviceaccounts, configmaps, services, apps/v1 deployments, mutating/validating
-  webhook configurations, `GET /version`;
+  secrets, serviceaccounts, configmaps, services, limitranges, apps/v1 deployments,
+  mutating/validating webhook configurations, `GET /version`;
+- limitranges: validated as the apiserver does on create and update (422): each limit has a
+  type, no type twice, no `default`/`defaultRequest` for type Pod, quantities that parse,
+  and per resource min <= defaultRequest <= default <= max, maxLimitRequestRatio >= 1;
 - SubjectAccessReview creation (`authorization.k8s.io/v1`, never stored), answered from the
   RBAC table `grant()` fills (RBAC denies by default; at least one of user/groups and
   exactly one of resourceAttributes/nonResourceAttributes, else 422);
@@ -138,6 +141,7 @@ RESOURCES = {r.key: r for r in [
     Resource("serviceaccounts", "/api/v1", "serviceaccounts", "ServiceAccount"),
     Resource("configmaps", "/api/v1", "configmaps", "ConfigMap"),
     Resource("services", "/api/v1", "services", "Service"),
+    Resource("limitranges", "/api/v1", "limitranges", "LimitRange"),
     Resource("deployments", "/apis/apps/v1", "deployments", "Deployment"),
     Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
     Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),
@@ -814,6 +818,8 @@ class KubeDouble:
         _check_metadata(res.kind, meta)
         if res.key == "events":
             _check_event(obj, namespace or "")
+        if res.key == "limitranges":
+            _check_limit_range(obj)
         if key in self._objects[res.key]:
             raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
         meta.pop("resourceVersion", None)
@@ -868,6 +874,8 @@ class KubeDouble:
                 _check_pod_spec(key[1], current.get("spec") or {}, updated.get("spec") or {})
         elif sub == "status":
             updated = {**current, "status": updated.get("status")}
+        elif res.key == "limitranges":
+            _check_limit_range(updated)
         _check_metadata(res.kind, updated["metadata"])
         meta = updated["metadata"] = dict(updated["metadata"])
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
@@ -1100,3 +1108,48 @@ def _check_pod_spec(name: str, old: dict, new: dict) -> None:
                             f"than `spec.containers[*].image`, `spec.initContainers[*].image`, "
                             f"`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
                             f"tolerations)")
+
+
+_LIMIT_ORDER = ("min", "defaultRequest", "default", "max")  # each at most the next, per resource
+
+
+def _check_limit_range(obj: dict) -> None:
+    """The apiserver's LimitRange validation (ValidateLimitRange), the parts a client can get
+    wrong; 422 with the first error."""
+    from webhook.rewrite._quantity import QuantityError, parse
+
+    name = (obj.get("metadata") or {}).get("name") or ""
+
+    def invalid(path: str, why: str) -> ApiError:
+        return ApiError(422, f'LimitRange "{name}" is invalid: spec.limits{path}: {why}')
+    seen: set[str] = set()
+    for i, limit in enumerate(((obj.get("spec") or {}).get("limits") or [])):
+        kind = limit.get("type") or ""
+        if not kind:
+            raise invalid(f"[{i}].type", "Required value")
+        if kind in seen:
+            raise invalid(f"[{i}].type", f'Duplicate value: "{kind}"')
+        seen.add(kind)
+        if kind == "Pod":
+            for key in ("default", "defaultRequest"):
+                if limit.get(key):
+                    raise invalid(f"[{i}].{key}", "Forbidden: may not be specified when `type` is 'Pod'")
+        amounts: dict[str, dict[str, int]] = {}
+        for key in (*_LIMIT_ORDER, "maxLimitRequestRatio"):
+            for resource, value in (limit.get(key) or {}).items():
+                try:
+                    amounts.setdefault(resource, {})[key] = parse(value, resource)
+                except QuantityError:
+                    raise invalid(f"[{i}].{key}[{resource}]", f'Invalid value: "{value}": quantities must match '
+                                                             f"the regular expression") from None
+        for resource, have in amounts.items():
+            present = [k for k in _LIMIT_ORDER if k in have]
+            for low, high in zip(present, present[1:]):
+                if have[low] > have[high]:
+                    raise invalid(f"[{i}].{low}[{resource}]", f'Invalid value: "{limit[low][resource]}": '
+                                                             f"{low} value {limit[low][resource]} is greater than "
+                                                             f"{high} value {limit[high][resource]}")
+            ratio = limit.get("maxLimitRequestRatio", {}).get(resource)
+            if ratio is not None and have["maxLimitRequestRatio"] < parse("1", resource):
+                raise invalid(f"[{i}].maxLimitRequestRatio[{resource}]", f'Invalid value: "{ratio}": ratio '
+                                                                        f"{ratio} is less than 1")

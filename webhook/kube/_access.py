@@ -52,6 +52,8 @@ def server_access(settings: Settings) -> list[Access]:
     out.append(Access("create", "", "events", why="Events on the pods the watcher acts on"))
     out += [Access(verb, "", "events", why="the watcher's own Events: which actions still lack theirs")
             for verb in ("list", "watch")]
+    out += [Access(verb, "", "limitranges", why="the rewrite keeps a pod within its namespace's LimitRanges")
+            for verb in ("list", "watch")]
     out.append(Access("create", _COORDINATION, "leases", ns, why="leader election"))
     out += [Access(verb, _COORDINATION, "leases", ns, lease, why="leader election") for verb in ("get", "update")]
     certs = "the self-managed serving certificate"
