@@ -134,6 +134,14 @@ def pod_requests(spec: Mapping) -> Amounts:
     return _pod_requests(_parsed(spec.get("initContainers") or []), _parsed(spec.get("containers") or []))
 
 
+def pod_limits(spec: Mapping) -> Amounts:
+    """The pod's effective limit per resource, summed as its request is (LimitRanger's
+    podLimits): a container without a limit for a resource adds nothing to it."""
+    def limits(containers: Iterable[Mapping]) -> _Parsed:
+        return [(c, lims, lims) for c, _, lims in _parsed(containers)]
+    return _pod_requests(limits(spec.get("initContainers") or []), limits(spec.get("containers") or []))
+
+
 def requests_and_qos(spec: Mapping, read: Read = container_amounts) -> tuple[Amounts, str]:
     """pod_requests and qos_class of one spec, each container's quantities parsed once."""
     inits, regulars = _parsed(spec.get("initContainers") or [], read), _parsed(spec.get("containers") or [], read)

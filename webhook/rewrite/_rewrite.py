@@ -20,13 +20,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from waiter import protocol as p
 
 from ..settings import Settings
 from . import _hybrid as hybrid_strategy, _native as native_strategy, _start_order as start_order
-from . import _waiter as waiter_strategy
+from . import _limitrange as limitrange, _waiter as waiter_strategy
 from ._classify import (Classification, classify, has_mesh_marker, managed_as, native_proxies, native_requested,
                         pod_mode)
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
@@ -75,14 +75,17 @@ class Plan(abc.ABC):
         """Images whose configuration the rewrite will need (containers without `command`)."""
         return []
 
-    def rewrite(self, *, images: Mapping[str, ImageEntrypoints] | None = None,
-                lookup_error: str | None = None) -> RewriteResult:
+    def rewrite(self, *, images: Mapping[str, ImageEntrypoints] | None = None, lookup_error: str | None = None,
+                limit_ranges: Sequence[Mapping] = ()) -> RewriteResult:
         """`lookup_error`: why the registry lookup failed, the message given for containers
-        without `command` whose image is missing from `images`."""
+        without `command` whose image is missing from `images`; `limit_ranges`: the
+        LimitRange objects of the pod's namespace, which the rewritten pod must pass."""
         try:
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
+        if limit_ranges and result.changed:
+            result = _within(self.pod, result, limit_ranges)
         if not result.denied:
             before = result.pod
             result = _decision_on_pod(self.pod, result)
@@ -405,10 +408,10 @@ def _ordered(pod: dict, choice: Plan, settings: Settings, native: bool | None) -
 
 def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
             native_supported: bool | None = None, lookup_error: str | None = None,
-            mode_from: str | None = None) -> RewriteResult:
+            mode_from: str | None = None, limit_ranges: Sequence[Mapping] = ()) -> RewriteResult:
     """`plan(...).rewrite(...)` in one call, for callers that make no registry lookup."""
     return plan(pod, settings, native_supported=native_supported, mode_from=mode_from).rewrite(
-        images=images, lookup_error=lookup_error)
+        images=images, lookup_error=lookup_error, limit_ranges=limit_ranges)
 
 
 # --- the result -----------------------------------------------------------------------------
@@ -452,6 +455,18 @@ def _failed(pod: dict, e: RewriteError) -> RewriteResult:
     if e.deny:
         return RewriteResult(pod=pod, reason=e.reason, denied=_prefix(str(e)))
     return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
+
+
+def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping]) -> RewriteResult:
+    """The rewritten pod fitted to the namespace's LimitRanges (_limitrange.py), or the pod
+    as admitted when it would still break one the admitted pod does not."""
+    fitted, notes = limitrange.fit(before, result.pod, limit_ranges)
+    broken = limitrange.added_violations(before, fitted, limit_ranges)
+    if broken:
+        return RewriteResult(pod=before, reason=Reason.RESOURCES, warnings=[_prefix(
+            f"the rewritten pod would break the namespace's limits ({'; '.join(v.text() for v in broken)}); "
+            f"admitted unchanged")])
+    return dataclasses.replace(result, pod=fitted, warnings=[*result.warnings, *map(_prefix, notes)])
 
 
 def _checked(before: dict, after: dict, warnings: list[str], reason: Reason,
