@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -35,6 +35,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from ._guards import Connection
+    from ._limitranges import LimitRanges
 
 log = logging.getLogger("initshift.server")
 
@@ -82,23 +83,32 @@ def _check(gone: Callable[[], bool]) -> None:
 
 class Reviewer:
     """A review's body to its decision: the steps without I/O where the caller runs them
-    (the loop, or the large turn's thread), registry lookups (I/O) on the loop."""
+    (the loop, or the large turn's thread), registry lookups and live LimitRange lists (I/O)
+    on the loop. `limit_ranges`: the cluster's view (None: no API access, none are read)."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
-                 native_supported: Callable[[], bool | None]) -> None:
+                 native_supported: Callable[[], bool | None], limit_ranges: "LimitRanges | None" = None) -> None:
         self.settings, self.resolver, self.native_supported = settings, resolver, native_supported
+        self.limit_ranges = limit_ranges
         self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
 
     def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
-        """Parse (BadReview propagates) and plan; with no registry lookup to make, the whole
-        decision. `gone` is asked between steps: once true, ClientGone."""
+        """Parse (BadReview propagates) and plan; with no registry lookup to make and the
+        namespace's LimitRanges known without I/O, the whole decision. `gone` is asked
+        between steps: once true, ClientGone."""
         review = admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
         first = self._safe(review, self._plan, review)
         if isinstance(first, tuple) and not first[1]:
-            _check(gone)
-            first = self._safe(review, self._finish, review, first[0], None, None)
+            limits = self._known_limits(review)
+            if limits is not None:
+                _check(gone)
+                first = self._safe(review, self._finish, review, first[0], None, None, limits)
         _check(gone)
         return review, first
+
+    def _known_limits(self, review: Review) -> list[dict] | None:
+        """The namespace's LimitRanges without I/O; None when a live list must say."""
+        return [] if self.limit_ranges is None else self.limit_ranges.known(review.pod_namespace)
 
     async def complete(self, review: Review, first: Answer | tuple[Any, list],
                        run: Callable[..., Any] = _inline, gone: Callable[[], bool] = _never) -> Answer:
@@ -106,16 +116,23 @@ class Reviewer:
         if isinstance(first, Answer):
             return first
         pod_plan, lookups = first
+        limits = self._known_limits(review)
+        # A live LimitRange list runs beside the registry lookups; it never raises.
+        listing = None if limits is not None or self.limit_ranges is None else \
+            asyncio.ensure_future(self.limit_ranges.lookup(review.pod_namespace))
         images, lookup_error = None, None
         try:
-            # The pod of a CREATE review often has no namespace: the request's decides.
-            images = await self.resolver.resolve(review.obj, lookups, namespace=review.namespace or None)  # type: ignore[union-attr]
+            if lookups:
+                # The pod of a CREATE review often has no namespace: the request's decides.
+                images = await self.resolver.resolve(review.obj, lookups, namespace=review.namespace or None)  # type: ignore[union-attr]
         except UnresolvedEntrypoint as e:
             lookup_error = str(e)  # the rewrite denies or admits per on_unresolved, saying why
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
-            return self._failed(review, e)
+            return self._failed(review, e)  # (a live list still running ends on its own, cached)
+        if listing is not None:
+            limits = await listing
         _check(gone)
-        return await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error)
+        return await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error, limits)
 
     def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Answer:
         try:
@@ -142,9 +159,9 @@ class Reviewer:
         return pod_plan, (pod_plan.lookups() if self.resolver is not None else [])
 
     def _finish(self, review: Review, pod_plan: Any, images: dict[str, Any] | None,
-                lookup_error: str | None) -> Answer:
+                lookup_error: str | None, limit_ranges: Sequence[Mapping]) -> Answer:
         pod = review.obj
-        result = pod_plan.rewrite(images=images, lookup_error=lookup_error)
+        result = pod_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)
@@ -323,17 +340,19 @@ class _WebhookApp(FastAPI):
 
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
                native_supported: Callable[[], bool | None] = lambda: None,
+               limit_ranges: "LimitRanges | None" = None,
                ready: Callable[[], bool] = lambda: True,
                strategy: Callable[[], str | None] = lambda: None) -> FastAPI:
     """The webhook application.
 
     `resolver`: registry lookups for steps without `command` (None: no lookups).
     `native_supported`: whether the cluster runs native sidecars (None: unknown).
+    `limit_ranges`: the cluster's LimitRanges the rewrite respects (None: not read).
     `ready`: the readiness condition (the server passes "a valid certificate is loaded").
     `strategy`: what `/readyz` reports as the strategy in use (filled by native detection).
     """
     app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.reviewer = Reviewer(settings, resolver, native_supported)
+    app.state.reviewer = Reviewer(settings, resolver, native_supported, limit_ranges)
     app.mutate = _Mutate(settings, app.state.reviewer)
     # The route as FastAPI knows it: other methods get its 405, and it lists /mutate.
     app.router.routes.append(Route(MUTATE_PATH, app.mutate, methods=["POST"]))

@@ -149,15 +149,20 @@ class NativeSupport:
                      strategy, extra={"native_sidecars": self.setting, "strategy": strategy})
 
 
-async def detect_native_support(settings: Settings, api: KubeApi | None = None) -> NativeSupport:
+async def detect_native_support(settings: Settings, api: KubeApi | None = None, *,
+                                no_api: str | None = None) -> NativeSupport:
     """The NativeSupport `initshift serve` uses: detection at start-up when `auto`.
 
     `api` is reused when the server already has one; otherwise one is built from the
     in-cluster config or kubeconfig, and a failure to build it leaves support unknown.
+    `no_api`: why the caller could not build one, and has said so: no second attempt, no
+    second line.
     """
     if settings.rewrite.native_sidecars != "auto":
         return NativeSupport(settings)
     owned = api is None
+    if api is None and no_api is not None:
+        return NativeSupport(settings, unknown_why=f"no API access: {no_api}")
     if api is None:
         try:
             api = await KubeApi.from_config()

@@ -55,14 +55,14 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
     """Self-managed certificates first (if on), then uvicorn with its companions."""
-    from ..admission import HttpsServer, detect_native_support, ensure_certificates, keep_certificates_fresh
+    from ..admission import HttpsServer, LimitRanges, detect_native_support, ensure_certificates, \
+        keep_certificates_fresh
+    from ..kube import KubeApi, KubeError
 
     companions: list[_Companion] = []
     api = None
     if settings.server.self_managed_certs:
-        from ..kube import KubeApi
-
-        api = await KubeApi.from_config()
+        api = await KubeApi.from_config()  # certificates need it: no API access fails start-up
         await ensure_certificates(settings, api)
 
         async def certificate_renewal(stop: asyncio.Event) -> None:
@@ -79,10 +79,24 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
         async def watcher(stop: asyncio.Event) -> None:
             await run_watcher(settings, stop)
         companions.append(watcher)
-    native = await detect_native_support(settings, api)  # auto: apiserver and kubelet versions
+    no_api = None
+    if api is None:  # LimitRanges and native detection read the cluster when there is one
+        try:
+            api = await KubeApi.from_config()
+        except KubeError as e:  # `make run` on a laptop: the rewrite works without the cluster
+            no_api = str(e)
+            auto = "; native sidecars: auto falls back to waiter" if settings.rewrite.native_sidecars == "auto" else ""
+            logging.getLogger("initshift.server").warning(
+                "no API access (%s): LimitRanges are not read, so a namespace's LimitRange may reject a rewritten "
+                "pod%s", e, auto)
+    limit_ranges = LimitRanges(api) if api is not None else None
+    if limit_ranges is not None:
+        companions.append(limit_ranges.run)
+    native = await detect_native_support(settings, api, no_api=no_api)  # auto: apiserver and kubelet versions
     companions.append(native.run)
     try:
-        server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy)
+        server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy,
+                             limit_ranges=limit_ranges)
         server.listen()  # a port in use fails here, in one line
         if on_started is not None:
             companions.append(_when_started(server, on_started))
