@@ -94,3 +94,26 @@ def test_workload_templates_are_rewritten_in_place():
     rewritten = doc["spec"]["jobTemplate"]["spec"]["template"]
     assert rewritten["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
     assert [c["name"] for c in rewritten["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]
+
+
+def test_limit_ranges_of_the_namespace(tmp_path):
+    """--limit-ranges: what `kubectl get limitranges -o yaml` prints; the requests initshift
+    writes pass its min and ratio; anything but LimitRanges is refused with exit 2."""
+    lrs = {"apiVersion": "v1", "kind": "List", "items": [{
+        "apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "tenant"},
+        "spec": {"limits": [{"type": "Container", "min": {"cpu": "20m"}, "maxLimitRequestRatio": {"cpu": "25"}}]}}]}
+    f = tmp_path / "lr.yaml"
+    f.write_text(yaml.safe_dump(lrs))
+    plain = run("-", stdin=istio_job_yaml())
+    fitted = run("-", "--limit-ranges", str(f), stdin=istio_job_yaml())
+    assert plain.returncode == fitted.returncode == 0, fitted.stderr
+
+    def init(out: str) -> dict:
+        pod = yaml.safe_load(out)
+        return next(c for c in pod["spec"]["initContainers"] if c["name"] == p.INIT_CONTAINER_NAME)["resources"]
+
+    assert init(plain.stdout)["requests"]["cpu"] == "10m"
+    assert init(fitted.stdout)["requests"]["cpu"] == "20m"  # 500m / 25 = 20m, and min 20m
+    f.write_text(istio_job_yaml())
+    bad = run("-", "--limit-ranges", str(f), stdin=istio_job_yaml())
+    assert bad.returncode == 2 and bad.stderr.strip() == f"initshift mutate: {f}: expected LimitRanges, got a Pod"
