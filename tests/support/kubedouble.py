@@ -37,7 +37,7 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   mutating/validating webhook configurations, `GET /version`;
 - limitranges: validated as the apiserver does on create and update (422): each limit has a
   type, no type twice, no `default`/`defaultRequest` for type Pod, quantities that parse,
-  and per resource min <= defaultRequest <= default <= max, maxLimitRequestRatio >= 1;
+  per resource min <= defaultRequest <= default <= max (its messages), maxLimitRequestRatio >= 1;
 - SubjectAccessReview creation (`authorization.k8s.io/v1`, never stored), answered from the
   RBAC table `grant()` fills (RBAC denies by default; at least one of user/groups and
   exactly one of resourceAttributes/nonResourceAttributes, else 422);
@@ -1110,7 +1110,14 @@ def _check_pod_spec(name: str, old: dict, new: dict) -> None:
                             f"tolerations)")
 
 
-_LIMIT_ORDER = ("min", "defaultRequest", "default", "max")  # each at most the next, per resource
+# ValidateLimitRange's order checks: (lower, upper, the field named, the message).
+_LIMIT_ORDER = (("min", "max", "min", "min value {} is greater than max value {}"),
+                ("min", "defaultRequest", "defaultRequest", "min value {} is greater than default request value {}"),
+                ("defaultRequest", "max", "defaultRequest", "default request value {} is greater than max value {}"),
+                ("defaultRequest", "default", "defaultRequest",
+                 "default request value {} is greater than default limit value {}"),
+                ("min", "default", "default", "min value {} is greater than default value {}"),
+                ("default", "max", "default", "default value {} is greater than max value {}"))
 
 
 def _check_limit_range(obj: dict) -> None:
@@ -1135,7 +1142,7 @@ def _check_limit_range(obj: dict) -> None:
                 if limit.get(key):
                     raise invalid(f"[{i}].{key}", "Forbidden: may not be specified when `type` is 'Pod'")
         amounts: dict[str, dict[str, int]] = {}
-        for key in (*_LIMIT_ORDER, "maxLimitRequestRatio"):
+        for key in ("min", "defaultRequest", "default", "max", "maxLimitRequestRatio"):
             for resource, value in (limit.get(key) or {}).items():
                 try:
                     amounts.setdefault(resource, {})[key] = parse(value, resource)
@@ -1143,13 +1150,11 @@ def _check_limit_range(obj: dict) -> None:
                     raise invalid(f"[{i}].{key}[{resource}]", f'Invalid value: "{value}": quantities must match '
                                                              f"the regular expression") from None
         for resource, have in amounts.items():
-            present = [k for k in _LIMIT_ORDER if k in have]
-            for low, high in zip(present, present[1:]):
-                if have[low] > have[high]:
-                    raise invalid(f"[{i}].{low}[{resource}]", f'Invalid value: "{limit[low][resource]}": '
-                                                             f"{low} value {limit[low][resource]} is greater than "
-                                                             f"{high} value {limit[high][resource]}")
+            for low, high, named, message in _LIMIT_ORDER:
+                if low in have and high in have and have[low] > have[high]:
+                    raise invalid(f"[{i}].{named}[{resource}]", f'Invalid value: "{limit[named][resource]}": '
+                                  + message.format(limit[low][resource], limit[high][resource]))
             ratio = limit.get("maxLimitRequestRatio", {}).get(resource)
             if ratio is not None and have["maxLimitRequestRatio"] < parse("1", resource):
-                raise invalid(f"[{i}].maxLimitRequestRatio[{resource}]", f'Invalid value: "{ratio}": ratio '
-                                                                        f"{ratio} is less than 1")
+                raise invalid(f"[{i}].maxLimitRequestRatio[{resource}]", f'Invalid value: "{ratio}": ratio must '
+                                                                        f"be greater than or equal to 1")
