@@ -131,3 +131,18 @@ async def test_an_api_that_fails_costs_the_review_only_the_limit_range(kube, api
     assert len(warned) == 1, warned
     assert ("may not list them" if status == 403 else "LimitRanges of namespace builds not read") in warned[0]
     assert live_lists(kube, "builds") == (0 if status == 403 else 1)
+
+
+async def test_a_pod_left_as_it_is_reads_no_limit_range(kube, api, tmp_path):
+    """A pod the rewrite leaves alone (no sidecar, nothing to fix) is answered without a
+    live list, even in a namespace the view knows nothing of."""
+    ca = h.make_certs(tmp_path)
+    kube.put("limitranges", LIMIT_RANGE)
+    pod = h.kpack_istio()
+    pod["spec"]["containers"] = [c for c in pod["spec"]["containers"] if c["name"] != "istio-proxy"]
+    pod["metadata"].pop("annotations", None)
+    async with serving(tmp_path, LimitRanges(api), run_view=False) as url:
+        answer = await mutate(url, ca, pod)
+    out = apply_patch(pod, decode_patch(answer)) if "patch" in answer["response"] else pod
+    assert p.LABEL_MANAGED not in (out["metadata"].get("labels") or {}) and out["spec"] == pod["spec"]
+    assert live_lists(kube, "builds") == 0

@@ -99,16 +99,19 @@ class Reviewer:
         review = admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
         first = self._safe(review, self._plan, review)
         if isinstance(first, tuple) and not first[1]:
-            limits = self._known_limits(review)
+            limits = self._known_limits(review, first[0])
             if limits is not None:
                 _check(gone)
                 first = self._safe(review, self._finish, review, first[0], None, None, limits)
         _check(gone)
         return review, first
 
-    def _known_limits(self, review: Review) -> list[dict] | None:
-        """The namespace's LimitRanges without I/O; None when a live list must say."""
-        return [] if self.limit_ranges is None else self.limit_ranges.known(review.pod_namespace)
+    def _known_limits(self, review: Review, pod_plan: Any) -> list[dict] | None:
+        """The namespace's LimitRanges without I/O (none for a plan that reads none); None
+        when a live list must say."""
+        if self.limit_ranges is None or not pod_plan.reads_limit_ranges:
+            return []
+        return self.limit_ranges.known(review.pod_namespace)
 
     async def complete(self, review: Review, first: Answer | tuple[Any, list],
                        run: Callable[..., Any] = _inline, gone: Callable[[], bool] = _never) -> Answer:
@@ -116,7 +119,7 @@ class Reviewer:
         if isinstance(first, Answer):
             return first
         pod_plan, lookups = first
-        limits = self._known_limits(review)
+        limits = self._known_limits(review, pod_plan)
         # A live LimitRange list runs beside the registry lookups; it never raises.
         listing = None if limits is not None or self.limit_ranges is None else \
             asyncio.ensure_future(self.limit_ranges.lookup(review.pod_namespace))

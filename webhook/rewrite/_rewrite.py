@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from waiter import protocol as p
 
@@ -70,6 +70,9 @@ class Plan(abc.ABC):
 
     pod: dict
     forged: tuple[str, ...] = ()  # watcher-owned annotations the pod came with, removed from `pod`
+    # Whether `rewrite` applies the namespace's LimitRanges: a pod left as it is needs none
+    # read (the server then makes no live list for it).
+    reads_limit_ranges: ClassVar[bool] = True
 
     def lookups(self) -> list[Lookup]:
         """Images whose configuration the rewrite will need (containers without `command`)."""
@@ -107,6 +110,8 @@ class Plan(abc.ABC):
 class Unchanged(Plan):
     """Left as it is, for `reason`; `message` says why (the warning)."""
 
+    reads_limit_ranges: ClassVar[bool] = False
+
     reason: Reason
     message: str
 
@@ -117,6 +122,8 @@ class Unchanged(Plan):
 @dataclass(frozen=True, kw_only=True)
 class Failed(Plan):
     """The pod cannot be handled: denied when `error.deny`, else left as it is with the error."""
+
+    reads_limit_ranges: ClassVar[bool] = False
 
     error: RewriteError
 
