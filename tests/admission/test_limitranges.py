@@ -62,12 +62,12 @@ async def test_the_watch_brings_a_limit_range_created_after_start(kube, api):
     stop, task = await running(view)
     assert [o["metadata"]["name"] for o in view.known("builds")] == ["old"]
     assert view.known("other") is None  # nothing held there and nothing looked up: only a live list can say
-    await api.request("POST", "/api/v1/namespaces/other/limitranges", body=limit_range("new", "other", "50m"))
+    created = await api.request("POST", "/api/v1/namespaces/other/limitranges", body=limit_range("new", "other", "50m"))
     await until(lambda: view.known("other") is not None, "the watch delivered the new LimitRange")
     held = view.known("other")
     assert held == [{"metadata": {"namespace": "other", "name": "new",
                                   "resourceVersion": held[0]["metadata"]["resourceVersion"]},
-                     "spec": limit_range("new", "other", "50m")["spec"]}]  # cut down to what the rewrite reads
+                     "spec": created["spec"]}]  # cut down to what the rewrite reads
     await api.request("DELETE", "/api/v1/namespaces/builds/limitranges/old")
     await until(lambda: view.known("builds") is None, "the deletion reached the view")
     assert live_lists(kube, "builds") == live_lists(kube, "other") == 0
@@ -180,6 +180,17 @@ async def test_the_double_validates_limit_ranges_as_the_apiserver_does(kube, api
         await api.request("POST", path, body=pod)
     ratio = limit_range("ratio", "builds")
     ratio["spec"]["limits"][0]["maxLimitRequestRatio"] = {"cpu": "500m"}
-    with pytest.raises(KubeError, match=r"maxLimitRequestRatio\[cpu\].*ratio must be greater than or equal to 1"):
+    with pytest.raises(KubeError, match=r'maxLimitRequestRatio\[cpu\]: Invalid value: "500m": ratio 500m is less than 1'):
         await api.request("POST", path, body=ratio)
+    # defaulted before it is validated and stored (SetDefaults_LimitRangeItem), as v1.34.9 does
+    only_max = {"metadata": {"name": "max"}, "spec": {"limits": [{"type": "Container", "max": {"cpu": "2"},
+                                                                  "min": {"memory": "8Mi"}}]}}
+    stored = await api.request("POST", path, body=only_max)
+    assert stored["spec"]["limits"][0]["default"] == {"cpu": "2"}
+    assert stored["spec"]["limits"][0]["defaultRequest"] == {"cpu": "2", "memory": "8Mi"}
+    low = {"metadata": {"name": "low"}, "spec": {"limits": [{"type": "Container", "min": {"cpu": "2"},
+                                                             "max": {"cpu": "1"}}]}}
+    with pytest.raises(KubeError, match=r'is invalid: \[spec.limits\[0\].min\[cpu\]: Invalid value: "2": min value 2 is '
+                                        r"greater than max value 1, spec.limits\[0\].defaultRequest\[cpu\]"):
+        await api.request("POST", path, body=low)
     assert (await api.request("POST", path, body=limit_range("good", "builds")))["metadata"]["name"] == "good"

@@ -1110,51 +1110,84 @@ def _check_pod_spec(name: str, old: dict, new: dict) -> None:
                             f"tolerations)")
 
 
-# ValidateLimitRange's order checks: (lower, upper, the field named, the message).
-_LIMIT_ORDER = (("min", "max", "min", "min value {} is greater than max value {}"),
-                ("min", "defaultRequest", "defaultRequest", "min value {} is greater than default request value {}"),
-                ("defaultRequest", "max", "defaultRequest", "default request value {} is greater than max value {}"),
-                ("defaultRequest", "default", "defaultRequest",
+# ValidateLimitRange's order checks, in its order: (lower, upper, the field named, the value
+# it prints (as v1.34.9 prints it), the message).
+_LIMIT_ORDER = (("min", "max", "min", "min", "min value {} is greater than max value {}"),
+                ("min", "defaultRequest", "defaultRequest", "defaultRequest",
+                 "min value {} is greater than default request value {}"),
+                ("defaultRequest", "max", "defaultRequest", "defaultRequest",
+                 "default request value {} is greater than max value {}"),
+                ("defaultRequest", "default", "defaultRequest", "defaultRequest",
                  "default request value {} is greater than default limit value {}"),
-                ("min", "default", "default", "min value {} is greater than default value {}"),
-                ("default", "max", "default", "default value {} is greater than max value {}"))
+                ("min", "default", "default", "min", "min value {} is greater than default value {}"),
+                ("default", "max", "default", "max", "default value {} is greater than max value {}"))
+_QUALIFIED_NAME_RULE = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                   "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+                   "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+
+
+def _default_limit_range(obj: dict) -> None:
+    """SetDefaults_LimitRangeItem, which the apiserver applies before it validates and
+    stores: a Container item's `default` from `max`, `defaultRequest` from `default`, then
+    from `min`."""
+    for limit in (obj.get("spec") or {}).get("limits") or []:
+        if limit.get("type") != "Container":
+            continue
+        for target, sources in (("default", ("max",)), ("defaultRequest", ("default", "min"))):
+            merged = dict(limit.get(target) or {})
+            for source in sources:
+                for resource, value in (limit.get(source) or {}).items():
+                    merged.setdefault(resource, value)
+            if merged:
+                limit[target] = merged
 
 
 def _check_limit_range(obj: dict) -> None:
-    """The apiserver's LimitRange validation (ValidateLimitRange), the parts a client can get
-    wrong; 422 with the first error."""
+    """The apiserver's LimitRange defaulting and validation (ValidateLimitRange), the parts a
+    client can get wrong: 422 with every error, worded as v1.34.9 words them (checked
+    against it by hand; tests/admission/test_limitranges.py pins the words)."""
     from webhook.rewrite._quantity import QuantityError, parse
 
+    _default_limit_range(obj)
     name = (obj.get("metadata") or {}).get("name") or ""
+    errors: list[str] = []
 
-    def invalid(path: str, why: str) -> ApiError:
-        return ApiError(422, f'LimitRange "{name}" is invalid: spec.limits{path}: {why}')
+    def invalid(path: str, why: str) -> None:
+        errors.append(f"spec.limits{path}: {why}")
     seen: set[str] = set()
     for i, limit in enumerate(((obj.get("spec") or {}).get("limits") or [])):
         kind = limit.get("type") or ""
         if not kind:
-            raise invalid(f"[{i}].type", "Required value")
-        if kind in seen:
-            raise invalid(f"[{i}].type", f'Duplicate value: "{kind}"')
+            invalid(f"[{i}].type", 'Invalid value: "": name part must be non-empty')
+            invalid(f"[{i}].type", f'Invalid value: "": {_QUALIFIED_NAME_RULE}')
+        elif kind in seen:
+            invalid(f"[{i}].type", f'Duplicate value: "{kind}"')
         seen.add(kind)
         if kind == "Pod":
             for key in ("default", "defaultRequest"):
                 if limit.get(key):
-                    raise invalid(f"[{i}].{key}", "Forbidden: may not be specified when `type` is 'Pod'")
+                    invalid(f"[{i}].{key}", "Forbidden: may not be specified when `type` is 'Pod'")
         amounts: dict[str, dict[str, int]] = {}
-        for key in ("min", "defaultRequest", "default", "max", "maxLimitRequestRatio"):
+        for key in ("max", "min", "default", "defaultRequest", "maxLimitRequestRatio"):
             for resource, value in (limit.get(key) or {}).items():
                 try:
                     amounts.setdefault(resource, {})[key] = parse(value, resource)
                 except QuantityError:
-                    raise invalid(f"[{i}].{key}[{resource}]", f'Invalid value: "{value}": quantities must match '
-                                                             f"the regular expression") from None
-        for resource, have in amounts.items():
-            for low, high, named, message in _LIMIT_ORDER:
+                    invalid(f"[{i}].{key}[{resource}]", f'Invalid value: "{value}": quantities must match '
+                                                        f"the regular expression")
+        for resource, have in sorted(amounts.items()):
+            for low, high, named, shown, message in _LIMIT_ORDER:
                 if low in have and high in have and have[low] > have[high]:
-                    raise invalid(f"[{i}].{named}[{resource}]", f'Invalid value: "{limit[named][resource]}": '
-                                  + message.format(limit[low][resource], limit[high][resource]))
+                    invalid(f"[{i}].{named}[{resource}]", f'Invalid value: "{limit[shown][resource]}": '
+                            + message.format(limit[low][resource], limit[high][resource]))
             ratio = limit.get("maxLimitRequestRatio", {}).get(resource)
-            if ratio is not None and have["maxLimitRequestRatio"] < parse("1", resource):
-                raise invalid(f"[{i}].maxLimitRequestRatio[{resource}]", f'Invalid value: "{ratio}": ratio must '
-                                                                        f"be greater than or equal to 1")
+            if ratio is not None and parse(ratio, "cpu") < 1000:
+                invalid(f"[{i}].maxLimitRequestRatio[{resource}]",
+                        f'Invalid value: "{ratio}": ratio {ratio} is less than 1')
+            elif ratio is not None and "min" in have and "max" in have and have["min"] > 0 \
+                    and parse(ratio, "cpu") * have["min"] > have["max"] * 1000:
+                invalid(f"[{i}].maxLimitRequestRatio[{resource}]", f'Invalid value: "{ratio}": ratio {ratio} is '
+                                                                   f'greater than max/min = {have["max"] / have["min"]:f}')
+    if errors:
+        raise ApiError(422, f'LimitRange "{name}" is invalid: '
+                            + (errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"))
