@@ -17,6 +17,7 @@ from waiter import protocol as p
 from webhook.rewrite._quantity import parse
 from webhook.rewrite._limitrange import added_violations, fit, violations
 from webhook.rewrite._reasons import Reason
+from webhook.rewrite._resources import pod_requests
 from webhook.rewrite._rewrite import rewrite
 from webhook.settings import RewriteSettings, Settings
 
@@ -67,20 +68,29 @@ def test_the_rewritten_pod_passes_the_namespaces_limit_range(shape: str, native:
     assert result.changed and result.reason == Reason.REWRITTEN, result.warnings
     assert violations(result.pod, lrs) == []
     assert_valid_pod(result.pod)
-    # what the fit raised, it raised to the least that passes: min, or limit / ratio
+    # what the fit raised, it raised to the least that passes (min, or limit / ratio); under
+    # preserve and divide, what that adds is taken back from the steps while they have room
     before = {c["name"]: c for c in _containers(unfitted.pod)}
-    raised = 0
+    steps = result.pod["metadata"]["annotations"].get(p.ANNOTATION_STEPS, "[]")
+    old_total, new_total = pod_requests(unfitted.pod["spec"]), pod_requests(result.pod["spec"])
     for c in _containers(result.pod):
         old = (before[c["name"]].get("resources") or {}).get("requests") or {}
         for r, q in (c.get("resources") or {}).get("requests", {}).items():
-            if r in old and q == old[r]:
-                continue
-            limit = parse(c["resources"]["limits"][r], r)
-            floor = max(parse(TENANT["min"][r], r), -(-limit * 1000 // parse(TENANT["maxLimitRequestRatio"][r], "cpu")))
-            assert parse(q, r) == floor, (c["name"], r, q, floor)
-            raised += 1
-    if raised:
-        assert any("LimitRange (tenant)" in w for w in result.warnings), result.warnings
+            floor = _floor(c, r)
+            if f'"{c["name"]}"' in steps and policy != "keep":
+                assert parse(q, r) >= floor
+                if new_total.get(r, 0) > old_total.get(r, 0):
+                    assert parse(q, r) == floor or parse(q, r) <= parse(old.get(r, "0"), r), (c["name"], r, q)
+            elif not (r in old and q == old[r]):
+                assert parse(q, r) == floor, (c["name"], r, q, floor)
+    if policy != "keep":
+        assert all(new_total[r] <= old_total[r] for r in ("cpu", "memory")) or \
+            any("LimitRange (tenant)" in w for w in result.warnings), result.warnings
+
+
+def _floor(c: dict, r: str) -> int:
+    limit = parse(c["resources"]["limits"][r], r)
+    return max(parse(TENANT["min"][r], r), -(-limit * 1000 // parse(TENANT["maxLimitRequestRatio"][r], "cpu")))
 
 
 def _containers(pod: dict) -> list[dict]:
@@ -198,3 +208,27 @@ def test_limit_ranges_without_container_or_pod_items_change_nothing() -> None:
     pod = pods.catalogue()["kpack-istio"]
     assert rewrite(pod, settings(), native_supported=False, limit_ranges=[pvc_only]).pod == \
         rewrite(pod, settings(), native_supported=False).pod
+
+
+def test_preserve_takes_the_floors_back_from_the_largest_step() -> None:
+    """kpack under a LimitRange: preserve zeroes five steps, the floors raise them, and the
+    step that holds the pod's request gives that back: the effective request stays, and no
+    warning. Under keep nothing was zeroed: nothing to give back."""
+    lrs = [limit_range("tenant", TENANT)]
+    pod = defaulted(pods.catalogue()["kpack-istio"], lrs[0])
+    for policy in ("preserve", "keep"):
+        plain = rewrite(pod, settings(policy), native_supported=False)
+        fitted = rewrite(pod, settings(policy), native_supported=False, limit_ranges=lrs)
+        assert pod_requests(fitted.pod["spec"]) == pod_requests(plain.pod["spec"]), policy
+        assert not violations(fitted.pod, lrs) and not [w for w in fitted.warnings if "LimitRange" in w]
+    plain = {c["name"]: c["resources"]["requests"] for c in
+             rewrite(pod, settings(), native_supported=False).pod["spec"]["containers"]}
+    fitted = {c["name"]: c["resources"]["requests"] for c in
+              rewrite(pod, settings(), native_supported=False, limit_ranges=lrs).pod["spec"]["containers"]}
+    zeroed = [n for n, req in plain.items() if req.get("memory") == "0"]
+    assert len(zeroed) == 5 and all(parse(fitted[n]["memory"], "memory") > 0 for n in zeroed)
+    [top] = [n for n, req in plain.items() if n not in zeroed and n in KPACK_STEPS]
+    assert parse(fitted[top]["memory"], "memory") < parse(plain[top]["memory"], "memory")
+
+
+KPACK_STEPS = ("prepare", "analyze", "detect", "restore", "build", "export")

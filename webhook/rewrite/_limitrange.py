@@ -14,7 +14,8 @@ amounts of its own containers, would not.
   least that passes, the largest `min` and limit / the smallest ratio; initshift's own
   containers also get a limit for each resource a `max` or a ratio names (the namespace's
   default limit, as LimitRanger would give them) and their limits kept within `max` and
-  `min`. A step's limit is its own and never changes.
+  `min`. A step's limit is its own and never changes. Under `preserve` and `divide` what
+  the floors add is taken back from the steps, largest first, down to their own floors.
 - `added_violations`: LimitRanger's validation of the rewritten pod, less what the pod as
   admitted already breaks: a rewritten pod with a violation of its own is admitted
   unchanged, with the apiserver's words (a `Pod` item whose `max` the steps' limits exceed
@@ -33,7 +34,8 @@ from typing import Iterable, Mapping, Sequence
 from waiter import protocol as p
 
 from ._quantity import QuantityError, format_quantity, parse
-from ._resources import Amounts, container_amounts, describe, growth_of, pod_limits, pod_requests
+from ._resources import (Amounts, container_amounts, describe, growth_of, pod_limits, pod_requests,
+                         restartable_sum, sum_requests)
 from ._shape import mapping_at
 
 _CONTAINER, _POD = "Container", "Pod"
@@ -151,9 +153,12 @@ def _containers(pod: Mapping) -> list[Mapping]:
     return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
 
 
-def fit(before: Mapping, after: dict, limit_ranges: Sequence[Mapping]) -> tuple[dict, list[str]]:
+def fit(before: Mapping, after: dict, limit_ranges: Sequence[Mapping], *,
+        steps: Sequence[str] = ()) -> tuple[dict, list[str]]:
     """`after` (the rewrite of `before`) with what it wrote within the namespace's
-    `Container` constraints, and a note when that grows the pod's effective request."""
+    `Container` constraints, and a note when that grows the pod's effective request.
+    `steps`: the regular containers whose requests share a budget (`preserve`, `divide`):
+    what the floors add is taken back from them, largest first, down to their own floors."""
     b = _Bounds.of(_items(limit_ranges))
     if not (b.min or b.max or b.ratio):
         return after, []
@@ -167,13 +172,45 @@ def fit(before: Mapping, after: dict, limit_ranges: Sequence[Mapping]) -> tuple[
             new_spec[key], changed = fitted, True
     if not changed:
         return after, []
+    was = pod_requests(spec)
+    if steps:
+        _give_back(new_spec, was, set(steps), b)
     out = dict(after)
     out["spec"] = new_spec
     names = ", ".join(sorted({lr_name(lr) for lr in limit_ranges}))
-    grown = growth_of(pod_requests(mapping_at(after, "spec")), pod_requests(new_spec),
-                      f"requests raised to the namespace's LimitRange ({names}): "
-                      f"min {describe(b.min)}, maxLimitRequestRatio {_ratios(b.ratio)}")
+    grown = growth_of(was, pod_requests(new_spec), f"requests raised to the namespace's LimitRange ({names}): "
+                                                   f"min {describe(b.min)}, maxLimitRequestRatio {_ratios(b.ratio)}")
     return out, [grown] if grown else []
+
+
+def _give_back(spec: dict, budget: Amounts, steps: set[str], b: _Bounds) -> None:
+    """Lower the steps' requests (largest first, never under their floor) until the regular
+    side, where the steps run, is back within `budget`, per resource. What init containers
+    hold is left as it is: the steps cannot make up for it."""
+    regular = sum_requests(spec.get("containers") or [])
+    for r, v in restartable_sum(spec.get("initContainers") or []).items():
+        regular[r] = regular.get(r, 0) + v
+    containers = list(spec.get("containers") or [])
+    for r in sorted({*b.min, *b.ratio}):
+        excess = regular.get(r, 0) - budget.get(r, 0)
+        if excess <= 0:
+            continue
+        held = []  # (request, index, floor) of each step requesting r
+        for i, c in enumerate(containers):
+            if c.get("name") in steps:
+                requests, limits = container_amounts(c)
+                if requests.get(r):
+                    held.append((requests[r], i, b.request_floor(r, limits.get(r))))
+        for request, i, floor in sorted(held, key=lambda t: (-t[0], t[1])):
+            take = min(excess, request - floor)
+            if take > 0:
+                c = containers[i] = dict(containers[i])
+                c["resources"] = {**c["resources"], "requests": {**c["resources"]["requests"],
+                                                                 r: format_quantity(request - take, r)}}
+                excess -= take
+            if excess <= 0:
+                break
+    spec["containers"] = containers
 
 
 def lr_name(lr: Mapping) -> str:

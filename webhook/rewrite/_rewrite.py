@@ -88,7 +88,7 @@ class Plan(abc.ABC):
         except RewriteError as e:
             result = _failed(self.pod, e)
         if limit_ranges and result.changed:
-            result = _within(self.pod, result, limit_ranges)
+            result = _within(self.pod, result, limit_ranges, self._budgeted_steps(result.pod))
         if not result.denied:
             before = result.pod
             result = _decision_on_pod(self.pod, result)
@@ -100,6 +100,10 @@ class Plan(abc.ABC):
                 f"removed {', '.join(self.forged)}: only the initshift watcher writes "
                 f"{'them' if len(self.forged) > 1 else 'it'}, never the pod's creator"))
         return result
+
+    def _budgeted_steps(self, rewritten: Mapping) -> list[str]:
+        """The steps of `rewritten` whose requests share the pod's budget (none by default)."""
+        return []
 
     @abc.abstractmethod
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
@@ -145,6 +149,10 @@ class Rewritten(Plan):
             return []
         return [Lookup(str(c.get("name")), str(c.get("image"))) for c in [*self.cls.steps, *self.cls.mains]
                 if needs_image(c)]
+
+    def _budgeted_steps(self, rewritten: Mapping) -> list[str]:
+        names = waiter_strategy.managed_names(rewritten)
+        return names[0] if names and self.settings.rewrite.resources_policy != "keep" else []
 
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
         build = _STRATEGIES[self.strategy][0]
@@ -464,10 +472,12 @@ def _failed(pod: dict, e: RewriteError) -> RewriteResult:
     return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
 
 
-def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping]) -> RewriteResult:
+def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping],
+            steps: Sequence[str] = ()) -> RewriteResult:
     """The rewritten pod fitted to the namespace's LimitRanges (_limitrange.py), or the pod
-    as admitted when it would still break one the admitted pod does not."""
-    fitted, notes = limitrange.fit(before, result.pod, limit_ranges)
+    as admitted when it would still break one the admitted pod does not. `steps`: those
+    whose requests share the pod's budget."""
+    fitted, notes = limitrange.fit(before, result.pod, limit_ranges, steps=steps)
     broken = limitrange.added_violations(before, fitted, limit_ranges)
     if broken:
         return RewriteResult(pod=before, reason=Reason.RESOURCES, warnings=[_prefix(
