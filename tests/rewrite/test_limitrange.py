@@ -232,3 +232,26 @@ def test_preserve_takes_the_floors_back_from_the_largest_step() -> None:
 
 
 KPACK_STEPS = ("prepare", "analyze", "detect", "restore", "build", "export")
+
+
+def test_a_step_whose_request_is_its_limit_gives_back_too() -> None:
+    """A step with a limit and no request (the apiserver defaults the request to the limit)
+    under a LimitRange with only a ratio (which defaults no request): the give-back writes
+    the request it lowers."""
+    lrs = [limit_range("burst", {"type": "Container", "maxLimitRequestRatio": {"cpu": "4"}})]
+    pod = pods.catalogue()["kpack-istio"]
+    for c in pod["spec"]["initContainers"]:
+        if c["name"] in KPACK_STEPS:
+            c["resources"] = {"limits": {"cpu": "1"}}
+    plain = rewrite(pod, settings(), native_supported=False)
+    result = rewrite(pod, settings(), native_supported=False, limit_ranges=lrs)
+    assert result.changed and result.reason == Reason.REWRITTEN, result.warnings
+    assert not added_violations(pod, result.pod, lrs)
+    requests = {c["name"]: c["resources"]["requests"]["cpu"] for c in result.pod["spec"]["containers"]
+                if c["name"] in KPACK_STEPS}
+    assert list(requests.values()) == ["250m"] * 6, requests  # 1 / 4 each: the top gave back all it could
+    grown = pod_requests(result.pod["spec"])["cpu"] - pod_requests(plain.pod["spec"])["cpu"]
+    held = sum(parse((c["resources"].get("requests") or c["resources"]["limits"])["cpu"], "cpu")
+               for c in plain.pod["spec"]["containers"] if c["name"] in KPACK_STEPS)
+    assert 0 < held < 6 * 250 and grown == 6 * 250 - held  # six floors where preserve's budget held less
+    assert any("LimitRange (burst)" in w and "maxLimitRequestRatio cpu=4" in w for w in result.warnings)

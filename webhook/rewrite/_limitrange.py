@@ -205,8 +205,8 @@ def _give_back(spec: dict, budget: Amounts, steps: set[str], b: _Bounds) -> None
             take = min(excess, request - floor)
             if take > 0:
                 c = containers[i] = dict(containers[i])
-                c["resources"] = {**c["resources"], "requests": {**c["resources"]["requests"],
-                                                                 r: format_quantity(request - take, r)}}
+                res = c["resources"]  # a request may be its limit's: the apiserver's default
+                c["resources"] = {**res, "requests": {**(res.get("requests") or {}), r: format_quantity(request - take, r)}}
                 excess -= take
             if excess <= 0:
                 break
