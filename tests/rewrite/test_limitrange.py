@@ -255,3 +255,54 @@ def test_a_step_whose_request_is_its_limit_gives_back_too() -> None:
                for c in plain.pod["spec"]["containers"] if c["name"] in KPACK_STEPS)
     assert 0 < held < 6 * 250 and grown == 6 * 250 - held  # six floors where preserve's budget held less
     assert any("LimitRange (burst)" in w and "maxLimitRequestRatio cpu=4" in w for w in result.warnings)
+
+
+# --- properties over generated pods and LimitRanges -------------------------------------------
+
+from hypothesis import HealthCheck, given, settings as hsettings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.rewrite.test_rewrite_properties import build_pod  # noqa: E402
+from webhook.rewrite._podcheck import pod_problems  # noqa: E402
+
+
+@st.composite
+def container_item(draw) -> dict:
+    """A valid `Container` item as the apiserver stores it (defaulted: default from max,
+    defaultRequest from default then min), min <= defaultRequest <= default <= max."""
+    item: dict = {"type": "Container"}
+    for r, unit, top in (("cpu", "m", 4000), ("memory", "Mi", 4096)):
+        if not draw(st.booleans()):
+            continue
+        low = draw(st.integers(0, top // 8))
+        high = draw(st.integers(max(low, 1), top))
+        chosen = draw(st.sets(st.sampled_from(["min", "max", "ratio"]), min_size=1))
+        if "min" in chosen:
+            item.setdefault("min", {})[r] = f"{low}{unit}"
+        if "max" in chosen:
+            item.setdefault("max", {})[r] = f"{high}{unit}"
+            item.setdefault("default", {})[r] = f"{high}{unit}"
+        if "ratio" in chosen:
+            item.setdefault("maxLimitRequestRatio", {})[r] = str(draw(st.integers(1, 100)))
+        floor = item.get("min", {}).get(r)
+        default = item.get("default", {}).get(r)
+        if default or floor:
+            item.setdefault("defaultRequest", {})[r] = floor or default
+    return item
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(build_pod(), container_item(), st.sampled_from(["preserve", "divide", "keep"]), st.booleans())
+def test_any_pod_under_any_limit_range_is_fitted_or_left_as_it_came(pod, item, policy, native):
+    """The rewrite never fails on a LimitRange: a rewritten pod has no violation the pod as
+    admitted lacks and stays a valid pod; otherwise the pod is left as it came, saying why."""
+    lrs = [limit_range("generated", item)]
+    pod = defaulted(pod, lrs[0]) if item.get("default") or item.get("defaultRequest") else pod
+    if pod_problems(pod):  # a default limit under a container's own request: the apiserver refuses it
+        return
+    result = rewrite(pod, settings(policy), native_supported=native, limit_ranges=lrs)
+    if result.changed:
+        assert added_violations(pod, result.pod, lrs) == [], result.warnings
+        assert not pod_problems(result.pod)
+    else:
+        assert result.pod["spec"] == pod["spec"] and result.warnings
