@@ -267,3 +267,31 @@ def limit_range(env: Env, rec: Record) -> None:
         annotations(obj)
     env.kube.delete(f"/api/v1/namespaces/{per_pod}/pods/build")
     rec.note(f"strategy {managed(build.obj)}, admitted with {ours}; a pod over a Pod max admitted unchanged")
+
+
+def _pod_level_on(env: Env) -> bool:
+    return env.minor >= 34  # PodLevelResources: beta and on by default from 1.34
+
+
+@scenario("pod-level-resources", applies=_pod_level_on)
+def pod_level_resources(env: Env, rec: Record) -> None:
+    """Pod-level resources: a build within them succeeds; one whose step's limit exceeds them as a regular container is left unchanged, never refused."""
+    ns = env.namespace("podlevel")
+    rec.namespaces.append(ns)
+    names = ["fetch", "compile", "publish"]
+    steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC) for s in names]
+    for s in steps:
+        s["resources"] = {"requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}
+    level = {"requests": {"cpu": "300m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps, resources=level))
+    build = check_build(env, rec, ns, "build", steps=names, proxy="istio-proxy", strategy=env.build_strategy)
+    assert build.obj["spec"]["resources"] == level, build.obj["spec"]["resources"]
+    # an init container's limit is not checked against the pod's; a regular container's is
+    over = [dict(s) for s in steps]
+    over[1]["resources"] = {"requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"memory": "1Gi"}}
+    obj = env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "over", over, resources=level))
+    assert managed(obj) is None and annotations(obj).get(p.ANNOTATION_NOT_REWRITTEN) == "resources", \
+        annotations(obj)
+    env.kube.delete(f"/api/v1/namespaces/{ns}/pods/over")
+    rec.note(f"strategy {managed(build.obj)} within pod-level {level['requests']}; a step over the pod's "
+             f"limit admitted unchanged")

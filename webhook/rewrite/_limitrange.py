@@ -34,8 +34,8 @@ from typing import Iterable, Mapping, Sequence
 from waiter import protocol as p
 
 from ._quantity import QuantityError, format_quantity, parse
-from ._resources import (Amounts, container_amounts, describe, growth_of, pod_limits, pod_requests,
-                         restartable_sum, sum_requests)
+from ._resources import (Amounts, container_amounts, describe, effective, growth_of, pod_level, pod_limits,
+                         pod_requests, restartable_sum, sum_requests)
 from ._shape import mapping_at
 
 _CONTAINER, _POD = "Container", "Pod"
@@ -178,7 +178,8 @@ def fit(before: Mapping, after: dict, limit_ranges: Sequence[Mapping], *,
     out = dict(after)
     out["spec"] = new_spec
     names = ", ".join(sorted({lr_name(lr) for lr in limit_ranges}))
-    grown = growth_of(was, pod_requests(new_spec), f"requests raised to the namespace's LimitRange ({names}): "
+    level = pod_level(mapping_at(before, "spec"))[0]
+    grown = growth_of(effective(was, level), effective(pod_requests(new_spec), level), f"requests raised to the namespace's LimitRange ({names}): "
                                                    f"min {describe(b.min)}, maxLimitRequestRatio {_ratios(b.ratio)}")
     return out, [grown] if grown else []
 
@@ -272,8 +273,11 @@ def _check(item: _Item, where: str, requests: Amounts, limits: Amounts) -> list[
     return out
 
 
-def violations(pod: Mapping, limit_ranges: Sequence[Mapping]) -> list[Violation]:
-    """What LimitRanger's validation refuses in `pod` (PodValidateLimitFunc)."""
+def violations(pod: Mapping, limit_ranges: Sequence[Mapping],
+               level: tuple[Amounts, Amounts] | None = None) -> list[Violation]:
+    """What LimitRanger's validation refuses in `pod` (PodValidateLimitFunc). A `Pod` item
+    reads the pod-level request and limit where the pod sets them; `level`: those
+    (default: the pod's own, _resources.pod_level)."""
     out: list[Violation] = []
     spec = mapping_at(pod, "spec")
     for item in _items(limit_ranges):
@@ -281,11 +285,14 @@ def violations(pod: Mapping, limit_ranges: Sequence[Mapping]) -> list[Violation]
             for c in _containers(pod):
                 out += _check(item, str(c.get("name")), *container_amounts(c))
         else:
-            out += _check(item, "", pod_requests(spec), pod_limits(spec))
+            requests, limits = level if level is not None else pod_level(spec)
+            out += _check(item, "", effective(pod_requests(spec), requests), effective(pod_limits(spec), limits))
     return out
 
 
 def added_violations(before: Mapping, after: Mapping, limit_ranges: Sequence[Mapping]) -> list[Violation]:
-    """The violations of `after` that `before` (the pod as admitted) does not have."""
-    had = {(v.limit_range, v.where, v.check) for v in violations(before, limit_ranges)}
-    return [v for v in violations(after, limit_ranges) if (v.limit_range, v.where, v.check) not in had]
+    """The violations of `after` that `before` (the pod as admitted) does not have; the
+    pod-level amounts are the admitted pod's (defaulted before any webhook)."""
+    level = pod_level(mapping_at(before, "spec"))
+    had = {(v.limit_range, v.where, v.check) for v in violations(before, limit_ranges, level)}
+    return [v for v in violations(after, limit_ranges, level) if (v.limit_range, v.where, v.check) not in had]

@@ -7,6 +7,10 @@
   container counts together with the restartable ones started before it; the pod takes
   the larger of the two.
 - QoS class (pkg/apis/core/helper/qos): BestEffort, Guaranteed or Burstable.
+- Pod-level resources (`spec.resources`, KEP-2837; beta and on by default from 1.34): where
+  a pod sets them they are its request and limit for cpu, memory and hugepages (the
+  scheduler's PodRequests, LimitRanger's Pod items) and its QoS class comes from them
+  alone; the containers must fit in them (_podlevel.py).
 
 `plan_steps` gives the steps' requests once they move from init (max) to regular (sum)
 containers: without letting the pod's effective request grow (policy `preserve`),
@@ -19,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from ._quantity import ZERO, format_quantity, parse
+from ._quantity import ZERO, QuantityError, format_quantity, parse
 from ._shape import submap
 
 # Resources the kubelet can overcommit; every other one (extended resources, hugepages)
@@ -142,18 +146,65 @@ def pod_limits(spec: Mapping) -> Amounts:
     return _pod_requests(limits(spec.get("initContainers") or []), limits(spec.get("containers") or []))
 
 
+def is_pod_level(resource: str) -> bool:
+    """A resource pod-level resources may set (the apiserver refuses the others)."""
+    return resource in _QOS_RESOURCES or resource.startswith("hugepages-")
+
+
+def _pod_level_amounts(values: object) -> Amounts:
+    out: Amounts = {}
+    for name, value in (values.items() if isinstance(values, Mapping) else ()):
+        try:
+            if is_pod_level(name):
+                out[name] = parse(value, name)
+        except QuantityError:
+            pass  # the apiserver refuses such a pod before any webhook sees it
+    return out
+
+
+def pod_level(spec: Mapping) -> tuple[Amounts, Amounts]:
+    """`spec.resources`' requests and limits, the requests defaulted as the apiserver does
+    when it decodes the pod (defaultPodRequests), so before any webhook: with a pod-level
+    limit set, a resource the containers request gets their aggregate request, and one
+    only limited gets its limit."""
+    res = spec.get("resources")
+    if not isinstance(res, Mapping):
+        return {}, {}
+    requests, limits = _pod_level_amounts(res.get("requests")), _pod_level_amounts(res.get("limits"))
+    if limits:
+        for name, value in pod_requests(spec).items():
+            if is_pod_level(name):
+                requests.setdefault(name, value)
+        for name, value in limits.items():
+            requests.setdefault(name, value)
+    return requests, limits
+
+
+def effective(totals: Amounts, pod_level_amounts: Mapping[str, int]) -> Amounts:
+    """The pod's request (or limit) per resource: the containers' `totals`, but the
+    pod-level amount where it sets one (resource.PodRequests, PodLimits)."""
+    return {**totals, **pod_level_amounts} if pod_level_amounts else totals
+
+
 def requests_and_qos(spec: Mapping, read: Read = container_amounts) -> tuple[Amounts, str]:
     """pod_requests and qos_class of one spec, each container's quantities parsed once."""
     inits, regulars = _parsed(spec.get("initContainers") or [], read), _parsed(spec.get("containers") or [], read)
-    return _pod_requests(inits, regulars), _qos_class([*inits, *regulars])
+    return _pod_requests(inits, regulars), _qos(spec, [*inits, *regulars])
 
 
 def qos_class(spec: Mapping) -> str:
     """BestEffort, Burstable or Guaranteed, computed the way the apiserver does."""
-    return _qos_class(_parsed([*(spec.get("initContainers") or []), *(spec.get("containers") or [])]))
+    return _qos(spec, _parsed([*(spec.get("initContainers") or []), *(spec.get("containers") or [])]))
 
 
-def _qos_class(containers: _Parsed) -> str:
+def _qos(spec: Mapping, containers: _Parsed) -> str:
+    if isinstance(spec.get("resources"), Mapping):  # pod-level resources decide alone (ComputePodQOS)
+        requests, limits = pod_level(spec)
+        return _qos_class([({}, requests, limits)], limits_needed=bool(limits))
+    return _qos_class(containers)
+
+
+def _qos_class(containers: _Parsed | list[tuple[Mapping, Amounts, Amounts]], limits_needed: bool = True) -> str:
     requests: Amounts = defaultdict(int)
     limits: Amounts = defaultdict(int)
     guaranteed = True
@@ -169,7 +220,7 @@ def _qos_class(containers: _Parsed) -> str:
             if q > 0:
                 found += 1
                 limits[name] += q
-        if found < len(_QOS_RESOURCES):
+        if found < len(_QOS_RESOURCES) and limits_needed:
             guaranteed = False
     if not requests and not limits:
         return "BestEffort"
@@ -183,8 +234,10 @@ def describe(amounts: Mapping[str, int]) -> str:
 
 
 def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
-    """A warning when the pod's effective request grows from `before` to `after` (specs)."""
-    return growth_of(pod_requests(before), pod_requests(after), why)
+    """A warning when the pod's effective request grows from `before` to `after` (specs;
+    a pod-level request does not)."""
+    level = pod_level(before)[0]
+    return growth_of(effective(pod_requests(before), level), effective(pod_requests(after), level), why)
 
 
 def growth_of(old_total: Amounts, new_total: Mapping[str, int], why: str) -> str | None:

@@ -26,7 +26,7 @@ from waiter import protocol as p
 
 from ..settings import Settings
 from . import _hybrid as hybrid_strategy, _native as native_strategy, _start_order as start_order
-from . import _limitrange as limitrange, _waiter as waiter_strategy
+from . import _limitrange as limitrange, _podlevel as podlevel, _waiter as waiter_strategy
 from ._classify import (Classification, classify, has_mesh_marker, managed_as, native_proxies, native_requested,
                         pod_mode)
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
@@ -87,7 +87,7 @@ class Plan(abc.ABC):
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
-        if limit_ranges and result.changed:
+        if result.changed:
             result = _within(self.pod, result, limit_ranges, self._budgeted_steps(result.pod))
         if not result.denied:
             before = result.pod
@@ -474,16 +474,25 @@ def _failed(pod: dict, e: RewriteError) -> RewriteResult:
 
 def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping],
             steps: Sequence[str] = ()) -> RewriteResult:
-    """The rewritten pod fitted to the namespace's LimitRanges (_limitrange.py), or the pod
-    as admitted when it would still break one the admitted pod does not. `steps`: those
-    whose requests share the pod's budget."""
-    fitted, notes = limitrange.fit(before, result.pod, limit_ranges, steps=steps)
-    broken = limitrange.added_violations(before, fitted, limit_ranges)
+    """The rewritten pod fitted to the namespace's LimitRanges (_limitrange.py) and to its
+    own pod-level resources (_podlevel.py), or the pod as admitted when it would still break
+    one of them that the admitted pod does not. `steps`: those whose requests share the
+    pod's budget."""
+    pod, notes, broken = result.pod, [], []
+    if limit_ranges:
+        pod, notes = limitrange.fit(before, pod, limit_ranges, steps=steps)
+    if podlevel.has_pod_level(before):
+        pod = podlevel.fit(before, pod)
+        if problems := podlevel.added(before, pod):
+            broken.append(f"its pod-level resources ({'; '.join(x.message for x in problems)})")
+    if limit_ranges and (violations := limitrange.added_violations(before, pod, limit_ranges)):
+        broken.insert(0, f"the namespace's limits ({'; '.join(v.text() for v in violations)})")
     if broken:
         return RewriteResult(pod=before, reason=Reason.RESOURCES, warnings=[_prefix(
-            f"the rewritten pod would break the namespace's limits ({'; '.join(v.text() for v in broken)}); "
-            f"admitted unchanged")])
-    return dataclasses.replace(result, pod=fitted, warnings=[*result.warnings, *map(_prefix, notes)])
+            f"the rewritten pod would break {' and '.join(broken)}; admitted unchanged")])
+    if pod is result.pod:
+        return result
+    return dataclasses.replace(result, pod=pod, warnings=[*result.warnings, *map(_prefix, notes)])
 
 
 def _checked(before: dict, after: dict, warnings: list[str], reason: Reason,

@@ -36,8 +36,8 @@ from ._reasons import Reason
 from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
-from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, growth_of, is_restartable,
-    plan_steps, requests_and_qos, restartable_sum, sum_requests)
+from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, effective, growth_of,
+    is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import submap
@@ -428,7 +428,8 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
     new_total, new_qos = requests_and_qos(new_spec, read)
-    grown = growth_of(old_total, new_total, f"policy {settings.resources_policy}")
+    level = pod_level(origin_spec)[0]  # a pod-level request stays the pod's request
+    grown = growth_of(effective(old_total, level), effective(new_total, level), f"policy {settings.resources_policy}")
     if grown:
         warnings.append(grown)
     if new_qos != old_qos:
