@@ -340,7 +340,10 @@ def test_explicit_mode_rewrites_several_steps_without_sidecar(mode):
         assert rewrite(pod, Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode)),
                        native_supported=True).reason == "no-sidecar", "the server's default is not a request"
         pod["metadata"].setdefault("annotations", {})[p.ANNOTATION_MODE] = mode
-        for detected in (True, None, False):
+        # hybrid needs native sidecars even without a sidecar yet: one injected later is made native
+        if mode == p.MODE_HYBRID:
+            assert rewrite(pod, AUTO, native_supported=False).reason == "native-unsupported"
+        for detected in (True, None, False) if mode == p.MODE_WAITER else (True, None):
             result = rewrite(pod, AUTO, native_supported=detected)
             assert result.changed and result.strategy == mode, result.warnings
             assert any("no sidecar" in w for w in result.warnings)

@@ -203,6 +203,27 @@ def _as_strings(amounts: dict) -> dict:
 
 
 
+@pytest.mark.parametrize(("mode", "variant"), [("waiter", "classic"), ("hybrid", "classic"), ("hybrid", "native")])
+def test_a_proxy_injected_after_the_rewrite_still_fits_the_pod_level_request(mode: str, variant: str) -> None:
+    # The mesh's webhook runs after initshift's: the pod is rewritten before its proxy comes,
+    # with pod-level requests (defaulted on decode) that fit the pod the mesh alone makes.
+    # On re-invocation the steps' budget gives back what the proxy needs (v1.34.9 refused
+    # the pod before: "must be greater than or equal to aggregate container requests").
+    pod = copy.deepcopy(pods.catalogue()["kpack"])
+    pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    mesh_only = pod_requests(pods.inject_istio(pod)["spec"])
+    pod["spec"]["resources"] = {"requests": _as_strings({r: mesh_only[r] for r in ("cpu", "memory")})}
+    first = rewrite(pod, settings(mode=mode), native_supported=True)
+    assert first.changed, first.warnings
+    injected = pods.inject_istio(first.pod, variant)
+    refreshed = rewrite(injected, settings(mode=mode), native_supported=True)
+    assert refreshed.changed and refreshed.reason == Reason.REFRESHED, refreshed.warnings
+    total = pod_requests(refreshed.pod["spec"])
+    assert all(total[r] <= mesh_only[r] for r in ("cpu", "memory")), (total, mesh_only)
+    assert_valid_pod(refreshed.pod, (NEWEST,))
+    assert rewrite(refreshed.pod, settings(mode=mode), native_supported=True).pod == refreshed.pod
+
+
 # --- a property over generated pods and pod-level resources ----------------------------------
 
 from hypothesis import HealthCheck, given, settings as hsettings  # noqa: E402

@@ -225,6 +225,40 @@ def test_sidecar_injected_after_us_updates_only_gate_and_quit():
     assert rewrite(second.pod, ON).pod == second.pod
 
 
+@pytest.mark.parametrize("mode", ["waiter", "hybrid"])
+@pytest.mark.parametrize("policy", ["preserve", "divide", "keep"])
+def test_a_proxy_injected_after_us_is_taken_from_the_steps_budget(mode: str, policy: str) -> None:
+    # Istio's and Linkerd's webhooks sort after initshift's: a pod that asks for a proxy is
+    # rewritten before it has one. Its steps' budget then left the proxy out; on
+    # re-invocation the proxy's request is taken back from it, so the pod's effective
+    # request is the one the mesh alone gives it (keep: the steps' requests stay, it grows).
+    settings = Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode, resources_policy=policy))
+    kpack = copy.deepcopy(CATALOGUE["kpack"])
+    kpack["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    mesh_only = pod_requests(pods.inject_istio(kpack)["spec"])
+    first = rewrite(kpack, settings, native_supported=True)
+    assert first.changed, first.warnings
+    refreshed = rewrite(pods.inject_istio(first.pod), settings, native_supported=True)
+    assert refreshed.reason == "refreshed"
+    assert_valid_pod(refreshed.pod)
+    total = pod_requests(refreshed.pod["spec"])
+    if policy == "keep":
+        def steps(pod: dict) -> list:
+            names = set(json.loads(pod["metadata"]["annotations"][p.ANNOTATION_STEPS]))
+            return [c.get("resources") for c in pod["spec"]["containers"] if c["name"] in names]
+        assert steps(refreshed.pod) == steps(first.pod) and total["cpu"] > mesh_only["cpu"]
+    else:
+        assert total == mesh_only, (total, mesh_only)
+    assert rewrite(refreshed.pod, settings, native_supported=True).pod == refreshed.pod  # taken back once
+
+
+def test_sidecars_present_at_the_rewrite_are_not_taken_back_again() -> None:
+    # a sidecar the first rewrite budgeted (step 0 has a gate for it) gives nothing back later
+    once = rewrite(CATALOGUE["kpack-istio"], ON).pod
+    assert rewrite(once, ON).pod == once
+    assert pod_requests(once["spec"]) == pod_requests(CATALOGUE["kpack-istio"]["spec"])
+
+
 def test_hold_keeps_proxy_first_and_linkerd_proxy_first():
     hold = rewrite(CATALOGUE["kpack-istio-hold"], ON).pod
     assert names(hold["spec"]["containers"])[0] == "istio-proxy"

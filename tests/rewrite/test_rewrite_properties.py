@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from fractions import Fraction
 
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +14,7 @@ from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
 from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
-from webhook.rewrite._resources import pod_requests
+from webhook.rewrite._resources import container_amounts, pod_requests
 from webhook.rewrite._rewrite import rewrite
 from webhook.settings import RewriteSettings, Settings
 
@@ -139,10 +140,22 @@ def test_idempotent_also_after_a_sidecar_is_injected(pod):
     refreshed = rewrite(injected, SETTINGS["preserve"]).pod
     assert_valid_pod(refreshed)
     assert rewrite(refreshed, SETTINGS["preserve"]).pod == refreshed
-    # Apart from the gate (step 0, the quit flags, the ready volume) nothing moved.
+    # Apart from the gate (step 0, the quit flags, the ready volume) and the steps' requests
+    # nothing moved. The proxy came after the rewrite, so its request is taken back from the
+    # steps' budget: the pod's effective request is at most the one the mesh alone gives it.
+    steps = set(json.loads(once["metadata"]["annotations"][p.ANNOTATION_STEPS]))
     for a, b in zip(injected["spec"]["containers"][1:], refreshed["spec"]["containers"][1:]):
-        assert {k: v for k, v in a.items() if k != "args"} == {k: v for k, v in b.items() if k != "args"}
+        same = {k: v for k, v in a.items() if k not in ("args", "resources")}
+        assert same == {k: v for k, v in b.items() if k not in ("args", "resources")}
+        if a["name"] in steps:
+            old, new = container_amounts(a)[0], container_amounts(b)[0]
+            assert set(new) == set(old) and all(new[r] <= old[r] for r in old), (old, new)
+        else:
+            assert a.get("resources") == b.get("resources")
         if a.get("command") == [p.WAITER_PATH]:
             assert wrapped_argv(a) == wrapped_argv(b)
+    mesh_only = pod_requests(pods.inject_istio(pod)["spec"])
+    assert all(v <= mesh_only.get(r, 0) for r, v in pod_requests(refreshed["spec"]).items() if v), \
+        (pod_requests(refreshed["spec"]), mesh_only)
     assert refreshed["spec"]["initContainers"] == injected["spec"]["initContainers"]
     assert refreshed["metadata"] == injected["metadata"]

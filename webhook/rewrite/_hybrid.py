@@ -86,7 +86,10 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     late = [c for c in spec.get("containers") or [] if c.get("name") in known and c.get("name") not in work]
     if late:  # after the last init container (before `initshift-init` in a pod an earlier initshift admitted)
         anchor = [c for c in spec.get("initContainers") or [] if c.get("name") == p.INIT_CONTAINER_NAME]
-        pod = native.place_sidecars(pod, late, anchor, settings, _never).pod
+        # Injected after the rewrite, so left out of the steps' budget: taken back from it.
+        spec = {**spec, "containers": waiter.give_back_to_sidecars(spec.get("containers") or [], names[0], late,
+                                                                    settings)}
+        pod = native.place_sidecars({**pod, "spec": spec}, late, anchor, settings, _never).pod
     out, _ = _settle_startup(waiter.refresh(pod, settings), settings, [str(c["name"]) for c in late],
                              removed_startup_probes(pod))
     return out

@@ -35,7 +35,7 @@ from waiter import protocol as p
 
 from ._quantity import QuantityError, format_quantity, parse
 from ._resources import (Amounts, container_amounts, describe, effective, growth_of, pod_level, pod_limits,
-                         pod_requests, restartable_sum, sum_requests)
+                         pod_requests, restartable_sum, sum_requests, take_back)
 from ._shape import mapping_at
 
 _CONTAINER, _POD = "Container", "Pod"
@@ -191,27 +191,9 @@ def _give_back(spec: dict, budget: Amounts, steps: set[str], b: _Bounds) -> None
     regular = sum_requests(spec.get("containers") or [])
     for r, v in restartable_sum(spec.get("initContainers") or []).items():
         regular[r] = regular.get(r, 0) + v
-    containers = list(spec.get("containers") or [])
-    for r in sorted({*b.min, *b.ratio}):
-        excess = regular.get(r, 0) - budget.get(r, 0)
-        if excess <= 0:
-            continue
-        held = []  # (request, index, floor) of each step requesting r
-        for i, c in enumerate(containers):
-            if c.get("name") in steps:
-                requests, limits = container_amounts(c)
-                if requests.get(r):
-                    held.append((requests[r], i, b.request_floor(r, limits.get(r))))
-        for request, i, floor in sorted(held, key=lambda t: (-t[0], t[1])):
-            take = min(excess, request - floor)
-            if take > 0:
-                c = containers[i] = dict(containers[i])
-                res = c["resources"]  # a request may be its limit's: the apiserver's default
-                c["resources"] = {**res, "requests": {**(res.get("requests") or {}), r: format_quantity(request - take, r)}}
-                excess -= take
-            if excess <= 0:
-                break
-    spec["containers"] = containers
+    excess = {r: regular.get(r, 0) - budget.get(r, 0) for r in {*b.min, *b.ratio}}
+    spec["containers"] = take_back(spec.get("containers") or [], steps, {r: v for r, v in excess.items() if v > 0},
+                                   lambda c, r: b.request_floor(r, container_amounts(c)[1].get(r)))
 
 
 def lr_name(lr: Mapping) -> str:

@@ -13,20 +13,22 @@ on a real v1.34.9 apiserver (validatePodResourceConsistency):
 
 Pod-level requests are defaulted on decode, before any webhook (`_resources.pod_level`), so
 they are read from the pod as admitted. `fit` keeps initshift's own regular container
-(`initshift-copy`) within the pod-level limits; `added` is what the rewritten pod breaks
-that the pod as admitted does not, in the apiserver's words: such a pod is admitted
-unchanged (a step's limit and request are the user's, never lowered to fit).
+(`initshift-copy`) within the pod-level limits, and the steps' budget (`preserve`,
+`divide`) within the pod-level requests: it matters on re-invocation, when a proxy the
+mesh injected after the rewrite asks for more than the budget left out. `added` is what the
+rewritten pod breaks that the pod as admitted does not, in the apiserver's words: such a
+pod is admitted unchanged (a step's limit is the user's, never lowered to fit).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from waiter import protocol as p
 
 from ._quantity import format_quantity
-from ._resources import Amounts, container_amounts, pod_level, pod_requests
+from ._resources import Amounts, container_amounts, pod_level, pod_requests, take_back
 from ._shape import mapping_at
 
 __all__ = ["Problem", "added", "fit", "has_pod_level"]
@@ -67,12 +69,20 @@ def added(before: Mapping, after: Mapping) -> list[Problem]:
     return [x for x in _problems(after, requests, limits) if x.key not in had]
 
 
-def fit(before: Mapping, after: dict) -> dict:
+def fit(before: Mapping, after: dict, steps: Collection[str] = ()) -> dict:
     """`after` with initshift's own regular containers' limits (and requests) within the
-    pod-level limits: they only copy the waiter, and less is enough."""
-    limits = pod_level(mapping_at(before, "spec"))[1]
+    pod-level limits (they only copy the waiter, and less is enough), and what the
+    containers request beyond a pod-level request taken back from `steps`, the steps whose
+    requests share the pod's budget (a proxy injected after the rewrite, made native or
+    asked for natively, counts in every phase)."""
+    requests, limits = pod_level(mapping_at(before, "spec"))
     containers = mapping_at(after, "spec").get("containers") or []
     fitted = [_within(c, limits) if c.get("name") == p.COPY_CONTAINER_NAME else c for c in containers]
+    if steps and requests:
+        aggregate = pod_requests({**after["spec"], "containers": fitted})
+        excess = {r: aggregate[r] - v for r, v in requests.items() if aggregate.get(r, 0) > v}
+        if excess:
+            fitted = take_back(fitted, steps, excess)
     if all(x is y for x, y in zip(fitted, containers)):
         return after
     return {**after, "spec": {**after["spec"], "containers": fitted}}

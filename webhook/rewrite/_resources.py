@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from ._quantity import ZERO, QuantityError, format_quantity, parse
 from ._shape import submap
@@ -246,6 +246,28 @@ def growth_of(old_total: Amounts, new_total: Mapping[str, int], why: str) -> str
     if not grown:
         return None
     return f"the pod's effective request grows to {describe(grown)} (was {describe(old_total)}): {why}"
+
+
+def take_back(containers: Sequence[Mapping], steps: Collection[str], amounts: Mapping[str, int],
+              floor: Callable[[Mapping, str], int] = lambda c, r: ZERO) -> list[Mapping]:
+    """`containers` with up to `amounts` (per resource) taken from the requests of the
+    `steps` among them, largest request first, each down to its `floor`: what the steps'
+    share of the pod's budget gives back. A request may be a limit's (the apiserver's
+    default): it is then written."""
+    out = list(containers)
+    for r, amount in sorted(amounts.items()):
+        held = sorted(((req, i) for i, c in enumerate(out) if c.get("name") in steps
+                       for req in (container_amounts(c)[0].get(r),) if req), key=lambda t: (-t[0], t[1]))
+        for request, i in held:
+            if amount <= 0:
+                break
+            take = min(amount, request - floor(out[i], r))
+            if take > 0:
+                c = out[i] = dict(out[i])
+                res = c["resources"]
+                c["resources"] = {**res, "requests": {**(res.get("requests") or {}), r: format_quantity(request - take, r)}}
+                amount -= take
+    return out
 
 
 @dataclass

@@ -151,8 +151,7 @@ class Rewritten(Plan):
                 if needs_image(c)]
 
     def _budgeted_steps(self, rewritten: Mapping) -> list[str]:
-        names = waiter_strategy.managed_names(rewritten)
-        return names[0] if names and self.settings.rewrite.resources_policy != "keep" else []
+        return _budgeted(rewritten, self.settings)
 
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
         build = _STRATEGIES[self.strategy][0]
@@ -166,6 +165,9 @@ class Refreshed(Plan):
     """A pod the waiter or hybrid strategy rewrote, sent again (reinvocationPolicy IfNeeded)."""
 
     settings: Settings
+
+    def _budgeted_steps(self, rewritten: Mapping) -> list[str]:
+        return _budgeted(rewritten, self.settings)
 
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
         how = p.MODE_HYBRID if managed_as(self.pod) == p.MODE_HYBRID else p.MODE_WAITER
@@ -336,8 +338,9 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
     if strategy == p.MODE_HYBRID and proxies:
         notes.append(f"the proxy {proxies[0]!r} already runs as a native sidecar: the steps run beside it under "
                      f"the waiter (hybrid)")
-    if strategy == p.MODE_HYBRID and mode == p.MODE_HYBRID and native is not True and \
-            (cls.sidecars or (has_mesh_marker(pod) and not proxies)):
+    # Asked for by name, hybrid needs native sidecars even for a pod without a sidecar yet:
+    # one another webhook adds later is made native on re-invocation.
+    if strategy == p.MODE_HYBRID and mode == p.MODE_HYBRID and native is not True and not proxies:
         if native is False:
             return _unsupported(case)
         notes.append(_honoured(case))
@@ -472,6 +475,12 @@ def _failed(pod: dict, e: RewriteError) -> RewriteResult:
     return RewriteResult(pod=pod, warnings=[_prefix(f"{e}; admitted unchanged")], reason=e.reason)
 
 
+def _budgeted(rewritten: Mapping, settings: Settings) -> list[str]:
+    """The steps of a waiter or hybrid pod whose requests share the pod's budget."""
+    names = waiter_strategy.managed_names(rewritten)
+    return names[0] if names and settings.rewrite.resources_policy != "keep" else []
+
+
 def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping],
             steps: Sequence[str] = ()) -> RewriteResult:
     """The rewritten pod fitted to the namespace's LimitRanges (_limitrange.py) and to its
@@ -482,7 +491,7 @@ def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping]
     if limit_ranges:
         pod, notes = limitrange.fit(before, pod, limit_ranges, steps=steps)
     if podlevel.has_pod_level(before):
-        pod = podlevel.fit(before, pod)
+        pod = podlevel.fit(before, pod, steps)
         if problems := podlevel.added(before, pod):
             broken.append(f"its pod-level resources ({'; '.join(x.message for x in problems)})")
     if limit_ranges and (violations := limitrange.added_violations(before, pod, limit_ranges)):

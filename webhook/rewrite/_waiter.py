@@ -30,14 +30,14 @@ from typing import Callable, Mapping, Sequence
 from waiter import protocol as p
 
 from ._classify import Classification, managed_as, mark_managed
-from ._command import Argv, read_argv, run_command
+from ._command import Argv, gate_of, read_argv, run_command
 from ._errors import RewriteError
 from ._reasons import Reason
 from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
 from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, effective, growth_of,
-    is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests)
+    is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import submap
@@ -478,6 +478,17 @@ def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
     return steps, mains
 
 
+def give_back_to_sidecars(containers: Sequence[Mapping], steps: Sequence[str], sidecars: Sequence[Mapping],
+                          settings: RewriteSettings) -> list[Mapping]:
+    """`containers` with the requests of `sidecars` injected after the rewrite taken back from
+    the steps' budget (`preserve`, `divide`; `keep` lets the pod grow): the pod's effective
+    request is then the one the mesh alone would have given it, max(steps, mains + sidecars),
+    as a first admission of the injected pod would have budgeted it."""
+    if settings.resources_policy == "keep":
+        return list(containers)
+    return take_back(containers, set(steps), sum_requests(sidecars))
+
+
 def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     """Re-invocation: the same pod, with the sidecar-dependent parts (step 0's gate, the
     quit endpoints) recomputed for the sidecars it has now."""
@@ -499,6 +510,10 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
                                 if c.get("name") not in index and c.get("name") not in OWN_CONTAINERS])
     if problems:
         raise RewriteError(f"{problems[0]}", deny=True, reason=Reason.RESERVED)
+    if regular_sidecars and steps and managed_as(pod) == p.MODE_WAITER and gate_of(by_name[steps[0]]) == (None, ()):
+        # Step 0 has no gate: the pod had no sidecar when it was rewritten, and these came
+        # after (the mesh's webhook ran after initshift's). Its steps' budget left them out.
+        containers = give_back_to_sidecars(containers, steps, regular_sidecars, settings)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
                      [*natives, *regular_sidecars], regular_sidecars, managed_as(pod) == p.MODE_HYBRID)
