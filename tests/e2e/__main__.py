@@ -29,7 +29,7 @@ from typing import Iterator
 
 from tests.support.k8s import ClusterError, cluster
 
-from . import _builds, _jobs, _timing, _tools  # noqa: F401 - they register the scenarios
+from . import _admitted, _builds, _jobs, _timing, _tools  # noqa: F401 - they register the scenarios
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario
 from ._install import Install
