@@ -224,6 +224,32 @@ def test_a_proxy_injected_after_the_rewrite_still_fits_the_pod_level_request(mod
     assert rewrite(refreshed.pod, settings(mode=mode), native_supported=True).pod == refreshed.pod
 
 
+@pytest.mark.parametrize("room", [False, True])
+def test_native_does_not_ask_for_a_native_proxy_its_pod_level_requests_may_not_hold(room: bool) -> None:
+    # Asked for natively, the mesh's proxy would count beside every step, unchecked by
+    # initshift (v1.34.9 refused such a pod, 10m/16Mi over). It is left to land in
+    # containers and made native on re-invocation only if the requests hold it.
+    pod = copy.deepcopy(pods.catalogue()["kpack"])
+    pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    pod["spec"]["restartPolicy"] = "Always"  # a long-running pod: auto gives it native
+    mesh_only = pod_requests(pods.inject_istio(pod)["spec"])
+    extra = {"cpu": 100, "memory": 128 << 20} if room else {"cpu": 0, "memory": 0}
+    pod["spec"]["resources"] = {"requests": _as_strings({r: mesh_only[r] + extra[r] for r in ("cpu", "memory")})}
+    first = rewrite(pod, settings(), native_supported=True)
+    notes = first.pod["metadata"]["annotations"]
+    assert first.reason == Reason.NO_SIDECAR and p.ISTIO_NATIVE_ANNOTATION not in notes
+    assert notes[p.ANNOTATION_NOT_REWRITTEN] == "no-sidecar" and p.LABEL_MANAGED not in first.pod["metadata"]["labels"]
+    second = rewrite(pods.inject_istio(first.pod), settings(), native_supported=True)
+    if room:
+        assert second.changed and second.strategy == "native", second.warnings
+        assert added(pod, second.pod) == []
+    else:
+        assert not second.changed and second.reason == Reason.RESOURCES, second.warnings
+    # without pod-level requests the mesh is asked, as before
+    del pod["spec"]["resources"]
+    assert rewrite(pod, settings(), native_supported=True).reason == Reason.ANNOTATED
+
+
 # --- a property over generated pods and pod-level resources ----------------------------------
 
 from hypothesis import HealthCheck, given, settings as hsettings  # noqa: E402

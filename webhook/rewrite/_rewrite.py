@@ -33,6 +33,7 @@ from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
 from ._reasons import FINAL, SWITCHED_OFF, Reason
+from ._resources import pod_level
 from ._shape import mapping_at, shape_problem
 from ._strategy import Build
 
@@ -290,6 +291,12 @@ def _choose_native(case: _Case) -> Plan:
         return case.skip(Reason.ALREADY_NATIVE, f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                                 f"admitted unchanged")
     if has_mesh_marker(pod):
+        if pod_level(mapping_at(pod, "spec"))[0]:
+            # A proxy the mesh injects natively counts beside every step, unchecked: one it
+            # injects into containers is moved on re-invocation if the requests hold it.
+            return case.skip(Reason.NO_SIDECAR, "the mesh has not injected its proxy yet, and the pod sets pod-level "
+                                                "requests: the proxy is made native when initshift is re-invoked "
+                                                "after the mesh, if they hold it beside the steps; admitted unchanged")
         return case.go(p.MODE_NATIVE, notes)  # the proxy comes later: ask the mesh for a native one
     return _no_sidecar(case)
 
