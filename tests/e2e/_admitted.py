@@ -82,7 +82,7 @@ class _Trial:
 
 @scenario("never-refused")
 def never_refused(env: Env, rec: Record) -> None:
-    """Server dry runs of catalogue and generated pods: every pod the apiserver admits without initshift it admits with it."""
+    """Server dry runs of catalogue and generated pods: what the apiserver admits without initshift it admits with it."""
     pairs = []
     for short, limited in (("", False), ("lr", True)):
         pair = (env.namespace(f"dry{short}", opted=False), env.namespace(f"dryin{short}"))

@@ -178,9 +178,10 @@ def fit(before: Mapping, after: dict, limit_ranges: Sequence[Mapping], *,
     out = dict(after)
     out["spec"] = new_spec
     names = ", ".join(sorted({lr_name(lr) for lr in limit_ranges}))
-    level = pod_level(mapping_at(before, "spec"))[0]
-    grown = growth_of(effective(was, level), effective(pod_requests(new_spec), level), f"requests raised to the namespace's LimitRange ({names}): "
-                                                   f"min {describe(b.min)}, maxLimitRequestRatio {_ratios(b.ratio)}")
+    level = pod_level(mapping_at(before, "spec"))[0]  # a pod-level request stays the pod's request
+    why = f"requests raised to the namespace's LimitRange ({names}): min {describe(b.min)}, " \
+          f"maxLimitRequestRatio {_ratios(b.ratio)}"
+    grown = growth_of(effective(was, level), effective(pod_requests(new_spec), level), why)
     return out, [grown] if grown else []
 
 

@@ -50,15 +50,16 @@ def _problems(pod: Mapping, requests: Amounts, limits: Amounts) -> list[Problem]
     aggregate = pod_requests(spec)
     for r, v in sorted(requests.items()):
         if aggregate.get(r, 0) > v:
-            out.append(Problem(("requests", r), f'spec.resources.requests[{r}]: Invalid value: "{format_quantity(v, r)}": '
-                                                f"must be greater than or equal to aggregate container requests of "
-                                                f"{format_quantity(aggregate[r], r)}"))
+            out.append(Problem(("requests", r), f'spec.resources.requests[{r}]: Invalid value: '
+                                                f'"{format_quantity(v, r)}": must be greater than or equal to '
+                                                f"aggregate container requests of {format_quantity(aggregate[r], r)}"))
     for i, c in enumerate(spec.get("containers") or []):
         for r, v in sorted(container_amounts(c)[1].items()):
             if r in limits and v > limits[r]:
                 out.append(Problem(("limits", r, str(c.get("name"))),
-                                   f'spec.resources.containers[{i}][{r}].limits: Invalid value: "{format_quantity(v, r)}": '
-                                   f"must be less than or equal to pod limits of {format_quantity(limits[r], r)}"))
+                                   f'spec.resources.containers[{i}][{r}].limits: Invalid value: '
+                                   f'"{format_quantity(v, r)}": must be less than or equal to pod limits of '
+                                   f"{format_quantity(limits[r], r)}"))
     return out
 
 

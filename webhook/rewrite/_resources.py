@@ -204,7 +204,9 @@ def _qos(spec: Mapping, containers: _Parsed) -> str:
     return _qos_class(containers)
 
 
-def _qos_class(containers: _Parsed | list[tuple[Mapping, Amounts, Amounts]], limits_needed: bool = True) -> str:
+def _qos_class(containers: _Parsed, limits_needed: bool = True) -> str:
+    """`limits_needed`: each entry must limit cpu and memory to be Guaranteed (containers
+    must; pod-level resources need only when they set any limit)."""
     requests: Amounts = defaultdict(int)
     limits: Amounts = defaultdict(int)
     guaranteed = True
@@ -265,7 +267,8 @@ def take_back(containers: Sequence[Mapping], steps: Collection[str], amounts: Ma
             if take > 0:
                 c = out[i] = dict(out[i])
                 res = c["resources"]
-                c["resources"] = {**res, "requests": {**(res.get("requests") or {}), r: format_quantity(request - take, r)}}
+                requests = {**(res.get("requests") or {}), r: format_quantity(request - take, r)}
+                c["resources"] = {**res, "requests": requests}
                 amount -= take
     return out
 
