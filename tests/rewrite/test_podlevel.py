@@ -203,25 +203,46 @@ def _as_strings(amounts: dict) -> dict:
 
 
 
-@pytest.mark.parametrize(("mode", "variant"), [("waiter", "classic"), ("hybrid", "classic"), ("hybrid", "native")])
-def test_a_proxy_injected_after_the_rewrite_still_fits_the_pod_level_request(mode: str, variant: str) -> None:
-    # The mesh's webhook runs after initshift's: the pod is rewritten before its proxy comes,
-    # with pod-level requests (defaulted on decode) that fit the pod the mesh alone makes.
-    # On re-invocation the steps' budget gives back what the proxy needs (v1.34.9 refused
-    # the pod before: "must be greater than or equal to aggregate container requests").
+@pytest.mark.parametrize("variant", ["classic", "native"])
+@pytest.mark.parametrize("mode", ["auto", "waiter", "hybrid"])
+def test_a_pod_asking_for_a_proxy_is_rewritten_once_the_proxy_is_there(mode: str, variant: str) -> None:
+    # The mesh's webhook runs after initshift's (the names sort so): the proxy's request is
+    # unknown at the first review, and a pod-level request (defaulted on decode to the pod
+    # as sent) may not hold it beside the steps. So the first review leaves the pod, and the
+    # re-invoked one rewrites it as a first admission of the injected pod, within them.
     pod = copy.deepcopy(pods.catalogue()["kpack"])
     pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    mesh_only = pods.inject_istio(pod, variant)
+    pod["spec"]["resources"] = {"requests": _as_strings({r: pod_requests(mesh_only["spec"])[r]
+                                                         for r in ("cpu", "memory")})}
+    first = rewrite(pod, settings(mode=mode), native_supported=True)
+    assert first.reason == Reason.NO_SIDECAR and first.pod["spec"] == pod["spec"], first.warnings
+    assert "pod-level requests" in first.warnings[0]
+    again = rewrite(pods.inject_istio(first.pod, variant), settings(mode=mode), native_supported=True)
+    assert again.changed and again.reason == Reason.REWRITTEN, again.warnings
+    assert added(pods.inject_istio(pod, variant), again.pod) == []
+    assert_valid_pod(again.pod, (NEWEST,))
+
+
+@pytest.mark.parametrize(("mode", "variant"), [("waiter", "classic"), ("hybrid", "classic"), ("hybrid", "native")])
+def test_a_sidecar_added_after_the_rewrite_still_fits_the_pod_level_request(mode: str, variant: str) -> None:
+    # A pod rewritten with no sidecar at all (its mode asked for by name) that another
+    # webhook then gives one: on re-invocation the steps' budget gives back what the
+    # sidecar needs beyond the pod-level request, a native one included (it counts in
+    # every phase; v1.34.9 refused the pod before: "must be greater than or equal to
+    # aggregate container requests").
+    pod = copy.deepcopy(pods.catalogue()["kpack"])
+    pod["metadata"].setdefault("annotations", {})[p.ANNOTATION_MODE] = mode
     mesh_only = pod_requests(pods.inject_istio(pod)["spec"])
     pod["spec"]["resources"] = {"requests": _as_strings({r: mesh_only[r] for r in ("cpu", "memory")})}
-    first = rewrite(pod, settings(mode=mode), native_supported=True)
-    assert first.changed, first.warnings
-    injected = pods.inject_istio(first.pod, variant)
-    refreshed = rewrite(injected, settings(mode=mode), native_supported=True)
+    first = rewrite(pod, settings(), native_supported=True)
+    assert first.changed and first.strategy == mode, first.warnings
+    refreshed = rewrite(pods.inject_istio(first.pod, variant), settings(), native_supported=True)
     assert refreshed.changed and refreshed.reason == Reason.REFRESHED, refreshed.warnings
     total = pod_requests(refreshed.pod["spec"])
     assert all(total[r] <= mesh_only[r] for r in ("cpu", "memory")), (total, mesh_only)
     assert_valid_pod(refreshed.pod, (NEWEST,))
-    assert rewrite(refreshed.pod, settings(mode=mode), native_supported=True).pod == refreshed.pod
+    assert rewrite(refreshed.pod, settings(), native_supported=True).pod == refreshed.pod
 
 
 @pytest.mark.parametrize("room", [False, True])
@@ -289,7 +310,7 @@ def _limit(c: dict, r: str) -> int:
 def test_any_pod_with_pod_level_resources_is_fitted_or_left_as_it_came(data, pod, policy, mode):
     """The rewrite never emits a pod the apiserver would refuse for its pod-level resources:
     a rewritten pod has no problem the pod as admitted lacks and stays a valid pod;
-    otherwise the pod is left as it came, saying why."""
+    otherwise the pod is left as it came, saying why. So too after the mesh injects."""
     if pod_problems(pod):
         return
     pod["spec"]["resources"] = data.draw(pod_level_resources(pod))
@@ -300,3 +321,15 @@ def test_any_pod_with_pod_level_resources_is_fitted_or_left_as_it_came(data, pod
         assert not pod_problems(result.pod)
     else:
         assert result.pod["spec"] == pod["spec"] and result.warnings
+    # The mesh's webhook runs after initshift's: a proxy it injects then (as the pod asks,
+    # classic or native) must still leave a pod the apiserver admits, wherever the pod the
+    # mesh alone makes is admitted.
+    if any(c["name"] == p.ISTIO_PROXY for c in [*result.pod["spec"].get("initContainers", []),
+                                                *result.pod["spec"]["containers"]]):
+        return
+    variant = data.draw(st.sampled_from(["classic", "native"]))
+    mesh_only = pods.inject_istio(pod, variant)
+    again = rewrite(pods.inject_istio(result.pod, variant), settings(policy, mode=mode), native_supported=True)
+    if not added(pod, mesh_only):
+        assert added(mesh_only, again.pod) == [], again.warnings
+    assert not pod_problems(again.pod)

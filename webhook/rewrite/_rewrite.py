@@ -263,6 +263,16 @@ def _no_sidecar(case: _Case) -> Unchanged:
                                         "unchanged (re-invoked if a mesh injects later)")
 
 
+def _proxy_later(case: _Case) -> Unchanged:
+    """A pod that sets pod-level requests and asks for a proxy it does not have yet: the
+    proxy's request is unknown until the mesh injects it (after initshift's webhook, which
+    sorts first), and the requests may not hold it beside the steps. The pod is rewritten
+    on re-invocation, as a first admission of the injected pod, or left as it is then."""
+    return case.skip(Reason.NO_SIDECAR, "the mesh has not injected its proxy yet and the pod sets pod-level "
+                                        "requests: it is rewritten when initshift is re-invoked after the mesh, if "
+                                        "they hold the proxy beside the steps; admitted unchanged")
+
+
 def _unsupported(case: _Case) -> Unchanged:
     return case.skip(Reason.NATIVE_UNSUPPORTED, f"{case.asked_by}, but {_no_native(False)} (Kubernetes 1.29 or "
                                                 f"later); admitted unchanged")
@@ -292,11 +302,7 @@ def _choose_native(case: _Case) -> Plan:
                                                 f"admitted unchanged")
     if has_mesh_marker(pod):
         if pod_level(mapping_at(pod, "spec"))[0]:
-            # A proxy the mesh injects natively counts beside every step, unchecked: one it
-            # injects into containers is moved on re-invocation if the requests hold it.
-            return case.skip(Reason.NO_SIDECAR, "the mesh has not injected its proxy yet, and the pod sets pod-level "
-                                                "requests: the proxy is made native when initshift is re-invoked "
-                                                "after the mesh, if they hold it beside the steps; admitted unchanged")
+            return _proxy_later(case)
         return case.go(p.MODE_NATIVE, notes)  # the proxy comes later: ask the mesh for a native one
     return _no_sidecar(case)
 
@@ -356,6 +362,8 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
             return case.go(strategy, [f"no sidecar: the steps run under the waiter as {case.asked_by} asks, handed "
                                       f"off in milliseconds instead of the kubelet's init order"])
         return _no_sidecar(case)  # native sidecars already run beside the init containers
+    if not cls.sidecars and not proxies and pod_level(spec)[0]:
+        return _proxy_later(case)
     return case.go(strategy, notes)
 
 
