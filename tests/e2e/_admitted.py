@@ -35,8 +35,51 @@ MODES = (None, p.MODE_AUTO, p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID)
 GENERATED = 200  # generated pods, each tried in every namespace pair
 # The rewrite's own generators: build pods (steps, mains, argv, resources), pods a mesh
 # injected or asked for (Istio's variants, Linkerd), proxies with and without probes of
-# their own, kept init containers and extra sidecars, and Jobs' pods without steps.
-POD = st.one_of(build_pod(), meshed_pod().map(lambda case: case[0]), proxied_pod(), job_pod())
+# their own, kept init containers and extra sidecars, and Jobs' pods without steps; half of
+# them dressed as real pods are.
+_BASE = st.one_of(build_pod(), meshed_pod().map(lambda case: case[0]), proxied_pod(), job_pod())
+_PORT = st.integers(1024, 65535)
+
+
+@st.composite
+def _dressed(draw, pod: dict) -> dict:
+    """`pod` with fields real pods carry that the rewrite must keep valid where it moves
+    containers: ports (named, some on the host), security contexts, working directories,
+    termination messages, probes and hooks on regular containers, pod-wide settings."""
+    pod = copy.deepcopy(pod)
+    spec = pod["spec"]
+    for key in ("initContainers", "containers"):
+        for c in spec.get(key) or []:
+            if draw(st.booleans()):
+                port = {"containerPort": draw(_PORT), "name": f"p{draw(st.integers(0, 3))}{c['name'][:8]}"}
+                if draw(st.integers(0, 4)) == 0:
+                    port["hostPort"] = port["containerPort"]
+                c["ports"] = [port]
+            if draw(st.booleans()):
+                c["securityContext"] = draw(st.sampled_from([
+                    {"runAsNonRoot": True, "runAsUser": 1000},
+                    {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                     "readOnlyRootFilesystem": True},
+                    {"runAsUser": 0}]))
+            if draw(st.booleans()):
+                c["workingDir"] = "/workspace"
+            if draw(st.integers(0, 3)) == 0:
+                c["terminationMessagePath"] = "/tmp/done"
+                c["terminationMessagePolicy"] = "FallbackToLogsOnError"
+            if key == "containers" and c.get("restartPolicy") is None and draw(st.integers(0, 3)) == 0:
+                c["readinessProbe"] = {"exec": {"command": ["true"]}, "periodSeconds": 5}
+                c["lifecycle"] = {"preStop": {"exec": {"command": ["true"]}}}
+    if draw(st.booleans()):
+        spec["securityContext"] = {"fsGroup": 2000, "runAsNonRoot": True, "runAsUser": 1000}
+    if draw(st.booleans()):
+        spec["shareProcessNamespace"] = True
+    if draw(st.booleans()):
+        spec["activeDeadlineSeconds"] = 3600
+    spec["enableServiceLinks"] = draw(st.booleans())
+    return pod
+
+
+POD = _BASE.flatmap(lambda pod: st.one_of(st.just(pod), _dressed(pod)))
 
 
 _REFUSED = re.compile(r": 4\d\d ")  # KubeFailure's "POST <path>: <status> <message>"
