@@ -22,8 +22,8 @@ def limit_range(name: str, namespace: str, cpu_min: str = "10m") -> dict:
                                  "defaultRequest": {"cpu": "100m"}, "maxLimitRequestRatio": {"cpu": "10"}}]}}
 
 
-def live_lists(kube: KubeDouble, namespace: str) -> int:
-    return sum(1 for r in kube.requests if r.method == "GET" and r.path == f"/api/v1/namespaces/{namespace}/limitranges")
+def live_lists(kube: KubeDouble, namespace: str, resource: str = "limitranges") -> int:
+    return sum(1 for r in kube.requests if r.method == "GET" and r.path == f"/api/v1/namespaces/{namespace}/{resource}")
 
 
 class Clock:

@@ -19,7 +19,7 @@ from tests.support import https_helpers as h
 from tests.support.kubedouble import KubeDouble
 from tests.support.patching import apply_patch, decode_patch
 from waiter import protocol as p
-from webhook.admission import HttpsServer, LimitRanges, bind
+from webhook.admission import HttpsServer, LimitRanges, ResourceQuotas, bind
 from webhook.rewrite._quantity import parse
 from webhook.rewrite._resources import pod_requests
 
@@ -49,10 +49,11 @@ def violations(pod: dict) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path, view: LimitRanges | None, *, run_view: bool = True) -> AsyncIterator[str]:
+async def serving(tmp_path: Path, view: LimitRanges | ResourceQuotas | None, *,
+                  run_view: bool = True) -> AsyncIterator[str]:
     """The real server on this loop with the view as its companion; yields its URL."""
     server = HttpsServer(h.settings_for(tmp_path), sock=bind(), reload_interval=0.1, graceful_seconds=1,
-                         limit_ranges=view)
+                         **{"quotas" if isinstance(view, ResourceQuotas) else "limit_ranges": view})
     task = asyncio.create_task(server.serve(*([view.run] if view is not None and run_view else [])))
     try:
         await until(lambda: server.uvicorn.started or task.done(), "the server started", 30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -117,3 +118,26 @@ def test_limit_ranges_of_the_namespace(tmp_path):
     f.write_text(istio_job_yaml())
     bad = run("-", "--limit-ranges", str(f), stdin=istio_job_yaml())
     assert bad.returncode == 2 and bad.stderr.strip() == f"initshift mutate: {f}: expected LimitRanges, got a Pod"
+
+
+def test_quotas_of_the_namespace(tmp_path):
+    """--quotas: what `kubectl get resourcequotas -o yaml` prints, with the status the quota
+    controller keeps; a rewrite whose steps' limits would exceed one is left unchanged
+    (exit 1 with --check); anything but ResourceQuotas is refused with exit 2."""
+    def quotas(limit: str) -> dict:
+        hard = {"limits.memory": limit}
+        return {"apiVersion": "v1", "kind": "List", "items": [{
+            "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute"},
+            "spec": {"hard": hard}, "status": {"hard": hard, "used": {"limits.memory": "0"}}}]}
+    f = tmp_path / "quotas.yaml"
+    pod = copy.deepcopy(pods.catalogue()["kpack-istio"])  # six steps
+    for c in pod["spec"]["initContainers"]:
+        c["resources"] = {"limits": {"memory": "1Gi"}}
+    f.write_text(yaml.safe_dump(quotas("100Gi")))
+    assert run("-", "--quotas", str(f), "--check", stdin=yaml.safe_dump(pod)).returncode == 0
+    f.write_text(yaml.safe_dump(quotas("2Gi")))
+    tight = run("-", "--quotas", str(f), "--check", stdin=yaml.safe_dump(pod))
+    assert tight.returncode == 1 and "exceeded quota: compute, requested: limits.memory=" in tight.stderr, tight.stderr
+    f.write_text(istio_job_yaml())
+    bad = run("-", "--quotas", str(f), stdin=istio_job_yaml())
+    assert bad.returncode == 2 and bad.stderr.strip() == f"initshift mutate: {f}: expected ResourceQuotas, got a Pod"

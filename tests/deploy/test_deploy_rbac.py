@@ -118,22 +118,26 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
 
 
 async def limitrange_calls() -> list[Attrs]:
-    """The admission server's view of LimitRanges: its list and watch, then a live list."""
+    """The admission server's views of LimitRanges and ResourceQuotas: each one's list and
+    watch, then a live list."""
     import asyncio
 
-    from webhook.admission import LimitRanges
+    from webhook.admission import LimitRanges, ResourceQuotas
 
-    rec = Recorder(lambda m, path, q: (200, {"items": [], "metadata": {"resourceVersion": "1"}}))
-    view, stop = LimitRanges(rec), asyncio.Event()
-    task = asyncio.create_task(view.run(stop))
-    for _ in range(500):
-        if any(c[0] == "watch" for c in rec.calls):
-            break
-        await asyncio.sleep(0.01)
-    stop.set()
-    await asyncio.wait_for(task, 10)
-    assert view.synced and await view.lookup("builds") == []
-    return rec.calls
+    calls: list[Attrs] = []
+    for kind in (LimitRanges, ResourceQuotas):
+        rec = Recorder(lambda m, path, q: (200, {"items": [], "metadata": {"resourceVersion": "1"}}))
+        view, stop = kind(rec), asyncio.Event()
+        task = asyncio.create_task(view.run(stop))
+        for _ in range(500):
+            if any(c[0] == "watch" for c in rec.calls):
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert view.synced and await view.lookup("builds") == []
+        calls += rec.calls
+    return calls
 
 
 WATCHER_METHODS = {"list_pods", "watch_pods", "get_pod", "patch_pod", "create_event", "get_lease", "create_lease",

@@ -6,10 +6,13 @@ import json
 import re
 
 from waiter import protocol as p
+from webhook.rewrite import rewrite
+from webhook.rewrite._quota import exceeded
+from webhook.settings import Settings
 
 from ._check import check_build, proxy_instant, proxy_stop
 from ._env import Env, Record, scenario
-from ._kube import wait_for
+from ._kube import KubeFailure, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
 from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
     terminated, wait_end
@@ -295,3 +298,57 @@ def pod_level_resources(env: Env, rec: Record) -> None:
     env.kube.delete(f"/api/v1/namespaces/{ns}/pods/over")
     rec.note(f"strategy {managed(build.obj)} within pod-level {level['requests']}; a step over the pod's "
              f"limit admitted unchanged")
+
+
+QUOTA = {"limits.cpu": "6", "limits.memory": "8Gi"}
+PER_CONTAINER = {"type": "Container", "default": {"cpu": "1", "memory": "256Mi"},
+                 "defaultRequest": {"cpu": "10m", "memory": "16Mi"}}
+
+
+def _quota_namespace(env: Env, short: str, *, opted: bool) -> str:
+    """A namespace whose LimitRange gives every container a 1-CPU limit, under a 6-CPU quota
+    on limits (a common multi-tenant set-up), its status filled by the quota controller."""
+    ns = env.namespace(short, opted=opted, mesh="istio" if opted else None)
+    env.kube.create(f"/api/v1/namespaces/{ns}/limitranges", {
+        "apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "tenant"}, "spec": {"limits": [PER_CONTAINER]}})
+    env.kube.create(f"/api/v1/namespaces/{ns}/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute"}, "spec": {"hard": QUOTA}})
+    wait_for(lambda: (env.kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/compute") or {}).get("status", {})
+             .get("hard"), 60, f"ResourceQuota {ns}/compute's status")
+    return ns
+
+
+@scenario("resource-quota")
+def resource_quota(env: Env, rec: Record) -> None:
+    """A quota on limits: a build whose steps' limits would exceed it side by side is admitted unchanged, in the apiserver's words; one within it is rewritten."""
+    ns, small, plain = (_quota_namespace(env, "quota", opted=True), _quota_namespace(env, "quotasmall", opted=True),
+                        _quota_namespace(env, "quotaplain", opted=False))
+    rec.namespaces += [ns, small, plain]
+    names = ["fetch", "compile", "test", "publish", "sign", "push"]
+    # six steps of 1 CPU (the LimitRange's default limit): 2 CPUs with the main and the proxy
+    # as admitted, 8 or more rewritten (hybrid's initshift-copy adds 500m)
+    obj = env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
+        env, "build", [step(s, env.images.busybox, port=None) for s in names]))
+    assert managed(obj) is None and annotations(obj).get(p.ANNOTATION_NOT_REWRITTEN) == "resources", \
+        annotations(obj)
+    env.kube.delete(f"/api/v1/namespaces/{ns}/pods/build")
+    # The real quota refuses that pod rewritten, in the words initshift's check gives.
+    created = {"apiVersion": "v1", "kind": "Pod", "spec": obj["spec"], "metadata": {
+        k: obj["metadata"][k] for k in ("name", "labels", "annotations") if k in obj["metadata"]}}
+    created["metadata"]["annotations"].pop(p.ANNOTATION_NOT_REWRITTEN, None)
+    settings = Settings(feature_gate=True)
+    rewritten = rewrite(created, settings, native_supported=env.native).pod
+    quotas = env.kube.get(f"/api/v1/namespaces/{plain}/resourcequotas")["items"]
+    [expected] = exceeded(created, rewritten, quotas)
+    try:
+        env.kube.request("POST", f"/api/v1/namespaces/{plain}/pods", body=rewritten, params={"dryRun": "All"})
+        raise AssertionError("the apiserver admitted the rewritten pod over its quota")
+    except KubeFailure as e:
+        assert f": 403 pods \"build\" is forbidden: {expected}" in str(e), (str(e), expected)
+    # two steps fit (a namespace of its own: the first pod's charge is not released at once)
+    fits = env.kube.create(f"/api/v1/namespaces/{small}/pods", _build_pod(
+        env, "small", [step(s, env.images.busybox, port=None) for s in names[:2]]))
+    assert managed(fits) == env.build_strategy, annotations(fits)
+    env.kube.delete(f"/api/v1/namespaces/{small}/pods/small")
+    rec.note(f"over the quota: admitted unchanged; the apiserver refuses it rewritten with \"{expected}\"; "
+             f"two steps: {managed(fits)}")

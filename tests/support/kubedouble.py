@@ -33,7 +33,7 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 - a node list as a Table (server-side printing, `Accept: ...;as=Table;...`, with
   `includeObject`), as `kubectl get nodes` reads it;
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
-  secrets, serviceaccounts, configmaps, services, limitranges, apps/v1 deployments,
+  secrets, serviceaccounts, configmaps, services, limitranges, resourcequotas, apps/v1 deployments,
   mutating/validating webhook configurations, `GET /version`;
 - limitranges: validated as the apiserver does on create and update (422): each limit has a
   type, no type twice, no `default`/`defaultRequest` for type Pod, quantities that parse,
@@ -142,6 +142,7 @@ RESOURCES = {r.key: r for r in [
     Resource("configmaps", "/api/v1", "configmaps", "ConfigMap"),
     Resource("services", "/api/v1", "services", "Service"),
     Resource("limitranges", "/api/v1", "limitranges", "LimitRange"),
+    Resource("resourcequotas", "/api/v1", "resourcequotas", "ResourceQuota"),
     Resource("deployments", "/apis/apps/v1", "deployments", "Deployment"),
     Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
     Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),

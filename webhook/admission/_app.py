@@ -35,7 +35,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from ._guards import Connection
-    from ._limitranges import LimitRanges
+    from ._limitranges import LimitRanges, NamespaceView, ResourceQuotas
 
 log = logging.getLogger("initshift.server")
 
@@ -83,13 +83,15 @@ def _check(gone: Callable[[], bool]) -> None:
 
 class Reviewer:
     """A review's body to its decision: the steps without I/O where the caller runs them
-    (the loop, or the large turn's thread), registry lookups and live LimitRange lists (I/O)
-    on the loop. `limit_ranges`: the cluster's view (None: no API access, none are read)."""
+    (the loop, or the large turn's thread), registry lookups and live lists of LimitRanges
+    and ResourceQuotas (I/O) on the loop. `limit_ranges`, `quotas`: the cluster's views
+    (None: no API access, none are read)."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
-                 native_supported: Callable[[], bool | None], limit_ranges: "LimitRanges | None" = None) -> None:
+                 native_supported: Callable[[], bool | None], limit_ranges: "LimitRanges | None" = None,
+                 quotas: "ResourceQuotas | None" = None) -> None:
         self.settings, self.resolver, self.native_supported = settings, resolver, native_supported
-        self.limit_ranges = limit_ranges
+        self.views: tuple["NamespaceView | None", ...] = (limit_ranges, quotas)
         self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
 
     def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
@@ -99,19 +101,19 @@ class Reviewer:
         review = admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
         first = self._safe(review, self._plan, review)
         if isinstance(first, tuple) and not first[1]:
-            limits = self._known_limits(review, first[0])
-            if limits is not None:
+            known = self._known(review, first[0])
+            if None not in known:
                 _check(gone)
-                first = self._safe(review, self._finish, review, first[0], None, None, limits)
+                first = self._safe(review, self._finish, review, first[0], None, None, *known)
         _check(gone)
         return review, first
 
-    def _known_limits(self, review: Review, pod_plan: Any) -> list[dict] | None:
-        """The namespace's LimitRanges without I/O (none for a plan that reads none); None
-        when a live list must say."""
-        if self.limit_ranges is None or not pod_plan.reads_limit_ranges:
-            return []
-        return self.limit_ranges.known(review.pod_namespace)
+    def _known(self, review: Review, pod_plan: Any) -> list[list[dict] | None]:
+        """The namespace's LimitRanges and ResourceQuotas without I/O (none for a plan that
+        reads none); None for a kind a live list must say."""
+        if not pod_plan.reads_limit_ranges:
+            return [[] for _ in self.views]
+        return [[] if view is None else view.known(review.pod_namespace) for view in self.views]
 
     async def complete(self, review: Review, first: Answer | tuple[Any, list],
                        run: Callable[..., Any] = _inline, gone: Callable[[], bool] = _never) -> Answer:
@@ -119,10 +121,10 @@ class Reviewer:
         if isinstance(first, Answer):
             return first
         pod_plan, lookups = first
-        limits = self._known_limits(review, pod_plan)
-        # A live LimitRange list runs beside the registry lookups; it never raises.
-        listing = None if limits is not None or self.limit_ranges is None else \
-            asyncio.ensure_future(self.limit_ranges.lookup(review.pod_namespace))
+        known = self._known(review, pod_plan)
+        # Live lists run beside the registry lookups; they never raise.
+        listings = [None if objs is not None or view is None else
+                    asyncio.ensure_future(view.lookup(review.pod_namespace)) for objs, view in zip(known, self.views)]
         images, lookup_error = None, None
         try:
             if lookups:
@@ -132,10 +134,9 @@ class Reviewer:
             lookup_error = str(e)  # the rewrite denies or admits per on_unresolved, saying why
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
             return self._failed(review, e)  # (a live list still running ends on its own, cached)
-        if listing is not None:
-            limits = await listing
+        known = [objs if listing is None else await listing for objs, listing in zip(known, listings)]
         _check(gone)
-        return await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error, limits)
+        return await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error, *known)
 
     def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Answer:
         try:
@@ -162,9 +163,9 @@ class Reviewer:
         return pod_plan, (pod_plan.lookups() if self.resolver is not None else [])
 
     def _finish(self, review: Review, pod_plan: Any, images: dict[str, Any] | None,
-                lookup_error: str | None, limit_ranges: Sequence[Mapping]) -> Answer:
+                lookup_error: str | None, limit_ranges: Sequence[Mapping], quotas: Sequence[Mapping]) -> Answer:
         pod = review.obj
-        result = pod_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges)
+        result = pod_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)
@@ -343,19 +344,20 @@ class _WebhookApp(FastAPI):
 
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
                native_supported: Callable[[], bool | None] = lambda: None,
-               limit_ranges: "LimitRanges | None" = None,
+               limit_ranges: "LimitRanges | None" = None, quotas: "ResourceQuotas | None" = None,
                ready: Callable[[], bool] = lambda: True,
                strategy: Callable[[], str | None] = lambda: None) -> FastAPI:
     """The webhook application.
 
     `resolver`: registry lookups for steps without `command` (None: no lookups).
     `native_supported`: whether the cluster runs native sidecars (None: unknown).
-    `limit_ranges`: the cluster's LimitRanges the rewrite respects (None: not read).
+    `limit_ranges`, `quotas`: the cluster's LimitRanges and ResourceQuotas the rewrite
+    respects (None: not read).
     `ready`: the readiness condition (the server passes "a valid certificate is loaded").
     `strategy`: what `/readyz` reports as the strategy in use (filled by native detection).
     """
     app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.reviewer = Reviewer(settings, resolver, native_supported, limit_ranges)
+    app.state.reviewer = Reviewer(settings, resolver, native_supported, limit_ranges, quotas)
     app.mutate = _Mutate(settings, app.state.reviewer)
     # The route as FastAPI knows it: other methods get its 405, and it lists /mutate.
     app.router.routes.append(Route(MUTATE_PATH, app.mutate, methods=["POST"]))

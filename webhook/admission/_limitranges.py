@@ -1,17 +1,20 @@
-"""The cluster's LimitRanges, by namespace, for the rewrite (`Plan.rewrite(limit_ranges=...)`):
-the apiserver's LimitRanger admission plugin runs after the mutating webhooks and rejects a
-pod whose containers fall outside its namespace's LimitRange (a request of 0 under a `min`).
+"""The cluster's LimitRanges and ResourceQuotas, by namespace, for the rewrite
+(`Plan.rewrite(limit_ranges=..., quotas=...)`): the apiserver's LimitRanger and
+ResourceQuota admission plugins run after the mutating webhooks and reject a pod whose
+containers fall outside its namespace's LimitRange (a request of 0 under a `min`), or that
+would take a quota past its `hard` (the steps' limits, added up once they are regular).
 
-Modelled on that plugin (plugin/pkg/admission/limitranger): an informer holds every
-LimitRange of the cluster (list and watch across all namespaces, each object cut down to
-its name and spec); for a namespace it holds none for, a live list answers, cached for 30 s,
-because a LimitRange created just before the pod may not have reached the informer yet. So
-the common case, a synced view that knows the namespace, costs a dict lookup and no I/O.
+Modelled on LimitRanger (plugin/pkg/admission/limitranger), the same view for both kinds:
+an informer holds every object of the kind in the cluster (list and watch across all
+namespaces, each cut down to what the rewrite reads); for a namespace it holds none for, a
+live list answers, cached for 30 s, because one created just before the pod may not have
+reached the informer yet. So the common case, a synced view that knows the namespace,
+costs a dict lookup and no I/O. A quota's `status.used` is as the informer last saw it.
 
 Nothing here ever fails a review: a live list that fails gives [] (the rewrite then does
-what it does without LimitRanges) and one warning per namespace per TTL; a server that may
-not list LimitRanges (403: an upgrade that kept the old RBAC) serves with the view off,
-says so once, and looks again every minute.
+what it does without them) and one warning per namespace per TTL; a server that may not
+list them (403: an upgrade that kept the old RBAC) serves with the view off, says so once,
+and looks again every minute.
 
 Thread safety: `known()` is also called on the large review's thread. Every write replaces
 a whole value (a namespace's tuple, a cache entry, the namespace dict) rather than changing
@@ -29,7 +32,7 @@ from typing import Callable
 from ..kube import KubeApi, KubeError
 from ..watcher import Informer
 
-log = logging.getLogger("initshift.limitranges")
+log = logging.getLogger("initshift.limitranges")  # both kinds: the name the logs have used
 
 LIVE_TTL_SECONDS = 30.0  # the plugin's liveTTL
 LOOKUP_SECONDS = 2.0  # a live list must leave most of the webhook's 5 s timeout to the rest
@@ -46,18 +49,30 @@ def shrink(obj: dict) -> dict:
             "spec": obj.get("spec") or {}}
 
 
+def shrink_quota(obj: dict) -> dict:
+    """What the rewrite reads of a ResourceQuota: a LimitRange's, and its status (hard, used)."""
+    status = obj.get("status") or {}
+    return {**shrink(obj), "status": {k: status[k] for k in ("hard", "used") if k in status}}
+
+
 def _namespace_of(obj: dict) -> str:
     return str((obj.get("metadata") or {}).get("namespace") or "")
 
 
 def _by_name(items: list[dict]) -> Items:
-    """A namespace's LimitRanges in the apiserver's list order (by name), whatever the source."""
+    """A namespace's objects in the apiserver's list order (by name), whatever the source."""
     return tuple(sorted(items, key=lambda o: str((o.get("metadata") or {}).get("name") or "")))
 
 
-class LimitRanges:
-    """The LimitRanges of every namespace: `known()` without I/O, `lookup()` live when it
-    must, `run()` as a server companion. `api=None`: no API access, every answer is []."""
+class NamespaceView:
+    """The objects of one namespaced kind in every namespace: `known()` without I/O,
+    `lookup()` live when it must, `run()` as a server companion. `api=None`: no API access,
+    every answer is []."""
+
+    RESOURCE = ""  # the kind's resource name
+    NOUN = ""  # what the log lines call them
+    RISK = ""  # what the rewrite risks without them
+    shrink = staticmethod(shrink)
 
     def __init__(self, api: KubeApi | None, *, ttl: float = LIVE_TTL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -78,7 +93,7 @@ class LimitRanges:
         return self.informer is not None and self.informer.synced.is_set()
 
     def known(self, namespace: str) -> list[dict] | None:
-        """The namespace's LimitRanges without I/O, or None when only a live list can say:
+        """The namespace's objects without I/O, or None when only a live list can say:
         the view has not synced, or holds none there and no fresh live list said so."""
         if self.off:
             return []
@@ -108,12 +123,12 @@ class LimitRanges:
         items: list[dict] = []
         try:
             async with asyncio.timeout(LOOKUP_SECONDS):
-                async for page, _ in self.api.list_pages("limitranges", namespace):
-                    items.extend(shrink(o) for o in page)
+                async for page, _ in self.api.list_pages(self.RESOURCE, namespace):
+                    items.extend(self.shrink(o) for o in page)
         except (KubeError, TimeoutError) as e:
             why = str(e) or f"no answer within {LOOKUP_SECONDS:g} s"
-            log.warning("LimitRanges of namespace %s not read (%s); its pods are rewritten without them for "
-                        "%g s", namespace, why, self.ttl, extra={"namespace": namespace})
+            log.warning("%s of namespace %s not read (%s); its pods are rewritten without them for %g s",
+                        self.NOUN, namespace, why, self.ttl, extra={"namespace": namespace})
             items = []  # remembered like an answer: one call and one warning per namespace per TTL
         result = _by_name(items)
         self._remember(namespace, result)
@@ -136,7 +151,7 @@ class LimitRanges:
         self._held = {ns: _by_name(objs) for ns, objs in grouped.items()}
 
     def _changed(self, kind: str, obj: dict) -> None:
-        obj = shrink(obj)
+        obj = self.shrink(obj)
         ns, name = _namespace_of(obj), obj["metadata"].get("name")
         kept = [o for o in self._held.get(ns, ()) if o["metadata"].get("name") != name]
         if kind != "DELETED":
@@ -148,8 +163,8 @@ class LimitRanges:
 
     # --- the companion ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        """List and watch every LimitRange until `stop`; with RBAC refusing the list, the view
-        stays off (one warning) and the list is tried again every minute."""
+        """List and watch every object of the kind until `stop`; with RBAC refusing the list,
+        the view stays off (one warning) and the list is tried again every minute."""
         if self.api is None:
             return
         while not await self._may_list():
@@ -157,9 +172,9 @@ class LimitRanges:
                 await asyncio.wait_for(stop.wait(), self.forbidden_retry)
             if stop.is_set():
                 return
-        self.informer = Informer(self.api, "limitranges", None, on_list=self._listed, on_event=self._changed,
-                                 shrink=shrink)
-        task = asyncio.create_task(self.informer.run(), name="limitrange informer")
+        self.informer = Informer(self.api, self.RESOURCE, None, on_list=self._listed, on_event=self._changed,
+                                 shrink=self.shrink)
+        task = asyncio.create_task(self.informer.run(), name=f"{self.RESOURCE} informer")
         try:
             await stop.wait()
         finally:
@@ -172,18 +187,29 @@ class LimitRanges:
         other failure is the informer's to retry, with live lists answering meanwhile."""
         assert self.api is not None
         try:
-            async with contextlib.aclosing(self.api.list_pages("limitranges", None, limit=1)) as pages:
+            async with contextlib.aclosing(self.api.list_pages(self.RESOURCE, None, limit=1)) as pages:
                 async for _ in pages:
                     break
         except KubeError as e:
             if e.status in (401, 403):
                 if not self.forbidden:
-                    log.warning("LimitRanges are not read: the server may not list them (%s); pods are rewritten "
-                                "without them, which a namespace's LimitRange may reject (grant list and watch "
-                                "on limitranges, docs/admission-server.md)", e)
+                    log.warning("%s are not read: the server may not list them (%s); pods are rewritten without "
+                                "them, %s (grant list and watch on %s, docs/admission-server.md)",
+                                self.NOUN, e, self.RISK, self.RESOURCE)
                 self.forbidden = True
                 return False
         if self.forbidden:
-            log.info("LimitRanges are read again: listing them is allowed now")
+            log.info("%s are read again: listing them is allowed now", self.NOUN)
         self.forbidden = False
         return True
+
+
+class LimitRanges(NamespaceView):
+    RESOURCE, NOUN = "limitranges", "LimitRanges"
+    RISK = "which a namespace's LimitRange may reject"
+
+
+class ResourceQuotas(NamespaceView):
+    RESOURCE, NOUN = "resourcequotas", "ResourceQuotas"
+    RISK = "which a namespace's quota may refuse once the steps' limits add up"
+    shrink = staticmethod(shrink_quota)

@@ -17,7 +17,7 @@ from waiter import protocol as p
 
 from ..admission import make_patch
 from ._common import EXIT_OK, EXIT_USAGE, Parser
-from ._podio import InputError, dump, read_limit_ranges, read_pod
+from ._podio import InputError, dump, read_objects, read_pod
 from ..rewrite import Lookup, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit-ranges", metavar="FILE",
                     help="the LimitRanges of the pod's namespace (`kubectl get limitranges -n NS -o yaml`), which "
                          "the server reads itself and the rewritten pod must pass")
+    ap.add_argument("--quotas", metavar="FILE",
+                    help="the ResourceQuotas of the pod's namespace, with their status (`kubectl get resourcequotas "
+                         "-n NS -o yaml`), which the server reads itself and the rewritten pod must fit")
     ap.add_argument("--check", action="store_true", help="exit 1 when the pod would be left unchanged")
     ap.add_argument("--resolve", action="store_true",
                     help="look up the ENTRYPOINT of steps without `command` in the registry (INITSHIFT_REGISTRY_* "
@@ -57,7 +60,8 @@ def main(argv: list[str]) -> int:
     try:
         settings = Settings.from_env()
         pod_in = read_pod(args.file)
-        limit_ranges = read_limit_ranges(args.limit_ranges) if args.limit_ranges else []
+        limit_ranges = read_objects(args.limit_ranges, "LimitRange") if args.limit_ranges else []
+        quotas = read_objects(args.quotas, "ResourceQuota") if args.quotas else []
     except (InputError, SettingsError) as e:
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -74,7 +78,7 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    result = the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges)
+    result = the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.denied:

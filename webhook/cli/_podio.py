@@ -238,16 +238,16 @@ def read_pod(path: str, *, workloads: bool = True) -> _PodInput:
     return parse_pod(read_text(path), _name(path), workloads=workloads)
 
 
-def read_limit_ranges(path: str) -> list[dict]:
-    """The LimitRanges in a file or `-`: LimitRange documents, or a List of them (what
-    `kubectl get limitranges -n NS -o yaml` prints)."""
+def read_objects(path: str, kind: str) -> list[dict]:
+    """The objects of `kind` (LimitRange, ResourceQuota) in a file or `-`: such documents,
+    or a List of them (what `kubectl get limitranges -n NS -o yaml` prints)."""
     where = _name(path)
     out: list[dict] = []
-    for doc in _documents(read_text(path), where, "a LimitRange or a List of them"):
-        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") in ("List", "LimitRangeList") else [doc]
+    for doc in _documents(read_text(path), where, f"a {kind} or a List of them"):
+        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") in ("List", f"{kind}List") else [doc]
         for item in items if isinstance(items, list) else [items]:
-            if not isinstance(item, dict) or item.get("kind") != "LimitRange":
-                raise InputError(f"{where}: expected LimitRanges, got {_a(_kind(item))}")
+            if not isinstance(item, dict) or item.get("kind") != kind:
+                raise InputError(f"{where}: expected {kind}s, got {_a(_kind(item))}")
             out.append(item)
     return out
 

@@ -55,7 +55,7 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
     """Self-managed certificates first (if on), then uvicorn with its companions."""
-    from ..admission import HttpsServer, LimitRanges, detect_native_support, ensure_certificates, \
+    from ..admission import HttpsServer, LimitRanges, ResourceQuotas, detect_native_support, ensure_certificates, \
         keep_certificates_fresh
     from ..kube import KubeApi, KubeError
 
@@ -80,23 +80,25 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
             await run_watcher(settings, stop)
         companions.append(watcher)
     no_api = None
-    if api is None:  # LimitRanges and native detection read the cluster when there is one
+    if api is None:  # LimitRanges, quotas and native detection read the cluster when there is one
         try:
             api = await KubeApi.from_config()
         except KubeError as e:  # `make run` on a laptop: the rewrite works without the cluster
             no_api = str(e)
             auto = "; native sidecars: auto falls back to waiter" if settings.rewrite.native_sidecars == "auto" else ""
             logging.getLogger("initshift.server").warning(
-                "no API access (%s): LimitRanges are not read, so a namespace's LimitRange may reject a rewritten "
-                "pod%s", e, auto)
+                "no API access (%s): LimitRanges and ResourceQuotas are not read, so a namespace's LimitRange or "
+                "quota may refuse a rewritten pod%s", e, auto)
     limit_ranges = LimitRanges(api) if api is not None else None
-    if limit_ranges is not None:
-        companions.append(limit_ranges.run)
+    quotas = ResourceQuotas(api) if api is not None else None
+    for view in (limit_ranges, quotas):
+        if view is not None:
+            companions.append(view.run)
     native = await detect_native_support(settings, api, no_api=no_api)  # auto: apiserver and kubelet versions
     companions.append(native.run)
     try:
         server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy,
-                             limit_ranges=limit_ranges)
+                             limit_ranges=limit_ranges, quotas=quotas)
         server.listen()  # a port in use fails here, in one line
         if on_started is not None:
             companions.append(_when_started(server, on_started))

@@ -54,6 +54,8 @@ def server_access(settings: Settings) -> list[Access]:
             for verb in ("list", "watch")]
     out += [Access(verb, "", "limitranges", why="the rewrite keeps a pod within its namespace's LimitRanges")
             for verb in ("list", "watch")]
+    out += [Access(verb, "", "resourcequotas", why="the rewrite keeps a pod within its namespace's quotas")
+            for verb in ("list", "watch")]
     out.append(Access("create", _COORDINATION, "leases", ns, why="leader election"))
     out += [Access(verb, _COORDINATION, "leases", ns, lease, why="leader election") for verb in ("get", "update")]
     certs = "the self-managed serving certificate"

@@ -26,7 +26,7 @@ from waiter import protocol as p
 
 from ..settings import Settings
 from . import _hybrid as hybrid_strategy, _native as native_strategy, _start_order as start_order
-from . import _limitrange as limitrange, _podlevel as podlevel, _waiter as waiter_strategy
+from . import _limitrange as limitrange, _podlevel as podlevel, _quota as quota, _waiter as waiter_strategy
 from ._classify import (Classification, classify, has_mesh_marker, managed_as, native_proxies, native_requested,
                         pod_mode)
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
@@ -71,8 +71,8 @@ class Plan(abc.ABC):
 
     pod: dict
     forged: tuple[str, ...] = ()  # watcher-owned annotations the pod came with, removed from `pod`
-    # Whether `rewrite` applies the namespace's LimitRanges: a pod left as it is needs none
-    # read (the server then makes no live list for it).
+    # Whether `rewrite` applies the namespace's LimitRanges and quotas: a pod left as it is
+    # needs none read (the server then makes no live list for it).
     reads_limit_ranges: ClassVar[bool] = True
 
     def lookups(self) -> list[Lookup]:
@@ -80,16 +80,17 @@ class Plan(abc.ABC):
         return []
 
     def rewrite(self, *, images: Mapping[str, ImageEntrypoints] | None = None, lookup_error: str | None = None,
-                limit_ranges: Sequence[Mapping] = ()) -> RewriteResult:
+                limit_ranges: Sequence[Mapping] = (), quotas: Sequence[Mapping] = ()) -> RewriteResult:
         """`lookup_error`: why the registry lookup failed, the message given for containers
-        without `command` whose image is missing from `images`; `limit_ranges`: the
-        LimitRange objects of the pod's namespace, which the rewritten pod must pass."""
+        without `command` whose image is missing from `images`; `limit_ranges`, `quotas`:
+        the LimitRange and ResourceQuota objects of the pod's namespace, which the rewritten
+        pod must pass."""
         try:
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
         if result.changed:
-            result = _within(self.pod, result, limit_ranges, self._budgeted_steps(result.pod))
+            result = _within(self.pod, result, limit_ranges, quotas, self._budgeted_steps(result.pod))
         if not result.denied:
             before = result.pod
             result = _decision_on_pod(self.pod, result)
@@ -441,10 +442,11 @@ def _ordered(pod: dict, choice: Plan, settings: Settings, native: bool | None) -
 
 def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
             native_supported: bool | None = None, lookup_error: str | None = None,
-            mode_from: str | None = None, limit_ranges: Sequence[Mapping] = ()) -> RewriteResult:
+            mode_from: str | None = None, limit_ranges: Sequence[Mapping] = (),
+            quotas: Sequence[Mapping] = ()) -> RewriteResult:
     """`plan(...).rewrite(...)` in one call, for callers that make no registry lookup."""
     return plan(pod, settings, native_supported=native_supported, mode_from=mode_from).rewrite(
-        images=images, lookup_error=lookup_error, limit_ranges=limit_ranges)
+        images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas)
 
 
 # --- the result -----------------------------------------------------------------------------
@@ -496,12 +498,12 @@ def _budgeted(rewritten: Mapping, settings: Settings) -> list[str]:
     return names[0] if names and settings.rewrite.resources_policy != "keep" else []
 
 
-def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping],
+def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping], quotas: Sequence[Mapping] = (),
             steps: Sequence[str] = ()) -> RewriteResult:
     """The rewritten pod fitted to the namespace's LimitRanges (_limitrange.py) and to its
     own pod-level resources (_podlevel.py), or the pod as admitted when it would still break
-    one of them that the admitted pod does not. `steps`: those whose requests share the
-    pod's budget."""
+    one of them, or exceed one of the namespace's ResourceQuotas (_quota.py), that the
+    admitted pod does not. `steps`: those whose requests share the pod's budget."""
     pod, notes, broken = result.pod, [], []
     if limit_ranges:
         pod, notes = limitrange.fit(before, pod, limit_ranges, steps=steps)
@@ -511,6 +513,8 @@ def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping]
             broken.append(f"its pod-level resources ({'; '.join(x.message for x in problems)})")
     if limit_ranges and (violations := limitrange.added_violations(before, pod, limit_ranges)):
         broken.insert(0, f"the namespace's limits ({'; '.join(v.text() for v in violations)})")
+    if quotas and (over := quota.exceeded(before, pod, quotas)):
+        broken.append(f"the namespace's quota ({'; '.join(over)})")
     if broken:
         return RewriteResult(pod=before, reason=Reason.RESOURCES, warnings=[_prefix(
             f"the rewritten pod would break {' and '.join(broken)}; admitted unchanged")])

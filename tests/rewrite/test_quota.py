@@ -1,0 +1,91 @@
+"""A namespace's ResourceQuotas: a rewritten pod that would exceed one the pod as admitted
+fits is admitted unchanged, saying why in the apiserver's words
+(webhook/rewrite/_quota.py). The e2e's `resource-quota` scenario checks the words and the
+charge against a real apiserver's quota admission."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from tests.support.fixtures import pods
+from waiter import protocol as p
+from webhook.rewrite._quota import exceeded
+from webhook.rewrite._reasons import Reason
+from webhook.rewrite._rewrite import rewrite
+from webhook.settings import RewriteSettings, Settings
+
+
+def settings(mode: str = "auto") -> Settings:
+    return Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode))
+
+
+def quota(name: str, hard: dict, used: dict | None = None, **spec: object) -> dict:
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"hard": hard, **spec}, "status": {"hard": hard, "used": used or {k: "0" for k in hard}}}
+
+
+def limited_build() -> dict:
+    """kpack under Istio, each of its six steps limited to 2 CPUs and 1Gi (a LimitRange's
+    `default`): charged 2 CPUs of limits.cpu as admitted, 12 rewritten."""
+    pod = copy.deepcopy(pods.catalogue()["kpack-istio"])
+    for c in pod["spec"]["initContainers"]:
+        if c["name"] != "istio-init":
+            c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+    return pod
+
+
+@pytest.mark.parametrize("mode", ["waiter", "hybrid"])
+def test_a_rewrite_that_would_exceed_a_quota_leaves_the_pod_unchanged(mode: str) -> None:
+    pod = limited_build()
+    free = rewrite(pod, settings(mode), native_supported=True)
+    assert free.changed
+    tight = [quota("compute", {"limits.cpu": "8", "requests.cpu": "4"}, {"limits.cpu": "1", "requests.cpu": "1"})]
+    result = rewrite(pod, settings(mode), native_supported=True, quotas=tight)
+    assert not result.changed and result.reason == Reason.RESOURCES and result.pod["spec"] == pod["spec"]
+    assert result.pod["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN] == "resources"
+    [message] = exceeded(pod, free.pod, tight)
+    # six 2-CPU steps side by side, and the rest (requests.cpu is kept: not named)
+    assert re.fullmatch(r"exceeded quota: compute, requested: limits\.cpu=14\d\d\dm, used: limits\.cpu=1, "
+                        r"limited: limits\.cpu=8", message), message
+    assert result.warnings == [f"initshift: the rewritten pod would break the namespace's quota ({message}); "
+                               f"admitted unchanged"]
+    # room enough: rewritten as without a quota
+    ample = [quota("compute", {"limits.cpu": "100", "limits.memory": "100Gi", "requests.cpu": "4"})]
+    assert rewrite(pod, settings(mode), native_supported=True, quotas=ample).pod == free.pod
+
+
+def test_the_charge_is_the_schedulers_and_the_words_the_apiservers() -> None:
+    before = {"spec": {"initContainers": [{"name": "a", "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}},
+                                          {"name": "b", "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}],
+                       "containers": [{"name": "m", "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}]}}
+    after = {"spec": {"containers": [*before["spec"]["initContainers"], *before["spec"]["containers"]]}}
+    q = quota("compute", {"limits.cpu": "4", "limits.memory": "3Gi", "pods": "10", "cpu": "10"},
+              {"limits.cpu": "500m", "limits.memory": "0", "pods": "3", "cpu": "0"})
+    # as init containers: 2 CPUs (the larger of 2 and 0.5); as regular ones: 4.5
+    assert exceeded(before, after, [q]) == [
+        "exceeded quota: compute, requested: limits.cpu=4500m, used: limits.cpu=500m, limited: limits.cpu=4"]
+    # a pod the quota refuses as admitted is not the rewrite's doing; nor a quota without status
+    assert exceeded(before, after, [quota("x", {"limits.cpu": "2"}, {"limits.cpu": "1"})]) == []
+    assert exceeded(before, after, [{**q, "status": {}}]) == []
+
+
+@pytest.mark.parametrize(("scopes", "selector", "applies"), [
+    (["NotTerminating"], None, True),
+    (["Terminating"], None, False),  # no activeDeadlineSeconds at creation
+    (["NotBestEffort"], None, True),
+    (["BestEffort"], None, False),
+    ([], {"scopeName": "PriorityClass", "operator": "In", "values": ["builds"]}, True),
+    ([], {"scopeName": "PriorityClass", "operator": "NotIn", "values": ["builds"]}, False),
+    ([], {"scopeName": "PriorityClass", "operator": "DoesNotExist"}, False),
+    ([], {"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}, False),
+])
+def test_only_quotas_whose_scopes_match_the_pod_count(scopes: list, selector: dict | None, applies: bool) -> None:
+    pod = limited_build()
+    pod["spec"]["priorityClassName"] = "builds"
+    spec = {"scopes": scopes, **({"scopeSelector": {"matchExpressions": [selector]}} if selector else {})}
+    tight = [quota("scoped", {"limits.cpu": "8"}, **spec)]
+    result = rewrite(pod, settings("waiter"), quotas=tight)
+    assert result.changed is not applies, result.warnings
