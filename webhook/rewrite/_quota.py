@@ -25,7 +25,7 @@ from ._quantity import QuantityError, format_quantity, parse
 from ._resources import Amounts, effective, pod_level, pod_limits, pod_requests, qos_class
 from ._shape import mapping_at
 
-__all__ = ["exceeded"]
+__all__ = ["charges_resources", "exceeded"]
 
 # What a quota's key charges a pod: (requests or limits, resource). `cpu` and `memory` are
 # the old names of `requests.cpu` and `requests.memory` (and of ephemeral-storage's).
@@ -101,6 +101,11 @@ def _matches(quota: Mapping, spec: Mapping) -> bool:
         if isinstance(e, Mapping):
             scopes.append((str(e.get("scopeName")), str(e.get("operator")), [str(v) for v in e.get("values") or []]))
     return all(_scope_matches(scope, op, values, spec) for scope, op, values in scopes)
+
+
+def charges_resources(quotas: Sequence[Mapping]) -> bool:
+    """Some quota charges requests or limits (not only object counts)."""
+    return any(_charged(str(key)) for q in quotas for key in mapping_at(q, "status").get("hard") or {})
 
 
 def _q(value: int, key: str) -> str:

@@ -89,6 +89,12 @@ class Plan(abc.ABC):
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
+        if result.changed and self._awaits_proxy() and quota.charges_resources(quotas):
+            # The proxy's limits are unknown until the mesh injects it (after initshift's
+            # webhook, which sorts first), and a quota may not hold them beside the steps.
+            result = RewriteResult(pod=self.pod, reason=Reason.NO_SIDECAR, warnings=[_prefix(
+                "the mesh has not injected its proxy yet and the namespace has ResourceQuotas: the pod is rewritten "
+                "when initshift is re-invoked after the mesh, if they hold it; admitted unchanged")])
         if result.changed:
             result = _within(self.pod, result, limit_ranges, quotas, self._budgeted_steps(result.pod))
         if not result.denied:
@@ -106,6 +112,10 @@ class Plan(abc.ABC):
     def _budgeted_steps(self, rewritten: Mapping) -> list[str]:
         """The steps of `rewritten` whose requests share the pod's budget (none by default)."""
         return []
+
+    def _awaits_proxy(self) -> bool:
+        """The pod asks a mesh for a proxy it does not have yet (rewritten ahead of it)."""
+        return False
 
     @abc.abstractmethod
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
@@ -145,6 +155,9 @@ class Rewritten(Plan):
     strategy: str
     cls: Classification
     notes: tuple[str, ...] = ()
+
+    def _awaits_proxy(self) -> bool:
+        return not self.cls.sidecars and not native_proxies(self.cls) and has_mesh_marker(self.pod)
 
     def lookups(self) -> list[Lookup]:
         if not _STRATEGIES[self.strategy][1]:
