@@ -89,12 +89,13 @@ class Plan(abc.ABC):
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
-        if result.changed and self._awaits_proxy() and quota.charges_resources(quotas):
-            # The proxy's limits are unknown until the mesh injects it (after initshift's
-            # webhook, which sorts first), and a quota may not hold them beside the steps.
+        if result.changed and self._awaits_proxy() and (why := _bounded(self.pod, quotas)):
+            # The proxy's resources are unknown until the mesh injects it (after initshift's
+            # webhook, which sorts first), and the bounds may not hold them beside the steps:
+            # the re-invoked review rewrites the pod as a first admission of the injected one.
             result = RewriteResult(pod=self.pod, reason=Reason.NO_SIDECAR, warnings=[_prefix(
-                "the mesh has not injected its proxy yet and the namespace has ResourceQuotas: the pod is rewritten "
-                "when initshift is re-invoked after the mesh, if they hold it; admitted unchanged")])
+                f"the mesh has not injected its proxy yet and {why}: the pod is rewritten when initshift is "
+                f"re-invoked after the mesh, if they hold the proxy beside the steps; admitted unchanged")])
         if result.changed:
             result = _within(self.pod, result, limit_ranges, quotas, self._budgeted_steps(result.pod))
         if not result.denied:
@@ -277,14 +278,13 @@ def _no_sidecar(case: _Case) -> Unchanged:
                                         "unchanged (re-invoked if a mesh injects later)")
 
 
-def _proxy_later(case: _Case) -> Unchanged:
-    """A pod that sets pod-level requests and asks for a proxy it does not have yet: the
-    proxy's request is unknown until the mesh injects it (after initshift's webhook, which
-    sorts first), and the requests may not hold it beside the steps. The pod is rewritten
-    on re-invocation, as a first admission of the injected pod, or left as it is then."""
-    return case.skip(Reason.NO_SIDECAR, "the mesh has not injected its proxy yet and the pod sets pod-level "
-                                        "requests: it is rewritten when initshift is re-invoked after the mesh, if "
-                                        "they hold the proxy beside the steps; admitted unchanged")
+def _bounded(pod: Mapping, quotas: Sequence[Mapping]) -> str | None:
+    """What bounds the pod's resources that a proxy injected later could break, if anything."""
+    if pod_level(mapping_at(pod, "spec"))[0]:
+        return "the pod sets pod-level requests"
+    if quota.charges_resources(quotas):
+        return "the namespace has ResourceQuotas"
+    return None
 
 
 def _unsupported(case: _Case) -> Unchanged:
@@ -315,8 +315,6 @@ def _choose_native(case: _Case) -> Plan:
         return case.skip(Reason.ALREADY_NATIVE, f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                                 f"admitted unchanged")
     if has_mesh_marker(pod):
-        if pod_level(mapping_at(pod, "spec"))[0]:
-            return _proxy_later(case)
         return case.go(p.MODE_NATIVE, notes)  # the proxy comes later: ask the mesh for a native one
     return _no_sidecar(case)
 
@@ -376,8 +374,6 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
             return case.go(strategy, [f"no sidecar: the steps run under the waiter as {case.asked_by} asks, handed "
                                       f"off in milliseconds instead of the kubelet's init order"])
         return _no_sidecar(case)  # native sidecars already run beside the init containers
-    if not cls.sidecars and not proxies and pod_level(spec)[0]:
-        return _proxy_later(case)
     return case.go(strategy, notes)
 
 
