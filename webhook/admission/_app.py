@@ -111,7 +111,7 @@ class Reviewer:
     def _known(self, review: Review, pod_plan: Any) -> list[list[dict] | None]:
         """The namespace's LimitRanges and ResourceQuotas without I/O (none for a plan that
         reads none); None for a kind a live list must say."""
-        if not pod_plan.reads_limit_ranges:
+        if not pod_plan.reads_namespace_limits:
             return [[] for _ in self.views]
         return [[] if view is None else view.known(review.pod_namespace) for view in self.views]
 

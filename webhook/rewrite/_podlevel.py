@@ -78,7 +78,7 @@ def fit(before: Mapping, after: dict, steps: Collection[str] = ()) -> dict:
     asked for natively, counts in every phase)."""
     requests, limits = pod_level(mapping_at(before, "spec"))
     containers = mapping_at(after, "spec").get("containers") or []
-    fitted = [_within(c, limits) if c.get("name") == p.COPY_CONTAINER_NAME else c for c in containers]
+    fitted = [_capped(c, limits) if c.get("name") == p.COPY_CONTAINER_NAME else c for c in containers]
     if steps and requests:
         aggregate = pod_requests({**after["spec"], "containers": fitted})
         excess = {r: aggregate[r] - v for r, v in requests.items() if aggregate.get(r, 0) > v}
@@ -89,7 +89,7 @@ def fit(before: Mapping, after: dict, steps: Collection[str] = ()) -> dict:
     return {**after, "spec": {**after["spec"], "containers": fitted}}
 
 
-def _within(c: Mapping, pod_limits: Amounts) -> Mapping:
+def _capped(c: Mapping, pod_limits: Amounts) -> Mapping:
     requests, limits = container_amounts(c)
     over = {r: pod_limits[r] for r, v in limits.items() if r in pod_limits and v > pod_limits[r]}
     if not over:

@@ -117,13 +117,14 @@ def exceeded(before: Mapping, after: Mapping, quotas: Sequence[Mapping]) -> list
     the apiserver words each refusal. A quota whose status the quota controller has not
     filled yet refuses every pod, rewritten or not: it is not one the rewrite breaks."""
     old_spec, new_spec = mapping_at(before, "spec"), mapping_at(after, "spec")
-    old, new = _usage(old_spec), _usage(new_spec)
+    charges: tuple[dict[str, Amounts], dict[str, Amounts]] | None = None  # computed once a quota needs them
     out = []
     for quota in quotas:
         status = mapping_at(quota, "status")
         hard, used = _amounts(status.get("hard")), _amounts(status.get("used"))
-        if not hard or not _matches(quota, old_spec):
+        if not any(map(_charged, hard)) or not _matches(quota, old_spec):
             continue
+        old, new = charges = charges or (_usage(old_spec), _usage(new_spec))
         over = []
         for key in sorted(hard):
             charged = _charged(key)

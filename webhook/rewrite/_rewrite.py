@@ -73,7 +73,7 @@ class Plan(abc.ABC):
     forged: tuple[str, ...] = ()  # watcher-owned annotations the pod came with, removed from `pod`
     # Whether `rewrite` applies the namespace's LimitRanges and quotas: a pod left as it is
     # needs none read (the server then makes no live list for it).
-    reads_limit_ranges: ClassVar[bool] = True
+    reads_namespace_limits: ClassVar[bool] = True
 
     def lookups(self) -> list[Lookup]:
         """Images whose configuration the rewrite will need (containers without `command`)."""
@@ -127,7 +127,7 @@ class Plan(abc.ABC):
 class Unchanged(Plan):
     """Left as it is, for `reason`; `message` says why (the warning)."""
 
-    reads_limit_ranges: ClassVar[bool] = False
+    reads_namespace_limits: ClassVar[bool] = False
 
     reason: Reason
     message: str
@@ -140,7 +140,7 @@ class Unchanged(Plan):
 class Failed(Plan):
     """The pod cannot be handled: denied when `error.deny`, else left as it is with the error."""
 
-    reads_limit_ranges: ClassVar[bool] = False
+    reads_namespace_limits: ClassVar[bool] = False
 
     error: RewriteError
 
