@@ -229,6 +229,25 @@ def test_the_gate_seen_open_is_not_failed_by_a_sidecar_that_turns_unready_later(
     assert kinds_of(decide(gated, NOW, W, gate_seen_open=True)) == ["ready"]
 
 
+def test_a_step_that_succeeded_shows_the_gate_opened_to_a_watcher_that_did_not_see_it() -> None:
+    """A watcher that restarted while a probe-gated pod's sidecar was not Ready: step 0's
+    success on the pod says the gate opened, so the pod is not failed; with only step 0
+    running (or failed) the pod says nothing and the timeout still applies."""
+    done_first = make_pod([running("istio-proxy", ready=False), done("fetch", end=400), running("build"),
+                           running("completion")], start=601, probes=PROBE)
+    first = decide(done_first, NOW, W)
+    assert first.actions == [] and first.gate_open
+    for fetch in (running("fetch"), done("fetch", 1, p.REASON_ERROR, end=400)):
+        unknown = make_pod([running("istio-proxy", ready=False), fetch, running("build"), running("completion")],
+                           start=601, probes=PROBE)
+        assert not decide(unknown, NOW, W).gate_open
+        assert kinds_of(decide(unknown, NOW, W)) == ["outcome+end"]
+    # A pod that reads the annotation waits for it, whatever its steps say.
+    gated = make_pod([running("istio-proxy"), done("fetch", end=400), running("build"), running("completion")],
+                     start=30)
+    assert kinds_of(decide(gated, NOW, W)) == ["ready"]
+
+
 def test_the_ready_annotation_only_where_the_gate_reads_it() -> None:
     """The rule is read from the pod itself: step 0's (or, without steps, the mains') waiter
     command line, as the rewrite wrote it."""

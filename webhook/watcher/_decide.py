@@ -147,8 +147,9 @@ def _gate_args(args: list) -> list:
 def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_open: bool = False) -> Decision:
     """`gate_seen_open`: the caller saw this pod's gate open before (every sidecar Ready
     while it ran), which the pod itself does not record when the watcher had nothing to
-    write for it (a gate of loopback probes); a sidecar that is not Ready later then does
-    not fail the pod, as it does not once the ready annotation is written."""
+    write for it (a gate of loopback probes) until a step or main has succeeded; a sidecar
+    that is not Ready later then does not fail the pod, as it does not once the ready
+    annotation is written."""
     meta = pod.get("metadata") or {}
     if managed_as(pod) == p.MANAGED_START_ORDER:
         return _decide_start_order(pod)
@@ -170,7 +171,12 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
 
     actions: list[Action] = []
     latency = None
-    gate_open = ann.get(p.ANNOTATION_READY) == p.READY_TRUE or (gate_seen_open and not lay.reads_ready)
+    # A gate of loopback probes leaves no mark on the pod but this: a step or main that ran
+    # its command to success passed it (later ones run only after step 0). A watcher that
+    # restarted since, and so never saw the gate open, then still knows it did.
+    passed = any(r.ok for r in runs.values())
+    gate_open = ann.get(p.ANNOTATION_READY) == p.READY_TRUE or \
+        (not lay.reads_ready and (gate_seen_open or passed))
     started = parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp"))
     elapsed = (now - started).total_seconds() if started else 0.0
     unready = [n for n in lay.sidecars if not (cs.get(n) or {}).get("ready")] + \
