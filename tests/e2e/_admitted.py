@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
+import os
 import re
 import threading
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.rewrite.test_hybrid_properties import meshed_pod, proxied_pod
@@ -33,6 +35,8 @@ from ._pods import annotations, managed
 
 MODES = (None, p.MODE_AUTO, p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID)
 GENERATED = 200  # generated pods, each tried in every namespace pair
+# The same pods every run; E2E_SEED=N draws others (a failure then names the pod it lost).
+SEED = os.environ.get("E2E_SEED", "")
 # The rewrite's own generators: build pods (steps, mains, argv, resources), pods a mesh
 # injected or asked for (Istio's variants, Linkerd), proxies with and without probes of
 # their own, kept init containers and extra sidecars, and Jobs' pods without steps; half of
@@ -82,6 +86,22 @@ def _dressed(draw, pod: dict) -> dict:
 POD = _BASE.flatmap(lambda pod: st.one_of(st.just(pod), _dressed(pod)))
 
 
+def _pending_memory() -> dict:
+    """A build asking Istio for a proxy, with a pod-level cpu limit and no memory request:
+    where a LimitRange gives its containers memory requests (after the pod is decoded), the
+    pod-level memory request is defaulted on the next webhook's patch, to the aggregate of
+    the containers then. Any patch at initshift's first review (before the mesh's) would fix
+    it below the proxy's share, and the apiserver then refuses the pod (first found by a
+    generated pod on v1.34.9)."""
+    pod = copy.deepcopy(pods.catalogue()["kpack"])
+    pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    pod["spec"]["resources"] = {"requests": {"cpu": "1"}, "limits": {"cpu": "5"}}
+    for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
+        c.pop("resources", None)
+    return pod
+
+
+_PENDING_MEMORY = _pending_memory()
 _REFUSED = re.compile(r": 4\d\d ")  # KubeFailure's "POST <path>: <status> <message>"
 
 
@@ -120,7 +140,8 @@ class _Trial:
                     self._count("denied: unresolved entrypoint")
                 else:
                     with self._lock:
-                        self.lost.append(f"{label} (mode {mode}, in {opted}): {e}")
+                        self.lost.append(f"{label} (mode {mode}, in {opted}): {e}\n  the pod: "
+                                         f"{json.dumps(pod, separators=(',', ':'))}")
                 continue
             self._count(managed(obj) or annotations(obj).get(p.ANNOTATION_NOT_REWRITTEN) or "admitted as it came")
 
@@ -165,9 +186,13 @@ def never_refused(env: Env, rec: Record) -> None:
         for mode in MODES:
             trial.check(name, pod, mode)
     pod_level = env.minor >= 34  # PodLevelResources: beta and on by default from 1.34
+    if pod_level:
+        for mode in MODES:
+            trial.check("a pod-level cpu limit, memory requests from the LimitRange, a proxy asked for",
+                        _PENDING_MEMORY, mode)
 
     # Generated only: a failure is recorded, never raised, so nothing is shrunk or replayed.
-    @settings(max_examples=GENERATED, database=None, derandomize=True, deadline=None, phases=[Phase.generate],
+    @settings(max_examples=GENERATED, database=None, derandomize=not SEED, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(st.data(), POD, st.sampled_from(MODES))
     def generated(data: st.DataObject, pod: dict, mode: str | None) -> None:
@@ -175,8 +200,8 @@ def never_refused(env: Env, rec: Record) -> None:
             pod["spec"]["resources"] = data.draw(pod_level_resources(pod))
         trial.check("generated pod", pod, mode)
 
-    generated()
+    (seed(int(SEED))(generated) if SEED else generated)()
     assert not trial.lost, "\n".join(trial.lost[:5])
     total = sum(trial.seen.values())
-    rec.note(f"{total} dry runs ({len(shapes)} shapes x {len(MODES)} modes, {GENERATED} generated, "
+    rec.note(f"{total} dry runs ({len(shapes) + pod_level} shapes x {len(MODES)} modes, {GENERATED} generated, "
              f"{len(pairs)} namespace pairs): " + ", ".join(f"{k} {v}" for k, v in trial.seen.most_common()))

@@ -20,7 +20,8 @@ from webhook.rewrite._limitrange import violations
 from webhook.rewrite._podlevel import added, fit
 from webhook.rewrite._quantity import format_quantity
 from webhook.rewrite._reasons import Reason
-from webhook.rewrite._resources import container_amounts, pod_level, pod_requests, qos_class
+from webhook.rewrite._resources import container_amounts, pod_level, pod_level_defaults_pending, pod_requests, \
+    qos_class
 from webhook.rewrite._rewrite import rewrite
 from webhook.settings import RewriteSettings, Settings
 
@@ -222,6 +223,42 @@ def test_a_pod_asking_for_a_proxy_is_rewritten_once_the_proxy_is_there(mode: str
     assert again.changed and again.reason == Reason.REWRITTEN, again.warnings
     assert added(pods.inject_istio(pod, variant), again.pod) == []
     assert_valid_pod(again.pod, (NEWEST,))
+
+
+def test_pod_level_requests_still_to_be_defaulted_are_those_containers_request_and_the_pod_does_not_name() -> None:
+    # Decoded with a pod-level cpu limit and no container requesting memory; LimitRanger then
+    # gave the containers memory requests: memory is still to be defaulted (on the next patch).
+    spec = {"resources": {"limits": {"cpu": "2"}, "requests": {"cpu": "1"}},
+            "containers": [container("m", {"cpu": "100m", "memory": "32Mi"})]}
+    assert pod_level_defaults_pending(spec) == ["memory"]
+    spec["resources"]["requests"]["memory"] = "32Mi"
+    assert pod_level_defaults_pending(spec) == []
+    # Without pod-level limits the apiserver defaults nothing.
+    assert pod_level_defaults_pending({"resources": {"requests": {"cpu": "1"}}, "containers": spec["containers"]}) == []
+    assert pod_level_defaults_pending({"containers": spec["containers"]}) == []
+
+
+@pytest.mark.parametrize("mode", ["auto", "waiter", "hybrid"])
+def test_a_pod_whose_pod_level_request_is_still_to_be_defaulted_gets_no_patch_before_its_proxy(mode: str) -> None:
+    # Found on v1.34.9 (e2e never-refused): a pod with a pod-level cpu limit, whose containers
+    # LimitRanger gave memory requests after the pod was decoded, asks Istio for a proxy.
+    # Any patch at the first review, even the not-rewritten annotation alone, makes the
+    # apiserver default the pod-level memory request then, to the containers' 32Mi; the
+    # proxy's 16Mi beside them then exceeds it and the pod is refused ("must be greater than
+    # or equal to aggregate container requests of 48Mi"). So the first review patches nothing.
+    pod = copy.deepcopy(pods.catalogue()["kpack"])
+    pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    pod["spec"]["resources"] = {"limits": {"cpu": "8"}, "requests": {"cpu": "1"}}
+    for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        c.setdefault("resources", {}).setdefault("requests", {})["memory"] = "32Mi"
+    first = rewrite(pod, settings(mode=mode), native_supported=True)
+    assert first.reason == Reason.NO_SIDECAR and first.pod == pod and not first.changed
+    assert "pod-level requests" in first.warnings[0]
+    # Once defaulted (the mesh's patch did it), a pod left unchanged says why on itself again.
+    done = copy.deepcopy(pod)
+    done["spec"]["resources"]["requests"]["memory"] = _as_strings(pod_requests(pod["spec"]))["memory"]
+    assert rewrite(done, settings(mode=mode), native_supported=True).pod["metadata"]["annotations"][
+        p.ANNOTATION_NOT_REWRITTEN] == Reason.NO_SIDECAR
 
 
 @pytest.mark.parametrize(("mode", "variant"), [("waiter", "classic"), ("hybrid", "classic"), ("hybrid", "native")])

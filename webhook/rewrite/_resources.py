@@ -180,6 +180,19 @@ def pod_level(spec: Mapping) -> tuple[Amounts, Amounts]:
     return requests, limits
 
 
+def pod_level_defaults_pending(spec: Mapping) -> list[str]:
+    """The resources whose pod-level request the apiserver has still to default: the pod
+    sets pod-level limits, and its containers now request what its pod-level requests do
+    not name (requests LimitRanger gave them after the pod was decoded). The apiserver
+    defaults them again after every webhook's patch, to the containers' aggregate at that
+    moment, so the first patch fixes them, however small, for every later webhook."""
+    res = spec.get("resources")
+    if not isinstance(res, Mapping) or not _pod_level_amounts(res.get("limits")):
+        return []
+    named = _pod_level_amounts(res.get("requests"))
+    return sorted(r for r in pod_requests(spec) if is_pod_level(r) and r not in named)
+
+
 def effective(totals: Amounts, pod_level_amounts: Mapping[str, int]) -> Amounts:
     """The pod's request (or limit) per resource: the containers' `totals`, but the
     pod-level amount where it sets one (resource.PodRequests, PodLimits)."""

@@ -33,7 +33,7 @@ from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
 from ._reasons import FINAL, SWITCHED_OFF, Reason
-from ._resources import pod_level
+from ._resources import pod_level, pod_level_defaults_pending
 from ._shape import mapping_at, shape_problem
 from ._strategy import Build
 
@@ -478,9 +478,15 @@ def _without_watcher_state(pod: dict) -> tuple[dict, tuple[str, ...]]:
 def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
     """A pod with init containers, or a run-to-completion one, that is not rewritten says why
     on itself (the one change made to it); a rewritten pod drops the reason an earlier
-    admission left."""
+    admission left.
+
+    Not where a pod-level request is still to be defaulted: any patch makes the apiserver
+    default it then, to the containers' aggregate before the webhooks after initshift's add
+    theirs (a mesh's proxy), which then exceeds it and the pod is refused. The warning
+    alone says why."""
     meta, notes = mapping_at(pod, "metadata"), mapping_at(pod, "metadata", "annotations")
-    inits = mapping_at(pod, "spec").get("initContainers")
+    spec = mapping_at(pod, "spec")
+    inits = spec.get("initContainers")
     if result.changed and p.ANNOTATION_NOT_REWRITTEN in (result.pod["metadata"].get("annotations") or {}):
         annotations = dict(result.pod["metadata"]["annotations"])
         del annotations[p.ANNOTATION_NOT_REWRITTEN]
@@ -489,7 +495,8 @@ def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
             and ((isinstance(inits, list) and inits) or _runs_to_completion(pod)) \
             and isinstance(pod.get("metadata"), (dict, type(None))) \
             and p.LABEL_MANAGED not in mapping_at(pod, "metadata", "labels") \
-            and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason:
+            and notes.get(p.ANNOTATION_NOT_REWRITTEN) != result.reason \
+            and not pod_level_defaults_pending(spec):
         note = {**notes, p.ANNOTATION_NOT_REWRITTEN: Reason(result.reason).value}
         result.pod = {**pod, "metadata": {**meta, "annotations": note}}
     return result
