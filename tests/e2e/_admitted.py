@@ -101,7 +101,21 @@ def _pending_memory() -> dict:
     return pod
 
 
+def _second_proxy() -> dict:
+    """A Job's pod that has a proxy of its own (Linkerd's, classic) and asks Istio for
+    another: rewritten before Istio's proxy comes, its steps side by side fitted the tight
+    quota only without it (found by a generated pod on v1.34.9). It waits for the re-invoked
+    review wherever quotas charge resources."""
+    pod = copy.deepcopy(pods.catalogue()["job-linkerd"])
+    pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        if c["name"] != "linkerd-init":
+            c.setdefault("resources", {}).setdefault("limits", {})["cpu"] = "500m" if c["name"] == "linkerd-proxy" else "1"
+    return pod
+
+
 _PENDING_MEMORY = _pending_memory()
+_SECOND_PROXY = _second_proxy()
 _REFUSED = re.compile(r": 4\d\d ")  # KubeFailure's "POST <path>: <status> <message>"
 
 
@@ -185,6 +199,8 @@ def never_refused(env: Env, rec: Record) -> None:
     for name, pod in shapes.items():
         for mode in MODES:
             trial.check(name, pod, mode)
+    for mode in MODES:
+        trial.check("a pod with a proxy of its own asking a mesh for another", _SECOND_PROXY, mode)
     pod_level = env.minor >= 34  # PodLevelResources: beta and on by default from 1.34
     if pod_level:
         for mode in MODES:
@@ -203,5 +219,5 @@ def never_refused(env: Env, rec: Record) -> None:
     (seed(int(SEED))(generated) if SEED else generated)()
     assert not trial.lost, "\n".join(trial.lost[:5])
     total = sum(trial.seen.values())
-    rec.note(f"{total} dry runs ({len(shapes) + pod_level} shapes x {len(MODES)} modes, {GENERATED} generated, "
+    rec.note(f"{total} dry runs ({len(shapes) + 1 + pod_level} shapes x {len(MODES)} modes, {GENERATED} generated, "
              f"{len(pairs)} namespace pairs): " + ", ".join(f"{k} {v}" for k, v in trial.seen.most_common()))

@@ -107,3 +107,25 @@ def test_a_pod_asking_for_a_proxy_under_a_quota_is_rewritten_once_the_proxy_is_t
     counts = [quota("objects", {"pods": "10"})]
     assert rewrite(pod, settings("waiter"), quotas=counts).reason == Reason.REWRITTEN
     assert rewrite(pod, settings("waiter")).reason == Reason.REWRITTEN
+
+
+@pytest.mark.parametrize("mode", ["auto", "waiter", "hybrid"])
+def test_a_pod_with_a_proxy_of_its_own_asking_a_mesh_for_another_waits_for_it_under_a_quota(mode: str) -> None:
+    # Found on v1.34.9 (e2e never-refused): Linkerd's proxy already there, Istio's asked for.
+    # Rewritten at the first review, the steps side by side fitted the quota only without
+    # Istio's proxy, whose limits then pushed the pod over (`exceeded quota`), where the pod
+    # as admitted and injected fits. So it waits for the re-invoked review, as a pod with no
+    # proxy at all does, and that review checks the quota with both proxies there.
+    pod = copy.deepcopy(pods.catalogue()["job-linkerd"])
+    pod["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    ample = [quota("compute", {"limits.cpu": "100", "limits.memory": "100Gi"})]
+    first = rewrite(pod, settings(mode), native_supported=True, quotas=ample)
+    assert first.reason == Reason.NO_SIDECAR and first.pod["spec"] == pod["spec"], first.warnings
+    assert "has not injected its proxy yet" in first.warnings[0]
+    again = rewrite(pods.inject_istio(first.pod), settings(mode), native_supported=True, quotas=ample)
+    assert again.changed, again.warnings
+    # Without a quota that charges resources it is rewritten at once, as before; and a pod
+    # the mesh has injected already (its status annotation) waits for nothing.
+    assert rewrite(pod, settings(mode), native_supported=True).changed
+    injected = pods.inject_istio(pod)
+    assert rewrite(injected, settings(mode), native_supported=True, quotas=ample).changed

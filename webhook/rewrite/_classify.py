@@ -113,20 +113,28 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     return out
 
 
-def requested_meshes(pod: Mapping) -> dict[str, str]:
-    """The meshes this pod asks for (injection requested or already done), each as its
-    native-injection annotation key -> "true"."""
+def _meshes(pod: Mapping) -> dict[str, tuple[bool, bool]]:
+    """Per mesh, by its native-injection annotation key: (the pod asks it to inject, it has
+    injected already), as the pod's own labels and annotations say."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    wanted: dict[str, str] = {}
     istio = str(annotations.get(p.ISTIO_INJECT_ANNOTATION, labels.get(p.ISTIO_INJECT_LABEL, ""))).lower()
-    if istio == "true" or p.ISTIO_STATUS_ANNOTATION in annotations:
-        wanted[p.ISTIO_NATIVE_ANNOTATION] = "true"
     linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, "")).lower()
-    if linkerd in ("enabled", "ingress") or p.LINKERD_STATUS_ANNOTATION in annotations:
-        wanted[p.LINKERD_NATIVE_ANNOTATION] = "true"
-    return wanted
+    return {p.ISTIO_NATIVE_ANNOTATION: (istio == "true", p.ISTIO_STATUS_ANNOTATION in annotations),
+            p.LINKERD_NATIVE_ANNOTATION: (linkerd in ("enabled", "ingress"), p.LINKERD_STATUS_ANNOTATION in annotations)}
+
+
+def requested_meshes(pod: Mapping) -> dict[str, str]:
+    """The meshes this pod asks for (injection requested or already done), each as its
+    native-injection annotation key -> "true"."""
+    return {key: "true" for key, (asked, done) in _meshes(pod).items() if asked or done}
+
+
+def injection_pending(pod: Mapping) -> bool:
+    """The pod asks a mesh for a proxy that mesh has not injected yet (its webhook runs
+    after initshift's), whatever sidecars the pod has already."""
+    return any(asked and not done for asked, done in _meshes(pod).values())
 
 
 def native_proxies(cls: Classification) -> list[str]:

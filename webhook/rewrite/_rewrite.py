@@ -27,8 +27,8 @@ from waiter import protocol as p
 from ..settings import Settings
 from . import _hybrid as hybrid_strategy, _native as native_strategy, _start_order as start_order
 from . import _limitrange as limitrange, _podlevel as podlevel, _quota as quota, _waiter as waiter_strategy
-from ._classify import (Classification, classify, has_mesh_marker, managed_as, native_proxies, native_requested,
-                        pod_mode)
+from ._classify import (Classification, classify, has_mesh_marker, injection_pending, managed_as, native_proxies,
+                        native_requested, pod_mode)
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
@@ -158,7 +158,8 @@ class Rewritten(Plan):
     notes: tuple[str, ...] = ()
 
     def _awaits_proxy(self) -> bool:
-        return not self.cls.sidecars and not native_proxies(self.cls) and has_mesh_marker(self.pod)
+        return (not self.cls.sidecars and not native_proxies(self.cls) and has_mesh_marker(self.pod)) \
+            or injection_pending(self.pod)
 
     def lookups(self) -> list[Lookup]:
         if not _STRATEGIES[self.strategy][1]:
