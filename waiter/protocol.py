@@ -51,6 +51,10 @@ ISTIO_NATIVE_ANNOTATION = "sidecar.istio.io/nativeSidecar"
 LINKERD_INJECT_ANNOTATION = "linkerd.io/inject"
 LINKERD_NATIVE_ANNOTATION = "config.alpha.linkerd.io/proxy-enable-native-sidecar"
 LINKERD_STATUS_ANNOTATION = "linkerd.io/proxy-version"
+# On a namespace: Istio injects every pod where it is labelled so (unless the pod says
+# `sidecar.istio.io/inject: "false"`), Linkerd where it is annotated `linkerd.io/inject`.
+ISTIO_NAMESPACE_LABEL = "istio-injection"
+ISTIO_REVISION_LABEL = "istio.io/rev"
 
 ISTIO_PROXY = "istio-proxy"
 LINKERD_PROXY = "linkerd-proxy"

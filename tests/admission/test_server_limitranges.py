@@ -14,12 +14,13 @@ from typing import Any, AsyncIterator
 import httpx
 import pytest
 
-from tests.admission.test_limitranges import live_lists, until
+from tests.admission.test_views import live_lists, until
 from tests.support import https_helpers as h
 from tests.support.kubedouble import KubeDouble
 from tests.support.patching import apply_patch, decode_patch
 from waiter import protocol as p
-from webhook.admission import HttpsServer, LimitRanges, ResourceQuotas, bind
+from webhook.admission import HttpsServer, LimitRanges, Namespaces, ResourceQuotas, bind
+from webhook.admission._views import NamespaceView
 from webhook.rewrite._quantity import parse
 from webhook.rewrite._resources import pod_requests
 
@@ -49,12 +50,12 @@ def violations(pod: dict) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path, view: LimitRanges | ResourceQuotas | None, *,
-                  run_view: bool = True) -> AsyncIterator[str]:
-    """The real server on this loop with the view as its companion; yields its URL."""
+async def serving(tmp_path: Path, *views: NamespaceView, run_view: bool = True) -> AsyncIterator[str]:
+    """The real server on this loop with the views as its companions; yields its URL."""
+    kinds = {LimitRanges: "limit_ranges", ResourceQuotas: "quotas", Namespaces: "namespaces"}
     server = HttpsServer(h.settings_for(tmp_path), sock=bind(), reload_interval=0.1, graceful_seconds=1,
-                         **{"quotas" if isinstance(view, ResourceQuotas) else "limit_ranges": view})
-    task = asyncio.create_task(server.serve(*([view.run] if view is not None and run_view else [])))
+                         **{kinds[type(view)]: view for view in views})
+    task = asyncio.create_task(server.serve(*([view.run for view in views] if run_view else [])))
     try:
         await until(lambda: server.uvicorn.started or task.done(), "the server started", 30)
         yield h.base_url(server)

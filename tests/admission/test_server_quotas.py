@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.admission.test_limitranges import live_lists, until
+from tests.admission.test_views import live_lists, until
 from tests.admission.test_server_limitranges import api, mutate, serving  # noqa: F401 - api: a fixture
 from tests.support import https_helpers as h
 from tests.support.patching import apply_patch, decode_patch

@@ -44,7 +44,7 @@ async def test_healthy_install_passes(kube: KubeDouble, tmp_path) -> None:
                      "Service initshift-system/initshift exists",
                      "the caBundle verifies the certificate the server presents",
                      "/readyz: ready, strategy unknown, native sidecars unknown",
-                     "service account initshift-system/initshift may make the 19 calls the server makes "
+                     "service account initshift-system/initshift may make the 21 calls the server makes "
                      "(with self-managed certificates)",
                      "opted-in namespaces: builds (Istio injects), plain (no mesh injects)"]:
         assert expected in titles, (expected, out)
@@ -176,7 +176,7 @@ async def test_rbac_missing(kube: KubeDouble, tmp_path, verb, resource, denied) 
     async with inst.healthy(kube, tmp_path) as i:
         kube.revoke(inst.SA_USER, verb, resource)
         code, out, _ = await check(*i.argv())
-    assert code == 1 and failed(out) == ["service account initshift-system/initshift may make the 19 calls the "
+    assert code == 1 and failed(out) == ["service account initshift-system/initshift may make the 21 calls the "
                                          "server makes (with self-managed certificates)"]
     assert f"forbidden: {denied}. Re-apply deploy/" in out
 
@@ -195,7 +195,7 @@ async def test_configuration_that_drifted_from_the_install(kube: KubeDouble, tmp
                            "timeoutSeconds: 3 (above the 4s registry lookup budget)",
                            "namespaceSelector never selects initshift-system or kube-system",
                            # RBAC names initshift-webhook: the renamed configuration cannot get its caBundle
-                           "service account initshift-system/initshift may make the 19 calls the server makes "
+                           "service account initshift-system/initshift may make the 21 calls the server makes "
                            "(with self-managed certificates)",
                            "Istio injector istio-sidecar-injector is called before zz-initshift; injects natively: "
                            "no (ENABLE_NATIVE_SIDECARS=false on Deployment istio-system/istiod)"]

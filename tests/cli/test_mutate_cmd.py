@@ -141,3 +141,23 @@ def test_quotas_of_the_namespace(tmp_path):
     f.write_text(istio_job_yaml())
     bad = run("-", "--quotas", str(f), stdin=istio_job_yaml())
     assert bad.returncode == 2 and bad.stderr.strip() == f"initshift mutate: {f}: expected ResourceQuotas, got a Pod"
+
+
+def test_the_namespace_of_the_pod(tmp_path):
+    """--namespace: what `kubectl get namespace NS -o yaml` prints; its mesh label asks for a
+    proxy the pod waits for under a quota (exit 1 with --check); one Namespace, else exit 2."""
+    hard = {"limits.cpu": "100"}
+    q = tmp_path / "quotas.yaml"
+    q.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute"},
+                                 "spec": {"hard": hard}, "status": {"hard": hard, "used": {"limits.cpu": "0"}}}))
+    ns = tmp_path / "namespace.yaml"
+    pod = yaml.safe_dump(pods.catalogue()["job-linkerd"])
+    for labels, code in (({}, 0), ({"istio-injection": "enabled"}, 1)):
+        ns.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": "builds", "labels": labels}}))
+        out = run("-", "--quotas", str(q), "--namespace", str(ns), "--check", stdin=pod)
+        assert out.returncode == code, out.stderr
+    assert "has not injected its proxy yet" in out.stderr
+    ns.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": []}))
+    none = run("-", "--namespace", str(ns), stdin=pod)
+    assert none.returncode == 2 and none.stderr.strip() == f"initshift mutate: {ns}: expected one Namespace, got 0"

@@ -256,8 +256,10 @@ def expected_grants(spec: Install, r: Rendered) -> set[Grant]:
     out: set[Grant] = {("*", "", "pods", v, "*") for v in ("get", "list", "watch", "patch")}
     # Events: created, and listed/watched so each replica knows which are sent (each once).
     out |= {("*", "", "events", v, "*") for v in ("create", "list", "watch")}
-    # LimitRanges and ResourceQuotas: read only, so the rewrite keeps each pod within its namespace's.
-    out |= {("*", "", kind, v, "*") for kind in ("limitranges", "resourcequotas") for v in ("list", "watch")}
+    # LimitRanges, ResourceQuotas and Namespaces: read only, so the rewrite keeps each pod within its
+    # namespace's, with the proxy the namespace's mesh label asks for.
+    out |= {("*", "", kind, v, "*") for kind in ("limitranges", "resourcequotas", "namespaces")
+            for v in ("list", "watch")}
     # Leader election: create cannot be limited by name; get/update are, to our Lease.
     out.add((ns, "coordination.k8s.io", "leases", "create", "*"))
     out |= {(ns, "coordination.k8s.io", "leases", v, settings.watcher.lease_name) for v in ("get", "update")}

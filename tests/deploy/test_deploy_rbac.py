@@ -118,14 +118,14 @@ async def watcher_calls(settings: Settings) -> list[Attrs]:
 
 
 async def limitrange_calls() -> list[Attrs]:
-    """The admission server's views of LimitRanges and ResourceQuotas: each one's list and
-    watch, then a live list."""
+    """The admission server's views of LimitRanges, ResourceQuotas and Namespaces: each
+    one's list and watch, then a live list."""
     import asyncio
 
-    from webhook.admission import LimitRanges, ResourceQuotas
+    from webhook.admission import LimitRanges, Namespaces, ResourceQuotas
 
     calls: list[Attrs] = []
-    for kind in (LimitRanges, ResourceQuotas):
+    for kind in (LimitRanges, ResourceQuotas, Namespaces):
         rec = Recorder(lambda m, path, q: (200, {"items": [], "metadata": {"resourceVersion": "1"}}))
         view, stop = kind(rec), asyncio.Event()
         task = asyncio.create_task(view.run(stop))

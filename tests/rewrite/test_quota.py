@@ -129,3 +129,38 @@ def test_a_pod_with_a_proxy_of_its_own_asking_a_mesh_for_another_waits_for_it_un
     assert rewrite(pod, settings(mode), native_supported=True).changed
     injected = pods.inject_istio(pod)
     assert rewrite(injected, settings(mode), native_supported=True, quotas=ample).changed
+
+
+def _namespace(labels: dict | None = None, annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": "ns", "labels": labels or {}, "annotations": annotations or {}}}
+
+
+@pytest.mark.parametrize(("labels", "annotations", "pod_says", "waits"), [
+    ({"istio-injection": "enabled"}, None, None, True),
+    ({"istio.io/rev": "1-27"}, None, None, True),  # a revision label injects too
+    ({"istio-injection": "disabled", "istio.io/rev": "1-27"}, None, None, False),  # istio-injection wins
+    ({"istio-injection": "enabled"}, None, "false", False),  # the pod opts out of its namespace's
+    (None, {"linkerd.io/inject": "enabled"}, None, False),  # Linkerd's proxy is there already
+    ({}, None, None, False),
+])
+def test_a_namespace_label_that_asks_a_mesh_for_a_proxy_makes_the_pod_wait_under_a_quota(
+        labels: dict | None, annotations: dict | None, pod_says: str | None, waits: bool) -> None:
+    # Istio injects by the namespace's label alone, after initshift's first review: the pod
+    # itself does not say so, its Namespace (read by the server, docs/admission-server.md) does.
+    pod = copy.deepcopy(pods.catalogue()["job-linkerd"])
+    if pod_says is not None:
+        pod["metadata"].setdefault("labels", {})[p.ISTIO_INJECT_LABEL] = pod_says
+    ample = [quota("compute", {"limits.cpu": "100", "limits.memory": "100Gi"})]
+    result = rewrite(pod, settings("waiter"), quotas=ample, namespace=_namespace(labels, annotations))
+    assert (result.reason == Reason.NO_SIDECAR) is waits and result.changed is not waits, result.warnings
+    # Not known (no Namespace read): rewritten at once, as before.
+    assert rewrite(pod, settings("waiter"), quotas=ample).changed
+
+
+def test_a_namespace_annotated_for_linkerd_makes_a_pod_with_istios_proxy_wait_under_a_quota() -> None:
+    pod = copy.deepcopy(pods.catalogue()["kpack-istio"])
+    ample = [quota("compute", {"limits.cpu": "100", "limits.memory": "100Gi"})]
+    linkerd = _namespace(annotations={"linkerd.io/inject": "enabled"})
+    assert rewrite(pod, settings("waiter"), quotas=ample, namespace=linkerd).reason == Reason.NO_SIDECAR
+    pod["metadata"]["annotations"]["linkerd.io/inject"] = "disabled"  # the pod's own word wins
+    assert rewrite(pod, settings("waiter"), quotas=ample, namespace=linkerd).changed

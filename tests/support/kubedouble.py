@@ -1146,7 +1146,7 @@ def _default_limit_range(obj: dict) -> None:
 def _check_limit_range(obj: dict) -> None:
     """The apiserver's LimitRange defaulting and validation (ValidateLimitRange), the parts a
     client can get wrong: 422 with every error, worded as v1.34.9 words them (checked
-    against it by hand; tests/admission/test_limitranges.py pins the words)."""
+    against it by hand; tests/admission/test_views.py pins the words)."""
     from webhook.rewrite._quantity import QuantityError, parse
 
     _default_limit_range(obj)

@@ -35,7 +35,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from ._guards import Connection
-    from ._limitranges import LimitRanges, NamespaceView, ResourceQuotas
+    from ._views import LimitRanges, Namespaces, NamespaceView, ResourceQuotas
 
 log = logging.getLogger("initshift.server")
 
@@ -83,15 +83,15 @@ def _check(gone: Callable[[], bool]) -> None:
 
 class Reviewer:
     """A review's body to its decision: the steps without I/O where the caller runs them
-    (the loop, or the large turn's thread), registry lookups and live lists of LimitRanges
-    and ResourceQuotas (I/O) on the loop. `limit_ranges`, `quotas`: the cluster's views
-    (None: no API access, none are read)."""
+    (the loop, or the large turn's thread), registry lookups and live lists of LimitRanges,
+    ResourceQuotas and the Namespace (I/O) on the loop. `limit_ranges`, `quotas`,
+    `namespaces`: the cluster's views (None: no API access, none are read)."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None], limit_ranges: "LimitRanges | None" = None,
-                 quotas: "ResourceQuotas | None" = None) -> None:
+                 quotas: "ResourceQuotas | None" = None, namespaces: "Namespaces | None" = None) -> None:
         self.settings, self.resolver, self.native_supported = settings, resolver, native_supported
-        self.views: tuple["NamespaceView | None", ...] = (limit_ranges, quotas)
+        self.views: tuple["NamespaceView | None", ...] = (limit_ranges, quotas, namespaces)
         self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
 
     def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
@@ -109,8 +109,8 @@ class Reviewer:
         return review, first
 
     def _known(self, review: Review, pod_plan: Any) -> list[list[dict] | None]:
-        """The namespace's LimitRanges and ResourceQuotas without I/O (none for a plan that
-        reads none); None for a kind a live list must say."""
+        """The namespace's LimitRanges, ResourceQuotas and Namespace without I/O (none for a
+        plan that reads none); None for a kind a live list must say."""
         if not pod_plan.reads_namespace_limits:
             return [[] for _ in self.views]
         return [[] if view is None else view.known(review.pod_namespace) for view in self.views]
@@ -162,10 +162,11 @@ class Reviewer:
         pod_plan = plan(review.obj, self.settings, native_supported=self.native_supported())
         return pod_plan, (pod_plan.lookups() if self.resolver is not None else [])
 
-    def _finish(self, review: Review, pod_plan: Any, images: dict[str, Any] | None,
-                lookup_error: str | None, limit_ranges: Sequence[Mapping], quotas: Sequence[Mapping]) -> Answer:
+    def _finish(self, review: Review, pod_plan: Any, images: dict[str, Any] | None, lookup_error: str | None,
+                limit_ranges: Sequence[Mapping], quotas: Sequence[Mapping], namespaces: Sequence[Mapping]) -> Answer:
         pod = review.obj
-        result = pod_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas)
+        result = pod_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas,
+                                  namespace=namespaces[0] if namespaces else None)
         warnings = list(result.warnings)
         if result.denied:
             answer = admission.response(review, denied=result.denied, warnings=warnings)
@@ -345,19 +346,19 @@ class _WebhookApp(FastAPI):
 def create_app(settings: Settings, *, resolver: EntrypointResolver | None = None,
                native_supported: Callable[[], bool | None] = lambda: None,
                limit_ranges: "LimitRanges | None" = None, quotas: "ResourceQuotas | None" = None,
-               ready: Callable[[], bool] = lambda: True,
+               namespaces: "Namespaces | None" = None, ready: Callable[[], bool] = lambda: True,
                strategy: Callable[[], str | None] = lambda: None) -> FastAPI:
     """The webhook application.
 
     `resolver`: registry lookups for steps without `command` (None: no lookups).
     `native_supported`: whether the cluster runs native sidecars (None: unknown).
-    `limit_ranges`, `quotas`: the cluster's LimitRanges and ResourceQuotas the rewrite
-    respects (None: not read).
+    `limit_ranges`, `quotas`, `namespaces`: the cluster's LimitRanges and ResourceQuotas the
+    rewrite respects, and its Namespaces' mesh labels (None: not read).
     `ready`: the readiness condition (the server passes "a valid certificate is loaded").
     `strategy`: what `/readyz` reports as the strategy in use (filled by native detection).
     """
     app = _WebhookApp(title="initshift", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.reviewer = Reviewer(settings, resolver, native_supported, limit_ranges, quotas)
+    app.state.reviewer = Reviewer(settings, resolver, native_supported, limit_ranges, quotas, namespaces)
     app.mutate = _Mutate(settings, app.state.reviewer)
     # The route as FastAPI knows it: other methods get its 405, and it lists /mutate.
     app.router.routes.append(Route(MUTATE_PATH, app.mutate, methods=["POST"]))

@@ -48,11 +48,20 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--quotas", metavar="FILE",
                     help="the ResourceQuotas of the pod's namespace, with their status (`kubectl get resourcequotas "
                          "-n NS -o yaml`), which the server reads itself and the rewritten pod must fit")
+    ap.add_argument("--namespace", metavar="FILE",
+                    help="the pod's Namespace (`kubectl get namespace NS -o yaml`), whose mesh label the server reads "
+                         "itself: a proxy it asks for is waited for where quotas or pod-level requests bound the pod")
     ap.add_argument("--check", action="store_true", help="exit 1 when the pod would be left unchanged")
     ap.add_argument("--resolve", action="store_true",
                     help="look up the ENTRYPOINT of steps without `command` in the registry (INITSHIFT_REGISTRY_* "
                          "settings; pull secrets through kubeconfig when INITSHIFT_REGISTRY_PULL_SECRETS is on)")
     return ap
+
+
+def _one(namespaces: list[dict], path: str) -> dict:
+    if len(namespaces) != 1:
+        raise InputError(f"{path}: expected one Namespace, got {len(namespaces)}")
+    return namespaces[0]
 
 
 def main(argv: list[str]) -> int:
@@ -62,6 +71,7 @@ def main(argv: list[str]) -> int:
         pod_in = read_pod(args.file)
         limit_ranges = read_objects(args.limit_ranges, "LimitRange") if args.limit_ranges else []
         quotas = read_objects(args.quotas, "ResourceQuota") if args.quotas else []
+        namespace = _one(read_objects(args.namespace, "Namespace"), args.namespace) if args.namespace else None
     except (InputError, SettingsError) as e:
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -78,7 +88,8 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    result = the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas)
+    result = the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas,
+                              namespace=namespace)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if result.denied:

@@ -239,7 +239,7 @@ def read_pod(path: str, *, workloads: bool = True) -> _PodInput:
 
 
 def read_objects(path: str, kind: str) -> list[dict]:
-    """The objects of `kind` (LimitRange, ResourceQuota) in a file or `-`: such documents,
+    """The objects of `kind` (LimitRange, ResourceQuota, Namespace) in a file or `-`: such documents,
     or a List of them (what `kubectl get limitranges -n NS -o yaml` prints)."""
     where = _name(path)
     out: list[dict] = []

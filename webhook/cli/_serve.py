@@ -55,8 +55,8 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
     """Self-managed certificates first (if on), then uvicorn with its companions."""
-    from ..admission import HttpsServer, LimitRanges, ResourceQuotas, detect_native_support, ensure_certificates, \
-        keep_certificates_fresh
+    from ..admission import HttpsServer, LimitRanges, Namespaces, ResourceQuotas, detect_native_support, \
+        ensure_certificates, keep_certificates_fresh
     from ..kube import KubeApi, KubeError
 
     companions: list[_Companion] = []
@@ -80,7 +80,7 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
             await run_watcher(settings, stop)
         companions.append(watcher)
     no_api = None
-    if api is None:  # LimitRanges, quotas and native detection read the cluster when there is one
+    if api is None:  # LimitRanges, quotas, namespaces and native detection read the cluster when there is one
         try:
             api = await KubeApi.from_config()
         except KubeError as e:  # `make run` on a laptop: the rewrite works without the cluster
@@ -91,14 +91,15 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
                 "quota may refuse a rewritten pod%s", e, auto)
     limit_ranges = LimitRanges(api) if api is not None else None
     quotas = ResourceQuotas(api) if api is not None else None
-    for view in (limit_ranges, quotas):
+    namespaces = Namespaces(api) if api is not None else None
+    for view in (limit_ranges, quotas, namespaces):
         if view is not None:
             companions.append(view.run)
     native = await detect_native_support(settings, api, no_api=no_api)  # auto: apiserver and kubelet versions
     companions.append(native.run)
     try:
         server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy,
-                             limit_ranges=limit_ranges, quotas=quotas)
+                             limit_ranges=limit_ranges, quotas=quotas, namespaces=namespaces)
         server.listen()  # a port in use fails here, in one line
         if on_started is not None:
             companions.append(_when_started(server, on_started))

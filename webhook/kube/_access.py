@@ -56,6 +56,8 @@ def server_access(settings: Settings) -> list[Access]:
             for verb in ("list", "watch")]
     out += [Access(verb, "", "resourcequotas", why="the rewrite keeps a pod within its namespace's quotas")
             for verb in ("list", "watch")]
+    out += [Access(verb, "", "namespaces", why="the rewrite waits for a proxy a namespace's mesh label asks for")
+            for verb in ("list", "watch")]
     out.append(Access("create", _COORDINATION, "leases", ns, why="leader election"))
     out += [Access(verb, _COORDINATION, "leases", ns, lease, why="leader election") for verb in ("get", "update")]
     certs = "the self-managed serving certificate"

@@ -113,16 +113,29 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     return out
 
 
-def _meshes(pod: Mapping) -> dict[str, tuple[bool, bool]]:
+# What a namespace says about injection: the only labels and annotations read of it.
+NAMESPACE_LABELS = (p.ISTIO_NAMESPACE_LABEL, p.ISTIO_REVISION_LABEL)
+NAMESPACE_ANNOTATIONS = (p.LINKERD_INJECT_ANNOTATION,)
+
+
+def _meshes(pod: Mapping, namespace: Mapping | None = None) -> dict[str, tuple[bool, bool]]:
     """Per mesh, by its native-injection annotation key: (the pod asks it to inject, it has
-    injected already), as the pod's own labels and annotations say."""
+    injected already), as the pod's own labels and annotations say, and, with `namespace`
+    (the pod's Namespace object), its namespace's: Istio's `istio-injection=enabled` or a
+    revision label (`istio-injection` wins where both are set), Linkerd's annotation; the
+    pod's own `false` / `disabled` opts out of its namespace's."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
+    ns_labels = mapping_at(namespace or {}, "metadata", "labels")
+    ns_annotations = mapping_at(namespace or {}, "metadata", "annotations")
     istio = str(annotations.get(p.ISTIO_INJECT_ANNOTATION, labels.get(p.ISTIO_INJECT_LABEL, ""))).lower()
-    linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, "")).lower()
-    return {p.ISTIO_NATIVE_ANNOTATION: (istio == "true", p.ISTIO_STATUS_ANNOTATION in annotations),
-            p.LINKERD_NATIVE_ANNOTATION: (linkerd in ("enabled", "ingress"), p.LINKERD_STATUS_ANNOTATION in annotations)}
+    by_namespace = ns_labels.get(p.ISTIO_NAMESPACE_LABEL, "enabled" if p.ISTIO_REVISION_LABEL in ns_labels else "")
+    istio_asked = istio == "true" or (istio != "false" and str(by_namespace) == "enabled")
+    linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, ns_annotations.get(p.LINKERD_INJECT_ANNOTATION, "")))
+    return {p.ISTIO_NATIVE_ANNOTATION: (istio_asked, p.ISTIO_STATUS_ANNOTATION in annotations),
+            p.LINKERD_NATIVE_ANNOTATION: (linkerd.lower() in ("enabled", "ingress"),
+                                          p.LINKERD_STATUS_ANNOTATION in annotations)}
 
 
 def requested_meshes(pod: Mapping) -> dict[str, str]:
@@ -131,10 +144,10 @@ def requested_meshes(pod: Mapping) -> dict[str, str]:
     return {key: "true" for key, (asked, done) in _meshes(pod).items() if asked or done}
 
 
-def injection_pending(pod: Mapping) -> bool:
-    """The pod asks a mesh for a proxy that mesh has not injected yet (its webhook runs
-    after initshift's), whatever sidecars the pod has already."""
-    return any(asked and not done for asked, done in _meshes(pod).values())
+def injection_pending(pod: Mapping, namespace: Mapping | None = None) -> bool:
+    """The pod, or its namespace, asks a mesh for a proxy that mesh has not injected yet
+    (its webhook runs after initshift's), whatever sidecars the pod has already."""
+    return any(asked and not done for asked, done in _meshes(pod, namespace).values())
 
 
 def native_proxies(cls: Classification) -> list[str]:

@@ -80,16 +80,18 @@ class Plan(abc.ABC):
         return []
 
     def rewrite(self, *, images: Mapping[str, ImageEntrypoints] | None = None, lookup_error: str | None = None,
-                limit_ranges: Sequence[Mapping] = (), quotas: Sequence[Mapping] = ()) -> RewriteResult:
+                limit_ranges: Sequence[Mapping] = (), quotas: Sequence[Mapping] = (),
+                namespace: Mapping | None = None) -> RewriteResult:
         """`lookup_error`: why the registry lookup failed, the message given for containers
         without `command` whose image is missing from `images`; `limit_ranges`, `quotas`:
         the LimitRange and ResourceQuota objects of the pod's namespace, which the rewritten
-        pod must pass."""
+        pod must pass; `namespace`: the pod's Namespace, whose labels may ask a mesh for a
+        proxy (None: not known)."""
         try:
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
-        if result.changed and self._awaits_proxy() and (why := _bounded(self.pod, quotas)):
+        if result.changed and self._awaits_proxy(namespace) and (why := _bounded(self.pod, quotas)):
             # The proxy's resources are unknown until the mesh injects it (after initshift's
             # webhook, which sorts first), and the bounds may not hold them beside the steps:
             # the re-invoked review rewrites the pod as a first admission of the injected one.
@@ -114,8 +116,9 @@ class Plan(abc.ABC):
         """The steps of `rewritten` whose requests share the pod's budget (none by default)."""
         return []
 
-    def _awaits_proxy(self) -> bool:
-        """The pod asks a mesh for a proxy it does not have yet (rewritten ahead of it)."""
+    def _awaits_proxy(self, namespace: Mapping | None) -> bool:
+        """The pod, or its namespace, asks a mesh for a proxy it does not have yet
+        (rewritten ahead of it)."""
         return False
 
     @abc.abstractmethod
@@ -157,9 +160,9 @@ class Rewritten(Plan):
     cls: Classification
     notes: tuple[str, ...] = ()
 
-    def _awaits_proxy(self) -> bool:
+    def _awaits_proxy(self, namespace: Mapping | None) -> bool:
         return (not self.cls.sidecars and not native_proxies(self.cls) and has_mesh_marker(self.pod)) \
-            or injection_pending(self.pod)
+            or injection_pending(self.pod, namespace)
 
     def lookups(self) -> list[Lookup]:
         if not _STRATEGIES[self.strategy][1]:
@@ -453,10 +456,10 @@ def _ordered(pod: dict, choice: Plan, settings: Settings, native: bool | None) -
 def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoints] | None = None,
             native_supported: bool | None = None, lookup_error: str | None = None,
             mode_from: str | None = None, limit_ranges: Sequence[Mapping] = (),
-            quotas: Sequence[Mapping] = ()) -> RewriteResult:
+            quotas: Sequence[Mapping] = (), namespace: Mapping | None = None) -> RewriteResult:
     """`plan(...).rewrite(...)` in one call, for callers that make no registry lookup."""
     return plan(pod, settings, native_supported=native_supported, mode_from=mode_from).rewrite(
-        images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas)
+        images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas, namespace=namespace)
 
 
 # --- the result -----------------------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""The cluster's LimitRanges and ResourceQuotas, by namespace, for the rewrite
-(`Plan.rewrite(limit_ranges=..., quotas=...)`): the apiserver's LimitRanger and
-ResourceQuota admission plugins run after the mutating webhooks and reject a pod whose
-containers fall outside its namespace's LimitRange (a request of 0 under a `min`), or that
-would take a quota past its `hard` (the steps' limits, added up once they are regular).
+"""What the rewrite reads of a pod's namespace (`Plan.rewrite(limit_ranges=..., quotas=...,
+namespace=...)`): its LimitRanges and ResourceQuotas, and the Namespace's own mesh
+injection labels. The apiserver's LimitRanger and ResourceQuota admission plugins run
+after the mutating webhooks and reject a pod whose containers fall outside its namespace's
+LimitRange (a request of 0 under a `min`), or that would take a quota past its `hard` (the
+steps' limits, added up once they are regular); a mesh that injects by its namespace's
+label alone (`istio-injection=enabled`) adds a proxy the pod does not ask for itself, after
+initshift's first review, which those limits must hold too.
 
-Modelled on LimitRanger (plugin/pkg/admission/limitranger), the same view for both kinds:
+Modelled on LimitRanger (plugin/pkg/admission/limitranger), the same view for every kind:
 an informer holds every object of the kind in the cluster (list and watch across all
 namespaces, each cut down to what the rewrite reads); for a namespace it holds none for, a
 live list answers, cached for 30 s, because one created just before the pod may not have
@@ -27,9 +30,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from ..kube import KubeApi, KubeError
+from ..rewrite import NAMESPACE_ANNOTATIONS, NAMESPACE_LABELS
 from ..watcher import Informer
 
 log = logging.getLogger("initshift.limitranges")  # both kinds: the name the logs have used
@@ -55,8 +59,21 @@ def shrink_quota(obj: dict) -> dict:
     return {**shrink(obj), "status": {k: status[k] for k in ("hard", "used") if k in status}}
 
 
+def shrink_namespace(obj: dict) -> dict:
+    """What the rewrite reads of a Namespace: its name and its mesh injection markers."""
+    meta = obj.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"),
+                         "labels": {k: labels[k] for k in NAMESPACE_LABELS if k in labels},
+                         "annotations": {k: annotations[k] for k in NAMESPACE_ANNOTATIONS if k in annotations}}}
+
+
 def _namespace_of(obj: dict) -> str:
     return str((obj.get("metadata") or {}).get("namespace") or "")
+
+
+def _name_of(obj: dict) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def _by_name(items: list[dict]) -> Items:
@@ -73,6 +90,7 @@ class NamespaceView:
     NOUN = ""  # what the log lines call them
     RISK = ""  # what the rewrite risks without them
     shrink = staticmethod(shrink)
+    key = staticmethod(_namespace_of)  # the namespace an object is of
 
     def __init__(self, api: KubeApi | None, *, ttl: float = LIVE_TTL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -123,7 +141,7 @@ class NamespaceView:
         items: list[dict] = []
         try:
             async with asyncio.timeout(LOOKUP_SECONDS):
-                async for page, _ in self.api.list_pages(self.RESOURCE, namespace):
+                async for page, _ in self._pages(namespace):
                     items.extend(self.shrink(o) for o in page)
         except (KubeError, TimeoutError) as e:
             why = str(e) or f"no answer within {LOOKUP_SECONDS:g} s"
@@ -133,6 +151,10 @@ class NamespaceView:
         result = _by_name(items)
         self._remember(namespace, result)
         return result
+
+    def _pages(self, namespace: str) -> AsyncIterator[tuple[list[dict], str]]:
+        assert self.api is not None
+        return self.api.list_pages(self.RESOURCE, namespace)
 
     def _remember(self, namespace: str, items: Items) -> None:
         now = self.clock()
@@ -147,12 +169,12 @@ class NamespaceView:
     def _listed(self, _where: str | None, items: list[dict]) -> None:
         grouped: dict[str, list[dict]] = {}
         for obj in items:
-            grouped.setdefault(_namespace_of(obj), []).append(obj)
+            grouped.setdefault(self.key(obj), []).append(obj)
         self._held = {ns: _by_name(objs) for ns, objs in grouped.items()}
 
     def _changed(self, kind: str, obj: dict) -> None:
         obj = self.shrink(obj)
-        ns, name = _namespace_of(obj), obj["metadata"].get("name")
+        ns, name = self.key(obj), obj["metadata"].get("name")
         kept = [o for o in self._held.get(ns, ()) if o["metadata"].get("name") != name]
         if kind != "DELETED":
             kept.append(obj)
@@ -213,3 +235,16 @@ class ResourceQuotas(NamespaceView):
     RESOURCE, NOUN = "resourcequotas", "ResourceQuotas"
     RISK = "which a namespace's quota may refuse once the steps' limits add up"
     shrink = staticmethod(shrink_quota)
+
+
+class Namespaces(NamespaceView):
+    """Each namespace as the one object held for it (cluster-scoped: keyed by its name)."""
+
+    RESOURCE, NOUN = "namespaces", "Namespaces"
+    RISK = "so a proxy a mesh injects by a namespace's label alone is not held beside the steps within quotas"
+    shrink = staticmethod(shrink_namespace)
+    key = staticmethod(_name_of)
+
+    def _pages(self, namespace: str) -> AsyncIterator[tuple[list[dict], str]]:
+        assert self.api is not None
+        return self.api.list_pages(self.RESOURCE, None, field_selector=f"metadata.name={namespace}")

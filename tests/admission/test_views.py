@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.kubedouble import KubeDouble
 from webhook.admission import LimitRanges
-from webhook.admission._limitranges import LOOKUP_SECONDS
+from webhook.admission._views import LOOKUP_SECONDS
 
 
 def limit_range(name: str, namespace: str, cpu_min: str = "10m") -> dict:
@@ -194,3 +194,26 @@ async def test_the_double_validates_limit_ranges_as_the_apiserver_does(kube, api
                                         r"greater than max value 1, spec.limits\[0\].defaultRequest\[cpu\]"):
         await api.request("POST", path, body=low)
     assert (await api.request("POST", path, body=limit_range("good", "builds")))["metadata"]["name"] == "good"
+
+
+async def test_namespaces_are_held_by_name_with_their_mesh_markers_only(kube, api):
+    """A Namespace is the one object held for itself: cut down to the labels and
+    annotations that ask a mesh for a proxy; a namespace the informer has not seen yet is
+    read by a list of that one name."""
+    from webhook.admission import Namespaces
+
+    kube.put("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "builds", "labels": {"istio-injection": "enabled", "team": "a"},
+        "annotations": {"linkerd.io/inject": "enabled", "kubectl.kubernetes.io/last-applied-configuration": "{}"}}})
+    view = Namespaces(api)
+    assert [o["metadata"]["name"] for o in await view.lookup("builds")] == ["builds"]  # live, not running
+    stop, task = await running(view)
+    [held] = view.known("builds")
+    assert held["metadata"]["labels"] == {"istio-injection": "enabled"}
+    assert held["metadata"]["annotations"] == {"linkerd.io/inject": "enabled"}
+    await api.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                          "metadata": {"name": "later", "labels": {"istio.io/rev": "1-27"}}})
+    await until(lambda: view.known("later"), "the watch delivered the new Namespace")
+    assert view.known("later")[0]["metadata"]["labels"] == {"istio.io/rev": "1-27"}
+    stop.set()
+    await asyncio.wait_for(task, 5)
