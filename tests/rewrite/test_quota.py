@@ -153,8 +153,11 @@ def test_a_namespace_label_that_asks_a_mesh_for_a_proxy_makes_the_pod_wait_under
     ample = [quota("compute", {"limits.cpu": "100", "limits.memory": "100Gi"})]
     result = rewrite(pod, settings("waiter"), quotas=ample, namespace=_namespace(labels, annotations))
     assert (result.reason == Reason.NO_SIDECAR) is waits and result.changed is not waits, result.warnings
-    # Not known (no Namespace read): rewritten at once, as before.
+    # Not known (no Namespace read): rewritten at once, as before; nor waits a pod on the
+    # host's network, which the meshes never inject.
     assert rewrite(pod, settings("waiter"), quotas=ample).changed
+    pod["spec"]["hostNetwork"] = True
+    assert rewrite(pod, settings("waiter"), quotas=ample, namespace=_namespace(labels, annotations)).changed
 
 
 def test_a_namespace_annotated_for_linkerd_makes_a_pod_with_istios_proxy_wait_under_a_quota() -> None:

@@ -87,8 +87,8 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
             no_api = str(e)
             auto = "; native sidecars: auto falls back to waiter" if settings.rewrite.native_sidecars == "auto" else ""
             logging.getLogger("initshift.server").warning(
-                "no API access (%s): LimitRanges and ResourceQuotas are not read, so a namespace's LimitRange or "
-                "quota may refuse a rewritten pod%s", e, auto)
+                "no API access (%s): LimitRanges, ResourceQuotas and namespaces are not read, so a namespace's "
+                "LimitRange or quota may refuse a rewritten pod%s", e, auto)
     limit_ranges = LimitRanges(api) if api is not None else None
     quotas = ResourceQuotas(api) if api is not None else None
     namespaces = Namespaces(api) if api is not None else None

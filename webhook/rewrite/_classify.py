@@ -146,7 +146,10 @@ def requested_meshes(pod: Mapping) -> dict[str, str]:
 
 def injection_pending(pod: Mapping, namespace: Mapping | None = None) -> bool:
     """The pod, or its namespace, asks a mesh for a proxy that mesh has not injected yet
-    (its webhook runs after initshift's), whatever sidecars the pod has already."""
+    (its webhook runs after initshift's), whatever sidecars the pod has already. Istio's and
+    Linkerd's injectors skip a pod on the host's network."""
+    if mapping_at(pod, "spec").get("hostNetwork") is True:
+        return False
     return any(asked and not done for asked, done in _meshes(pod, namespace).values())
 
 
