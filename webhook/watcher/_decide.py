@@ -174,9 +174,8 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     # A gate of loopback probes leaves no mark on the pod but this: a step or main that ran
     # its command to success passed it (later ones run only after step 0). A watcher that
     # restarted since, and so never saw the gate open, then still knows it did.
-    passed = any(r.ok for r in runs.values())
     gate_open = ann.get(p.ANNOTATION_READY) == p.READY_TRUE or \
-        (not lay.reads_ready and (gate_seen_open or passed))
+        (not lay.reads_ready and (gate_seen_open or any(r.ok for r in runs.values())))
     started = parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp"))
     elapsed = (now - started).total_seconds() if started else 0.0
     unready = [n for n in lay.sidecars if not (cs.get(n) or {}).get("ready")] + \
