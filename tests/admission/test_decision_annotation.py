@@ -21,8 +21,8 @@ def reviewer() -> Reviewer:
 
 
 async def decide(pod: dict, namespace: str = "builds"):
-    r = reviewer()
-    return await r.complete(*r.start(json.dumps(h.review(pod, namespace=namespace)).encode()))
+    _, decision = await reviewer().decide(json.dumps(h.review(pod, namespace=namespace)).encode())
+    return decision
 
 
 async def test_skipped_pod_gets_only_the_reason():

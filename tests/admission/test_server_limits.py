@@ -103,15 +103,15 @@ def held_review(server, pki: Path, body: bytes = BIG_BODY) -> Iterator[list[http
     """`body` (a large review) posted from a thread and held on the large turn's thread
     while the block runs; its answer lands in the list once released."""
     reviewer = server.app.state.reviewer
-    real, release, entered = reviewer.start, threading.Event(), threading.Event()
+    real, release, entered = reviewer.parse, threading.Event(), threading.Event()
 
-    def held(sent: bytes, *args):
+    def held(sent: bytes):
         if sent == body:
             entered.set()
             assert release.wait(120)
-        return real(sent, *args)
+        return real(sent)
 
-    reviewer.start = held
+    reviewer.parse = held
     answers: list[httpx.Response] = []
     poster = threading.Thread(target=lambda: answers.append(httpx.post(
         f"{h.base_url(server)}/mutate", content=body, headers=JSON_CT, verify=h.client_context(pki / "ca.crt"),
@@ -123,7 +123,7 @@ def held_review(server, pki: Path, body: bytes = BIG_BODY) -> Iterator[list[http
     finally:
         release.set()
         poster.join(120)
-        reviewer.start = real
+        reviewer.parse = real
 
 
 # --- deadlines ---------------------------------------------------------------------------------
@@ -354,14 +354,14 @@ def test_a_client_that_leaves_gives_its_turn_back(pki):
             s.close()
             wait_for(lambda: gone() > before, what="the waiting review to leave")  # the held one still runs
         reviewer = server.app.state.reviewer
-        real, left = reviewer.start, threading.Event()
+        real, left = reviewer.parse, threading.Event()
 
-        def slow(body: bytes, still_there):
+        def slow(body: bytes):
             assert left.wait(60)
             time.sleep(0.5)  # the server sees the close
-            return real(body, still_there)
+            return real(body)
 
-        reviewer.start = slow
+        reviewer.parse = slow
         try:
             before = gone()
             s = tls(server.port, pki)
@@ -371,7 +371,7 @@ def test_a_client_that_leaves_gives_its_turn_back(pki):
             left.set()
             wait_for(lambda: gone() > before, what="the review to stop")
         finally:
-            reviewer.start = real
+            reviewer.parse = real
         assert httpx.post(f"{h.base_url(server)}/mutate", content=BIG_BODY, headers=JSON_CT,
                           verify=h.client_context(pki / "ca.crt"), timeout=60).status_code == 200
 
@@ -380,19 +380,19 @@ def test_small_reviews_are_worked_on_the_event_loop_large_ones_on_the_turns_thre
     """An ordinary review skips the hop to a thread: it costs less than the hop itself."""
     with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
         reviewer = server.app.state.reviewer
-        real, threads = reviewer.start, []
+        real, threads = reviewer.parse, []
 
-        def recorded(body: bytes, *args):
+        def recorded(body: bytes):
             threads.append(threading.current_thread().name)
-            return real(body, *args)
+            return real(body)
 
-        reviewer.start = recorded
+        reviewer.parse = recorded
         try:
             for body in (BODY, BIG_BODY):
                 r = c.post(f"{h.base_url(server)}/mutate", content=body, headers=JSON_CT)
                 assert r.status_code == 200 and r.json()["response"]["patch"]
         finally:
-            reviewer.start = real
+            reviewer.parse = real
     assert len(BODY) <= INLINE_MAX_BYTES < len(BIG_BODY)
     assert threads[0] == "initshift-https" and threads[1].startswith("initshift-review")
 
@@ -418,16 +418,16 @@ def test_tls12_refuses_sha1_cbc_and_static_rsa_suites(pki, cipher):
 def test_an_unexpected_500_says_connection_close_and_the_next_request_works(pki):
     with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
         reviewer = server.app.state.reviewer
-        real = reviewer.start
+        real = reviewer.parse
 
         def broken(*_args, **_kw):
             raise RuntimeError("a bug outside the failure mode")
 
-        reviewer.start = broken
+        reviewer.parse = broken
         try:
             r = c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT)
         finally:
-            reviewer.start = real
+            reviewer.parse = real
         assert r.status_code == 500 and r.headers["connection"] == "close"
         assert r.json() == {"error": "internal error: RuntimeError"}
         assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200

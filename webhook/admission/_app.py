@@ -82,10 +82,8 @@ def _check(gone: Callable[[], bool]) -> None:
 
 
 class Reviewer:
-    """A review's body to its decision: the steps without I/O where the caller runs them
-    (the loop, or the large turn's thread), registry lookups and live lists of LimitRanges,
-    ResourceQuotas and the Namespace (I/O) on the loop. `limit_ranges`, `quotas`,
-    `namespaces`: the cluster's views (None: no API access, none are read)."""
+    """A review's body to its decision (`decide`). `limit_ranges`, `quotas`, `namespaces`:
+    the cluster's views (None: no API access, none are read)."""
 
     def __init__(self, settings: Settings, resolver: EntrypointResolver | None,
                  native_supported: Callable[[], bool | None], limit_ranges: "LimitRanges | None" = None,
@@ -94,37 +92,28 @@ class Reviewer:
         self.views: tuple["NamespaceView | None", ...] = (limit_ranges, quotas, namespaces)
         self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
 
-    def start(self, body: bytes, gone: Callable[[], bool] = _never) -> tuple[Review, Answer | tuple[Any, list]]:
-        """Parse (BadReview propagates) and plan; with no registry lookup to make and the
-        namespace's LimitRanges known without I/O, the whole decision. `gone` is asked
-        between steps: once true, ClientGone."""
-        review = admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
-        first = self._safe(review, self._plan, review)
-        if isinstance(first, tuple) and not first[1]:
-            known = self._known(review, first[0])
-            if None not in known:
-                _check(gone)
-                first = self._safe(review, self._finish, review, first[0], None, None, *known)
+    def parse(self, body: bytes) -> Review:
+        """The body as a review (BadReview propagates); a large one builds its objects in
+        Python, so the thread parsing it hands the GIL to the loop."""
+        return admission.parse_review(body, yielding=len(body) > INLINE_MAX_BYTES)
+
+    async def decide(self, body: bytes, run: Callable[..., Any] = _inline,
+                     gone: Callable[[], bool] = _never) -> tuple[Review, Answer]:
+        """The review and its decision. The steps without I/O go through `run` (the loop,
+        or the large turn's thread); registry lookups and live lists of the namespace's
+        objects run on the loop, beside each other, only when the plan needs them. `gone`
+        is asked between steps: once true, ClientGone."""
+        review = await run(self.parse, body)
+        first = await run(self._safe, review, self._plan, review)
         _check(gone)
-        return review, first
-
-    def _known(self, review: Review, pod_plan: Any) -> list[list[dict] | None]:
-        """The namespace's LimitRanges, ResourceQuotas and Namespace without I/O (none for a
-        plan that reads none); None for a kind a live list must say."""
-        if not pod_plan.reads_namespace_limits:
-            return [[] for _ in self.views]
-        return [[] if view is None else view.known(review.pod_namespace) for view in self.views]
-
-    async def complete(self, review: Review, first: Answer | tuple[Any, list],
-                       run: Callable[..., Any] = _inline, gone: Callable[[], bool] = _never) -> Answer:
-        """The decision after the lookups `first` asks for; the rest through `run`."""
         if isinstance(first, Answer):
-            return first
+            return review, first
         pod_plan, lookups = first
-        known = self._known(review, pod_plan)
-        # Live lists run beside the registry lookups; they never raise.
-        listings = [None if objs is not None or view is None else
-                    asyncio.ensure_future(view.lookup(review.pod_namespace)) for objs, view in zip(known, self.views)]
+        known: list[Any] = [[] for _ in self.views]
+        if pod_plan.reads_namespace_limits:  # None: only a live list can say (it never raises)
+            known = [[] if view is None else view.known(review.pod_namespace) for view in self.views]
+        listings = [None if objs is not None else asyncio.ensure_future(view.lookup(review.pod_namespace))
+                    for objs, view in zip(known, self.views)]
         images, lookup_error = None, None
         try:
             if lookups:
@@ -133,10 +122,10 @@ class Reviewer:
         except UnresolvedEntrypoint as e:
             lookup_error = str(e)  # the rewrite denies or admits per on_unresolved, saying why
         except Exception as e:  # noqa: BLE001 - the failure mode decides, never a 500
-            return self._failed(review, e)  # (a live list still running ends on its own, cached)
+            return review, self._failed(review, e)  # (a live list still running ends on its own, cached)
         known = [objs if listing is None else await listing for objs, listing in zip(known, listings)]
         _check(gone)
-        return await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error, *known)
+        return review, await run(self._safe, review, self._finish, review, pod_plan, images, lookup_error, *known)
 
     def _safe(self, review: Review, fn: Callable[..., T], *args: Any) -> T | Answer:
         try:
@@ -212,8 +201,7 @@ class _Mutate:
                                    f"(INITSHIFT_MAX_BODY_BYTES)", close=True)
             if size is not None and size <= INLINE_MAX_BYTES:
                 body = await self._read(receive, conn)
-                review, first = self.reviewer.start(body)
-                decision = await self.reviewer.complete(review, first)
+                review, decision = await self.reviewer.decide(body)
                 status, payload = 200, jsontext.dumps(decision.answer)
             else:
                 review, decision, payload = await self._large(receive, conn)
@@ -277,8 +265,7 @@ class _Mutate:
             left = threading.Event()
             watch = asyncio.get_running_loop().create_task(_watch(receive, left))
             try:
-                review, first = await self._run(self.reviewer.start, body, left.is_set)
-                decision = await self.reviewer.complete(review, first, self._run, left.is_set)
+                review, decision = await self.reviewer.decide(body, self._run, left.is_set)
                 return review, decision, await self._run(jsontext.dumps, decision.answer)
             finally:
                 watch.cancel()
