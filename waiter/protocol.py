@@ -55,6 +55,9 @@ LINKERD_STATUS_ANNOTATION = "linkerd.io/proxy-version"
 # `sidecar.istio.io/inject: "false"`), Linkerd where it is annotated `linkerd.io/inject`.
 ISTIO_NAMESPACE_LABEL = "istio-injection"
 ISTIO_REVISION_LABEL = "istio.io/rev"
+# What a namespace says about injection: the only labels and annotations read of it.
+NAMESPACE_MESH_LABELS = (ISTIO_NAMESPACE_LABEL, ISTIO_REVISION_LABEL)
+NAMESPACE_MESH_ANNOTATIONS = (LINKERD_INJECT_ANNOTATION,)
 
 ISTIO_PROXY = "istio-proxy"
 LINKERD_PROXY = "linkerd-proxy"

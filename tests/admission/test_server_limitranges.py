@@ -14,13 +14,13 @@ from typing import Any, AsyncIterator
 import httpx
 import pytest
 
-from tests.admission.test_views import live_lists, until
+from tests.kube.test_views import live_lists, until
 from tests.support import https_helpers as h
 from tests.support.kubedouble import KubeDouble
 from tests.support.patching import apply_patch, decode_patch
 from waiter import protocol as p
-from webhook.admission import HttpsServer, LimitRanges, Namespaces, ResourceQuotas, bind
-from webhook.admission._views import NamespaceView
+from webhook.admission import HttpsServer, bind
+from webhook.kube import LimitRanges, Namespaces, NamespaceView, ResourceQuotas
 from webhook.rewrite._quantity import parse
 from webhook.rewrite._resources import pod_requests
 

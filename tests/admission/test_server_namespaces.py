@@ -11,12 +11,12 @@ import copy
 import pytest
 
 from tests.admission.test_server_limitranges import api, mutate, serving  # noqa: F401 - api: a fixture
-from tests.admission.test_views import live_lists, until
+from tests.kube.test_views import live_lists, until
 from tests.support import https_helpers as h
 from tests.support.fixtures import pods
 from tests.support.patching import apply_patch, decode_patch
 from waiter import protocol as p
-from webhook.admission import Namespaces, ResourceQuotas
+from webhook.kube import Namespaces, ResourceQuotas
 
 
 def namespace(labels: dict) -> dict:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.admission.test_views import live_lists, until
+from tests.kube.test_views import live_lists, until
 from tests.admission.test_server_limitranges import api, mutate, serving  # noqa: F401 - api: a fixture
 from tests.support import https_helpers as h
 from tests.support.patching import apply_patch, decode_patch
 from waiter import protocol as p
-from webhook.admission import ResourceQuotas
+from webhook.kube import ResourceQuotas
 
 
 def quota(limit: str) -> dict:

@@ -122,7 +122,7 @@ async def limitrange_calls() -> list[Attrs]:
     one's list and watch, then a live list."""
     import asyncio
 
-    from webhook.admission import LimitRanges, Namespaces, ResourceQuotas
+    from webhook.kube import LimitRanges, Namespaces, ResourceQuotas
 
     calls: list[Attrs] = []
     for kind in (LimitRanges, ResourceQuotas, Namespaces):

@@ -1,5 +1,5 @@
 """The controller's parts on their own: the work queue (dedup, priorities, delays, backoff),
-the rate limiters, and the Event recorder's correlation, budget and per-object limit."""
+the token bucket, and the Event recorder's correlation, budget and per-object limit."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ import json
 import pytest
 
 from tests.support.clock import ManualClock
-from tests.support.kubedouble import KubeDouble, now_rfc3339
+from tests.support.kubedouble import now_rfc3339
 from tests.watcher.test_watcher import BOUND, build_pod
 from waiter import protocol as p
 from webhook.kube import KubeError
 from webhook.watcher._decide import RECORD, URGENT
 from webhook.watcher._queue import WorkQueue
-from webhook.watcher._ratelimit import Backoff, TokenBucket
-from webhook.watcher._informer import Informer
-from webhook.watcher._recorder import COMPONENT, OBJECT_BURST, EventRecorder, event_name
+from webhook.watcher._ratelimit import TokenBucket
+from webhook.watcher._recorder import OBJECT_BURST, EventRecorder, event_name
 
 
 async def take(q: WorkQueue) -> str:
@@ -88,7 +87,7 @@ async def test_idle_means_nothing_waits_and_nothing_is_in_hand() -> None:
     assert len(q) == 1
 
 
-def test_the_rate_limiters() -> None:
+def test_the_token_bucket() -> None:
     now = [0.0]
     bucket = TokenBucket(2.0, 3, clock=lambda: now[0])
     assert [bucket.take() for _ in range(4)] == [True, True, True, False]
@@ -97,11 +96,6 @@ def test_the_rate_limiters() -> None:
     assert bucket.take() and not bucket.take()
     now[0] = 100.0
     assert sum(bucket.take() for _ in range(10)) == 3, "at most the burst is saved up"
-    backoff = Backoff(0.2, cap=1.0)
-    delays = [backoff.next() for _ in range(5)]
-    assert all(0.8 * d <= got <= d for got, d in zip(delays, [0.2, 0.4, 0.8, 1.0, 1.0]))
-    backoff.reset()
-    assert backoff.next() <= 0.2
 
 
 # --- the Event recorder -------------------------------------------------------------------------
@@ -240,43 +234,3 @@ async def test_the_budget_spreads_a_burst() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-
-
-# --- the informer -----------------------------------------------------------------------------
-async def test_an_event_informer_resumes_from_now_after_a_410_never_re_listing(kube: KubeDouble) -> None:
-    """The Events' watch has no bookmarks: after a compaction its resume point is gone (410).
-    It resumes from the collection's resourceVersion now (one object listed, no selector); a
-    failed attempt is retried; the watcher's next Event is seen; the field-selected list (every
-    Event read from etcd) happens once, at the start."""
-    api = kube.kube_api("informer")
-    lists: list[int] = []
-    seen: list[str] = []
-    informer = Informer(api, "events", "ci", field_selector=f"source={COMPONENT}", relist_on_gone=False,
-                        on_list=lambda ns, items: lists.append(len(items)),
-                        on_event=lambda kind, obj: seen.append(obj["metadata"]["name"]), backoff_initial=0.01)
-    task = asyncio.ensure_future(informer.run())
-    try:
-        await asyncio.wait_for(informer.synced.wait(), BOUND)
-        kube.put("configmaps", {"metadata": {"name": "churn", "namespace": "ci"}})
-        kube.compact()
-        compacted = kube.resource_version
-        kube.fail_next("/api/v1/namespaces/ci/events", 503, method="GET", watch=False)  # the first resume fails
-        kube.drop_watches(graceful=True)
-        for _ in range(int(BOUND / 0.02)):
-            if int(informer.resource_version or 0) >= compacted:
-                break
-            await asyncio.sleep(0.02)
-        kube.put("events", {"metadata": {"name": "mine", "namespace": "ci"}, "source": {"component": COMPONENT},
-                            "involvedObject": {"kind": "Pod", "namespace": "ci", "name": "p", "uid": "u"}})
-        for _ in range(int(BOUND / 0.02)):
-            if seen:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await api.close()
-    assert seen == ["mine"] and lists == [0]
-    queries = [r.query for r in kube.requests if r.path == "/api/v1/namespaces/ci/events" and "watch" not in r.query]
-    assert [(q.get("fieldSelector"), q.get("limit")) for q in queries] == [
-        (f"source={COMPONENT}", "500"), (None, "1"), (None, "1")], queries

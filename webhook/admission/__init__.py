@@ -1,6 +1,6 @@
 """The admission server: the FastAPI app, AdmissionReview parsing, the JSONPatch, TLS with
-reload, the front door's guards, the server's certificates, the cluster's
-native-sidecar detection, and its LimitRanges, ResourceQuotas and namespaces' mesh labels.
+reload, the front door's guards, the server's certificates and the cluster's native-sidecar
+detection (the namespace views it reads are webhook.kube's).
 
 Exports load on first use (PEP 562): `initshift mutate` and `review` need the patch and the
 review's constants, and must not pay for FastAPI and uvicorn, which only serving needs.
@@ -21,11 +21,10 @@ _EXPORTS = {
     "TLSError": "_tls", "CertReloader": "_tls",
     "ensure_certificates": "_certs", "keep_certificates_fresh": "_certs", "ensure_local_certificates": "_certs",
     "detect_native_support": "_cluster", "NativeSupport": "_cluster",
-    "LimitRanges": "_views", "Namespaces": "_views", "ResourceQuotas": "_views",
 }
 
-__all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "CompanionStopped", "HttpsServer", "KIND", "LimitRanges", "ListenError",
-           "MUTATE_PATH", "Namespaces", "NativeSupport", "ResourceQuotas", "Review", "TLSError", "bind", "create_app", "detect_native_support",
+__all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "CompanionStopped", "HttpsServer", "KIND", "ListenError",
+           "MUTATE_PATH", "NativeSupport", "Review", "TLSError", "bind", "create_app", "detect_native_support",
            "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh", "make_patch",
            "parse_review", "response", "run_loop"]
 assert sorted(__all__) == sorted(_EXPORTS)
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
     from ._app import MUTATE_PATH, create_app
     from ._certs import ensure_certificates, ensure_local_certificates, keep_certificates_fresh
     from ._cluster import NativeSupport, detect_native_support
-    from ._views import LimitRanges, Namespaces, ResourceQuotas
     from ._https import CompanionStopped, HttpsServer, ListenError, bind, run_loop
     from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response

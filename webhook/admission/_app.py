@@ -35,7 +35,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from ._guards import Connection
-    from ._views import LimitRanges, Namespaces, NamespaceView, ResourceQuotas
+    from ..kube import LimitRanges, Namespaces, NamespaceView, ResourceQuotas
 
 log = logging.getLogger("initshift.server")
 

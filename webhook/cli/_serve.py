@@ -55,9 +55,8 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
     """Self-managed certificates first (if on), then uvicorn with its companions."""
-    from ..admission import HttpsServer, LimitRanges, Namespaces, ResourceQuotas, detect_native_support, \
-        ensure_certificates, keep_certificates_fresh
-    from ..kube import KubeApi, KubeError
+    from ..admission import HttpsServer, detect_native_support, ensure_certificates, keep_certificates_fresh
+    from ..kube import KubeApi, KubeError, LimitRanges, Namespaces, ResourceQuotas
 
     companions: list[_Companion] = []
     api = None

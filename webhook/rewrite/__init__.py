@@ -1,7 +1,7 @@
 """The pure rewrite: classification, the waiter, native and hybrid strategies, declared
 start order, resources, and the safety net that never lets an invalid pod out. No I/O."""
 
-from ._classify import NAMESPACE_ANNOTATIONS, NAMESPACE_LABELS, classify, managed_as
+from ._classify import classify, managed_as
 from ._command import gate_of
 from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Lookup, UnresolvedEntrypoint,
                           effective_argv)
@@ -14,8 +14,7 @@ from ._rewrite import Plan, RewriteResult, plan, rewrite
 from ._shape import MAX_DEPTH, depth_problem
 from ._start_order import start_order_ready_patch
 
-__all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "MAX_DEPTH", "NAMESPACE_ANNOTATIONS",
-           "NAMESPACE_LABELS", "Plan", "Reason",
+__all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "MAX_DEPTH", "Plan", "Reason",
            "RewriteError", "RewriteResult", "UnresolvedEntrypoint", "classify", "depth_problem", "effective_argv",
            "gate_of", "is_restartable", "managed_as", "plan", "removed_startup_probes", "resolve_support", "rewrite",
            "start_order_ready_patch"]

@@ -113,10 +113,6 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
     return out
 
 
-# What a namespace says about injection: the only labels and annotations read of it.
-NAMESPACE_LABELS = (p.ISTIO_NAMESPACE_LABEL, p.ISTIO_REVISION_LABEL)
-NAMESPACE_ANNOTATIONS = (p.LINKERD_INJECT_ANNOTATION,)
-
 
 def _meshes(pod: Mapping, namespace: Mapping | None = None) -> dict[str, tuple[bool, bool]]:
     """Per mesh, by its native-injection annotation key: (the pod asks it to inject, it has

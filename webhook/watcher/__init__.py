@@ -1,15 +1,14 @@
 """The companion controller: pure decisions over a managed pod, the controller that acts on
-them (informers, a store, a work queue with priorities, an Event recorder), Lease leader
+them (informers of webhook.kube, a store, a work queue with priorities, an Event recorder), Lease leader
 election, and the one reader of a managed pod's state (which `initshift status` and `logs`
 share)."""
 
 from ._controller import Controller, WatcherStopped, run_watcher
-from ._informer import Informer
 from ._recorder import COMPONENT
 from ._decide import FAILED, SUCCEEDED
 from ._podstate import (ENDED_PHASES, INIT, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Layout, NotManaged, Run, layout,
                         parse_time, pod_ended, read_run, statuses)
 
-__all__ = ["COMPONENT", "Controller", "ENDED_PHASES", "FAILED", "INIT", "Informer", "MAIN", "NOT_RUN", "Layout", "NotManaged", "Run", "SIDECAR",
+__all__ = ["COMPONENT", "Controller", "ENDED_PHASES", "FAILED", "INIT", "MAIN", "NOT_RUN", "Layout", "NotManaged", "Run", "SIDECAR",
            "STEP", "SUCCEEDED", "WAITER_RUN", "WatcherStopped", "layout", "parse_time", "pod_ended", "read_run",
            "run_watcher", "statuses"]

@@ -40,11 +40,10 @@ from waiter import protocol as p
 
 from .. import __version__
 from ..errors import InitshiftError
-from ..kube import KubeApi, KubeError
+from ..kube import Informer, KubeApi, KubeError
 from ..settings import Settings
 from ._clock import Clock, RealClock, Timer
 from ._decide import Action, Decision, decide, slim_pod
-from ._informer import Informer
 from ._leader import LeaderElector
 from ._metrics import (API_ERRORS, DEADLINES, LEADER, OUTCOMES, REACTION, READY_LATENCY, TRACKED,
                        export_in_flight)
@@ -66,6 +65,11 @@ def _conditional(patch: dict, resource_version: str) -> dict:
     if resource_version:
         meta["resourceVersion"] = resource_version
     return {**patch, "metadata": meta}
+
+
+def _count(plural: str):
+    """An informer's failed calls, counted as the watcher's API errors."""
+    return lambda e: API_ERRORS.labels(f"watch_{plural}", str(e.status)).inc()
 
 
 def _event_fields(event: dict) -> dict:
@@ -96,11 +100,12 @@ class Controller:
         self.informers = [Informer(api, "events", ns, field_selector=_EVENT_SELECTOR, on_list=self._list_events,
                                    on_event=self._observe_event, shrink=_event_fields, page_size=w.list_page_size,
                                    resync_seconds=w.resync_seconds, backoff_initial=backoff_initial,
-                                   relist_on_gone=False)
+                                   on_error=_count("events"), relist_on_gone=False)
                           for ns in namespaces]
         self.informers += [Informer(api, "pods", ns, label_selector=_LABEL_SELECTOR, on_list=self._list_pods,
                                     on_event=self._observe, shrink=slim_pod, page_size=w.list_page_size,
-                                    resync_seconds=w.resync_seconds, backoff_initial=backoff_initial)
+                                    resync_seconds=w.resync_seconds, backoff_initial=backoff_initial,
+                                    on_error=_count("pods"))
                            for ns in namespaces]
         self._synced = asyncio.Event()
         self._timers: dict[Key, tuple[float, Timer]] = {}  # when to decide again, without any change

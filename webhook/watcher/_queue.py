@@ -18,7 +18,7 @@ import itertools
 from typing import Generic, Hashable, TypeVar
 
 from ._clock import Clock, Timer
-from ._ratelimit import BACKOFF_CAP
+from ..kube import BACKOFF_CAP
 
 K = TypeVar("K", bound=Hashable)
 

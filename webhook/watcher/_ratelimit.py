@@ -1,29 +1,10 @@
-"""Rate limiters, as client-go's workqueue has them: a capped exponential backoff (each
-failure of the same item waits twice as long) and a token bucket (a steady rate with a
-burst)."""
+"""A token bucket, as client-go's workqueue has it: a steady rate with a burst (its other
+rate limiter, the capped exponential backoff, is webhook.kube's `Backoff`)."""
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Callable
-
-BACKOFF_CAP = 5.0  # seconds: a retry after an outage must not wait much longer than the outage
-
-
-class Backoff:
-    """Capped exponential backoff with jitter: initial, x2 each failure, up to cap."""
-
-    def __init__(self, initial: float = 0.2, cap: float = BACKOFF_CAP) -> None:
-        self.initial, self.cap, self.failures = initial, cap, 0
-
-    def next(self) -> float:
-        delay = min(self.cap, self.initial * (2 ** self.failures))
-        self.failures += 1
-        return delay * random.uniform(0.8, 1.0)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class TokenBucket:

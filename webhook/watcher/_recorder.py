@@ -29,11 +29,11 @@ from typing import Awaitable, Callable
 
 from waiter import protocol as p
 
-from ..kube import KubeApi, KubeError
+from ..kube import Backoff, KubeApi, KubeError
 from ._decide import Notice, format_time, notices
 from ._clock import Clock
 from ._metrics import API_ERRORS
-from ._ratelimit import Backoff, TokenBucket
+from ._ratelimit import TokenBucket
 from ._store import Key, key_of, rv_of, uid_of
 
 log = logging.getLogger("initshift.watcher")

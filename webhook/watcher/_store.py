@@ -14,6 +14,7 @@ from typing import Iterable
 
 from waiter import protocol as p
 
+from ..kube import rv_of
 from ..rewrite import managed_as
 from ._decide import slim_pod
 from ._podstate import WAITER_RUN, parse_time, pod_ended
@@ -24,10 +25,6 @@ Key = tuple[str, str]  # (namespace, name)
 def key_of(obj: dict) -> Key:
     meta = obj.get("metadata") or {}
     return meta.get("namespace") or "", meta.get("name") or ""
-
-
-def rv_of(obj: dict | None) -> str:
-    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 def uid_of(obj: dict | None) -> str:

@@ -32,9 +32,10 @@ import logging
 import time
 from typing import AsyncIterator, Callable
 
-from ..kube import KubeApi, KubeError
-from ..rewrite import NAMESPACE_ANNOTATIONS, NAMESPACE_LABELS
-from ..watcher import Informer
+from waiter import protocol as p
+
+from ._api import KubeApi, KubeError
+from ._informer import Informer
 
 log = logging.getLogger("initshift.limitranges")  # both kinds: the name the logs have used
 
@@ -64,8 +65,8 @@ def shrink_namespace(obj: dict) -> dict:
     meta = obj.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"),
-                         "labels": {k: labels[k] for k in NAMESPACE_LABELS if k in labels},
-                         "annotations": {k: annotations[k] for k in NAMESPACE_ANNOTATIONS if k in annotations}}}
+                         "labels": {k: labels[k] for k in p.NAMESPACE_MESH_LABELS if k in labels},
+                         "annotations": {k: annotations[k] for k in p.NAMESPACE_MESH_ANNOTATIONS if k in annotations}}}
 
 
 def _namespace_of(obj: dict) -> str:

@@ -11,8 +11,8 @@ from typing import Any, AsyncIterator
 import pytest
 
 from tests.support.kubedouble import KubeDouble
-from webhook.admission import LimitRanges
-from webhook.admission._views import LOOKUP_SECONDS
+from webhook.kube import LimitRanges
+from webhook.kube._views import LOOKUP_SECONDS
 
 
 def limit_range(name: str, namespace: str, cpu_min: str = "10m") -> dict:
@@ -200,7 +200,7 @@ async def test_namespaces_are_held_by_name_with_their_mesh_markers_only(kube, ap
     """A Namespace is the one object held for itself: cut down to the labels and
     annotations that ask a mesh for a proxy; a namespace the informer has not seen yet is
     read by a list of that one name."""
-    from webhook.admission import Namespaces
+    from webhook.kube import Namespaces
 
     kube.put("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": "builds", "labels": {"istio-injection": "enabled", "team": "a"},

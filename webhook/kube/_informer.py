@@ -1,5 +1,5 @@
 """An informer's list-and-watch loop (client-go's reflector), for one core/v1 collection in
-one namespace or all.
+one namespace or all, and the capped exponential backoff it (and the watcher) retries with.
 
 It lists first (in pages, each cut down by `shrink` before the next arrives), then
 watches from the list's resourceVersion with bookmarks, and resumes from the last
@@ -26,25 +26,47 @@ import random
 import time
 from typing import Callable
 
-from ..kube import KubeApi, KubeError
-from ._metrics import API_ERRORS
-from ._ratelimit import Backoff
-from ._store import rv_of
+from ._api import KubeApi, KubeError
 
-log = logging.getLogger("initshift.watcher")
+log = logging.getLogger("initshift.watcher")  # the informers' lines have always been the watcher's
+
+BACKOFF_CAP = 5.0  # seconds: a retry after an outage must not wait much longer than the outage
 
 _WATCH_SECONDS = (300, 600)  # a watch asks the server to end it after a random time in this range
 
 
+def rv_of(obj: dict | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Backoff:
+    """Capped exponential backoff with jitter: initial, x2 each failure, up to cap."""
+
+    def __init__(self, initial: float = 0.2, cap: float = BACKOFF_CAP) -> None:
+        self.initial, self.cap, self.failures = initial, cap, 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.initial * (2 ** self.failures))
+        self.failures += 1
+        return delay * random.uniform(0.8, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
 class Informer:
+    """`on_list(namespace, items)` after each list, `on_event(kind, obj)` for each change;
+    `on_error(error)` for each failed call (the watcher counts them)."""
+
     def __init__(self, api: KubeApi, plural: str, namespace: str | None, *, label_selector: str | None = None,
                  field_selector: str | None = None, on_list: Callable[[str | None, list[dict]], None],
                  on_event: Callable[[str, dict], None], shrink: Callable[[dict], dict] = lambda obj: obj,
+                 on_error: Callable[[KubeError], None] = lambda error: None,
                  page_size: int = 500, resync_seconds: float = 0.0, backoff_initial: float = 0.2,
                  relist_on_gone: bool = True) -> None:
         self.api, self.plural, self.namespace = api, plural, namespace
         self.label_selector, self.field_selector = label_selector, field_selector
-        self.on_list, self.on_event, self.shrink = on_list, on_event, shrink
+        self.on_list, self.on_event, self.shrink, self.on_error = on_list, on_event, shrink, on_error
         self.page_size, self.resync_seconds, self.backoff_initial = page_size, resync_seconds, backoff_initial
         self.relist_on_gone = relist_on_gone
         self.resource_version = ""  # the newest one delivered (a list's, an event's, a bookmark's)
@@ -101,7 +123,7 @@ class Informer:
                 if time.monotonic() - opened < 1.0:
                     await asyncio.sleep(backoff.next())  # a stream that ends at once: don't spin
             except KubeError as e:
-                API_ERRORS.labels(f"watch_{self.plural}", str(e.status)).inc()
+                self.on_error(e)
                 if e.gone:
                     if self.relist_on_gone or not self.synced.is_set():  # (a first list's pages expired)
                         log.info("watch expired (410), re-listing", extra=where)
