@@ -28,7 +28,7 @@ from typing import Callable
 
 from ._api import KubeApi, KubeError
 
-log = logging.getLogger("initshift.watcher")  # the informers' lines have always been the watcher's
+log = logging.getLogger("initshift.informer")
 
 BACKOFF_CAP = 5.0  # seconds: a retry after an outage must not wait much longer than the outage
 
