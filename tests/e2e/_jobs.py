@@ -1,9 +1,11 @@
 """Jobs and CronJobs: the Job completes (its proxy does not keep the pod running) and its
-first attempt reaches the network through the proxy."""
+first attempt reaches the network through the proxy; a Job whose pod restarts its
+containers in place (`OnFailure`) runs a failed step again before the next."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from waiter import protocol as p
 
@@ -11,7 +13,7 @@ from ._check import check_build, proxy_instant, proxy_stop, record_times
 from ._env import Env, Record, scenario
 from ._kube import wait_for
 from ._mesh import ISTIO_TRAFFIC
-from ._pods import first, log_lines, managed, step
+from ._pods import first, log_lines, managed, outcome, statuses, step
 
 JOB_TIMEOUT = 240.0
 
@@ -98,3 +100,59 @@ def cronjob(env: Env, rec: Record) -> None:
         assert stop == "quit endpoint", stop
     rec.note(f"strategy {managed(obj)}; first attempt through the proxy; proxy stopped by {stop}")
     rec.figure("Job completion (from the Job's creation seen)", took, "s")
+
+
+# The clone's first try fails before it reaches the network (a flaky resolver, say): the
+# marker on the pod's emptyDir tells the kubelet's second run it has been tried. The main
+# fails its first try the same way: its second must still find the proxy.
+_FLAKY = 'if [ ! -f /workspace/tried ]; then touch /workspace/tried; echo "clone flaked"; exit 1; fi; '
+
+
+@scenario("job-on-failure")
+def job_on_failure(env: Env, rec: Record) -> None:
+    """A Job with `restartPolicy: OnFailure` whose clone and main fail at their first try,
+    under each strategy the cluster runs: the kubelet runs the clone again in the same pod,
+    the build waits for that run (and reads what it cloned), the main's second run still
+    reaches the network through the proxy, the Job completes, the proxy ends, and where the
+    watcher follows the pod its outcome is Succeeded."""
+    ns = env.namespace("onfail")
+    rec.namespaces.append(ns)
+    mount = [{"name": "workspace", "mountPath": "/workspace"}]
+    clone = step("clone", env.images.busybox, port=ISTIO_TRAFFIC, path="repo.git",
+                 extra="echo cloned > /workspace/HEAD; ", volumeMounts=mount)
+    clone["command"][-1] = _FLAKY + clone["command"][-1]
+    build = step("build", env.images.busybox, port=ISTIO_TRAFFIC, extra="cat /workspace/HEAD; ", volumeMounts=mount)
+    test = step("test", env.images.busybox, port=ISTIO_TRAFFIC, extra="cat /workspace/HEAD; ", volumeMounts=mount)
+    test["command"][-1] = _FLAKY.replace("tried", "tested").replace("clone", "test") + test["command"][-1]
+    modes = [p.MODE_WAITER, *((p.MODE_HYBRID, p.MODE_NATIVE) if env.native else ())]
+    for mode in modes:
+        env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"retry-{mode}"},
+            # OnFailure: each container restart counts against backoffLimit.
+            "spec": {"backoffLimit": 3, "template": {
+                "metadata": {"annotations": {p.ANNOTATION_MODE: mode}},
+                "spec": {"restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 5,
+                         "initContainers": [clone, build], "containers": [test],
+                         "volumes": [{"name": "workspace", "emptyDir": {}}]}}}})
+
+    def checked(mode: str) -> str:
+        _job_done(env, ns, f"retry-{mode}")
+        obj = _job_pod(env, ns, f"retry-{mode}")
+        name = obj["metadata"]["name"]
+        built = check_build(env, rec, ns, name, steps=["clone", "build"], proxy="istio-proxy",
+                            paths={"clone": "repo.git"}, strategy=mode)
+        restarts = {c: (statuses(built.obj).get(c) or {}).get("restartCount") for c in ("clone", "build", "test")}
+        assert restarts == {"clone": 1, "build": 0, "test": 1}, f"{mode}: restarts {restarts}"
+        test = log_lines(env.kube, ns, name, "test")
+        assert first(test, "^test fetched "), f"{mode}: test's second run found no proxy: {[x.text for x in test]}"
+        assert first(log_lines(env.kube, ns, name, "build"), "^cloned$"), f"{mode}: build did not read the clone"
+        assert first(log_lines(env.kube, ns, name, "test"), "^cloned$"), f"{mode}: test did not read the clone"
+        said = "no watcher (the kubelet runs the steps)"
+        if mode != p.MODE_NATIVE:  # the watcher follows the pods whose steps the waiter runs
+            result = outcome(env.kube, ns, name)
+            assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
+            said = "outcome Succeeded"
+        return f"{mode}: clone and test run twice, {said}, proxy stopped by {proxy_stop(built, 'istio-proxy')}"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(checked, modes)))
