@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from waiter import protocol as p
 from webhook.rewrite import rewrite
@@ -96,6 +98,56 @@ def oom_step(env: Env, rec: Record) -> None:
     assert not first(package, "^package start$"), "package ran after the OOM-killed step"
     rec.note(f"strategy {managed(obj)}; compile: {state.get('reason')} exit {state.get('exitCode')}; "
              f"outcome: {result.get('message')}")
+
+
+CANCEL_GRACE = 20  # seconds: a container that ignores SIGTERM is SIGKILLed (exit 137) after it
+_HOLD = "e2e.initshift.io/hold"  # a finalizer: the deleted pod stays readable once it has stopped
+
+
+@scenario("cancelled-build")
+def cancelled_build(env: Env, rec: Record) -> None:
+    """A build deleted while its first step runs (a cancelled CI run), under each strategy
+    whose steps the waiter runs: every container stops on the kubelet's SIGTERM (none is
+    SIGKILLed when the grace period ends), the later steps never run. (Under the native
+    strategy the steps are the pod's own init containers: a shell there as PID 1 ignores
+    SIGTERM, as it would without initshift.)"""
+    ns = env.namespace("cancel")
+    rec.namespaces.append(ns)
+    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    for mode in modes:
+        steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, sleep=300),
+                 step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
+        body = _build_pod(env, f"cancel-{mode}", steps, annotations={p.ANNOTATION_MODE: mode},
+                          terminationGracePeriodSeconds=CANCEL_GRACE)
+        body["metadata"]["finalizers"] = [_HOLD]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+    def stopped(name: str) -> dict | None:
+        obj = env.kube.pod(ns, name) or {}
+        states = [s.get("state") or {} for s in statuses(obj).values()]  # (never started: waiting)
+        return obj if states and not any("running" in st for st in states) else None
+
+    def cancelled(mode: str) -> str:
+        name = f"cancel-{mode}"
+        try:
+            wait_for(lambda: first(log_lines(env.kube, ns, name, "fetch"), "^fetch fetched "), 120,
+                     f"{name}'s first step to run")
+            began = time.monotonic()
+            env.kube.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
+            obj = wait_for(lambda: stopped(name), 3 * CANCEL_GRACE, f"{name}'s containers to stop")
+            took = time.monotonic() - began
+        finally:
+            env.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"finalizers": None}})
+        assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
+        ends = {c: terminated(obj, c) or {} for c in statuses(obj)}
+        killed = {c: end for c, end in ends.items() if end.get("exitCode") == 137}
+        assert not killed, f"{mode}: SIGKILLed at the end of the grace period: {killed}"
+        assert not first(log_lines(env.kube, ns, name, "compile"), "^compile start$"), f"{mode}: compile ran"
+        assert ends["compile"].get("exitCode") == 143, f"{mode}: compile, waiting its turn, ended {ends['compile']}"
+        return f"{mode}: every container stopped on SIGTERM in {took:.1f} s (grace {CANCEL_GRACE} s)"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(cancelled, modes)))
 
 
 @scenario("no-quit-sidecar")
