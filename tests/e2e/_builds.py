@@ -150,6 +150,38 @@ def cancelled_build(env: Env, rec: Record) -> None:
         rec.note("; ".join(pool.map(cancelled, modes)))
 
 
+@scenario("build-deadline")
+def build_deadline(env: Env, rec: Record) -> None:
+    """A build whose first step hangs past the pod's own `activeDeadlineSeconds`, under
+    each strategy whose steps the waiter runs: the kubelet ends the pod
+    (`Failed/DeadlineExceeded`), the later step never runs, and the watcher's outcome is
+    Failed, naming the hung step with the pod's reason."""
+    ns = env.namespace("deadline")
+    rec.namespaces.append(ns)
+    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    for mode in modes:
+        steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, sleep=300),
+                 step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
+            env, f"late-{mode}", steps, annotations={p.ANNOTATION_MODE: mode}, activeDeadlineSeconds=15))
+
+    def ended(mode: str) -> str:
+        name = f"late-{mode}"
+        obj = wait_end(env.kube, ns, name, 120)
+        status = obj["status"]
+        assert (status["phase"], status.get("reason")) == ("Failed", "DeadlineExceeded"), f"{mode}: {status}"
+        assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
+        assert first(log_lines(env.kube, ns, name, "fetch"), "^fetch fetched "), f"{mode}: fetch never ran"
+        assert not first(log_lines(env.kube, ns, name, "compile"), "^compile start$"), f"{mode}: compile ran"
+        result = outcome(env.kube, ns, name)
+        assert result["result"] == "Failed" and result.get("failed") == "fetch", f"{mode}: outcome {result}"
+        assert "DeadlineExceeded" in result.get("message", ""), f"{mode}: outcome {result}"
+        return f"{mode}: {result['message']}"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(ended, modes)))
+
+
 @scenario("no-quit-sidecar")
 def no_quit_sidecar(env: Env, rec: Record) -> None:
     """A sidecar without a quit endpoint: the watcher ends the pod, the outcome says Succeeded."""

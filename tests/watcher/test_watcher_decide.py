@@ -204,6 +204,22 @@ def test_oomkilled_outcome_names_the_step_and_marks_the_rest_not_run() -> None:
     assert "OOMKilled" in outcome["message"]
 
 
+def test_a_pod_its_own_deadline_ended_says_so_in_the_outcome() -> None:
+    """The kubelet stops every container at the pod's activeDeadlineSeconds: each waiter
+    records only the SIGTERM (as seen on a real kubelet). The outcome adds the pod's reason,
+    else "killed by SIGTERM" would be all a user reads."""
+    pod = make_pod([done("fetch", 143, p.REASON_ERROR), done("build", 143, p.REASON_ERROR),
+                    done("completion", 143, p.REASON_SKIPPED), terminated("istio-proxy", 0)],
+                   phase="Failed", reason="DeadlineExceeded", annotations=READY)
+    pod["status"]["message"] = "Pod was active on the node longer than the specified deadline"
+    outcome = decide(pod, NOW, W).actions[0].outcome
+    assert (outcome["result"], outcome["failed"], outcome["sidecarsStoppedBy"]) == ("Failed", "fetch", "deadline")
+    assert outcome["message"] == ("fetch failed: Error (exit 143): fetch exited 143 (the pod ended: DeadlineExceeded: "
+                                  "Pod was active on the node longer than the specified deadline)")
+    del pod["status"]["reason"], pod["status"]["message"]  # failed on its own: nothing to add
+    assert decide(pod, NOW, W).actions[0].outcome["message"] == "fetch failed: Error (exit 143): fetch exited 143"
+
+
 def test_outcome_patch_is_conditional_on_the_resource_version() -> None:
     pod = make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY)
     assert decide(pod, NOW, W).actions[0].patch["metadata"]["resourceVersion"] == "42"

@@ -215,7 +215,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     if ended and not all_done:
         # The pod ended around unfinished work (evicted, the user's own deadline, deleted node).
         first = next(r for r in (runs[n] for n in order) if r.state != "terminated" or not r.ok)
-        why = ": ".join(x for x in (status.get("reason"), status.get("message")) if x) or f"pod {phase}"
+        why = _ended_why(status) or f"pod {phase}"
         outcome = _outcome(lay, runs, first.name, f"pod ended before {first.name} finished ({why})", now,
                            _STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded" else _stopped(lay, None))
         return Decision(actions + [_outcome_action(meta, outcome)], None, latency, gate_open)
@@ -235,11 +235,20 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
             f"{len(lay.mains)} main{'s' if len(lay.mains) != 1 else ''} succeeded"
     else:
         message = f"{failed.name} failed: {failed.summary()}"
+        if ended and _ended_why(status):
+            # Ended by the kubelet for a reason of the pod's (its own activeDeadlineSeconds,
+            # an eviction): each container was stopped, the waiter saw only the signal.
+            message += f" (the pod ended: {_ended_why(status)})"
     end_now = bool(running_sidecars) and not ended and not deadline_set
     stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
     actions.append(_outcome_action(meta, outcome, _sidecars_deadline(running_sidecars, settings) if end_now else None))
     return Decision(actions, None, latency, gate_open)
+
+
+def _ended_why(status: dict) -> str:
+    """Why the kubelet ended the pod, in its words ("DeadlineExceeded: Pod was active ...")."""
+    return ": ".join(x for x in (status.get("reason"), status.get("message")) if x)
 
 
 def _may_start(lay: Layout) -> str:
