@@ -182,6 +182,31 @@ def build_deadline(env: Env, rec: Record) -> None:
         rec.note("; ".join(pool.map(ended, modes)))
 
 
+@scenario("shared-process-namespace")
+def shared_process_namespace(env: Env, rec: Record) -> None:
+    """A build with `shareProcessNamespace: true` (the pause container is PID 1, not the
+    waiter), under waiter (and hybrid): steps in order through the proxy, a step's child
+    left running in the background does not hold the step, the build succeeds."""
+    ns = env.namespace("sharedpid")
+    rec.namespaces.append(ns)
+    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    for mode in modes:
+        steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, extra="(sleep 600 &); "),
+                 step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
+            env, f"shared-{mode}", steps, annotations={p.ANNOTATION_MODE: mode}, shareProcessNamespace=True))
+
+    def built(mode: str) -> str:
+        build = check_build(env, rec, ns, f"shared-{mode}", steps=["fetch", "compile"], proxy="istio-proxy",
+                            strategy=mode)
+        result = outcome(env.kube, ns, f"shared-{mode}")
+        assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
+        return f"{mode}: steps in order, outcome Succeeded, proxy stopped by {proxy_stop(build, 'istio-proxy')}"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(built, modes)))
+
+
 @scenario("no-quit-sidecar")
 def no_quit_sidecar(env: Env, rec: Record) -> None:
     """A sidecar without a quit endpoint: the watcher ends the pod, the outcome says Succeeded."""
