@@ -19,7 +19,8 @@ CALLGRIND_APT_PACKAGES := valgrind
 # make e2e: a throwaway single-node cluster (tests/support/k8s) from ../shared/k8s: etcd,
 # containerd with runc, the CNI bridge plugins, iptables (the kubelet's checks), gcc for the
 # static pause and fake-proxy images, busybox-static and curl for the pods' images.
-E2E_APT_PACKAGES := etcd-server containerd runc containernetworking-plugins iptables iproute2 busybox-static gcc libc6-dev curl
+E2E_APT_PACKAGES := etcd-server containerd runc containernetworking-plugins iptables iproute2 busybox-static gcc libc6-dev curl \
+  docker-registry apache2-utils
 # E2E_K8S: "1.34", "1.28" or both (the default, one after the other).
 E2E_K8S ?=
 PYTEST_ARGS ?=

@@ -29,7 +29,7 @@ from typing import Iterator
 
 from tests.support.k8s import ClusterError, cluster
 
-from . import _admitted, _builds, _jobs, _timing, _tools  # noqa: F401 - they register the scenarios
+from . import _admitted, _builds, _jobs, _lookup, _timing, _tools  # noqa: F401 - they register the scenarios
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario
 from ._install import Install
@@ -115,13 +115,16 @@ def run_scenarios(env: Env, only: list[str], jobs: int) -> list[Outcome]:
 
 
 @contextlib.contextmanager
-def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run: str) -> Iterator[Env]:
+def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run: str,
+              registry: _lookup.LocalRegistry | None = None) -> Iterator[Env]:
     kube = Kube(kubeconfig)
     version = kube.get("/version")
     minor = int("".join(ch for ch in version["minor"] if ch.isdigit()))
     images = _images.build()
     mesh = Mesh(kube, images.proxy, images.busybox, run, host)
     install = Install(kubeconfig, flavour, images.initshift, host=host)
+    if registry is not None:  # steps without `command` get their image's ENTRYPOINT from it
+        install.extra_env = {"INITSHIFT_REGISTRY_LOOKUP": "true", "INITSHIFT_REGISTRY_CA_FILE": str(registry.ca_file)}
     started = time.monotonic()
     env = None
     try:
@@ -133,7 +136,7 @@ def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run
         say(f"initshift installed ({flavour}: {', '.join(sorted({o['kind'] for o in install.objects}))}), "
             f"serving on {install.url} and watching as {install.sa_kubeconfig.name} in "
             f"{time.monotonic() - started:.1f} s")
-        env = Env(kube, kubeconfig, minor, minor >= 29, images, install, mesh, run)
+        env = Env(kube, kubeconfig, minor, minor >= 29, images, install, mesh, run, registry)
         yield env
     finally:
         install.stop()
@@ -184,7 +187,8 @@ def _throwaway(version: str, args: argparse.Namespace, run: str) -> VersionRun:
         with cluster(version, images=list(images.archives), log=lambda m: say(f"  {m}"), keep=args.keep) as c:
             vr.label = f"Kubernetes {c.version}"
             say(f"== {vr.label}: single node on {machine()} ==")
-            with installed(c.kubeconfig, c.version, flavour, "127.0.0.1", run) as env:
+            with _lookup.local_registry(c.registry_hosts) as registry, \
+                    installed(c.kubeconfig, c.version, flavour, "127.0.0.1", run, registry) as env:
                 vr.outcomes = run_scenarios(env, args.only, args.jobs)
                 env.keep_logs = args.keep or not all(o.ok for o in vr.outcomes)
             say("teardown ...")

@@ -8,7 +8,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from waiter import protocol as p
 
@@ -16,6 +16,9 @@ from ._images import Images
 from ._install import Install
 from ._kube import Kube
 from ._mesh import ISTIO_CNI_NS, NATIVE_NS, RUN_LABEL, Mesh
+
+if TYPE_CHECKING:
+    from ._lookup import LocalRegistry
 
 
 @dataclass
@@ -28,6 +31,7 @@ class Env:
     install: Install
     mesh: Mesh
     run: str = field(default_factory=lambda: os.urandom(2).hex())
+    registry: "LocalRegistry | None" = None  # a registry the node pulls from (the throwaway cluster's)
     namespaces: list[str] = field(default_factory=list)
     keep_logs: bool = False  # keep the server's and watcher's logs (a failure, or --keep)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -119,6 +119,7 @@ class Install:
     env: dict[str, str] = field(default_factory=dict)
     watcher_starts: int = 0
     made_namespace: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)  # for the server and watcher, over the Deployment's
 
     @property
     def url(self) -> str:
@@ -157,7 +158,8 @@ class Install:
                     "INITSHIFT_SELF_MANAGED_CERTS": "false",
                     "INITSHIFT_TLS_CERT": str(tls / "tls.crt"), "INITSHIFT_TLS_KEY": str(tls / "tls.key"),
                     "INITSHIFT_IMAGE": self.image, "INITSHIFT_IMAGE_PULL_POLICY": "IfNotPresent",
-                    "INITSHIFT_METRICS_HOST": "127.0.0.1", "INITSHIFT_METRICS_PORT": str(free_port())}
+                    "INITSHIFT_METRICS_HOST": "127.0.0.1", "INITSHIFT_METRICS_PORT": str(free_port()),
+                    **self.extra_env}
         self.ca_file = tls / "ca.crt"
 
     @staticmethod

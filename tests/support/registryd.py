@@ -154,6 +154,8 @@ class Registry:
         htpasswd.write_text(line.stdout)
         if auth == "htpasswd":
             auth_cfg: dict[str, Any] = {"htpasswd": {"realm": "initshift-test", "path": str(htpasswd)}}
+        elif auth == "none":  # anonymous pulls and pushes
+            auth_cfg = {}
         else:
             auth_cfg = {"token": {"realm": token_realm, "service": SERVICE, "issuer": ISSUER,
                                   "rootcertbundle": str(pki.token_cert_file)}}
@@ -163,8 +165,9 @@ class Registry:
             "storage": {"filesystem": {"rootdirectory": str(storage)}, "maintenance": {"uploadpurging": {"enabled": False}}},
             "http": {"addr": self.host, "secret": uuid.uuid4().hex,
                      "tls": {"certificate": str(pki.cert_file), "key": str(pki.key_file)}},
-            "auth": auth_cfg,
         }
+        if auth_cfg:
+            config["auth"] = auth_cfg
         cfg_file = self.workdir / "config.yml"
         cfg_file.write_text(json.dumps(config))  # JSON is YAML
         self.log_file = self.workdir / "registry.log"

@@ -169,6 +169,12 @@ class Cluster:
         return self.dir / "kubelet"
 
     @property
+    def registry_hosts(self) -> Path:
+        """containerd's hosts directory (`certs.d`): a registry's `HOST:PORT/hosts.toml` there
+        (its CA, say) is read at each pull."""
+        return self.dir / "containerd" / "certs.d"
+
+    @property
     def network_name(self) -> str:
         return f"initshift-e2e-{self.id}"
 
@@ -266,12 +272,15 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "{root / 'runc'}"
+  [{cri}.registry]
+    config_path = "{self.registry_hosts}"
   [{cri}.cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{self.dir / 'cni' / 'net.d'}"
     max_conf_num = 1
 """
         (root / "config.toml").write_text(config)
+        self.registry_hosts.mkdir(exist_ok=True)
         self.containerd = Process("containerd", ["containerd", "--config", str(root / "config.toml"),
                                                  "--log-level", "warn"], self.dir / "containerd.log")
 

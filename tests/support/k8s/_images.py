@@ -46,7 +46,8 @@ class Image:
             elif path.is_file():
                 self.files[target] = path
 
-    def _layer(self) -> bytes:
+    def layer(self) -> bytes:
+        """The image's one layer, an uncompressed tar."""
         buf = io.BytesIO()
         dirs: set[str] = set()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -82,7 +83,7 @@ class Image:
 
     def write(self, path: Path) -> Path:
         """The docker-archive tar: manifest.json, the config, one layer."""
-        layer = self._layer()
+        layer = self.layer()
         diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
         config: dict = {"Env": self.env}
         if self.entrypoint is not None:
