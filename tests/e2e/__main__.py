@@ -122,7 +122,9 @@ def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run
     minor = int("".join(ch for ch in version["minor"] if ch.isdigit()))
     images = _images.build()
     mesh = Mesh(kube, images.proxy, images.busybox, run, host)
-    install = Install(kubeconfig, flavour, images.initshift, host=host)
+    # The Helm install reads pull secrets (the chart's registry.pullSecrets: the private
+    # registry's scenario); the kustomize one is the base, least privilege (`rbac`).
+    install = Install(kubeconfig, flavour, images.initshift, host=host, pull_secrets=flavour == "helm")
     if registry is not None:  # steps without `command` get their image's ENTRYPOINT from it
         install.extra_env = {"INITSHIFT_REGISTRY_LOOKUP": "true", "INITSHIFT_REGISTRY_CA_FILE": str(registry.ca_file)}
     started = time.monotonic()

@@ -61,6 +61,7 @@ CAN_I: list[tuple[str, str, str, bool]] = [
     ("get", "secrets/other", NAMESPACE, False),
     ("list", "secrets", NAMESPACE, False),
     ("get", "secrets", "builds", False),
+    ("get", "serviceaccounts", "builds", False),
     ("create", "secrets", "builds", False),
     ("update", "mutatingwebhookconfigurations/istio-sidecar-injector", "", False),
     ("list", "nodes", "", False),
@@ -71,9 +72,19 @@ CAN_I: list[tuple[str, str, str, bool]] = [
 ]
 
 
-def render(flavour: str) -> list[dict]:
-    """The objects a user applies: `helm template` of the chart, or `kubectl kustomize deploy/`."""
-    return deploy_render.helm() if flavour == "helm" else deploy_render.kustomize(".")
+# What registry pull secrets (the chart's `registry.pullSecrets`, kustomize's
+# components/registry-pull-secrets) grant beyond the rest: get on Secrets and ServiceAccounts
+# in every namespace.
+PULL_SECRETS_GRANTS = {("get", "secrets/other", NAMESPACE), ("get", "secrets", "builds"),
+                       ("get", "serviceaccounts", "builds")}
+
+
+def render(flavour: str, pull_secrets: bool = False) -> list[dict]:
+    """The objects a user applies: `helm template` of the chart, or `kubectl kustomize deploy/`;
+    `pull_secrets`: with registry lookups that read imagePullSecrets."""
+    if flavour == "helm":
+        return deploy_render.helm({"registry": {"pullSecrets": True}} if pull_secrets else None)
+    return deploy_render.kustomize(".", ["components/registry-pull-secrets"] if pull_secrets else ())
 
 
 def for_this_machine(objects: list[dict], url: str) -> list[dict]:
@@ -120,13 +131,14 @@ class Install:
     watcher_starts: int = 0
     made_namespace: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # for the server and watcher, over the Deployment's
+    pull_secrets: bool = False  # installed with registry pull secrets (their RBAC, INITSHIFT_REGISTRY_PULL_SECRETS)
 
     @property
     def url(self) -> str:
         return f"https://{self.host}:{self.port}/mutate"
 
     def apply(self) -> None:
-        self.objects = for_this_machine(render(self.flavour), self.url)
+        self.objects = for_this_machine(render(self.flavour, self.pull_secrets), self.url)
         if not any(o["kind"] == "Namespace" for o in self.objects):  # the chart makes none (docs/install.md)
             kubectl(self.admin, "create", "namespace", NAMESPACE)
             self.made_namespace = True
@@ -223,6 +235,7 @@ class Install:
         """(verb, resource, namespace, expected, answered) for every CAN_I row."""
         rows = []
         for verb, resource, ns, expected in CAN_I:
+            expected = expected or (self.pull_secrets and (verb, resource, ns) in PULL_SECRETS_GRANTS)
             args = ["auth", "can-i", verb, *resource.split(), f"--as={USER}"]
             args += ["-n", ns] if ns else ["--all-namespaces"] if resource.split("/")[0] in (
                 "pods", "events") else []

@@ -2,13 +2,15 @@
 server reads from a registry, pulled by the node from that same registry.
 
 The registry is Debian's `docker-registry` on 127.0.0.1 with TLS from a CA of its own
-(tests/support/registryd.py), anonymous; the node's containerd trusts it through a
-`hosts.toml` in its `certs.d`, the server through INITSHIFT_REGISTRY_CA_FILE. Only on the
-throwaway cluster (a cluster named by KUBECONFIG has no such registry).
+(tests/support/registryd.py), twice on one storage: anonymous, and private (htpasswd,
+reached with a pod's imagePullSecrets). The node's containerd trusts both through a
+`hosts.toml` each in its `certs.d`, the server through INITSHIFT_REGISTRY_CA_FILE. Only on
+the throwaway cluster (a cluster named by KUBECONFIG has no such registry).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import hashlib
@@ -24,6 +26,7 @@ from tests.support.k8s import ClusterError, busybox_image
 
 from ._check import check_build, proxy_stop
 from ._env import Env, Record, scenario
+from ._kube import KubeFailure
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import managed, outcome, pod, step
 
@@ -33,12 +36,17 @@ REPOSITORY, TAG = "tools/sh", "1"
 
 @dataclass(frozen=True)
 class LocalRegistry:
-    host: str  # 127.0.0.1:PORT
+    host: str  # 127.0.0.1:PORT, anonymous
+    private_host: str  # 127.0.0.1:PORT, the same images behind a user and password
     ca_file: Path
 
     @property
     def image(self) -> str:
         return f"{self.host}/{REPOSITORY}:{TAG}"
+
+    @property
+    def private_image(self) -> str:
+        return f"{self.private_host}/{REPOSITORY}:{TAG}"
 
 
 def _push_busybox(registry: registryd.Registry) -> None:
@@ -67,27 +75,49 @@ def local_registry(hosts_dir: Path) -> Iterator[LocalRegistry]:
     """The registry, its image pushed, trusted by the node (`make e2e` installs
     docker-registry; without it the run fails, as without containerd)."""
     root = Path(tempfile.mkdtemp(prefix="initshift-e2e-registry-"))
-    registry = None
+    registries: list[registryd.Registry] = []
     try:
         pki = registryd.Pki(root / "pki")
         try:
-            registry = registryd.Registry(root, pki, root / "storage", auth="none")
+            for auth in ("none", "htpasswd"):
+                registries.append(registryd.Registry(root, pki, root / "storage", auth=auth))
         except registryd.RegistryUnavailable as e:
             raise ClusterError(f"the e2e's registry: {e}") from None
-        _push_busybox(registry)
-        hosts = hosts_dir / registry.host
-        hosts.mkdir(parents=True)
-        (hosts / "hosts.toml").write_text(f'server = "{registry.url}"\n\n[host."{registry.url}"]\n'
-                                          f'  capabilities = ["pull", "resolve"]\n  ca = "{pki.ca_file}"\n')
-        yield LocalRegistry(registry.host, pki.ca_file)
+        _push_busybox(registries[0])
+        for registry in registries:
+            hosts = hosts_dir / registry.host
+            hosts.mkdir(parents=True)
+            (hosts / "hosts.toml").write_text(f'server = "{registry.url}"\n\n[host."{registry.url}"]\n'
+                                              f'  capabilities = ["pull", "resolve"]\n  ca = "{pki.ca_file}"\n')
+        yield LocalRegistry(registries[0].host, registries[1].host, pki.ca_file)
     finally:
-        if registry is not None:
+        for registry in registries:
             registry.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
 def _has_registry(env: Env) -> bool:
     return env.registry is not None
+
+
+def _lookup_build(env: Env, rec: Record, ns: str, image: str, **spec: object) -> str:
+    """A build whose steps have no `command`, their `image` pulled; checked to its end."""
+    steps = []
+    for name in ("fetch", "compile"):
+        s = step(name, image, port=ISTIO_TRAFFIC)
+        s["args"] = [s.pop("command")[-1]]  # the script alone: `sh -c` comes from the image
+        steps.append(s)
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
+        "build", steps, [step("completion", env.images.busybox, port=None)], **spec))
+    build = check_build(env, rec, ns, "build", steps=["fetch", "compile"], proxy="istio-proxy",
+                        strategy=env.build_strategy)
+    spec_out = build.obj["spec"]
+    wrapped = next(c for c in [*spec_out.get("initContainers", []), *spec_out["containers"]] if c["name"] == "fetch")
+    assert wrapped["args"][-3:-1] == ENTRYPOINT, f"fetch is not run as its image's ENTRYPOINT: {wrapped['args']}"
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Succeeded", result
+    return f"strategy {managed(build.obj)}; steps in order through the proxy; proxy stopped by " \
+           f"{proxy_stop(build, 'istio-proxy')}"
 
 
 @scenario("entrypoint-lookup", applies=_has_registry)
@@ -98,19 +128,37 @@ def entrypoint_lookup(env: Env, rec: Record) -> None:
     assert env.registry is not None
     ns = env.namespace("lookup")
     rec.namespaces.append(ns)
-    steps = []
-    for name in ("fetch", "compile"):
-        s = step(name, env.registry.image, port=ISTIO_TRAFFIC)
-        s["args"] = [s.pop("command")[-1]]  # the script alone: `sh -c` comes from the image
-        steps.append(s)
-    env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
-        "build", steps, [step("completion", env.images.busybox, port=None)]))
-    build = check_build(env, rec, ns, "build", steps=["fetch", "compile"], proxy="istio-proxy",
-                        strategy=env.build_strategy)
-    spec = build.obj["spec"]
-    wrapped = next(c for c in [*spec.get("initContainers", []), *spec["containers"]] if c["name"] == "fetch")
-    assert wrapped["args"][-3:-1] == ENTRYPOINT, f"fetch is not run as its image's ENTRYPOINT: {wrapped['args']}"
-    result = outcome(env.kube, ns, "build")
-    assert result["result"] == "Succeeded", result
-    rec.note(f"strategy {managed(build.obj)}; ENTRYPOINT {ENTRYPOINT} read from {env.registry.host}; steps in order "
-             f"through the proxy; proxy stopped by {proxy_stop(build, 'istio-proxy')}")
+    rec.note(f"ENTRYPOINT {ENTRYPOINT} read from {env.registry.host}; "
+             + _lookup_build(env, rec, ns, env.registry.image))
+
+
+def _has_private_registry(env: Env) -> bool:
+    return env.registry is not None and env.install.pull_secrets
+
+
+@scenario("private-registry", applies=_has_private_registry)
+def private_registry(env: Env, rec: Record) -> None:
+    """The same from a registry that wants a user and password, given as the pod's
+    imagePullSecrets (a `kubernetes.io/dockerconfigjson` Secret): the server, installed with
+    registry pull secrets, reads the Secret to look the ENTRYPOINT up; the kubelet pulls
+    with it. Without the Secret the same pod is denied, saying why."""
+    assert env.registry is not None
+    ns = env.namespace("private")
+    rec.namespaces.append(ns)
+    host = env.registry.private_host
+    auth = base64.b64encode(f"{registryd.USER}:{registryd.PASSWORD}".encode()).decode()
+    config = json.dumps({"auths": {host: {"auth": auth}}})
+    env.kube.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry"},
+        "type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": base64.b64encode(config.encode()).decode()}})
+    bare = step("fetch", env.registry.private_image, port=None)
+    bare["args"] = [bare.pop("command")[-1]]
+    try:
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod("no-secret", [bare], [step("main", env.images.busybox,
+                                                                                         port=None)]))
+        raise AssertionError("a pod whose step's ENTRYPOINT the server cannot read was admitted")
+    except KubeFailure as e:
+        assert "ENTRYPOINT" in str(e) and "403" in str(e), str(e)
+    rec.note(f"ENTRYPOINT read from {host} with the pod's imagePullSecrets; "
+             + _lookup_build(env, rec, ns, env.registry.private_image, imagePullSecrets=[{"name": "registry"}])
+             + "; without the Secret: denied")
