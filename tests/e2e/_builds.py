@@ -13,7 +13,7 @@ from webhook.rewrite._quota import exceeded
 from webhook.settings import Settings
 
 from ._check import check_build, proxy_instant, proxy_stop
-from ._env import Env, Record, scenario
+from ._env import Env, Record, native_only, scenario
 from ._kube import KubeFailure, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
 from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
@@ -202,6 +202,42 @@ def shared_process_namespace(env: Env, rec: Record) -> None:
         result = outcome(env.kube, ns, f"shared-{mode}")
         assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
         return f"{mode}: steps in order, outcome Succeeded, proxy stopped by {proxy_stop(build, 'istio-proxy')}"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(built, modes)))
+
+
+@scenario("user-native-sidecar", applies=native_only)
+def user_native_sidecar(env: Env, rec: Record) -> None:
+    """A build with a native sidecar of its own before its steps (a daemon the steps call,
+    as a dind sidecar would be), under waiter and hybrid: the daemon stays an init
+    container the kubelet starts first, each step reaches it and the proxy, the build
+    succeeds and the kubelet stops the daemon at the end."""
+    ns = env.namespace("usernative")
+    rec.namespaces.append(ns)
+    daemon = {"name": "daemon", "image": env.images.busybox, "imagePullPolicy": "IfNotPresent", "restartPolicy": "Always",
+              "command": ["sh", "-c", "mkdir -p /tmp/www && echo daemon up > /tmp/www/index.html && "
+                                      "exec httpd -f -p 2375 -h /tmp/www"],
+              "startupProbe": {"tcpSocket": {"port": 2375}, "periodSeconds": 1}}
+    uses = 'timeout 5 wget -q -O - http://127.0.0.1:2375/ || exit 9; '
+    modes = [p.MODE_WAITER, p.MODE_HYBRID]
+    for mode in modes:
+        steps = [daemon, step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, extra=uses),
+                 step("compile", env.images.busybox, port=ISTIO_TRAFFIC, extra=uses)]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, f"daemon-{mode}", steps,
+                                                                     annotations={p.ANNOTATION_MODE: mode}))
+
+    def built(mode: str) -> str:
+        name = f"daemon-{mode}"
+        build = check_build(env, rec, ns, name, steps=["fetch", "compile"], proxy="istio-proxy", strategy=mode)
+        init, _ = container_names(build.obj)
+        assert "daemon" in init, f"{mode}: the daemon is no longer an init container: {init}"
+        for s in ("fetch", "compile"):
+            assert first(build.steps[s], "^daemon up$"), f"{mode}: {s} did not reach the daemon"
+        assert terminated(build.obj, "daemon") is not None, f"{mode}: the daemon still runs after the pod ended"
+        result = outcome(env.kube, ns, name)
+        assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
+        return f"{mode}: steps reached the daemon and the proxy, outcome Succeeded"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(built, modes)))
