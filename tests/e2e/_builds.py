@@ -207,6 +207,42 @@ def shared_process_namespace(env: Env, rec: Record) -> None:
         rec.note("; ".join(pool.map(built, modes)))
 
 
+def _bare_step(name: str, image: str) -> dict:
+    """A step in the `bare` image: busybox's applets called by path, no shell on a PATH; the
+    lines `step()`'s steps write, for check_build."""
+    url = f"http://127.0.0.1:{ISTIO_TRAFFIC}/{name}"
+    script = (f'echo "{name} start"; if /busybox timeout 10 /busybox wget -q -O /dev/null {url}; then '
+              f'echo "{name} fetched {url}"; else echo "{name}: network call failed"; exit 7; fi; echo "{name} end"')
+    return {"name": name, "image": image, "imagePullPolicy": "IfNotPresent", "command": ["/busybox", "sh", "-c", script],
+            "securityContext": {"runAsUser": 12345, "runAsGroup": 12345, "runAsNonRoot": True,
+                                "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}}
+
+
+@scenario("bare-image")
+def bare_image(env: Env, rec: Record) -> None:
+    """Steps in an image with one static binary and nothing else, as a random UID with a
+    read-only root, no capabilities and RuntimeDefault seccomp, under waiter (and hybrid):
+    the frozen waiter runs there, the steps run in order through the proxy."""
+    ns = env.namespace("bare")
+    rec.namespaces.append(ns)
+    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    for mode in modes:
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
+            env, f"bare-{mode}", [_bare_step("fetch", env.images.bare), _bare_step("compile", env.images.bare)],
+            annotations={p.ANNOTATION_MODE: mode}))
+
+    def built(mode: str) -> str:
+        build = check_build(env, rec, ns, f"bare-{mode}", steps=["fetch", "compile"], proxy="istio-proxy",
+                            strategy=mode)
+        result = outcome(env.kube, ns, f"bare-{mode}")
+        assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
+        return f"{mode}: steps in order through the proxy, outcome Succeeded"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(built, modes)))
+
+
 @scenario("user-native-sidecar", applies=native_only)
 def user_native_sidecar(env: Env, rec: Record) -> None:
     """A build with a native sidecar of its own before its steps (a daemon the steps call,

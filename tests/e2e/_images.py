@@ -4,7 +4,9 @@
   `waiter-init` from `/opt/initshift/waiter`, as the Dockerfile's image holds it);
 - `fakeproxy` (images/fakeproxy.c): the Istio-like and Linkerd-like proxies;
 - Debian's curl with the libraries it links (what `initshift check --smoke` fetches with);
-- busybox (tests/support/k8s), for the steps.
+- busybox (tests/support/k8s), for the steps;
+- `bare`: Debian's static busybox as `/busybox` and nothing else (no shell on a path, no
+  `/etc`, no libraries): a step image as distroless as they come.
 
 Tags carry a hash of the content (the waiter's: of its sources), so a cluster that keeps
 images (kind) never runs a stale one.
@@ -43,6 +45,7 @@ class Images:
     proxy: str
     curl: str
     busybox: str
+    bare: str
     archives: tuple[Path, ...]
 
 
@@ -73,8 +76,12 @@ def build() -> Images:
     proxy = Image(f"{REGISTRY}/fakeproxy:{_digest([proxy_bin])}", {"/fakeproxy": proxy_bin},
                   entrypoint=["/fakeproxy"])
     curl = _curl_image()
+    busybox = busybox_image()
+    static = busybox.files["/bin/busybox"]
+    assert isinstance(static, Path)
+    bare = Image(f"{REGISTRY}/bare:{_digest([static])}", {"/busybox": static}, env=[])
     archives = []
-    for image in (initshift, proxy, curl, busybox_image()):
+    for image in (initshift, proxy, curl, busybox, bare):
         repo, tag = image.ref.rsplit("/", 1)[1].split(":")
         path = out / f"{repo}-{tag}.tar"
         if not path.is_file() or image.ref in (BUSYBOX, initshift.ref):  # the bundle may be rebuilt
@@ -83,4 +90,4 @@ def build() -> Images:
             if stale != path:
                 stale.unlink()
         archives.append(path)
-    return Images(initshift.ref, proxy.ref, curl.ref, BUSYBOX, tuple(archives))
+    return Images(initshift.ref, proxy.ref, curl.ref, BUSYBOX, bare.ref, tuple(archives))
