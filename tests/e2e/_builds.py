@@ -412,6 +412,41 @@ def start_order(env: Env, rec: Record) -> None:
     env.kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/web")
 
 
+@scenario("deployment-init-network", applies=native_only)
+def deployment_init_network(env: Env, rec: Record) -> None:
+    """A Deployment whose init container (a schema migration) calls through the proxy, the
+    case native sidecars were made for: under `auto` the proxy becomes a native sidecar
+    ahead of it, the migration's first call succeeds (no restart), the app serves."""
+    ns = env.namespace("deployinit")
+    rec.namespaces.append(ns)
+    migrate = step("migrate", env.images.busybox, port=ISTIO_TRAFFIC, path="schema")
+    app = step("app", env.images.busybox, port=ISTIO_TRAFFIC, extra='echo "app serving"; sleep 3600; ')
+    env.kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "api"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "api"}}, "template": {
+            "metadata": {"labels": {"app": "api"}},
+            "spec": {"terminationGracePeriodSeconds": 2, "initContainers": [migrate], "containers": [app]}}}})
+
+    def serving() -> dict | None:
+        for obj in env.kube.pods(ns, "app=api"):
+            if first(log_lines(env.kube, ns, obj["metadata"]["name"], "app"), "^app serving$"):
+                return obj
+        return None
+
+    obj = wait_for(serving, 180, "the app serving")
+    name = obj["metadata"]["name"]
+    assert managed(obj) == p.MODE_NATIVE, managed(obj)
+    inits, _ = container_names(obj)
+    assert inits.index("istio-proxy") < inits.index("migrate"), f"the proxy is not ahead of migrate: {inits}"
+    restarts = (statuses(obj).get("migrate") or {}).get("restartCount", 0)
+    assert restarts == 0, f"migrate restarted {restarts} times: its first call did not get through"
+    migrated = log_lines(env.kube, ns, name, "migrate")
+    assert first(migrated, "^migrate fetched ") and first(migrated, "^migrate end$"), [x.text for x in migrated]
+    rec.note(f"strategy native; init containers {inits}; migrate's first call through the proxy succeeded, "
+             f"no restart; the app serves")
+    env.kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/api")
+
+
 # A tenant namespace's LimitRange as platform teams write them: defaults for containers
 # that name nothing, a floor, a ceiling and a burst ratio (the test mesh's own containers
 # fit it, as Istio's and Linkerd's defaults fit common ones).
