@@ -72,3 +72,9 @@ def test_status_says_which_startup_probe_initshift_removed():
            f"({p.ANNOTATION_STARTUP_PROBES_REMOVED})" in table.splitlines()
     del pod["metadata"]["annotations"][p.ANNOTATION_STARTUP_PROBES_REMOVED]
     assert pv.pod_view(pod, NOW).startup_probes_removed == () and "Start:" not in render(pv.pod_view(pod, NOW), "table")
+    pod["metadata"]["annotations"][p.ANNOTATION_POST_START_REMOVED] = json.dumps(
+        {"istio-proxy": {"exec": {"command": ["pilot-agent", "wait"]}}})
+    view = pv.pod_view(pod, NOW)
+    assert view.post_start_removed == ("istio-proxy",) and view.to_json()["postStartRemoved"] == ["istio-proxy"]
+    assert f"Start:   no postStart wait on istio-proxy: step 0 waits for its readiness itself " \
+           f"({p.ANNOTATION_POST_START_REMOVED})" in render(view, "table").splitlines()

@@ -114,9 +114,17 @@ def check_hybrid_pod(src: dict, out: dict) -> None:
     assert again.pod == out and not again.changed and make_patch(out, again.pod) == [], "idempotent"
 
 
-def removed_record(pod: dict) -> dict:
-    raw = pod["metadata"].get("annotations", {}).get(p.ANNOTATION_STARTUP_PROBES_REMOVED)
+def removed_record(pod: dict, annotation: str = p.ANNOTATION_STARTUP_PROBES_REMOVED) -> dict:
+    raw = pod["metadata"].get("annotations", {}).get(annotation)
     return json.loads(raw) if raw else {}
+
+
+def removed_hooks(pod: dict) -> dict:
+    return removed_record(pod, p.ANNOTATION_POST_START_REMOVED)
+
+
+def post_start(container: dict) -> dict | None:
+    return (container.get("lifecycle") or {}).get("postStart")
 
 
 def check_kubelet_hold(src: dict, out: dict) -> None:
@@ -143,6 +151,11 @@ def check_kubelet_hold(src: dict, out: dict) -> None:
         was = before[name].get("startupProbe")
         assert probe == (was if was is not None else startup_probe(before[name]["readinessProbe"]))
         assert was is None or "livenessProbe" not in proxy
+    for name, hook in removed_hooks(out).items():  # a readiness wait goes on the same conditions
+        i = names(inits).index(name)
+        assert post_start(inits[i]) is None and hook == post_start(before[name]), name
+        assert loopback_probe(inits[i]) in flag_values(step0, p.FLAG_PROBE) and names(inits)[i + 1:] == []
+        assert names(spec["containers"]) == [p.COPY_CONTAINER_NAME, *steps, *mains]
     # And the other way: where all of that holds for a mesh's native sidecar, the hold is gone.
     recognised = sidecar_names(out["metadata"]["annotations"], RewriteSettings())
     wrapped = sorted(names(spec["containers"])) == sorted([p.COPY_CONTAINER_NAME, *steps, *mains])
@@ -210,12 +223,62 @@ def test_kpack_layout_gate_and_resources():
 
 
 def test_linkerd_probed_on_loopback_gets_no_startup_probe():
-    out = hybrid(CATALOGUE["kpack-linkerd"]).pod
+    result = hybrid(CATALOGUE["kpack-linkerd"])
+    out = result.pod
     proxy = by_name(out)["linkerd-proxy"]
     assert proxy["restartPolicy"] == "Always" and "startupProbe" not in proxy, \
         "step 0 probes it itself: the kubelet need not hold the regular containers back"
     assert flag_values(first_step(out), p.FLAG_PROBE) == ["http://127.0.0.1:4191/ready"]
     assert names(out["spec"]["initContainers"]) == ["linkerd-init", "linkerd-proxy"]
+    # Nor on linkerd-await: the kubelet starts the next container once the postStart hook returns.
+    was = post_start(by_name(CATALOGUE["kpack-linkerd"])["linkerd-proxy"])
+    assert was["exec"]["command"][0] == "/usr/lib/linkerd/linkerd-await"
+    assert "lifecycle" not in proxy and removed_hooks(out) == {"linkerd-proxy": was}
+    assert any("removed the postStart hook of 'linkerd-proxy'" in w for w in result.warnings)
+    again = hybrid(out, AUTO).pod
+    assert again == out, "re-invocation keeps it (and its record), in any mode"
+
+
+def with_istio_hold(shape: str) -> dict:
+    """`shape` with Istio's holdApplicationUntilProxyStarts: a postStart `pilot-agent wait`."""
+    pod = copy.deepcopy(CATALOGUE[shape])
+    proxy = next(c for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+                 if c["name"] == "istio-proxy")
+    proxy["lifecycle"] = {"postStart": {"exec": {"command": ["pilot-agent", "wait"]}},
+                          "preStop": {"exec": {"command": ["pilot-agent", "request", "POST", "drain"]}}}
+    return pod
+
+
+@pytest.mark.parametrize("shape", ["job-istio", "kpack-istio-native"])
+def test_istios_hold_until_the_proxy_starts_goes_where_step_0_waits_for_it(shape):
+    pod = with_istio_hold(shape)
+    out = hybrid(pod).pod
+    assert proxy_of(out)["lifecycle"] == {"preStop": {"exec": {"command": ["pilot-agent", "request", "POST", "drain"]}}}
+    assert removed_hooks(out) == {"istio-proxy": {"exec": {"command": ["pilot-agent", "wait"]}}}
+    check_hybrid_pod(pod, out)
+
+
+def test_a_post_start_hook_that_does_more_than_wait_stays():
+    pod = with_istio_hold("job-istio")
+    proxy_of(pod)["lifecycle"]["postStart"] = {"exec": {"command": ["sh", "-c", "pilot-agent wait && touch /x"]}}
+    out = hybrid(pod).pod
+    assert post_start(proxy_of(out)) == post_start(proxy_of(pod)) and removed_hooks(out) == {}
+
+
+def test_the_readiness_wait_stays_where_something_starts_after_the_proxy_and_comes_back_on_reinvocation():
+    pod = with_istio_hold("job-istio")
+    pod["spec"]["initContainers"].append({"name": "vault-agent-init", "image": "vault:1.17",
+                                          "command": ["vault", "agent", "-exit-after-auth"]})
+    pod["metadata"]["annotations"][p.ANNOTATION_KEEP_INIT] = "vault-agent-init"
+    out = hybrid(pod).pod
+    assert post_start(proxy_of(out)) == {"exec": {"command": ["pilot-agent", "wait"]}} and removed_hooks(out) == {}
+    first = hybrid(with_istio_hold("job-istio")).pod
+    assert post_start(proxy_of(first)) is None
+    first["spec"]["containers"].append({"name": "log-shipper", "image": "fluent-bit:3", "command": ["fluent-bit"]})
+    back = hybrid(first)
+    assert post_start(proxy_of(back.pod)) == {"exec": {"command": ["pilot-agent", "wait"]}}
+    assert removed_hooks(back.pod) == {}
+    assert_valid_pod(back.pod)
 
 
 def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():

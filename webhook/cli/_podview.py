@@ -82,8 +82,10 @@ class PodView:
     ready: bool | None  # waiter pods: initshift.io/ready
     rows: tuple[_Row, ...]
     not_rewritten: str | None = None  # why the webhook left the pod as it was (its reason slug)
-    # hybrid: native sidecars whose startupProbe initshift removed (step 0 gates on their readiness)
+    # hybrid: native sidecars whose startupProbe, or postStart readiness wait, initshift removed
+    # (step 0 gates on their readiness)
     startup_probes_removed: tuple[str, ...] = ()
+    post_start_removed: tuple[str, ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -97,6 +99,7 @@ class PodView:
                 "podReason": self.pod_reason, "result": self.result, "message": self.message,
                 "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
                 "notRewritten": self.not_rewritten, "startupProbesRemoved": list(self.startup_probes_removed),
+                "postStartRemoved": list(self.post_start_removed),
                 "containers": [r.to_json() for r in self.rows]}
 
 
@@ -237,7 +240,9 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         ready=ready_gate if lay.strategy in WAITER_RUN else None, rows=tuple(rows),
         not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
         and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None,
-        startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else ())
+        startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else (),
+        post_start_removed=tuple(removed_startup_probes(pod, p.ANNOTATION_POST_START_REMOVED))
+        if lay.strategy == p.MODE_HYBRID else ())
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:

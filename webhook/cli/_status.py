@@ -80,6 +80,9 @@ def _summary(view: PodView, colour: bool) -> list[str]:
     if view.startup_probes_removed:
         lines.append(f"Start:   no startupProbe on {', '.join(view.startup_probes_removed)}: step 0 waits for its "
                      f"readiness itself ({p.ANNOTATION_STARTUP_PROBES_REMOVED})")
+    if view.post_start_removed:
+        lines.append(f"Start:   no postStart wait on {', '.join(view.post_start_removed)}: step 0 waits for its "
+                     f"readiness itself ({p.ANNOTATION_POST_START_REMOVED})")
     if view.ended and view.result != view.phase:
         lines.append("         (the phase comes from ending the sidecars; the result is what the steps did)")
     return lines

@@ -24,10 +24,13 @@ or a main, no init container after it but `initshift-init`, which only copies th
 needs no such hold: it gets no startupProbe, so step 0 starts within one gate poll of the
 proxy's readiness. Its own startupProbe is removed only when it has no livenessProbe (the
 startupProbe is what keeps liveness off a slow start); the readinessProbe is never
-touched. What is removed (or, for a sidecar initshift makes native, not derived) is
-recorded in `initshift.io/startup-probes-removed`, and put back by a re-invocation that
-finds the conditions gone (another webhook added an init container after the proxy, or a
-regular container the waiter does not run).
+touched. A postStart hook that only waits for the proxy's readiness (Linkerd's
+`linkerd-await`, Istio's `pilot-agent wait` of holdApplicationUntilProxyStarts) holds the
+kubelet the same way, and goes under the same conditions. What is removed (or, for a
+sidecar initshift makes native, not derived) is recorded in
+`initshift.io/startup-probes-removed` and `initshift.io/post-start-removed`, and put back by
+a re-invocation that finds the conditions gone (another webhook added an init container
+after the proxy, or a regular container the waiter does not run).
 
 Re-invocation (the mesh injected after us) moves a recognised proxy that landed in
 `containers` before `initshift-init`, as the first admission would have, and recomputes
@@ -70,7 +73,7 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: 
         warnings += native.ask_native_injection(placed)  # the proxy comes later: ask for a native one
     out, more = waiter.wrap_pod(placed, classify(placed, settings), settings, images, lookup_error,
                                 origin=pod, how=p.MODE_HYBRID)
-    out, notes = _settle_startup(out, settings, moved, {})  # a first admission trusts no record it came with
+    out, notes = _settle_startup(out, settings, moved, {}, {})  # a first admission trusts no record it came with
     return Built(out, [*warnings, *notes, *more])
 
 
@@ -91,13 +94,14 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
                                                                     settings)}
         pod = native.place_sidecars({**pod, "spec": spec}, late, anchor, settings, _never).pod
     out, _ = _settle_startup(waiter.refresh(pod, settings), settings, [str(c["name"]) for c in late],
-                             removed_startup_probes(pod))
+                             removed_startup_probes(pod), removed_startup_probes(pod, p.ANNOTATION_POST_START_REMOVED))
     return out
 
 
-def removed_startup_probes(pod: Mapping) -> dict[str, dict]:
-    """The record of `initshift.io/startup-probes-removed`: container name -> its startupProbe."""
-    raw = mapping_at(pod, "metadata", "annotations").get(p.ANNOTATION_STARTUP_PROBES_REMOVED)
+def removed_startup_probes(pod: Mapping, annotation: str = p.ANNOTATION_STARTUP_PROBES_REMOVED) -> dict[str, dict]:
+    """The record of `initshift.io/startup-probes-removed` (or of `annotation`, the same
+    shape): container name -> what was removed."""
+    raw = mapping_at(pod, "metadata", "annotations").get(annotation)
     try:
         value = json.loads(raw) if isinstance(raw, str) else None
     except ValueError:
@@ -107,8 +111,42 @@ def removed_startup_probes(pod: Mapping) -> dict[str, dict]:
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, dict)}
 
 
+def _readiness_wait(container: Mapping) -> dict | None:
+    """The container's postStart hook when all it does is wait for the proxy's readiness:
+    Linkerd's `linkerd-await` (proxy.await), Istio's `pilot-agent wait`
+    (holdApplicationUntilProxyStarts)."""
+    hook = mapping_at(container, "lifecycle").get("postStart")
+    command = mapping_at(hook, "exec").get("command") if isinstance(hook, Mapping) else None
+    if not isinstance(command, list) or not command or not all(isinstance(x, str) for x in command):
+        return None
+    program = command[0].rsplit("/", 1)[-1]
+    if program == "linkerd-await" or (program == "pilot-agent" and command[1:2] == ["wait"]):
+        return dict(hook)  # type: ignore[arg-type]
+    return None
+
+
+def _without_post_start(container: Mapping) -> dict:
+    lifecycle = {k: v for k, v in mapping_at(container, "lifecycle").items() if k != "postStart"}
+    out = {k: v for k, v in container.items() if k != "lifecycle"}
+    if lifecycle:
+        out["lifecycle"] = lifecycle
+    return out
+
+
+def _record(pod: dict, annotation: str, kept: Mapping[str, dict]) -> dict:
+    """`pod` with `annotation` holding `kept` as JSON (gone when empty)."""
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else None
+    if mapping_at(pod, "metadata", "annotations").get(annotation) != text:
+        annotations = submap(pod, "metadata", "annotations")
+        if text is None:
+            del annotations[annotation]
+        else:
+            annotations[annotation] = text
+    return pod
+
+
 def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str],
-                    record: Mapping[str, dict]) -> tuple[dict, list[str]]:
+                    record: Mapping[str, dict], hooks: Mapping[str, dict]) -> tuple[dict, list[str]]:
     """`pod` (a hybrid pod of this admission's own) with each recognised native sidecar's
     startupProbe decided (the module docstring), the record written, and what to tell."""
     spec = pod["spec"]
@@ -128,6 +166,7 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
     moving = set(moved)
 
     kept: dict[str, dict] = {}
+    kept_hooks: dict[str, dict] = {}
     notes: list[str] = []
     out_inits = []
     for i, c in enumerate(inits):
@@ -150,7 +189,22 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
                 notes.append(f"removed the startupProbe of {name!r}: step 0 waits for its readiness on loopback "
                              f"itself, so the kubelet need not hold the steps on the probe's tick "
                              f"({p.ANNOTATION_STARTUP_PROBES_REMOVED} keeps it)")
-        elif own is None and name in record:
+            hook = _readiness_wait(c)
+            if hook is not None:
+                c = _without_post_start(c)
+                notes.append(f"removed the postStart hook of {name!r} that waits for its readiness: step 0 waits "
+                             f"for it on loopback itself ({p.ANNOTATION_POST_START_REMOVED} keeps it)")
+            elif "postStart" not in mapping_at(c, "lifecycle"):
+                hook = hooks.get(name)  # removed at an earlier admission: still recorded
+            if hook is not None:
+                kept_hooks[name] = hook
+            out_inits.append(c)
+            continue
+        if name in hooks and "postStart" not in mapping_at(c, "lifecycle"):
+            c = {**c, "lifecycle": {**mapping_at(c, "lifecycle"), "postStart": hooks[name]}}
+            notes.append(f"put back the postStart hook of {name!r}: a container now starts after it without "
+                         f"waiting for step 0")
+        if own is None and name in record:
             c = {**c, "startupProbe": record[name]}
             notes.append(f"put back the startupProbe of {name!r}: a container now starts after it without "
                          f"waiting for step 0")
@@ -162,12 +216,5 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
 
     out = dict(pod)
     out["spec"] = {**spec, "initContainers": out_inits}
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else None
-    annotations = mapping_at(out, "metadata", "annotations")
-    if annotations.get(p.ANNOTATION_STARTUP_PROBES_REMOVED) != text:
-        annotations = submap(out, "metadata", "annotations")
-        if text is None:
-            del annotations[p.ANNOTATION_STARTUP_PROBES_REMOVED]
-        else:
-            annotations[p.ANNOTATION_STARTUP_PROBES_REMOVED] = text
-    return out, notes
+    out = _record(out, p.ANNOTATION_STARTUP_PROBES_REMOVED, kept)
+    return _record(out, p.ANNOTATION_POST_START_REMOVED, kept_hooks), notes
