@@ -320,6 +320,27 @@ def reinvocation(env: Env, rec: Record) -> None:
              f"ended {build.obj['status']['phase']}")
 
 
+@scenario("linkerd-native", applies=native_only)
+def linkerd_native(env: Env, rec: Record) -> None:
+    """Linkerd injecting its proxy as a native sidecar (`proxy-enable-native-sidecar`), first
+    among the init containers: under `auto` the build is hybrid around it, the steps run in
+    order through it, the outcome is Succeeded and the kubelet stops it."""
+    ns = env.namespace("lknative", mesh="linkerd")
+    rec.namespaces.append(ns)
+    names = ["checkout", "compile", "upload"]
+    steps = [step(s, env.images.busybox, port=LINKERD_TRAFFIC) for s in names]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps, annotations={
+        "config.alpha.linkerd.io/proxy-enable-native-sidecar": "true"}))
+    build = check_build(env, rec, ns, "build", steps=names, proxy="linkerd-proxy", strategy=p.MODE_HYBRID)
+    inits, _ = container_names(build.obj)
+    native = [c["name"] for c in build.obj["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
+    assert native == ["linkerd-proxy"], f"the native sidecars are {native}"
+    result = outcome(env.kube, ns, "build")
+    assert result["result"] == "Succeeded", result
+    rec.note(f"strategy hybrid; init containers {inits}; linkerd-proxy stopped by {proxy_stop(build, 'linkerd-proxy')}")
+    rec.figure("ready -> step 0", build.ready_to_step0_ms or 0)
+
+
 @scenario("linkerd")
 def linkerd(env: Env, rec: Record) -> None:
     """A Linkerd-shaped pod: the namespace annotated, linkerd-init and linkerd-proxy injected, /shutdown honoured."""

@@ -28,6 +28,7 @@ from waiter import protocol as p
 HERE = Path(__file__).resolve().parent
 BUILD = REPO / ".cache" / "e2e"
 WAITER_BUNDLE = REPO / "dist" / p.WAITER_DIR_NAME
+LINKERD_AWAIT = "/usr/lib/linkerd/linkerd-await"  # where Linkerd's proxy image has it
 
 
 def _digest(paths: list[Path]) -> str:
@@ -73,8 +74,8 @@ def build() -> Images:
     sources = sorted((REPO / "waiter").glob("*.py"))
     initshift = Image(f"{REGISTRY}/initshift:{_digest(sources)}", user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
     initshift.add_tree(WAITER_BUNDLE, p.IMAGE_WAITER_DIR)
-    proxy = Image(f"{REGISTRY}/fakeproxy:{_digest([proxy_bin])}", {"/fakeproxy": proxy_bin},
-                  entrypoint=["/fakeproxy"])
+    proxy = Image(f"{REGISTRY}/fakeproxy:{_digest([proxy_bin])}",
+                  {"/fakeproxy": proxy_bin, LINKERD_AWAIT: ("symlink", "/fakeproxy")}, entrypoint=["/fakeproxy"])
     curl = _curl_image()
     busybox = busybox_image()
     static = busybox.files["/bin/busybox"]

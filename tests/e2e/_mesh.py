@@ -13,9 +13,10 @@ Linkerd-like proxy (tests/e2e/images/fakeproxy.c), the way their injectors do.
 - Linkerd: called for every namespace (`linkerd-proxy-injector.linkerd.io`, configuration
   `linkerd-proxy-injector-webhook-config`); injects when the pod or its namespace is
   annotated `linkerd.io/inject: enabled`. Adds `linkerd-init`, the `linkerd-proxy` first
-  (readiness `:4191/ready`, quit `POST :4191/shutdown`, a postStart hook that waits for
-  readiness as linkerd-await does); native with
-  `config.alpha.linkerd.io/proxy-enable-native-sidecar: "true"` on the pod or namespace.
+  (readiness `:4191/ready`, liveness, quit `POST :4191/shutdown`); classic with a postStart
+  hook that waits for readiness as linkerd-await does, native (with
+  `config.alpha.linkerd.io/proxy-enable-native-sidecar: "true"` on the pod or namespace)
+  with a startupProbe on `/ready` instead, every second, as Linkerd's chart does.
 
 Both configurations have `reinvocationPolicy: IfNeeded` and sort after initshift's, so
 the apiserver calls initshift first and again after the injection (re-invocation).
@@ -40,6 +41,7 @@ import jsonpatch
 from certs import pki
 from tests.support.k8s import free_port
 
+from ._images import LINKERD_AWAIT
 from ._kube import Kube
 
 ISTIO_TRAFFIC, LINKERD_TRAFFIC = 15001, 4140  # where a step sends its traffic "through the proxy"
@@ -231,7 +233,10 @@ class Mesh:
                           {"containerPort": 4191, "name": "linkerd-admin"}]
         proxy["readinessProbe"] = _probe(4191, "/ready", initialDelaySeconds=2, timeoutSeconds=1)
         proxy["livenessProbe"] = _probe(4191, "/ready", initialDelaySeconds=10, timeoutSeconds=1)  # the fake's /live
-        proxy["lifecycle"] = {"postStart": {"exec": {"command": ["/fakeproxy", "await", "4191", "/ready", "120"]}}}
+        if native:  # Linkerd's chart: proxy.await as a startupProbe for a native proxy, else a postStart hook
+            proxy["startupProbe"] = _probe(4191, "/ready", initialDelaySeconds=0, periodSeconds=1, failureThreshold=120)
+        else:
+            proxy["lifecycle"] = {"postStart": {"exec": {"command": [LINKERD_AWAIT, "--timeout=2m", "--port=4191"]}}}
         _place(spec, init, proxy, native, first=True)  # Linkerd puts its proxy first
         ann["linkerd.io/proxy-version"] = "e2e-fake"
         ann["linkerd.io/created-by"] = "initshift-e2e/mesh"

@@ -103,10 +103,14 @@ def test_linkerd_injects_where_the_namespace_or_pod_asks():
     assert _apply(_mesh(), "/linkerd", _pod()) == _pod()
     pod = _apply(_mesh(annotations={p.LINKERD_INJECT_ANNOTATION: "enabled"}), "/linkerd", _pod())
     assert [c["name"] for c in pod["spec"]["containers"]] == ["linkerd-proxy", "main"]
-    assert pod["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"][:2] == ["/fakeproxy", "await"]
+    assert pod["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"] == [
+        "/usr/lib/linkerd/linkerd-await", "--timeout=2m", "--port=4191"], "Linkerd's proxy.await, as its chart writes it"
     native = _apply(_mesh(), "/linkerd", _pod({p.LINKERD_INJECT_ANNOTATION: "enabled",
                                                 p.LINKERD_NATIVE_ANNOTATION: "true"}))
     assert [c["name"] for c in native["spec"]["initContainers"]] == ["linkerd-init", "linkerd-proxy", "clone"]
+    proxy = native["spec"]["initContainers"][1]
+    assert "lifecycle" not in proxy and proxy["startupProbe"]["httpGet"] == {"path": "/ready", "port": 4191}, \
+        "a native proxy awaits with a startupProbe instead, as Linkerd's chart does"
 
 
 @pytest.mark.parametrize("flavour", ["helm", "kustomize"])

@@ -12,8 +12,12 @@
  *
  *   fakeproxy await PORT PATH SECONDS
  *
- * polls http://127.0.0.1:PORT/PATH until it answers 200 (exit 0) or SECONDS pass (exit 1):
- * the postStart hook Linkerd's proxy-await runs (linkerd-await).
+ * polls http://127.0.0.1:PORT/PATH until it answers 200 (exit 0) or SECONDS pass (exit 1);
+ *
+ *   linkerd-await --timeout=2m --port=PORT     (fakeproxy linked as .../linkerd-await)
+ *
+ * the same on PORT's /ready for 120 s: the postStart hook Linkerd's proxy.await adds, with
+ * its command line. (The real one backs off 1 s between checks; this one polls every 50 ms.)
  * Each event is one line on stdout, "fakeproxy[NAME] EPOCH_MS event"; the kubelet's own log
  * timestamps say when it was written. Static (gcc -static), no libraries. */
 #define _GNU_SOURCE
@@ -131,6 +135,13 @@ int main(int argc, char **argv) {
     int ready_port = 0, quit_port = 0, traffic_port = 0, can_quit = 1;
     char ready_path[256] = "/", quit_path[256] = "/";
     if (argc > 1 && !strcmp(argv[1], "await")) return await_ready(argc, argv);
+    const char *self = strrchr(argv[0], '/');
+    if (!strcmp(self ? self + 1 : argv[0], "linkerd-await")) {
+        char *args[] = {argv[0], "await", "4191", "/ready", "120", NULL};
+        for (int i = 1; i < argc; i++)
+            if (!strncmp(argv[i], "--port=", 7)) args[2] = argv[i] + 7;
+        return await_ready(5, args);
+    }
     for (int i = 1; i < argc; i++) {
         const char *next = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(argv[i], "--name")) name = next, i++;
