@@ -258,9 +258,12 @@ def test_istios_hold_until_the_proxy_starts_goes_where_step_0_waits_for_it(shape
     check_hybrid_pod(pod, out)
 
 
-def test_a_post_start_hook_that_does_more_than_wait_stays():
+@pytest.mark.parametrize("command", [["sh", "-c", "pilot-agent wait && touch /x"], ["pilot-agent", "request", "GET"],
+                                     ["/usr/lib/linkerd/linkerd-await", "--port=4191", "--", "touch", "/x"],
+                                     ["linkerd-await", "touch", "/x"]])
+def test_a_post_start_hook_that_does_more_than_wait_stays(command):
     pod = with_istio_hold("job-istio")
-    proxy_of(pod)["lifecycle"]["postStart"] = {"exec": {"command": ["sh", "-c", "pilot-agent wait && touch /x"]}}
+    proxy_of(pod)["lifecycle"]["postStart"] = {"exec": {"command": command}}
     out = hybrid(pod).pod
     assert post_start(proxy_of(out)) == post_start(proxy_of(pod)) and removed_hooks(out) == {}
 

@@ -120,9 +120,11 @@ def _readiness_wait(container: Mapping) -> dict | None:
     if not isinstance(command, list) or not command or not all(isinstance(x, str) for x in command):
         return None
     program = command[0].rsplit("/", 1)[-1]
-    if program == "linkerd-await" or (program == "pilot-agent" and command[1:2] == ["wait"]):
-        return dict(hook)  # type: ignore[arg-type]
-    return None
+    flags = command[1:] if program == "linkerd-await" else command[2:] if command[1:2] == ["wait"] else None
+    if program not in ("linkerd-await", "pilot-agent") or flags is None:
+        return None
+    # Flags only: linkerd-await given a command runs it once the proxy is ready.
+    return dict(hook) if all(f.startswith("-") and f != "--" for f in flags) else None  # type: ignore[arg-type]
 
 
 def _without_post_start(container: Mapping) -> dict:
@@ -148,7 +150,8 @@ def _record(pod: dict, annotation: str, kept: Mapping[str, dict]) -> dict:
 def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str],
                     record: Mapping[str, dict], hooks: Mapping[str, dict]) -> tuple[dict, list[str]]:
     """`pod` (a hybrid pod of this admission's own) with each recognised native sidecar's
-    startupProbe decided (the module docstring), the record written, and what to tell."""
+    startupProbe and postStart readiness wait decided (the module docstring), the records
+    written, and what to tell."""
     spec = pod["spec"]
     inits = spec.get("initContainers") or []
     names = waiter.managed_names(pod)
