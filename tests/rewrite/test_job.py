@@ -17,6 +17,7 @@ from tests.support.podvalidate import NEWEST, assert_valid_pod
 from waiter import protocol as p
 from webhook.admission._patch import make_patch
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
+from webhook.rewrite._hold import readiness_wait, removed_post_start, without_post_start
 from webhook.rewrite._resources import pod_requests
 from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
@@ -67,8 +68,15 @@ def check_waiter_job_pod(src: dict, out: dict, native: bool | None = None) -> No
         assert flag_values(c, p.FLAG_MAINS) == [str(len(mains))]
         assert flag_values(c, p.FLAG_POST) == [p.completion_path(i)]
         assert (p.FLAG_RETRY in c["args"]) == retry
+    released = removed_post_start(out)
     for s in sidecars:
-        assert by_name(out)[s["name"]] == s, "the sidecar is untouched"
+        if s["name"] in released:  # a readiness wait the mains' gate repeats (Linkerd's linkerd-await)
+            assert released[s["name"]] == s["lifecycle"]["postStart"] and readiness_wait(s) is not None
+            assert by_name(out)[s["name"]] == without_post_start(s), "the sidecar is untouched but for that hook"
+        else:
+            assert by_name(out)[s["name"]] == s, "the sidecar is untouched"
+            assert readiness_wait(s) is None or not all(flag_values(by_name(out)[m], p.FLAG_PROBE) for m in mains), \
+                "a readiness wait the gate repeats goes"
     assert pod_requests(out["spec"]) == pod_requests(src["spec"]), "the effective request is unchanged"
     again = rewrite(out, ON, native_supported=native)
     assert again.pod == out and not again.changed and make_patch(out, again.pod) == [], "idempotent"

@@ -483,3 +483,30 @@ def test_main_with_liveness_probe_is_warned():
     pod["spec"]["containers"][0]["livenessProbe"] = {"tcpSocket": {"port": 8080}}
     warnings = rewrite(pod, ON).warnings
     assert any("'build'" in w and "livenessProbe" in w for w in warnings), warnings
+
+
+# --- the kubelet's hold: a classic proxy's readiness wait -----------------------------------------
+
+def test_linkerds_await_goes_where_step_0_waits_for_the_proxy_and_comes_back_when_not():
+    """Linkerd puts its proxy first among the containers with `linkerd-await` as postStart:
+    the kubelet creates nothing after it until the proxy is ready, which step 0's gate waits
+    for anyway. A re-invocation that brings a regular container the waiter does not run (it
+    would start before the proxy is ready) puts the hook back."""
+    from webhook.rewrite._hold import removed_post_start
+
+    src = CATALOGUE["kpack-linkerd"]
+    result = rewrite(src, ON)
+    out = result.pod
+    assert result.strategy == p.MODE_WAITER
+    proxy = next(c for c in out["spec"]["containers"] if c["name"] == "linkerd-proxy")
+    was = next(c for c in src["spec"]["containers"] if c["name"] == "linkerd-proxy")
+    assert proxy == {k: v for k, v in was.items() if k != "lifecycle"}, "untouched but for its readiness wait"
+    assert removed_post_start(out) == {"linkerd-proxy": was["lifecycle"]["postStart"]}
+    assert any("removed the postStart hook of 'linkerd-proxy'" in w for w in result.warnings)
+    assert rewrite(out, ON).pod == out, "re-invocation keeps it"
+    late = copy.deepcopy(out)
+    late["spec"]["containers"].append({"name": "log-shipper", "image": "fluent-bit:3", "command": ["fluent-bit"]})
+    back = rewrite(late, ON).pod
+    proxy = next(c for c in back["spec"]["containers"] if c["name"] == "linkerd-proxy")
+    assert proxy["lifecycle"]["postStart"] == was["lifecycle"]["postStart"] and removed_post_start(back) == {}
+    assert_valid_pod(back)

@@ -8,7 +8,7 @@ from ._entrypoint import (EntrypointResolver, ImageConfig, ImageEntrypoints, Loo
 from ._native import resolve_support
 from ._resources import is_restartable
 from ._errors import RewriteError
-from ._hybrid import removed_startup_probes
+from ._hold import removed_post_start, removed_startup_probes
 from ._reasons import Reason
 from ._rewrite import Plan, RewriteResult, plan, rewrite
 from ._shape import MAX_DEPTH, depth_problem
@@ -16,5 +16,5 @@ from ._start_order import start_order_ready_patch
 
 __all__ = ["EntrypointResolver", "ImageConfig", "ImageEntrypoints", "Lookup", "MAX_DEPTH", "Plan", "Reason",
            "RewriteError", "RewriteResult", "UnresolvedEntrypoint", "classify", "depth_problem", "effective_argv",
-           "gate_of", "is_restartable", "managed_as", "plan", "removed_startup_probes", "resolve_support", "rewrite",
+           "gate_of", "is_restartable", "managed_as", "plan", "removed_post_start", "removed_startup_probes", "resolve_support", "rewrite",
            "start_order_ready_patch"]

@@ -39,18 +39,17 @@ step 0's gate (`_waiter.refresh`) and the kubelet's hold.
 
 from __future__ import annotations
 
-import json
 from typing import Collection, Mapping
 
 from waiter import protocol as p
 
-from . import _native as native, _waiter as waiter
+from . import _hold as hold, _native as native, _waiter as waiter
 from ._classify import Classification, classify, native_proxies, sidecar_names
 from ._command import gate_probes
 from ._entrypoint import ImageEntrypoints
 from ._errors import RewriteError
 from ._resources import is_restartable
-from ._shape import mapping_at, submap
+from ._shape import mapping_at
 from ._strategy import Built
 from ..settings import RewriteSettings
 
@@ -94,57 +93,8 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
                                                                     settings)}
         pod = native.place_sidecars({**pod, "spec": spec}, late, anchor, settings, _never).pod
     out, _ = _settle_startup(waiter.refresh(pod, settings), settings, [str(c["name"]) for c in late],
-                             removed_startup_probes(pod), removed_startup_probes(pod, p.ANNOTATION_POST_START_REMOVED))
+                             hold.removed_startup_probes(pod), hold.removed_post_start(pod))
     return out
-
-
-def removed_startup_probes(pod: Mapping, annotation: str = p.ANNOTATION_STARTUP_PROBES_REMOVED) -> dict[str, dict]:
-    """The record of `initshift.io/startup-probes-removed` (or of `annotation`, the same
-    shape): container name -> what was removed."""
-    raw = mapping_at(pod, "metadata", "annotations").get(annotation)
-    try:
-        value = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
-        return {}
-    if not isinstance(value, dict):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, dict)}
-
-
-def _readiness_wait(container: Mapping) -> dict | None:
-    """The container's postStart hook when all it does is wait for the proxy's readiness:
-    Linkerd's `linkerd-await` (proxy.await), Istio's `pilot-agent wait`
-    (holdApplicationUntilProxyStarts)."""
-    hook = mapping_at(container, "lifecycle").get("postStart")
-    command = mapping_at(hook, "exec").get("command") if isinstance(hook, Mapping) else None
-    if not isinstance(command, list) or not command or not all(isinstance(x, str) for x in command):
-        return None
-    program = command[0].rsplit("/", 1)[-1]
-    flags = command[1:] if program == "linkerd-await" else command[2:] if command[1:2] == ["wait"] else None
-    if program not in ("linkerd-await", "pilot-agent") or flags is None:
-        return None
-    # Flags only: linkerd-await given a command runs it once the proxy is ready.
-    return dict(hook) if all(f.startswith("-") and f != "--" for f in flags) else None  # type: ignore[arg-type]
-
-
-def _without_post_start(container: Mapping) -> dict:
-    lifecycle = {k: v for k, v in mapping_at(container, "lifecycle").items() if k != "postStart"}
-    out = {k: v for k, v in container.items() if k != "lifecycle"}
-    if lifecycle:
-        out["lifecycle"] = lifecycle
-    return out
-
-
-def _record(pod: dict, annotation: str, kept: Mapping[str, dict]) -> dict:
-    """`pod` with `annotation` holding `kept` as JSON (gone when empty)."""
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else None
-    if mapping_at(pod, "metadata", "annotations").get(annotation) != text:
-        annotations = submap(pod, "metadata", "annotations")
-        if text is None:
-            del annotations[annotation]
-        else:
-            annotations[annotation] = text
-    return pod
 
 
 def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str],
@@ -192,21 +142,9 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
                 notes.append(f"removed the startupProbe of {name!r}: step 0 waits for its readiness on loopback "
                              f"itself, so the kubelet need not hold the steps on the probe's tick "
                              f"({p.ANNOTATION_STARTUP_PROBES_REMOVED} keeps it)")
-            hook = _readiness_wait(c)
-            if hook is not None:
-                c = _without_post_start(c)
-                notes.append(f"removed the postStart hook of {name!r} that waits for its readiness: step 0 waits "
-                             f"for it on loopback itself ({p.ANNOTATION_POST_START_REMOVED} keeps it)")
-            elif "postStart" not in mapping_at(c, "lifecycle"):
-                hook = hooks.get(name)  # removed at an earlier admission: still recorded
-            if hook is not None:
-                kept_hooks[name] = hook
-            out_inits.append(c)
+            out_inits.append(hold.settle_hook(c, True, hooks, kept_hooks, notes))
             continue
-        if name in hooks and "postStart" not in mapping_at(c, "lifecycle"):
-            c = {**c, "lifecycle": {**mapping_at(c, "lifecycle"), "postStart": hooks[name]}}
-            notes.append(f"put back the postStart hook of {name!r}: a container now starts after it without "
-                         f"waiting for step 0")
+        c = hold.settle_hook(c, False, hooks, kept_hooks, notes)
         if own is None and name in record:
             c = {**c, "startupProbe": record[name]}
             notes.append(f"put back the startupProbe of {name!r}: a container now starts after it without "
@@ -219,5 +157,5 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
 
     out = dict(pod)
     out["spec"] = {**spec, "initContainers": out_inits}
-    out = _record(out, p.ANNOTATION_STARTUP_PROBES_REMOVED, kept)
-    return _record(out, p.ANNOTATION_POST_START_REMOVED, kept_hooks), notes
+    out = hold.record(out, p.ANNOTATION_STARTUP_PROBES_REMOVED, kept)
+    return hold.record(out, p.ANNOTATION_POST_START_REMOVED, kept_hooks), notes

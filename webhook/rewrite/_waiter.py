@@ -29,8 +29,9 @@ from typing import Callable, Mapping, Sequence
 
 from waiter import protocol as p
 
-from ._classify import Classification, managed_as, mark_managed
-from ._command import Argv, gate_of, read_argv, run_command
+from . import _hold as hold
+from ._classify import Classification, managed_as, mark_managed, sidecar_names
+from ._command import Argv, gate_of, gate_probes, read_argv, run_command
 from ._errors import RewriteError
 from ._reasons import Reason
 from ._strategy import Built
@@ -367,7 +368,38 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
           images: Mapping[str, ImageEntrypoints], lookup_error: str | None = None) -> Built:
     """The waiter strategy (the module docstring); raises RewriteError when it cannot be done."""
-    return Built(*wrap_pod(pod, cls, settings, images, lookup_error))
+    out, warnings = wrap_pod(pod, cls, settings, images, lookup_error)
+    out, notes = release_hooks(out, settings, {})  # a first admission trusts no record it came with
+    return Built(out, [*warnings, *notes])
+
+
+def release_hooks(pod: dict, settings: RewriteSettings, hooks: Mapping[str, dict]) -> tuple[dict, list[str]]:
+    """The kubelet starts regular containers in the pod's order, each once the one before
+    has started and its postStart hook returned. A recognised regular sidecar's readiness
+    wait (_hold.py; Linkerd puts its proxy, and that hook, first) only repeats step 0's gate
+    where the gate probes that sidecar on loopback and every other regular container is one
+    the waiter runs or a recognised sidecar: it goes, recorded, and comes back on a
+    re-invocation that finds this no longer so (`hooks`: the record the pod came with)."""
+    names = managed_names(pod)
+    assert names is not None
+    steps, mains = names
+    spec = pod["spec"]
+    containers = spec.get("containers") or []
+    by_name = {c.get("name"): c for c in containers}
+    proxies = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
+    probed = [gate_probes(by_name[n]) if n in by_name else None for n in (steps[:1] or mains)]
+    gated = set.intersection(*(set(x) for x in probed)) if probed and None not in probed else set()
+    wrapped = {*steps, *mains}
+    waiting = all(c.get("name") in wrapped or c.get("name") in proxies for c in containers)
+    kept: dict[str, dict] = {}
+    notes: list[str] = []
+    out_containers = [
+        hold.settle_hook(c, waiting and loopback_probe(c) in gated, hooks, kept, notes)
+        if c.get("name") in proxies and c.get("name") not in wrapped else c
+        for c in containers]
+    out = dict(pod)
+    out["spec"] = {**spec, "containers": out_containers}
+    return hold.record(out, p.ANNOTATION_POST_START_REMOVED, kept), notes
 
 
 def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
@@ -524,4 +556,6 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         for c in containers
     ]
     out["spec"]["volumes"] = _volumes(spec, len(order), chain.ready_file is not None, bool(mains))
+    if managed_as(pod) == p.MODE_WAITER:  # (hybrid's sidecars are native: its own refresh settles them)
+        out, _ = release_hooks(out, settings, hold.removed_post_start(pod))
     return out
