@@ -45,7 +45,6 @@ from waiter import protocol as p
 
 from . import _hold as hold, _native as native, _waiter as waiter
 from ._classify import Classification, classify, native_proxies, sidecar_names
-from ._command import gate_probes
 from ._entrypoint import ImageEntrypoints
 from ._errors import RewriteError
 from ._resources import is_restartable
@@ -108,10 +107,7 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
     assert names is not None
     steps, mains = names
     regular = {c.get("name"): c for c in spec.get("containers") or []}
-    # What the gate holds (step 0; each main in a pod without steps) and what it probes.
-    held = [regular.get(n) for n in (steps[:1] or mains)]
-    probed = [gate_probes(c) if c is not None else None for c in held]
-    gated = set.intersection(*(set(x) for x in probed)) if probed and None not in probed else set()
+    gated = waiter.gated_probes(spec.get("containers") or [], steps, mains)
     wrapped = {*steps, *mains, p.COPY_CONTAINER_NAME}  # the copier only copies the waiter
     every_wrapped = all(n in wrapped for n in regular)
     last_other = max((i for i, c in enumerate(inits) if c.get("name") != p.INIT_CONTAINER_NAME), default=-1)

@@ -373,6 +373,14 @@ def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
     return Built(out, [*warnings, *notes])
 
 
+def gated_probes(containers: Sequence[Mapping], steps: Sequence[str], mains: Sequence[str]) -> set[str]:
+    """The loopback probes the gate waits for in every container it holds (step 0; each main
+    in a pod without steps): none when one of them is missing or not the waiter's."""
+    by_name = {c.get("name"): c for c in containers}
+    probed = [gate_probes(by_name[n]) if n in by_name else None for n in (steps[:1] or mains)]
+    return set.intersection(*(set(x) for x in probed)) if probed and None not in probed else set()
+
+
 def release_hooks(pod: dict, settings: RewriteSettings, hooks: Mapping[str, dict]) -> tuple[dict, list[str]]:
     """The kubelet starts regular containers in the pod's order, each once the one before
     has started and its postStart hook returned. A recognised regular sidecar's readiness
@@ -385,10 +393,8 @@ def release_hooks(pod: dict, settings: RewriteSettings, hooks: Mapping[str, dict
     steps, mains = names
     spec = pod["spec"]
     containers = spec.get("containers") or []
-    by_name = {c.get("name"): c for c in containers}
     proxies = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
-    probed = [gate_probes(by_name[n]) if n in by_name else None for n in (steps[:1] or mains)]
-    gated = set.intersection(*(set(x) for x in probed)) if probed and None not in probed else set()
+    gated = gated_probes(containers, steps, mains)
     wrapped = {*steps, *mains}
     waiting = all(c.get("name") in wrapped or c.get("name") in proxies for c in containers)
     kept: dict[str, dict] = {}
