@@ -13,7 +13,7 @@ from webhook.rewrite._quota import exceeded
 from webhook.settings import Settings
 
 from ._check import check_build, proxy_instant, proxy_stop
-from ._env import Env, Record, native_only, scenario
+from ._env import Env, Record, native_only, scenario, waiter_modes
 from ._kube import KubeFailure, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
 from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
@@ -113,7 +113,7 @@ def cancelled_build(env: Env, rec: Record) -> None:
     SIGTERM, as it would without initshift.)"""
     ns = env.namespace("cancel")
     rec.namespaces.append(ns)
-    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    modes = waiter_modes(env)
     for mode in modes:
         steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, sleep=300),
                  step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
@@ -158,7 +158,7 @@ def build_deadline(env: Env, rec: Record) -> None:
     Failed, naming the hung step with the pod's reason."""
     ns = env.namespace("deadline")
     rec.namespaces.append(ns)
-    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    modes = waiter_modes(env)
     for mode in modes:
         steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, sleep=300),
                  step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
@@ -189,17 +189,23 @@ def shared_process_namespace(env: Env, rec: Record) -> None:
     left running in the background does not hold the step, the build succeeds."""
     ns = env.namespace("sharedpid")
     rec.namespaces.append(ns)
-    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+    steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, extra="(sleep 600 &); "),
+             step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
+    _built_in_each_mode(env, rec, ns, "shared", steps, shareProcessNamespace=True)
+
+
+def _built_in_each_mode(env: Env, rec: Record, ns: str, prefix: str, steps: list[dict], **spec: object) -> None:
+    """A build of `steps` (`fetch`, `compile`) in each strategy whose steps the waiter runs,
+    side by side: steps in order through the proxy, the outcome Succeeded."""
+    modes = waiter_modes(env)
     for mode in modes:
-        steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, extra="(sleep 600 &); "),
-                 step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
         env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
-            env, f"shared-{mode}", steps, annotations={p.ANNOTATION_MODE: mode}, shareProcessNamespace=True))
+            env, f"{prefix}-{mode}", steps, annotations={p.ANNOTATION_MODE: mode}, **spec))
 
     def built(mode: str) -> str:
-        build = check_build(env, rec, ns, f"shared-{mode}", steps=["fetch", "compile"], proxy="istio-proxy",
+        build = check_build(env, rec, ns, f"{prefix}-{mode}", steps=["fetch", "compile"], proxy="istio-proxy",
                             strategy=mode)
-        result = outcome(env.kube, ns, f"shared-{mode}")
+        result = outcome(env.kube, ns, f"{prefix}-{mode}")
         assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
         return f"{mode}: steps in order, outcome Succeeded, proxy stopped by {proxy_stop(build, 'istio-proxy')}"
 
@@ -226,21 +232,8 @@ def bare_image(env: Env, rec: Record) -> None:
     the frozen waiter runs there, the steps run in order through the proxy."""
     ns = env.namespace("bare")
     rec.namespaces.append(ns)
-    modes = [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
-    for mode in modes:
-        env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
-            env, f"bare-{mode}", [_bare_step("fetch", env.images.bare), _bare_step("compile", env.images.bare)],
-            annotations={p.ANNOTATION_MODE: mode}))
-
-    def built(mode: str) -> str:
-        build = check_build(env, rec, ns, f"bare-{mode}", steps=["fetch", "compile"], proxy="istio-proxy",
-                            strategy=mode)
-        result = outcome(env.kube, ns, f"bare-{mode}")
-        assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
-        return f"{mode}: steps in order through the proxy, outcome Succeeded"
-
-    with ThreadPoolExecutor(len(modes)) as pool:
-        rec.note("; ".join(pool.map(built, modes)))
+    _built_in_each_mode(env, rec, ns, "bare", [_bare_step("fetch", env.images.bare),
+                                              _bare_step("compile", env.images.bare)])
 
 
 @scenario("user-native-sidecar", applies=native_only)

@@ -112,3 +112,8 @@ def scenario(name: str, *, phase: int = 1, applies: Callable[[Env], bool] = lamb
 
 def native_only(env: Env) -> bool:
     return env.native
+
+
+def waiter_modes(env: Env) -> list[str]:
+    """The strategies whose steps the waiter runs, where this cluster has them."""
+    return [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from waiter import protocol as p
 
 from ._check import check_build, proxy_instant, proxy_stop, record_times
-from ._env import Env, Record, scenario
+from ._env import Env, Record, scenario, waiter_modes
 from ._kube import wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import first, log_lines, managed, outcome, statuses, step
@@ -124,7 +124,7 @@ def job_on_failure(env: Env, rec: Record) -> None:
     build = step("build", env.images.busybox, port=ISTIO_TRAFFIC, extra="cat /workspace/HEAD; ", volumeMounts=mount)
     test = step("test", env.images.busybox, port=ISTIO_TRAFFIC, extra="cat /workspace/HEAD; ", volumeMounts=mount)
     test["command"][-1] = _FLAKY.replace("tried", "tested").replace("clone", "test") + test["command"][-1]
-    modes = [p.MODE_WAITER, *((p.MODE_HYBRID, p.MODE_NATIVE) if env.native else ())]
+    modes = [*waiter_modes(env), *((p.MODE_NATIVE,) if env.native else ())]
     for mode in modes:
         env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
             "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"retry-{mode}"},
