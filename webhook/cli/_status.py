@@ -77,12 +77,10 @@ def _summary(view: PodView, colour: bool) -> list[str]:
     lines = [f"Pod:     {view.namespace}/{view.name}, {strategy}", f"Result:  {result}", f"Phase:   {phase}"]
     if view.sidecars_stopped_by:
         lines[-1] += f"; sidecars stopped by {view.sidecars_stopped_by}"
-    if view.startup_probes_removed:
-        lines.append(f"Start:   no startupProbe on {', '.join(view.startup_probes_removed)}: step 0 waits for its "
-                     f"readiness itself ({p.ANNOTATION_STARTUP_PROBES_REMOVED})")
-    if view.post_start_removed:
-        lines.append(f"Start:   no postStart wait on {', '.join(view.post_start_removed)}: step 0 waits for its "
-                     f"readiness itself ({p.ANNOTATION_POST_START_REMOVED})")
+    for names, what, record in ((view.startup_probes_removed, "startupProbe", p.ANNOTATION_STARTUP_PROBES_REMOVED),
+                                (view.post_start_removed, "postStart wait", p.ANNOTATION_POST_START_REMOVED)):
+        if names:
+            lines.append(f"Start:   no {what} on {', '.join(names)}: step 0 waits for its readiness itself ({record})")
     if view.ended and view.result != view.phase:
         lines.append("         (the phase comes from ending the sidecars; the result is what the steps did)")
     return lines

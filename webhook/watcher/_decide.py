@@ -235,10 +235,9 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
             f"{len(lay.mains)} main{'s' if len(lay.mains) != 1 else ''} succeeded"
     else:
         message = f"{failed.name} failed: {failed.summary()}"
-        if ended and _ended_why(status):
-            # Ended by the kubelet for a reason of the pod's (its own activeDeadlineSeconds,
-            # an eviction): each container was stopped, the waiter saw only the signal.
-            message += f" (the pod ended: {_ended_why(status)})"
+        why = _ended_why(status) if ended else ""
+        if why:  # the kubelet stopped every container for a reason of the pod's (its own
+            message += f" (the pod ended: {why})"  # deadline, an eviction): the waiter saw only the signal
     end_now = bool(running_sidecars) and not ended and not deadline_set
     stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
