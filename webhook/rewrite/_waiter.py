@@ -41,7 +41,7 @@ from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container
     is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
-from ._shape import submap
+from ._shape import mapping_at, submap
 
 # initshift-init copies ~20 MB once: tiny requests (capped by what the pod already
 # reserves, so the pod never grows), limits that keep a runaway copy in check.
@@ -388,12 +388,16 @@ def release_hooks(pod: dict, settings: RewriteSettings, hooks: Mapping[str, dict
     where the gate probes that sidecar on loopback and every other regular container is one
     the waiter runs or a recognised sidecar: it goes, recorded, and comes back on a
     re-invocation that finds this no longer so (`hooks`: the record the pod came with)."""
+    spec = pod["spec"]
+    containers = spec.get("containers") or []
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if not hooks and p.ANNOTATION_POST_START_REMOVED not in annotations and \
+            not any("postStart" in mapping_at(c, "lifecycle") for c in containers):
+        return pod, []  # no hook to settle, no record to keep or drop: the common case, at no cost
     names = managed_names(pod)
     assert names is not None
     steps, mains = names
-    spec = pod["spec"]
-    containers = spec.get("containers") or []
-    proxies = sidecar_names((pod.get("metadata") or {}).get("annotations") or {}, settings)
+    proxies = sidecar_names(annotations, settings)
     gated = gated_probes(containers, steps, mains)
     wrapped = {*steps, *mains}
     waiting = all(c.get("name") in wrapped or c.get("name") in proxies for c in containers)
