@@ -68,8 +68,14 @@ class Entrypointer:
     def skip(self, prev: Record) -> Record:
         failed = prev.failed_step or prev.name or os.path.dirname(self.opts.wait)
         code = prev.exit_code if prev.exit_code > 0 else 1
-        return self._record(code, p.REASON_SKIPPED,
-                            f"skipped: step {failed!r} failed with exit code {code}", failed)
+        if prev.reason == p.REASON_SKIPPED and prev.message:
+            message = prev.message  # the same cause, said once by the first step it skipped
+        elif prev.reason == p.REASON_STOPPED:
+            # The pod is going away: the step before never ran, it did not fail.
+            message = f"skipped: step {failed!r} was {prev.message or 'stopped before the command started'}"
+        else:
+            message = f"skipped: step {failed!r} failed with exit code {code}"
+        return self._record(code, p.REASON_SKIPPED, message, failed)
 
     def outcome_record(self, out: runner.Outcome) -> Record:
         if out.timed_out:
@@ -107,7 +113,7 @@ class Entrypointer:
     def stopped(self) -> int:
         name = _signame(self.stop_signal)
         log.say(f"{name} before the command started: not running it")
-        return self.finish(self._record(p.EXIT_SIGNAL_BASE + self.stop_signal, p.REASON_ERROR,
+        return self.finish(self._record(p.EXIT_SIGNAL_BASE + self.stop_signal, p.REASON_STOPPED,
                                         f"stopped by {name} before the command started"))
 
     # --- the sequence -------------------------------------------------------------------

@@ -190,6 +190,7 @@ GATE_POLL_CEILING = 1.0
 REASON_COMPLETED = "Completed"
 REASON_ERROR = "Error"
 REASON_SKIPPED = "Skipped"
+REASON_STOPPED = "Stopped"  # a terminating signal (the pod going away) before the command started
 REASON_TIMED_OUT = "TimedOut"
 REASON_WAITER_ERROR = "WaiterError"  # the waiter itself failed (bad flags, exec error)
 

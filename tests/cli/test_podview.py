@@ -99,6 +99,20 @@ def kpack_oomkilled_ended() -> dict:
                        annotations={p.ANNOTATION_OUTCOME: json.dumps(outcome)})
 
 
+def kpack_deleted() -> dict:
+    """Deleted while build ran: the kubelet's SIGTERM killed build, export was still waiting
+    for it (the waiter's Stopped record), completion read that record first (Skipped)."""
+    steps = [done(n, 5 + 10 * i, 14 + 10 * i) for i, n in enumerate(KPACK_STEPS[:4])]
+    stopped = "stopped by SIGTERM before the command started"
+    return with_status(
+        pod("kpack-istio"), annotations={p.ANNOTATION_READY: p.READY_TRUE},
+        init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+        containers=[*steps, done("build", 45, 50, 143, p.REASON_ERROR, "killed by SIGTERM"),
+                    done("export", 50, 50, 143, p.REASON_STOPPED, stopped),
+                    done("completion", 50, 50, 143, p.REASON_SKIPPED, f"skipped: step 'export' was {stopped}", "export"),
+                    run("istio-proxy", 3)], phase="Running")
+
+
 def tekton_plain_running() -> dict:
     """Never rewritten: init containers run in order; the kubelet says PodInitializing."""
     return with_status(
@@ -211,6 +225,15 @@ CASES = [
         ("export", "step", "not run", None, "NotRun"),
         ("completion", "main", "not run", None, "NotRun"),
         ("istio-proxy", "sidecar", "stopped", 137, "Error"),
+    ]),
+    ("deleted-while-a-step-ran", kpack_deleted, [
+        ("istio-init", "init", "completed", 0, "Completed"),
+        ("initshift-init", "init", "completed", 0, "Completed"),
+        *[(n, "step", "completed", 0, "Completed") for n in KPACK_STEPS[:4]],
+        ("build", "step", "failed", 143, "Error"),
+        ("export", "step", "not run", 143, "Stopped"),
+        ("completion", "main", "skipped", 143, "Skipped"),
+        ("istio-proxy", "sidecar", "running", None, "Ready"),
     ]),
     ("never-rewritten-running", tekton_plain_running, [
         ("prepare", "step", "completed", 0, "Completed"),

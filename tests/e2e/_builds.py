@@ -176,10 +176,27 @@ def build_deadline(env: Env, rec: Record) -> None:
         result = outcome(env.kube, ns, name)
         assert result["result"] == "Failed" and result.get("failed") == "fetch", f"{mode}: outcome {result}"
         assert "DeadlineExceeded" in result.get("message", ""), f"{mode}: outcome {result}"
-        return f"{mode}: {result['message']}"
+        return f"{mode}: {result['message']}; after it: {_skips_name_their_cause(mode, result)}"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(ended, modes)))
+
+
+def _skips_name_their_cause(mode: str, result: dict) -> str:
+    """In an outcome of a pod the kubelet stopped, a step or main the waiter skipped says
+    what became of the step it names: failed, or stopped before it started (the waiter's
+    `Stopped` record), as that step's own entry has it. (Which of the waiting ones reads
+    another's record before its own SIGTERM comes is the kubelet's race.)"""
+    runs = {r["name"]: r for r in result["steps"] + result["mains"]}
+    assert runs["compile"]["reason"] in (p.REASON_STOPPED, p.REASON_SKIPPED), f"{mode}: compile {runs['compile']}"
+    for run in runs.values():
+        said = re.match(r"skipped: step '([^']+)' (failed|was stopped)", run.get("message", ""))
+        if run["reason"] == p.REASON_SKIPPED:
+            assert said, f"{mode}: {run}"
+            stopped = runs[said[1]]["reason"] == p.REASON_STOPPED
+            assert (said[2] == "was stopped") == stopped, f"{mode}: {run} says {said[1]} {said[2]}: {runs[said[1]]}"
+    return ", ".join(f"{name} {run['reason']}" + (f" ({run['message']})" if run["reason"] == p.REASON_SKIPPED else "")
+                     for name, run in list(runs.items())[1:])
 
 
 @scenario("shared-process-namespace")

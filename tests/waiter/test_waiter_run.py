@@ -337,11 +337,30 @@ def test_sigterm_while_waiting_records_and_exits(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     rec = record(d1 / DONE)
-    assert rec[p.RECORD_REASON] == p.REASON_ERROR
-    assert "SIGTERM before the command started" in rec[p.RECORD_MESSAGE]
+    assert rec[p.RECORD_REASON] == p.REASON_STOPPED
+    assert rec[p.RECORD_MESSAGE] == "stopped by SIGTERM before the command started"
     assert not marker.exists()
     proc.stdout.close()
     proc.stderr.close()
+
+
+def test_a_step_after_one_stopped_before_it_started_says_so(tmp_path: Path) -> None:
+    """The pod going away (a deadline, a deletion): the kubelet signals every container, a
+    waiting step records Stopped, and a step that reads that record before its own signal
+    comes says the step before was stopped, not that it failed."""
+    d0, d1, d2 = step_dirs(tmp_path, 3)
+    middle = start(d1 / DONE, p.FLAG_NAME, "compile", p.FLAG_WAIT, str(d0 / DONE), argv=["true"])
+    last = start(d2 / DONE, p.FLAG_NAME, "test", p.FLAG_WAIT, str(d1 / DONE), argv=["true"])
+    wait_for(lambda: catches(middle.pid, signal.SIGTERM), "the waiter's signal handlers")
+    middle.send_signal(signal.SIGTERM)
+    assert middle.wait(timeout=30) == 128 + signal.SIGTERM
+    assert last.wait(timeout=30) == 128 + signal.SIGTERM
+    rec = record(d2 / DONE)
+    assert (rec[p.RECORD_REASON], rec[p.RECORD_FAILED_STEP]) == (p.REASON_SKIPPED, "compile")
+    assert rec[p.RECORD_MESSAGE] == "skipped: step 'compile' was stopped by SIGTERM before the command started"
+    for proc in (middle, last):
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def test_closed_stdout_and_stderr_do_not_fail_the_step(tmp_path: Path) -> None:

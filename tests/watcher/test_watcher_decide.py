@@ -220,6 +220,17 @@ def test_a_pod_its_own_deadline_ended_says_so_in_the_outcome() -> None:
     assert decide(pod, NOW, W).actions[0].outcome["message"] == "fetch failed: Error (exit 143): fetch exited 143"
 
 
+def test_a_run_stopped_before_it_started_is_not_the_failure() -> None:
+    """A waiter's `Stopped` record (a signal before its command started: the pod was going
+    away) fails no more for its own reason than a `Skipped` one: the outcome names the run
+    that did fail, wherever it comes in the order."""
+    pod = make_pod([done("fetch"), done("lint", 143, p.REASON_STOPPED), done("test", 2, p.REASON_ERROR),
+                    terminated("istio-proxy", 0)], steps=("fetch",), mains=("lint", "test"), annotations=READY)
+    outcome = decide(pod, NOW, W).actions[0].outcome
+    assert (outcome["result"], outcome["failed"]) == ("Failed", "test")
+    assert [m["reason"] for m in outcome["mains"]] == [p.REASON_STOPPED, p.REASON_ERROR]
+
+
 def test_outcome_patch_is_conditional_on_the_resource_version() -> None:
     pod = make_pod(ALL_DONE + [terminated("istio-proxy", 0)], annotations=READY)
     assert decide(pod, NOW, W).actions[0].patch["metadata"]["resourceVersion"] == "42"

@@ -153,6 +153,8 @@ def _work_state(run: Run, done_ok: bool) -> str:
     """The state of a terminated step, main or init container."""
     if run.reason == p.REASON_SKIPPED:
         return State.SKIPPED
+    if run.reason == p.REASON_STOPPED:  # the waiter's: the pod was ending before it started
+        return State.NOT_STARTED
     return State.COMPLETED if done_ok else State.FAILED
 
 

@@ -33,6 +33,8 @@ _STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the
 _STOPPED_DEADLINE = "deadline"  # the watcher set activeDeadlineSeconds
 _STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
 _STOPPED_NONE = "none"  # no sidecars
+# Waiter records of runs that did not fail for their own reason: an earlier one did, or the pod ended.
+_NOT_THEIR_OWN = (p.REASON_SKIPPED, p.REASON_STOPPED)
 
 # Event reasons.
 _EVENT_SUCCEEDED = "StepsSucceeded"
@@ -228,7 +230,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     left = _grace_left(runs, now, settings)
     if running_sidecars and not ended and not deadline_set and left > 0:
         return Decision(actions, left, latency, gate_open)
-    failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason != p.REASON_SKIPPED), None) \
+    failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason not in _NOT_THEIR_OWN), None) \
         or next((r for r in (runs[n] for n in order) if not r.ok), None)
     if failed is None:
         message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded" if lay.steps else \
