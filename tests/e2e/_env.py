@@ -32,6 +32,8 @@ class Env:
     mesh: Mesh
     run: str = field(default_factory=lambda: os.urandom(2).hex())
     registry: "LocalRegistry | None" = None  # a registry the node pulls from (the throwaway cluster's)
+    # The throwaway cluster's kubelet stopped and started again (None on a cluster of the user's).
+    restart_kubelet: Callable[[], float] | None = None
     namespaces: list[str] = field(default_factory=list)
     keep_logs: bool = False  # keep the server's and watcher's logs (a failure, or --keep)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -95,7 +97,7 @@ class Record:
 class Scenario:
     name: str
     run: Callable[[Env, Record], None]
-    phase: int  # 1: concurrently with the others; 2: alone (timings, the watcher killed)
+    phase: int  # 1: concurrently with the others; 2: alone (timings, the watcher killed, the kubelet restarted)
     applies: Callable[[Env], bool]
     what: str
 

@@ -1,6 +1,6 @@
 """initshift's own tools and parts against the live cluster: `initshift check` (preflight
 and --smoke), `initshift status` and `logs -f`, RBAC as the ServiceAccount, and the
-watcher killed in the middle of a build."""
+watcher killed, or the node's kubelet restarted, in the middle of a build."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import time
 from waiter import protocol as p
 
 from ._check import check_build
-from ._env import Env, Record, scenario
+from concurrent.futures import ThreadPoolExecutor
+
+from ._env import Env, Record, scenario, waiter_modes
 from ._install import NAMESPACE
 from ._kube import wait_for
-from ._mesh import ISTIO_TRAFFIC
-from ._pods import annotations, first, log_lines, managed, outcome, pod, step, wait_end
+from ._mesh import ISTIO_TRAFFIC, READY_AFTER
+from ._pods import annotations, first, log_lines, managed, outcome, pod, statuses, step, wait_end
 
 
 def initshift(env: Env, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -123,3 +125,50 @@ def watcher_killed(env: Env, rec: Record) -> None:
     assert p.ANNOTATION_OUTCOME in annotations(env.kube.pod(ns, "build") or {})
     rec.note(f"strategy {managed(build.obj)}; watcher killed during s2, restarted at once; outcome Succeeded")
     rec.figure("kill -> outcome written", took, "s")
+
+
+@scenario("kubelet-restarted", phase=2, applies=lambda env: env.restart_kubelet is not None)
+def kubelet_restarted(env: Env, rec: Record) -> None:
+    """The node's kubelet restarted twice during a build (an upgrade, a configuration
+    change), under each strategy whose steps the waiter runs: while step 0 waits for the
+    proxy's readiness (the new kubelet reports the proxy not ready until its first probe),
+    and while a step runs. No container runs twice, the steps stay in order through the
+    proxy, the outcome is Succeeded, the proxy ends."""
+    assert env.restart_kubelet is not None
+    ns = env.namespace("kubelet")
+    rec.namespaces.append(ns)
+    names = ["s1", "s2", "s3", "s4"]
+    modes = waiter_modes(env)
+    for mode in modes:
+        steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC, sleep=1.5) for s in names]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
+            f"build-{mode}", steps, [step("completion", env.images.busybox, port=None)],
+            annotations={p.ANNOTATION_MODE: mode, READY_AFTER: "6"}))
+
+    def proxy_starting(mode: str) -> bool:
+        proxy = statuses(env.kube.pod(ns, f"build-{mode}") or {}).get("istio-proxy") or {}
+        return "running" in (proxy.get("state") or {}) and not proxy.get("ready")
+
+    for mode in modes:
+        wait_for(lambda: proxy_starting(mode), 120, f"build-{mode}'s proxy running, not ready yet")
+    gate_down = env.restart_kubelet()
+    assert not any(first(log_lines(env.kube, ns, f"build-{mode}", "s1"), "^s1 start$") for mode in modes), \
+        "s1 started before the proxy was ready: the restart did not come during the gate's wait"
+    for mode in modes:
+        wait_for(lambda: first(log_lines(env.kube, ns, f"build-{mode}", "s2"), "^s2 start$"), 180,
+                 f"build-{mode}'s step s2 running")
+    down = env.restart_kubelet()
+
+    def built(mode: str) -> str:
+        name = f"build-{mode}"
+        build = check_build(env, rec, ns, name, steps=names, proxy="istio-proxy", strategy=mode)
+        again = {c: s.get("restartCount") for c, s in statuses(build.obj).items() if s.get("restartCount")}
+        assert not again, f"{name}: containers the kubelet ran again: {again}"
+        result = outcome(env.kube, ns, name, timeout=120)
+        assert result["result"] == "Succeeded", f"{name}: {result}"
+        return f"{mode}: in order, each once, outcome Succeeded"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        notes = list(pool.map(built, modes))
+    rec.note(f"kubelet restarted during the gate's wait and during s2 (healthy again in {gate_down:.1f} / "
+             f"{down:.1f} s); " + "; ".join(notes))

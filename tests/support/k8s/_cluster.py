@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -145,6 +146,7 @@ class Cluster:
     cgroup_root: str = ""
     containerd: Process | None = None
     kubelet: Process | None = None
+    kubelet_healthz_port: int = 0
     controller_manager: Process | None = None
     scheduler: Process | None = None
     pod_uids: set[str] = field(default_factory=set)
@@ -184,6 +186,23 @@ class Cluster:
 
     def minor(self) -> int:
         return int(self.version.split(".")[1])
+
+    def restart_kubelet(self) -> float:
+        """Stop the kubelet (SIGTERM) and start it again as it was, as a node does for a
+        kubelet upgrade or a configuration change: the containers run on under containerd
+        meanwhile. Returns the seconds until the new kubelet answers its health check."""
+        assert self.kubelet is not None
+        started = time.monotonic()
+        self.kubelet.stop()
+        self.kubelet = Process("kubelet", self.kubelet.argv, self.kubelet.log)
+        healthz = f"http://127.0.0.1:{self.kubelet_healthz_port}/healthz"
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(healthz, timeout=2) as answer:
+                return answer.status == 200
+
+        wait_for(healthy, START_TIMEOUT, "the restarted kubelet's /healthz", watch=[self.kubelet], interval=0.1)
+        return time.monotonic() - started
 
     def import_images(self, archives: list[Path]) -> None:
         _images.import_images(self.containerd_socket, archives)
@@ -302,13 +321,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         pki = self.plane.dir / "pki"
         root = self.kubelet_root
         root.mkdir()
+        self.kubelet_healthz_port = _free()
         kubeconfig = write_kubeconfig(self.dir / "kubelet.kubeconfig", self.plane.server, self.plane.ca.pem.cert,
                                       f"system:node:{self.node}",
                                       cert=self.plane.ca.client(f"system:node:{self.node}", ("system:nodes",)))
         config: dict = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "address": "127.0.0.1", "port": _free(), "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": _free(),
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self.kubelet_healthz_port,
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                                "x509": {"clientCAFile": str(pki / "ca.crt")}},
             "authorization": {"mode": "AlwaysAllow"},
