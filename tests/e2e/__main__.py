@@ -3,10 +3,10 @@
 For each version asked (E2E_K8S: "1.34", "1.28", or both, the default), a throwaway
 single-node cluster from ../shared/k8s (tests/support/k8s), the images built here and
 imported, the test mesh, initshift installed from deploy/ and run as its ServiceAccount,
-then the scenarios: phase 1 concurrently, phase 2 (timings, the watcher killed, the
-kubelet restarted) one at a time. With KUBECONFIG set, the same against that cluster instead (docs/testing.md says
-what it needs). Prints PASS/FAIL, wall time and figures per scenario; a failure prints
-the pods' status, events and logs. Exit 1 on any failure or anything left behind.
+then the scenarios: phase 1 concurrently, phase 2 (timings, the watcher killed, the kubelet
+and the apiserver restarted) one at a time. With KUBECONFIG set, the same against that
+cluster instead (docs/testing.md says what it needs). Prints PASS/FAIL, wall time and
+figures per scenario; a failure prints the pods' status, events and logs. Exit 1 on any failure or anything left behind.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
-from tests.support.k8s import ClusterError, cluster
+from tests.support.k8s import Cluster, ClusterError, cluster
 
 from . import _admitted, _builds, _jobs, _lookup, _timing, _tools  # noqa: F401 - they register the scenarios
 from . import _images
@@ -117,7 +117,7 @@ def run_scenarios(env: Env, only: list[str], jobs: int) -> list[Outcome]:
 @contextlib.contextmanager
 def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run: str,
               registry: _lookup.LocalRegistry | None = None,
-              restart_kubelet: Callable[[], float] | None = None) -> Iterator[Env]:
+              throwaway: Cluster | None = None) -> Iterator[Env]:
     kube = Kube(kubeconfig)
     version = kube.get("/version")
     minor = int("".join(ch for ch in version["minor"] if ch.isdigit()))
@@ -139,7 +139,7 @@ def installed(kubeconfig: Path, version_label: str, flavour: str, host: str, run
         say(f"initshift installed ({flavour}: {', '.join(sorted({o['kind'] for o in install.objects}))}), "
             f"serving on {install.url} and watching as {install.sa_kubeconfig.name} in "
             f"{time.monotonic() - started:.1f} s")
-        env = Env(kube, kubeconfig, minor, minor >= 29, images, install, mesh, run, registry, restart_kubelet)
+        env = Env(kube, kubeconfig, minor, minor >= 29, images, install, mesh, run, registry, throwaway)
         yield env
     finally:
         install.stop()
@@ -191,7 +191,7 @@ def _throwaway(version: str, args: argparse.Namespace, run: str) -> VersionRun:
             vr.label = f"Kubernetes {c.version}"
             say(f"== {vr.label}: single node on {machine()} ==")
             with _lookup.local_registry(c.registry_hosts) as registry, \
-                    installed(c.kubeconfig, c.version, flavour, "127.0.0.1", run, registry, c.restart_kubelet) as env:
+                    installed(c.kubeconfig, c.version, flavour, "127.0.0.1", run, registry, c) as env:
                 vr.outcomes = run_scenarios(env, args.only, args.jobs)
                 env.keep_logs = args.keep or not all(o.ok for o in vr.outcomes)
             say("teardown ...")

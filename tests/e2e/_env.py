@@ -18,6 +18,8 @@ from ._kube import Kube
 from ._mesh import ISTIO_CNI_NS, NATIVE_NS, RUN_LABEL, Mesh
 
 if TYPE_CHECKING:
+    from tests.support.k8s import Cluster
+
     from ._lookup import LocalRegistry
 
 
@@ -32,8 +34,7 @@ class Env:
     mesh: Mesh
     run: str = field(default_factory=lambda: os.urandom(2).hex())
     registry: "LocalRegistry | None" = None  # a registry the node pulls from (the throwaway cluster's)
-    # The throwaway cluster's kubelet stopped and started again (None on a cluster of the user's).
-    restart_kubelet: Callable[[], float] | None = None
+    cluster: "Cluster | None" = None  # the throwaway cluster's processes (None: a cluster of the user's)
     namespaces: list[str] = field(default_factory=list)
     keep_logs: bool = False  # keep the server's and watcher's logs (a failure, or --keep)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,7 +98,7 @@ class Record:
 class Scenario:
     name: str
     run: Callable[[Env, Record], None]
-    phase: int  # 1: concurrently with the others; 2: alone (timings, the watcher killed, the kubelet restarted)
+    phase: int  # 1: concurrently with the others; 2: alone (timings, restarts)
     applies: Callable[[Env], bool]
     what: str
 

@@ -4,6 +4,7 @@ watcher killed, or the node's kubelet restarted, in the middle of a build."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ._env import Env, Record, scenario, waiter_modes
 from ._install import NAMESPACE
-from ._kube import wait_for
+from ._kube import parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
 from ._pods import annotations, first, log_lines, managed, outcome, pod, statuses, step, wait_end
 
@@ -127,23 +128,22 @@ def watcher_killed(env: Env, rec: Record) -> None:
     rec.figure("kill -> outcome written", took, "s")
 
 
-@scenario("kubelet-restarted", phase=2, applies=lambda env: env.restart_kubelet is not None)
+def _throwaway(env: Env) -> bool:
+    return env.cluster is not None
+
+
+@scenario("kubelet-restarted", phase=2, applies=_throwaway)
 def kubelet_restarted(env: Env, rec: Record) -> None:
     """The node's kubelet restarted twice during a build (an upgrade, a configuration
     change), under each strategy whose steps the waiter runs: while step 0 waits for the
     proxy's readiness (the new kubelet reports the proxy not ready until its first probe),
     and while a step runs. No container runs twice, the steps stay in order through the
     proxy, the outcome is Succeeded, the proxy ends."""
-    assert env.restart_kubelet is not None
+    assert env.cluster is not None
     ns = env.namespace("kubelet")
     rec.namespaces.append(ns)
-    names = ["s1", "s2", "s3", "s4"]
     modes = waiter_modes(env)
-    for mode in modes:
-        steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC, sleep=1.5) for s in names]
-        env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
-            f"build-{mode}", steps, [step("completion", env.images.busybox, port=None)],
-            annotations={p.ANNOTATION_MODE: mode, READY_AFTER: "6"}))
+    _start_builds(env, ns, modes, {READY_AFTER: "6"})
 
     def proxy_starting(mode: str) -> bool:
         proxy = statuses(env.kube.pod(ns, f"build-{mode}") or {}).get("istio-proxy") or {}
@@ -151,24 +151,88 @@ def kubelet_restarted(env: Env, rec: Record) -> None:
 
     for mode in modes:
         wait_for(lambda: proxy_starting(mode), 120, f"build-{mode}'s proxy running, not ready yet")
-    gate_down = env.restart_kubelet()
+    gate_down = env.cluster.restart_kubelet()
     assert not any(first(log_lines(env.kube, ns, f"build-{mode}", "s1"), "^s1 start$") for mode in modes), \
         "s1 started before the proxy was ready: the restart did not come during the gate's wait"
-    for mode in modes:
-        wait_for(lambda: first(log_lines(env.kube, ns, f"build-{mode}", "s2"), "^s2 start$"), 180,
-                 f"build-{mode}'s step s2 running")
-    down = env.restart_kubelet()
-
-    def built(mode: str) -> str:
-        name = f"build-{mode}"
-        build = check_build(env, rec, ns, name, steps=names, proxy="istio-proxy", strategy=mode)
-        again = {c: s.get("restartCount") for c, s in statuses(build.obj).items() if s.get("restartCount")}
-        assert not again, f"{name}: containers the kubelet ran again: {again}"
-        result = outcome(env.kube, ns, name, timeout=120)
-        assert result["result"] == "Succeeded", f"{name}: {result}"
-        return f"{mode}: in order, each once, outcome Succeeded"
-
+    _wait_step_runs(env, ns, modes, "s2")
+    down = env.cluster.restart_kubelet()
     with ThreadPoolExecutor(len(modes)) as pool:
-        notes = list(pool.map(built, modes))
+        notes = list(pool.map(lambda mode: _built_once(env, rec, ns, mode), modes))
     rec.note(f"kubelet restarted during the gate's wait and during s2 (healthy again in {gate_down:.1f} / "
              f"{down:.1f} s); " + "; ".join(notes))
+
+
+@scenario("apiserver-restarted", phase=2, applies=_throwaway)
+def apiserver_restarted(env: Env, rec: Record) -> None:
+    """kube-apiserver stopped while a build runs and started again at least 12 s later (a
+    control-plane upgrade), under each strategy whose steps the waiter runs: the build runs
+    to its end without the API; the watcher, its watch and Lease cut for longer than its
+    renew deadline (10 s), writes the outcome once the API is back and renews its Lease; a
+    build created afterwards is rewritten and succeeds."""
+    assert env.cluster is not None
+    ns = env.namespace("apiserver")
+    rec.namespaces.append(ns)
+    modes = waiter_modes(env)
+    _start_builds(env, ns, modes)
+    _wait_step_runs(env, ns, modes, "s2")
+    down = env.cluster.plane.restart_apiserver(down=12)
+    back = dt.datetime.now(dt.timezone.utc)
+    with ThreadPoolExecutor(len(modes)) as pool:
+        notes = list(pool.map(lambda mode: _built_once(env, rec, ns, mode), modes))
+    for mode in modes:  # the build ended while the API was down: its outcome waited for the API,
+        obj = env.kube.pod(ns, f"build-{mode}") or {}  # and for the kubelet's status (seconds in managedFields)
+        posted = max(parse_time(f["time"]) for f in obj["metadata"].get("managedFields") or []
+                     if f.get("manager") == "kubelet" and f.get("subresource") == "status")
+        decided = parse_time(outcome(env.kube, ns, f"build-{mode}")["decidedAt"])
+        rec.note(f"{mode}: API ready -> kubelet's last status {(posted - back).total_seconds():+.0f} s, "
+                 f"-> outcome {(decided - back).total_seconds():+.1f} s")
+    lease = env.install.env.get("INITSHIFT_LEASE_NAME", "initshift-watcher")
+
+    def renewed() -> bool:
+        obj = env.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}") or {}
+        when = (obj.get("spec") or {}).get("renewTime")
+        return bool(when) and parse_time(when) > back
+
+    wait_for(renewed, 60, "the watcher's Lease renewed after the restart")
+    assert env.install.watcher is not None
+    said = env.install.watcher.log.read_text(errors="replace")
+    assert "lost the lease" in said, "the watcher never gave up its Lease: the API was not down long enough"
+    after = [step(s, env.images.busybox, port=ISTIO_TRAFFIC) for s in ("fetch", "compile")]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod("after", after, [step("completion", env.images.busybox,
+                                                                              port=None)]))
+    build = check_build(env, rec, ns, "after", steps=["fetch", "compile"], proxy="istio-proxy",
+                        strategy=env.build_strategy)
+    assert outcome(env.kube, ns, "after", timeout=120)["result"] == "Succeeded"
+    rec.note(f"kube-apiserver stopped during s2, ready again {down:.1f} s after its SIGTERM; "
+             + "; ".join(notes)
+             + f"; the watcher gave up its Lease and took it again; a build created after: {managed(build.obj)}, Succeeded")
+
+
+STEPS = ["s1", "s2", "s3", "s4"]
+
+
+def _start_builds(env: Env, ns: str, modes: list[str], annotations: dict[str, str] | None = None) -> None:
+    """`build-MODE` in each mode: four 1.5 s steps through the proxy and a main."""
+    for mode in modes:
+        steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC, sleep=1.5) for s in STEPS]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
+            f"build-{mode}", steps, [step("completion", env.images.busybox, port=None)],
+            annotations={p.ANNOTATION_MODE: mode, **(annotations or {})}))
+
+
+def _wait_step_runs(env: Env, ns: str, modes: list[str], name: str) -> None:
+    for mode in modes:
+        wait_for(lambda: first(log_lines(env.kube, ns, f"build-{mode}", name), f"^{name} start$"), 180,
+                 f"build-{mode}'s step {name} running")
+
+
+def _built_once(env: Env, rec: Record, ns: str, mode: str) -> str:
+    """`build-MODE` ended as it should (check_build), no container ran twice, the outcome
+    is Succeeded."""
+    name = f"build-{mode}"
+    build = check_build(env, rec, ns, name, steps=STEPS, proxy="istio-proxy", strategy=mode)
+    again = {c: s.get("restartCount") for c, s in statuses(build.obj).items() if s.get("restartCount")}
+    assert not again, f"{name}: containers the kubelet ran again: {again}"
+    result = outcome(env.kube, ns, name, timeout=120)
+    assert result["result"] == "Succeeded", f"{name}: {result}"
+    return f"{mode}: in order, each once, outcome Succeeded"

@@ -187,6 +187,20 @@ class ControlPlane:
         wait_for(ready, START_TIMEOUT, "kube-apiserver /readyz", watch=[self.etcd, self.apiserver], interval=0.1)
         self.log(f"kube-apiserver {self.version} ready on {self.server}")
 
+    def restart_apiserver(self, down: float = 0.0) -> float:
+        """Stop kube-apiserver (SIGTERM: it stops listening at once, then drains; after 15 s
+        it is killed), start it again as it was (the same port and etcd) no sooner than
+        `down` seconds after the SIGTERM, as a control-plane upgrade does. Returns the
+        seconds from the SIGTERM until it was ready again."""
+        assert self.apiserver is not None
+        asked = time.monotonic()
+        self.apiserver.stop()
+        time.sleep(max(0.0, asked + down - time.monotonic()))
+        self.apiserver = Process("kube-apiserver", self.apiserver.argv, self.apiserver.log)
+        wait_for(lambda: self.get("/readyz")[0] == 200, START_TIMEOUT, "the restarted kube-apiserver's /readyz",
+                 watch=[self.etcd, self.apiserver], interval=0.1)
+        return time.monotonic() - asked
+
     def stop(self) -> None:
         for proc in self.processes:
             proc.stop()
