@@ -6,7 +6,8 @@ imported, the test mesh, initshift installed from deploy/ and run as its Service
 then the scenarios: phase 1 concurrently, phase 2 (timings, the watcher killed, the kubelet
 and the apiserver restarted) one at a time. With KUBECONFIG set, the same against that
 cluster instead (docs/testing.md says what it needs). Prints PASS/FAIL, wall time and
-figures per scenario; a failure prints the pods' status, events and logs. Exit 1 on any failure or anything left behind.
+figures per scenario; a failure prints the pods' status, events and logs. Exit 1 on any
+failure or anything left behind.
 """
 
 from __future__ import annotations
