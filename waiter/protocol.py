@@ -54,6 +54,10 @@ ISTIO_NATIVE_ANNOTATION = "sidecar.istio.io/nativeSidecar"
 LINKERD_INJECT_ANNOTATION = "linkerd.io/inject"
 LINKERD_NATIVE_ANNOTATION = "config.alpha.linkerd.io/proxy-enable-native-sidecar"
 LINKERD_STATUS_ANNOTATION = "linkerd.io/proxy-version"
+# Linkerd's proxy serves its /shutdown only where this is "true" (its injector writes "false"
+# unless the workload's annotation says "enabled": the default since Linkerd 2.16).
+LINKERD_SHUTDOWN_ENV = "LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED"
+LINKERD_SHUTDOWN_ANNOTATION = "config.linkerd.io/proxy-admin-shutdown"
 # On a namespace: Istio injects every pod where it is labelled so (unless the pod says
 # `sidecar.istio.io/inject: "false"`), Linkerd where it is annotated `linkerd.io/inject`.
 ISTIO_NAMESPACE_LABEL = "istio-injection"

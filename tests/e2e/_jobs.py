@@ -12,7 +12,7 @@ from waiter import protocol as p
 from ._check import check_build, proxy_instant, proxy_stop, record_times
 from ._env import Env, Record, scenario, waiter_modes
 from ._kube import wait_for
-from ._mesh import ISTIO_TRAFFIC
+from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC
 from ._pods import first, log_lines, managed, outcome, statuses, step
 
 JOB_TIMEOUT = 240.0
@@ -60,6 +60,33 @@ def job_git_clone(env: Env, rec: Record) -> None:
     assert first(log_lines(env.kube, ns, name, "build"), "^cloned$"), "build did not see the clone"
     rec.note(f"strategy {managed(obj)}; proxy stopped by {proxy_stop(built, 'istio-proxy')}")
     rec.figure("Job completion", took, "s")
+
+
+@scenario("linkerd-job")
+def linkerd_job(env: Env, rec: Record) -> None:
+    """A Job under Linkerd as 2.16 and later inject it (the proxy's /shutdown off unless
+    asked for), its pod under the waiter: initshift turns the endpoint on, the main's quit
+    stops the proxy, the Job completes with its one pod (`backoffLimit: 0`: a pod ended by
+    the watcher's deadline, phase Failed, would fail it)."""
+    ns = env.namespace("l5djob", mesh="linkerd")
+    rec.namespaces.append(ns)
+    report = step("report", env.images.busybox, port=LINKERD_TRAFFIC, path="nightly")
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "report"},
+           "spec": {"backoffLimit": 0, "template": {
+               "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER}},
+               "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [report]}}}}
+    env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
+    _job_done(env, ns, "report")
+    obj = _job_pod(env, ns, "report")
+    name = obj["metadata"]["name"]
+    built = check_build(env, rec, ns, name, steps=[], proxy="linkerd-proxy", strategy=p.MODE_WAITER)
+    assert first(log_lines(env.kube, ns, name, "report"), "^report fetched "), "report's call through the proxy"
+    proxy = next(c for c in obj["spec"]["containers"] if c["name"] == p.LINKERD_PROXY)
+    assert {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true"} in proxy.get("env", []), proxy.get("env")
+    stop = proxy_stop(built, p.LINKERD_PROXY)
+    assert stop == "quit endpoint", stop
+    rec.note(f"strategy {managed(obj)}; /shutdown turned on; linkerd-proxy stopped by {stop}; the Job completed "
+             f"with its one pod")
 
 
 @scenario("cronjob")

@@ -13,7 +13,10 @@ Linkerd-like proxy (tests/e2e/images/fakeproxy.c), the way their injectors do.
 - Linkerd: called for every namespace (`linkerd-proxy-injector.linkerd.io`, configuration
   `linkerd-proxy-injector-webhook-config`); injects when the pod or its namespace is
   annotated `linkerd.io/inject: enabled`. Adds `linkerd-init`, the `linkerd-proxy` first
-  (readiness `:4191/ready`, liveness, quit `POST :4191/shutdown`); classic with a postStart
+  (readiness `:4191/ready`, liveness, quit `POST :4191/shutdown`, served only where
+  `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true": "false" unless the pod or its
+  namespace says `config.linkerd.io/proxy-admin-shutdown: enabled`, as Linkerd 2.16 and
+  later inject it); classic with a postStart
   hook that waits for readiness as linkerd-await does, native (with
   `config.alpha.linkerd.io/proxy-enable-native-sidecar: "true"` on the pod or namespace)
   with a startupProbe on `/ready` instead, every second, as Linkerd's chart does.
@@ -39,6 +42,7 @@ from typing import Any
 import jsonpatch
 
 from certs import pki
+from waiter import protocol as p
 from tests.support.k8s import free_port
 
 from ._images import LINKERD_AWAIT
@@ -231,6 +235,10 @@ class Mesh:
         proxy = self._proxy("linkerd-proxy", pod, (4191, "/ready"), (4191, "/shutdown"), LINKERD_TRAFFIC)
         proxy["ports"] = [{"containerPort": 4143, "name": "linkerd-proxy"},
                           {"containerPort": 4191, "name": "linkerd-admin"}]
+        # Linkerd 2.16 and later: /shutdown served only where the workload asks for it.
+        shutdown = ann.get(p.LINKERD_SHUTDOWN_ANNOTATION, ns_ann.get(p.LINKERD_SHUTDOWN_ANNOTATION)) == "enabled"
+        proxy["env"] = [{"name": p.LINKERD_SHUTDOWN_ENV, "value": "true" if shutdown else "false"}]
+        proxy["args"] += ["--quit-enabled-by", p.LINKERD_SHUTDOWN_ENV]
         proxy["readinessProbe"] = _probe(4191, "/ready", initialDelaySeconds=2, timeoutSeconds=1)
         proxy["livenessProbe"] = _probe(4191, "/ready", initialDelaySeconds=10, timeoutSeconds=1)  # the fake's /live
         if native:  # Linkerd's chart: proxy.await as a startupProbe for a native proxy, else a postStart hook

@@ -500,7 +500,9 @@ def test_linkerds_await_goes_where_step_0_waits_for_the_proxy_and_comes_back_whe
     assert result.strategy == p.MODE_WAITER
     proxy = next(c for c in out["spec"]["containers"] if c["name"] == "linkerd-proxy")
     was = next(c for c in src["spec"]["containers"] if c["name"] == "linkerd-proxy")
-    assert proxy == {k: v for k, v in was.items() if k != "lifecycle"}, "untouched but for its readiness wait"
+    served = [*was["env"], {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true"}]  # the quit needs it (test_quit.py)
+    assert proxy == {**{k: v for k, v in was.items() if k != "lifecycle"}, "env": served}, \
+        "untouched but for its readiness wait"
     assert removed_post_start(out) == {"linkerd-proxy": was["lifecycle"]["postStart"]}
     assert any("removed the postStart hook of 'linkerd-proxy'" in w for w in result.warnings)
     assert rewrite(out, ON).pod == out, "re-invocation keeps it"

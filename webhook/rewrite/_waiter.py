@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 from waiter import protocol as p
 
 from . import _hold as hold
+from ._quit import open_quit, refused_note
 from ._classify import Classification, managed_as, mark_managed, sidecar_names
 from ._command import Argv, gate_of, gate_probes, read_argv, run_command
 from ._errors import RewriteError
@@ -444,6 +445,8 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     mains_by_name = {c["name"]: wrap(c, len(steps) + j, chain, *argvs[c["name"]])
                      for j, c in enumerate(cls.mains)}
 
+    annotations = mapping_at(pod, "metadata", "annotations")
+    quitted = {str(c["name"]) for c in cls.sidecars if c["name"] in settings.quit_endpoints}
     containers: list[dict] = []
     placed = False
     for c in spec.get("containers") or []:
@@ -451,7 +454,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         if main is not None and not placed:
             containers += wrapped_steps  # steps go right before the first main
             placed = True
-        containers.append(c if main is None else main)
+        containers.append(main if main is not None else open_quit(c, annotations) if c["name"] in quitted else c)
     if not placed:
         containers += wrapped_steps
 
@@ -483,6 +486,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         if probes:
             warnings.append(f"main container {c['name']!r} has a {' and a '.join(probes)} that the kubelet runs "
                             f"while it waits for {waited} longer than the probe allows gets it killed")
+    warnings += refused_note(annotations, quitted)
     if spec.get("restartPolicy") == "OnFailure":
         warnings.append("restartPolicy OnFailure: a failed step is re-run by the kubelet and later steps wait for it, "
                         "as with init containers" if steps else
@@ -561,8 +565,11 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
                      [*natives, *regular_sidecars], regular_sidecars, managed_as(pod) == p.MODE_HYBRID)
     out = dict(pod)
     out["spec"] = dict(spec)
+    annotations = mapping_at(pod, "metadata", "annotations")
+    quitted = {c.get("name") for c in regular_sidecars if c.get("name") in settings.quit_endpoints}
     out["spec"]["containers"] = [
-        wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else c
+        wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else
+        open_quit(c, annotations) if c.get("name") in quitted else c
         for c in containers
     ]
     out["spec"]["volumes"] = _volumes(spec, len(order), chain.ready_file is not None, bool(mains))

@@ -1,13 +1,15 @@
 /* fakeproxy: a mesh proxy stand-in for the e2e scenarios (Istio-like or Linkerd-like).
  *
  *   fakeproxy --name NAME --ready-after SECONDS --ready PORT:PATH --quit PORT:PATH
- *             --traffic PORT [--no-quit]
+ *             --traffic PORT [--no-quit] [--quit-enabled-by VAR]
  *
  * - readiness: GET PORT:PATH answers 503 until SECONDS after start, 200 after;
  * - traffic: PORT is bound only once ready (before, a connection is refused, as traffic
  *   is when no proxy runs); each request is logged ("request GET /path") and answered 200;
  * - quit: POST PORT:PATH answers 200 and exits 0 (Istio's /quitquitquit, Linkerd's
- *   /shutdown); with --no-quit it answers 404 and keeps running;
+ *   /shutdown); with --no-quit it answers 404 and keeps running, and so it does with
+ *   --quit-enabled-by VAR unless $VAR is "true" (Linkerd's proxy serves /shutdown only
+ *   where LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED is "true");
  * - SIGTERM exits 0.
  *
  *   fakeproxy await PORT PATH SECONDS
@@ -150,6 +152,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quit")) split(next, &quit_port, quit_path, sizeof quit_path), i++;
         else if (!strcmp(argv[i], "--traffic")) traffic_port = atoi(next), i++;
         else if (!strcmp(argv[i], "--no-quit")) can_quit = 0;
+        else if (!strcmp(argv[i], "--quit-enabled-by")) {
+            const char *on = getenv(next);
+            if (!on || strcmp(on, "true")) can_quit = 0;
+            i++;
+        }
         else {
             fprintf(stderr, "fakeproxy: unknown argument %s\n", argv[i]);
             return 2;

@@ -1,0 +1,98 @@
+"""What the waiter's quit needs of the sidecars it quits (webhook/rewrite/_quit.py): a
+Linkerd proxy of 2.16 or later, whose /shutdown its injector turns off, gets it served
+where the last main quits it, in the first admission and in a re-invocation after the
+injector; a pod that keeps it off says what follows; nothing else changes."""
+
+from __future__ import annotations
+
+import copy
+
+from tests.rewrite.test_rewrite import flag_values
+from tests.support.fixtures import pods
+from tests.support.podvalidate import assert_valid_pod
+from waiter import protocol as p
+from webhook.rewrite._quit import open_quit
+from webhook.rewrite._rewrite import rewrite
+from webhook.settings import Settings
+
+ON = Settings(feature_gate=True)
+CATALOGUE = pods.catalogue()
+OFF = {"name": p.LINKERD_SHUTDOWN_ENV, "value": "false"}
+SERVED = {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true"}
+SHUTDOWN = p.DEFAULT_QUIT_ENDPOINTS[p.LINKERD_PROXY]
+
+
+def linkerd_216(pod: dict) -> dict:
+    """`pod` with its Linkerd proxy as Linkerd 2.16 and later inject it: the shutdown
+    endpoint off, its entry first among the proxy's variables (the chart's order)."""
+    pod = copy.deepcopy(pod)
+    proxy = container(pod, p.LINKERD_PROXY)
+    proxy["env"] = [dict(OFF), *proxy.get("env", [])]
+    return pod
+
+
+def container(pod: dict, name: str) -> dict:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == name)
+
+
+def test_a_proxy_the_last_main_quits_serves_its_shutdown():
+    src = linkerd_216(CATALOGUE["cronjob-linkerd"])
+    result = rewrite(src, ON)
+    assert result.changed and result.strategy == p.MODE_WAITER
+    out = result.pod
+    assert_valid_pod(out)
+    assert flag_values(container(out, "report"), p.FLAG_QUIT) == [SHUTDOWN]
+    env = container(out, p.LINKERD_PROXY)["env"]
+    assert env == [SERVED, *container(src, p.LINKERD_PROXY)["env"][1:]], "Linkerd's entry replaced where it stood"
+    assert rewrite(out, ON).pod == out, "a re-invocation changes nothing more"
+
+
+def test_a_pod_re_invoked_after_the_injector_gets_it():
+    """The usual order: initshift's webhook runs first (no proxy yet: the pod is left), then
+    Linkerd's injects and the apiserver calls initshift again; or a pod rewritten around
+    another proxy gets Linkerd's afterwards (a refresh)."""
+    first = rewrite(CATALOGUE["kpack"], ON)
+    assert not first.changed and first.reason == "no-sidecar"
+    again = rewrite(linkerd_216(pods.inject_linkerd(first.pod)), ON)
+    assert again.changed and again.strategy == p.MODE_WAITER
+    assert SERVED in container(again.pod, p.LINKERD_PROXY)["env"] and OFF not in container(again.pod, p.LINKERD_PROXY)["env"]
+    assert flag_values(container(again.pod, "completion"), p.FLAG_QUIT) == [SHUTDOWN]
+    rewritten = rewrite(CATALOGUE["cronjob-istio"], ON).pod
+    refreshed = rewrite(linkerd_216(pods.inject_linkerd(rewritten)), ON)
+    assert refreshed.changed and refreshed.reason == "refreshed"
+    assert container(refreshed.pod, p.LINKERD_PROXY)["env"].count(SERVED) == 1
+    assert OFF not in container(refreshed.pod, p.LINKERD_PROXY)["env"]
+    assert SHUTDOWN in flag_values(container(refreshed.pod, "report"), p.FLAG_QUIT)
+    for pod in (again.pod, refreshed.pod):
+        assert_valid_pod(pod)
+
+
+def test_a_pod_that_keeps_it_off_is_told_what_follows():
+    src = linkerd_216(CATALOGUE["cronjob-linkerd"])
+    src["metadata"]["annotations"][p.LINKERD_SHUTDOWN_ANNOTATION] = "disabled"
+    result = rewrite(src, ON)
+    assert result.changed
+    assert container(result.pod, p.LINKERD_PROXY)["env"] == container(src, p.LINKERD_PROXY)["env"]
+    assert any("disabled keeps linkerd-proxy's /shutdown off" in w and "activeDeadlineSeconds" in w
+               for w in result.warnings), result.warnings
+    # The annotation Linkerd's users set to turn it on changes nothing of this.
+    src["metadata"]["annotations"][p.LINKERD_SHUTDOWN_ANNOTATION] = "enabled"
+    assert SERVED in container(rewrite(src, ON).pod, p.LINKERD_PROXY)["env"]
+
+
+def test_a_proxy_the_kubelet_stops_is_left_as_it_is():
+    """Native sidecars: nobody POSTs /shutdown, the endpoint stays as Linkerd set it."""
+    src = linkerd_216(CATALOGUE["cronjob-linkerd"])
+    result = rewrite(src, ON, native_supported=True)
+    assert result.strategy == p.MODE_NATIVE
+    proxy = next(c for c in result.pod["spec"]["initContainers"] if c["name"] == p.LINKERD_PROXY)
+    assert OFF in proxy["env"] and SERVED not in proxy["env"]
+
+
+def test_every_entry_of_the_name_is_served_and_other_sidecars_are_untouched():
+    """The kubelet gives the last entry of a name the last word: none may say "false"."""
+    proxy = {"name": p.LINKERD_PROXY, "image": "proxy", "env": [dict(OFF), {"name": "X", "value": "1"}, dict(OFF)]}
+    assert open_quit(proxy, {})["env"] == [SERVED, {"name": "X", "value": "1"}, SERVED]
+    assert open_quit({**proxy, "env": [SERVED]}, {}) == {**proxy, "env": [SERVED]}
+    istio = {"name": p.ISTIO_PROXY, "image": "proxy", "env": [dict(OFF)]}
+    assert open_quit(istio, {}) is istio
