@@ -190,7 +190,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["review", "--frob", "{d}/pod.yaml"], {}, 2, "unrecognized arguments: --frob", False),
     ],
     "status": [
-        (["status"], {}, 2, "the following arguments are required: pod", False),
+        (["status"], {}, 2, "the following arguments are required: POD", False),
         (["status", "p", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
         (["status", "p"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing, which does not exist",
          False),
@@ -198,7 +198,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["status", "p", "-o", "xml"], {}, 2, "invalid choice: 'xml'", False),
     ],
     "logs": [
-        (["logs"], {}, 2, "the following arguments are required: pod", False),
+        (["logs"], {}, 2, "the following arguments are required: POD", False),
         (["logs", "p", "--context", "nowhere", "--kubeconfig", "{d}/kubeconfig-broken"], {}, 1, "not YAML", False),
         (["logs", "p"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
     ],

@@ -63,6 +63,18 @@ async def test_logs_in_step_order_with_prefixes_and_no_waiter_lines(kube: KubeDo
     assert lines_of(out)[0] == "[prepare]        prepare says hello"  # prefixes padded to the longest name
 
 
+async def test_a_job_names_its_pod(kube: KubeDouble, cfg: str) -> None:
+    """`job/NAME` reads the Job's pod's logs (the newest, when it retried: `initshift status`'s tests)."""
+    built = tekton_done()
+    built["metadata"].setdefault("labels", {})["job-name"] = "ci"
+    kube.put_pod(built)
+    for name in TEKTON:
+        kube.append_log(NS, NAME, name, f"{name} is done")
+    code, out, err = await logs("job/ci", "--kubeconfig", cfg)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(out)] == [f"{n} is done" for n in TEKTON]
+
+
 async def test_waiter_and_sidecars_on_request(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(tekton_done())
     kube.append_log(NS, NAME, "prepare", "waiter[prepare]: sidecars ready after 2.1s")

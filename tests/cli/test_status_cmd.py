@@ -122,6 +122,39 @@ async def test_a_pod_left_as_it_was_shows_the_reason(kube: KubeDouble, cfg: str)
     assert code == 0 and json.loads(out)["notRewritten"] == "no-sidecar"
 
 
+def job_attempt(name: str, created: str) -> dict:
+    """kpack_running() as attempt `name` of Job `report` (the labels the Job controller sets)."""
+    attempt = kpack_running()
+    attempt["metadata"].update(name=name, creationTimestamp=created)
+    attempt["metadata"].setdefault("labels", {}).update({"job-name": "report", "batch.kubernetes.io/job-name": "report"})
+    return attempt
+
+
+async def test_a_job_names_its_newest_pod(kube: KubeDouble, cfg: str) -> None:
+    """`job/NAME`, as kubectl takes it: a user knows the Job, not its pod's generated name.
+    A Job that retried has a pod per attempt: the newest is shown, and said."""
+    kube.put_pod(job_attempt("report-a1b2c", "2024-05-01T10:00:00Z"))
+    code, out, err = await status("job/report", "--kubeconfig", cfg)
+    assert (code, err) == (0, "") and "builds/report-a1b2c, rewritten by initshift (waiter)" in out
+    kube.put_pod(job_attempt("report-z9y8x", "2024-05-01T10:04:00Z"))
+    kube.put_pod(job_attempt("report-m5n6o", "2024-05-01T10:02:00Z"))
+    code, out, err = await status("jobs.batch/report", "--kubeconfig", cfg, "-o", "json")
+    assert (code, json.loads(out)["name"]) == (0, "report-z9y8x")
+    assert err == "Found 3 pods, using pod/report-z9y8x (the newest)\n"
+    code, out, err = await status("pod/report-m5n6o", "--kubeconfig", cfg, "-o", "json")
+    assert (code, err, json.loads(out)["name"]) == (0, "", "report-m5n6o")
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("job/nightly", "initshift status: job nightly has no pods in namespace builds\n"),
+    ("deployment/web", "initshift status: deployment/web: a pod's name (or pod/NAME) or job/NAME, not deployment/\n"),
+    ("job/", "initshift status: job/: no name after the /\n"),
+])
+async def test_what_names_no_pod_is_one_line(kube: KubeDouble, cfg: str, ref: str, message: str) -> None:
+    code, out, err = await status(ref, "--kubeconfig", cfg)
+    assert (code, out, err) == (1, "", message)
+
+
 @pytest.mark.parametrize("setup, message", [
     (lambda kube: None, "initshift status: pod build-1 not found in namespace builds\n"),
     (lambda kube: kube.fail_next("/api/v1/namespaces/builds/pods/build-1", 403,

@@ -112,14 +112,14 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
                 err: TextIO) -> None:
     plan = log_plan(pod, sidecars=args.sidecars)
     printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter)
-    streamer = _Streamer(api, namespace, args.pod, printer, err)
+    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
             if has_started(pod, name):
                 await streamer.dump(name)
             streamer.note(pod, name)
         return
-    async with PodTracker(api, namespace, args.pod, pod) as tracker:
+    async with PodTracker(api, namespace, pod["metadata"]["name"], pod) as tracker:
         alongside = [asyncio.create_task(streamer.follow(tracker, n)) for n in plan.concurrent]
         try:
             for name in plan.sequential:

@@ -25,7 +25,7 @@ _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceV
 
 
 def add_connection_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("pod", help="the pod's name")
+    ap.add_argument("pod", metavar="POD", help="the pod's name (or pod/NAME), or job/NAME: the Job's newest pod")
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
     add_kubeconfig_args(ap)
 
@@ -64,6 +64,33 @@ async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
     except NotManaged as e:
         raise CliError(str(e)) from None
     return pod
+
+
+_POD_TYPES = ("pod", "pods", "po")
+_JOB_TYPES = ("job", "jobs", "job.batch", "jobs.batch")
+
+
+async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
+    """The pod `ref` names: `NAME` or `pod/NAME`, or `job/NAME`, the Job's newest pod (a
+    Job that retried has several; the newest is the attempt that runs or ran last), said
+    on `err` when there is more than one, as `kubectl logs job/NAME` does."""
+    kind, _, name = ref.rpartition("/")
+    if not name:
+        raise CliError(f"{ref}: no name after the /")
+    if not kind or kind.lower() in _POD_TYPES:
+        return await get_pod(api, namespace, name)
+    if kind.lower() not in _JOB_TYPES:
+        raise CliError(f"{ref}: a pod's name (or pod/NAME) or job/NAME, not {kind}/")
+    try:  # `job-name`: every Kubernetes version labels a Job's pods so (1.27+ also batch.kubernetes.io/job-name)
+        pods, _ = await api.list_pods(namespace, label_selector=f"job-name={name}")
+    except KubeError as e:
+        raise api_error(e, namespace, name, "list the pods of job") from None
+    if not pods:
+        raise CliError(f"job {name} has no pods in namespace {namespace}")
+    newest = max(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), p["metadata"]["name"]))
+    if len(pods) > 1:
+        print(f"Found {len(pods)} pods, using pod/{newest['metadata']['name']} (the newest)", file=err)
+    return await get_pod(api, namespace, newest["metadata"]["name"])
 
 
 async def _follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> AsyncIterator[dict]:
@@ -173,7 +200,7 @@ async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str]
     try:
         api, namespace = await connect(args)
         async with api:
-            pod = await get_pod(api, namespace, args.pod)
+            pod = await find_pod(api, namespace, args.pod, err)
             await body(api, namespace, pod, args)
     except CliError as e:
         print(f"{prog}: {e}", file=err)

@@ -168,7 +168,7 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
         out.write(render(view, args.output, colour))
         out.flush()
         if args.watch:
-            async with PodTracker(api, namespace, args.pod, pod) as tracker:
+            async with PodTracker(api, namespace, pod["metadata"]["name"], pod) as tracker:
                 await _watch(tracker, args, out)
 
     return await run_on_pod("initshift status", _parser(), argv, show, err)
