@@ -4,6 +4,7 @@ containers in place (`OnFailure`) runs a failed step again before the next."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +15,7 @@ from ._env import Env, Record, scenario, waiter_modes
 from ._kube import wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC
 from ._pods import first, log_lines, managed, outcome, statuses, step
+from ._tools import initshift
 
 JOB_TIMEOUT = 240.0
 
@@ -85,8 +87,10 @@ def linkerd_job(env: Env, rec: Record) -> None:
     assert {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true"} in proxy.get("env", []), proxy.get("env")
     stop = proxy_stop(built, p.LINKERD_PROXY)
     assert stop == "quit endpoint", stop
+    shown = initshift(env, "status", "job/report", "-n", ns, "-o", "json", timeout=60)  # the pod by its Job
+    assert shown.returncode == 0 and json.loads(shown.stdout)["name"] == name, (shown.returncode, shown.stderr)
     rec.note(f"strategy {managed(obj)}; /shutdown turned on; linkerd-proxy stopped by {stop}; the Job completed "
-             f"with its one pod")
+             f"with its one pod; `initshift status job/report` shows it")
 
 
 @scenario("cronjob")
