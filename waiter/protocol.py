@@ -52,7 +52,12 @@ ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
 ISTIO_INJECT_LABEL = "sidecar.istio.io/inject"
 ISTIO_NATIVE_ANNOTATION = "sidecar.istio.io/nativeSidecar"
 LINKERD_INJECT_ANNOTATION = "linkerd.io/inject"
-LINKERD_NATIVE_ANNOTATION = "config.alpha.linkerd.io/proxy-enable-native-sidecar"
+# Linkerd's native-sidecar switch under each name its releases read: config.linkerd.io from
+# 2.20 (native is then the default), config.beta from 2.19, config.alpha from 2.15 (deprecated
+# in 2.19, still read there).
+LINKERD_NATIVE_ANNOTATIONS = ("config.linkerd.io/proxy-enable-native-sidecar",
+                              "config.beta.linkerd.io/proxy-enable-native-sidecar",
+                              "config.alpha.linkerd.io/proxy-enable-native-sidecar")
 LINKERD_STATUS_ANNOTATION = "linkerd.io/proxy-version"
 # Linkerd's proxy serves its /shutdown only where this is "true" (its injector writes "false"
 # unless the workload's annotation says "enabled": the default since Linkerd 2.16).

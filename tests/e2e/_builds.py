@@ -332,19 +332,22 @@ def reinvocation(env: Env, rec: Record) -> None:
 
 @scenario("linkerd-native", applies=native_only)
 def linkerd_native(env: Env, rec: Record) -> None:
-    """Linkerd injecting its proxy as a native sidecar (`proxy-enable-native-sidecar`), first
-    among the init containers: under `auto` the build is hybrid around it, the steps run in
-    order through it, the outcome is Succeeded and the kubelet stops it."""
+    """Linkerd injecting its proxy as a native sidecar (`proxy-enable-native-sidecar`, the
+    default from 2.20), first among the init containers: under `auto` the build is hybrid
+    around it, its startupProbe goes (its liveness is `/live`, which answers from the start),
+    the steps run in order through it, the outcome is Succeeded and the kubelet stops it."""
     ns = env.namespace("lknative", mesh="linkerd")
     rec.namespaces.append(ns)
     names = ["checkout", "compile", "upload"]
     steps = [step(s, env.images.busybox, port=LINKERD_TRAFFIC) for s in names]
     env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, "build", steps, annotations={
-        "config.alpha.linkerd.io/proxy-enable-native-sidecar": "true"}))
+        p.LINKERD_NATIVE_ANNOTATIONS[0]: "true"}))  # its name from Linkerd 2.20
     build = check_build(env, rec, ns, "build", steps=names, proxy="linkerd-proxy", strategy=p.MODE_HYBRID)
     inits, _ = container_names(build.obj)
     native = [c["name"] for c in build.obj["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
     assert native == ["linkerd-proxy"], f"the native sidecars are {native}"
+    removed = json.loads(annotations(build.obj).get(p.ANNOTATION_STARTUP_PROBES_REMOVED) or "{}")
+    assert list(removed) == ["linkerd-proxy"], f"startupProbes removed: {removed}"
     result = outcome(env.kube, ns, "build")
     assert result["result"] == "Succeeded", result
     rec.note(f"strategy hybrid; init containers {inits}; linkerd-proxy stopped by {proxy_stop(build, 'linkerd-proxy')}")

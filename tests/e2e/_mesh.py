@@ -13,13 +13,14 @@ Linkerd-like proxy (tests/e2e/images/fakeproxy.c), the way their injectors do.
 - Linkerd: called for every namespace (`linkerd-proxy-injector.linkerd.io`, configuration
   `linkerd-proxy-injector-webhook-config`); injects when the pod or its namespace is
   annotated `linkerd.io/inject: enabled`. Adds `linkerd-init`, the `linkerd-proxy` first
-  (readiness `:4191/ready`, liveness, quit `POST :4191/shutdown`, served only where
-  `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true": "false" unless the pod or its
-  namespace says `config.linkerd.io/proxy-admin-shutdown: enabled`, as Linkerd 2.16 and
-  later inject it); classic with a postStart
-  hook that waits for readiness as linkerd-await does, native (with
-  `config.alpha.linkerd.io/proxy-enable-native-sidecar: "true"` on the pod or namespace)
-  with a startupProbe on `/ready` instead, every second, as Linkerd's chart does.
+  (readiness `:4191/ready`, liveness `:4191/live` answered from the start, quit `POST
+  :4191/shutdown`, served only where `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true":
+  "false" unless the pod or its namespace says `config.linkerd.io/proxy-admin-shutdown:
+  enabled`, as Linkerd 2.16 and later inject it); classic with a postStart hook that waits
+  for readiness as linkerd-await does, native (with
+  `config.linkerd.io/proxy-enable-native-sidecar: "true"`, or its beta or alpha name, on
+  the pod or namespace) with a startupProbe on `/ready` instead, every second, as Linkerd's
+  chart does.
 
 Both configurations have `reinvocationPolicy: IfNeeded` and sort after initshift's, so
 the apiserver calls initshift first and again after the injection (re-invocation).
@@ -226,8 +227,10 @@ class Mesh:
         present = {c["name"] for c in spec.get("containers", []) + spec.get("initContainers", [])}
         if inject not in ("enabled", "ingress") or "linkerd-proxy" in present:
             return None
-        key = "config.alpha.linkerd.io/proxy-enable-native-sidecar"
-        native = ann.get(key, ns_ann.get(key, "false")) == "true"
+        # The switch under the first of its names (GA, beta, alpha) the pod, else its namespace,
+        # sets; native only where asked (Linkerd up to 2.19's default; 2.20 with nativeSidecar off).
+        said = [where[k] for where in (ann, ns_ann) for k in p.LINKERD_NATIVE_ANNOTATIONS if k in where]
+        native = bool(said) and said[0] == "true"
         init = {"name": "linkerd-init", "image": self.busybox, "imagePullPolicy": "IfNotPresent",
                 "command": ["sh", "-c", "echo linkerd-init: iptables set up"],
                 "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}, "limits": {"memory": "32Mi"}},
@@ -240,7 +243,8 @@ class Mesh:
         proxy["env"] = [{"name": p.LINKERD_SHUTDOWN_ENV, "value": "true" if shutdown else "false"}]
         proxy["args"] += ["--quit-enabled-by", p.LINKERD_SHUTDOWN_ENV]
         proxy["readinessProbe"] = _probe(4191, "/ready", initialDelaySeconds=2, timeoutSeconds=1)
-        proxy["livenessProbe"] = _probe(4191, "/ready", initialDelaySeconds=10, timeoutSeconds=1)  # the fake's /live
+        proxy["livenessProbe"] = _probe(4191, "/live", initialDelaySeconds=10, timeoutSeconds=1)  # from the start
+        proxy["args"] += ["--live", "/live"]
         if native:  # Linkerd's chart: proxy.await as a startupProbe for a native proxy, else a postStart hook
             proxy["startupProbe"] = _probe(4191, "/ready", initialDelaySeconds=0, periodSeconds=1, failureThreshold=120)
         else:

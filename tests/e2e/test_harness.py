@@ -106,7 +106,7 @@ def test_linkerd_injects_where_the_namespace_or_pod_asks():
     assert pod["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"] == [
         "/usr/lib/linkerd/linkerd-await", "--timeout=2m", "--port=4191"], "Linkerd's proxy.await, as its chart writes it"
     native = _apply(_mesh(), "/linkerd", _pod({p.LINKERD_INJECT_ANNOTATION: "enabled",
-                                                p.LINKERD_NATIVE_ANNOTATION: "true"}))
+                                                p.LINKERD_NATIVE_ANNOTATIONS[-1]: "true"}))  # the alpha name
     assert [c["name"] for c in native["spec"]["initContainers"]] == ["linkerd-init", "linkerd-proxy", "clone"]
     proxy = native["spec"]["initContainers"][1]
     assert "lifecycle" not in proxy and proxy["startupProbe"]["httpGet"] == {"path": "/ready", "port": 4191}, \

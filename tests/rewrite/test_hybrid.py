@@ -19,6 +19,7 @@ from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
 from webhook.rewrite._classify import managed_as, sidecar_names
+from webhook.rewrite._hold import liveness_needs_startup
 from webhook.rewrite._native import startup_probe
 from webhook.rewrite._waiter import loopback_probe
 from webhook.rewrite._resources import pod_requests
@@ -150,7 +151,7 @@ def check_kubelet_hold(src: dict, out: dict) -> None:
         assert proxy.get("readinessProbe") == before[name].get("readinessProbe"), "readiness untouched"
         was = before[name].get("startupProbe")
         assert probe == (was if was is not None else startup_probe(before[name]["readinessProbe"]))
-        assert was is None or "livenessProbe" not in proxy
+        assert was is None or not liveness_needs_startup(proxy)
     for name, hook in removed_hooks(out).items():  # a readiness wait goes on the same conditions
         i = names(inits).index(name)
         assert post_start(inits[i]) is None and hook == post_start(before[name]), name
@@ -163,7 +164,7 @@ def check_kubelet_hold(src: dict, out: dict) -> None:
         if c.get("restartPolicy") == "Always" and c["name"] in recognised and wrapped \
                 and loopback_probe(c) in flag_values(step0, p.FLAG_PROBE) \
                 and names(inits)[i + 1:] == [] \
-                and not ("livenessProbe" in c and "startupProbe" in before[c["name"]]):
+                and not (liveness_needs_startup(c) and "startupProbe" in before[c["name"]]):
             assert "startupProbe" not in c, c["name"]
 
 
@@ -394,7 +395,7 @@ def test_native_sidecar_annotation_gets_hybrid_and_asks_the_mesh():
     plain = copy.deepcopy(CATALOGUE["job"])
     plain["metadata"]["annotations"][p.LINKERD_INJECT_ANNOTATION] = "enabled"
     asked = hybrid(plain)
-    assert asked.pod["metadata"]["annotations"][p.LINKERD_NATIVE_ANNOTATION] == "true"
+    assert all(asked.pod["metadata"]["annotations"][k] == "true" for k in p.LINKERD_NATIVE_ANNOTATIONS)
     assert any("no sidecar yet" in w for w in asked.warnings)
 
 
@@ -441,8 +442,8 @@ def test_reinvocation_after_the_mesh_injected(variant):
     job["metadata"]["annotations"] = {**(job["metadata"].get("annotations") or {}), asks[0]: asks[1]}
     first = hybrid(job)
     assert first.changed and first.strategy == p.MODE_HYBRID
-    key = p.LINKERD_NATIVE_ANNOTATION if variant == "linkerd" else p.ISTIO_NATIVE_ANNOTATION
-    assert first.pod["metadata"]["annotations"][key] == "true", "the mesh is asked for a native proxy"
+    keys = p.LINKERD_NATIVE_ANNOTATIONS if variant == "linkerd" else (p.ISTIO_NATIVE_ANNOTATION,)
+    assert all(first.pod["metadata"]["annotations"][k] == "true" for k in keys), "the mesh is asked for a native proxy"
     step0 = first_step(first.pod)
     assert flag_values(step0, p.FLAG_PROBE) == [], "no sidecar yet: no wait"
     assert_valid_pod(first.pod)
@@ -558,6 +559,29 @@ def test_a_liveness_probe_keeps_the_startup_probe_that_holds_it_off():
     out = hybrid(pod).pod
     assert proxy_of(out) == pod["spec"]["initContainers"][1] and removed_record(out) == {}
     check_hybrid_pod(pod, out)
+
+
+def test_linkerds_native_proxy_gives_up_its_startup_probe_for_all_its_liveness():
+    """Linkerd's native proxy (its chart's: a startupProbe on /ready every second, liveness
+    on the admin server's /live): /live answers as soon as the proxy runs, so the startupProbe
+    holds liveness back from nothing, and goes as Istio's does. Another /live keeps it."""
+    pod = pods.inject_linkerd(CATALOGUE["tekton"])
+    pod["metadata"]["annotations"][p.LINKERD_INJECT_ANNOTATION] = "enabled"
+    proxy = next(c for c in pod["spec"]["containers"] if c["name"] == p.LINKERD_PROXY)
+    pod["spec"]["containers"].remove(proxy)
+    del proxy["lifecycle"]  # a native proxy awaits with a startupProbe instead of the hook
+    startup = {"httpGet": {"path": "/ready", "port": 4191}, "periodSeconds": 1, "failureThreshold": 120}
+    proxy.update(restartPolicy="Always", startupProbe=startup)
+    assert proxy["livenessProbe"]["httpGet"]["path"] == "/live"
+    pod["spec"]["initContainers"].insert(1, proxy)
+    out = hybrid(pod).pod
+    assert "startupProbe" not in proxy_of(out, p.LINKERD_PROXY) and removed_record(out) == {p.LINKERD_PROXY: startup}
+    assert proxy_of(out, p.LINKERD_PROXY)["livenessProbe"] == proxy["livenessProbe"], "liveness untouched"
+    check_hybrid_pod(pod, out)
+    other = copy.deepcopy(pod)
+    other["spec"]["initContainers"][1]["livenessProbe"]["httpGet"]["path"] = "/healthz"
+    kept = hybrid(other).pod
+    assert proxy_of(kept, p.LINKERD_PROXY)["startupProbe"] == startup and removed_record(kept) == {}
 
 
 def test_a_proxy_step_0_cannot_probe_keeps_its_startup_probe():

@@ -167,29 +167,45 @@ def test_already_native_proxy_is_admitted_unchanged():
         assert rewrite(CATALOGUE["kpack-istio-native"], settings).strategy == p.MODE_HYBRID
 
 
-@pytest.mark.parametrize("inject, key", [
-    ((p.ISTIO_INJECT_ANNOTATION, "true"), p.ISTIO_NATIVE_ANNOTATION),
-    ((p.LINKERD_INJECT_ANNOTATION, "enabled"), p.LINKERD_NATIVE_ANNOTATION),
+@pytest.mark.parametrize("inject, keys", [
+    ((p.ISTIO_INJECT_ANNOTATION, "true"), (p.ISTIO_NATIVE_ANNOTATION,)),
+    ((p.LINKERD_INJECT_ANNOTATION, "enabled"), p.LINKERD_NATIVE_ANNOTATIONS),
 ])
-def test_reinvocation_before_and_after_injection(inject, key):
+def test_reinvocation_before_and_after_injection(inject, keys):
     job = copy.deepcopy(CATALOGUE["job"])
     job["metadata"]["annotations"][inject[0]] = inject[1]
     first = native(job)
     assert first.changed and first.reason == "annotated" and first.strategy == p.MODE_NATIVE
-    assert first.pod["metadata"]["annotations"][key] == "true"
+    assert all(first.pod["metadata"]["annotations"][key] == "true" for key in keys), "under every name it reads"
     assert first.pod["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_NATIVE
     assert first.pod["spec"] == job["spec"], "nothing else changes before the proxy exists"
     assert_valid_pod(first.pod, NATIVE_VERSIONS)
     assert native(first.pod).pod == first.pod
 
     # A mesh that ignored the annotation put its proxy in containers: re-invocation moves it.
-    injected = pods.inject_istio(first.pod) if key == p.ISTIO_NATIVE_ANNOTATION else pods.inject_linkerd(first.pod)
+    istio = keys == (p.ISTIO_NATIVE_ANNOTATION,)
+    injected = pods.inject_istio(first.pod) if istio else pods.inject_linkerd(first.pod)
     second = native(injected)
     assert second.changed and second.reason == "rewritten"
     assert_valid_pod(second.pod, NATIVE_VERSIONS)
-    proxy = "istio-proxy" if key == p.ISTIO_NATIVE_ANNOTATION else "linkerd-proxy"
+    proxy = "istio-proxy" if istio else "linkerd-proxy"
     assert names(second.pod["spec"]["initContainers"])[1:] == [proxy, "git-clone"]
     assert native(second.pod).pod == second.pod
+
+
+@pytest.mark.parametrize("key", p.LINKERD_NATIVE_ANNOTATIONS)
+def test_linkerds_switch_under_any_of_its_names(key):
+    """Linkerd renamed its native-sidecar annotation (alpha, beta from 2.19, GA from 2.20):
+    a pod's own "false" under any name is its choice, left alone with every other name; its
+    "true" under any name asks for a native proxy (hybrid beside it)."""
+    job = copy.deepcopy(CATALOGUE["job"])
+    job["metadata"]["annotations"].update({p.LINKERD_INJECT_ANNOTATION: "enabled", key: "false"})
+    kept = native(job)
+    assert all(k not in kept.pod["metadata"]["annotations"] for k in p.LINKERD_NATIVE_ANNOTATIONS if k != key)
+    assert kept.pod["metadata"]["annotations"][key] == "false"
+    assert any(f"the pod sets {key}='false'; left as it is" in w for w in kept.warnings), kept.warnings
+    job["metadata"]["annotations"][key] = "true"
+    assert rewrite(job, with_settings(mode=p.MODE_WAITER)).strategy == p.MODE_HYBRID, "asked natively: hybrid"
 
 
 def test_reinvocation_after_native_injection_changes_nothing():

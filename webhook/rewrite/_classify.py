@@ -114,8 +114,8 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
 
 
 
-def _meshes(pod: Mapping, namespace: Mapping | None = None) -> dict[str, tuple[bool, bool]]:
-    """Per mesh, by its native-injection annotation key: (the pod asks it to inject, it has
+def _meshes(pod: Mapping, namespace: Mapping | None = None) -> dict[tuple[str, ...], tuple[bool, bool]]:
+    """Per mesh, by its native-injection annotation keys: (the pod asks it to inject, it has
     injected already), as the pod's own labels and annotations say, and, with `namespace`
     (the pod's Namespace object), its namespace's: Istio's `istio-injection=enabled` or a
     revision label (`istio-injection` wins where both are set), Linkerd's annotation; the
@@ -129,15 +129,15 @@ def _meshes(pod: Mapping, namespace: Mapping | None = None) -> dict[str, tuple[b
     by_namespace = ns_labels.get(p.ISTIO_NAMESPACE_LABEL, "enabled" if p.ISTIO_REVISION_LABEL in ns_labels else "")
     istio_asked = istio == "true" or (istio != "false" and str(by_namespace) == "enabled")
     linkerd = str(annotations.get(p.LINKERD_INJECT_ANNOTATION, ns_annotations.get(p.LINKERD_INJECT_ANNOTATION, "")))
-    return {p.ISTIO_NATIVE_ANNOTATION: (istio_asked, p.ISTIO_STATUS_ANNOTATION in annotations),
-            p.LINKERD_NATIVE_ANNOTATION: (linkerd.lower() in ("enabled", "ingress"),
-                                          p.LINKERD_STATUS_ANNOTATION in annotations)}
+    return {(p.ISTIO_NATIVE_ANNOTATION,): (istio_asked, p.ISTIO_STATUS_ANNOTATION in annotations),
+            p.LINKERD_NATIVE_ANNOTATIONS: (linkerd.lower() in ("enabled", "ingress"),
+                                           p.LINKERD_STATUS_ANNOTATION in annotations)}
 
 
-def requested_meshes(pod: Mapping) -> dict[str, str]:
-    """The meshes this pod asks for (injection requested or already done), each as its
-    native-injection annotation key -> "true"."""
-    return {key: "true" for key, (asked, done) in _meshes(pod).items() if asked or done}
+def requested_meshes(pod: Mapping) -> list[tuple[str, ...]]:
+    """The meshes this pod asks for (injection requested or already done), each as the
+    annotation keys that ask it for a native proxy (every name its releases read)."""
+    return [keys for keys, (asked, done) in _meshes(pod).items() if asked or done]
 
 
 def injection_pending(pod: Mapping, namespace: Mapping | None = None) -> bool:
@@ -158,7 +158,7 @@ def native_requested(pod: Mapping) -> bool:
     """The pod asks its mesh for a native proxy (`sidecar.istio.io/nativeSidecar: "true"`, Linkerd's)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return any(str(annotations.get(key, "")).lower() == "true"
-               for key in (p.ISTIO_NATIVE_ANNOTATION, p.LINKERD_NATIVE_ANNOTATION))
+               for key in (p.ISTIO_NATIVE_ANNOTATION, *p.LINKERD_NATIVE_ANNOTATIONS))
 
 
 def has_mesh_marker(pod: Mapping) -> bool:

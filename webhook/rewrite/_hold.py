@@ -56,6 +56,17 @@ def record(pod: dict, annotation: str, kept: Mapping[str, dict]) -> dict:
     return pod
 
 
+def liveness_needs_startup(container: Mapping) -> bool:
+    """The container's livenessProbe could fail while it starts, so the startupProbe it has
+    (the kubelet runs liveness only once that has passed) must stay. Linkerd's proxy's is
+    its admin server's `/live`, which answers as soon as that server runs, long before
+    `/ready`: there is no start for it to be held back from."""
+    live = container.get("livenessProbe")
+    if live is None:
+        return False
+    return not (container.get("name") == p.LINKERD_PROXY and mapping_at(live, "httpGet").get("path") == "/live")
+
+
 def readiness_wait(container: Mapping) -> dict | None:
     """The container's postStart hook when all it does is wait for the proxy's readiness:
     `linkerd-await` or `pilot-agent wait`, with flags only (linkerd-await given a command

@@ -22,8 +22,9 @@ A recognised sidecar (a mesh proxy) whose readiness step 0 already waits for on 
 with nothing that could reach the network before step 0 (every regular container a step
 or a main, no init container after it but `initshift-init`, which only copies the waiter),
 needs no such hold: it gets no startupProbe, so step 0 starts within one gate poll of the
-proxy's readiness. Its own startupProbe is removed only when it has no livenessProbe (the
-startupProbe is what keeps liveness off a slow start); the readinessProbe is never
+proxy's readiness. Its own startupProbe is removed only when it has no livenessProbe that
+a slow start could fail (the startupProbe is what keeps liveness off it; Linkerd's `/live`
+answers from the start, `_hold.liveness_needs_startup`); the readinessProbe is never
 touched. A postStart hook that only waits for the proxy's readiness (Linkerd's
 `linkerd-await`, Istio's `pilot-agent wait` of holdApplicationUntilProxyStarts) holds the
 kubelet the same way, and goes under the same conditions. What is removed (or, for a
@@ -126,7 +127,7 @@ def _settle_startup(pod: dict, settings: RewriteSettings, moved: Collection[str]
         own = c.get("startupProbe")
         url = waiter.loopback_probe(c)
         release = every_wrapped and url is not None and url in gated and i >= last_other \
-            and not (own is not None and "livenessProbe" in c)
+            and not (own is not None and hold.liveness_needs_startup(c))
         if release:
             probe = own if own is not None else record.get(name)
             if probe is None and name in moving:

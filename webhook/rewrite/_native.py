@@ -162,15 +162,21 @@ def ask_native_injection(pod: dict) -> list[str]:
     sidecar itself; what to tell the user."""
     annotations = submap(pod, "metadata", "annotations")
     warnings = []
-    for key, value in requested_meshes(pod).items():
-        current = annotations.get(key)
-        if current is None:
-            annotations[key] = value
-            warnings.append(f"no sidecar yet: set {key}={value} so the mesh injects its proxy as a native "
-                            f"sidecar (one injected into containers is moved when initshift is re-invoked)")
-        elif str(current).lower() != value:
-            warnings.append(f"the pod sets {key}={current!r}; left as it is, and a proxy injected into "
+    for keys in requested_meshes(pod):
+        other = next(((k, annotations[k]) for k in keys if k in annotations and str(annotations[k]).lower() != "true"),
+                     None)
+        if other is not None:  # the pod's own choice, under any of the names
+            warnings.append(f"the pod sets {other[0]}={other[1]!r}; left as it is, and a proxy injected into "
                             f"containers is moved when initshift is re-invoked")
+            continue
+        missing = [k for k in keys if k not in annotations]
+        for key in missing:  # every name, so whichever the mesh's release reads says it
+            annotations[key] = "true"
+        if missing:
+            also = f" (and {len(missing) - 1} older name{'s' if len(missing) > 2 else ''} of it)" \
+                if len(missing) > 1 else ""
+            warnings.append(f"no sidecar yet: set {missing[0]}=true{also} so the mesh injects its proxy as a "
+                            f"native sidecar (one injected into containers is moved when initshift is re-invoked)")
     return warnings
 
 

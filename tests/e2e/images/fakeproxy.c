@@ -1,9 +1,11 @@
 /* fakeproxy: a mesh proxy stand-in for the e2e scenarios (Istio-like or Linkerd-like).
  *
  *   fakeproxy --name NAME --ready-after SECONDS --ready PORT:PATH --quit PORT:PATH
- *             --traffic PORT [--no-quit] [--quit-enabled-by VAR]
+ *             --traffic PORT [--no-quit] [--quit-enabled-by VAR] [--live PATH]
  *
  * - readiness: GET PORT:PATH answers 503 until SECONDS after start, 200 after;
+ * - liveness: with --live PATH, GET PORT:PATH (the readiness port) answers 200 from the
+ *   start (Linkerd's admin server's /live);
  * - traffic: PORT is bound only once ready (before, a connection is refused, as traffic
  *   is when no proxy runs); each request is logged ("request GET /path") and answered 200;
  * - quit: POST PORT:PATH answers 200 and exits 0 (Istio's /quitquitquit, Linkerd's
@@ -136,6 +138,7 @@ int main(int argc, char **argv) {
     double ready_after = 0;
     int ready_port = 0, quit_port = 0, traffic_port = 0, can_quit = 1;
     char ready_path[256] = "/", quit_path[256] = "/";
+    const char *live_path = NULL;
     if (argc > 1 && !strcmp(argv[1], "await")) return await_ready(argc, argv);
     const char *self = strrchr(argv[0], '/');
     if (!strcmp(self ? self + 1 : argv[0], "linkerd-await")) {
@@ -152,6 +155,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quit")) split(next, &quit_port, quit_path, sizeof quit_path), i++;
         else if (!strcmp(argv[i], "--traffic")) traffic_port = atoi(next), i++;
         else if (!strcmp(argv[i], "--no-quit")) can_quit = 0;
+        else if (!strcmp(argv[i], "--live")) live_path = next, i++;
         else if (!strcmp(argv[i], "--quit-enabled-by")) {
             const char *on = getenv(next);
             if (!on || strcmp(on, "true")) can_quit = 0;
@@ -236,6 +240,8 @@ int main(int argc, char **argv) {
                 }
                 event("quit refused on %s (no quit endpoint)", quit_path);
                 answer(c, 404, "Not Found", "no quit endpoint\n");
+            } else if (port == ready_port && live_path && !strcmp(path, live_path)) {
+                answer(c, 200, "OK", "live\n");
             } else if (port == ready_port && !strcmp(path, ready_path)) {
                 if (ready) answer(c, 200, "OK", "ready\n");
                 else answer(c, 503, "Service Unavailable", "not ready\n");
