@@ -30,7 +30,6 @@ from typing import Callable, Mapping, Sequence
 from waiter import protocol as p
 
 from . import _hold as hold
-from ._quit import open_quit, refused_note
 from ._classify import Classification, managed_as, mark_managed, sidecar_names
 from ._command import Argv, gate_of, gate_probes, read_argv, run_command
 from ._errors import RewriteError
@@ -38,6 +37,7 @@ from ._reasons import Reason
 from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
+from ._quit import open_quit, refused_note
 from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, effective, growth_of,
     is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
 from ..settings import RewriteSettings
