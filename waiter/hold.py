@@ -1,15 +1,18 @@
-"""`waiter hold DEST`: the main process of hybrid's `initshift-copy` container.
+"""`waiter hold [--from BUNDLE_DIR] [--hook-wait SECONDS] DEST`: the main process of hybrid's
+`initshift-copy` container.
 
-The copy itself runs in the container's postStart hook (`waiter init --hook DEST`): the
-kubelet starts the next container (step 0) only once the hook has returned. A container
-whose process ends while its hook still runs gets the hook killed and counted as failed,
-so this process stays until the hook's process is gone, then exits 0 and the container
-reads Completed.
+The copy runs in the container's postStart hook (`waiter init --hook DEST`): the kubelet
+starts the next container (step 0) only once the hook has returned. A container whose
+process ends while its hook still runs gets the hook killed and counted as failed, so this
+process stays until the hook's process is gone (its record: waiter/copyrecord.py), then
+exits 0 and the container reads Completed.
 
-The hook records itself in DEST/COPY_DONE_FILE as "PID STARTTIME" (the kernel's start
-time of the process, in clock ticks since boot), written once the bundle is in place.
-The start time tells this hook from one of an earlier run of the container (a restart
-reads the record its last run left) and from a later process given the same PID.
+It copies the bundle too, first (waiter/install.py: atomic, whichever comes first; the hook
+then finds it in place). A kubelet restarted between this container's start and the hook's
+end never runs the hook again, nor learns how one it had started ended: it goes on to
+start the steps, which then find their waiter, and this process, finding no hook of its
+run after `--hook-wait` seconds (120 by default; a hook normally records within a second
+of the container's start), exits 0 instead of holding the pod for ever.
 """
 
 from __future__ import annotations
@@ -20,53 +23,39 @@ import sys
 import time
 
 from . import protocol as p
-from .errors import UsageError
+from .copyrecord import hook_ended, hook_since, process_start
+from .errors import UsageError, WaiterError
+from .install import install, source_dir
 
-USAGE = "usage: waiter hold DEST"
+USAGE = "usage: waiter hold [--from BUNDLE_DIR] [--hook-wait SECONDS] DEST"
+HOOK_WAIT_SECONDS = 120.0
 _POLL_FIRST, _POLL_GROWTH, _POLL_MAX = 0.005, 1.5, 0.05
 
 
-def process_start(pid: int | str) -> int | None:
-    """The start time of process `pid` (field 22 of /proc/PID/stat), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces or ")": split after the last.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return int(fields[19])
-
-
-def record_hook(dest: str) -> None:
-    """Called by the hook once the bundle is in place: this process is the hook to wait for."""
-    final = os.path.join(dest, p.COPY_DONE_FILE)
-    tmp = f"{final}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{os.getpid()} {process_start('self')}\n")
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, final)  # atomic: a reader sees the whole record or none
-
-
-def _hook(dest: str) -> tuple[int, int] | None:
-    try:
-        with open(os.path.join(dest, p.COPY_DONE_FILE)) as f:
-            pid, start = f.read().split()
-        return int(pid), int(start)
-    except (OSError, ValueError):  # not written yet (or half a record from a foreign writer)
-        return None
-
-
-def hook_ended(dest: str, since: int) -> bool:
-    """A hook started at or after `since` (clock ticks) recorded its copy and is gone."""
-    hook = _hook(dest)
-    return hook is not None and hook[1] >= since and process_start(hook[0]) != hook[1]
+def _parse(argv: list[str]) -> tuple[str | None, float, str]:
+    args, src, wait = list(argv), None, HOOK_WAIT_SECONDS
+    while args and args[0] in ("--from", "--hook-wait"):
+        if len(args) < 2:
+            raise UsageError(f"{args[0]} needs a value")
+        flag, value = args.pop(0), args.pop(0)
+        if flag == "--from":
+            src = value
+        else:
+            try:
+                wait = float(value)
+            except ValueError:
+                raise UsageError(f"--hook-wait: {value!r} is not a number of seconds") from None
+    if len(args) != 1 or args[0].startswith("-"):
+        raise UsageError(USAGE)
+    return src, wait, args[0]
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0].startswith("-"):
-        sys.stderr.write(f"waiter hold: {UsageError(USAGE).message}\n")
-        return p.EXIT_USAGE
+    try:
+        src, wait, dest = _parse(argv)
+    except UsageError as exc:
+        sys.stderr.write(f"waiter hold: {exc.message}\n")
+        return exc.exit_code
     # PID 1 of its container: the kernel ignores SIGTERM unless a handler is set.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda n, _frame: os._exit(p.EXIT_SIGNAL_BASE + n))
@@ -74,8 +63,19 @@ def main(argv: list[str]) -> int:
     if since is None:  # a container always has it; a bare chroot may not
         sys.stderr.write("waiter hold: /proc is not mounted: cannot tell when the hook has ended\n")
         return p.EXIT_USAGE
+    try:
+        install(source_dir(src), dest)
+    except WaiterError as exc:  # said; the hook may still copy
+        sys.stderr.write(f"waiter hold: {exc.message}\n")
+    except OSError as exc:
+        sys.stderr.write(f"waiter hold: {exc.filename or dest}: {exc.strerror}\n")
+    deadline = time.monotonic() + wait
     delay = _POLL_FIRST
-    while not hook_ended(argv[0], since):
+    while not hook_ended(dest, since):
+        if hook_since(dest, since) is None and time.monotonic() > deadline:
+            sys.stderr.write(f"waiter hold: no postStart hook of this container ran within {wait:g} s (the kubelet "
+                             f"restarted during its start?); the waiter is in place, exiting\n")
+            return 0
         time.sleep(delay)
         delay = min(delay * _POLL_GROWTH, _POLL_MAX)
     return 0

@@ -1,6 +1,7 @@
 """`waiter init DEST`: copy the frozen bundle to DEST/waiter, idempotently and atomically,
 readable and executable by any UID (steps run as arbitrary users). With `--hook` it runs
-as hybrid's postStart hook and then records itself for `waiter hold` (waiter/hold.py)."""
+as hybrid's postStart hook: it copies unless the container's own process (`waiter hold`)
+has put the bundle in place already, then records itself (waiter/copyrecord.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 from . import protocol as p
 from .errors import UsageError, WaiterError
-from .hold import record_hook
+from .copyrecord import record_hook
 
 USAGE = f"usage: waiter init [--from BUNDLE_DIR] [{p.COPY_HOOK_FLAG}] DEST"
 RENAME_EXCHANGE = 2
@@ -107,7 +108,11 @@ def main(argv: list[str]) -> int:
                 args = args[2:]
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError(USAGE)
-        exe = install(source_dir(explicit), args[0])
+        placed = os.path.join(args[0], p.WAITER_DIR_NAME, p.WAITER_EXE_NAME)
+        if hook and os.access(placed, os.X_OK):  # `hold` copied first (a rename: whole or absent)
+            exe = placed
+        else:
+            exe = install(source_dir(explicit), args[0])
         if hook:
             record_hook(args[0])
     except WaiterError as exc:

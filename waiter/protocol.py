@@ -101,7 +101,8 @@ INIT_COMMAND = (f"{IMAGE_WAITER_DIR}/{WAITER_INIT_EXE_NAME}", "init", BIN_MOUNT)
 # Hybrid copies the bundle in the postStart hook of a first regular container instead: the
 # kubelet starts the next container only once that hook has returned, and the proxy stays
 # the last init container (one fewer ~1 s pod-cache relist before the steps start). The
-# container's own process waits for the hook to end, then exits 0 (`waiter hold`).
+# container's own process copies too, then waits for the hook to end and exits 0 (`waiter
+# hold`, waiter/hold.py: a kubelet restarted during the container's start runs no hook).
 COPY_CONTAINER_NAME = "initshift-copy"
 COPY_HOOK_FLAG = "--hook"  # `waiter init --hook DEST`: copy, then record the hook (COPY_DONE_FILE)
 COPY_DONE_FILE = ".initshift-copied"  # in BIN_MOUNT: "PID STARTTIME" of the hook that copied

@@ -1,6 +1,7 @@
-"""`waiter hold` (hybrid's copier container) against real processes: it stays while its
-postStart hook runs, ignores a record an earlier run of the container left, and exits 0
-once the hook that copied is gone."""
+"""`waiter hold` (hybrid's copier container) against real processes: it puts the bundle in
+place itself, stays while its postStart hook runs, ignores a record an earlier run of the
+container left, exits 0 once the hook that copied is gone, and, where no hook of its run
+comes (a kubelet restarted during the container's start), after its wait."""
 
 from __future__ import annotations
 
@@ -8,21 +9,32 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.waiter_support import ROOT, SOURCE_WAITER, catches, wait_for, waiter_env
 from waiter import protocol as p
-from waiter.hold import process_start
+from waiter.copyrecord import process_start
 
 # A stand-in for the hook: records itself as `waiter init --hook` does, then lives until
 # its stdin closes (a copy that takes as long as the test wants).
-HOOK = [sys.executable, "-c", "import sys; from waiter.hold import record_hook; record_hook(sys.argv[1]); "
+HOOK = [sys.executable, "-c", "import sys; from waiter.copyrecord import record_hook; record_hook(sys.argv[1]); "
         "sys.stdin.read()"]
 
 
-def hold(dest: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([*SOURCE_WAITER, p.CMD_HOLD, str(dest)], env=waiter_env(), cwd=ROOT,
-                            stderr=subprocess.PIPE)
+def bundle(tmp: Path) -> Path:
+    """A stand-in for the frozen bundle (`--from`): an executable and a data file."""
+    src = tmp.parent / f"{tmp.name}-bundle"
+    (src / "_internal").mkdir(parents=True, exist_ok=True)
+    (src / p.WAITER_EXE_NAME).write_text("#!/bin/sh\n")
+    (src / p.WAITER_EXE_NAME).chmod(0o755)
+    (src / "_internal" / "data").write_text("d")
+    return src
+
+
+def hold(dest: Path, *flags: str) -> subprocess.Popen:
+    proc = subprocess.Popen([*SOURCE_WAITER, p.CMD_HOLD, "--from", str(bundle(dest)), *flags, str(dest)],
+                            env=waiter_env(), cwd=ROOT, stderr=subprocess.PIPE)
     wait_for(lambda: catches(proc.pid, signal.SIGTERM), "hold to start")
     return proc
 
@@ -69,6 +81,36 @@ def test_a_record_from_an_earlier_run_of_the_container_is_not_this_hook(tmp_path
     assert proc.wait(timeout=20) == 0
 
 
+def test_hold_puts_the_bundle_in_place_before_any_hook(tmp_path: Path) -> None:
+    """A kubelet restarted during the container's start never runs the hook: the steps it
+    starts next still find their waiter."""
+    proc = hold(tmp_path)
+    wait_for(lambda: os.access(tmp_path / p.WAITER_DIR_NAME / p.WAITER_EXE_NAME, os.X_OK), "the bundle in place")
+    polled(proc)  # and it still waits for a hook
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+
+
+def test_with_no_hook_of_its_run_hold_exits_0_after_its_wait(tmp_path: Path) -> None:
+    stale = hook(tmp_path)  # an earlier run's record does not count
+    stale.stdin.close()
+    stale.wait(timeout=20)
+    proc = hold(tmp_path, "--hook-wait", "0.3")
+    assert proc.wait(timeout=20) == 0
+    assert "no postStart hook of this container ran within 0.3 s" in proc.stderr.read().decode()
+    assert os.access(tmp_path / p.WAITER_DIR_NAME / p.WAITER_EXE_NAME, os.X_OK)
+
+
+def test_a_hook_of_its_run_is_waited_for_past_the_wait(tmp_path: Path) -> None:
+    proc = hold(tmp_path, "--hook-wait", "0.2")
+    running = hook(tmp_path)
+    time.sleep(0.5)
+    polled(proc)
+    running.stdin.close()
+    assert running.wait(timeout=20) == 0
+    assert proc.wait(timeout=20) == 0 and proc.stderr.read() == b""
+
+
 def test_sigterm_ends_the_hold(tmp_path: Path) -> None:
     proc = hold(tmp_path)  # a pod deleted before the hook ran: PID 1 must not ignore SIGTERM
     proc.send_signal(signal.SIGTERM)
@@ -76,10 +118,12 @@ def test_sigterm_ends_the_hold(tmp_path: Path) -> None:
 
 
 def test_usage() -> None:
-    for args in ([], ["a", "b"], ["--x"]):
+    usage = "waiter hold: usage: waiter hold [--from BUNDLE_DIR] [--hook-wait SECONDS] DEST\n"
+    for args, said in (([], usage), (["a", "b"], usage), (["--x"], usage), (["--from"], "waiter hold: --from needs a value\n"),
+                       (["--hook-wait", "soon", "d"], "waiter hold: --hook-wait: 'soon' is not a number of seconds\n")):
         res = subprocess.run([*SOURCE_WAITER, p.CMD_HOLD, *args], env=waiter_env(), cwd=ROOT, capture_output=True,
                              text=True)
-        assert res.returncode == p.EXIT_USAGE and res.stderr == "waiter hold: usage: waiter hold DEST\n", args
+        assert res.returncode == p.EXIT_USAGE and res.stderr == said, args
 
 
 def test_process_start_reads_past_any_command_name(tmp_path: Path) -> None:

@@ -236,8 +236,9 @@ def test_waiter_init_from_the_image_layout(tmp_path: Path, bundle: Path) -> None
 
 def test_copier_hook_and_hold_from_the_image_layout(tmp_path: Path, bundle: Path) -> None:
     """What hybrid's initshift-copy container does: its process (`hold`) and its postStart
-    hook (`init --hook`) run side by side in the initshift image as its UID; the hook copies
-    the bundle into the emptyDir, and the process ends with exit 0 once the hook has."""
+    hook (`init --hook`) run side by side in the initshift image as its UID; the bundle is
+    copied into the emptyDir (by the process first, here), and the process ends with exit 0
+    once the hook has."""
     image = tmp_path / "image"
     shutil.copytree(bundle, image / p.IMAGE_WAITER_DIR.lstrip("/"), symlinks=True)
     (image / p.BIN_MOUNT.lstrip("/")).mkdir(parents=True)

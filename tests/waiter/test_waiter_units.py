@@ -146,6 +146,28 @@ def test_init_errors_are_one_line(tmp_path, capsys) -> None:
     assert install.main([]) == p.EXIT_USAGE
 
 
+def test_the_copier_hook_keeps_a_bundle_its_container_put_in_place(tmp_path) -> None:
+    """`init --hook` after `hold` copied (hybrid's initshift-copy): no second copy on step
+    0's path, and the record `hold` waits for."""
+    from waiter import install
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / p.WAITER_EXE_NAME).write_text("v1")
+    (bundle / p.WAITER_EXE_NAME).chmod(0o755)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert install.main(["--from", str(bundle), str(dest)]) == 0  # what `hold` did
+    (bundle / p.WAITER_EXE_NAME).write_text("v2")
+    assert install.main(["--from", str(bundle), p.COPY_HOOK_FLAG, str(dest)]) == 0
+    assert (dest / p.WAITER_DIR_NAME / p.WAITER_EXE_NAME).read_text() == "v1", "not copied again"
+    assert (dest / p.COPY_DONE_FILE).read_text().split()[0] == str(os.getpid())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert install.main(["--from", str(bundle), p.COPY_HOOK_FLAG, str(empty)]) == 0  # the hook first: it copies
+    assert (empty / p.WAITER_DIR_NAME / p.WAITER_EXE_NAME).read_text() == "v2"
+
+
 def test_init_installs_and_replaces_atomically(tmp_path) -> None:
     from waiter import install
 
