@@ -141,8 +141,9 @@ class Kube:
         out = self.get(f"/api/v1/namespaces/{ns}/pods", **({"labelSelector": selector} if selector else {}))
         return (out or {}).get("items", [])
 
-    def logs(self, ns: str, pod: str, container: str, *, timestamps: bool = True) -> str:
-        params = {"container": container, "timestamps": str(timestamps).lower()}
+    def logs(self, ns: str, pod: str, container: str, *, timestamps: bool = True, previous: bool = False) -> str:
+        """The container's log; `previous`: its instance before the current one."""
+        params = {"container": container, "timestamps": str(timestamps).lower(), "previous": str(previous).lower()}
         try:
             return self.request("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log", params=params) or ""
         except KubeFailure as exc:
