@@ -231,8 +231,8 @@ def _built_once(env: Env, rec: Record, ns: str, mode: str) -> str:
     """`build-MODE` ended as it should (check_build), no command ran twice, the outcome is
     Succeeded. (A kubelet stopped between creating a container and starting it creates
     another on its restart, `restartPolicy: Never` or not: restartCount 1, the first one
-    never started, as it would be for an init container. What must not happen is a
-    container that ran being run again: its earlier instance would have logged.)"""
+    never started. What must not happen is a container that ran being run again: its
+    earlier instance would have logged.)"""
     name = f"build-{mode}"
     build = check_build(env, rec, ns, name, steps=STEPS, proxy="istio-proxy", strategy=mode)
     again = {c: s.get("restartCount") for c, s in statuses(build.obj).items() if s.get("restartCount")}
