@@ -185,8 +185,9 @@ def apiserver_restarted(env: Env, rec: Record) -> None:
         posted = max(parse_time(f["time"]) for f in obj["metadata"].get("managedFields") or []
                      if f.get("manager") == "kubelet" and f.get("subresource") == "status")
         decided = parse_time(outcome(env.kube, ns, f"build-{mode}")["decidedAt"])
-        rec.note(f"{mode}: API ready -> kubelet's last status {(posted - back).total_seconds():+.0f} s, "
-                 f"-> outcome {(decided - back).total_seconds():+.1f} s")
+        rec.note(f"{mode}: the outcome {(decided - posted).total_seconds():.0f} s after the kubelet's last status "
+                 f"(both to the second; that status {(posted - back).total_seconds():+.0f} s from the apiserver's "
+                 f"/readyz answering 200, which comes after it serves)")
     lease = env.install.env.get("INITSHIFT_LEASE_NAME", "initshift-watcher")
 
     def renewed() -> bool:
