@@ -25,7 +25,7 @@ import time
 from . import protocol as p
 from .copyrecord import hook_ended, hook_since, process_start
 from .errors import UsageError, WaiterError
-from .install import install, source_dir
+from .install import install, source_dir, take_from
 
 USAGE = "usage: waiter hold [--from BUNDLE_DIR] [--hook-wait SECONDS] DEST"
 HOOK_WAIT_SECONDS = 120.0
@@ -33,18 +33,17 @@ _POLL_FIRST, _POLL_GROWTH, _POLL_MAX = 0.005, 1.5, 0.05
 
 
 def _parse(argv: list[str]) -> tuple[str | None, float, str]:
-    args, src, wait = list(argv), None, HOOK_WAIT_SECONDS
-    while args and args[0] in ("--from", "--hook-wait"):
+    args = list(argv)
+    src, wait = take_from(args), HOOK_WAIT_SECONDS
+    if args and args[0] == "--hook-wait":
         if len(args) < 2:
-            raise UsageError(f"{args[0]} needs a value")
-        flag, value = args.pop(0), args.pop(0)
-        if flag == "--from":
-            src = value
-        else:
-            try:
-                wait = float(value)
-            except ValueError:
-                raise UsageError(f"--hook-wait: {value!r} is not a number of seconds") from None
+            raise UsageError("--hook-wait needs a value")
+        value = args[1]
+        del args[:2]
+        try:
+            wait = float(value)
+        except ValueError:
+            raise UsageError(f"--hook-wait: {value!r} is not a number of seconds") from None
     if len(args) != 1 or args[0].startswith("-"):
         raise UsageError(USAGE)
     return src, wait, args[0]

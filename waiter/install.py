@@ -38,6 +38,18 @@ def source_dir(explicit: str | None) -> str:
     return src
 
 
+def take_from(args: list[str]) -> str | None:
+    """`--from DIR` or `--from=DIR` at the head of `args`, taken off them (None: none given)."""
+    if not args or not (args[0] == "--from" or args[0].startswith("--from=")):
+        return None
+    if "=" in args[0]:
+        return args.pop(0).partition("=")[2]
+    if len(args) < 2:
+        raise UsageError("--from needs a value")
+    del args[0]
+    return args.pop(0)
+
+
 def _copy_file(src: str, dst: str) -> None:
     """0755 for executables, 0644 for data: any UID may run the bundle."""
     shutil.copyfile(src, dst)
@@ -93,19 +105,11 @@ def install(src: str, dest: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = list(argv)
-    explicit = None
     hook = p.COPY_HOOK_FLAG in args
     if hook:
         args.remove(p.COPY_HOOK_FLAG)
     try:
-        if args and (args[0] == "--from" or args[0].startswith("--from=")):
-            if "=" in args[0]:
-                explicit = args.pop(0).partition("=")[2]
-            else:
-                if len(args) < 2:
-                    raise UsageError("--from needs a directory")
-                explicit = args[1]
-                args = args[2:]
+        explicit = take_from(args)
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError(USAGE)
         placed = os.path.join(args[0], p.WAITER_DIR_NAME, p.WAITER_EXE_NAME)

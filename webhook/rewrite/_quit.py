@@ -14,7 +14,7 @@ keeps it off and ends by the watcher's deadline.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping
 
 from waiter import protocol as p
 
@@ -40,7 +40,7 @@ def open_quit(container: Mapping, annotations: Mapping) -> Mapping:
     return {**container, "env": env}
 
 
-def refused_note(annotations: Mapping, quitted: set[str]) -> list[str]:
+def refused_note(annotations: Mapping, quitted: Collection[str]) -> list[str]:
     """What to tell where the pod keeps the quit of Linkerd's proxy off."""
     if p.LINKERD_PROXY not in quitted or not refuses_quit(annotations):
         return []

@@ -179,6 +179,7 @@ class _Chain:
     n_mains: int
     ready_file: str | None  # the gate (see gate()), decided once for every container it holds
     probes: tuple[str, ...]
+    quitted: frozenset[str]  # the regular sidecars the last main quits (their quit needs: _quit.py)
     quit_urls: tuple[str, ...]
     retry: bool
     step_timeout: int
@@ -230,8 +231,7 @@ def wrap(container: Mapping, index: int, chain: _Chain,
 def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
             sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], hybrid: bool = False) -> _Chain:
     # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
-    quit_urls = tuple(settings.quit_endpoints[s["name"]] for s in regular_sidecars
-                      if s.get("name") in settings.quit_endpoints)
+    quitted = [str(s["name"]) for s in regular_sidecars if s.get("name") in settings.quit_endpoints]
     ready_file, probes = gate(sidecars, hybrid)
     # Every container the gate holds (step 0, or each main of a pod without steps) carries
     # every probe: with many of both the pod grows as their product. Refused here, before
@@ -243,7 +243,8 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
         raise RewriteError(f"{gated} containers would each wait for {len(probes)} sidecar probes, over "
                            f"{gated * flags} bytes, past the {MAX_OBJECT_BYTES}-byte object limit of etcd",
                            reason=Reason.TOO_LARGE)
-    return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes), quit_urls=quit_urls,
+    return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes),
+                  quitted=frozenset(quitted), quit_urls=tuple(settings.quit_endpoints[n] for n in quitted),
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
@@ -446,7 +447,6 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
                      for j, c in enumerate(cls.mains)}
 
     annotations = mapping_at(pod, "metadata", "annotations")
-    quitted = {str(c["name"]) for c in cls.sidecars if c["name"] in settings.quit_endpoints}
     containers: list[dict] = []
     placed = False
     for c in spec.get("containers") or []:
@@ -454,7 +454,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         if main is not None and not placed:
             containers += wrapped_steps  # steps go right before the first main
             placed = True
-        containers.append(main if main is not None else open_quit(c, annotations) if c["name"] in quitted else c)
+        containers.append(main if main is not None else open_quit(c, annotations) if c["name"] in chain.quitted else c)
     if not placed:
         containers += wrapped_steps
 
@@ -486,7 +486,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         if probes:
             warnings.append(f"main container {c['name']!r} has a {' and a '.join(probes)} that the kubelet runs "
                             f"while it waits for {waited} longer than the probe allows gets it killed")
-    warnings += refused_note(annotations, quitted)
+    warnings += refused_note(annotations, chain.quitted)
     if spec.get("restartPolicy") == "OnFailure":
         warnings.append("restartPolicy OnFailure: a failed step is re-run by the kubelet and later steps wait for it, "
                         "as with init containers" if steps else
@@ -566,10 +566,9 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     out = dict(pod)
     out["spec"] = dict(spec)
     annotations = mapping_at(pod, "metadata", "annotations")
-    quitted = {c.get("name") for c in regular_sidecars if c.get("name") in settings.quit_endpoints}
     out["spec"]["containers"] = [
         wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else
-        open_quit(c, annotations) if c.get("name") in quitted else c
+        open_quit(c, annotations) if c.get("name") in chain.quitted else c
         for c in containers
     ]
     out["spec"]["volumes"] = _volumes(spec, len(order), chain.ready_file is not None, bool(mains))
