@@ -213,7 +213,7 @@ RECORD_FINISHED_AT = "finishedAt"
 RECORD_MESSAGE = "message"  # why a step failed or was skipped
 RECORD_FAILED_STEP = "failedStep"  # skipped records: the step whose failure caused the skip
 
-# Exit codes of the waiter's own failures (a skipped step exits with the failing step's code).
+# Exit codes of the waiter's own failures (a skipped step exits 0: waiter/entrypointer.py's skip).
 EXIT_TIMED_OUT = 124
 EXIT_USAGE = 125  # bad flags, unusable files, no argv for this platform, internal error
 EXIT_CANNOT_EXEC = 126  # found but not executable: permission denied, exec format error

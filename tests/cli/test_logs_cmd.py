@@ -93,14 +93,14 @@ async def test_failed_and_skipped_steps_are_noted_on_stderr(kube: KubeDouble, cf
     failed = with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1),
                                                             init_done("initshift-init", 1, 2)],
                          containers=[done("git-clone", 3, 5, 128, "Error", "exit status 128"),
-                                     done("build", 5, 5, 128, "Skipped", "skipped: git-clone failed", "git-clone"),
+                                     done("build", 5, 5, 0, "Skipped", "skipped: git-clone failed", "git-clone"),
                                      run("istio-proxy", 3)])
     kube.put_pod(failed)
     kube.append_log(NS, NAME, "git-clone", "fatal: could not read from remote repository")
     code, out, err = await logs(NAME, "--kubeconfig", cfg)
     assert code == 0 and lines_of(out) == ["[git-clone] fatal: could not read from remote repository"]
     assert lines_of(err) == ["[git-clone] failed (Error, exit code 128): exit status 128",
-                             "[build]     skipped (Skipped, exit code 128): skipped: git-clone failed"]
+                             "[build]     skipped (Skipped): skipped: git-clone failed"]
 
 
 async def test_follow_waits_for_steps_that_start_while_following(kube: KubeDouble, cfg: str) -> None:

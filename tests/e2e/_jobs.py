@@ -187,3 +187,51 @@ def job_on_failure(env: Env, rec: Record) -> None:
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(checked, modes)))
+
+
+@scenario("job-failure-policy")
+def job_failure_policy(env: Env, rec: Record) -> None:
+    """A Job whose `podFailurePolicy` names its containers, its clone step failing, under
+    each strategy the cluster runs: the Job controller matches the rules as it would without
+    initshift. Rule 0 fails the Job on the main's own failure, rule 1 on the clone's exit 3.
+    Without initshift the main never starts (no exit code to match): rule 1 fails the Job.
+    The waiter's skipped containers must not present the clone's failure as their own."""
+    ns = env.namespace("podfail")
+    rec.namespaces.append(ns)
+    clone = step("clone", env.images.busybox, port=None, exit_code=3)
+    build = step("build", env.images.busybox, port=None)
+    test = step("test", env.images.busybox, port=None)
+    modes = [*waiter_modes(env), *((p.MODE_NATIVE,) if env.native else ())]
+    rules = [{"action": "FailJob", "onExitCodes": {"containerName": "test", "operator": "NotIn", "values": [0]}},
+             {"action": "FailJob", "onExitCodes": {"containerName": "clone", "operator": "In", "values": [3]}}]
+    for mode in modes:
+        env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"policy-{mode}"},
+            "spec": {"backoffLimit": 2, "podFailurePolicy": {"rules": rules}, "template": {
+                "metadata": {"annotations": {p.ANNOTATION_MODE: mode}},
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                         "initContainers": [clone, build], "containers": [test]}}}})
+
+    def checked(mode: str) -> str:
+        def failed() -> dict | None:
+            job = env.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/policy-{mode}") or {}
+            return next((c for c in (job.get("status") or {}).get("conditions") or []
+                         if c["type"] == "Failed" and c["status"] == "True"), None)
+
+        condition = wait_for(failed, JOB_TIMEOUT, f"Job policy-{mode} Failed", interval=0.5)
+        message = condition.get("message", "")
+        assert condition.get("reason") == "PodFailurePolicy", f"{mode}: {condition}"
+        assert "Container clone " in message and "rule at index 1" in message, f"{mode}: {message}"
+        pods = env.kube.pods(ns, f"job-name=policy-{mode}")
+        assert len(pods) == 1, f"{mode}: the Job ran {len(pods)} pods"
+        obj = pods[0]
+        assert managed(obj) == mode, f"{mode}: managed {managed(obj)}"
+        ran = {c: (statuses(obj).get(c) or {}).get("state", {}) for c in ("clone", "build", "test")}
+        if mode != p.MODE_NATIVE:
+            result = outcome(env.kube, ns, obj["metadata"]["name"])
+            assert result["result"] == "Failed" and result["failed"] == "clone", f"{mode}: outcome {result}"
+        return f"{mode}: FailJob by rule 1 (clone's exit 3); exit codes " + ", ".join(
+            f"{c} {s['terminated']['exitCode']}" if "terminated" in s else f"{c} never ran" for c, s in ran.items())
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(checked, modes)))

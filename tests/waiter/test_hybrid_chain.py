@@ -58,14 +58,14 @@ def test_gate_on_the_loopback_probe_then_steps_in_order_and_no_quit(tmp_path, pr
     assert proxy.quits == 0, "the kubelet stops native sidecars: no quit endpoint"
 
 
-def test_a_failing_step_skips_the_rest_with_its_exit_code(tmp_path, proxy):
+def test_a_failing_step_skips_the_rest_which_exit_0(tmp_path, proxy):
     log = tmp_path / "order.log"
     scripts = {"clone": f'echo clone >> "{log}"', "test": "exit 3",
                "package": f'echo package >> "{log}"', "publish": f'echo publish >> "{log}"'}
     proxy.ready.set()
     runs = run_pod(hybrid(build_pod(proxy.port, scripts), proxy), tmp_path)
-    assert {name: r.returncode for name, r in runs.items()} == {"clone": 0, "test": 3, "package": 3, "publish": 3}, \
-        "a skipped step exits with the failing step's code, so the pod ends Failed"
+    assert {name: r.returncode for name, r in runs.items()} == {"clone": 0, "test": 3, "package": 0, "publish": 0}, \
+        "only the failing step carries its code (the pod ends Failed); a skipped one exits 0, as if never started"
     assert log.read_text().split() == ["clone"], "nothing ran after the failure"
     assert record(tmp_path, 1)["reason"] == p.REASON_ERROR and record(tmp_path, 1)["exitCode"] == 3
     for i in (2, 3):
@@ -83,7 +83,7 @@ def test_exit_codes_of_a_step_that_cannot_run(tmp_path, proxy):
     runs = run_pod(pod, tmp_path)
     assert runs["clone"].returncode == 0
     assert runs["missing"].returncode == p.EXIT_NOT_FOUND
-    assert runs["publish"].returncode == p.EXIT_NOT_FOUND and record(tmp_path, 2)["reason"] == p.REASON_SKIPPED
+    assert runs["publish"].returncode == 0 and record(tmp_path, 2)["reason"] == p.REASON_SKIPPED
     assert proxy.quits == 0
 
 

@@ -52,14 +52,14 @@ def test_failing_middle_step_skips_the_rest(tmp_path: Path) -> None:
     commands = [["sh", "-c", f'echo "$1" >> {log}; exit "$2"', "sh", f"s{i}", "3" if i == 2 else "0"]
                 for i in range(5)]
     dirs, results = chain(tmp_path, commands)
-    assert [results[i][0] for i in range(5)] == [0, 0, 3, 3, 3]
+    assert [results[i][0] for i in range(5)] == [0, 0, 3, 0, 0], "a skipped step exits 0, as if never started"
     assert log.read_text().split() == ["s0", "s1", "s2"]
     failed = record(dirs[2] / DONE)
     assert failed[p.RECORD_REASON] == p.REASON_ERROR and failed[p.RECORD_EXIT_CODE] == 3
     for i in (3, 4):
         rec = record(dirs[i] / DONE)
         assert rec[p.RECORD_REASON] == p.REASON_SKIPPED
-        assert rec[p.RECORD_EXIT_CODE] == 3
+        assert rec[p.RECORD_EXIT_CODE] == 0
         assert rec[p.RECORD_FAILED_STEP] == "s2"
         assert rec[p.RECORD_MESSAGE] == "skipped: step 's2' failed with exit code 3"
         assert "skipped: step 's2'" in results[i][1]
@@ -217,8 +217,9 @@ def test_missing_command_fails_clearly_and_later_steps_skip(tmp_path: Path) -> N
     rec = record(d0 / DONE)
     assert rec[p.RECORD_REASON] == p.REASON_WAITER_ERROR
     after = run(d1 / DONE, p.FLAG_WAIT, str(d0 / DONE), argv=["true"])
-    assert after.returncode == p.EXIT_NOT_FOUND
+    assert after.returncode == 0
     assert record(d1 / DONE)[p.RECORD_REASON] == p.REASON_SKIPPED
+    assert record(d1 / DONE)[p.RECORD_MESSAGE] == f"skipped: step 'fetch' failed with exit code {p.EXIT_NOT_FOUND}"
 
 
 def test_not_executable_is_permission_denied(tmp_path: Path) -> None:
@@ -354,7 +355,7 @@ def test_a_step_after_one_stopped_before_it_started_says_so(tmp_path: Path) -> N
     wait_for(lambda: catches(middle.pid, signal.SIGTERM), "the waiter's signal handlers")
     middle.send_signal(signal.SIGTERM)
     assert middle.wait(timeout=30) == 128 + signal.SIGTERM
-    assert last.wait(timeout=30) == 128 + signal.SIGTERM
+    assert last.wait(timeout=30) == 0, "skipped: it never started"
     rec = record(d2 / DONE)
     assert (rec[p.RECORD_REASON], rec[p.RECORD_FAILED_STEP]) == (p.REASON_SKIPPED, "compile")
     assert rec[p.RECORD_MESSAGE] == "skipped: step 'compile' was stopped by SIGTERM before the command started"
