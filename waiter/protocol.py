@@ -51,6 +51,8 @@ ISTIO_STATUS_ANNOTATION = "sidecar.istio.io/status"
 ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
 ISTIO_INJECT_LABEL = "sidecar.istio.io/inject"
 ISTIO_NATIVE_ANNOTATION = "sidecar.istio.io/nativeSidecar"
+# The pod's port of pilot-agent's status server, which serves /quitquitquit ("0": none).
+ISTIO_STATUS_PORT_ANNOTATION = "status.sidecar.istio.io/port"
 LINKERD_INJECT_ANNOTATION = "linkerd.io/inject"
 # Linkerd's native-sidecar switch under each name its releases read: config.linkerd.io from
 # 2.20 (native is then the default), config.beta from 2.19, config.alpha from 2.15 (deprecated

@@ -96,3 +96,44 @@ def test_every_entry_of_the_name_is_served_and_other_sidecars_are_untouched():
     assert open_quit({**proxy, "env": [SERVED]}, {}) == {**proxy, "env": [SERVED]}
     istio = {"name": p.ISTIO_PROXY, "image": "proxy", "env": [dict(OFF)]}
     assert open_quit(istio, {}) is istio
+
+
+QUITQUITQUIT = p.DEFAULT_QUIT_ENDPOINTS[p.ISTIO_PROXY]
+
+
+def test_istio_quit_goes_to_the_pods_own_status_port():
+    """Istio's injector puts `status.sidecar.istio.io/port` in the proxy's configuration:
+    pilot-agent's status server, which serves /quitquitquit, listens there."""
+    src = copy.deepcopy(CATALOGUE["cronjob-istio"])
+    assert flag_values(container(rewrite(src, ON).pod, "report"), p.FLAG_QUIT) == [QUITQUITQUIT]
+    src["metadata"]["annotations"][p.ISTIO_STATUS_PORT_ANNOTATION] = "15030"
+    result = rewrite(src, ON)
+    assert result.changed and result.strategy == p.MODE_WAITER
+    assert flag_values(container(result.pod, "report"), p.FLAG_QUIT) == ["http://127.0.0.1:15030/quitquitquit"]
+    assert not any("quitquitquit" in w for w in result.warnings), result.warnings
+    assert_valid_pod(result.pod)
+    assert rewrite(result.pod, ON).pod == result.pod, "a re-invocation keeps it"
+    build = copy.deepcopy(CATALOGUE["kpack"])
+    build["metadata"].setdefault("annotations", {})[p.ISTIO_STATUS_PORT_ANNOTATION] = "15030"
+    moved = rewrite(pods.inject_istio(build), ON)  # a build pod, the proxy injected before initshift's call
+    assert flag_values(container(moved.pod, "completion"), p.FLAG_QUIT) == ["http://127.0.0.1:15030/quitquitquit"]
+
+
+def test_istio_without_a_status_server_is_told_what_follows():
+    src = copy.deepcopy(CATALOGUE["cronjob-istio"])
+    src["metadata"]["annotations"][p.ISTIO_STATUS_PORT_ANNOTATION] = "0"
+    result = rewrite(src, ON)
+    assert result.changed
+    assert any('status.sidecar.istio.io/port: "0"' in w and "activeDeadlineSeconds" in w
+               for w in result.warnings), result.warnings
+    for bad in ("", "x", "70000", "-1"):  # Istio's injector refuses such a pod: the mesh's port stands
+        src["metadata"]["annotations"][p.ISTIO_STATUS_PORT_ANNOTATION] = bad
+        assert flag_values(container(rewrite(src, ON).pod, "report"), p.FLAG_QUIT) == [QUITQUITQUIT], bad
+
+
+def test_a_configured_istio_endpoint_keeps_its_scheme_host_and_path():
+    from webhook.rewrite._quit import quit_url
+    moved = {p.ISTIO_STATUS_PORT_ANNOTATION: "16000"}
+    assert quit_url(p.ISTIO_PROXY, "http://[::1]:15020/quitquitquit", moved) == "http://[::1]:16000/quitquitquit"
+    assert quit_url(p.ISTIO_PROXY, "http://localhost/quit?now=1", moved) == "http://localhost:16000/quit?now=1"
+    assert quit_url(p.LINKERD_PROXY, SHUTDOWN, moved) == SHUTDOWN, "Istio's annotation moves Istio's server only"

@@ -37,7 +37,7 @@ from ._reasons import Reason
 from ._strategy import Built
 from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, needs_image
 from ._quantity import format_quantity
-from ._quit import open_quit, refused_note
+from ._quit import open_quit, quit_url, refused_note
 from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, effective, growth_of,
     is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
 from ..settings import RewriteSettings
@@ -229,7 +229,8 @@ def wrap(container: Mapping, index: int, chain: _Chain,
 
 
 def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
-            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], hybrid: bool = False) -> _Chain:
+            sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], annotations: Mapping,
+            hybrid: bool = False) -> _Chain:
     # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
     quitted = [str(s["name"]) for s in regular_sidecars if s.get("name") in settings.quit_endpoints]
     ready_file, probes = gate(sidecars, hybrid)
@@ -244,7 +245,7 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
                            f"{gated * flags} bytes, past the {MAX_OBJECT_BYTES}-byte object limit of etcd",
                            reason=Reason.TOO_LARGE)
     return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes),
-                  quitted=frozenset(quitted), quit_urls=tuple(settings.quit_endpoints[n] for n in quitted),
+                  quitted=frozenset(quitted), quit_urls=tuple(quit_url(n, settings.quit_endpoints[n], annotations) for n in quitted),
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
@@ -440,13 +441,13 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         raise RewriteError(plan.problem, reason=Reason.RESOURCES)
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
+    annotations = mapping_at(pod, "metadata", "annotations")
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
-                     cls.all_sidecars, cls.sidecars, how == p.MODE_HYBRID)
+                     cls.all_sidecars, cls.sidecars, annotations, how == p.MODE_HYBRID)
     wrapped_steps = [wrap(c, i, chain, *argvs[c["name"]]) for i, c in enumerate(steps)]
     mains_by_name = {c["name"]: wrap(c, len(steps) + j, chain, *argvs[c["name"]])
                      for j, c in enumerate(cls.mains)}
 
-    annotations = mapping_at(pod, "metadata", "annotations")
     containers: list[dict] = []
     placed = False
     for c in spec.get("containers") or []:
@@ -561,11 +562,11 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         # after (the mesh's webhook ran after initshift's). Its steps' budget left them out.
         containers = give_back_to_sidecars(containers, steps, regular_sidecars, settings)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    annotations = mapping_at(pod, "metadata", "annotations")
     chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
-                     [*natives, *regular_sidecars], regular_sidecars, managed_as(pod) == p.MODE_HYBRID)
+                     [*natives, *regular_sidecars], regular_sidecars, annotations, managed_as(pod) == p.MODE_HYBRID)
     out = dict(pod)
     out["spec"] = dict(spec)
-    annotations = mapping_at(pod, "metadata", "annotations")
     out["spec"]["containers"] = [
         wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else
         open_quit(c, annotations) if c.get("name") in chain.quitted else c
