@@ -7,8 +7,8 @@ process ends while its hook still runs gets the hook killed and counted as faile
 process stays until the hook's process is gone (its record: waiter/copyrecord.py), then
 exits 0 and the container reads Completed.
 
-It copies the bundle too, first (waiter/install.py: atomic, whichever comes first; the hook
-then finds it in place). A kubelet restarted between this container's start and the hook's
+It copies the bundle too, first (waiter/install.py: atomic, whichever comes first; the
+other keeps the bundle it finds in place, which steps may be running from). A kubelet restarted between this container's start and the hook's
 end never runs the hook again, nor learns how one it had started ended: it goes on to
 start the steps, which then find their waiter, and this process, finding no hook of its
 run after `--hook-wait` seconds (120 by default; a hook normally records within a second
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("waiter hold: /proc is not mounted: cannot tell when the hook has ended\n")
         return p.EXIT_USAGE
     try:
-        install(source_dir(src), dest)
+        install(source_dir(src), dest, replace=False)  # a bundle in place may be running already
     except WaiterError as exc:  # said; the hook may still copy
         sys.stderr.write(f"waiter hold: {exc.message}\n")
     except OSError as exc:

@@ -77,7 +77,12 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
-def install(src: str, dest: str) -> str:
+def install(src: str, dest: str, *, replace: bool = True) -> str:
+    """Copy `src` to DEST/waiter through a temporary directory renamed into place, so the
+    path never holds half a bundle. A bundle already there is swapped for the new copy, or
+    with `replace=False` kept (hybrid's copier: its hook and its process both copy, and
+    steps may already run from the first copy placed: swapping it would delete their files
+    under them)."""
     if not os.path.isdir(dest):
         raise UsageError(f"{dest}: not a directory (mount the {p.BIN_VOLUME} volume there)")
     final = os.path.join(dest, p.WAITER_DIR_NAME)
@@ -92,6 +97,8 @@ def install(src: str, dest: str) -> str:
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR):
                 raise
+            if not replace:  # whole (it came by a rename): ours is dropped below
+                return os.path.join(final, p.WAITER_EXE_NAME)
             # Already installed: swap the new copy in, so the path never points at half a bundle.
             if not _exchange(tmp, final):
                 old = final + f".{os.getpid()}.old"
@@ -116,7 +123,7 @@ def main(argv: list[str]) -> int:
         if hook and os.access(placed, os.X_OK):  # `hold` copied first (a rename: whole or absent)
             exe = placed
         else:
-            exe = install(source_dir(explicit), args[0])
+            exe = install(source_dir(explicit), args[0], replace=not hook)
         if hook:
             record_hook(args[0])
     except WaiterError as exc:

@@ -139,3 +139,22 @@ def test_process_start_reads_past_any_command_name(tmp_path: Path) -> None:
         proc.wait()
     assert process_start(proc.pid) is None, "gone once reaped"
     assert process_start(os.getpid()) == process_start("self")
+
+
+def test_hold_keeps_a_bundle_the_hook_put_in_place(tmp_path: Path) -> None:
+    """The hook's copy finished first and returned: the kubelet has started the steps from
+    that bundle. `hold`'s own copy, finishing after, must not swap it (that deleted the
+    files of a step starting from it: a hybrid step died with SIGSEGV, exit 139, on v1.34.9)."""
+    src = bundle(tmp_path)
+    (src / p.WAITER_EXE_NAME).write_text("#!/bin/sh\n# the hook's copy\n")
+    subprocess.run([*SOURCE_WAITER, p.CMD_INIT, "--from", str(src), str(tmp_path)], env=waiter_env(), cwd=ROOT,
+                   check=True, capture_output=True)
+    placed = tmp_path / p.WAITER_DIR_NAME / p.WAITER_EXE_NAME
+    running = placed.stat().st_ino, (tmp_path / p.WAITER_DIR_NAME / "_internal" / "data").stat().st_ino
+    proc = hold(tmp_path)  # copies from a fresh bundle(): the plain "#!/bin/sh\n"
+    polled(proc)
+    assert (placed.stat().st_ino, (tmp_path / p.WAITER_DIR_NAME / "_internal" / "data").stat().st_ino) == running
+    assert placed.read_text() == "#!/bin/sh\n# the hook's copy\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == [p.WAITER_DIR_NAME], "hold's own copy is gone"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
