@@ -262,3 +262,60 @@ async def test_watch_on_a_terminal_redraws_in_place(kube: KubeDouble, cfg: str,
     screens = text.split("\x1b[H\x1b[J")
     assert code == 0 and screens[0] == "" and len(screens) >= 3
     assert "Running" in screens[1] and "\x1b[32mSucceeded\x1b[0m" in screens[-1]
+
+
+def ended_attempt(name: str, created: str, result: str) -> dict:
+    """Attempt `name` of Job `report`, ended with the watcher's outcome `result`."""
+    code = 0 if result == "Succeeded" else 3
+    attempt = with_status(pod("job-istio"), init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                          containers=[done("git-clone", 3, 5), done("build", 5, 9, code),
+                                      terminated("istio-proxy", 0, started_at=at(3), finished_at=at(10))],
+                          phase="Succeeded" if code == 0 else "Failed")
+    attempt["metadata"].update(name=name, creationTimestamp=created)
+    attempt["metadata"]["labels"].update({"job-name": "report", "batch.kubernetes.io/job-name": "report"})
+    attempt["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = json.dumps({
+        "result": result, "failed": None if code == 0 else "build", "message": "", "steps": [], "mains": [],
+        "sidecarsStoppedBy": "quit", "decidedAt": at(11)})
+    return attempt
+
+
+def report_job(*conditions: str) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "report", "namespace": "builds"},
+            "spec": {"template": {}},
+            "status": {"conditions": [{"type": c, "status": "True"} for c in conditions]}}
+
+
+def job_reads(kube: KubeDouble) -> int:
+    return sum(1 for r in kube.requests if r.path == "/apis/batch/v1/namespaces/builds/jobs/report")
+
+
+async def test_watch_of_a_job_follows_its_next_pod_until_the_job_is_finished(kube: KubeDouble, cfg: str) -> None:
+    """`-w job/NAME`: its pod failed and the Job controller starts another (after its
+    backoff): that one is shown and watched in turn; once the Job is Complete, it ends."""
+    kube.put("jobs", report_job())
+    kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T10:00:00Z", "Failed"))
+    task = asyncio.create_task(status("job/report", "-w", "-o", "json", "--kubeconfig", cfg))
+    await eventually(lambda: job_reads(kube) >= 2, "the Job read again while no next pod exists")
+    assert not task.done()
+    kube.put_pod(ended_attempt("report-z9y8x", "2024-05-01T10:00:30Z", "Succeeded"))
+    await eventually(lambda: job_reads(kube) >= 3, "the Job read after the second pod ended")
+    kube.put("jobs", report_job("SuccessCriteriaMet", "Complete"))
+    code, out, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "job/report: next pod/report-z9y8x\n")
+    shown, at_ = [], 0
+    while out[at_:].strip():  # one JSON document per drawing
+        doc, at_ = json.JSONDecoder().raw_decode(out, len(out) - len(out[at_:].lstrip()))
+        shown.append(doc["name"])
+    assert shown[0] == "report-a1b2c" and shown[-1] == "report-z9y8x" and set(shown) == {"report-a1b2c", "report-z9y8x"}
+
+
+async def test_watch_of_a_job_ends_with_its_pod_where_the_job_cannot_be_read(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T10:00:00Z", "Failed"))
+    kube.fail_next("/apis/batch/v1/namespaces/builds/jobs/report", 403,
+                   message='jobs.batch "report" is forbidden: User "dev" cannot get resource "jobs"')
+    code, out, err = await asyncio.wait_for(status("job/report", "-w", "-o", "json", "--kubeconfig", cfg), BOUND)
+    assert code == 0 and json.loads(out)["name"] == "report-a1b2c"
+    assert err == ('job/report: cannot follow its next pod: no permission to read job builds/report: jobs.batch '
+                   '"report" is forbidden: User "dev" cannot get resource "jobs"\n')
+    code, _, err = await asyncio.wait_for(status("job/report", "-w", "--kubeconfig", cfg), BOUND)
+    assert (code, err) == (1, "initshift status: job builds/report was deleted\n")

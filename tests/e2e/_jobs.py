@@ -259,5 +259,33 @@ def job_failure_policy(env: Env, rec: Record) -> None:
         return f"{mode}: FailJob by rule 1 (clone's exit 3); exit codes " + ", ".join(
             f"{c} {s['terminated']['exitCode']}" if "terminated" in s else f"{c} never ran" for c, s in ran.items())
 
-    with ThreadPoolExecutor(len(modes)) as pool:
-        rec.note("; ".join(pool.map(checked, modes)))
+    # Only the rule for the main: the clone's failure is counted, and the Job retries it
+    # (`backoffLimit: 1`), as Kubernetes does where the main never started.
+    env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "retried"},
+        "spec": {"backoffLimit": 1, "podFailurePolicy": {"rules": rules[:1]}, "template": {
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                     "initContainers": [clone, build], "containers": [test]}}}})
+
+    def followed() -> str:
+        """`initshift status -w job/retried` follows the retry to the Job's end."""
+        wait_for(lambda: env.kube.pods(ns, "job-name=retried"), 60, "the Job's first pod", interval=0.5)
+        shown = initshift(env, "status", "-w", "job/retried", "-n", ns, "-o", "json", timeout=JOB_TIMEOUT)
+        assert shown.returncode == 0, (shown.returncode, shown.stderr)
+        names, at_ = [], 0
+        while shown.stdout[at_:].strip():  # one JSON document per drawing
+            doc, at_ = json.JSONDecoder().raw_decode(shown.stdout, len(shown.stdout) - len(shown.stdout[at_:].lstrip()))
+            names.append(doc["name"])
+        pods = sorted(x["metadata"]["name"] for x in env.kube.pods(ns, "job-name=retried"))
+        assert len(pods) == 2 and sorted(set(names)) == pods, (pods, names)
+        assert f"job/retried: next pod/{names[-1]}" in shown.stderr, shown.stderr
+        job = env.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/retried") or {}
+        failed = [c for c in job["status"].get("conditions") or [] if c["type"] == "Failed"]
+        assert failed and failed[0]["reason"] == "BackoffLimitExceeded", job["status"]
+        return "retried (rule 0 only): the clone's failure counted, 2 pods, BackoffLimitExceeded, both followed " \
+               "by `initshift status -w job/retried`"
+
+    with ThreadPoolExecutor(len(modes) + 1) as pool:
+        follow = pool.submit(followed)
+        notes = list(pool.map(checked, modes))
+        rec.note("; ".join([*notes, follow.result()]))

@@ -144,6 +144,7 @@ RESOURCES = {r.key: r for r in [
     Resource("limitranges", "/api/v1", "limitranges", "LimitRange"),
     Resource("resourcequotas", "/api/v1", "resourcequotas", "ResourceQuota"),
     Resource("deployments", "/apis/apps/v1", "deployments", "Deployment"),
+    Resource("jobs", "/apis/batch/v1", "jobs", "Job"),
     Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
     Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),
     Resource("events.k8s.io", "/apis/events.k8s.io/v1", "events", "Event"),

@@ -70,6 +70,28 @@ _POD_TYPES = ("pod", "pods", "po")
 _JOB_TYPES = ("job", "jobs", "job.batch", "jobs.batch")
 
 
+_ATTEMPT_POLL_SECONDS = 2.0  # -w job/NAME: how often to look for the Job's next pod
+
+
+def job_of(ref: str) -> str | None:
+    """The Job's name where `ref` is `job/NAME`; None where it names a pod (or nothing)."""
+    kind, _, name = ref.rpartition("/")
+    return name if kind.lower() in _JOB_TYPES and name else None
+
+
+def _age(pod: dict) -> tuple[str, str]:
+    """What orders a Job's pods: creation, then name (two created in the same second)."""
+    return str(pod["metadata"].get("creationTimestamp") or ""), pod["metadata"]["name"]
+
+
+async def _job_pods(api: KubeApi, namespace: str, job: str) -> list[dict]:
+    try:  # `job-name`: every Kubernetes version labels a Job's pods so (1.27+ also batch.kubernetes.io/job-name)
+        pods, _ = await api.list_pods(namespace, label_selector=f"job-name={job}")
+    except KubeError as e:
+        raise api_error(e, namespace, job, "list the pods of job") from None
+    return pods
+
+
 async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
     """The pod `ref` names: `NAME` or `pod/NAME`, or `job/NAME`, the Job's newest pod (a
     Job that retried has several; the newest is the attempt that runs or ran last), said
@@ -81,16 +103,42 @@ async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
         return await get_pod(api, namespace, name)
     if kind.lower() not in _JOB_TYPES:
         raise CliError(f"{ref}: a pod's name (or pod/NAME) or job/NAME, not {kind}/")
-    try:  # `job-name`: every Kubernetes version labels a Job's pods so (1.27+ also batch.kubernetes.io/job-name)
-        pods, _ = await api.list_pods(namespace, label_selector=f"job-name={name}")
-    except KubeError as e:
-        raise api_error(e, namespace, name, "list the pods of job") from None
+    pods = await _job_pods(api, namespace, name)
     if not pods:
         raise CliError(f"job {name} has no pods in namespace {namespace}")
-    newest = max(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), p["metadata"]["name"]))
+    newest = max(pods, key=_age)
     if len(pods) > 1:
         print(f"Found {len(pods)} pods, using pod/{newest['metadata']['name']} (the newest)", file=err)
     return await get_pod(api, namespace, newest["metadata"]["name"])
+
+
+def _finished(job: dict) -> bool:
+    """The Job has its terminal condition: it starts no more pods."""
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+async def next_attempt(api: KubeApi, namespace: str, job: str, after: dict, err: TextIO) -> dict | None:
+    """The Job's next pod after `after` (one that ended: a retry, or the next completion),
+    once the Job controller has made it; None once the Job is finished, or where it cannot
+    be read (said on `err`: the pod's own view was complete). The controller waits between
+    attempts (10 s, doubling), so this looks every _ATTEMPT_POLL_SECONDS."""
+    while True:
+        newer = [pod for pod in await _job_pods(api, namespace, job) if _age(pod) > _age(after)]
+        if newer:
+            name = min(newer, key=_age)["metadata"]["name"]
+            print(f"job/{job}: next pod/{name}", file=err)
+            return await get_pod(api, namespace, name)
+        try:
+            obj = await api.get_job(namespace, job)
+        except KubeError as e:
+            print(f"job/{job}: cannot follow its next pod: {api_error(e, namespace, job, 'read job')}", file=err)
+            return None
+        if obj is None:
+            raise CliError(f"job {namespace}/{job} was deleted")
+        if _finished(obj):
+            return None
+        await asyncio.sleep(_ATTEMPT_POLL_SECONDS)
 
 
 async def _follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> AsyncIterator[dict]:

@@ -4,7 +4,9 @@ One row per container with its state (waiting for step N, waiting for sidecars,
 running, completed, failed, skipped, ...), exit code, reason, start and duration, then
 the pod's result from the watcher's `initshift.io/outcome` (so a pod that ended
 Failed/DeadlineExceeded only to stop its sidecars reads as Succeeded). `--watch` redraws
-as the pod progresses and stops when it has ended.
+as the pod progresses and stops when it has ended; for `job/NAME`, once the Job is
+finished, following each pod the Job controller starts after it (a retry, the next
+completion).
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -24,7 +26,7 @@ from waiter import protocol as p
 from ..kube import KubeApi
 from ..watcher import FAILED, SUCCEEDED, parse_time
 from ._common import Parser
-from ._podcli import PodTracker, add_connection_args, paint, run_main, run_on_pod, use_colour
+from ._podcli import PodTracker, add_connection_args, job_of, next_attempt, paint, run_main, run_on_pod, use_colour
 from ._podio import dump
 from ._podview import PodView, State, pod_view, state_text
 
@@ -46,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap)
     ap.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format")
-    ap.add_argument("-w", "--watch", action="store_true", help="redraw as the pod progresses, until it ends")
+    ap.add_argument("-w", "--watch", action="store_true",
+                    help="redraw as the pod progresses, until it ends (job/NAME: then the Job's next pod, until the "
+                         "Job is finished)")
     return ap
 
 
@@ -160,16 +164,25 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
 
 
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
-        view = pod_view(pod, datetime.now(timezone.utc))
-        colour = use_colour(out)
-        if args.watch and colour and args.output == "table":
-            out.write(_CLEAR)
-        out.write(render(view, args.output, colour))
-        out.flush()
-        if args.watch:
+    async def show(api: KubeApi, namespace: str, pod: dict | None, args: argparse.Namespace) -> None:
+        # -w job/NAME follows the Job: once its pod has ended, the next one it starts.
+        job = job_of(args.pod) if args.watch else None
+        shown = 0
+        while pod is not None:
+            view = pod_view(pod, datetime.now(timezone.utc))
+            colour = use_colour(out)
+            if args.watch and colour and args.output == "table":
+                out.write(_CLEAR)
+            elif shown:  # the next pod of the Job, after its last pod's drawings
+                out.write({"yaml": "---\n", "table": "\n"}.get(args.output, ""))
+            shown += 1
+            out.write(render(view, args.output, colour))
+            out.flush()
+            if not args.watch:
+                return
             async with PodTracker(api, namespace, pod["metadata"]["name"], pod) as tracker:
                 await _watch(tracker, args, out)
+            pod = await next_attempt(api, namespace, job, tracker.pod, err) if job is not None else None
 
     return await run_on_pod("initshift status", _parser(), argv, show, err)
 

@@ -338,6 +338,9 @@ class KubeApi:
     async def get_deployment(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
 
+    async def get_job(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
+
     async def get_configmap(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
 
