@@ -87,7 +87,8 @@ class RewriteSettings:
                                             p.DEFAULT_MESH_INIT_NAMES)
     quit_endpoints: dict[str, str] = _env(
         "INITSHIFT_QUIT_ENDPOINTS",
-        "Sidecar quit endpoints, `name=url` comma list; the last main POSTs them.",
+        "Sidecar quit endpoints, `name=url` comma list; the last main POSTs them (`istio-proxy`'s on the port "
+        "of the pod's `status.sidecar.istio.io/port` where it names one).",
         dict(p.DEFAULT_QUIT_ENDPOINTS))
     resources_policy: str = _env("INITSHIFT_RESOURCES_POLICY",
                                  "How step requests are redistributed: `preserve`, `divide` or `keep`.",

@@ -25,9 +25,10 @@ Attrs = tuple[str, str, str, str, str]  # verb, group, resource, namespace ("" =
 Responder = Callable[[str, str, dict], tuple[int, Any]]
 
 # KubeApi methods the running server never calls (test and debugging helpers); RBAC need not cover them.
-# `initshift check` runs with the user's credentials: its calls are listed here too.
+# `initshift check`, `status` and `logs` run with the user's credentials: their calls are listed here too.
 NOT_USED_BY_THE_SERVER = {"pod_log", "create_pod", "delete_pod", "get_webhook_config", "list_webhook_configs",
-                          "list_namespaces", "get_service", "get_deployment", "get_configmap", "review_access", "get_version"}
+                          "list_namespaces", "get_service", "get_deployment", "get_configmap", "review_access", "get_version",
+                          "get_job"}
 
 
 class _Resp:
