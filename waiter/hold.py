@@ -8,11 +8,12 @@ process stays until the hook's process is gone (its record: waiter/copyrecord.py
 exits 0 and the container reads Completed.
 
 It copies the bundle too, first (waiter/install.py: atomic, whichever comes first; the
-other keeps the bundle it finds in place, which steps may be running from). A kubelet restarted between this container's start and the hook's
-end never runs the hook again, nor learns how one it had started ended: it goes on to
-start the steps, which then find their waiter, and this process, finding no hook of its
-run after `--hook-wait` seconds (120 by default; a hook normally records within a second
-of the container's start), exits 0 instead of holding the pod for ever.
+other keeps the bundle it finds in place, which steps may be running from). A kubelet
+restarted between this container's start and the hook's end never runs the hook again, nor
+learns how one it had started ended: it goes on to start the steps, which then find their
+waiter, and this process, finding no hook of its run after `--hook-wait` seconds (120 by
+default; a hook normally records within a second of the container's start), exits 0 instead
+of holding the pod for ever.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ One row per container with its state (waiting for step N, waiting for sidecars,
 running, completed, failed, skipped, ...), exit code, reason, start and duration, then
 the pod's result from the watcher's `initshift.io/outcome` (so a pod that ended
 Failed/DeadlineExceeded only to stop its sidecars reads as Succeeded). `--watch` redraws
-as the pod progresses and stops when it has ended; for `job/NAME`, once the Job is
-finished, following each pod the Job controller starts after it (a retry, the next
-completion).
+as the pod progresses and stops when it has ended; for `job/NAME` it then follows each
+pod the Job controller starts after it (a retry, the next completion) until the Job is
+finished.
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -164,12 +164,12 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
 
 
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    async def show(api: KubeApi, namespace: str, pod: dict | None, args: argparse.Namespace) -> None:
+    async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
         # -w job/NAME follows the Job: once its pod has ended, the next one it starts.
         job = job_of(args.pod) if args.watch else None
-        shown = 0
-        while pod is not None:
-            view = pod_view(pod, datetime.now(timezone.utc))
+        shown, current = 0, pod
+        while current is not None:
+            view = pod_view(current, datetime.now(timezone.utc))
             colour = use_colour(out)
             if args.watch and colour and args.output == "table":
                 out.write(_CLEAR)
@@ -180,9 +180,9 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
             out.flush()
             if not args.watch:
                 return
-            async with PodTracker(api, namespace, pod["metadata"]["name"], pod) as tracker:
+            async with PodTracker(api, namespace, current["metadata"]["name"], current) as tracker:
                 await _watch(tracker, args, out)
-            pod = await next_attempt(api, namespace, job, tracker.pod, err) if job is not None else None
+            current = await next_attempt(api, namespace, job, tracker.pod, err) if job is not None else None
 
     return await run_on_pod("initshift status", _parser(), argv, show, err)
 

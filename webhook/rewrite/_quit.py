@@ -3,11 +3,12 @@
 The last main POSTs each regular sidecar's quit endpoint (`INITSHIFT_QUIT_ENDPOINTS`).
 Istio's `/quitquitquit` is served by pilot-agent's status server, on the port the pod's
 `status.sidecar.istio.io/port` names where it names one (Istio's injector puts it in the
-proxy's configuration over the mesh's); "0" runs no status server, so no quit. Linkerd's proxy serves `/shutdown` only where
-`LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true", and since Linkerd 2.16 its injector
-writes "false" unless the workload asks (`config.linkerd.io/proxy-admin-shutdown:
-enabled`; the chart's `proxy.enableShutdownEndpoint`): an endpoint an SSRF in the app could
-reach. Refused, the quit leaves the proxy running and the watcher must end the pod with
+proxy's configuration over the mesh's); "0" runs no status server, so no quit. Linkerd's
+proxy serves `/shutdown` only where `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true",
+and since Linkerd 2.16 its injector writes "false" unless the workload asks
+(`config.linkerd.io/proxy-admin-shutdown: enabled`; the chart's
+`proxy.enableShutdownEndpoint`): an endpoint an SSRF in the app could reach. Refused, the
+quit leaves the proxy running and the watcher must end the pod with
 `activeDeadlineSeconds`: phase `Failed`, which a Job counts as a failed attempt and runs
 again. So for a proxy the waiter quits, the rewrite asks what the annotation would (the
 injector has run by then, or the pod is re-invoked after it); a pod annotated `disabled`
