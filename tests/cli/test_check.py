@@ -228,6 +228,24 @@ async def test_linkerd_injector_and_where_it_injects(kube: KubeDouble, tmp_path)
            "natively: yes (proxy.nativeSidecar: true in linkerd/linkerd-config)" in titles
 
 
+@pytest.mark.parametrize("values, says", [
+    ("proxy:\n  nativeSidecar: false\n", "no (proxy.nativeSidecar: false in linkerd/linkerd-config)"),
+    ("linkerdVersion: edge-25.12.3\nproxy:\n  logLevel: warn\n",
+     "Linkerd's default (proxy.nativeSidecar unset in linkerd/linkerd-config, linkerdVersion edge-25.12.3; "
+     "on from Linkerd 2.20)"),
+    ("proxy: null\n", "Linkerd's default (proxy.nativeSidecar unset in linkerd/linkerd-config; on from Linkerd 2.20)"),
+    ("[not, a, mapping]", "Linkerd's default (proxy.nativeSidecar unset in linkerd/linkerd-config; on from Linkerd 2.20)"),
+])
+async def test_linkerd_native_as_its_config_says(kube: KubeDouble, values: str, says: str) -> None:
+    """A key the stored values leave out is the release's default (on from 2.20), not "no"."""
+    from webhook.cli._check_preflight import _linkerd_native
+    from webhook.kube import KubeApi
+
+    kube.put("configmaps", {"metadata": {"name": "linkerd-config", "namespace": "linkerd"}, "data": {"values": values}})
+    async with KubeApi.for_host(kube.url) as api:
+        assert await _linkerd_native(api, {"namespace": "linkerd", "name": "linkerd-proxy-injector"}) == says
+
+
 def test_label_selectors_as_the_apiserver_reads_them() -> None:
     from webhook.cli._check_preflight import selects
 

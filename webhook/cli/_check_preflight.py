@@ -165,7 +165,12 @@ async def _linkerd_native(api: KubeApi, service: dict) -> str:
         values = yaml.safe_load((cm.get("data") or {}).get("values") or "") or {}
     except yaml.YAMLError:
         values = {}
-    native = ((values.get("proxy") or {}) if isinstance(values, dict) else {}).get("nativeSidecar")
+    values = values if isinstance(values, dict) else {}
+    native = (values.get("proxy") or {}).get("nativeSidecar") if isinstance(values.get("proxy"), dict) else None
+    if native is None:  # as Istio's unset switch: the release decides
+        version = values.get("linkerdVersion")
+        return (f"Linkerd's default (proxy.nativeSidecar unset in {ns}/{_LINKERD_CONFIG}"
+                f"{f', linkerdVersion {version}' if version else ''}; on from Linkerd 2.20)")
     return f"{'yes' if native is True else 'no'} (proxy.nativeSidecar: {str(native).lower()} in {ns}/{_LINKERD_CONFIG})"
 
 
