@@ -119,6 +119,44 @@ def istio_status_port(env: Env, rec: Record) -> None:
              f"{stop}; the Job completed with its one pod")
 
 
+@scenario("job-ttl")
+def job_ttl(env: Env, rec: Record) -> None:
+    """A Job with `ttlSecondsAfterFinished: 0` (the TTL controller deletes it, and its pods,
+    as soon as it has finished: a common CronJob setting), under the waiter: its main
+    succeeds, and the watcher, whose pod is deleted right after the end, records the
+    outcome or lets it go calmly (no error, no traceback in its log)."""
+    ns = env.namespace("ttl")
+    rec.namespaces.append(ns)
+    report = step("report", env.images.busybox, port=ISTIO_TRAFFIC, path="nightly")
+    env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "report"},
+        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 0, "template": {
+            "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [report]}}}})
+    name = wait_for(lambda: next((x["metadata"]["name"] for x in env.kube.pods(ns, "job-name=report")), None),
+                    60, "the Job's pod", interval=0.2)
+    phases: list[str] = []
+
+    def gone() -> bool:
+        pod = env.kube.pod(ns, name)
+        if pod is not None:
+            phases.append((pod.get("status") or {}).get("phase", ""))
+        return pod is None and env.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/report") is None
+
+    wait_for(gone, JOB_TIMEOUT, f"Job {ns}/report finished and deleted with its pod", interval=0.1)
+    assert "Failed" not in phases, phases
+    time.sleep(3)  # the watcher's grace after the pod's end, and its retries
+    log = env.install.watcher.log.read_text(errors="replace").splitlines()
+    about = [line for line in log if f'"pod":"{name}"' in line]
+    bad = [line for line in about if '"level":"error"' in line]
+    assert not bad and not any("Traceback" in line for line in log), bad or "a traceback in the watcher's log"
+    said = [json.loads(line)["msg"] for line in about if '"action":"outcome"' in line]
+    assert all(m.startswith("Succeeded") for m in said), said
+    rec.note(f"the TTL controller deleted the Job and its pod once it finished (phases seen: "
+             f"{', '.join(dict.fromkeys(phases))}); the watcher: {said[0] if said else 'no outcome (pod gone first)'}; "
+             f"no error in its {len(about)} lines about the pod")
+
+
 @scenario("cronjob")
 def cronjob(env: Env, rec: Record) -> None:
     """A CronJob-created Job without init containers: Completes, its first attempt through the proxy, the proxy ends."""
