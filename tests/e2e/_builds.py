@@ -290,6 +290,39 @@ def user_native_sidecar(env: Env, rec: Record) -> None:
         rec.note("; ".join(pool.map(built, modes)))
 
 
+@scenario("own-sidecar-after-step", applies=native_only)
+def own_sidecar_after_step(env: Env, rec: Record) -> None:
+    """A build whose own native sidecar comes after its first step, which prepares it (a
+    cache that reads the configuration the clone wrote), under `auto`: the native strategy
+    keeps that order, the kubelet starts the cache once the clone has run (first start, no
+    restart), the later step reaches the cache and the proxy, the pod succeeds."""
+    ns = env.namespace("latesidecar")
+    rec.namespaces.append(ns)
+    mount = [{"name": "workspace", "mountPath": "/workspace"}]
+    clone = step("clone", env.images.busybox, port=ISTIO_TRAFFIC, extra="echo cache up > /workspace/index.html; ",
+                 volumeMounts=mount)
+    cache = {"name": "cache", "image": env.images.busybox, "imagePullPolicy": "IfNotPresent", "restartPolicy": "Always",
+             "command": ["sh", "-c", "test -f /workspace/index.html || { echo 'cache: no configuration'; exit 1; }; "
+                                     "exec httpd -f -p 6379 -h /workspace"],
+             "startupProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 1}, "volumeMounts": mount}
+    build = step("build", env.images.busybox, port=ISTIO_TRAFFIC,
+                 extra="timeout 5 wget -q -O - http://127.0.0.1:6379/ || exit 9; ", volumeMounts=mount)
+    body = _build_pod(env, "late", [clone, cache, build])
+    body["spec"]["volumes"] = [*body["spec"].get("volumes", []), {"name": "workspace", "emptyDir": {}}]
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+    obj = wait_end(env.kube, ns, "late")
+    assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    assert managed(obj) == p.MODE_NATIVE, managed(obj)
+    init, _ = container_names(obj)
+    assert init.index("istio-proxy") < init.index("clone") < init.index("cache") < init.index("build"), init
+    cache_status = next(c for c in obj["status"]["initContainerStatuses"] if c["name"] == "cache")
+    assert cache_status.get("restartCount") == 0, f"the cache started before its configuration: {cache_status}"
+    assert first(log_lines(env.kube, ns, "late", "build"), "^cache up$"), "build did not reach the cache"
+    assert first(log_lines(env.kube, ns, "late", "clone"), "^clone fetched "), "the clone's call through the proxy"
+    rec.note("auto chose native: proxy, clone, cache, build in their order; the cache's first start found the "
+             "clone's configuration; build reached it; Succeeded")
+
+
 @scenario("no-quit-sidecar")
 def no_quit_sidecar(env: Env, rec: Record) -> None:
     """A sidecar without a quit endpoint: the watcher ends the pod, the outcome says Succeeded."""

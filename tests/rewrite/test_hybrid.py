@@ -356,6 +356,45 @@ def test_auto_picks_hybrid_native_or_waiter():
     assert "git-clone" in names(result.pod["spec"]["initContainers"])
 
 
+def _with_own_sidecar(pod: dict, after: int) -> dict:
+    """`pod` with a native sidecar of its own (a cache the later steps use) placed after
+    its first `after` steps."""
+    pod = copy.deepcopy(pod)
+    inits = pod["spec"]["initContainers"]
+    steps = [i for i, c in enumerate(inits) if c["name"] not in ("istio-init", "istio-validation", "istio-proxy")]
+    at = steps[after] if after < len(steps) else len(inits)
+    inits.insert(at, {"name": "cache", "image": "redis:7", "command": ["redis-server"], "restartPolicy": "Always"})
+    return pod
+
+
+def test_a_sidecar_of_the_pods_own_after_a_step_keeps_its_place():
+    """Kubernetes starts a native sidecar where it is declared, once the init containers
+    before it have run (they may prepare it). auto keeps that under the native strategy;
+    an explicit waiter or hybrid moves the steps out, which starts it first: said."""
+    late = _with_own_sidecar(CATALOGUE["job-istio"], after=1)
+    result = rewrite(late, AUTO, native_supported=True)
+    assert result.strategy == p.MODE_NATIVE and result.changed
+    inits = names(result.pod["spec"]["initContainers"])
+    assert inits.index("istio-proxy") < inits.index("git-clone") < inits.index("cache"), \
+        "the proxy first; the sidecar still starts after the step before it"
+    assert any("native sidecar 'cache' comes after step 'git-clone': the native strategy keeps that order" in w
+               for w in result.warnings), result.warnings
+    assert_valid_pod(result.pod)
+    for settings in (HYBRID, Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_WAITER))):
+        moved = rewrite(late, settings, native_supported=True)
+        assert moved.strategy == settings.rewrite.mode and moved.changed
+        assert any("native sidecar 'cache' now starts before the steps declared ahead of it ('git-clone')" in w
+                   for w in moved.warnings), moved.warnings
+        assert_valid_pod(moved.pod)
+    first = rewrite(_with_own_sidecar(CATALOGUE["job-istio"], after=0), AUTO, native_supported=True)
+    assert first.strategy == p.MODE_HYBRID and not any("native sidecar 'cache'" in w for w in first.warnings), \
+        "a sidecar before every step starts first anyway"
+    proxy_late = pods.inject_istio(CATALOGUE["job"], "native")
+    inits = proxy_late["spec"]["initContainers"]
+    inits.append(inits.pop(1))  # the mesh's proxy after the step: moving the step behind it is the point
+    assert rewrite(proxy_late, AUTO, native_supported=True).strategy == p.MODE_HYBRID
+
+
 def test_hybrid_refuses_what_it_cannot_handle():
     always = hybrid(CATALOGUE["deployment-istio"])
     assert always.reason == "restart-policy" and "mode=native" in always.warnings[0]

@@ -52,6 +52,9 @@ class Classification:
     native_sidecars: list[dict] = field(default_factory=list)  # restartable init containers
     warnings: list[str] = field(default_factory=list)
     sidecar_names: set[str] = field(default_factory=set)  # the names recognised as sidecars (sidecar_names())
+    # The pod's own native sidecars declared after a step, each with the steps before it:
+    # the kubelet starts such a sidecar only once those have run (they may prepare it).
+    late_sidecars: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
     def all_sidecars(self) -> list[dict]:
@@ -100,6 +103,8 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
         if is_restartable(c):
             out.kept_init.append(c)
             out.native_sidecars.append(c)
+            if out.steps and name not in sidecars:  # a mesh's proxy is meant to come first
+                out.late_sidecars.append((str(name), [str(s.get("name")) for s in out.steps]))
         elif name in mesh_inits or name in kept or name == p.INIT_CONTAINER_NAME:
             if out.steps and name in kept:
                 out.warnings.append(

@@ -300,12 +300,23 @@ def _honoured(case: _Case) -> str:
     return f"{_no_native(None)}; native sidecars used as {case.asked_by} asks"
 
 
-def _choose_native(case: _Case) -> Plan:
+def _late_sidecars(cls: Classification, keeps_order: bool) -> list[str]:
+    """What to say of the pod's own native sidecars declared after steps: the native
+    strategy keeps their place (`keeps_order`); moving the steps out starts them first."""
+    if keeps_order:
+        return [f"native sidecar {name!r} comes after step {before[-1]!r}: the native strategy keeps that order "
+                f"(hybrid would start it before {', '.join(map(repr, before))})" for name, before in cls.late_sidecars]
+    return [f"native sidecar {name!r} now starts before the steps declared ahead of it ({', '.join(map(repr, before))}),"
+            f" which run as regular containers: one that needs what they prepare may fail its start; "
+            f"{p.ANNOTATION_MODE}=native keeps the order" for name, before in cls.late_sidecars]
+
+
+def _choose_native(case: _Case, notes: Sequence[str] = ()) -> Plan:
     pod, mode = case.pod, case.mode
     managed = native_strategy.is_managed(pod)
     if not case.cls.steps and not _runs_to_completion(pod):  # first: such a pod needs nothing, whatever the cluster
         return case.skip(Reason.NO_INIT_CONTAINERS, "no init container needs the sidecars; admitted unchanged")
-    notes = []
+    notes = list(notes)
     if mode in (p.MODE_NATIVE, p.MODE_HYBRID) and not managed and case.native is not True:
         if case.native is False:
             return _unsupported(case)
@@ -341,9 +352,10 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
         return Unchanged(pod=pod, reason=Reason.WINDOWS, message="Windows pods are not supported; admitted unchanged")
     strategy = _strategy(pod, mode, native)
     case = _Case(pod, settings, mode, _mode_origin(pod, mode, mode_from), native, classify(pod, settings.rewrite))
-    if strategy == p.MODE_NATIVE:
-        return _choose_native(case)
     cls = case.cls
+    if strategy == p.MODE_NATIVE or (mode == p.MODE_AUTO and cls.late_sidecars and native):
+        # auto: a sidecar of the pod's own placed after steps keeps its place among them
+        return _choose_native(case, _late_sidecars(cls, keeps_order=True) if strategy != p.MODE_NATIVE else ())
     policy = spec.get("restartPolicy", "Always")
     if not cls.steps and policy not in _RUN_TO_COMPLETION:
         # A long-running pod without init containers: nothing for any strategy to move.
@@ -363,7 +375,7 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
             return case.skip(Reason.ALREADY_NATIVE, f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                                     f"admitted unchanged")
         strategy = p.MODE_HYBRID  # the proxy is (or will be) native: steps beside it are the hybrid's
-    notes = []
+    notes = _late_sidecars(cls, keeps_order=False)
     if strategy == p.MODE_HYBRID and proxies:
         notes.append(f"the proxy {proxies[0]!r} already runs as a native sidecar: the steps run beside it under "
                      f"the waiter (hybrid)")
@@ -376,7 +388,7 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
     if not cls.sidecars and not has_mesh_marker(pod) and not proxies:
         if len(cls.steps) > 1 and case.annotated and mode in (p.MODE_WAITER, p.MODE_HYBRID):
             return case.go(strategy, [f"no sidecar: the steps run under the waiter as {case.asked_by} asks, handed "
-                                      f"off in milliseconds instead of the kubelet's init order"])
+                                      f"off in milliseconds instead of the kubelet's init order", *notes])
         return _no_sidecar(case)  # native sidecars already run beside the init containers
     return case.go(strategy, notes)
 
