@@ -307,8 +307,8 @@ def _late_sidecars(cls: Classification, keeps_order: bool) -> list[str]:
         return [f"native sidecar {name!r} comes after step {before[-1]!r}: the native strategy keeps that order "
                 f"(hybrid would start it before {', '.join(map(repr, before))})" for name, before in cls.late_sidecars]
     return [f"native sidecar {name!r} now starts before the steps declared ahead of it ({', '.join(map(repr, before))}),"
-            f" which run as regular containers: one that needs what they prepare may fail its start; "
-            f"{p.ANNOTATION_MODE}=native keeps the order" for name, before in cls.late_sidecars]
+            f" which run as regular containers once it has started: one that needs what they prepare never starts "
+            f"and the pod never ends; {p.ANNOTATION_MODE}=native keeps the order" for name, before in cls.late_sidecars]
 
 
 def _choose_native(case: _Case, notes: Sequence[str] = ()) -> Plan:
