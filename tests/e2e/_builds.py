@@ -144,8 +144,15 @@ def cancelled_build(env: Env, rec: Record) -> None:
         killed = {c: end for c, end in ends.items() if end.get("exitCode") == 137}
         assert not killed, f"{mode}: SIGKILLed at the end of the grace period: {killed}"
         assert not first(log_lines(env.kube, ns, name, "compile"), "^compile start$"), f"{mode}: compile ran"
-        assert ends["compile"].get("exitCode") == 143, f"{mode}: compile, waiting its turn, ended {ends['compile']}"
-        return f"{mode}: every container stopped on SIGTERM in {took:.1f} s (grace {CANCEL_GRACE} s)"
+        # Waiting its turn, compile ends on its own SIGTERM (Stopped, 143) or, where it reads
+        # fetch's record of that signal first, skipped (0): either way it never ran.
+        record = json.loads(ends["compile"].get("message") or "{}")
+        assert (record.get("reason"), ends["compile"].get("exitCode")) in (
+            (p.REASON_STOPPED, 143), (p.REASON_SKIPPED, 0)), f"{mode}: compile, waiting its turn, ended {ends['compile']}"
+        assert ends["fetch"].get("exitCode") == 143, f"{mode}: fetch ended {ends['fetch']}"
+        assert obj["status"].get("phase") != "Succeeded", f"{mode}: a cancelled build's pod Succeeded"
+        return f"{mode}: every container stopped on SIGTERM in {took:.1f} s (grace {CANCEL_GRACE} s); compile " \
+               f"{record.get('reason')}"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(cancelled, modes)))
