@@ -395,6 +395,20 @@ def test_a_sidecar_of_the_pods_own_after_a_step_keeps_its_place():
     assert rewrite(proxy_late, AUTO, native_supported=True).strategy == p.MODE_HYBRID
 
 
+def test_a_kept_init_container_after_a_step_is_warned_about_only_where_it_moves_ahead():
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["initContainers"].append({"name": "setup", "image": "busybox", "command": ["true"]})
+    pod["metadata"]["annotations"][p.ANNOTATION_KEEP_INIT] = "setup"
+    said = "init container 'setup' is kept (initshift.io/keep-init) and now runs before the steps that preceded it"
+    for settings in (HYBRID, Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_WAITER))):
+        result = rewrite(pod, settings, native_supported=True)
+        assert result.strategy == settings.rewrite.mode and any(said in w for w in result.warnings), result.warnings
+    native = rewrite(pod, Settings(feature_gate=True, rewrite=RewriteSettings(mode=p.MODE_NATIVE)),
+                     native_supported=True)
+    assert native.strategy == p.MODE_NATIVE and not any("keep-init" in w for w in native.warnings), \
+        "the native strategy keeps every init container in its place"
+
+
 def test_hybrid_refuses_what_it_cannot_handle():
     always = hybrid(CATALOGUE["deployment-istio"])
     assert always.reason == "restart-policy" and "mode=native" in always.warnings[0]

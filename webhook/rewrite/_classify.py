@@ -55,6 +55,8 @@ class Classification:
     # The pod's own native sidecars declared after a step, each with the steps before it:
     # the kubelet starts such a sidecar only once those have run (they may prepare it).
     late_sidecars: list[tuple[str, list[str]]] = field(default_factory=list)
+    # Init containers kept (initshift.io/keep-init) declared after a step.
+    kept_after_steps: list[str] = field(default_factory=list)
 
     @property
     def all_sidecars(self) -> list[dict]:
@@ -107,9 +109,7 @@ def classify(pod: Mapping, settings: RewriteSettings) -> Classification:
                 out.late_sidecars.append((str(name), [str(s.get("name")) for s in out.steps]))
         elif name in mesh_inits or name in kept or name == p.INIT_CONTAINER_NAME:
             if out.steps and name in kept:
-                out.warnings.append(
-                    f"init container {name!r} is kept ({p.ANNOTATION_KEEP_INIT}) and now runs before the steps "
-                    f"that preceded it")
+                out.kept_after_steps.append(str(name))
             out.kept_init.append(c)
         else:
             out.steps.append(c)

@@ -300,15 +300,19 @@ def _honoured(case: _Case) -> str:
     return f"{_no_native(None)}; native sidecars used as {case.asked_by} asks"
 
 
-def _late_sidecars(cls: Classification, keeps_order: bool) -> list[str]:
-    """What to say of the pod's own native sidecars declared after steps: the native
-    strategy keeps their place (`keeps_order`); moving the steps out starts them first."""
+def _order_notes(cls: Classification, keeps_order: bool) -> list[str]:
+    """What to say of the init containers that stay init containers though declared after
+    steps (the pod's own native sidecars, `keep-init` ones): the native strategy keeps
+    their place (`keeps_order`); the waiter and hybrid move the steps out, after them."""
     if keeps_order:
         return [f"native sidecar {name!r} comes after step {before[-1]!r}: the native strategy keeps that order "
                 f"(hybrid would start it before {', '.join(map(repr, before))})" for name, before in cls.late_sidecars]
-    return [f"native sidecar {name!r} now starts before the steps declared ahead of it ({', '.join(map(repr, before))}),"
-            f" which run as regular containers once it has started: one that needs what they prepare never starts "
-            f"and the pod never ends; {p.ANNOTATION_MODE}=native keeps the order" for name, before in cls.late_sidecars]
+    return [*(f"native sidecar {name!r} now starts before the steps declared ahead of it "
+              f"({', '.join(map(repr, before))}), which run as regular containers once it has started: one that needs "
+              f"what they prepare never starts and the pod never ends; {p.ANNOTATION_MODE}=native keeps the order"
+              for name, before in cls.late_sidecars),
+            *(f"init container {name!r} is kept ({p.ANNOTATION_KEEP_INIT}) and now runs before the steps that "
+              f"preceded it" for name in cls.kept_after_steps)]
 
 
 def _choose_native(case: _Case, notes: Sequence[str] = ()) -> Plan:
@@ -355,7 +359,7 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
     cls = case.cls
     if strategy == p.MODE_NATIVE or (mode == p.MODE_AUTO and cls.late_sidecars and native):
         # auto: a sidecar of the pod's own placed after steps keeps its place among them
-        return _choose_native(case, _late_sidecars(cls, keeps_order=True) if strategy != p.MODE_NATIVE else ())
+        return _choose_native(case, _order_notes(cls, keeps_order=True) if strategy != p.MODE_NATIVE else ())
     policy = spec.get("restartPolicy", "Always")
     if not cls.steps and policy not in _RUN_TO_COMPLETION:
         # A long-running pod without init containers: nothing for any strategy to move.
@@ -375,7 +379,7 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
             return case.skip(Reason.ALREADY_NATIVE, f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                                     f"admitted unchanged")
         strategy = p.MODE_HYBRID  # the proxy is (or will be) native: steps beside it are the hybrid's
-    notes = _late_sidecars(cls, keeps_order=False)
+    notes = _order_notes(cls, keeps_order=False)
     if strategy == p.MODE_HYBRID and proxies:
         notes.append(f"the proxy {proxies[0]!r} already runs as a native sidecar: the steps run beside it under "
                      f"the waiter (hybrid)")
