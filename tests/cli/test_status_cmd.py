@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.support.fixtures import pods
+from tests.support.jsonstream import json_documents
 from tests.support.kubedouble import KubeDouble, terminated
 from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
 from tests.cli.test_podview import kpack_deadline_after_success, kpack_running
@@ -302,10 +303,7 @@ async def test_watch_of_a_job_follows_its_next_pod_until_the_job_is_finished(kub
     kube.put("jobs", report_job("SuccessCriteriaMet", "Complete"))
     code, out, err = await asyncio.wait_for(task, BOUND)
     assert (code, err) == (0, "job/report: next pod/report-z9y8x\n")
-    shown, at_ = [], 0
-    while out[at_:].strip():  # one JSON document per drawing
-        doc, at_ = json.JSONDecoder().raw_decode(out, len(out) - len(out[at_:].lstrip()))
-        shown.append(doc["name"])
+    shown = [doc["name"] for doc in json_documents(out)]  # one per drawing
     assert shown[0] == "report-a1b2c" and shown[-1] == "report-z9y8x" and set(shown) == {"report-a1b2c", "report-z9y8x"}
 
 

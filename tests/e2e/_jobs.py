@@ -8,6 +8,7 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from tests.support.jsonstream import json_documents
 from waiter import protocol as p
 
 from ._check import check_build, proxy_instant, proxy_stop, record_times
@@ -310,10 +311,7 @@ def job_failure_policy(env: Env, rec: Record) -> None:
         wait_for(lambda: env.kube.pods(ns, "job-name=retried"), 60, "the Job's first pod", interval=0.5)
         shown = initshift(env, "status", "-w", "job/retried", "-n", ns, "-o", "json", timeout=JOB_TIMEOUT)
         assert shown.returncode == 0, (shown.returncode, shown.stderr)
-        names, at_ = [], 0
-        while shown.stdout[at_:].strip():  # one JSON document per drawing
-            doc, at_ = json.JSONDecoder().raw_decode(shown.stdout, len(shown.stdout) - len(shown.stdout[at_:].lstrip()))
-            names.append(doc["name"])
+        names = [doc["name"] for doc in json_documents(shown.stdout)]  # one per drawing
         pods = sorted(x["metadata"]["name"] for x in env.kube.pods(ns, "job-name=retried"))
         assert len(pods) == 2 and sorted(set(names)) == pods, (pods, names)
         assert f"job/retried: next pod/{names[-1]}" in shown.stderr, shown.stderr

@@ -166,7 +166,8 @@ async def _linkerd_native(api: KubeApi, service: dict) -> str:
     except yaml.YAMLError:
         values = {}
     values = values if isinstance(values, dict) else {}
-    native = (values.get("proxy") or {}).get("nativeSidecar") if isinstance(values.get("proxy"), dict) else None
+    proxy = values.get("proxy")
+    native = proxy.get("nativeSidecar") if isinstance(proxy, dict) else None
     if native is None:  # as Istio's unset switch: the release decides
         version = values.get("linkerdVersion")
         return (f"Linkerd's default (proxy.nativeSidecar unset in {ns}/{_LINKERD_CONFIG}"
