@@ -53,6 +53,9 @@ ISTIO_INJECT_LABEL = "sidecar.istio.io/inject"
 ISTIO_NATIVE_ANNOTATION = "sidecar.istio.io/nativeSidecar"
 # The pod's port of pilot-agent's status server, which serves /quitquitquit ("0": none).
 ISTIO_STATUS_PORT_ANNOTATION = "status.sidecar.istio.io/port"
+# The pod's own ProxyConfig (YAML), over the mesh's; its `statusPort` moves that server too.
+ISTIO_PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
+ISTIO_PROXY_CONFIG_ENV = "PROXY_CONFIG"  # the proxy's ProxyConfig (JSON) as Istio's injector merged it
 LINKERD_INJECT_ANNOTATION = "linkerd.io/inject"
 # Linkerd's native-sidecar switch under each name its releases read: config.linkerd.io from
 # 2.20 (native is then the default), config.beta from 2.19, config.alpha from 2.15 (deprecated

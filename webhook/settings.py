@@ -87,8 +87,9 @@ class RewriteSettings:
                                             p.DEFAULT_MESH_INIT_NAMES)
     quit_endpoints: dict[str, str] = _env(
         "INITSHIFT_QUIT_ENDPOINTS",
-        "Sidecar quit endpoints, `name=url` comma list; the last main POSTs them (`istio-proxy`'s on the port "
-        "of the pod's `status.sidecar.istio.io/port` where it names one).",
+        "Sidecar quit endpoints, `name=url` comma list; the last main POSTs them (`istio-proxy`'s on the "
+        "status port pilot-agent reads where the pod or the mesh moves it: `status.sidecar.istio.io/port`, "
+        "`statusPort` of `proxy.istio.io/config` or of the proxy's `PROXY_CONFIG`).",
         dict(p.DEFAULT_QUIT_ENDPOINTS))
     resources_policy: str = _env("INITSHIFT_RESOURCES_POLICY",
                                  "How step requests are redistributed: `preserve`, `divide` or `keep`.",

@@ -96,28 +96,34 @@ def linkerd_job(env: Env, rec: Record) -> None:
 
 @scenario("istio-status-port")
 def istio_status_port(env: Env, rec: Record) -> None:
-    """A Job whose pod moves Istio's status server (`status.sidecar.istio.io/port`, which
-    Istio's injector puts in the proxy's configuration: /quitquitquit is served there),
-    under the waiter: the main's quit goes to that port, the proxy ends, the Job completes
-    with its one pod (`backoffLimit: 0`: a pod the watcher's deadline ended would fail it)."""
+    """Jobs whose pods move Istio's status server, where pilot-agent serves /quitquitquit:
+    one by `status.sidecar.istio.io/port`, one by the `statusPort` of its
+    `proxy.istio.io/config` (which Istio's injector also writes into the proxy's
+    PROXY_CONFIG). Under the waiter the main's quit goes to that port, the proxy ends and
+    each Job completes with its one pod (`backoffLimit: 0`: a pod the watcher's deadline
+    ended would fail it)."""
     ns = env.namespace("statusport")
     rec.namespaces.append(ns)
-    report = step("report", env.images.busybox, port=ISTIO_TRAFFIC, path="nightly")
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "report"},
-           "spec": {"backoffLimit": 0, "template": {
-               "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER, p.ISTIO_STATUS_PORT_ANNOTATION: "15030"}},
-               "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [report]}}}}
-    env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
-    _job_done(env, ns, "report")
-    obj = _job_pod(env, ns, "report")
-    name = obj["metadata"]["name"]
-    built = check_build(env, rec, ns, name, steps=[], proxy=p.ISTIO_PROXY, strategy=p.MODE_WAITER)
-    quits = [x.text for x in log_lines(env.kube, ns, name, "report", waiter=True) if " quit " in x.text]
-    assert quits == ["waiter[report]: quit http://127.0.0.1:15030/quitquitquit: HTTP 200"], quits
-    stop = proxy_stop(built, p.ISTIO_PROXY)
-    assert stop == "quit endpoint", stop
-    rec.note(f"strategy {managed(obj)}; the quit went to :15030, the pod's status port; istio-proxy stopped by "
-             f"{stop}; the Job completed with its one pod")
+    moved = {"report": (15030, {p.ISTIO_STATUS_PORT_ANNOTATION: "15030"}),
+             "digest": (15031, {p.ISTIO_PROXY_CONFIG_ANNOTATION: "statusPort: 15031\n"})}
+    for job_name, (_, annotations) in moved.items():
+        main = step(job_name, env.images.busybox, port=ISTIO_TRAFFIC, path="nightly")
+        env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job_name},
+            "spec": {"backoffLimit": 0, "template": {
+                "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER, **annotations}},
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [main]}}}})
+    for job_name, (port, _) in moved.items():
+        _job_done(env, ns, job_name)
+        obj = _job_pod(env, ns, job_name)
+        name = obj["metadata"]["name"]
+        built = check_build(env, rec, ns, name, steps=[], proxy=p.ISTIO_PROXY, strategy=p.MODE_WAITER)
+        quits = [x.text for x in log_lines(env.kube, ns, name, job_name, waiter=True) if " quit " in x.text]
+        assert quits == [f"waiter[{job_name}]: quit http://127.0.0.1:{port}/quitquitquit: HTTP 200"], quits
+        stop = proxy_stop(built, p.ISTIO_PROXY)
+        assert stop == "quit endpoint", stop
+        rec.note(f"{job_name} ({', '.join(moved[job_name][1])}): strategy {managed(obj)}; the quit went to :{port}; "
+                 f"istio-proxy stopped by {stop}; the Job completed with its one pod")
 
 
 @scenario("job-ttl")

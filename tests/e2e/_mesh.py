@@ -6,8 +6,9 @@ Linkerd-like proxy (tests/e2e/images/fakeproxy.c), the way their injectors do.
   `sidecar.istio.io/inject: "false"` opts out. Adds `istio-init` (or `istio-validation`
   where the namespace runs "Istio CNI", label `e2e.initshift.io/istio-cni=true`), the
   `istio-proxy` with Istio's probes (readiness `:15021/healthz/ready` every 15 s, startupProbe
-  every 1 s), its quit `POST :15020/quitquitquit` (on the port of the pod's
-  `status.sidecar.istio.io/port` where it has one), `sidecar.istio.io/status`. Native (an init container with
+  every 1 s), its quit `POST :15020/quitquitquit` (on the port pilot-agent reads: the pod's
+  `status.sidecar.istio.io/port`, else the `statusPort` of its `proxy.istio.io/config`, which
+  the injector writes into the proxy's `PROXY_CONFIG`), `sidecar.istio.io/status`. Native (an init container with
   `restartPolicy: Always`, as Istio >= 1.27 injects wherever the cluster supports it) when
   the pod asks (`sidecar.istio.io/nativeSidecar: "true"`) or its namespace is labelled
   `e2e.initshift.io/native-mesh=true`; classic (in `containers`) otherwise.
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch
+import yaml
 
 from certs import pki
 from waiter import protocol as p
@@ -200,10 +202,13 @@ class Mesh:
                 "command": ["sh", "-c", f"echo {init_name}: traffic redirection {'validated' if cni else 'set up'}"],
                 "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}, "limits": {"memory": "32Mi"}},
                 "securityContext": dict(_RESTRICTED)}
-        # pilot-agent's status server (/quitquitquit) on the pod's own port where it names one
-        status_port = int(ann.get(p.ISTIO_STATUS_PORT_ANNOTATION, "15020"))
+        # The pod's ProxyConfig into PROXY_CONFIG, as Istio's injector merges it (no mesh-wide
+        # defaultConfig here); pilot-agent's status server (/quitquitquit) on the port it reads.
+        config = yaml.safe_load(ann.get(p.ISTIO_PROXY_CONFIG_ANNOTATION, "{}")) or {}
+        status_port = int(ann.get(p.ISTIO_STATUS_PORT_ANNOTATION, config.get("statusPort", 15020)))
         proxy = self._proxy("istio-proxy", pod, (15021, "/healthz/ready"), (status_port, "/quitquitquit"),
                             ISTIO_TRAFFIC)
+        proxy["env"] = [{"name": p.ISTIO_PROXY_CONFIG_ENV, "value": json.dumps(config)}]
         proxy["ports"] = [{"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}]
         proxy["readinessProbe"] = _probe(15021, "/healthz/ready", periodSeconds=15, timeoutSeconds=3,
                                          failureThreshold=4)

@@ -131,9 +131,53 @@ def test_istio_without_a_status_server_is_told_what_follows():
         assert flag_values(container(rewrite(src, ON).pod, "report"), p.FLAG_QUIT) == [QUITQUITQUIT], bad
 
 
+def with_proxy_config(pod: dict, value: str) -> dict:
+    """`pod` whose istio-proxy carries `PROXY_CONFIG` as Istio's injector writes it (the
+    mesh's defaultConfig and ProxyConfig resources, merged; JSON)."""
+    pod = copy.deepcopy(pod)
+    container(pod, p.ISTIO_PROXY)["env"].append({"name": p.ISTIO_PROXY_CONFIG_ENV, "value": value})
+    return pod
+
+
+def test_istio_quit_follows_the_status_port_as_pilot_agent_reads_it():
+    """pilot-agent's order (Istio's ConstructProxyConfig): the status port annotation, over
+    the pod's `proxy.istio.io/config`, over the proxy's PROXY_CONFIG, over the default."""
+    src = with_proxy_config(CATALOGUE["cronjob-istio"], '{"statusPort":15032,"discoveryAddress":"istiod:15012"}\n')
+    quit_of = lambda pod: flag_values(container(rewrite(pod, ON).pod, "report"), p.FLAG_QUIT)  # noqa: E731
+    assert quit_of(src) == ["http://127.0.0.1:15032/quitquitquit"], "the mesh's own statusPort"
+    annotations = src["metadata"]["annotations"]
+    for config in ("statusPort: 15031\nholdApplicationUntilProxyStarts: true\n", '{"statusPort": "15031"}'):
+        annotations[p.ISTIO_PROXY_CONFIG_ANNOTATION] = config
+        assert quit_of(src) == ["http://127.0.0.1:15031/quitquitquit"], config
+    annotations[p.ISTIO_STATUS_PORT_ANNOTATION] = "15030"
+    assert quit_of(src) == ["http://127.0.0.1:15030/quitquitquit"], "the annotation has the last word"
+    del annotations[p.ISTIO_STATUS_PORT_ANNOTATION]
+    for unread in ("holdApplicationUntilProxyStarts: true", "[unclosed", "statusPort: [1]", "- 15031"):
+        annotations[p.ISTIO_PROXY_CONFIG_ANNOTATION] = unread
+        assert quit_of(src) == ["http://127.0.0.1:15032/quitquitquit"], unread
+    for plain in ("{}\n", "not json", '{"statusPort": true}', "[15032]"):
+        del annotations[p.ISTIO_PROXY_CONFIG_ANNOTATION]
+        assert quit_of(with_proxy_config(CATALOGUE["cronjob-istio"], plain)) == [QUITQUITQUIT], plain
+        annotations[p.ISTIO_PROXY_CONFIG_ANNOTATION] = "{}"
+
+
+def test_a_status_port_of_0_from_any_source_is_told():
+    annotated = copy.deepcopy(CATALOGUE["cronjob-istio"])
+    annotated["metadata"]["annotations"][p.ISTIO_PROXY_CONFIG_ANNOTATION] = "statusPort: 0"
+    meshwide = with_proxy_config(CATALOGUE["cronjob-istio"], '{"statusPort":0}')
+    for pod, where in ((annotated, "statusPort: 0 in proxy.istio.io/config"),
+                       (meshwide, "statusPort: 0 in the mesh's proxy configuration (PROXY_CONFIG)")):
+        result = rewrite(pod, ON)
+        assert result.changed
+        assert flag_values(container(result.pod, "report"), p.FLAG_QUIT) == [QUITQUITQUIT]
+        assert any(w.startswith(f"initshift: {where} runs istio-proxy without the status server") for w in result.warnings), \
+            result.warnings
+
+
 def test_a_configured_istio_endpoint_keeps_its_scheme_host_and_path():
     from webhook.rewrite._quit import quit_url
     moved = {p.ISTIO_STATUS_PORT_ANNOTATION: "16000"}
-    assert quit_url(p.ISTIO_PROXY, "http://[::1]:15020/quitquitquit", moved) == "http://[::1]:16000/quitquitquit"
-    assert quit_url(p.ISTIO_PROXY, "http://localhost/quit?now=1", moved) == "http://localhost:16000/quit?now=1"
-    assert quit_url(p.LINKERD_PROXY, SHUTDOWN, moved) == SHUTDOWN, "Istio's annotation moves Istio's server only"
+    istio, linkerd = {"name": p.ISTIO_PROXY}, {"name": p.LINKERD_PROXY}
+    assert quit_url(istio, "http://[::1]:15020/quitquitquit", moved) == "http://[::1]:16000/quitquitquit"
+    assert quit_url(istio, "http://localhost/quit?now=1", moved) == "http://localhost:16000/quit?now=1"
+    assert quit_url(linkerd, SHUTDOWN, moved) == SHUTDOWN, "Istio's annotation moves Istio's server only"

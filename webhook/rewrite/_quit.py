@@ -1,9 +1,11 @@
 """What the waiter's quit needs of the sidecars it quits.
 
 The last main POSTs each regular sidecar's quit endpoint (`INITSHIFT_QUIT_ENDPOINTS`).
-Istio's `/quitquitquit` is served by pilot-agent's status server, on the port the pod's
-`status.sidecar.istio.io/port` names where it names one (Istio's injector puts it in the
-proxy's configuration over the mesh's); "0" runs no status server, so no quit. Linkerd's
+Istio's `/quitquitquit` is served by pilot-agent's status server, on the port pilot-agent
+reads as it starts (Istio's `ConstructProxyConfig`): the pod's `status.sidecar.istio.io/port`,
+else the `statusPort` of the pod's `proxy.istio.io/config`, else that of the proxy's
+`PROXY_CONFIG` (the mesh's `defaultConfig` and its ProxyConfig resources, as the injector
+merged them); "0" runs no status server, so no quit. Linkerd's
 proxy serves `/shutdown` only where `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true",
 and since Linkerd 2.16 its injector writes "false" unless the workload asks
 (`config.linkerd.io/proxy-admin-shutdown: enabled`; the chart's
@@ -17,8 +19,11 @@ keeps it off and ends by the watcher's deadline.
 
 from __future__ import annotations
 
-from typing import Collection, Mapping
+import json
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
+
+import yaml
 
 from waiter import protocol as p
 
@@ -30,19 +35,44 @@ def refuses_quit(annotations: Mapping) -> bool:
     return annotations.get(p.LINKERD_SHUTDOWN_ANNOTATION) == "disabled"
 
 
-def _istio_status_port(annotations: Mapping) -> int | None:
-    """The pod's own status port (0: none), None where it names none or no valid one
-    (Istio's injector refuses such a pod)."""
-    value = annotations.get(p.ISTIO_STATUS_PORT_ANNOTATION)
-    if not isinstance(value, str) or not value.isdigit() or int(value) > 65535:
+def _port(value: Any) -> int | None:
+    """A port as Istio takes it (protobuf JSON writes an int32 as a number, reads a string
+    of digits too); None for anything else, which Istio's injector refuses."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return value if type(value) is int and 0 <= value <= 65535 else None
+
+
+def _status_port_of(config: Any, load: Any) -> int | None:
+    """`statusPort` of a ProxyConfig given as text (None: not there, or unreadable)."""
+    try:
+        doc = load(config) if isinstance(config, str) else None
+    except (ValueError, yaml.YAMLError):
         return None
-    return int(value)
+    return _port(doc.get("statusPort")) if isinstance(doc, dict) else None
 
 
-def quit_url(name: str, url: str, annotations: Mapping) -> str:
-    """`url`, the quit endpoint configured for sidecar `name`, on the pod's own port where
-    the pod moves its server (Istio's status port; "0" leaves it: nothing would answer)."""
-    port = _istio_status_port(annotations) if name == p.ISTIO_PROXY else None
+def istio_status_port(proxy: Mapping, annotations: Mapping) -> tuple[int, str] | None:
+    """The port of `proxy`'s status server as pilot-agent reads it (0: none) and where it is
+    set; None where nothing names one (the mesh's default, as configured here, stands)."""
+    port = _port(annotations.get(p.ISTIO_STATUS_PORT_ANNOTATION))
+    if port is not None:
+        return port, f'{p.ISTIO_STATUS_PORT_ANNOTATION}: "{port}"'
+    port = _status_port_of(annotations.get(p.ISTIO_PROXY_CONFIG_ANNOTATION), yaml.safe_load)
+    if port is not None:
+        return port, f"statusPort: {port} in {p.ISTIO_PROXY_CONFIG_ANNOTATION}"
+    env = [e.get("value") for e in proxy.get("env") or []
+           if isinstance(e, Mapping) and e.get("name") == p.ISTIO_PROXY_CONFIG_ENV]
+    port = _status_port_of(env[-1], json.loads) if env else None  # the kubelet gives the last entry the word
+    return None if port is None else (port, f"statusPort: {port} in the mesh's proxy configuration "
+                                            f"({p.ISTIO_PROXY_CONFIG_ENV})")
+
+
+def quit_url(sidecar: Mapping, url: str, annotations: Mapping) -> str:
+    """`url`, the quit endpoint configured for `sidecar`, on the pod's own port where the
+    pod moves its server (Istio's status port; "0" leaves it: nothing would answer)."""
+    moved = istio_status_port(sidecar, annotations) if sidecar.get("name") == p.ISTIO_PROXY else None
+    port = moved[0] if moved else 0
     if not port:
         return url
     parts = urlsplit(url)
@@ -64,14 +94,15 @@ def open_quit(container: Mapping, annotations: Mapping) -> Mapping:
     return {**container, "env": env}
 
 
-def refused_note(annotations: Mapping, quitted: Collection[str]) -> list[str]:
+def refused_note(annotations: Mapping, quitted: Sequence[Mapping]) -> list[str]:
     """What to tell where the pod keeps a quit endpoint off: Linkerd's /shutdown, or Istio's
     status server."""
     off = []
-    if p.LINKERD_PROXY in quitted and refuses_quit(annotations):
-        off.append(f"{p.LINKERD_SHUTDOWN_ANNOTATION}: disabled keeps {p.LINKERD_PROXY}'s /shutdown off")
-    if p.ISTIO_PROXY in quitted and _istio_status_port(annotations) == 0:
-        off.append(f"{p.ISTIO_STATUS_PORT_ANNOTATION}: \"0\" runs {p.ISTIO_PROXY} without the status server "
-                   f"that serves /quitquitquit")
+    for sidecar in quitted:
+        if sidecar.get("name") == p.LINKERD_PROXY and refuses_quit(annotations):
+            off.append(f"{p.LINKERD_SHUTDOWN_ANNOTATION}: disabled keeps {p.LINKERD_PROXY}'s /shutdown off")
+        moved = istio_status_port(sidecar, annotations) if sidecar.get("name") == p.ISTIO_PROXY else None
+        if moved and moved[0] == 0:
+            off.append(f"{moved[1]} runs {p.ISTIO_PROXY} without the status server that serves /quitquitquit")
     return [f"{why}: the last main cannot stop it, so the watcher ends the pod with activeDeadlineSeconds "
             f"(phase Failed; the outcome says how the steps went)" for why in off]

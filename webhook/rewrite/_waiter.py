@@ -232,7 +232,7 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
             sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], annotations: Mapping,
             hybrid: bool = False) -> _Chain:
     # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
-    quitted = [str(s["name"]) for s in regular_sidecars if s.get("name") in settings.quit_endpoints]
+    quitted = [s for s in regular_sidecars if s.get("name") in settings.quit_endpoints]
     ready_file, probes = gate(sidecars, hybrid)
     # Every container the gate holds (step 0, or each main of a pod without steps) carries
     # every probe: with many of both the pod grows as their product. Refused here, before
@@ -245,7 +245,8 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
                            f"{gated * flags} bytes, past the {MAX_OBJECT_BYTES}-byte object limit of etcd",
                            reason=Reason.TOO_LARGE)
     return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes),
-                  quitted=frozenset(quitted), quit_urls=tuple(quit_url(n, settings.quit_endpoints[n], annotations) for n in quitted),
+                  quitted=frozenset(str(s["name"]) for s in quitted),
+                  quit_urls=tuple(quit_url(s, settings.quit_endpoints[s["name"]], annotations) for s in quitted),
                   retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
 
 
@@ -487,7 +488,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         if probes:
             warnings.append(f"main container {c['name']!r} has a {' and a '.join(probes)} that the kubelet runs "
                             f"while it waits for {waited} longer than the probe allows gets it killed")
-    warnings += refused_note(annotations, chain.quitted)
+    warnings += refused_note(annotations, [s for s in cls.sidecars if s["name"] in chain.quitted])
     if spec.get("restartPolicy") == "OnFailure":
         warnings.append("restartPolicy OnFailure: a failed step is re-run by the kubelet and later steps wait for it, "
                         "as with init containers" if steps else
