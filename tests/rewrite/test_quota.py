@@ -156,8 +156,9 @@ def test_a_namespace_label_that_asks_a_mesh_for_a_proxy_makes_the_pod_wait_under
     # Not known (no Namespace read): rewritten at once, as before; nor waits a pod on the
     # host's network, which the meshes never inject.
     assert rewrite(pod, settings("waiter"), quotas=ample).changed
-    pod["spec"]["hostNetwork"] = True
-    assert rewrite(pod, settings("waiter"), quotas=ample, namespace=_namespace(labels, annotations)).changed
+    pod["spec"]["hostNetwork"] = True  # (the native strategy: the waiter leaves such a pod, host-network)
+    assert rewrite(pod, settings("native"), native_supported=True, quotas=ample,
+                   namespace=_namespace(labels, annotations)).changed
 
 
 def test_a_namespace_annotated_for_linkerd_makes_a_pod_with_istios_proxy_wait_under_a_quota() -> None:

@@ -382,6 +382,36 @@ def test_pod_without_mains_quits_from_last_step():
     assert flag_values(steps[0], p.FLAG_QUIT) == []
 
 
+def test_a_pod_on_the_nodes_network_is_never_given_the_waiters_loopback():
+    """hostNetwork: 127.0.0.1 is the node's, where the waiter's probes and quits would reach
+    another pod's servers (a hostNetwork Istio gateway's :15020/quitquitquit). The waiter
+    and hybrid leave such a pod; the native strategy, which uses no loopback, still runs."""
+    def on_host(name: str) -> dict:
+        pod = copy.deepcopy(CATALOGUE[name])
+        pod["spec"]["hostNetwork"] = True
+        return pod
+
+    def under(mode: str, native: bool | None = None, name: str = "kpack-istio"):
+        settings = Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode))
+        return rewrite(on_host(name), settings, native_supported=native)
+
+    for mode, name in ((p.MODE_WAITER, "kpack-istio"), (p.MODE_WAITER, "cronjob-istio"), (p.MODE_AUTO, "job-linkerd"),
+                       (p.MODE_HYBRID, "kpack-istio")):
+        result = under(mode, None if mode != p.MODE_HYBRID else True, name)
+        assert not result.changed and result.reason == "host-network", (mode, name, result.reason)
+        assert result.pod["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN] == "host-network"
+        assert "hostNetwork" in result.warnings[0] and "initshift.io/mode=native" in result.warnings[0]
+    for mode in (p.MODE_AUTO, p.MODE_NATIVE):  # auto picks native where the cluster has it
+        result = under(mode, True)
+        assert result.changed and result.strategy == p.MODE_NATIVE, (mode, result.reason)
+        assert_valid_pod(result.pod)
+    agent = on_host("deployment-istio")  # a node agent, long-running: decided as before, never annotated
+    agent["spec"]["initContainers"] = []
+    for pod in (agent, on_host("deployment-istio")):
+        result, before = rewrite(pod, ON), rewrite({**pod, "spec": {**pod["spec"], "hostNetwork": False}}, ON)
+        assert not result.changed and result.reason == before.reason != "host-network", result.reason
+
+
 def test_windows_and_malformed_pods():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     pod["spec"]["os"] = {"name": "windows"}

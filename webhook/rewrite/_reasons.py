@@ -25,6 +25,7 @@ class Reason(StrEnum):
     INVALID_MODE = "invalid-mode"
     DISABLED = "disabled"
     WINDOWS = "windows"
+    HOST_NETWORK = "host-network"  # waiter, hybrid: the pod's loopback is the node's
     NATIVE_UNSUPPORTED = "native-unsupported"
     NO_INIT_CONTAINERS = "no-init-containers"
     NO_SIDECAR = "no-sidecar"

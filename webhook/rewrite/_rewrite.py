@@ -240,7 +240,15 @@ class _Case:
     def skip(self, reason: Reason, message: str) -> Unchanged:
         return Unchanged(pod=self.pod, reason=reason, message=message)
 
-    def go(self, strategy: str, notes: list[str] | tuple[str, ...] = ()) -> Rewritten:
+    def go(self, strategy: str, notes: list[str] | tuple[str, ...] = ()) -> Rewritten | Unchanged:
+        if strategy != p.MODE_NATIVE and _host_network(self.pod):
+            # The waiter checks and quits the sidecars on 127.0.0.1: here the node's, where
+            # another pod's servers listen (a hostNetwork Istio gateway's :15020/quitquitquit).
+            # Neither Istio nor Linkerd injects such a pod; the native strategy uses no loopback.
+            return self.skip(Reason.HOST_NETWORK, f"the pod uses the node's network (hostNetwork): its 127.0.0.1 is "
+                                                  f"the node's, where the {strategy} strategy's sidecar checks and "
+                                                  f"quits would reach other pods' servers ({p.ANNOTATION_MODE}=native "
+                                                  f"uses none); admitted unchanged")
         return Rewritten(pod=self.pod, settings=self.settings, strategy=strategy, cls=self.cls, notes=tuple(notes))
 
     @property
@@ -251,6 +259,10 @@ class _Case:
     @property
     def proxies(self) -> list[str]:
         return native_proxies(self.cls)
+
+
+def _host_network(pod: Mapping) -> bool:
+    return mapping_at(pod, "spec").get("hostNetwork") is True
 
 
 def _mode_origin(pod: Mapping, mode: str, mode_from: str | None) -> str:
@@ -267,8 +279,10 @@ def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
         if not native_supported:
             return p.MODE_WAITER
         # Hybrid runs the steps as regular containers: a run-to-completion pod's only, and
-        # never a declared start order (its init containers stay in place).
-        return p.MODE_HYBRID if _runs_to_completion(pod) and not start_order.requested(pod) else p.MODE_NATIVE
+        # never a declared start order (its init containers stay in place) or a pod on the
+        # node's network (its gate checks the sidecars on loopback: _Case.go).
+        hybrid = _runs_to_completion(pod) and not start_order.requested(pod) and not _host_network(pod)
+        return p.MODE_HYBRID if hybrid else p.MODE_NATIVE
     return mode
 
 
