@@ -132,7 +132,7 @@ class ServerSettings:
         128)
     max_header_bytes: int = _env(
         "INITSHIFT_MAX_HEADER_BYTES",
-        "Bytes uvicorn buffers of a request's head (or a chunked body's trailers); more: HTTP 400, "
+        "Largest request head (request line and header fields, however it arrives); more: HTTP 431, "
         "connection closed.", 32 * 1024)
     header_timeout_seconds: float = _env(
         "INITSHIFT_HEADER_TIMEOUT_SECONDS",

@@ -82,7 +82,9 @@ def test_websocket_upgrades_are_answered_and_closed(server):
 def test_trailers_that_never_end_are_cut(server):
     with legit(server).running() as client:
         cuts = [hostile.trailer_flood(server.port, server.ctx) for _ in range(6)]
-    assert all(cut.after is not None and cut.closed for cut in cuts), cuts
+    # 411 at the head (the answer may be lost to the reset), closed
+    assert all(cut.after is not None and cut.closed and cut.answer in ("", "HTTP/1.1 411 Length Required")
+               for cut in cuts), cuts
     attack(server, [], client)
 
 

@@ -295,14 +295,32 @@ def test_an_oversized_head_is_a_431_and_the_server_keeps_serving(pki, case):
     assert closed_count("header-limit") > before
 
 
-def test_trailers_that_never_end_are_a_400(pki):
-    """A chunked body's trailers still arriving are h11's to bound (INITSHIFT_MAX_HEADER_BYTES)."""
+def test_a_chunked_body_is_a_411_and_never_reaches_h11(pki):
+    """A body of unknown length (chunked: its trailers would be h11's to buffer, its end h11's
+    to find) is refused at its head, with or without a Content-Length beside it, however its
+    body and trailers go on; the server keeps serving."""
+    before = closed_count("no-length")
     with h.running(h.settings_for(pki)) as server:
-        s = tls(server.port, pki)
-        s.sendall(request_head(None) + b"2\r\n{}\r\n0\r\nX-Trailer: " + b"t" * 40_000)
-        status, headers, _ = read_response(s)
-        assert status == 400 and headers["connection"] == "close"
-        assert closed_within(s, 30)
+        for head in (request_head(None), request_head(None).replace(b"\r\n\r\n", b"\r\nContent-Length: 2\r\n\r\n")):
+            s = tls(server.port, pki)
+            s.sendall(head + b"2\r\n{}\r\n0\r\nX-Trailer: " + b"t" * 40_000)
+            status, headers, body = read_response(s)
+            assert status == 411 and headers["connection"] == "close", status
+            assert "Content-Length" in json.loads(body)["error"]
+            assert closed_within(s, 30)
+        with httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
+            assert c.post(f"{h.base_url(server)}/mutate", content=BODY, headers=JSON_CT).status_code == 200
+    assert closed_count("no-length") >= before + 2
+
+
+def test_an_unreadable_content_length_is_h11s_400(pki):
+    with h.running(h.settings_for(pki)) as server:
+        for value in (b"x", b"-1", b"1, 2"):
+            s = tls(server.port, pki)
+            s.sendall(request_head(2).replace(b"Content-Length: 2", b"Content-Length: " + value) + b"{}")
+            status, headers, _ = read_response(s)
+            assert status == 400 and headers["connection"] == "close", (value, status)
+            assert closed_within(s, 30)
 
 
 def test_an_upgrade_request_is_answered_as_an_ordinary_one(pki, caplog):

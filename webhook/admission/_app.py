@@ -4,7 +4,7 @@ POST /mutate is a plain ASGI handler in front of FastAPI (whose middleware and r
 cost more than a small review) that reads the raw body itself: a malformed review is a
 one-line 400. Memory is bounded by how reviews are taken (docs/admission-server.md): a
 review up to INLINE_MAX_BYTES is read, parsed, rewritten and encoded on the event loop
-without a pause, so one is in the works at a time; a larger or chunked one waits for the
+without a pause, so one is in the works at a time; a larger one waits for the
 large turn with its body unread (uvicorn reads no more than 64 KiB of a body the app does
 not ask for), then is read and worked on the turn's thread while the loop serves. A client
 that leaves gives its turn back. Everything after parsing follows the failure mode.
@@ -194,12 +194,12 @@ class _Mutate:
         body, review, headers = b"", None, ()
         try:
             admission.check_content_type(_header(scope, b"content-type"))
-            declared = _header(scope, b"content-length")  # h11 has checked it is a number
-            size = None if declared is None else int(declared)  # None: chunked
-            if size is not None and size > self.limit:
+            # h11 has checked it is a number; the front door takes no body without one (_guards.py).
+            size = int(_header(scope, b"content-length") or 0)
+            if size > self.limit:
                 raise Refused(413, f"body of {size} bytes is over the limit of {self.limit} bytes "
                                    f"(INITSHIFT_MAX_BODY_BYTES)", close=True)
-            if size is not None and size <= INLINE_MAX_BYTES:
+            if size <= INLINE_MAX_BYTES:
                 body = await self._read(receive, conn)
                 review, decision = await self.reviewer.decide(body)
                 status, payload = 200, jsontext.dumps(decision.answer)
@@ -229,12 +229,12 @@ class _Mutate:
         await send({"type": "http.response.body", "body": payload})
 
     async def _read(self, receive: Receive, conn: "Connection | None", started: float | None = None) -> bytes:
-        """The body within INITSHIFT_BODY_TIMEOUT_SECONDS of `started` (default: now), refused
-        past the limit while it streams (chunked); one message when it is complete already
-        (the usual case). The connection is then being worked on: never evicted."""
+        """The body, its Content-Length's bytes (within the limit: checked before), within
+        INITSHIFT_BODY_TIMEOUT_SECONDS of `started` (default: now); one message when it is
+        complete already (the usual case). The connection is then being worked on: never
+        evicted."""
         loop = asyncio.get_running_loop()
         chunks: list[bytes] = []
-        total = 0
         try:
             async with asyncio.timeout_at((started or loop.time()) + self.body_timeout):
                 while True:
@@ -242,10 +242,6 @@ class _Mutate:
                     if message["type"] != "http.request":  # http.disconnect
                         raise ClientGone("the client left before its body was complete")
                     chunks.append(message.get("body", b""))
-                    total += len(chunks[-1])
-                    if total > self.limit:
-                        raise Refused(413, f"body is over the limit of {self.limit} bytes (INITSHIFT_MAX_BODY_BYTES)",
-                                      close=True)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:

@@ -15,6 +15,7 @@ import asyncio
 import collections
 import ssl
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Callable
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -84,7 +85,6 @@ class Connection(asyncio.Protocol):
         self.transport: Any = None  # what uvicorn writes to: the TLS transport, or the raw one
         self.key: tuple | None = None
         self.closed = asyncio.Event()  # the client is gone (the app stops waiting for it)
-        self.streaming = False  # a body of unknown length (chunked): the answer closes the connection
         self._early: list[bytes] | None = None  # bytes read before TLS took over the connection
         self._head: bytearray | None = bytearray()  # the head so far; None once complete
         self._body = 0  # body bytes of the current request still to pass on
@@ -173,7 +173,7 @@ class Connection(asyncio.Protocol):
             self._early.append(data)
             return
         while self.transport is not None and not self.transport.is_closing():
-            if self._head is None and not self.streaming and not self._body and self._answered:
+            if self._head is None and not self._body and self._answered:
                 # The next request starts with what was held.
                 data, self._held, self._head = bytes(self._held) + data, bytearray(), bytearray()
                 self._wait_for_request()
@@ -181,9 +181,6 @@ class Connection(asyncio.Protocol):
                 return
             if self._head is not None:
                 data = self._read_head(data)
-            elif self.streaming:
-                self.inner.data_received(data)
-                return
             elif self._body:
                 part, data = data[:self._body], data[self._body:]
                 self._body -= len(part)
@@ -227,7 +224,12 @@ class Connection(asyncio.Protocol):
 
         Guard: a head too large or of too many fields, sent slowly or whole in one read
         (h11 would parse it all: 256 KiB of small headers grew a process by 6 MB, per
-        connection): HTTP 431 and the connection closed."""
+        connection): HTTP 431 and the connection closed.
+
+        Guard: a body of unknown length (chunked), whose trailers h11 would buffer and whose
+        end only h11 would see. No apiserver sends one (its webhook client sends the review
+        with its Content-Length): HTTP 411 and the connection closed, so every request
+        passed on has a known length, which ends it."""
         assert self._head is not None and self.door is not None
         start = len(self._head)
         self._head += data
@@ -236,23 +238,26 @@ class Connection(asyncio.Protocol):
         end = self._head.find(b"\r\n\r\n", max(0, start - 3))
         head = self._head if end < 0 else self._head[:end + 4]
         if len(head) > self.door.max_head_bytes:
-            return self._refuse(f"request head over {self.door.max_head_bytes} bytes (INITSHIFT_MAX_HEADER_BYTES)")
+            return self._refuse(431, f"request head over {self.door.max_head_bytes} bytes (INITSHIFT_MAX_HEADER_BYTES)")
         if head.count(b"\n") > MAX_HEAD_LINES:
-            return self._refuse(f"more than {MAX_HEAD_LINES} header fields")
+            return self._refuse(431, f"more than {MAX_HEAD_LINES} header fields")
         if end < 0:
             return b""
         rest = bytes(self._head[end + 4:])
         self._head = None
         length = _body_length(head)
-        self.streaming, self._body, self._answered = length is None, length or 0, False
+        if length is None:
+            return self._refuse(411, "a request body needs a Content-Length (chunked bodies are not taken)")
+        self._body, self._answered = length, False
         self.inner.data_received(bytes(head))
         return rest
 
-    def _refuse(self, why: str) -> bytes:
-        metrics.CONNECTIONS_CLOSED.labels("header-limit").inc()
+    def _refuse(self, status: int, why: str) -> bytes:
+        metrics.CONNECTIONS_CLOSED.labels("header-limit" if status == 431 else "no-length").inc()
         body = jsontext.dumps({"error": f"initshift: {why}"})
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, HTTPStatus(status).phrase.encode(),
+                                                                 len(body), body))
         self.transport.close()
         return b""
 
@@ -315,17 +320,15 @@ class Connection(asyncio.Protocol):
 
 
 def _body_length(head: bytes | bytearray) -> int | None:
-    """The body's length by the head's Content-Length (0 without one); None when chunked or
-    unreadable, left to h11 (and to a closed connection after the answer)."""
+    """The body's length by the head's Content-Length (0 without one, or one h11 refuses
+    with HTTP 400 and a close); None with a Transfer-Encoding (a chunked body)."""
     length = 0
     for line in bytes(head).split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == b"transfer-encoding":
             return None
-        if name == b"content-length":
-            if not value.strip().isdigit():
-                return None
+        if name == b"content-length" and value.strip().isdigit():
             length = int(value)
     return length
 

@@ -5,7 +5,7 @@ One uvicorn server listens on two sockets: the webhook's (TLS, admission and hea
 and the metrics port (plain HTTP, prometheus_client's own ASGI exposition, scraped without
 the webhook's CA, like cert-manager's 9402 or controller-runtime's 8080). uvicorn's options
 bound the rest: its h11 protocol buffers at most `h11_max_incomplete_event_size` of a head
-or of a chunked body's trailers (INITSHIFT_MAX_HEADER_BYTES, else HTTP 400); `ws="none"`
+(INITSHIFT_MAX_HEADER_BYTES, else HTTP 400; the guards refuse a larger one first); `ws="none"`
 makes an `Upgrade` request an ordinary one; `timeout_keep_alive` closes idle kept-alive
 connections; `limit_concurrency` is a backstop the guards keep it from reaching (503);
 `timeout_graceful_shutdown` is what SIGTERM waits for.
@@ -95,8 +95,6 @@ class HttpsServer:
         if scope["type"] != "http":
             return
         conn = self.front.started(scope)
-        if conn is not None and conn.streaming:  # a chunked body: no request may follow it on this connection
-            send = _closing(send)
         try:
             if scope["scheme"] == "https":
                 await self.app(scope, receive, send, conn)
@@ -169,14 +167,6 @@ class HttpsServer:
 def _name(companion: Callable[..., Any]) -> str:
     """What a companion is called in an error: its function's name, without the scopes."""
     return getattr(companion, "__qualname__", repr(companion)).rsplit("<locals>.", 1)[-1]
-
-
-def _closing(send: Any) -> Any:
-    async def closing(message: dict) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
-        await send(message)
-    return closing
 
 
 def run_loop(main: Awaitable[None]) -> None:
