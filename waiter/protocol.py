@@ -46,6 +46,9 @@ READY_TRUE = "true"
 FEATURE_GATE_ENV = "SUPPORT_INJECTED_SIDECARS"
 ENV_PREFIX = "INITSHIFT_"
 
+# A static pod's mirror (the kubelet runs the pod from its manifest; this object only shows it).
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
 # --- Mesh markers -----------------------------------------------------------------------
 ISTIO_STATUS_ANNOTATION = "sidecar.istio.io/status"
 ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"

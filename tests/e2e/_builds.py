@@ -643,3 +643,40 @@ def resource_quota(env: Env, rec: Record) -> None:
     env.kube.delete(f"/api/v1/namespaces/{small}/pods/small")
     rec.note(f"over the quota: admitted unchanged; the apiserver refuses it rewritten with \"{expected}\"; "
              f"two steps: {managed(fits)}")
+
+
+@scenario("static-pod", applies=lambda env: env.cluster is not None)
+def static_pod(env: Env, rec: Record) -> None:
+    """A static pod in an opted-in namespace, with an init step and a proxy in its manifest:
+    the kubelet runs the manifest, and the mirror pod the apiserver admits through the
+    webhooks is left exactly as the kubelet wrote it (`mirror-pod`), so it shows what runs;
+    the watcher leaves it alone."""
+    ns = env.namespace("static", mesh=None)
+    rec.namespaces.append(ns)
+    body = pod("builder", [step("prepare", env.images.busybox, port=None)],
+               [step("build", env.images.busybox, port=None, sleep=1)])
+    body["metadata"]["namespace"] = ns
+    body = env.mesh.istio(body, {})  # a proxy put in the manifest by hand (no mesh injects into a static pod)
+    manifest = env.cluster.static_pod_dir / f"builder-{env.run}.yaml"  # type: ignore[union-attr]
+    manifest.write_text(json.dumps(body))
+    name = f"builder-{env.cluster.node}"  # type: ignore[union-attr]
+    try:
+        obj = wait_for(lambda: env.kube.pod(ns, name), 60, "the mirror pod", interval=0.5)
+        assert p.MIRROR_POD_ANNOTATION in annotations(obj), annotations(obj)
+        assert container_names(obj) == (["istio-init", "prepare"], ["build", "istio-proxy"]), container_names(obj)
+        ours = [k for k in (*annotations(obj), *(obj["metadata"].get("labels") or {})) if k.startswith(p.GROUP)]
+        assert not ours, ours
+        ran = wait_for(lambda: (o := env.kube.pod(ns, name)) and "terminated" in (
+            statuses(o).get("build", {}).get("state") or {}) and o, 60, "the build to end", interval=0.5)
+        assert statuses(ran)["build"]["state"]["terminated"]["exitCode"] == 0, statuses(ran)["build"]
+        time.sleep(3)  # the watcher's grace after a main's end
+        ours = [k for k in annotations(env.kube.pod(ns, name) or ran) if k.startswith(p.GROUP)]
+        assert not ours, ours
+        reviews = [json.loads(line) for line in env.install.server.log.read_text(errors="replace").splitlines()
+                   if '"initshift.review"' in line and f'"namespace":"{ns}"' in line]
+        assert [(r.get("decision"), r.get("reason")) for r in reviews] == [("allowed", "mirror-pod")], reviews
+    finally:
+        manifest.unlink()
+        wait_for(lambda: env.kube.pod(ns, name) is None, 60, "the mirror pod gone", interval=0.5)
+    rec.note("the mirror pod kept the manifest's containers and no initshift label or annotation (mirror-pod); "
+             "the kubelet ran the manifest; the watcher left it alone")

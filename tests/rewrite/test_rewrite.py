@@ -412,6 +412,22 @@ def test_a_pod_on_the_nodes_network_is_never_given_the_waiters_loopback():
         assert not result.changed and result.reason == before.reason != "host-network", result.reason
 
 
+def test_a_static_pods_mirror_is_never_touched():
+    """The kubelet runs a static pod from its manifest; its mirror pod, which the apiserver
+    admits through the webhooks, only shows it. A rewritten mirror would show containers
+    that never run (seen on v1.34.9: `initshift.io/managed: hybrid`, an `initshift-copy`
+    and steps as regular containers, while the kubelet ran the clone as an init container)."""
+    for name in ("kpack-istio", "cronjob-istio", "kpack-istio-native"):
+        mirror = copy.deepcopy(CATALOGUE[name])
+        mirror["metadata"].setdefault("annotations", {})[p.MIRROR_POD_ANNOTATION] = "0f1e2d3c"
+        for annotations in ({}, {p.ANNOTATION_START_ORDER: "app"}, {p.ANNOTATION_MODE: p.MODE_NATIVE}):
+            mirror["metadata"]["annotations"].update(annotations)
+            result = rewrite(mirror, ON, native_supported=True)
+            assert not result.changed and result.reason == "mirror-pod", (name, annotations, result.reason)
+            assert result.pod == mirror, "not even the not-rewritten annotation"
+            assert "static pod" in result.warnings[0]
+
+
 def test_windows_and_malformed_pods():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     pod["spec"]["os"] = {"name": "windows"}

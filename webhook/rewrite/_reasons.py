@@ -25,6 +25,7 @@ class Reason(StrEnum):
     INVALID_MODE = "invalid-mode"
     DISABLED = "disabled"
     WINDOWS = "windows"
+    MIRROR_POD = "mirror-pod"  # a static pod's mirror: the kubelet runs its manifest, not this object
     HOST_NETWORK = "host-network"  # waiter, hybrid: the pod's loopback is the node's
     NATIVE_UNSUPPORTED = "native-unsupported"
     NO_INIT_CONTAINERS = "no-init-containers"
@@ -42,6 +43,8 @@ class Reason(StrEnum):
 
 
 # Skips that hold whatever the pod asks for, a declared start order included.
-FINAL = frozenset({Reason.INVALID, Reason.FEATURE_GATE_OFF, Reason.INVALID_MODE, Reason.DISABLED, Reason.WINDOWS})
-# Skips where initshift was told to leave pods alone: those pods are not touched at all.
-SWITCHED_OFF = frozenset({Reason.FEATURE_GATE_OFF, Reason.DISABLED})
+FINAL = frozenset({Reason.INVALID, Reason.FEATURE_GATE_OFF, Reason.INVALID_MODE, Reason.DISABLED, Reason.WINDOWS,
+                   Reason.MIRROR_POD})
+# Skips whose pods are not touched at all: initshift was told to leave them alone, or the
+# object is not what runs (a change to a mirror pod would only make it lie about its pod).
+UNTOUCHED = frozenset({Reason.FEATURE_GATE_OFF, Reason.DISABLED, Reason.MIRROR_POD})

@@ -32,7 +32,7 @@ from ._classify import (Classification, classify, has_mesh_marker, injection_pen
 from ._entrypoint import ImageEntrypoints, Lookup, needs_image
 from ._errors import RewriteError
 from ._podcheck import pod_problems, size_problems
-from ._reasons import FINAL, SWITCHED_OFF, Reason
+from ._reasons import FINAL, UNTOUCHED, Reason
 from ._resources import pod_level, pod_level_defaults_pending
 from ._shape import mapping_at, shape_problem
 from ._strategy import Build
@@ -356,6 +356,10 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
     spec = pod.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
         return Unchanged(pod=pod, reason=Reason.INVALID, message="the object has no spec.containers; admitted unchanged")
+    if p.MIRROR_POD_ANNOTATION in mapping_at(pod, "metadata", "annotations"):
+        return Unchanged(pod=pod, reason=Reason.MIRROR_POD, message="a static pod's mirror: the kubelet runs the pod "
+                                                                   "from its manifest on the node, not from this "
+                                                                   "object; admitted unchanged")
     if not settings.feature_gate:
         return Unchanged(pod=pod, reason=Reason.FEATURE_GATE_OFF,
                          message=f"{p.FEATURE_GATE_ENV} is off; admitted unchanged")
@@ -525,7 +529,7 @@ def _decision_on_pod(pod: dict, result: RewriteResult) -> RewriteResult:
         annotations = dict(result.pod["metadata"]["annotations"])
         del annotations[p.ANNOTATION_NOT_REWRITTEN]
         result.pod = {**result.pod, "metadata": {**result.pod["metadata"], "annotations": annotations}}
-    elif not result.changed and result.strategy is None and result.reason not in SWITCHED_OFF \
+    elif not result.changed and result.strategy is None and result.reason not in UNTOUCHED \
             and ((isinstance(inits, list) and inits) or _runs_to_completion(pod)) \
             and isinstance(pod.get("metadata"), (dict, type(None))) \
             and p.LABEL_MANAGED not in mapping_at(pod, "metadata", "labels") \

@@ -171,6 +171,11 @@ class Cluster:
         return self.dir / "kubelet"
 
     @property
+    def static_pod_dir(self) -> Path:
+        """The kubelet's `staticPodPath`: a manifest written here runs as a static pod."""
+        return self.dir / "manifests"
+
+    @property
     def registry_hosts(self) -> Path:
         """containerd's hosts directory (`certs.d`): a registry's `HOST:PORT/hosts.toml` there
         (its CA, say) is read at each pull."""
@@ -321,6 +326,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         pki = self.plane.dir / "pki"
         root = self.kubelet_root
         root.mkdir()
+        self.static_pod_dir.mkdir()
         self.kubelet_healthz_port = _free()
         kubeconfig = write_kubeconfig(self.dir / "kubelet.kubeconfig", self.plane.server, self.plane.ca.pem.cert,
                                       f"system:node:{self.node}",
@@ -343,6 +349,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             "volumePluginDir": str(root / "volume-plugins"),
             "resolvConf": "/etc/resolv.conf",
             "featureGates": dict(self.feature_gates),
+            "staticPodPath": str(self.static_pod_dir),  # static pods: their mirror pods pass the webhooks
         }
         if self.minor() >= 29:
             config["podLogsDir"] = str(self.dir / "pod-logs")
