@@ -366,9 +366,14 @@ def test_reserved_names_are_refused():
     pod["spec"]["volumes"].append({"name": p.BIN_VOLUME, "emptyDir": {}})
     result = rewrite(pod, ON)
     assert not result.changed and "reserved" in result.warnings[0]
+    assert result.reason == "reserved" and result.pod["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN] == "reserved"
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     pod["spec"]["containers"][0]["volumeMounts"].append({"name": "src", "mountPath": "/initshift/x"})
-    assert "reserved" in rewrite(pod, ON).warnings[0]
+    result = rewrite(pod, ON)
+    assert "reserved" in result.warnings[0] and result.reason == "reserved"
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    pod["spec"]["containers"].append({"name": p.INIT_CONTAINER_NAME, "image": "busybox"})
+    assert rewrite(pod, ON).reason == "reserved"
 
 
 def test_pod_without_mains_quits_from_last_step():

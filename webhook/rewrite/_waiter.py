@@ -354,19 +354,19 @@ def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     spec = pod.get("spec") or {}
     for v in spec.get("volumes") or []:
         if _is_reserved_volume(v.get("name")):
-            raise RewriteError(f"volume name {v.get('name')!r} is reserved by initshift")
+            raise RewriteError(f"volume name {v.get('name')!r} is reserved by initshift", reason=Reason.RESERVED)
     containers = _every_container(spec)
     for c in containers:
         if c.get("name") in OWN_CONTAINERS:
-            raise RewriteError(f"container name {c.get('name')!r} is reserved by initshift")
+            raise RewriteError(f"container name {c.get('name')!r} is reserved by initshift", reason=Reason.RESERVED)
     problems = reserved_mounts(containers)
     if problems:
-        raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would")
+        raise RewriteError(f"{problems[0]}; the pod does not define it, initshift would", reason=Reason.RESERVED)
     for c in wrapped:
         for m in c.get("volumeMounts") or []:
             if _under_reserved_root(m.get("mountPath", "")):
                 raise RewriteError(f"container {c.get('name')!r} mounts {m.get('mountPath')!r}; {_RESERVED_ROOT} "
-                                   f"is reserved by initshift")
+                                   f"is reserved by initshift", reason=Reason.RESERVED)
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings,
