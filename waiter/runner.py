@@ -77,6 +77,20 @@ def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
                                                          setsigdef=all_signals()))
 
 
+def give_terminal(child: int) -> None:
+    """A container with `tty: true` (`kubectl run -it`): the terminal's foreground goes to the
+    child's group, as a job-control shell or tini hands it to a job. In a background group a
+    program that reads its terminal is stopped (SIGTTIN) and never runs on, and the
+    terminal's Ctrl-C and window size would reach the waiter instead of it."""
+    try:
+        if os.tcgetpgrp(0) != os.getpgrp():
+            return  # no terminal on stdin (the usual case), or not ours to give
+        os.tcsetpgrp(0, child)
+    except OSError:
+        return
+    _killpg(child, signal.SIGCONT)  # one that read before the hand-over was stopped
+
+
 def reap(child: int) -> int | None:
     """Reap every exited process; the child's wait status if it was among them."""
     status = None
@@ -103,6 +117,7 @@ def run(argv: list[bytes], env: dict[bytes, bytes], box: SignalBox,
     """Run argv to completion. Every signal but SIGCHLD goes to the child's whole group."""
     started = now()
     child = spawn(argv, env)
+    give_terminal(child)
     # Deadlines on the monotonic clock (a stepped wall clock must not stretch them); the
     # record's times stay wall-clock.
     deadline = time.monotonic() + timeout if timeout else None

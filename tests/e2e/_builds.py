@@ -680,3 +680,32 @@ def static_pod(env: Env, rec: Record) -> None:
         wait_for(lambda: env.kube.pod(ns, name) is None, 60, "the mirror pod gone", interval=0.5)
     rec.note("the mirror pod kept the manifest's containers and no initshift label or annotation (mirror-pod); "
              "the kubelet ran the manifest; the watcher left it alone")
+
+
+@scenario("terminal-main")
+def terminal_main(env: Env, rec: Record) -> None:
+    """A main with a terminal (`stdin: true`, `tty: true`, as `kubectl run -it` makes), under
+    each strategy whose mains the waiter runs: the waiter hands the terminal's foreground to
+    its program's process group (in a background group a read of the terminal stops the
+    program for good, SIGTTIN, and Ctrl-C reaches the waiter instead), and the pod succeeds."""
+    ns = env.namespace("tty")
+    rec.namespaces.append(ns)
+    # /proc/PID/stat: field 5 the process group, 8 the terminal's foreground group
+    script = 'set -- $(cat /proc/$$/stat); echo "shell group $5 foreground $8"; echo "shell end"'
+    modes = waiter_modes(env)
+    for mode in modes:
+        shell = {"name": "shell", "image": env.images.busybox, "imagePullPolicy": "IfNotPresent",
+                 "command": ["sh", "-c", script], "stdin": True, "tty": True}
+        body = pod(f"tty-{mode}", [step("prepare", env.images.busybox, port=ISTIO_TRAFFIC)], [shell],
+                   annotations={p.ANNOTATION_MODE: mode})
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+    said = []
+    for mode in modes:
+        obj = wait_end(env.kube, ns, f"tty-{mode}", timeout=120)
+        assert managed(obj) == mode, managed(obj)
+        shown = [x.text.strip() for x in log_lines(env.kube, ns, f"tty-{mode}", "shell")]
+        assert obj["status"]["phase"] == "Succeeded", (mode, obj["status"]["phase"], shown)
+        groups = next((x.split()[2::2] for x in shown if x.startswith("shell group ")), None)
+        assert groups and groups[0] == groups[1], f"{mode}: the shell is not in the terminal's foreground: {shown}"
+        said.append(f"{mode}: Succeeded, the shell's group {groups[0]} in the terminal's foreground")
+    rec.note("; ".join(said))

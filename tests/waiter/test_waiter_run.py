@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from waiter import protocol as p
-from tests.support.waiter_support import PYTHON, catches, record, run, start, step_dirs, wait_for, waiter_env
+from tests.support.waiter_support import PYTHON, ROOT, SOURCE_WAITER, catches, record, run, run_args, start, \
+    step_dirs, wait_for, waiter_env
 
 DONE = p.COMPLETION_FILE_NAME
 
@@ -380,3 +381,47 @@ def test_closed_stdout_and_stderr_do_not_fail_the_step(tmp_path: Path) -> None:
     (tmp_path / "missing").mkdir()
     assert closed(tmp_path / "missing" / DONE, ["/no/such/command"]) == p.EXIT_NOT_FOUND
     assert record(tmp_path / "missing" / DONE)[p.RECORD_REASON] == p.REASON_WAITER_ERROR
+
+
+def on_terminal(tmp: Path, script: str, typed: list[bytes]) -> tuple[bytes, int]:
+    """The waiter as a container with `tty: true` runs it: a session leader whose stdin,
+    stdout and stderr are a terminal (runc's pty). `typed` goes in once the program says
+    `ready`; what the terminal shows and the waiter's exit code come back."""
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: session leader, the pty its controlling terminal
+        os.chdir(ROOT)
+        argv = [*SOURCE_WAITER, *run_args(tmp / DONE, p.FLAG_NAME, "main", argv=["sh", "-c", script])]
+        os.execve(argv[0], argv, waiter_env())
+    shown, deadline = b"", time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if typed and b"ready" in shown:
+            os.write(fd, typed.pop(0))
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:  # EIO: every holder of the terminal's slave side is gone
+                break
+            if not data:
+                break
+            shown += data
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return shown, os.waitstatus_to_exitcode(status)
+
+
+def test_a_program_on_a_terminal_gets_it(tmp_path: Path) -> None:
+    """`tty: true` (`kubectl run -it`): the waiter hands the terminal's foreground to its
+    program's group, as a job-control shell or tini does: it reads what is typed (in a
+    background group the read stopped it for good, SIGTTIN) and gets the terminal's Ctrl-C."""
+    shown, code = on_terminal(tmp_path, 'echo ready; read line; echo "got:$line"', [b"hello\n"])
+    assert b"got:hello" in shown and code == 0, (shown, code)
+    assert record(tmp_path / DONE)[p.RECORD_EXIT_CODE] == 0
+    (tmp_path / DONE).unlink()
+    shown, code = on_terminal(tmp_path, 'echo ready; sleep 30; echo "got:late"', [b"\x03"])
+    assert b"got:late" not in shown and code == 128 + signal.SIGINT, (shown, code)
