@@ -41,7 +41,7 @@ _VALUE_FLAGS = {"-n", "--namespace", "--context", "--kubeconfig", "-l", "--selec
                 "--field-selector", "--timeout", "--for", "--since"}
 # Verbs whose positional arguments name objects, and how many words the verb has.
 _VERBS = {"get": 1, "delete": 1, "describe": 1, "label": 1, "annotate": 1, "logs": 1, "port-forward": 1,
-          "rollout": 2, "create": 1, "apply": 1, "wait": 1, "edit": 1, "patch": 1}
+          "rollout": 2, "create": 1, "apply": 1, "wait": 1, "edit": 1, "patch": 1, "run": 1}
 
 _PLUGINS = {"initshift", "plugin"}
 
@@ -120,7 +120,8 @@ def named(command: str) -> list[Named]:
         raise KubectlSyntaxError(f"{command}: unknown verb {args[:1]}")
     verb = " ".join(args[:_VERBS[args[0]]])
     rest = args[_VERBS[args[0]]:]
-    if verb in ("apply",) or None in positional or not rest:  # files, a selector, or a verb named in prose
+    # files, a selector, a new pod (`run NAME`), or a verb named in prose
+    if verb in ("apply", "run") or None in positional or not rest:
         return []
     if verb == "logs":
         rest = rest[:1] if "/" in rest[0] else ["pod", rest[0]]
