@@ -71,6 +71,9 @@ LINKERD_STATUS_ANNOTATION = "linkerd.io/proxy-version"
 # unless the workload's annotation says "enabled": the default since Linkerd 2.16).
 LINKERD_SHUTDOWN_ENV = "LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED"
 LINKERD_SHUTDOWN_ANNOTATION = "config.linkerd.io/proxy-admin-shutdown"
+# Where Linkerd's proxy serves its admin server (`/ready`, `/shutdown`), as its injector
+# writes it ("0.0.0.0:4191"; `config.linkerd.io/admin-port` moves it).
+LINKERD_ADMIN_ADDR_ENV = "LINKERD2_PROXY_ADMIN_LISTEN_ADDR"
 # On a namespace: Istio injects every pod where it is labelled so (unless the pod says
 # `sidecar.istio.io/inject: "false"`), Linkerd where it is annotated `linkerd.io/inject`.
 ISTIO_NAMESPACE_LABEL = "istio-injection"

@@ -89,7 +89,8 @@ class RewriteSettings:
         "INITSHIFT_QUIT_ENDPOINTS",
         "Sidecar quit endpoints, `name=url` comma list; the last main POSTs them (`istio-proxy`'s on the "
         "status port pilot-agent reads where the pod or the mesh moves it: `status.sidecar.istio.io/port`, "
-        "`statusPort` of `proxy.istio.io/config` or of the proxy's `PROXY_CONFIG`).",
+        "`statusPort` of `proxy.istio.io/config` or of the proxy's `PROXY_CONFIG`; `linkerd-proxy`'s on the "
+        "port of its `LINKERD2_PROXY_ADMIN_LISTEN_ADDR`).",
         dict(p.DEFAULT_QUIT_ENDPOINTS))
     resources_policy: str = _env("INITSHIFT_RESOURCES_POLICY",
                                  "How step requests are redistributed: `preserve`, `divide` or `keep`.",

@@ -14,7 +14,7 @@ from waiter import protocol as p
 from ._check import check_build, proxy_instant, proxy_stop, record_times
 from ._env import Env, Record, scenario, waiter_modes
 from ._kube import wait_for
-from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC
+from ._mesh import ISTIO_TRAFFIC, LINKERD_ADMIN_PORT, LINKERD_TRAFFIC
 from ._pods import first, log_lines, managed, outcome, statuses, step
 from ._tools import initshift
 
@@ -67,31 +67,41 @@ def job_git_clone(env: Env, rec: Record) -> None:
 
 @scenario("linkerd-job")
 def linkerd_job(env: Env, rec: Record) -> None:
-    """A Job under Linkerd as 2.16 and later inject it (the proxy's /shutdown off unless
-    asked for), its pod under the waiter: initshift turns the endpoint on, the main's quit
-    stops the proxy, the Job completes with its one pod (`backoffLimit: 0`: a pod ended by
-    the watcher's deadline, phase Failed, would fail it)."""
+    """Jobs under Linkerd as 2.16 and later inject it (the proxy's /shutdown off unless
+    asked for), their pods under the waiter: initshift turns the endpoint on, the main's
+    quit stops the proxy, on its admin port where the pod moves it
+    (`config.linkerd.io/admin-port`), and each Job completes with its one pod
+    (`backoffLimit: 0`: a pod ended by the watcher's deadline, phase Failed, would fail it)."""
     ns = env.namespace("l5djob", mesh="linkerd")
     rec.namespaces.append(ns)
-    report = step("report", env.images.busybox, port=LINKERD_TRAFFIC, path="nightly")
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "report"},
-           "spec": {"backoffLimit": 0, "template": {
-               "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER}},
-               "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [report]}}}}
-    env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
-    _job_done(env, ns, "report")
-    obj = _job_pod(env, ns, "report")
-    name = obj["metadata"]["name"]
-    built = check_build(env, rec, ns, name, steps=[], proxy="linkerd-proxy", strategy=p.MODE_WAITER)
-    assert first(log_lines(env.kube, ns, name, "report"), "^report fetched "), "report's call through the proxy"
-    proxy = next(c for c in obj["spec"]["containers"] if c["name"] == p.LINKERD_PROXY)
-    assert {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true"} in proxy.get("env", []), proxy.get("env")
-    stop = proxy_stop(built, p.LINKERD_PROXY)
-    assert stop == "quit endpoint", stop
+    admin = {"report": 4191, "digest": 4192}
+    for job_name, port in admin.items():
+        main = step(job_name, env.images.busybox, port=LINKERD_TRAFFIC, path="nightly")
+        moved = {} if port == 4191 else {LINKERD_ADMIN_PORT: str(port)}
+        env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job_name},
+            "spec": {"backoffLimit": 0, "template": {
+                "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER, **moved}},
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [main]}}}})
+    said, names = [], {}
+    for job_name, port in admin.items():
+        _job_done(env, ns, job_name)
+        obj = _job_pod(env, ns, job_name)
+        name = names[job_name] = obj["metadata"]["name"]
+        built = check_build(env, rec, ns, name, steps=[], proxy="linkerd-proxy", strategy=p.MODE_WAITER)
+        assert first(log_lines(env.kube, ns, name, job_name), f"^{job_name} fetched "), "the call through the proxy"
+        proxy = next(c for c in obj["spec"]["containers"] if c["name"] == p.LINKERD_PROXY)
+        assert {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true"} in proxy.get("env", []), proxy.get("env")
+        quits = [x.text for x in log_lines(env.kube, ns, name, job_name, waiter=True) if " quit " in x.text]
+        assert quits == [f"waiter[{job_name}]: quit http://127.0.0.1:{port}/shutdown: HTTP 200"], quits
+        stop = proxy_stop(built, p.LINKERD_PROXY)
+        assert stop == "quit endpoint", stop
+        said.append(f"{job_name}: the quit went to :{port}")
     shown = initshift(env, "status", "job/report", "-n", ns, "-o", "json", timeout=60)  # the pod by its Job
-    assert shown.returncode == 0 and json.loads(shown.stdout)["name"] == name, (shown.returncode, shown.stderr)
-    rec.note(f"strategy {managed(obj)}; /shutdown turned on; linkerd-proxy stopped by {stop}; the Job completed "
-             f"with its one pod; `initshift status job/report` shows it")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["name"] == names["report"], (shown.returncode,
+                                                                                          shown.stderr)
+    rec.note(f"strategy waiter; /shutdown turned on; {'; '.join(said)}; linkerd-proxy stopped by the quit "
+             f"endpoint; each Job completed with its one pod; `initshift status job/report` shows it")
 
 
 @scenario("istio-status-port")

@@ -16,7 +16,9 @@ Linkerd-like proxy (tests/e2e/images/fakeproxy.c), the way their injectors do.
   `linkerd-proxy-injector-webhook-config`); injects when the pod or its namespace is
   annotated `linkerd.io/inject: enabled`. Adds `linkerd-init`, the `linkerd-proxy` first
   (readiness `:4191/ready`, liveness `:4191/live` answered from the start, quit `POST
-  :4191/shutdown`, served only where `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true":
+  :4191/shutdown`, on the port of the pod's or namespace's `config.linkerd.io/admin-port`
+  where it has one, written into `LINKERD2_PROXY_ADMIN_LISTEN_ADDR` as Linkerd's injector
+  does; served only where `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true":
   "false" unless the pod or its namespace says `config.linkerd.io/proxy-admin-shutdown:
   enabled`, as Linkerd 2.16 and later inject it); classic with a postStart hook that waits
   for readiness as linkerd-await does, native (with
@@ -55,6 +57,7 @@ from ._kube import Kube
 ISTIO_TRAFFIC, LINKERD_TRAFFIC = 15001, 4140  # where a step sends its traffic "through the proxy"
 READY_AFTER = "e2e.initshift.io/proxy-ready-after"
 NO_QUIT = "e2e.initshift.io/proxy-no-quit"
+LINKERD_ADMIN_PORT = "config.linkerd.io/admin-port"  # Linkerd's own: where its admin server listens
 NATIVE_NS = "e2e.initshift.io/native-mesh"
 ISTIO_CNI_NS = "e2e.initshift.io/istio-cni"
 # Only this run's namespaces: on a cluster of your own, the fake mesh never touches another pod.
@@ -244,20 +247,25 @@ class Mesh:
                 "command": ["sh", "-c", "echo linkerd-init: iptables set up"],
                 "resources": {"requests": {"cpu": "10m", "memory": "10Mi"}, "limits": {"memory": "32Mi"}},
                 "securityContext": dict(_RESTRICTED)}
-        proxy = self._proxy("linkerd-proxy", pod, (4191, "/ready"), (4191, "/shutdown"), LINKERD_TRAFFIC)
+        # The admin server (/ready, /live, /shutdown) on the pod's (or namespace's) admin port.
+        admin = int(ann.get(LINKERD_ADMIN_PORT, ns_ann.get(LINKERD_ADMIN_PORT, "4191")))
+        proxy = self._proxy("linkerd-proxy", pod, (admin, "/ready"), (admin, "/shutdown"), LINKERD_TRAFFIC)
         proxy["ports"] = [{"containerPort": 4143, "name": "linkerd-proxy"},
-                          {"containerPort": 4191, "name": "linkerd-admin"}]
+                          {"containerPort": admin, "name": "linkerd-admin"}]
         # Linkerd 2.16 and later: /shutdown served only where the workload asks for it.
         shutdown = ann.get(p.LINKERD_SHUTDOWN_ANNOTATION, ns_ann.get(p.LINKERD_SHUTDOWN_ANNOTATION)) == "enabled"
-        proxy["env"] = [{"name": p.LINKERD_SHUTDOWN_ENV, "value": "true" if shutdown else "false"}]
+        proxy["env"] = [{"name": p.LINKERD_ADMIN_ADDR_ENV, "value": f"0.0.0.0:{admin}"},
+                        {"name": p.LINKERD_SHUTDOWN_ENV, "value": "true" if shutdown else "false"}]
         proxy["args"] += ["--quit-enabled-by", p.LINKERD_SHUTDOWN_ENV]
-        proxy["readinessProbe"] = _probe(4191, "/ready", initialDelaySeconds=2, timeoutSeconds=1)
-        proxy["livenessProbe"] = _probe(4191, "/live", initialDelaySeconds=10, timeoutSeconds=1)  # from the start
+        proxy["readinessProbe"] = _probe(admin, "/ready", initialDelaySeconds=2, timeoutSeconds=1)
+        proxy["livenessProbe"] = _probe(admin, "/live", initialDelaySeconds=10, timeoutSeconds=1)  # from the start
         proxy["args"] += ["--live", "/live"]
         if native:  # Linkerd's chart: proxy.await as a startupProbe for a native proxy, else a postStart hook
-            proxy["startupProbe"] = _probe(4191, "/ready", initialDelaySeconds=0, periodSeconds=1, failureThreshold=120)
+            proxy["startupProbe"] = _probe(admin, "/ready", initialDelaySeconds=0, periodSeconds=1,
+                                           failureThreshold=120)
         else:
-            proxy["lifecycle"] = {"postStart": {"exec": {"command": [LINKERD_AWAIT, "--timeout=2m", "--port=4191"]}}}
+            proxy["lifecycle"] = {"postStart": {"exec": {"command": [LINKERD_AWAIT, "--timeout=2m",
+                                                                     f"--port={admin}"]}}}
         _place(spec, init, proxy, native, first=True)  # Linkerd puts its proxy first
         ann["linkerd.io/proxy-version"] = "e2e-fake"
         ann["linkerd.io/created-by"] = "initshift-e2e/mesh"

@@ -181,3 +181,23 @@ def test_a_configured_istio_endpoint_keeps_its_scheme_host_and_path():
     assert quit_url(istio, "http://[::1]:15020/quitquitquit", moved) == "http://[::1]:16000/quitquitquit"
     assert quit_url(istio, "http://localhost/quit?now=1", moved) == "http://localhost:16000/quit?now=1"
     assert quit_url(linkerd, SHUTDOWN, moved) == SHUTDOWN, "Istio's annotation moves Istio's server only"
+
+
+def test_linkerd_quit_goes_to_the_proxys_admin_port():
+    """Linkerd's /shutdown is on the proxy's admin server, whose address its injector writes
+    (`config.linkerd.io/admin-port` moves it): the quit follows it."""
+    def quit_of(addr: dict | None) -> list[str]:
+        pod = linkerd_216(CATALOGUE["cronjob-linkerd"])
+        proxy = container(pod, p.LINKERD_PROXY)
+        proxy["env"] = [e for e in proxy["env"] if e["name"] != p.LINKERD_ADMIN_ADDR_ENV] + ([addr] if addr else [])
+        result = rewrite(pod, ON)
+        assert result.changed and result.strategy == p.MODE_WAITER
+        assert_valid_pod(result.pod)
+        return flag_values(container(result.pod, "report"), p.FLAG_QUIT)
+
+    admin = lambda value: {"name": p.LINKERD_ADMIN_ADDR_ENV, "value": value}  # noqa: E731
+    assert quit_of(admin("0.0.0.0:4192")) == ["http://127.0.0.1:4192/shutdown"]
+    assert quit_of(admin("[::]:4193")) == ["http://127.0.0.1:4193/shutdown"]
+    for plain in (None, admin("0.0.0.0:4191"), admin("4192"), admin("0.0.0.0:admin"), admin("0.0.0.0:0"),
+                  {"name": p.LINKERD_ADMIN_ADDR_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}):
+        assert quit_of(plain) == [SHUTDOWN], plain

@@ -5,8 +5,10 @@ Istio's `/quitquitquit` is served by pilot-agent's status server, on the port pi
 reads as it starts (Istio's `ConstructProxyConfig`): the pod's `status.sidecar.istio.io/port`,
 else the `statusPort` of the pod's `proxy.istio.io/config`, else that of the proxy's
 `PROXY_CONFIG` (the mesh's `defaultConfig` and its ProxyConfig resources, as the injector
-merged them); "0" runs no status server, so no quit. Linkerd's
-proxy serves `/shutdown` only where `LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true",
+merged them); "0" runs no status server, so no quit. Linkerd's `/shutdown` is served by
+the proxy's admin server, on the port of its `LINKERD2_PROXY_ADMIN_LISTEN_ADDR` (which the
+injector writes, `config.linkerd.io/admin-port` moving it), and only where
+`LINKERD2_PROXY_SHUTDOWN_ENDPOINT_ENABLED` is "true",
 and since Linkerd 2.16 its injector writes "false" unless the workload asks
 (`config.linkerd.io/proxy-admin-shutdown: enabled`; the chart's
 `proxy.enableShutdownEndpoint`): an endpoint an SSRF in the app could reach. Refused, the
@@ -68,11 +70,25 @@ def istio_status_port(proxy: Mapping, annotations: Mapping) -> tuple[int, str] |
                                             f"({p.ISTIO_PROXY_CONFIG_ENV})")
 
 
+def linkerd_admin_port(proxy: Mapping) -> int | None:
+    """The port of the Linkerd proxy's admin server, from the address its injector wrote
+    ("0.0.0.0:4191", "[::]:4191"); None where it names none."""
+    addrs = [e.get("value") for e in proxy.get("env") or []
+             if isinstance(e, Mapping) and e.get("name") == p.LINKERD_ADMIN_ADDR_ENV]
+    addr = addrs[-1] if addrs else None  # the kubelet gives the last entry the word
+    port = _port(addr.rpartition(":")[2]) if isinstance(addr, str) and ":" in addr else None
+    return port or None
+
+
 def quit_url(sidecar: Mapping, url: str, annotations: Mapping) -> str:
     """`url`, the quit endpoint configured for `sidecar`, on the pod's own port where the
-    pod moves its server (Istio's status port; "0" leaves it: nothing would answer)."""
-    moved = istio_status_port(sidecar, annotations) if sidecar.get("name") == p.ISTIO_PROXY else None
-    port = moved[0] if moved else 0
+    pod moves its server (Istio's status port, "0" leaving it: nothing would answer;
+    Linkerd's admin port)."""
+    if sidecar.get("name") == p.ISTIO_PROXY:
+        moved = istio_status_port(sidecar, annotations)
+        port = moved[0] if moved else 0
+    else:
+        port = (linkerd_admin_port(sidecar) if sidecar.get("name") == p.LINKERD_PROXY else None) or 0
     if not port:
         return url
     parts = urlsplit(url)
