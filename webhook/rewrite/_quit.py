@@ -38,8 +38,9 @@ def refuses_quit(annotations: Mapping) -> bool:
 
 
 def _port(value: Any) -> int | None:
-    """A port as Istio takes it (protobuf JSON writes an int32 as a number, reads a string
-    of digits too); None for anything else, which Istio's injector refuses."""
+    """A port number, or a string of its digits (protobuf JSON writes an int32 as a number
+    and reads one from a string too); None for anything else, which the meshes' injectors
+    refuse."""
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     return value if type(value) is int and 0 <= value <= 65535 else None
@@ -80,15 +81,22 @@ def linkerd_admin_port(proxy: Mapping) -> int | None:
     return port or None
 
 
+def _served_port(sidecar: Mapping, annotations: Mapping) -> int:
+    """Where the pod serves `sidecar`'s quit endpoint, if it moves it (0: it does not, or
+    nothing serves it)."""
+    if sidecar.get("name") == p.ISTIO_PROXY:
+        moved = istio_status_port(sidecar, annotations)
+        return moved[0] if moved else 0
+    if sidecar.get("name") == p.LINKERD_PROXY:
+        return linkerd_admin_port(sidecar) or 0
+    return 0
+
+
 def quit_url(sidecar: Mapping, url: str, annotations: Mapping) -> str:
     """`url`, the quit endpoint configured for `sidecar`, on the pod's own port where the
     pod moves its server (Istio's status port, "0" leaving it: nothing would answer;
     Linkerd's admin port)."""
-    if sidecar.get("name") == p.ISTIO_PROXY:
-        moved = istio_status_port(sidecar, annotations)
-        port = moved[0] if moved else 0
-    else:
-        port = (linkerd_admin_port(sidecar) if sidecar.get("name") == p.LINKERD_PROXY else None) or 0
+    port = _served_port(sidecar, annotations)
     if not port:
         return url
     parts = urlsplit(url)
