@@ -15,7 +15,7 @@ from collections.abc import Callable
 from . import protocol as p
 from .errors import WaiterError
 from .record import now
-from .signals import SignalBox, all_signals
+from .signals import SignalBox, all_signals, default_dispositions
 
 DEFAULT_PATH = b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # runc's default
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL of a timed-out group
@@ -72,23 +72,52 @@ def launch(argv: list[bytes], env: dict[bytes, bytes], start: Callable[[bytes], 
 
 
 def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
-    """Start argv in its own process group with default signal dispositions."""
+    """Start argv in its own process group with default signal dispositions; in a container
+    with a terminal, that group is the terminal's foreground before the program runs."""
+    if owns_terminal():
+        return launch(argv, env, lambda path: _spawn_in_foreground(path, argv, env))
     return launch(argv, env, lambda path: os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
                                                          setsigdef=all_signals()))
 
 
-def give_terminal(child: int) -> None:
-    """A container with `tty: true` (`kubectl run -it`): the terminal's foreground goes to the
-    child's group, as a job-control shell or tini hands it to a job. In a background group a
-    program that reads its terminal is stopped (SIGTTIN) and never runs on, and the
-    terminal's Ctrl-C and window size would reach the waiter instead of it."""
+def owns_terminal() -> bool:
+    """stdin is a terminal whose foreground is the waiter's group: a container with `tty:
+    true` (`kubectl run -it`), whose runtime made the waiter its session leader."""
     try:
-        if os.tcgetpgrp(0) != os.getpgrp():
-            return  # no terminal on stdin (the usual case), or not ours to give
-        os.tcsetpgrp(0, child)
-    except OSError:
-        return
-    _killpg(child, signal.SIGCONT)  # one that read before the hand-over was stopped
+        return os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:  # no terminal on stdin: the usual case
+        return False
+
+
+def _spawn_in_foreground(path: bytes, argv: list[bytes], env: dict[bytes, bytes]) -> int:
+    """What a job-control shell (or tini) does for a job: the child takes its own group and
+    the terminal's foreground, then execs. In a background group a program that reads its
+    terminal is stopped (SIGTTIN) for good, and Ctrl-C would reach the waiter instead.
+    posix_spawn cannot hand the terminal over in the child, and handing it over from here
+    after the start races a program that checks at once (bash stops itself until it is in
+    the foreground). An exec error comes back through a close-on-exec pipe, as OSError."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: system calls only, until execve
+        try:
+            os.setpgid(0, 0)
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # tcsetpgrp from a background group
+            os.tcsetpgrp(0, os.getpid())
+            default_dispositions()
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            os.execve(path, argv, env)
+        except OSError as exc:
+            os.write(w, b"%d" % (exc.errno or errno.EIO))
+        finally:
+            os._exit(p.EXIT_CANNOT_EXEC)
+    os.close(w)
+    with open(r, "rb") as pipe:
+        failed = pipe.read()
+    if failed:
+        os.waitpid(pid, 0)
+        code = int(failed)
+        raise OSError(code, os.strerror(code))
+    return pid
 
 
 def reap(child: int) -> int | None:
@@ -117,7 +146,6 @@ def run(argv: list[bytes], env: dict[bytes, bytes], box: SignalBox,
     """Run argv to completion. Every signal but SIGCHLD goes to the child's whole group."""
     started = now()
     child = spawn(argv, env)
-    give_terminal(child)
     # Deadlines on the monotonic clock (a stepped wall clock must not stretch them); the
     # record's times stay wall-clock.
     deadline = time.monotonic() + timeout if timeout else None

@@ -27,6 +27,16 @@ def all_signals() -> list[int]:
     return [s for s in signal.valid_signals() if s not in UNCATCHABLE]
 
 
+def default_dispositions() -> None:
+    """Every signal back to its default action, as a program must start: the interpreter
+    ignores SIGPIPE and SIGXFSZ, and an exec resets only the handlers of caught signals."""
+    for sig in all_signals():
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+
+
 class SignalBox:
     """Installed once per process; `fileno()` becomes readable when signals are pending."""
 

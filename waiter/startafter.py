@@ -36,7 +36,7 @@ from .gate import PROBE_TIMEOUT, poll_interval
 from .loopback import Endpoint
 from .record import now, rfc3339
 from .runner import launch
-from .signals import TERMINATING, SignalBox, all_signals
+from .signals import TERMINATING, SignalBox, default_dispositions
 from .wait import DirWatch
 
 LOG_INTERVAL = 30.0  # seconds between "still waiting" lines (hidden flag to shorten it in tests)
@@ -235,20 +235,10 @@ def wait(opts: StartOptions, box: SignalBox) -> None:
 
 # --- exec ------------------------------------------------------------------------------------
 
-def _default_signals() -> None:
-    """The program must start with default dispositions: the interpreter ignores SIGPIPE and
-    SIGXFSZ, and our handlers would otherwise be reset only for caught signals."""
-    for sig in all_signals():
-        try:
-            signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
-
-
 def exec_argv(argv: list[bytes], env: dict[bytes, bytes]) -> None:  # never returns (execve or WaiterError)
     """Replace this process with argv (PATH from the container's env, like runc); raises
     WaiterError with execvp's choice of error (EACCES beats ENOENT) if nothing could run."""
-    _default_signals()
+    default_dispositions()
     launch(argv, env, lambda path: os.execve(path, argv, env))
     raise AssertionError("unreachable: execve returned")
 

@@ -39,6 +39,9 @@ def job_pod(mesh: str, server: Server, scripts: dict[str, str], policy: str = "N
     pod = pods.inject_istio(src) if mesh == "istio" else pods.inject_linkerd(src)
     proxy = next(c for c in pod["spec"]["containers"] if c["name"] == name)
     proxy["readinessProbe"]["httpGet"]["port"] = server.port
+    for env in proxy.get("env") or []:  # Linkerd's admin server, where the quit goes, is the server too
+        if env["name"] == p.LINKERD_ADMIN_ADDR_ENV:
+            env["value"] = f"0.0.0.0:{server.port}"
     settings = Settings(feature_gate=True, rewrite=RewriteSettings(quit_endpoints={name: server.url(quit_path)}))
     result = rewrite(pod, settings)
     assert result.changed and result.strategy == p.MODE_WAITER, result.warnings

@@ -383,7 +383,7 @@ def test_closed_stdout_and_stderr_do_not_fail_the_step(tmp_path: Path) -> None:
     assert record(tmp_path / "missing" / DONE)[p.RECORD_REASON] == p.REASON_WAITER_ERROR
 
 
-def on_terminal(tmp: Path, script: str, typed: list[bytes]) -> tuple[bytes, int]:
+def on_terminal(tmp: Path, script: str, typed: list[bytes], argv: list[str] | None = None) -> tuple[bytes, int]:
     """The waiter as a container with `tty: true` runs it: a session leader whose stdin,
     stdout and stderr are a terminal (runc's pty). `typed` goes in once the program says
     `ready`; what the terminal shows and the waiter's exit code come back."""
@@ -394,8 +394,8 @@ def on_terminal(tmp: Path, script: str, typed: list[bytes]) -> tuple[bytes, int]
     pid, fd = pty.fork()
     if pid == 0:  # the child: session leader, the pty its controlling terminal
         os.chdir(ROOT)
-        argv = [*SOURCE_WAITER, *run_args(tmp / DONE, p.FLAG_NAME, "main", argv=["sh", "-c", script])]
-        os.execve(argv[0], argv, waiter_env())
+        command = [*SOURCE_WAITER, *run_args(tmp / DONE, p.FLAG_NAME, "main", argv=argv or ["sh", "-c", script])]
+        os.execve(command[0], command, waiter_env())
     shown, deadline = b"", time.monotonic() + 30
     while time.monotonic() < deadline:
         if typed and b"ready" in shown:
@@ -416,12 +416,19 @@ def on_terminal(tmp: Path, script: str, typed: list[bytes]) -> tuple[bytes, int]
 
 
 def test_a_program_on_a_terminal_gets_it(tmp_path: Path) -> None:
-    """`tty: true` (`kubectl run -it`): the waiter hands the terminal's foreground to its
-    program's group, as a job-control shell or tini does: it reads what is typed (in a
-    background group the read stopped it for good, SIGTTIN) and gets the terminal's Ctrl-C."""
-    shown, code = on_terminal(tmp_path, 'echo ready; read line; echo "got:$line"', [b"hello\n"])
-    assert b"got:hello" in shown and code == 0, (shown, code)
+    """`tty: true` (`kubectl run -it`): the program's group is the terminal's foreground
+    before it runs, as a job-control shell or tini makes it: it is there from its first
+    instruction (bash checks at once, and stops itself until it is), it reads what is typed
+    (in a background group the read stopped it for good, SIGTTIN), and it gets the
+    terminal's Ctrl-C. A command that cannot run is recorded as anywhere else."""
+    foreground = 'set -- $(cat /proc/$$/stat); [ "$5" = "$8" ] && echo "first: in the foreground"; '
+    shown, code = on_terminal(tmp_path, foreground + 'echo ready; read line; echo "got:$line"', [b"hello\n"])
+    assert b"first: in the foreground" in shown and b"got:hello" in shown and code == 0, (shown, code)
     assert record(tmp_path / DONE)[p.RECORD_EXIT_CODE] == 0
     (tmp_path / DONE).unlink()
     shown, code = on_terminal(tmp_path, 'echo ready; sleep 30; echo "got:late"', [b"\x03"])
     assert b"got:late" not in shown and code == 128 + signal.SIGINT, (shown, code)
+    (tmp_path / DONE).unlink()
+    shown, code = on_terminal(tmp_path, "", [], argv=["no-such-command-here"])
+    assert code == p.EXIT_NOT_FOUND and b"command not found" in shown, (shown, code)
+    assert record(tmp_path / DONE)[p.RECORD_EXIT_CODE] == p.EXIT_NOT_FOUND
