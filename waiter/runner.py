@@ -102,7 +102,10 @@ def _spawn_in_foreground(path: bytes, argv: list[bytes], env: dict[bytes, bytes]
         try:
             os.setpgid(0, 0)
             signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # tcsetpgrp from a background group
-            os.tcsetpgrp(0, os.getpid())
+            try:
+                os.tcsetpgrp(0, os.getpid())
+            except OSError:  # the terminal is gone meanwhile (a hangup): run without it
+                pass
             default_dispositions()
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
             os.execve(path, argv, env)
