@@ -81,10 +81,11 @@ def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:
 
 
 def owns_terminal() -> bool:
-    """stdin is a terminal whose foreground is the waiter's group: a container with `tty:
-    true` (`kubectl run -it`), whose runtime made the waiter its session leader."""
+    """The waiter leads the session of the terminal on its stdin, in its foreground: a
+    container with `tty: true` (`kubectl run -it`), whose runtime made it so. (Run from a
+    shell's terminal, as in a developer's test run, the shell leads: it keeps its terminal.)"""
     try:
-        return os.tcgetpgrp(0) == os.getpgrp()
+        return os.getsid(0) == os.getpid() and os.tcgetpgrp(0) == os.getpgrp()
     except OSError:  # no terminal on stdin: the usual case
         return False
 
