@@ -709,3 +709,32 @@ def terminal_main(env: Env, rec: Record) -> None:
         assert groups and groups[0] == groups[1], f"{mode}: the shell is not in the terminal's foreground: {shown}"
         said.append(f"{mode}: Succeeded, the shell's group {groups[0]} in the terminal's foreground")
     rec.note("; ".join(said))
+
+
+
+@scenario("poststart-main")
+def poststart_main(env: Env, rec: Record) -> None:
+    """A build whose main has a postStart hook that waits for its own program (as charts
+    that set up their app from a hook do), under Istio's classic proxy (appended after it),
+    in each mode whose steps the waiter runs: the kubelet starts regular containers one by
+    one, each once the hook before has returned, so the proxy goes ahead of the steps (after
+    the main it never started: the pod stayed Pending); the pod succeeds, its step's call
+    through the proxy."""
+    ns = env.namespace("hook")
+    rec.namespaces.append(ns)
+    main = step("main", env.images.busybox, port=None, extra="touch /tmp/up; sleep 1; ")
+    main["lifecycle"] = {"postStart": {"exec": {"command": ["sh", "-c", "until [ -f /tmp/up ]; do sleep 0.2; done"]}}}
+    modes = waiter_modes(env)
+    for mode in modes:
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
+            f"hook-{mode}", [step("clone", env.images.busybox, port=ISTIO_TRAFFIC)], [dict(main)],
+            annotations={p.ANNOTATION_MODE: mode}))
+    said = []
+    for mode in modes:
+        obj = wait_end(env.kube, ns, f"hook-{mode}", timeout=120)
+        inits, regular = container_names(obj)
+        assert obj["status"]["phase"] == "Succeeded", (mode, obj["status"]["phase"], inits, regular)
+        assert first(log_lines(env.kube, ns, f"hook-{mode}", "clone"), "^clone fetched "), "the clone's call"
+        where = "native" if "istio-proxy" in inits else f"regular, position {regular.index('istio-proxy')}"
+        said.append(f"{mode}: Succeeded, the proxy {where}")
+    rec.note("; ".join(said))

@@ -563,3 +563,37 @@ def test_linkerds_await_goes_where_step_0_waits_for_the_proxy_and_comes_back_whe
     proxy = next(c for c in back["spec"]["containers"] if c["name"] == "linkerd-proxy")
     assert proxy["lifecycle"]["postStart"] == was["lifecycle"]["postStart"] and removed_post_start(back) == {}
     assert_valid_pod(back)
+
+
+def test_a_sidecar_after_a_main_with_a_poststart_hook_starts_before_the_steps():
+    """The kubelet starts regular containers one by one, each once the hook of the one
+    before has returned: a main's postStart hook that waits for its own program (held by
+    the waiter until the proxy is ready) kept Istio's proxy, appended after it, from ever
+    starting (a pod Pending for good on v1.34.9). Such a sidecar goes ahead of the steps;
+    a pod without such a hook keeps its order, and a re-invocation changes nothing."""
+    hook = {"postStart": {"exec": {"command": ["sh", "-c", "until [ -f /tmp/up ]; do sleep 1; done"]}}}
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"]["containers"][0]["lifecycle"] = hook
+    result = rewrite(pod, ON)
+    assert result.changed and result.strategy == p.MODE_WAITER
+    names = [c["name"] for c in result.pod["spec"]["containers"]]
+    assert names == ["istio-proxy", "prepare", "analyze", "detect", "restore", "build", "export", "completion"], names
+    assert_valid_pod(result.pod)
+    again = rewrite(result.pod, ON)
+    assert again.pod == result.pod and not make_patch(result.pod, again.pod)
+    plain = rewrite(copy.deepcopy(CATALOGUE["kpack-istio"]), ON).pod
+    assert [c["name"] for c in plain["spec"]["containers"]][-1] == "istio-proxy", "no hook: the proxy stays last"
+    # A proxy a mesh adds after initshift's rewrite (a re-invocation) moves the same way.
+    bare = copy.deepcopy(CATALOGUE["kpack"])
+    bare["metadata"].setdefault("annotations", {})[p.ANNOTATION_MODE] = p.MODE_WAITER
+    bare["spec"]["containers"][0]["lifecycle"] = hook
+    first = rewrite(bare, ON)
+    assert first.changed, first.warnings
+    injected = copy.deepcopy(first.pod)
+    injected["spec"]["containers"].append({"name": "istio-proxy", "image": "proxyv2", "readinessProbe": {
+        "httpGet": {"path": "/healthz/ready", "port": 15021}}})
+    refreshed = rewrite(injected, ON)
+    assert refreshed.changed, refreshed.warnings
+    assert [c["name"] for c in refreshed.pod["spec"]["containers"]][0] == "istio-proxy"
+    assert_valid_pod(refreshed.pod)
+    assert rewrite(refreshed.pod, ON).pod == refreshed.pod

@@ -459,6 +459,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
         containers.append(main if main is not None else open_quit(c, annotations) if c["name"] in chain.quitted else c)
     if not placed:
         containers += wrapped_steps
+    containers = sidecars_before_hooks(containers, frozenset(c["name"] for c in [*steps, *cls.mains]), cls.sidecars)
 
     if how == p.MODE_HYBRID:  # the proxy stays the last init container (protocol.COPY_CONTAINER_NAME)
         init = list(cls.kept_init)
@@ -526,6 +527,25 @@ def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
     return steps, mains
 
 
+def sidecars_before_hooks(containers: list[dict], wrapped: frozenset[str], sidecars: Sequence[Mapping]) -> list[dict]:
+    """`containers` with the regular sidecars declared after a wrapped container that has a
+    postStart hook moved ahead of the first wrapped one. The kubelet starts a pod's regular
+    containers one by one, each only once the hook of the one before has returned; a main's
+    hook that waits for its own program (which the waiter holds until the sidecars are
+    ready) would keep a sidecar declared after it from ever starting: the pod never runs
+    (seen on v1.34.9 with Istio's proxy, which Istio appends). Before the steps, such a
+    sidecar starts first, as Linkerd's proxy (put first) always does."""
+    hooked = next((i for i, c in enumerate(containers)
+                   if c.get("name") in wrapped and mapping_at(c, "lifecycle").get("postStart")), None)
+    names = {s.get("name") for s in sidecars}
+    late = [c for c in containers[hooked + 1:] if c.get("name") in names] if hooked is not None else []
+    if not late:
+        return containers
+    rest = [c for c in containers if not any(c is moved for moved in late)]
+    first = next(i for i, c in enumerate(rest) if c.get("name") in wrapped)
+    return [*rest[:first], *late, *rest[first:]]
+
+
 def give_back_to_sidecars(containers: Sequence[Mapping], steps: Sequence[str], sidecars: Sequence[Mapping],
                           settings: RewriteSettings) -> list[Mapping]:
     """`containers` with the requests of `sidecars` injected after the rewrite taken back from
@@ -571,7 +591,7 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     out["spec"]["containers"] = [
         wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else
         open_quit(c, annotations) if c.get("name") in chain.quitted else c
-        for c in containers
+        for c in sidecars_before_hooks(containers, frozenset(index), regular_sidecars)
     ]
     out["spec"]["volumes"] = _volumes(spec, len(order), chain.ready_file is not None, bool(mains))
     if managed_as(pod) == p.MODE_WAITER:  # (hybrid's sidecars are native: its own refresh settles them)
