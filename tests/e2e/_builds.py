@@ -23,6 +23,12 @@ KPACK = ["prepare", "analyze", "detect", "restore", "build", "export"]
 ARGV = ["a b", "it's", "*", "", "--flag=1 2", "$HOME"]
 
 
+def reviews_in(env: Env, ns: str) -> list[dict]:
+    """The server's log lines of the reviews of namespace `ns`, in order."""
+    return [json.loads(line) for line in env.install.server.log.read_text(errors="replace").splitlines()
+            if '"initshift.review"' in line and f'"namespace":"{ns}"' in line]
+
+
 def _build_pod(env: Env, name: str, steps: list[dict], *, main: str = "completion", **kw) -> dict:
     return pod(name, steps, [step(main, env.images.busybox, port=None)], **kw)
 
@@ -361,8 +367,7 @@ def reinvocation(env: Env, rec: Record) -> None:
     assert "istio-proxy" in inits + mains, f"the mesh did not inject: {inits} {mains}"
     assert p.ANNOTATION_NOT_REWRITTEN not in annotations(created), annotations(created)
     assert managed(created) == env.build_strategy, managed(created)
-    reviews = [json.loads(line) for line in env.install.server.log.read_text().splitlines()
-               if '"initshift.review"' in line and f'"namespace":"{ns}"' in line]
+    reviews = reviews_in(env, ns)
     decisions = [(r.get("decision"), r.get("reason")) for r in reviews]
     assert len(reviews) >= 2 and decisions[-1][0] == "patched", f"reviews of the pod: {decisions}"
     build = check_build(env, rec, ns, "build", steps=["clone", "build"], proxy="istio-proxy",
@@ -672,8 +677,7 @@ def static_pod(env: Env, rec: Record) -> None:
         time.sleep(3)  # the watcher's grace after a main's end
         ours = [k for k in annotations(env.kube.pod(ns, name) or ran) if k.startswith(p.GROUP)]
         assert not ours, ours
-        reviews = [json.loads(line) for line in env.install.server.log.read_text(errors="replace").splitlines()
-                   if '"initshift.review"' in line and f'"namespace":"{ns}"' in line]
+        reviews = reviews_in(env, ns)
         assert [(r.get("decision"), r.get("reason")) for r in reviews] == [("allowed", "mirror-pod")], reviews
     finally:
         manifest.unlink()

@@ -55,6 +55,13 @@ def _status_port_of(config: Any, load: Any) -> int | None:
     return _port(doc.get("statusPort")) if isinstance(doc, dict) else None
 
 
+def _env_value(container: Mapping, name: str) -> Any:
+    """The value of the container's variable `name` (the kubelet gives the last entry of a
+    name the word); None where it has none."""
+    values = [e.get("value") for e in container.get("env") or [] if isinstance(e, Mapping) and e.get("name") == name]
+    return values[-1] if values else None
+
+
 def istio_status_port(proxy: Mapping, annotations: Mapping) -> tuple[int, str] | None:
     """The port of `proxy`'s status server as pilot-agent reads it (0: none) and where it is
     set; None where nothing names one (the mesh's default, as configured here, stands)."""
@@ -64,9 +71,7 @@ def istio_status_port(proxy: Mapping, annotations: Mapping) -> tuple[int, str] |
     port = _status_port_of(annotations.get(p.ISTIO_PROXY_CONFIG_ANNOTATION), yaml.safe_load)
     if port is not None:
         return port, f"statusPort: {port} in {p.ISTIO_PROXY_CONFIG_ANNOTATION}"
-    env = [e.get("value") for e in proxy.get("env") or []
-           if isinstance(e, Mapping) and e.get("name") == p.ISTIO_PROXY_CONFIG_ENV]
-    port = _status_port_of(env[-1], json.loads) if env else None  # the kubelet gives the last entry the word
+    port = _status_port_of(_env_value(proxy, p.ISTIO_PROXY_CONFIG_ENV), json.loads)
     return None if port is None else (port, f"statusPort: {port} in the mesh's proxy configuration "
                                             f"({p.ISTIO_PROXY_CONFIG_ENV})")
 
@@ -74,9 +79,7 @@ def istio_status_port(proxy: Mapping, annotations: Mapping) -> tuple[int, str] |
 def linkerd_admin_port(proxy: Mapping) -> int | None:
     """The port of the Linkerd proxy's admin server, from the address its injector wrote
     ("0.0.0.0:4191", "[::]:4191"); None where it names none."""
-    addrs = [e.get("value") for e in proxy.get("env") or []
-             if isinstance(e, Mapping) and e.get("name") == p.LINKERD_ADMIN_ADDR_ENV]
-    addr = addrs[-1] if addrs else None  # the kubelet gives the last entry the word
+    addr = _env_value(proxy, p.LINKERD_ADMIN_ADDR_ENV)
     port = _port(addr.rpartition(":")[2]) if isinstance(addr, str) and ":" in addr else None
     return port or None
 

@@ -541,7 +541,8 @@ def sidecars_before_hooks(containers: list[dict], wrapped: frozenset[str], sidec
     late = [c for c in containers[hooked + 1:] if c.get("name") in names] if hooked is not None else []
     if not late:
         return containers
-    rest = [c for c in containers if not any(c is moved for moved in late)]
+    moved = {id(c) for c in late}
+    rest = [c for c in containers if id(c) not in moved]
     first = next(i for i, c in enumerate(rest) if c.get("name") in wrapped)
     return [*rest[:first], *late, *rest[first:]]
 
