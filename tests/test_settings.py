@@ -48,6 +48,7 @@ def test_parsing_every_kind():
     ({"INITSHIFT_LEASE_NAME": "watcher.-x"}, "INITSHIFT_LEASE_NAME: .*RFC 1123 subdomain"),
     ({"INITSHIFT_CERT_SECRET": "tls/secret"}, "INITSHIFT_CERT_SECRET"),
     ({"INITSHIFT_WEBHOOK_CONFIG": "-webhook"}, "INITSHIFT_WEBHOOK_CONFIG"),
+    ({"INITSHIFT_IMAGE_PULL_SECRETS": "registry,Harbor"}, "INITSHIFT_IMAGE_PULL_SECRETS: .*RFC 1123 subdomain.* got 'Harbor'"),
 ])
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(SettingsError, match=message):
@@ -56,7 +57,9 @@ def test_bad_values_name_the_variable(env, message):
 
 def test_kubernetes_names_that_are_valid_are_kept():
     s = Settings.from_env({"INITSHIFT_SERVICE_NAME": "my-webhook", "INITSHIFT_NAMESPACE": "0-platform",
-                           "INITSHIFT_LEASE_NAME": "initshift.watcher", "INITSHIFT_WATCH_NAMESPACES": "builds,ci"})
+                           "INITSHIFT_LEASE_NAME": "initshift.watcher", "INITSHIFT_WATCH_NAMESPACES": "builds,ci",
+                           "INITSHIFT_IMAGE_PULL_SECRETS": "harbor.pull, mirror"})
+    assert s.rewrite.image_pull_secrets == ("harbor.pull", "mirror")
     assert (s.server.service_name, s.server.namespace) == ("my-webhook", "0-platform")
     assert s.watcher.lease_name == "initshift.watcher" and s.watcher.namespaces == ("builds", "ci")
 

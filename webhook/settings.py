@@ -80,6 +80,12 @@ class RewriteSettings:
                       "container, which holds the waiter.", f"ghcr.io/initshift/initshift:{__version__}")
     image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init` and `initshift-copy`.",
                                   "IfNotPresent", **_choice("IfNotPresent", "Always", "Never"))
+    image_pull_secrets: tuple[str, ...] = _env(
+        "INITSHIFT_IMAGE_PULL_SECRETS",
+        "Secrets added to the `imagePullSecrets` of every pod given `initshift-init` or `initshift-copy` (comma "
+        "list of names, each a Secret in the pod's own namespace), for an INITSHIFT_IMAGE the nodes cannot pull "
+        "anonymously, as Istio's `global.imagePullSecrets` does for its proxy; empty: the pod's own only.",
+        (), **_name(k8snames.DNS_SUBDOMAIN))
     sidecar_names: tuple[str, ...] = _env("INITSHIFT_SIDECAR_NAMES", "Container names treated as sidecars (comma list).",
                                           p.DEFAULT_SIDECAR_NAMES)
     mesh_init_names: tuple[str, ...] = _env("INITSHIFT_MESH_INIT_NAMES",

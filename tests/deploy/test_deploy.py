@@ -42,6 +42,7 @@ CUSTOM_VALUES = {
     "nativeSidecars": "false",
     "resourcesPolicy": "divide",
     "sidecarNames": ["istio-proxy", "envoy"],
+    "injectedImagePullSecrets": ["platform-registry", "mirror.pull"],
     # Helm merges maps with the chart's defaults: null drops a default entry.
     "quitEndpoints": {"envoy": "http://127.0.0.1:9901/quitquitquit", "istio-proxy": None, "linkerd-proxy": None},
     "rbac": {"nodeVersions": True},
@@ -583,7 +584,8 @@ def test_chart_rejects_bad_values():
     import helm_python
 
     for bad in ({"webhook": {"failurePolicy": "Sometimes"}}, {"strategy": "fast"}, {"replicas": 0},
-                {"certificates": {"mode": "vault"}}, {"quitEndpoints": {"envoy": "tcp://x"}}):
+                {"certificates": {"mode": "vault"}}, {"quitEndpoints": {"envoy": "tcp://x"}},
+                {"injectedImagePullSecrets": ["Registry"]}, {"injectedImagePullSecrets": [{"name": "registry"}]}):
         with pytest.raises(helm_python.HelmValuesError):
             helm(bad)
 
@@ -597,6 +599,7 @@ def test_chart_custom_values_take_effect():
     assert settings.rewrite.native_sidecars == "false"
     assert settings.rewrite.resources_policy == "divide"
     assert settings.rewrite.sidecar_names == ("istio-proxy", "envoy")
+    assert settings.rewrite.image_pull_secrets == ("platform-registry", "mirror.pull")
     assert settings.rewrite.quit_endpoints == {"envoy": "http://127.0.0.1:9901/quitquitquit"}
     assert settings.server.log_level == "debug"
     assert settings.watcher.grace_seconds == 20
@@ -610,6 +613,7 @@ def test_chart_defaults_are_the_code_defaults():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     rw = DEFAULTS.rewrite
     assert tuple(values["sidecarNames"]) == rw.sidecar_names == p.DEFAULT_SIDECAR_NAMES
+    assert tuple(values["injectedImagePullSecrets"]) == rw.image_pull_secrets == ()
     assert values["quitEndpoints"] == rw.quit_endpoints == p.DEFAULT_QUIT_ENDPOINTS
     assert (values["strategy"], values["nativeSidecars"], values["resourcesPolicy"]) == \
         (rw.mode, rw.native_sidecars, rw.resources_policy)

@@ -63,6 +63,15 @@ def _curl_image() -> Image:
     return Image(f"{REGISTRY}/curl:{tag}", files, entrypoint=["/usr/bin/curl"])
 
 
+def initshift_image() -> Image:
+    """initshift's image as the rewrite injects it: the frozen waiter where the Dockerfile
+    puts it, tagged by the waiter's sources (each `make waiter` writes other bytes)."""
+    sources = sorted((REPO / "waiter").glob("*.py"))
+    image = Image(f"{REGISTRY}/initshift:{_digest(sources)}", user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
+    image.add_tree(WAITER_BUNDLE, p.IMAGE_WAITER_DIR)
+    return image
+
+
 def build() -> Images:
     """Every image, written once per content into .cache/e2e/images/."""
     if not (WAITER_BUNDLE / p.WAITER_INIT_EXE_NAME).is_file():
@@ -70,10 +79,7 @@ def build() -> Images:
     out = BUILD / "images"
     out.mkdir(parents=True, exist_ok=True)
     proxy_bin = compile_static(HERE / "images" / "fakeproxy.c", BUILD / "fakeproxy")
-    # tagged by the waiter's sources: each `make waiter` writes a bundle with other bytes
-    sources = sorted((REPO / "waiter").glob("*.py"))
-    initshift = Image(f"{REGISTRY}/initshift:{_digest(sources)}", user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
-    initshift.add_tree(WAITER_BUNDLE, p.IMAGE_WAITER_DIR)
+    initshift = initshift_image()
     proxy = Image(f"{REGISTRY}/fakeproxy:{_digest([proxy_bin])}",
                   {"/fakeproxy": proxy_bin, LINKERD_AWAIT: ("symlink", "/fakeproxy")}, entrypoint=["/fakeproxy"])
     curl = _curl_image()

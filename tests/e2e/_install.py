@@ -16,6 +16,7 @@ ServiceAccount.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import ssl
@@ -25,6 +26,7 @@ import http.client
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -207,6 +209,24 @@ class Install:
                 conn.close()
 
         wait_for(ready, START_TIMEOUT, "initshift serve /readyz", watch=[self.server], interval=0.2)
+
+    @contextlib.contextmanager
+    def serving_with(self, **env: str) -> Iterator[None]:
+        """The server restarted with `env` over its own, then as it was: for a phase-2
+        scenario only (every other pod's admission would see the restart)."""
+        saved = self.env
+        self.env = {**saved, **env}
+        try:
+            self._restart_server()
+            yield
+        finally:
+            self.env = saved
+            self._restart_server()
+
+    def _restart_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.start_server()
 
     def start_watcher(self) -> None:
         self.watcher_starts += 1

@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import gzip
-import hashlib
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from tests.support import registryd
-from tests.support.k8s import ClusterError, busybox_image
+from tests.support.k8s import ClusterError, Image, busybox_image
+from waiter import protocol as p
 
 from ._check import check_build, proxy_stop
 from ._env import Env, Record, scenario
-from ._kube import KubeFailure
+from ._images import initshift_image
+from ._kube import KubeFailure, wait_for
 from ._mesh import ISTIO_TRAFFIC
-from ._pods import managed, outcome, pod, step
+from ._pods import managed, outcome, pod, statuses, step
 
 ENTRYPOINT = ["/bin/sh", "-c"]  # the image's: a step's `args` are the script
 REPOSITORY, TAG = "tools/sh", "1"
@@ -39,6 +41,7 @@ class LocalRegistry:
     host: str  # 127.0.0.1:PORT, anonymous
     private_host: str  # 127.0.0.1:PORT, the same images behind a user and password
     ca_file: Path
+    origin: registryd.Registry = field(repr=False, compare=False)  # the anonymous one, to push to
 
     @property
     def image(self) -> str:
@@ -48,26 +51,20 @@ class LocalRegistry:
     def private_image(self) -> str:
         return f"{self.private_host}/{REPOSITORY}:{TAG}"
 
-
-def _push_busybox(registry: registryd.Registry) -> None:
-    """busybox as one gzipped layer, its config naming ENTRYPOINT (no CMD)."""
-    image = busybox_image()
-    layer = image.layer()
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "config": {"Env": image.env, "Entrypoint": ENTRYPOINT},
-                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}},
-                        sort_keys=True).encode()
-    blob = gzip.compress(layer, mtime=0)
-    pusher = registryd.Pusher(registry)
-    try:
-        doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-               "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": len(config),
-                          "digest": pusher.blob(REPOSITORY, config)},
-               "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": len(blob),
-                           "digest": pusher.blob(REPOSITORY, blob)}]}
-        pusher.manifest(REPOSITORY, TAG, doc)
-    finally:
-        pusher.close()
+    def push(self, image: Image, repository: str, tag: str) -> None:
+        """`image` as one gzipped layer (both hosts serve it: they share one storage)."""
+        layer = image.layer()
+        config, blob = image.config_json(layer), gzip.compress(layer, mtime=0)
+        pusher = registryd.Pusher(self.origin)
+        try:
+            doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                   "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": len(config),
+                              "digest": pusher.blob(repository, config)},
+                   "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": len(blob),
+                               "digest": pusher.blob(repository, blob)}]}
+            pusher.manifest(repository, tag, doc)
+        finally:
+            pusher.close()
 
 
 @contextlib.contextmanager
@@ -83,13 +80,15 @@ def local_registry(hosts_dir: Path) -> Iterator[LocalRegistry]:
                 registries.append(registryd.Registry(root, pki, root / "storage", auth=auth))
         except registryd.RegistryUnavailable as e:
             raise ClusterError(f"the e2e's registry: {e}") from None
-        _push_busybox(registries[0])
+        local = LocalRegistry(registries[0].host, registries[1].host, pki.ca_file, registries[0])
+        # busybox with an ENTRYPOINT and no CMD: a step's `args` are its script
+        local.push(dataclasses.replace(busybox_image(), entrypoint=ENTRYPOINT, cmd=None), REPOSITORY, TAG)
         for registry in registries:
             hosts = hosts_dir / registry.host
             hosts.mkdir(parents=True)
             (hosts / "hosts.toml").write_text(f'server = "{registry.url}"\n\n[host."{registry.url}"]\n'
                                               f'  capabilities = ["pull", "resolve"]\n  ca = "{pki.ca_file}"\n')
-        yield LocalRegistry(registries[0].host, registries[1].host, pki.ca_file)
+        yield local
     finally:
         for registry in registries:
             registry.stop()
@@ -136,6 +135,16 @@ def _has_private_registry(env: Env) -> bool:
     return env.registry is not None and env.install.pull_secrets
 
 
+def _pull_secret(env: Env, ns: str, name: str, host: str | None = None) -> None:
+    """A `kubernetes.io/dockerconfigjson` Secret for `host` (default: the private registry)."""
+    assert env.registry is not None
+    auth = base64.b64encode(f"{registryd.USER}:{registryd.PASSWORD}".encode()).decode()
+    config = json.dumps({"auths": {host or env.registry.private_host: {"auth": auth}}})
+    env.kube.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+        "type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": base64.b64encode(config.encode()).decode()}})
+
+
 @scenario("private-registry", applies=_has_private_registry)
 def private_registry(env: Env, rec: Record) -> None:
     """The same from a registry that wants a user and password, given as the pod's
@@ -146,11 +155,7 @@ def private_registry(env: Env, rec: Record) -> None:
     ns = env.namespace("private")
     rec.namespaces.append(ns)
     host = env.registry.private_host
-    auth = base64.b64encode(f"{registryd.USER}:{registryd.PASSWORD}".encode()).decode()
-    config = json.dumps({"auths": {host: {"auth": auth}}})
-    env.kube.create(f"/api/v1/namespaces/{ns}/secrets", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry"},
-        "type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": base64.b64encode(config.encode()).decode()}})
+    _pull_secret(env, ns, "registry")
     bare = step("fetch", env.registry.private_image, port=None)
     bare["args"] = [bare.pop("command")[-1]]
     try:
@@ -162,3 +167,45 @@ def private_registry(env: Env, rec: Record) -> None:
     rec.note(f"ENTRYPOINT read from {host} with the pod's imagePullSecrets; "
              + _lookup_build(env, rec, ns, env.registry.private_image, imagePullSecrets=[{"name": "registry"}])
              + "; without the Secret: denied")
+
+
+def _own_container(obj: dict) -> dict:
+    """The status of the pod's container of initshift's image (initshift-init, initshift-copy)."""
+    st = statuses(obj)
+    return st.get(p.INIT_CONTAINER_NAME) or st.get(p.COPY_CONTAINER_NAME) or {}
+
+
+@scenario("private-initshift-image", phase=2, applies=_has_registry)
+def private_initshift_image(env: Env, rec: Record) -> None:
+    """initshift's own image in a registry that wants a password (INITSHIFT_IMAGE there, the
+    server restarted for it): without INITSHIFT_IMAGE_PULL_SECRETS a build stops at pulling
+    initshift's container; with it the Secret joins the pod's own and the build ends well."""
+    assert env.registry is not None
+    repository, tag = "platform/initshift", env.images.initshift.rsplit(":", 1)[1]
+    env.registry.push(initshift_image(), repository, tag)
+    image = f"{env.registry.private_host}/{repository}:{tag}"  # never pulled by this node before
+    ns = env.namespace("private-image")
+    rec.namespaces.append(ns)
+    _pull_secret(env, ns, "platform-registry")
+    _pull_secret(env, ns, "builds", "registry.example")  # the pod's own (its pushes), kept first
+    steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)]
+    build = pod("build", steps, [step("completion", env.images.busybox, port=None)],
+                imagePullSecrets=[{"name": "builds"}])
+    with env.install.serving_with(INITSHIFT_IMAGE=image):
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", {**build, "metadata": {"name": "unpulled"}})
+
+        def refused() -> str | None:
+            waiting = (_own_container(env.kube.pod(ns, "unpulled") or {}).get("state") or {}).get("waiting") or {}
+            return waiting.get("reason") if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
+
+        without = wait_for(refused, 90, f"initshift's container of {ns}/unpulled to fail its pull", interval=0.5)
+        env.kube.delete(f"/api/v1/namespaces/{ns}/pods/unpulled")
+    with env.install.serving_with(INITSHIFT_IMAGE=image, INITSHIFT_IMAGE_PULL_SECRETS="platform-registry,builds"):
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", build)
+        done = check_build(env, rec, ns, "build", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
+    secrets = done.obj["spec"].get("imagePullSecrets")
+    assert secrets == [{"name": "builds"}, {"name": "platform-registry"}], secrets
+    pulled = _own_container(done.obj)
+    assert pulled.get("image", "").endswith(f"{repository}:{tag}"), pulled
+    rec.note(f"{image}: without the pull secret {without}; with INITSHIFT_IMAGE_PULL_SECRETS the pod's "
+             f"imagePullSecrets {[x['name'] for x in secrets]}, {managed(done.obj)} build Succeeded")

@@ -597,3 +597,31 @@ def test_a_sidecar_after_a_main_with_a_poststart_hook_starts_before_the_steps():
     assert [c["name"] for c in refreshed.pod["spec"]["containers"]][0] == "istio-proxy"
     assert_valid_pod(refreshed.pod)
     assert rewrite(refreshed.pod, ON).pod == refreshed.pod
+
+
+@pytest.mark.parametrize("mode", ["waiter", "hybrid", "native"])
+def test_pull_secrets_go_with_initshifts_image(mode: str) -> None:
+    # INITSHIFT_IMAGE_PULL_SECRETS: the pod that gets a container of initshift's image can
+    # pull it; its own secrets stay first, a name it has already is not repeated.
+    settings = with_settings(image_pull_secrets=("platform-registry", "mirror"))
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"]["imagePullSecrets"] = [{"name": "builds"}, {"name": "mirror"}]
+    pod["metadata"]["annotations"][p.ANNOTATION_MODE] = mode
+    result = rewrite(pod, settings, native_supported=True)
+    assert result.changed and result.strategy == mode, result.warnings
+    spec = result.pod["spec"]
+    images = {c["image"] for c in [*spec["initContainers"], *spec["containers"]]}
+    if mode == "native":  # the proxy made native: nothing of initshift's image in the pod
+        assert settings.rewrite.image not in images and spec["imagePullSecrets"] == pod["spec"]["imagePullSecrets"]
+        return
+    assert settings.rewrite.image in images
+    assert spec["imagePullSecrets"] == [{"name": "builds"}, {"name": "mirror"}, {"name": "platform-registry"}]
+    assert_valid_pod(result.pod)
+    assert rewrite(result.pod, settings, native_supported=True).pod == result.pod, "re-invocation adds nothing"
+
+
+def test_no_pull_secrets_by_default() -> None:
+    for name in ("kpack-istio", "job-istio"):  # with secrets of its own, and without
+        pod = CATALOGUE[name]
+        out = rewrite(pod, ON).pod
+        assert out["spec"].get("imagePullSecrets") == pod["spec"].get("imagePullSecrets"), name

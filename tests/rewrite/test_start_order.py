@@ -319,3 +319,10 @@ def test_podcheck_sees_bad_downward_api_annotation_keys() -> None:
     volume = next(v for v in out["spec"]["volumes"] if v["name"] == p.CONTAINER_READY_VOLUME)
     volume["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] = f"metadata.annotations['{'a' * 64}']"
     assert any("not a valid annotation key" in x for x in pod_problems(out))
+
+
+def test_pull_secrets_go_with_initshift_init() -> None:
+    s = Settings(feature_gate=True, rewrite=RewriteSettings(image_pull_secrets=("platform-registry",)))
+    out = rewrite(web_pod("istio-proxy;app"), s).pod
+    assert out["spec"]["imagePullSecrets"] == [{"name": "platform-registry"}]
+    assert rewrite(out, s).pod == out

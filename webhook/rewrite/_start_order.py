@@ -42,7 +42,8 @@ from ..settings import Settings
 from ._command import Argv, read_argv, start_after_command, waiter_command
 from ._errors import RewriteError
 from ._reasons import Reason
-from ._waiter import argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours, reserved_mounts
+from ._waiter import (argvs_of, check_reserved, init_container_within, loopback_probe, merge_ours, reserved_mounts,
+                      with_pull_secrets)
 
 REASON = Reason.INVALID_START_ORDER
 # The fewest bytes one wait takes in the pod's JSON: a flag and its value ("--probe",
@@ -323,6 +324,7 @@ def build(pod: Mapping, settings: Settings, images: Mapping[str, ImageEntrypoint
     ours = init_container_within(settings.rewrite, pod_requests(pod.get("spec") or {}), inits)
     spec["initContainers"] = merge_ours(spec.get("initContainers") or [], [ours],
                                         lambda n: n == p.INIT_CONTAINER_NAME)
+    with_pull_secrets(spec, settings.rewrite)
     wanted = [{"name": p.BIN_VOLUME, "emptyDir": {}}]
     if pl.markers:
         wanted.append({"name": p.MARKER_VOLUME, "emptyDir": {}})

@@ -112,6 +112,18 @@ def copier_container(settings: RewriteSettings, reserved: Amounts) -> dict:
     return c
 
 
+def with_pull_secrets(spec: dict, settings: RewriteSettings) -> None:
+    """INITSHIFT_IMAGE_PULL_SECRETS added to `spec`'s `imagePullSecrets` (after the pod's
+    own, each name once), where the pod is given a container of initshift's image: the
+    kubelet pulls every image of a pod with the pod's secrets (and the node's credentials).
+    A name the namespace has no Secret of costs an event, not the pull."""
+    own = spec.get("imagePullSecrets") or []
+    have = {ref.get("name") for ref in own if isinstance(ref, Mapping)}
+    added = [{"name": name} for name in settings.image_pull_secrets if name not in have]
+    if added:
+        spec["imagePullSecrets"] = [*own, *added]
+
+
 # --- the ready gate -------------------------------------------------------------------------
 
 def _port(container: Mapping, port: object) -> int | None:
@@ -473,6 +485,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec["containers"] = containers
     new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), chain.ready_file is not None,
                                    bool(cls.mains))
+    with_pull_secrets(new_spec, settings)
     _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
 
     new_total, new_qos = requests_and_qos(new_spec, read)

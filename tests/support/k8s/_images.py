@@ -81,10 +81,8 @@ class Image:
                         tar.addfile(info, f)
         return buf.getvalue()
 
-    def write(self, path: Path) -> Path:
-        """The docker-archive tar: manifest.json, the config, one layer."""
-        layer = self.layer()
-        diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    def config_json(self, layer: bytes) -> bytes:
+        """The image's configuration over its one (uncompressed) `layer`."""
         config: dict = {"Env": self.env}
         if self.entrypoint is not None:
             config["Entrypoint"] = self.entrypoint
@@ -92,11 +90,17 @@ class Image:
             config["Cmd"] = self.cmd
         if self.user:
             config["User"] = self.user
-        config_json = json.dumps({
+        return json.dumps({
             "architecture": "amd64", "os": "linux", "config": config,
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
             "history": [{"created_by": "tests/support/k8s/_images.py"}],
         }, sort_keys=True).encode()
+
+    def write(self, path: Path) -> Path:
+        """The docker-archive tar: manifest.json, the config, one layer."""
+        layer = self.layer()
+        diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+        config_json = self.config_json(layer)
         config_name = hashlib.sha256(config_json).hexdigest() + ".json"
         layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
         manifest = json.dumps([{"Config": config_name, "RepoTags": [self.ref], "Layers": [layer_name]}]).encode()
