@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from waiter import argvmap, flags as waiter_flags, protocol as p, startafter
-from webhook.rewrite._command import read_argv, run_command, start_after_command, waiter_command
+from tests.support.expansion import expand_all
+from webhook.rewrite._command import gate_of, read_argv, run_command, start_after_command, waiter_command
 from webhook.rewrite._errors import RewriteError
 
 # Words the kubelet may pass: anything but NUL; flag-like words and `--` included on purpose.
@@ -90,6 +91,29 @@ def test_start_after_command_round_trips_through_the_waiters_parser(name: str, a
         assert opts.max_wait == (float(max_wait) if pairs and max_wait else None)
         assert opts.argv == [os.fsencode(a) for a in [*(argv_map[HERE] if argv_map else []), *argv]]
     assert read_argv(_container(args)) == (argv, argv_map)
+
+
+# What a pod's fields may hold that the kubelet would expand once written into `args`.
+dollars = st.from_regex(r"[a-z/]{0,3}(\$\(HOME\)|\$\$|\$\(|\$|\$x|\$\(NOPE\))[a-z/]{0,3}", fullmatch=True)
+KUBELET_ENV = {"HOME": "/root", "NOPE": "defined"}  # the container's variables, as the kubelet sees them
+
+
+@settings(max_examples=100, deadline=None)
+@given(path=dollars, quit=dollars, log=dollars)
+def test_text_from_the_pod_reaches_the_waiter_as_written(tmp_path_factory: pytest.TempPathFactory, path: str,
+                                                         quit: str, log: str) -> None:
+    """A probe's path, a quit URL and a termination-message path are fields the kubelet
+    never expands; in `args` it would: they are written so its expansion gives them back."""
+    probe, quit_url, log_path = f"http://127.0.0.1:15021/{path}", f"http://127.0.0.1:15020/{quit}", f"/dev/{log}"
+    post = str(tmp_path_factory.mktemp("run") / "done")
+    args = run_command(name="s", post=post, argv=["x"], ready_file="/ready", probes=[probe],
+                       quits=[quit_url], termination_log=log_path)
+    opts = waiter_flags.parse_run(expand_all(args, KUBELET_ENV)[1:])
+    assert [e.url for e in opts.probes] == [probe] and [e.url for e in opts.quit] == [quit_url]
+    assert opts.termination_log == log_path
+    assert gate_of(_container(args)) == ("/ready", (probe,)), "read back as the waiter gets it"
+    after = start_after_command(name="s", argv=["x"], conditions=[(p.FLAG_PROBE, probe)])
+    assert startafter.parse(expand_all(after, KUBELET_ENV)[1:]).conditions[0].endpoint.url == probe
 
 
 @pytest.mark.parametrize("container", [

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.support.expansion import expand_all
 from tests.support.fixtures import pods
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
@@ -474,6 +475,26 @@ def test_image_argv_is_escaped_for_the_kubelets_expansion():
     # inside the JSON text (a value with a quote would break it).
     assert json.loads(flag_values(step0, p.FLAG_ARGV_MAP)[0])["linux/amd64"] == ["/a$$b"]
     assert argv_after_separator(step0) == ["echo $(HOME)"]
+
+
+def test_text_of_the_pods_fields_is_escaped_for_the_kubelets_expansion():
+    # A readiness probe's path, a quit URL and a terminationMessagePath are never expanded
+    # where the pod has them; written into `args`, the kubelet would expand them.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    proxy = next(c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy")
+    proxy["readinessProbe"]["httpGet"]["path"] = "/healthz/ready$(HOME)"
+    main = pod["spec"]["containers"][0]
+    main["env"] = [{"name": "HOME", "value": "/src"}]
+    main["terminationMessagePath"] = "/dev/$$log"
+    settings = with_settings(quit_endpoints={"istio-proxy": "http://127.0.0.1:15020/quit$(HOME)"})
+    out = rewrite(pod, settings).pod
+    step0, wrapped = out["spec"]["containers"][0], next(c for c in out["spec"]["containers"] if c["name"] == main["name"])
+    kubelet = lambda c: expand_all(c["args"], {e["name"]: e["value"] for e in c.get("env") or []})  # noqa: E731
+    assert flag_values({"args": kubelet(step0)}, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready$(HOME)"]
+    assert flag_values({"args": kubelet(wrapped)}, p.FLAG_QUIT) == ["http://127.0.0.1:15020/quit$(HOME)"]
+    assert flag_values({"args": kubelet(wrapped)}, p.FLAG_TERMINATION_LOG) == ["/dev/$$log"]
+    assert rewrite(out, settings).pod == out
+    assert_valid_pod(out)
 
 
 def test_unshareable_resource_of_a_step_and_a_main_is_left_alone():

@@ -15,7 +15,13 @@ from waiter import flags as waiter_flags
 from waiter import protocol as p
 from waiter.errors import UsageError
 
+from ._entrypoint import escape_expansion, reduce_expansion
 from ._errors import RewriteError
+
+# Flags whose value is text from the pod or the settings (a probe's or a quit URL, the
+# termination-message path). In `args` the kubelet expands $(VAR) and reduces $$ to $:
+# written escaped, so the waiter gets them as they are, and read back reduced.
+_TEXT_FLAGS = frozenset((p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_TERMINATION_LOG))
 
 Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
 
@@ -35,17 +41,17 @@ def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None =
     if ready_file:
         args += [p.FLAG_READY_FILE, ready_file]
     for url in probes:
-        args += [p.FLAG_PROBE, url]
+        args += [p.FLAG_PROBE, escape_expansion(url)]
     if timeout:
         args += [p.FLAG_TIMEOUT, str(timeout)]
     if retry:
         args.append(p.FLAG_RETRY)
     for url in quits:
-        args += [p.FLAG_QUIT, url]
+        args += [p.FLAG_QUIT, escape_expansion(url)]
     if mains_dir and mains:
         args += [p.FLAG_MAINS_DIR, mains_dir, p.FLAG_MAINS, str(mains)]
     if termination_log and termination_log != p.DEFAULT_TERMINATION_LOG:
-        args += [p.FLAG_TERMINATION_LOG, termination_log]
+        args += [p.FLAG_TERMINATION_LOG, escape_expansion(termination_log)]
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
 
 
@@ -57,7 +63,7 @@ def start_after_command(*, name: str, argv: Sequence[str], marker: str | None = 
     if marker:
         args += [p.FLAG_MARKER, marker]
     for flag, value in conditions:
-        args += [flag, value]
+        args += [flag, escape_expansion(value)]
     if conditions and max_wait:
         args += [p.FLAG_MAX_WAIT, str(max_wait)]
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
@@ -80,7 +86,7 @@ def _run_flags(container: Mapping) -> list[tuple[str, str | None]] | None:
         pairs, _ = waiter_flags.split(list(container["args"][1:]), waiter_flags.RUN)
     except UsageError:
         return None
-    return pairs
+    return [(f, reduce_expansion(v) if f in _TEXT_FLAGS and v is not None else v) for f, v in pairs]
 
 
 def gate_probes(container: Mapping) -> list[str] | None:

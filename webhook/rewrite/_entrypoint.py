@@ -64,10 +64,16 @@ class EntrypointResolver(Protocol):
         ...
 
 
-def _escape_expansion(word: str) -> str:
+def escape_expansion(word: str) -> str:
     """`word` as it must be written in a container's `args` to reach the process unchanged:
-    the kubelet expands $(VAR) and reduces $$ to $ there, never in the image's ENTRYPOINT/CMD."""
+    the kubelet expands $(VAR) and reduces $$ to $ there, never in the image's ENTRYPOINT/CMD
+    nor in a probe's path."""
     return word.replace("$", "$$")
+
+
+def reduce_expansion(written: str) -> str:
+    """What the process gets of a word `escape_expansion` wrote."""
+    return written.replace("$$", "$")
 
 
 def effective_argv(container: Mapping, config: ImageConfig | None, *, for_args: bool = False) -> list[str] | None:
@@ -80,7 +86,7 @@ def effective_argv(container: Mapping, config: ImageConfig | None, *, for_args: 
         return [*command, *(args or [])]
     if config is None:
         return None
-    image = _escape_expansion if for_args else str
+    image = escape_expansion if for_args else str
     entry = [image(w) for w in config.entrypoint or ()]
     tail = list(args) if args else [image(w) for w in config.cmd or ()]
     return entry + tail
