@@ -198,10 +198,15 @@ async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, mode: 
 
 
 # --- the kubelet, for smoke pods ------------------------------------------------------------------
+class _Held(Exception):
+    """The pod reached the stage the kubelet is held at."""
+
+
 class Kubelet:
     """Plays the kubelet for each smoke pod: writes its status through the status subresource in
     the order a real kubelet runs the pod the rewrite made. `hold`: a stage it never gets past
-    ("sidecar-ready": the proxy never becomes Ready). `waiter_first`: waiter pods end before
+    ("sidecar-ready": the proxy never becomes Ready; "image-pull": initshift-init's image
+    cannot be pulled). `waiter_first`: waiter pods end before
     the kubelet's own probe reports the proxy up (a real kubelet probes every second or more;
     the waiter's loopback probe answers within milliseconds)."""
 
@@ -257,6 +262,8 @@ class Kubelet:
                     await play.get(managed, self._plain)(pod)
                 except KubeError:
                     pass  # the check deleted the pod it gave up on
+                except _Held:
+                    pass
         finally:
             await self.api.close()
 
@@ -265,6 +272,10 @@ class Kubelet:
         for c in pod["spec"].get("initContainers") or []:
             if c["name"] == until:
                 return
+            if c["name"] == p.INIT_CONTAINER_NAME and self.hold == "image-pull":
+                await self.init({"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"],
+                                 "state": {"waiting": {"reason": "ErrImagePull", "message": "401 Unauthorized"}}})
+                raise _Held
             if c.get("restartPolicy") == "Always":
                 continue
             await self.init(running(c["name"], ready=False))

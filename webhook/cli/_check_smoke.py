@@ -118,10 +118,21 @@ def _where(pod: dict) -> str:
     view = _view(pod)
     phase = (pod.get("status") or {}).get("phase") or "Pending"
     if view is None:
-        return f"pod phase {phase}"
+        return f"pod phase {phase}" + _unpulled(pod)
     rows = [f"{r.name}: {r.state}" + (f" ({r.reason})" if r.reason else "") for r in view.rows
             if r.state not in (State.COMPLETED,)]
-    return f"pod phase {phase}; " + ", ".join(rows) if rows else f"pod phase {phase}"
+    return (f"pod phase {phase}; " + ", ".join(rows) if rows else f"pod phase {phase}") + _unpulled(pod)
+
+
+def _unpulled(pod: dict) -> str:
+    """What to do when the node cannot pull initshift's own image into the pod."""
+    for name in (p.INIT_CONTAINER_NAME, p.COPY_CONTAINER_NAME):
+        waiting = ((statuses(pod).get(name) or {}).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+            return (f"; {name} cannot pull initshift's image ({waiting['reason']}): where the nodes need a pull "
+                    f"secret for it, create one in this namespace and name it in INITSHIFT_IMAGE_PULL_SECRETS "
+                    f"(docs/install.md#a-private-registry)")
+    return ""
 
 
 def _seconds(a: str | None, b: str | None) -> float | None:
