@@ -784,3 +784,18 @@ def test_notes_point_at_check_and_warn_about_fail():
     assert "failurePolicy=Ignore" in text and "WARNING: failurePolicy=Fail" not in text
     fail = _notes({"webhook": {"failurePolicy": "Fail"}})
     assert "WARNING: failurePolicy=Fail" in fail and "REJECTS every pod" in fail
+
+
+def test_private_registry_kustomization_of_the_docs_sets_the_pull_secrets(tmp_path):
+    """docs/install.md's kustomization for a private registry, rendered as a user would."""
+    from tests.support import deploy_render, docs
+
+    kustomization = yaml.safe_load(docs.fenced_after(docs.page("install.md"), "# my-initshift/kustomization.yaml"))
+    assert kustomization["resources"] == ["../initshift/deploy"]
+    kustomization["resources"] = [os.path.relpath(DEPLOY, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    rendered = Rendered(deploy_render._run_kustomize(tmp_path))
+    assert Settings.from_env(rendered.plain_env()).rewrite.image_pull_secrets == ("platform-registry",)
+    plain = Rendered(kustomize("."))
+    assert {k for k, v in rendered.plain_env().items() if plain.plain_env().get(k) != v} == \
+        {"INITSHIFT_IMAGE_PULL_SECRETS"}
