@@ -144,3 +144,15 @@ def test_the_makefile_installs_every_debian_package_the_cluster_needs():
     makefile = (REPO / "Makefile").read_text()
     packages = set(re.search(r"^E2E_APT_PACKAGES := (.*)$", makefile, re.M).group(1).split())
     assert set(COMMANDS.values()) <= packages
+
+
+def test_the_testing_page_describes_every_scenario():
+    """docs/testing.md's table names each scenario `make e2e` runs, and no other."""
+    from tests.e2e import __main__  # noqa: F401 - importing the runner registers every scenario
+    from tests.e2e._env import SCENARIOS as registered
+    from tests.support import docs
+
+    table = docs.section(docs.page("testing.md"), "The scenarios")
+    described = {name for row in table.splitlines() if row.startswith("| `")
+                 for name in re.findall(r"`([a-z0-9-]+)`", row.split(" | ", 1)[0])}
+    assert described == {s.name for s in registered}
