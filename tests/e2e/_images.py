@@ -72,6 +72,68 @@ def initshift_image() -> Image:
     return image
 
 
+PYTHON = Path("/usr/bin/python3.11")  # Debian's: what `make venv` builds .venv from, so the wheels fit it
+SITE = "/usr/lib/python3/dist-packages"  # on Debian's python3.11 sys.path
+# The standard library less what a server never imports.
+_STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "config-3.11-x86_64-linux-gnu"}
+
+
+def _libraries(binaries: list[Path]) -> dict[str, Path]:
+    """Every shared library `binaries` load (`ldd`), at the paths the loader finds them."""
+    out: dict[str, Path] = {}
+    for binary in binaries:
+        proc = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+        for found in re.finditer(r"(/\S+) \(0x", proc.stdout):
+            out[found.group(1)] = Path(found.group(1)).resolve()
+    return out
+
+
+def server_image() -> Image:
+    """initshift's whole image, as the Dockerfile makes it but from this machine's own parts
+    (no Docker engine here): Debian's Python 3.11 with the libraries it and its extension
+    modules load, the runtime dependencies (constraints/image.txt names them) as installed in
+    .venv, initshift's packages, the `initshift` command, and the frozen waiter where the
+    rewrite's `initshift-init` runs it."""
+    from importlib import metadata
+
+    files: dict[str, Path | bytes | tuple[str, str]] = {"/usr/bin/python3.11": PYTHON.resolve(),
+                                                         "/usr/bin/python3": ("symlink", "python3.11")}
+    stdlib = Path("/usr/lib/python3.11")
+    for path in sorted(stdlib.rglob("*")):
+        rel = path.relative_to(stdlib)
+        if rel.parts[0] in _STDLIB_SKIPPED or "__pycache__" in rel.parts:
+            continue
+        if path.is_symlink():
+            files[f"{stdlib}/{rel}"] = ("symlink", str(path.readlink()))
+        elif path.is_file():
+            files[f"{stdlib}/{rel}"] = path
+    names = [line.split("==")[0] for line in (REPO / "constraints" / "image.txt").read_text().splitlines()
+             if line and not line.startswith("#")]
+    for name in names:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # not for this Python (an environment marker left it out)
+        for entry in dist.files or ():
+            if entry.parts[0] == ".." or "__pycache__" in entry.parts:
+                continue  # the scripts in .venv/bin; bytecode a read-only root would not use
+            source = Path(str(dist.locate_file(entry)))
+            if source.is_file():
+                files[f"{SITE}/{entry}"] = source
+    for package in ("webhook", "waiter", "certs"):
+        for path in sorted((REPO / package).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                files[f"{SITE}/{path.relative_to(REPO)}"] = path
+    files["/usr/local/bin/initshift"] = b"#!/usr/bin/python3.11\nimport sys\nfrom webhook.cli import main\nsys.exit(main())\n"
+    shared = [v for k, v in files.items() if isinstance(v, Path) and (k.endswith(".so") or ".so." in k)]
+    for lib, source in _libraries([PYTHON, *shared]).items():
+        files.setdefault(lib, source)
+    waiter = initshift_image()
+    image = Image(f"{REGISTRY}/initshift-server:{_digest([p for p in files.values() if isinstance(p, Path)])}",
+                  {**files, **waiter.files}, user=f"{p.IMAGE_UID}:{p.IMAGE_UID}")
+    return image
+
+
 def build() -> Images:
     """Every image, written once per content into .cache/e2e/images/."""
     if not (WAITER_BUNDLE / p.WAITER_INIT_EXE_NAME).is_file():

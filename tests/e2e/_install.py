@@ -4,8 +4,9 @@ ServiceAccount.
 1. Render the Helm chart or the kustomize default (`deploy/`) with the project's renderers
    (tests/support/deploy_render.py: Helm's Go SDK, kubectl's kustomize) and apply the
    objects with server-side apply (`kubectl apply --server-side`).
-2. Two changes, because no image of initshift can be pulled here: the Deployment is applied
-   with `replicas: 0`, and the webhook configuration calls `https://HOST:PORT/mutate` on this
+2. Two changes, because the server runs on this machine (the e2e's pods cannot reach its
+   apiserver; `_serverpod.py` runs the Pod for one scenario): the Deployment is applied with
+   `replicas: 0`, and the webhook configuration calls `https://HOST:PORT/mutate` on this
    machine (`clientConfig.url`) instead of the Service.
 3. A token of the chart's ServiceAccount (`kubectl create token`) in a kubeconfig; with it,
    `initshift certs create --secret` and `initshift certs inject` make the serving
@@ -90,7 +91,7 @@ def render(flavour: str, pull_secrets: bool = False) -> list[dict]:
 
 
 def for_this_machine(objects: list[dict], url: str) -> list[dict]:
-    """No image to pull: the Deployment at zero replicas; the webhook called at `url`."""
+    """The server on this machine: the Deployment at zero replicas; the webhook called at `url`."""
     out = copy.deepcopy(objects)
     for obj in out:
         if obj["kind"] == "Deployment":

@@ -54,7 +54,7 @@ class LocalRegistry:
     def push(self, image: Image, repository: str, tag: str) -> None:
         """`image` as one gzipped layer (both hosts serve it: they share one storage)."""
         layer = image.layer()
-        config, blob = image.config_json(layer), gzip.compress(layer, mtime=0)
+        config, blob = image.config_json(layer), gzip.compress(layer, compresslevel=1, mtime=0)
         pusher = registryd.Pusher(self.origin)
         try:
             doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",

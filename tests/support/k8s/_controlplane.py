@@ -175,6 +175,9 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # A Service's ClusterIP leads nowhere (no kube-proxy): a webhook (or an aggregated
+            # API) named by its Service is called at the Service's endpoints instead.
+            "--enable-aggregator-routing=true",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--profiling=false",
