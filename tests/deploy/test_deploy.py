@@ -732,7 +732,12 @@ def test_chart_host_network_moves_both_ports():
         assert _port(r.container, r.container[probe]["httpGet"]["port"]) == 10443
     for obj in r.objects:
         validate(obj)
-    assert "hostNetwork" not in Rendered(helm()).deployment["spec"]["template"]["spec"]
+    # Replaced one at a time where it runs: a surge replica would find its ports taken
+    # wherever a replica runs (make e2e's server-pod rolls it out on one node).
+    assert r.deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    default = Rendered(helm()).deployment["spec"]
+    assert "hostNetwork" not in default["template"]["spec"]
+    assert default["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
     import helm_python
 
     with pytest.raises(helm_python.HelmRenderError, match="metrics.port must differ from serverPort"):

@@ -178,34 +178,38 @@ def _own_container(obj: dict) -> dict:
 @scenario("private-initshift-image", phase=2, applies=_has_registry)
 def private_initshift_image(env: Env, rec: Record) -> None:
     """initshift's own image in a registry that wants a password (INITSHIFT_IMAGE there, the
-    server restarted for it): without INITSHIFT_IMAGE_PULL_SECRETS a build stops at pulling
-    initshift's container; with it the Secret joins the pod's own and the build ends well."""
+    server restarted with INITSHIFT_IMAGE_PULL_SECRETS): where the namespace has that Secret
+    it joins the pod's own and the build ends well; where it has none the kubelet says so
+    and initshift's container cannot be pulled."""
     assert env.registry is not None
     repository, tag = "platform/initshift", env.images.initshift.rsplit(":", 1)[1]
     env.registry.push(initshift_image(), repository, tag)
     image = f"{env.registry.private_host}/{repository}:{tag}"  # never pulled by this node before
-    ns = env.namespace("private-image")
-    rec.namespaces.append(ns)
+    ns, bare = env.namespace("private-image"), env.namespace("no-pull-secret")
+    rec.namespaces += [ns, bare]
+    for where in (ns, bare):
+        _pull_secret(env, where, "builds", "registry.example")  # the pod's own (its pushes), kept first
     _pull_secret(env, ns, "platform-registry")
-    _pull_secret(env, ns, "builds", "registry.example")  # the pod's own (its pushes), kept first
     steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)]
     build = pod("build", steps, [step("completion", env.images.busybox, port=None)],
                 imagePullSecrets=[{"name": "builds"}])
-    with env.install.serving_with(INITSHIFT_IMAGE=image):
-        env.kube.create(f"/api/v1/namespaces/{ns}/pods", {**build, "metadata": {"name": "unpulled"}})
+    with env.install.serving_with(INITSHIFT_IMAGE=image, INITSHIFT_IMAGE_PULL_SECRETS="platform-registry,builds"):
+        env.kube.create(f"/api/v1/namespaces/{bare}/pods", build)
 
         def refused() -> str | None:
-            waiting = (_own_container(env.kube.pod(ns, "unpulled") or {}).get("state") or {}).get("waiting") or {}
+            waiting = (_own_container(env.kube.pod(bare, "build") or {}).get("state") or {}).get("waiting") or {}
             return waiting.get("reason") if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
 
-        without = wait_for(refused, 90, f"initshift's container of {ns}/unpulled to fail its pull", interval=0.5)
-        env.kube.delete(f"/api/v1/namespaces/{ns}/pods/unpulled")
-    with env.install.serving_with(INITSHIFT_IMAGE=image, INITSHIFT_IMAGE_PULL_SECRETS="platform-registry,builds"):
+        without = wait_for(refused, 90, f"initshift's container of {bare}/build to fail its pull", interval=0.5)
+        missing = [e for e in env.kube.events(bare, "build") if e.get("reason") == "FailedToRetrieveImagePullSecret"]
+        assert missing and "platform-registry" in missing[0].get("message", ""), env.kube.events(bare, "build")
+        env.kube.delete(f"/api/v1/namespaces/{bare}/pods/build")
         env.kube.create(f"/api/v1/namespaces/{ns}/pods", build)
         done = check_build(env, rec, ns, "build", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
     secrets = done.obj["spec"].get("imagePullSecrets")
     assert secrets == [{"name": "builds"}, {"name": "platform-registry"}], secrets
     pulled = _own_container(done.obj)
     assert pulled.get("image", "").endswith(f"{repository}:{tag}"), pulled
-    rec.note(f"{image}: without the pull secret {without}; with INITSHIFT_IMAGE_PULL_SECRETS the pod's "
-             f"imagePullSecrets {[x['name'] for x in secrets]}, {managed(done.obj)} build Succeeded")
+    rec.note(f"{image}: with INITSHIFT_IMAGE_PULL_SECRETS the pod's imagePullSecrets {[x['name'] for x in secrets]}, "
+             f"{managed(done.obj)} build Succeeded; in a namespace without the Secret: {missing[0]['reason']}, "
+             f"{without}")

@@ -27,7 +27,7 @@ from ._images import server_image
 from ._install import NAMESPACE
 from ._kube import kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
-from ._pods import managed, pod, step
+from ._pods import managed, outcome, pod, step
 
 REPOSITORY = "platform/initshift"
 POD_START_TIMEOUT = 180.0  # the image's pull (150 MB) and Python's start on a loaded 2-core machine
@@ -55,8 +55,9 @@ def _lease_holder(env: Env) -> str:
 def server_pod(env: Env, rec: Record) -> None:
     """initshift's own Pod from the chart (`hostNetwork: true`), its image built from this
     machine's Python: it starts as user 65532 on a read-only root, turns Ready through its
-    HTTPS probes, takes its certificate from the Secret, and, the webhook named by its
-    Service, rewrites a build pod, which succeeds."""
+    HTTPS probes, takes its certificate from the Secret, is rolled out again on the one
+    node, its watcher takes the Lease, and, the webhook named by its Service, it rewrites a
+    build pod, which succeeds with the outcome its watcher writes."""
     assert env.cluster is not None and env.registry is not None
     image = server_image()
     tag = image.ref.rsplit(":", 1)[1]
@@ -72,7 +73,7 @@ def server_pod(env: Env, rec: Record) -> None:
     config = next(o for o in env.install.objects if o["kind"] == "MutatingWebhookConfiguration")["metadata"]["name"]
     config_path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{config}"
     saved = env.kube.get(config_path)
-    holder = _lease_holder(env)
+    pod_identity = ""
     selector = ",".join(f"{k}={v}" for k, v in rendered["Deployment"]["spec"]["selector"]["matchLabels"].items())
     manifest = env.install.dir / "server-pod.yaml"
 
@@ -106,6 +107,23 @@ def server_pod(env: Env, rec: Record) -> None:
 
         ensured = wait_for(lambda: next((x for x in server_log() if x.get("msg") == "certificates ensured"), None),
                            30, "the pod's 'certificates ensured' line")
+        # A rolling update on this one node (a Pod on the node's network holds its ports).
+        deployment = f"deployment/{rendered['Deployment']['metadata']['name']}"
+        kubectl(env.admin, "-n", NAMESPACE, "rollout", "restart", deployment)
+        kubectl(env.admin, "-n", NAMESPACE, "rollout", "status", deployment, "--timeout=100s")  # the helper waits 120 s
+        first_pod = name
+        server = wait_for(lambda: (pod := _ready_pod(env, selector)) and pod["metadata"]["name"] != first_pod and pod,
+                          60, "the rolled-out Pod Ready", interval=1.0)
+        name = server["metadata"]["name"]
+        wait_for(lambda: next((x for x in server_log() if x.get("msg") == "certificates ensured"), None),
+                 30, "the rolled-out Pod's 'certificates ensured' line")
+        # The Pod's watcher (`serve --watch`) takes the Lease once this machine's lets it go.
+        assert env.install.watcher is not None
+        env.install.watcher.stop()
+        leading = wait_for(lambda: next((x for x in server_log() if x.get("msg") == "leading"), None), 60,
+                           "the Pod's watcher leading")
+        pod_identity = str(leading.get("identity"))
+        assert _lease_holder(env) == pod_identity, (_lease_holder(env), pod_identity)
         # The webhook by its Service: the apiserver calls the Pod, not this machine's server.
         by_service = copy.deepcopy(env.kube.get(config_path))  # the Pod may have written its caBundle
         for wh in by_service["webhooks"]:
@@ -119,6 +137,8 @@ def server_pod(env: Env, rec: Record) -> None:
             "build", [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)],
             [step("completion", env.images.busybox, port=None)]))
         build = check_build(env, rec, ns, "build", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
+        result = outcome(env.kube, ns, "build")  # written by the Pod's watcher, the only one running
+        assert result["result"] == "Succeeded", result
         reviews = [x for x in server_log() if x.get("namespace") == ns and x.get("pod") == "build"]
         patched = next((x for x in reviews if x.get("decision") == "patched"), None)
         assert patched, reviews or server_log()[-5:]
@@ -142,8 +162,10 @@ def server_pod(env: Env, rec: Record) -> None:
         wait_for(lambda: not env.kube.pods(NAMESPACE, selector), 60, "initshift's own Pod gone", interval=1.0)
         kubectl(env.admin, "label", "--overwrite", "namespace", NAMESPACE,
                 "pod-security.kubernetes.io/enforce=restricted")
-        if holder:  # the Lease back with this machine's watcher (the Pod's left it at its SIGTERM)
-            wait_for(lambda: _lease_holder(env) == holder or None, 60, "this machine's watcher leading again")
+        if env.install.watcher is not None and not env.install.watcher.alive():
+            env.install.start_watcher()
+        # The Lease back with this machine's watcher (the Pod's gives it up at its SIGTERM).
+        wait_for(lambda: _lease_holder(env) not in ("", pod_identity) or None, 60, "this machine's watcher leading")
     rec.note(f"{image.ref.split('/')[-1]} ({REPOSITORY}:{tag}) Ready {ready_after:.1f} s after the apply, "
-             f"certificates {ensured.get('action')}; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
-             f"({patched['reason']}), {managed(build.obj)}, Succeeded; its log: no error, warnings {warnings or 'none'}")
+             f"certificates {ensured.get('action')}, rolled out again in place, its watcher leading; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
+             f"({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; its log: no error, warnings {warnings or 'none'}")
