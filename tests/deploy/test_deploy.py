@@ -5,8 +5,10 @@ Service, certificates and Pod Security "restricted"."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Callable
@@ -22,6 +24,7 @@ from tests.support.podvalidate import VERSIONS
 from waiter import protocol as p
 from webhook import __version__
 from webhook.cli import _main as cli, _serve as serve_cmd
+from webhook.admission import HttpsServer
 from webhook.admission._app import MUTATE_PATH
 from webhook.settings import Settings, settings_rows
 
@@ -804,3 +807,31 @@ def test_private_registry_kustomization_of_the_docs_sets_the_pull_secrets(tmp_pa
     plain = Rendered(kustomize("."))
     assert {k for k, v in rendered.plain_env().items() if plain.plain_env().get(k) != v} == \
         {"INITSHIFT_IMAGE_PULL_SECRETS"}
+
+
+@pytest.mark.parametrize("install", [i for i in INSTALLS if i in ("kustomize-default", "helm-default")])
+def test_a_stopping_replica_keeps_serving_first(install):
+    """The preStop hook sleeps in the image's own Python (no shell), within the grace period
+    that also covers the server's graceful stop."""
+    r = Rendered(INSTALLS[install].render())
+    hook = r.container["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "-c"]
+    delay = float(re.fullmatch(r"import time; time\.sleep\((\d+)\)", hook[2]).group(1))
+    grace = r.deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    assert delay == 5 and delay + _STOPPING_SECONDS <= grace
+
+
+# The longest a server takes once SIGTERM has come: uvicorn's graceful stop of the reviews in
+# flight, then its companions (the watcher, certificate renewal) given 5 s to end.
+_STOPPING_SECONDS = inspect.signature(HttpsServer).parameters["graceful_seconds"].default + 5
+
+
+def test_chart_shutdown_delay_value():
+    assert "lifecycle" not in Rendered(helm({"shutdownDelaySeconds": 0})).container
+    hook = Rendered(helm({"shutdownDelaySeconds": 12})).container["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[2] == "import time; time.sleep(12)"
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError):
+        helm({"shutdownDelaySeconds": 16})  # past the grace period with the graceful stop
+    assert 15 + _STOPPING_SECONDS <= 30

@@ -30,7 +30,8 @@ from typing import Iterator
 
 from tests.support.k8s import Cluster, ClusterError, cluster
 
-from . import _admitted, _builds, _jobs, _lookup, _serverpod, _timing, _tools  # noqa: F401 - they register the scenarios
+# Imported for what they do: each registers its scenarios.
+from . import _admitted, _builds, _jobs, _lookup, _serverpod, _timing, _tools  # noqa: F401
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario
 from ._install import Install

@@ -75,7 +75,8 @@ def initshift_image() -> Image:
 PYTHON = Path("/usr/bin/python3.11")  # Debian's: what `make venv` builds .venv from, so the wheels fit it
 SITE = "/usr/lib/python3/dist-packages"  # on Debian's python3.11 sys.path
 # The standard library less what a server never imports.
-_STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "config-3.11-x86_64-linux-gnu"}
+_STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
+                   "config-3.11-x86_64-linux-gnu"}
 
 
 def _libraries(binaries: list[Path]) -> dict[str, Path]:

@@ -109,9 +109,14 @@ def server_pod(env: Env, rec: Record) -> None:
                            30, "the pod's 'certificates ensured' line")
         # A rolling update on this one node (a Pod on the node's network holds its ports).
         deployment = f"deployment/{rendered['Deployment']['metadata']['name']}"
+        rolled = time.monotonic()
         kubectl(env.admin, "-n", NAMESPACE, "rollout", "restart", deployment)
         kubectl(env.admin, "-n", NAMESPACE, "rollout", "status", deployment, "--timeout=100s")  # the helper waits 120 s
+        rolled = time.monotonic() - rolled
         first_pod = name
+        # The old Pod's preStop hook (the image's Python sleeping) ran; a failed one is an event.
+        hooks = [e for e in env.kube.events(NAMESPACE, first_pod) if "PreStopHook" in (e.get("reason") or "")]
+        assert not hooks, hooks
         server = wait_for(lambda: (pod := _ready_pod(env, selector)) and pod["metadata"]["name"] != first_pod and pod,
                           60, "the rolled-out Pod Ready", interval=1.0)
         name = server["metadata"]["name"]
@@ -167,5 +172,7 @@ def server_pod(env: Env, rec: Record) -> None:
         # The Lease back with this machine's watcher (the Pod's gives it up at its SIGTERM).
         wait_for(lambda: _lease_holder(env) not in ("", pod_identity) or None, 60, "this machine's watcher leading")
     rec.note(f"{image.ref.split('/')[-1]} ({REPOSITORY}:{tag}) Ready {ready_after:.1f} s after the apply, "
-             f"certificates {ensured.get('action')}, rolled out again in place, its watcher leading; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
-             f"({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; its log: no error, warnings {warnings or 'none'}")
+             f"certificates {ensured.get('action')}, rolled out again in place in {rolled:.1f} s (its preStop "
+             f"hook 5 s), its watcher leading; by its Service: {len(reviews)} reviews, the build "
+             f"{patched['decision']} ({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; "
+             f"its log: no error, warnings {warnings or 'none'}")
