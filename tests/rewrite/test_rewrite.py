@@ -646,3 +646,13 @@ def test_no_pull_secrets_by_default() -> None:
         pod = CATALOGUE[name]
         out = rewrite(pod, ON).pod
         assert out["spec"].get("imagePullSecrets") == pod["spec"].get("imagePullSecrets"), name
+
+
+@pytest.mark.parametrize("secrets", [[{"name": []}], [{"name": {}}], ["registry"], {"name": "registry"}])
+@pytest.mark.parametrize("names", [(), ("platform-registry",)])
+def test_malformed_pull_secrets_leave_the_pod_unchanged(secrets, names) -> None:
+    # The apiserver refuses such a pod after the webhooks; the rewrite never trips on it.
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"]["imagePullSecrets"] = secrets
+    result = rewrite(pod, with_settings(image_pull_secrets=names))
+    assert not result.changed and result.reason == "invalid" and "imagePullSecrets" in result.warnings[0]

@@ -110,6 +110,7 @@ POD = _object(
     {"spec": _object({"containers": _list_of(CONTAINER)}, {
         "initContainers": _list_of(CONTAINER),
         "volumes": _list_of(_object({"name": _STR}, {})),
+        "imagePullSecrets": _list_of(_object({}, {"name": _STR})),
         "restartPolicy": _STR,
         "os": _object({}, {"name": _STR}),
     })},

@@ -117,8 +117,10 @@ def with_pull_secrets(spec: dict, settings: RewriteSettings) -> None:
     own, each name once), where the pod is given a container of initshift's image: the
     kubelet pulls every image of a pod with the pod's secrets (and the node's credentials).
     A name the namespace has no Secret of costs an event, not the pull."""
-    own = spec.get("imagePullSecrets") or []
-    have = {ref.get("name") for ref in own if isinstance(ref, Mapping)}
+    if not settings.image_pull_secrets:
+        return
+    own = spec.get("imagePullSecrets") or []  # a list of objects, each `name` a string (_shape.py)
+    have = {ref.get("name") for ref in own}
     added = [{"name": name} for name in settings.image_pull_secrets if name not in have]
     if added:
         spec["imagePullSecrets"] = [*own, *added]
