@@ -50,15 +50,22 @@ class Images:
     archives: tuple[Path, ...]
 
 
+def _libraries(binaries: list[Path]) -> dict[str, Path]:
+    """Every shared library `binaries` load (`ldd`), at the paths the loader finds them."""
+    out: dict[str, Path] = {}
+    for binary in binaries:
+        proc = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+        for found in re.finditer(r"(/\S+) \(0x", proc.stdout):
+            out[found.group(1)] = Path(found.group(1)).resolve()
+    return out
+
+
 def _curl_image() -> Image:
     curl = shutil.which("curl")
     if not curl:
         raise ClusterError("curl is not installed (Debian: curl)")
-    files: dict[str, Path | bytes | tuple[str, str]] = {"/usr/bin/curl": Path(curl).resolve()}
-    for line in subprocess.run(["ldd", curl], capture_output=True, text=True, check=True).stdout.splitlines():
-        found = re.search(r"(/\S+) \(0x", line)
-        if found:
-            files[found.group(1)] = Path(found.group(1)).resolve()
+    files: dict[str, Path | bytes | tuple[str, str]] = {"/usr/bin/curl": Path(curl).resolve(),
+                                                         **_libraries([Path(curl)])}
     tag = _digest(sorted({v for v in files.values() if isinstance(v, Path)}))
     return Image(f"{REGISTRY}/curl:{tag}", files, entrypoint=["/usr/bin/curl"])
 
@@ -77,16 +84,6 @@ SITE = "/usr/lib/python3/dist-packages"  # on Debian's python3.11 sys.path
 # The standard library less what a server never imports.
 _STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
                    "config-3.11-x86_64-linux-gnu"}
-
-
-def _libraries(binaries: list[Path]) -> dict[str, Path]:
-    """Every shared library `binaries` load (`ldd`), at the paths the loader finds them."""
-    out: dict[str, Path] = {}
-    for binary in binaries:
-        proc = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
-        for found in re.finditer(r"(/\S+) \(0x", proc.stdout):
-            out[found.group(1)] = Path(found.group(1)).resolve()
-    return out
 
 
 def server_image() -> Image:

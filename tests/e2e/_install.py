@@ -234,14 +234,15 @@ class Install:
         self.watcher = Process("initshift watch", _initshift("watch", "--kubeconfig", str(self.sa_kubeconfig)),
                                self.dir / "watch.log", env=self._process_env({}))
 
-    def wait_watcher_leads(self, kube: Kube, timeout: float = START_TIMEOUT) -> None:
+    def lease_holder(self, kube: Kube) -> str:
+        """The identity holding the watcher's Lease ("" for none)."""
         lease = self.env.get("INITSHIFT_LEASE_NAME", "initshift-watcher")
+        obj = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}") or {}
+        return str((obj.get("spec") or {}).get("holderIdentity") or "")
 
-        def held() -> bool:
-            obj = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}") or {}
-            return bool((obj.get("spec") or {}).get("holderIdentity"))
-
-        wait_for(held, timeout, "the watcher's Lease held", watch=[p for p in (self.watcher,) if p], interval=0.2)
+    def wait_watcher_leads(self, kube: Kube, timeout: float = START_TIMEOUT) -> None:
+        wait_for(lambda: bool(self.lease_holder(kube)), timeout, "the watcher's Lease held",
+                 watch=[p for p in (self.watcher,) if p], interval=0.2)
 
     def logs_forbidden(self) -> list[str]:
         """Lines of the server's and watcher's logs that report a 403 (RBAC said no)."""

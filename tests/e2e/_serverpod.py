@@ -45,12 +45,6 @@ def _ready_pod(env: Env, selector: str) -> dict | None:
     return None
 
 
-def _lease_holder(env: Env) -> str:
-    lease = env.install.env.get("INITSHIFT_LEASE_NAME", "initshift-watcher")
-    obj = env.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}") or {}
-    return str((obj.get("spec") or {}).get("holderIdentity") or "")
-
-
 @scenario("server-pod", phase=2, applies=_applies)
 def server_pod(env: Env, rec: Record) -> None:
     """initshift's own Pod from the chart (`hostNetwork: true`), its image built from this
@@ -105,8 +99,12 @@ def server_pod(env: Env, rec: Record) -> None:
             return [json.loads(line) for line in env.kube.logs(NAMESPACE, name, "initshift", timestamps=False)
                     .splitlines() if line.startswith("{")]
 
-        ensured = wait_for(lambda: next((x for x in server_log() if x.get("msg") == "certificates ensured"), None),
-                           30, "the pod's 'certificates ensured' line")
+        def logged(msg: str, timeout: float) -> dict:
+            """The Pod's first log line `msg`, once it has one."""
+            return wait_for(lambda: next((x for x in server_log() if x.get("msg") == msg), None), timeout,
+                            f"the Pod {name}'s {msg!r} line")
+
+        ensured = logged("certificates ensured", 30)
         # A rolling update on this one node (a Pod on the node's network holds its ports).
         deployment = f"deployment/{rendered['Deployment']['metadata']['name']}"
         rolled = time.monotonic()
@@ -120,15 +118,13 @@ def server_pod(env: Env, rec: Record) -> None:
         server = wait_for(lambda: (pod := _ready_pod(env, selector)) and pod["metadata"]["name"] != first_pod and pod,
                           60, "the rolled-out Pod Ready", interval=1.0)
         name = server["metadata"]["name"]
-        wait_for(lambda: next((x for x in server_log() if x.get("msg") == "certificates ensured"), None),
-                 30, "the rolled-out Pod's 'certificates ensured' line")
+        logged("certificates ensured", 30)
         # The Pod's watcher (`serve --watch`) takes the Lease once this machine's lets it go.
         assert env.install.watcher is not None
         env.install.watcher.stop()
-        leading = wait_for(lambda: next((x for x in server_log() if x.get("msg") == "leading"), None), 60,
-                           "the Pod's watcher leading")
+        leading = logged("leading", 60)
         pod_identity = str(leading.get("identity"))
-        assert _lease_holder(env) == pod_identity, (_lease_holder(env), pod_identity)
+        assert env.install.lease_holder(env.kube) == pod_identity, (env.install.lease_holder(env.kube), pod_identity)
         # The webhook by its Service: the apiserver calls the Pod, not this machine's server.
         by_service = copy.deepcopy(env.kube.get(config_path))  # the Pod may have written its caBundle
         for wh in by_service["webhooks"]:
@@ -170,7 +166,7 @@ def server_pod(env: Env, rec: Record) -> None:
         if env.install.watcher is not None and not env.install.watcher.alive():
             env.install.start_watcher()
         # The Lease back with this machine's watcher (the Pod's gives it up at its SIGTERM).
-        wait_for(lambda: _lease_holder(env) not in ("", pod_identity) or None, 60, "this machine's watcher leading")
+        wait_for(lambda: env.install.lease_holder(env.kube) not in ("", pod_identity) or None, 60, "this machine's watcher leading")
     rec.note(f"{image.ref.split('/')[-1]} ({REPOSITORY}:{tag}) Ready {ready_after:.1f} s after the apply, "
              f"certificates {ensured.get('action')}, rolled out again in place in {rolled:.1f} s (its preStop "
              f"hook 5 s), its watcher leading; by its Service: {len(reviews)} reviews, the build "

@@ -126,8 +126,9 @@ def _where(pod: dict) -> str:
 
 def _unpulled(pod: dict) -> str:
     """What to do when the node cannot pull initshift's own image into the pod."""
+    st = statuses(pod)
     for name in (p.INIT_CONTAINER_NAME, p.COPY_CONTAINER_NAME):
-        waiting = ((statuses(pod).get(name) or {}).get("state") or {}).get("waiting") or {}
+        waiting = ((st.get(name) or {}).get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
             return (f"; {name} cannot pull initshift's image ({waiting['reason']}): where the nodes need a pull "
                     f"secret for it, create one in this namespace and name it in INITSHIFT_IMAGE_PULL_SECRETS "

@@ -26,6 +26,11 @@ _TEXT_FLAGS = frozenset((p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_TERMINATION_LOG))
 Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
 
 
+def _flag(flag: str, value: str) -> list[str]:
+    """A flag and its value as written into `args` (escaped for the text flags)."""
+    return [flag, escape_expansion(value) if flag in _TEXT_FLAGS else value]
+
+
 def _argv_map(value: dict | None) -> list[str]:
     return [] if value is None else [p.FLAG_ARGV_MAP, json.dumps(value, separators=(",", ":"), sort_keys=True)]
 
@@ -41,17 +46,17 @@ def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None =
     if ready_file:
         args += [p.FLAG_READY_FILE, ready_file]
     for url in probes:
-        args += [p.FLAG_PROBE, escape_expansion(url)]
+        args += _flag(p.FLAG_PROBE, url)
     if timeout:
         args += [p.FLAG_TIMEOUT, str(timeout)]
     if retry:
         args.append(p.FLAG_RETRY)
     for url in quits:
-        args += [p.FLAG_QUIT, escape_expansion(url)]
+        args += _flag(p.FLAG_QUIT, url)
     if mains_dir and mains:
         args += [p.FLAG_MAINS_DIR, mains_dir, p.FLAG_MAINS, str(mains)]
     if termination_log and termination_log != p.DEFAULT_TERMINATION_LOG:
-        args += [p.FLAG_TERMINATION_LOG, escape_expansion(termination_log)]
+        args += _flag(p.FLAG_TERMINATION_LOG, termination_log)
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
 
 
@@ -63,7 +68,7 @@ def start_after_command(*, name: str, argv: Sequence[str], marker: str | None = 
     if marker:
         args += [p.FLAG_MARKER, marker]
     for flag, value in conditions:
-        args += [flag, escape_expansion(value)]
+        args += _flag(flag, value)
     if conditions and max_wait:
         args += [p.FLAG_MAX_WAIT, str(max_wait)]
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
