@@ -266,3 +266,79 @@ async def test_outside_the_cluster_without_service_url(kube: KubeDouble, tmp_pat
     assert code == 1
     assert failed(out) == ["initshift answers on initshift.initshift-system.svc:443 (initshift.initshift-system.svc)"]
     assert "Outside the cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT" in out
+
+
+def set_env(kube: KubeDouble, **env: str) -> None:
+    """Variables set on initshift's Deployment in the double (as `kubectl set env` would)."""
+    deployment = kube.get("deployments", inst.NS, "initshift")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container["env"] = [e for e in container["env"] if e["name"] not in env] + \
+        [{"name": k, "value": v} for k, v in env.items()]
+    kube.put("deployments", deployment)
+
+
+def pull_secret(namespace: str, name: str, host: str, kind: str = "kubernetes.io/dockerconfigjson") -> dict:
+    auth = base64.b64encode(b"ci:s3cret").decode()
+    doc = base64.b64encode(json.dumps({"auths": {host: {"auth": auth}}}).encode()).decode()
+    return {"metadata": {"name": name, "namespace": namespace}, "type": kind, "data": {".dockerconfigjson": doc}}
+
+
+async def test_the_deployments_settings_and_image(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check(*i.argv())
+        assert code == 0
+        assert "Deployment initshift-system/initshift: its settings are valid (initshift's image " \
+               "ghcr.io/initshift/initshift:0.1.0)" in marks(out)
+        assert not any("IMAGE_PULL_SECRETS" in t for t in marks(out))  # not set: nothing to look for
+        set_env(kube, INITSHIFT_MODE="fastest")
+        code, out, _ = await check(*i.argv())
+        assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: its settings are valid"]
+        assert "INITSHIFT_MODE: expected one of disabled, waiter, native, hybrid, auto, got 'fastest': the server " \
+               "exits at start" in out
+        kube.delete("deployments", inst.NS, "initshift")
+        code, out, _ = await check(*i.argv())
+        assert code == 1 and failed(out) == ["Deployment initshift-system/initshift exists"]
+
+
+async def test_pull_secrets_for_initshifts_image_in_each_opted_in_namespace(kube: KubeDouble, tmp_path) -> None:
+    """INITSHIFT_IMAGE_PULL_SECRETS names Secrets the kubelet must find in every namespace
+    whose pods are rewritten, holding credentials for initshift's image as it matches them."""
+    setting = "INITSHIFT_IMAGE_PULL_SECRETS (regcred, mirror)"
+    async with inst.healthy(kube, tmp_path) as i:
+        set_env(kube, INITSHIFT_IMAGE="registry.example.com:5000/tools/initshift:0.1.0",
+                INITSHIFT_IMAGE_PULL_SECRETS="regcred,mirror")
+        kube.put("secrets", pull_secret(inst.BUILDS, "regcred", "registry.example.com:5000"))
+        kube.put("secrets", pull_secret(inst.PLAIN, "mirror", "https://registry.example.com:5000/v1/"))
+        code, out, _ = await check(*i.argv())
+        assert code == 0, out
+        assert f"{setting}: credentials for initshift's image in every opted-in namespace" in marks(out)
+
+        kube.delete("secrets", inst.PLAIN, "mirror")
+        code, out, _ = await check(*i.argv())
+        assert code == 1 and failed(out) == [f"{setting}: no credentials for initshift's image in plain (no Secret "
+                                             f"regcred, mirror)"]
+        assert "builds rewritten there stop at ErrImagePull: create the Secret" in out
+
+        # Of a type the kubelet does not read, and for another registry (its port differs).
+        kube.put("secrets", pull_secret(inst.PLAIN, "regcred", "registry.example.com:5000", kind="Opaque"))
+        kube.put("secrets", pull_secret(inst.PLAIN, "mirror", "registry.example.com"))
+        code, out, _ = await check(*i.argv())
+        assert failed(out) == [f"{setting}: no credentials for initshift's image in plain (secret plain/regcred "
+                               f"is of type Opaque, not kubernetes.io/dockerconfigjson)"]
+        kube.put("secrets", pull_secret(inst.PLAIN, "regcred", "registry.example.com:5000", kind="Opaque") |
+                 {"type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": "bm90IGpzb24="}})
+        code, out, _ = await check(*i.argv())
+        assert failed(out) == [f"{setting}: no credentials for initshift's image in plain (secret plain/regcred: "
+                               f".dockerconfigjson is not base64-encoded JSON)"]
+        kube.delete("secrets", inst.PLAIN, "regcred")
+        code, out, _ = await check(*i.argv())
+        assert failed(out) == [f"{setting}: no credentials for initshift's image in plain (no Secret regcred; none "
+                               f"holds an entry for the image's registry)"]
+
+
+async def test_an_image_the_kubelet_would_refuse(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        set_env(kube, INITSHIFT_IMAGE="ghcr.io/initshift/Initshift:0.1.0")
+        code, out, _ = await check(*i.argv())
+    assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: its settings are valid"]
+    assert "INITSHIFT_IMAGE: " in out and "(InvalidImageName); fix the variable" in out, out

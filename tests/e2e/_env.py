@@ -5,6 +5,8 @@ registry the runner reads (`scenario`)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,3 +122,9 @@ def native_only(env: Env) -> bool:
 def waiter_modes(env: Env) -> list[str]:
     """The strategies whose steps the waiter runs, where this cluster has them."""
     return [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
+
+
+def initshift(env: Env, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, with the admin's kubeconfig."""
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *args, "--kubeconfig", str(env.admin)],
+                          capture_output=True, text=True, timeout=timeout)

@@ -26,9 +26,10 @@ from tests.support.k8s import ClusterError, Image, busybox_image
 from waiter import protocol as p
 
 from ._check import check_build, proxy_stop
-from ._env import Env, Record, scenario
+from ._env import Env, Record, initshift, scenario
 from ._images import initshift_image
-from ._kube import KubeFailure, wait_for
+from ._install import NAMESPACE, SERVICE_ACCOUNT, server_env
+from ._kube import KubeFailure, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import managed, outcome, pod, statuses, step
 
@@ -210,6 +211,26 @@ def private_initshift_image(env: Env, rec: Record) -> None:
     assert secrets == [{"name": "builds"}, {"name": "platform-registry"}], secrets
     pulled = _own_container(done.obj)
     assert pulled.get("image", "").endswith(f"{repository}:{tag}"), pulled
+    line = _check_pull_secrets(env, INITSHIFT_IMAGE=image, INITSHIFT_IMAGE_PULL_SECRETS="platform-registry,builds")
+    assert not line["ok"] and f" {bare} (no Secret platform-registry; none holds an entry for the image's " \
+        f"registry)" in line["title"] and f" {ns} (" not in line["title"], line
     rec.note(f"{image}: with INITSHIFT_IMAGE_PULL_SECRETS the pod's imagePullSecrets {[x['name'] for x in secrets]}, "
              f"{managed(done.obj)} build Succeeded; in a namespace without the Secret: {missing[0]['reason']}, "
-             f"{without}")
+             f"{without}, and `initshift check` names it")
+
+
+def _check_pull_secrets(env: Env, **settings: str) -> dict:
+    """`initshift check`'s line for INITSHIFT_IMAGE_PULL_SECRETS, with `settings` given to the
+    Deployment (`kubectl set env`; it runs no replica here) and then taken back."""
+    name = SERVICE_ACCOUNT  # deploy/ and the chart name the Deployment like the Service
+    before = server_env(env.kube.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}"))
+    deployment = f"deployment/{name}"
+    kubectl(env.admin, "-n", NAMESPACE, "set", "env", deployment, *(f"{k}={v}" for k, v in settings.items()))
+    try:
+        proc = initshift(env, "check", "-n", NAMESPACE, "-o", "json", timeout=120)
+    finally:
+        kubectl(env.admin, "-n", NAMESPACE, "set", "env", deployment,
+                *(f"{k}={before[k]}" if k in before else f"{k}-" for k in settings))
+    lines = [x for x in json.loads(proc.stdout)["checks"] if x["title"].startswith("INITSHIFT_IMAGE_PULL_SECRETS")]
+    assert len(lines) == 1, proc.stdout
+    return lines[0]

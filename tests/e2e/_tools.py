@@ -16,17 +16,11 @@ from waiter import protocol as p
 from ._check import check_build
 from concurrent.futures import ThreadPoolExecutor
 
-from ._env import Env, Record, scenario, waiter_modes
+from ._env import Env, Record, initshift, scenario, waiter_modes
 from ._install import NAMESPACE
 from ._kube import parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
 from ._pods import annotations, first, log_lines, managed, outcome, pod, statuses, step, wait_end
-
-
-def initshift(env: Env, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, with the admin's kubeconfig."""
-    return subprocess.run([sys.executable, "-m", "webhook.cli", *args, "--kubeconfig", str(env.admin)],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @scenario("check")

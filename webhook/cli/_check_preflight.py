@@ -22,7 +22,8 @@ import yaml
 from waiter import protocol as p
 
 from ..kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, KubeApi, KubeError, server_access
-from ..settings import Settings
+from ..registry import InvalidReference, credentials_for
+from ..settings import Settings, SettingsError
 from ..watcher import parse_time
 from ._check_tls import Served, probe
 
@@ -36,6 +37,7 @@ _LINKERD = re.compile(r"(^|\.)linkerd-proxy-injector\.linkerd\.io$")
 ISTIO, LINKERD = "Istio", "Linkerd"
 _ISTIO_NATIVE_ENV = "ENABLE_NATIVE_SIDECARS"  # istiod's switch for native sidecars
 _LINKERD_CONFIG = "linkerd-config"  # its `values` hold proxy.nativeSidecar
+_SERVER_CONTAINER = "initshift"  # the Deployment's container (deploy/ and the chart)
 
 
 @dataclass
@@ -61,6 +63,10 @@ class Target:
     service_account: str
     lease: str
     service_url: str | None = None  # connect here instead of the configuration's address
+
+    @property
+    def deployment(self) -> str:
+        return self.service_account  # deploy/ and the chart name the Deployment like the Service too
 
     @classmethod
     def defaults(cls, namespace: str | None = None) -> "Target":
@@ -378,6 +384,75 @@ def _injector_lines(injectors: list[_Injector], config_name: str | None) -> list
     return out
 
 
+def _deployment_env(deployment: dict) -> dict[str, str]:
+    """The server container's variables given as values. One given by `valueFrom` (the
+    downward API's namespace, a ConfigMap) is the server's to read: its default stands in."""
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    server = next((c for c in containers if c.get("name") == _SERVER_CONTAINER), containers[0] if containers else {})
+    return {str(e.get("name")): str(e["value"]) for e in server.get("env") or [] if e.get("value") is not None}
+
+
+async def _deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> list[Line]:
+    """The Deployment's settings as the server will read them, and the Secrets the rewrite
+    names for initshift's image in each opted-in namespace."""
+    s, where = "deployment", f"{target.namespace}/{target.deployment}"
+    try:
+        deployment = await api.get_deployment(target.namespace, target.deployment)
+    except KubeError as e:
+        return [Line(s, False, f"read Deployment {where}", f"{e.message} (your credentials need read access)")]
+    if deployment is None:
+        return [Line(s, False, f"Deployment {where} exists", "no server runs: re-apply deploy/ (or the chart)")]
+    try:
+        settings = Settings.from_env(_deployment_env(deployment))
+        image = settings.rewrite.image
+        credentials_for(image, ())  # parses the reference
+    except SettingsError as e:
+        why = f"{e}: the server exits at start with this error"
+    except InvalidReference as e:
+        why = f"INITSHIFT_IMAGE: {e}: the kubelet refuses the container it is given to (InvalidImageName)"
+    else:
+        why = ""
+    if why:
+        return [Line(s, False, f"Deployment {where}: its settings are valid",
+                     f"{why}; fix the variable in the Deployment (the chart: its value)")]
+    out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
+                data={"image": image})]
+    names = settings.rewrite.image_pull_secrets
+    if names and opted:
+        out.append(await _pull_secrets_line(api, image, names, opted))
+    return out
+
+
+async def _pull_secrets_line(api: KubeApi, image: str, names: tuple[str, ...], opted: list[str]) -> Line:
+    """Whether the kubelet finds credentials for `image` in the Secrets INITSHIFT_IMAGE_PULL_SECRETS
+    adds to every rewritten pod, in each opted-in namespace (it skips a missing Secret, and
+    one of another type, with an event only)."""
+    s, setting = "deployment", f"INITSHIFT_IMAGE_PULL_SECRETS ({', '.join(names)})"
+    problems: list[str] = []
+    for ns in opted:
+        secrets, missing = [], []
+        for name in names:
+            try:
+                secret = await api.get_secret(ns, name)
+            except KubeError as e:
+                return Line(s, False, f"{setting}: read the Secrets in {ns}", f"{e.message} (your credentials "
+                                                                              f"need get on those secrets)")
+            if secret is None:
+                missing.append(name)
+            else:
+                secrets.append(secret)
+        found, unreadable = credentials_for(image, secrets)
+        if not found:
+            why = [f"no Secret {', '.join(missing)}"] if missing else []
+            why += unreadable or (["none holds an entry for the image's registry"] if secrets else [])
+            problems.append(f"{ns} ({'; '.join(why)})")
+    if not problems:
+        return Line(s, True, f"{setting}: credentials for initshift's image in every opted-in namespace")
+    return Line(s, False, f"{setting}: no credentials for initshift's image in {', '.join(problems)}",
+                f"builds rewritten there stop at ErrImagePull: create the Secret (type "
+                f"kubernetes.io/dockerconfigjson, for {image}) in each namespace named")
+
+
 async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     """Every preflight line, in order, through `report`."""
     if not await _check_api(api, report):
@@ -417,9 +492,12 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
         report(Line("rbac", False, "ask the API what initshift's service account may do (SubjectAccessReview)",
                     f"{e.message}: you need create on subjectaccessreviews.authorization.k8s.io"))
     injectors = await find_injectors(api, configs)
-    namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces")
-    for line in _namespace_lines(namespaces or [], wh, injectors) + _injector_lines(injectors, config and
-                                                                                   target.webhook_config):
+    namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces") or []
+    opted = [ns["metadata"]["name"] for ns in namespaces if wh is not None and calls_for(wh, ns)]
+    for line in await _deployment_lines(api, target, opted):
+        report(line)
+    for line in _namespace_lines(namespaces, wh, injectors) + _injector_lines(injectors, config and
+                                                                             target.webhook_config):
         report(line)
 
 

@@ -344,6 +344,9 @@ class KubeApi:
     async def get_configmap(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
 
+    async def get_secret(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+
     async def review_access(self, user: str, groups: list[str], attributes: dict) -> tuple[bool, str]:
         """(allowed, the authorizer's reason) for `user` doing what `attributes` (a
         SubjectAccessReview's resourceAttributes) describe."""

@@ -25,14 +25,11 @@ def _secrets(namespace: str, name: str | None = None) -> str:
 
 async def read_secret_versioned(api: KubeApi, namespace: str, name: str) -> tuple[dict[str, str] | None, str]:
     """The Secret's `data` (base64 values) and resourceVersion; (None, "") when it does not exist."""
-    try:
-        secret = await api.request("GET", _secrets(namespace, name))
-    except KubeError as e:
-        if e.not_found:
-            return None, ""
-        raise
-    data = (secret or {}).get("data")
-    version = str(((secret or {}).get("metadata") or {}).get("resourceVersion") or "")
+    secret = await api.get_secret(namespace, name)
+    if secret is None:
+        return None, ""
+    data = secret.get("data")
+    version = str((secret.get("metadata") or {}).get("resourceVersion") or "")
     return (dict(data) if isinstance(data, dict) else {}), version
 
 

@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
+
+from . import _imageref as imageref
 from ..errors import InitshiftError
 
 _SECRET_TYPE_DOCKERCONFIGJSON = "kubernetes.io/dockerconfigjson"
@@ -194,3 +196,14 @@ def keyring_from_secrets(secrets: Iterable[Mapping[str, Any]]) -> tuple[Keyring,
         except CredentialError as e:
             problems.append(str(e))
     return ring, problems
+
+
+def credentials_for(image: str, secrets: Iterable[Mapping[str, Any]]) -> tuple[list[Credential], list[str]]:
+    """What the kubelet tries when it pulls `image` with these pull Secrets (most specific
+    first), and one message per Secret it skips (broken, or not of a pull Secret's type).
+    InvalidReference for a malformed image."""
+    secrets = list(secrets)
+    ring, problems = keyring_from_secrets(secrets)
+    problems += [f"{_source(s)} is of type {s.get('type') or 'Opaque'}, not {_SECRET_TYPE_DOCKERCONFIGJSON}"
+                 for s in secrets if s.get("type") not in (_SECRET_TYPE_DOCKERCONFIGJSON, _SECRET_TYPE_DOCKERCFG)]
+    return ring.lookup(imageref.parse(image).name), problems

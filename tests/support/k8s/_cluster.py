@@ -45,6 +45,7 @@ NODE = "localhost"  # resolves to 127.0.0.1, where the kubelet listens (the apis
 CNI_BIN = "/usr/lib/cni"
 CGROUP_FS = Path("/sys/fs/cgroup")
 POD_LOGS = Path("/var/log/pods")
+POD_UID_LABEL = "io.kubernetes.pod.uid"  # the kubelet's label on each container it makes
 CONTAINER_LOGS = Path("/var/log/containers")
 CNI_CACHE = Path("/var/lib/cni/results")
 # What the kubelet, containerd's shims and the CNI plugins make outside the run's directory
@@ -438,6 +439,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         if not (self.containerd and self.containerd.alive()):
             return
         for cid in self._ctr("containers", "ls", "-q").stdout.split():
+            # A pod deleted less than a minute ago (the kubelet's container GC period) still
+            # has its containers, and its logs under /var/log/pods: they go with the rest.
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self.pod_uids.add(json.loads(self._ctr("containers", "info", cid).stdout)["Labels"][POD_UID_LABEL])
             self._ctr("tasks", "kill", "-s", "SIGKILL", cid)
             self._ctr("tasks", "delete", "-f", cid)
             self._ctr("containers", "delete", cid)
