@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -250,6 +251,12 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
                 return False
             raise SettingsError(f"{name}: expected true or false, got {raw!r}")
         if f.metadata.get("port"):
+            if re.fullmatch(r"(tcp|udp|sctp)://\S+:\d+", raw):
+                # The kubelet's Docker-link variable of a Service named like the setting.
+                service = name.removesuffix("_PORT").lower().replace("_", "-")
+                raise SettingsError(f"{name}: expected a port number, got {raw!r}: the kubelet's variable for the "
+                                    f"Service {service!r} of the pod's namespace; set `enableServiceLinks: false` "
+                                    f"on the pod (deploy/ does) or give {name} a value")
             return port_number(raw, name)
         if isinstance(default, int):
             try:

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support import docs, promoperator, pss
+from tests.support import docs, promoperator, pss, servicelinks
 from tests.support.deploy_render import CHART, DEPLOY, NAMESPACE, Rendered, RenderError, helm, helm_notes, kustomize
 from tests.support.podvalidate import VERSIONS
 from waiter import protocol as p
@@ -405,6 +405,19 @@ def test_deployment(install):
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["runAsUser"] == pod["spec"]["securityContext"]["runAsUser"] == p.IMAGE_UID
+
+
+def test_the_server_starts_in_the_environment_the_kubelet_gives(install):
+    """The kubelet adds variables for the Services of the pod's namespace, unless the pod
+    turns them off: the Service `initshift` gives INITSHIFT_PORT=tcp://IP:443, which the
+    server read as its port and refused (deploy/'s pods crashed on a real kubelet)."""
+    spec, r = install
+    pod = r.deployment["spec"]["template"]["spec"]
+    env = servicelinks.container_env(pod, r.container, r.namespace, r.of_kind("Service"))
+    settings = Settings.from_env(env)
+    assert settings.server.port == _port(r.container, "https")
+    assert {k for k in env if k.startswith(("INITSHIFT_", "SUPPORT_"))} <= {row[0] for row in settings_rows()}
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"  # the API's address, always given
 
 
 def test_deployment_env_uses_only_real_settings(install):

@@ -8,9 +8,13 @@ kube-scheduler, containerd (runc) and a kubelet, with a CNI bridge of its own.
 Everything is this run's own: ports picked at run time, one directory (containerd's root,
 state and socket, the kubelet's root-dir, CNI config and IP allocations), a bridge and a
 /24 no other interface uses, and a cgroup root (`/initshift-e2e-ID` in every hierarchy).
-Teardown (also after a failure) deletes the pods through the kubelet, then kills what is
-left in the cgroup root and the runtime's shims, unmounts everything under the directory,
-removes the bridge and the cgroups; `leftovers()` lists anything still there.
+No kube-proxy runs; for the one Service a pod needs to reach the API (in-cluster config:
+KUBERNETES_SERVICE_HOST, the `kubernetes` Service's ClusterIP), one NAT rule does what it
+would: the bridge's traffic to that ClusterIP's port 443 goes to the apiserver on 127.0.0.1
+(`route_localnet` on the bridge allows it). Teardown (also after a failure) deletes the
+pods through the kubelet, then kills what is left in the cgroup root and the runtime's
+shims, unmounts everything under the directory, removes the rule, the bridge and the
+cgroups; `leftovers()` lists anything still there.
 
 The kubelet, containerd's shims and the CNI plugins also make a few fixed directories
 (`/var/lib/kubelet/device-plugins`, `/run/containerd/s`, `/var/lib/cni/results`, ...)
@@ -37,7 +41,7 @@ from typing import Callable, Iterator, Mapping
 import yaml
 
 from . import _binaries, _images
-from ._controlplane import START_TIMEOUT, ControlPlane, write_kubeconfig
+from ._controlplane import SERVICE_IP, START_TIMEOUT, ControlPlane, write_kubeconfig
 from ._errors import ClusterError
 from ._procs import Process, wait_for
 
@@ -222,6 +226,7 @@ class Cluster:
             if missing:
                 self.made.append(missing[-1])
         self._cni()
+        self._route_kubernetes_service()
         self._start_containerd()
         build = _binaries.REPO / ".cache" / "e2e"
         build.mkdir(parents=True, exist_ok=True)
@@ -261,6 +266,30 @@ class Cluster:
                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.dir / "cni" / "ipam")},
             }, {"type": "loopback"}],
         }, indent=1))
+
+    def _service_rule(self) -> list[str]:
+        """The DNAT rule kube-proxy would make for the `kubernetes` Service, for this bridge's pods."""
+        port = self.plane.server.rsplit(":", 1)[1]
+        return ["PREROUTING", "-i", self.bridge, "-d", f"{SERVICE_IP}/32", "-p", "tcp", "--dport", "443",
+                "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}"]
+
+    def _route_kubernetes_service(self) -> None:
+        # The bridge is made here, before the CNI plugin would make it at the first pod, so
+        # that its route_localnet (a DNAT to 127.0.0.1 is dropped as martian without it) is
+        # set before any pod runs; the plugin takes an existing bridge as it is.
+        for args in (["ip", "link", "add", "name", self.bridge, "type", "bridge"],
+                     ["ip", "link", "set", self.bridge, "up"],
+                     ["sysctl", "-qw", f"net.ipv4.conf.{self.bridge}.route_localnet=1"],
+                     ["iptables", "-t", "nat", "-A", *self._service_rule()]):
+            proc = _run(args)
+            if proc.returncode:
+                raise ClusterError(f"{' '.join(args)}: {proc.stderr.strip()}")
+
+    def _remove_service_rule(self) -> None:
+        if self.bridge and _run(["iptables", "-t", "nat", "-C", *self._service_rule()]).returncode == 0:
+            proc = _run(["iptables", "-t", "nat", "-D", *self._service_rule()])
+            if proc.returncode:
+                raise ClusterError(f"iptables -D {' '.join(self._service_rule())}: {proc.stderr.strip()}")
 
     def _start_containerd(self) -> None:
         root = self.dir / "containerd"
@@ -402,6 +431,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         step("kill shims", self._kill_shims)
         step("unmount", self._unmount)
         step("remove cgroups", self._remove_cgroups)
+        step("remove the kubernetes Service's rule", self._remove_service_rule)
         step("delete bridge", self._delete_bridge)
         step("remove pod logs", self._remove_pod_logs)
         step("remove CNI cache", self._remove_cni_cache)
