@@ -46,8 +46,9 @@ def _applies(env: Env) -> bool:
 class _Shape:
     """What runs: the Deployment and Service to apply, and how they are reached."""
 
+    what: str  # for the note
     objects: dict[str, dict]  # by kind
-    host_network: bool
+    host_network: bool = False
 
     @property
     def replicas(self) -> int:
@@ -59,26 +60,32 @@ class _Shape:
         return next(int(x["containerPort"]) for x in container["ports"] if x["name"] == "metrics")
 
 
-def _shape(env: Env, image: str) -> _Shape:
+def _served(objects: list[dict]) -> dict[str, dict]:
+    return {o["kind"]: o for o in objects if o["kind"] in ("Deployment", "Service")}
+
+
+def _shapes(env: Env, image: str) -> list[_Shape]:
+    """The install's Deployment as shipped on the pod network; with Helm, then the chart's
+    `hostNetwork: true`."""
     assert env.cluster is not None
     if env.install.flavour == "helm":
-        apiserver = urlsplit(env.cluster.plane.server)
         repository, tag = image.rsplit(":", 1)
-        values = {"registry": {"pullSecrets": env.install.pull_secrets}, "replicas": 1, "hostNetwork": True,
-                  "serverPort": free_port(), "metrics": {"port": free_port()},
-                  "image": {"repository": repository, "tag": tag},
-                  "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": apiserver.hostname},
-                               {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver.port)}]}
-        return _Shape({o["kind"]: o for o in deploy_render.helm(values) if o["kind"] in ("Deployment", "Service")},
-                      True)
+        values = {"registry": {"pullSecrets": env.install.pull_secrets},
+                  "image": {"repository": repository, "tag": tag}}
+        apiserver = urlsplit(env.cluster.plane.server)
+        host = {**values, "replicas": 1, "hostNetwork": True, "serverPort": free_port(),
+                "metrics": {"port": free_port()},
+                "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": apiserver.hostname},
+                             {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver.port)}]}
+        return [_Shape("the chart's default", _served(deploy_render.helm(values))),
+                _Shape("the chart with hostNetwork", _served(deploy_render.helm(host)), host_network=True)]
     # deploy/ as shipped, the image moved as kustomize's `images:` moves it: the container's
     # and INITSHIFT_IMAGE's value both.
-    objects = {o["kind"]: o for o in render(env.install.flavour, env.install.pull_secrets)
-               if o["kind"] in ("Deployment", "Service")}
+    objects = _served(render(env.install.flavour, env.install.pull_secrets))
     (container,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
     container["image"] = image
     next(e for e in container["env"] if e["name"] == "INITSHIFT_IMAGE")["value"] = image
-    return _Shape(objects, False)
+    return [_Shape("deploy/", objects)]
 
 
 def _ready_pods(env: Env, selector: str) -> list[dict]:
@@ -92,18 +99,23 @@ def _ready_pods(env: Env, selector: str) -> list[dict]:
 
 @scenario("server-pod", phase=2, applies=_applies)
 def server_pod(env: Env, rec: Record) -> None:
-    """initshift's own Pods as installed (deploy/: two replicas on the pod network; the chart:
-    one with `hostNetwork: true`), the image built from this machine's Python: they start as
-    user 65532 on a read-only root, turn Ready through their HTTPS probes, take their
-    certificate from the Secret, are rolled out again on the one node, one's watcher takes
-    the Lease, and, the webhook named by its Service, they rewrite a build pod, which
-    succeeds with the outcome their watcher writes."""
-    assert env.cluster is not None and env.registry is not None
+    """initshift's own Pods as installed (deploy/ and the chart: two replicas on the pod
+    network; the chart also with `hostNetwork: true`), the image built from this machine's
+    Python: they start as user 65532 on a read-only root, turn Ready through their HTTPS
+    probes, take their certificate from the Secret, are rolled out again on the one node,
+    one's watcher takes the Lease, and, the webhook named by its Service, they rewrite a
+    build pod, which succeeds with the outcome their watcher writes."""
+    assert env.registry is not None
     image = server_image()
     tag = image.ref.rsplit(":", 1)[1]
     env.registry.push(image, REPOSITORY, tag)
     ref = f"{env.registry.host}/{REPOSITORY}:{tag}"
-    shape = _shape(env, ref)
+    rec.note(f"{image.ref.split('/')[-1]} ({REPOSITORY}:{tag}): "
+             + "; ".join(_serve(env, rec, shape, ref) for shape in _shapes(env, ref)))
+
+
+def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
+    """One shape served, checked and taken back; what it showed."""
     rendered = shape.objects
     original = {o["kind"]: o for o in env.install.objects if o["kind"] in ("Deployment", "Service")}
     config = next(o for o in env.install.objects if o["kind"] == "MutatingWebhookConfiguration")["metadata"]["name"]
@@ -180,7 +192,7 @@ def server_pod(env: Env, rec: Record) -> None:
                                               "port": 443, "path": "/mutate"},
                                   "caBundle": wh["clientConfig"]["caBundle"]}
         env.kube.request("PUT", config_path, body=by_service)
-        ns = env.namespace("server-pod")
+        ns = env.namespace("server-pod-host" if shape.host_network else "server-pod")
         rec.namespaces.append(ns)
         env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
             "build", [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)],
@@ -223,8 +235,8 @@ def server_pod(env: Env, rec: Record) -> None:
                  "this machine's watcher leading")
     where = "on the node's network, rolled out again in place" if shape.host_network else \
         "on the pod network, rolled out again with a surge Pod"
-    rec.note(f"{image.ref.split('/')[-1]} ({REPOSITORY}:{tag}) x{shape.replicas} Ready {ready_after:.1f} s after the "
-             f"apply, certificates {sorted({x.get('action') for x in ensured.values()})}, {where} in {rolled:.1f} s "
-             f"(preStop hook 5 s), {leading}'s watcher leading; by its Service: {len(reviews)} reviews, the build "
-             f"{patched['decision']} ({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; "
-             f"their logs: no error, warnings {sorted(warnings) or 'none'}")
+    return (f"{shape.what} x{shape.replicas} Ready {ready_after:.1f} s after the apply, certificates "
+            f"{sorted({x.get('action') for x in ensured.values()})}, {where} in {rolled:.1f} s (preStop hook 5 s), "
+            f"{leading}'s watcher leading; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
+            f"({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; their logs: no error, "
+            f"warnings {len(warnings)}")
