@@ -342,3 +342,35 @@ async def test_an_image_the_kubelet_would_refuse(kube: KubeDouble, tmp_path) -> 
         code, out, _ = await check(*i.argv())
     assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: its settings are valid"]
     assert "INITSHIFT_IMAGE: " in out and "(InvalidImageName); fix the variable" in out, out
+
+
+async def test_replicas_not_ready_say_why(kube: KubeDouble, tmp_path) -> None:
+    """The kubelet's words for each pod of the Deployment that is not Ready: a crash gives the
+    server's last line (its termination message: FallbackToLogsOnError), a pending pod its
+    waiting reason, an unschedulable one the scheduler's message."""
+    title = "Deployment initshift-system/initshift: 1 of 2 replicas Ready"
+    async with inst.healthy(kube, tmp_path) as i:
+        deployment = kube.get("deployments", inst.NS, "initshift")
+        kube.delete("pods", inst.NS, "initshift-7d9c5b-1")
+        kube.put("pods", inst.replica(deployment, "initshift-7d9c5b-2", ready=False, restartCount=3, state={
+            "waiting": {"reason": "CrashLoopBackOff"}}, lastState={"terminated": {"exitCode": 1, "message": (
+                '{"ts":"2026-11-28T00:41:12.656Z","level":"info","logger":"initshift.certs","msg":"certificates '
+                'ensured"}\n{"ts":"2026-11-28T00:41:12.656Z","level":"error","logger":"initshift.cli","msg":"initshift '
+                'serve: cannot listen on port 8443 (INITSHIFT_METRICS_PORT): address already in use"}\n')}}))
+        code, out, _ = await check(*i.argv())
+        assert code == 1 and failed(out) == [title]
+        assert "pod initshift-7d9c5b-2: CrashLoopBackOff, last ended with exit code 1: initshift serve: cannot listen " \
+               "on port 8443 (INITSHIFT_METRICS_PORT): address already in use, restarts: 3" in out
+        unscheduled = inst.replica(deployment, "initshift-7d9c5b-2", ready=False)
+        unscheduled["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/3 nodes are available: 3 Insufficient memory."}]}
+        kube.put("pods", unscheduled)
+        code, out, _ = await check(*i.argv())
+        assert failed(out) == [title] and "pod initshift-7d9c5b-2: not scheduled: 0/3 nodes are available: 3 " \
+                                          "Insufficient memory." in out
+        kube.delete("pods", inst.NS, "initshift-7d9c5b-2")
+        kube.delete("pods", inst.NS, "initshift-7d9c5b-0")
+        code, out, _ = await check(*i.argv())
+        assert failed(out) == ["Deployment initshift-system/initshift: 0 of 2 replicas Ready"]
+        assert "no pod: kubectl -n initshift-system describe deployment initshift" in out

@@ -401,6 +401,7 @@ def test_deployment(install):
     assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"]
 
     assert c["command"][:2] == ["initshift", "serve"] and "serve" in cli.COMMANDS
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"  # why it exited, for `initshift check`
     assert serve_cmd.parser().parse_args(c["command"][2:]).watch, "the watcher runs in-process"
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True

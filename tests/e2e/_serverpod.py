@@ -27,7 +27,7 @@ from tests.support import deploy_render
 from tests.support.k8s import free_port
 
 from ._check import check_build
-from ._env import Env, Record, scenario
+from ._env import Env, Record, initshift, scenario
 from ._images import server_image
 from ._install import NAMESPACE, render
 from ._kube import kubectl, wait_for
@@ -86,6 +86,25 @@ def _shapes(env: Env, image: str) -> list[_Shape]:
     container["image"] = image
     next(e for e in container["env"] if e["name"] == "INITSHIFT_IMAGE")["value"] = image
     return [_Shape("deploy/", objects)]
+
+
+def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[str]) -> str:
+    """A rollout whose new Pod cannot start (its metrics port the webhook's): the surge Pod
+    exits and `initshift check` says why in the server's own words (the termination
+    message from its log), while the old Pods keep serving. What check said."""
+    kubectl(env.admin, "-n", NAMESPACE, "set", "env", deployment, "INITSHIFT_METRICS_PORT=8443")
+
+    def ended() -> dict | None:
+        return next((x for x in env.kube.pods(NAMESPACE, selector) if x["metadata"]["name"] not in serving and any(
+            (c.get("lastState") or {}).get("terminated") for c in x["status"].get("containerStatuses") or [])), None)
+
+    wait_for(ended, POD_START_TIMEOUT, "the new Pod to exit", interval=1.0)
+    proc = initshift(env, "check", "-n", NAMESPACE, "-o", "json", timeout=120)
+    (line,) = [x for x in json.loads(proc.stdout)["checks"] if "replicas Ready" in x["title"]]
+    assert not line["ok"] and line["title"].endswith(f": {len(serving)} of {len(serving)} replicas Ready"), line
+    assert "last ended with exit code 1: initshift serve: cannot listen on port 8443 (INITSHIFT_METRICS_PORT): " \
+           "address already in use" in line["hint"], line
+    return line["hint"]
 
 
 def _ready_pods(env: Env, selector: str) -> list[dict]:
@@ -220,6 +239,8 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             assert status["restartCount"] == 0, status
             warnings |= {str(x.get("msg")) for x in server_log(n) if x.get("level") == "warning"}
         assert not errors, errors
+        if not shape.host_network:
+            crashed = _crash_seen_by_check(env, deployment, selector, set(names))
     finally:
         env.kube.request("PUT", config_path, body={**saved, "metadata": {
             **saved["metadata"], "resourceVersion": env.kube.get(config_path)["metadata"]["resourceVersion"]}})
@@ -239,4 +260,5 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             f"{sorted({x.get('action') for x in ensured.values()})}, {where} in {rolled:.1f} s (preStop hook 5 s), "
             f"{leading}'s watcher leading; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
             f"({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; their logs: no error, "
-            f"warnings {len(warnings)}")
+            f"warnings {len(warnings)}" + ("" if shape.host_network else f"; a new Pod that cannot start: "
+                                                                              f"check says {crashed!r}"))

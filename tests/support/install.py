@@ -108,6 +108,16 @@ class Install:
         return ["--kubeconfig", self.kubeconfig, "--service-url", self.url, *more]
 
 
+def replica(deployment: dict, name: str, *, ready: bool, **container_status: Any) -> dict:
+    """A pod of the Deployment as the kubelet reports it: Ready, or not with `container_status`."""
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}],
+              "containerStatuses": [{"name": "initshift", "ready": ready, "restartCount": 0,
+                                     "state": {"running": {}}, **container_status}]}
+    return {"metadata": {"name": name, "namespace": deployment["metadata"]["namespace"],
+                         "labels": deployment["spec"]["template"]["metadata"]["labels"]},
+            "spec": deployment["spec"]["template"]["spec"], "status": status}
+
+
 def put_install(kube: KubeDouble, ca_pem: bytes) -> None:
     """Every object of the default install the check reads, the caBundle set to `ca_pem`."""
     r = rendered()
@@ -119,6 +129,9 @@ def put_install(kube: KubeDouble, ca_pem: bytes) -> None:
     for wh in mwc["webhooks"]:
         wh["clientConfig"]["caBundle"] = base64.b64encode(ca_pem).decode()
     kube.put("mutatingwebhookconfigurations", mwc)
+    deployment = r.one("Deployment")
+    for i in range(deployment["spec"]["replicas"]):  # its replicas, Ready (the server in the tests runs beside)
+        kube.put("pods", replica(deployment, f"initshift-7d9c5b-{i}", ready=True))
     kube.grant(SA_USER, grants(r))
     kube.put("namespaces", {"metadata": {"name": "kube-system"}})
     kube.put("namespaces", {"metadata": {"name": "default"}})

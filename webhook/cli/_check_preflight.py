@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -266,7 +267,7 @@ def _server_lines(served: Served, now: dt.datetime) -> list[Line]:
     s = "webhook-server"
     if served.error:
         return [Line(s, False, f"initshift answers on {served.address} ({served.server_name})",
-                     f"{served.error}. Is the Deployment running (kubectl -n NAMESPACE get pods)? Outside the "
+                     f"{served.error}. Is the Deployment running (its lines below)? Outside the "
                      f"cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT")]
     out = [Line(s, True, f"initshift answers on {served.address} ({served.server_name})")]
     out.append(Line(s, not served.verify_error, "the caBundle verifies the certificate the server presents",
@@ -416,11 +417,71 @@ async def _deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> l
         return [Line(s, False, f"Deployment {where}: its settings are valid",
                      f"{why}; fix the variable in the Deployment (the chart: its value)")]
     out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
-                data={"image": image})]
+                data={"image": image}), await _replicas_line(api, target, deployment)]
     names = settings.rewrite.image_pull_secrets
     if names and opted:
         out.append(await _pull_secrets_line(api, image, names, opted))
     return out
+
+
+async def _replicas_line(api: KubeApi, target: Target, deployment: dict) -> Line:
+    """Every replica Ready, or what each other pod of the Deployment is doing in the kubelet's
+    words: why it waits, how it last ended (the server's last line: the Deployment asks for
+    FallbackToLogsOnError)."""
+    s, spec, namespace = "deployment", deployment.get("spec") or {}, target.namespace
+    where = f"{namespace}/{target.deployment}"
+    wanted = int(spec.get("replicas", 1))
+    selector = ",".join(f"{k}={v}" for k, v in ((spec.get("selector") or {}).get("matchLabels") or {}).items())
+    try:
+        pods = [x for x in (await api.list_pods(namespace, label_selector=selector))[0]
+                if not x["metadata"].get("deletionTimestamp")]
+    except KubeError as e:
+        return Line(s, False, f"list the pods of Deployment {where}", f"{e.message} (your credentials need list on "
+                                                                       f"pods in {namespace})")
+    trouble = {x["metadata"]["name"]: _not_ready(x) for x in pods}
+    trouble = {name: why for name, why in trouble.items() if why}
+    ready = len(pods) - len(trouble)
+    title = f"Deployment {where}: {ready} of {wanted} replicas Ready"
+    if ready >= wanted and not trouble:
+        return Line(s, True, title, data={"replicas": wanted, "ready": ready})
+    hint = "; ".join(f"pod {name}: {why}" for name, why in sorted(trouble.items())) or \
+        f"no pod: kubectl -n {namespace} describe deployment {target.deployment} (a quota, admission, scheduling)"
+    return Line(s, False, title, hint, {"replicas": wanted, "ready": ready, "pods": trouble})
+
+
+def _not_ready(pod: dict) -> str:
+    """Why the pod is not Ready, in the kubelet's words; "" when it is."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if (conditions.get("Ready") or {}).get("status") == "True":
+        return ""
+    for container in status.get("containerStatuses") or []:
+        state, last = container.get("state") or {}, (container.get("lastState") or {}).get("terminated")
+        why = [state["waiting"].get("reason") or "waiting"] if "waiting" in state else \
+            ["running, not Ready"] if "running" in state else []
+        if last:
+            said = _last_line(str(last.get("message") or ""))
+            why.append(f"last ended with exit code {last.get('exitCode')}" + (f": {said}" if said else ""))
+        if container.get("restartCount"):
+            why.append(f"restarts: {container['restartCount']}")
+        if why:
+            return ", ".join(why)
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False":
+        return f"not scheduled: {scheduled.get('message') or scheduled.get('reason') or 'unknown'}"
+    return f"phase {status.get('phase') or 'Pending'}"
+
+
+def _last_line(message: str) -> str:
+    """The last line of a termination message; of one of the server's JSON log lines, its `msg`."""
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    if not lines:
+        return ""
+    try:
+        record = json.loads(lines[-1])
+    except ValueError:
+        return lines[-1]
+    return str(record.get("msg") or lines[-1]) if isinstance(record, dict) else lines[-1]
 
 
 async def _pull_secrets_line(api: KubeApi, image: str, names: tuple[str, ...], opted: list[str]) -> Line:
