@@ -239,6 +239,25 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             assert status["restartCount"] == 0, status
             warnings |= {str(x.get("msg")) for x in server_log(n) if x.get("level") == "warning"}
         assert not errors, errors
+        handover = ""
+        if len(names) > 1:
+            # The leading Pod deleted (a drain, a rollout): the other's watcher takes the Lease
+            # once the leader gives it up at its SIGTERM, after its preStop sleep, and finishes
+            # a build created meanwhile.
+            deleted = time.monotonic()
+            kubectl(env.admin, "-n", NAMESPACE, "delete", "pod", leading, "--wait=false")
+            env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
+                "build-2", [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)],
+                [step("completion", env.images.busybox, port=None)]))
+            taker, line = logged([n for n in names if n != leading], "leading", 60)
+            took = time.monotonic() - deleted
+            leader = str(line.get("identity"))
+            assert env.install.lease_holder(env.kube) == leader, (env.install.lease_holder(env.kube), leader)
+            check_build(env, rec, ns, "build-2", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
+            second = outcome(env.kube, ns, "build-2")
+            assert second["result"] == "Succeeded", second
+            handover = f"; the leader deleted, {taker}'s watcher leading {took:.1f} s later (the leader kept the " \
+                       f"Lease through its preStop sleep), a build meanwhile {second['result']}"
         if not shape.host_network:
             crashed = _crash_seen_by_check(env, deployment, selector, set(names))
     finally:
@@ -260,5 +279,5 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             f"{sorted({x.get('action') for x in ensured.values()})}, {where} in {rolled:.1f} s (preStop hook 5 s), "
             f"{leading}'s watcher leading; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
             f"({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; their logs: no error, "
-            f"warnings {len(warnings)}" + ("" if shape.host_network else f"; a new Pod that cannot start: "
+            f"warnings {len(warnings)}{handover}" + ("" if shape.host_network else f"; a new Pod that cannot start: "
                                                                               f"check says {crashed!r}"))
