@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -86,6 +88,39 @@ def _shapes(env: Env, image: str) -> list[_Shape]:
     container["image"] = image
     next(e for e in container["env"] if e["name"] == "INITSHIFT_IMAGE")["value"] = image
     return [_Shape("deploy/", objects)]
+
+
+def _rollout_under_reviews(env: Env, ns: str, deployment: str, streams: int = 2) -> tuple[int, int, float]:
+    """`kubectl rollout restart` while dry-run pod creates stream in, each reviewed by a replica
+    through the Service. A review that fails (a replica that closed its port while the
+    apiserver still sent it reviews) admits its pod unchanged (failurePolicy Ignore).
+    Returns (reviewed, admitted unchanged, the rollout's seconds)."""
+    probe = pod("dry-run", [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)],
+                [step("completion", env.images.busybox, port=None)])
+    stop = threading.Event()
+    counts = {"reviewed": 0, "unchanged": 0}
+    lock = threading.Lock()
+
+    def stream() -> None:
+        while not stop.is_set():
+            obj = env.kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body=probe, params={"dryRun": "All"})
+            with lock:
+                counts["reviewed"] += 1
+                counts["unchanged"] += managed(obj) is None
+
+    with ThreadPoolExecutor(streams) as pool:
+        running = [pool.submit(stream) for _ in range(streams)]
+        started = time.monotonic()
+        try:
+            kubectl(env.admin, "-n", NAMESPACE, "rollout", "restart", deployment)
+            kubectl(env.admin, "-n", NAMESPACE, "rollout", "status", deployment, "--timeout=100s")
+            time.sleep(2)  # the last old Pod's end
+        finally:
+            stop.set()
+        took = time.monotonic() - started
+        for future in running:
+            future.result()
+    return counts["reviewed"], counts["unchanged"], took
 
 
 def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[str]) -> str:
@@ -241,6 +276,15 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
         assert not errors, errors
         handover = ""
         if len(names) > 1:
+            # Two replicas are replaced one after the other while reviews stream in: each
+            # one is answered (a replica told to stop serves through its preStop sleep).
+            reviewed, unchanged, took = _rollout_under_reviews(env, ns, deployment)
+            assert unchanged == 0, f"{unchanged} of {reviewed} pods admitted unchanged during a rollout"
+            old_names = set(names)
+            names = [x["metadata"]["name"] for x in wait_for(lambda: all_ready(old_names), 60, "the new Pods Ready")]
+            leading, line = logged(names, "leading", 60)
+            leader = str(line.get("identity"))
+            handover = f"; a rollout ({took:.1f} s) under {reviewed} reviews: none admitted unchanged"
             # The leading Pod deleted (a drain, a rollout): the other's watcher takes the Lease
             # once the leader gives it up at its SIGTERM, after its preStop sleep, and finishes
             # a build created meanwhile.
@@ -256,10 +300,11 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             check_build(env, rec, ns, "build-2", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
             second = outcome(env.kube, ns, "build-2")
             assert second["result"] == "Succeeded", second
-            handover = f"; the leader deleted, {taker}'s watcher leading {took:.1f} s later (the leader kept the " \
+            handover += f"; the leader deleted, {taker}'s watcher leading {took:.1f} s later (the leader kept the " \
                        f"Lease through its preStop sleep), a build meanwhile {second['result']}"
         if not shape.host_network:
-            crashed = _crash_seen_by_check(env, deployment, selector, set(names))
+            serving = wait_for(lambda: all_ready(set()), 60, "every replica Ready", interval=1.0)
+            crashed = _crash_seen_by_check(env, deployment, selector, {x["metadata"]["name"] for x in serving})
     finally:
         env.kube.request("PUT", config_path, body={**saved, "metadata": {
             **saved["metadata"], "resourceVersion": env.kube.get(config_path)["metadata"]["resourceVersion"]}})
