@@ -170,6 +170,7 @@ def server_pod(env: Env, rec: Record) -> None:
 
 def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
     """One shape served, checked and taken back; what it showed."""
+    assert env.cluster is not None
     rendered = shape.objects
     original = {o["kind"]: o for o in env.install.objects if o["kind"] in ("Deployment", "Service")}
     config = next(o for o in env.install.objects if o["kind"] == "MutatingWebhookConfiguration")["metadata"]["name"]
@@ -302,6 +303,9 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             assert second["result"] == "Succeeded", second
             handover += f"; the leader deleted, {taker}'s watcher leading {took:.1f} s later (the leader kept the " \
                        f"Lease through its preStop sleep), a build meanwhile {second['result']}"
+        memory = [env.cluster.pod_memory(x["metadata"]["uid"]) for x in _ready_pods(env, selector)]
+        handover += "; memory (working set, peak): " + ", ".join(
+            f"{m[0] / 2**20:.0f}/{m[1] / 2**20:.0f} MiB" if m else "not found" for m in memory)
         if not shape.host_network:
             serving = wait_for(lambda: all_ready(set()), 60, "every replica Ready", interval=1.0)
             crashed = _crash_seen_by_check(env, deployment, selector, {x["metadata"]["name"] for x in serving})

@@ -267,6 +267,24 @@ class Cluster:
             }, {"type": "loopback"}],
         }, indent=1))
 
+    def pod_memory(self, uid: str) -> tuple[int, int] | None:
+        """A pod's memory from its cgroup: (working set, peak) in bytes. The working set is
+        what the kubelet holds against a limit (usage less inactive file pages); None where
+        the pod's memory cgroup is not found."""
+        for hierarchy in _cgroup_hierarchies():
+            for pod in (hierarchy / self.cgroup_root.lstrip("/")).rglob(f"pod{uid}"):
+                v1 = (pod / "memory.usage_in_bytes").is_file()
+                usage, peak = ("memory.usage_in_bytes", "memory.max_usage_in_bytes") if v1 else \
+                    ("memory.current", "memory.peak")
+                if not (pod / usage).is_file():
+                    continue
+                stat = dict(line.split() for line in (pod / "memory.stat").read_text().splitlines())
+                inactive = int(stat.get("total_inactive_file" if v1 else "inactive_file", 0))
+                used = int((pod / usage).read_text())
+                top = int((pod / peak).read_text()) if (pod / peak).is_file() else used
+                return max(0, used - inactive), top
+        return None
+
     def _service_rule(self) -> list[str]:
         """The DNAT rule kube-proxy would make for the `kubernetes` Service, for this bridge's pods."""
         port = self.plane.server.rsplit(":", 1)[1]
