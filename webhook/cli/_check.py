@@ -3,7 +3,8 @@
 Preflight (webhook/cli/_check_preflight.py): the API, the MutatingWebhookConfiguration
 against what deploy/ ships, the certificate the server really presents (verified with the
 configuration's caBundle), `/readyz`, the watcher's Lease, the service account's RBAC
-(SubjectAccessReviews), the opted-in namespaces and the mesh injectors. `--smoke NAMESPACE`
+(SubjectAccessReviews), the Deployment (webhook/cli/_check_deployment.py), the opted-in
+namespaces and the mesh injectors. `--smoke NAMESPACE`
 then runs a tiny build pod and a tiny Job-shaped pod through the whole path
 (webhook/cli/_check_smoke.py).
 
@@ -21,7 +22,8 @@ from urllib.parse import urlsplit
 
 from certs.pki import PKIError, check_dns_label
 
-from ._check_preflight import Line, Target, preflight
+from ._check_preflight import preflight
+from ._check_report import Line, Target
 from ._check_smoke import SmokeOptions, smoke
 from ._common import Parser
 from ._podcli import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, connect, paint, run_main, use_colour

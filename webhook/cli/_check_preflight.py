@@ -12,10 +12,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
-import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable
 from urllib.parse import urlsplit
 
 import yaml
@@ -23,9 +22,10 @@ import yaml
 from waiter import protocol as p
 
 from ..kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, KubeApi, KubeError, server_access
-from ..registry import InvalidReference, credentials_for
-from ..settings import Settings, SettingsError
+from ..settings import Settings
 from ..watcher import parse_time
+from ._check_deployment import deployment_lines
+from ._check_report import Line, Report, Target
 from ._check_tls import Served, probe
 
 _API_TIMEOUT_MAX_SECONDS = 30  # the apiserver's limit for timeoutSeconds
@@ -38,43 +38,6 @@ _LINKERD = re.compile(r"(^|\.)linkerd-proxy-injector\.linkerd\.io$")
 ISTIO, LINKERD = "Istio", "Linkerd"
 _ISTIO_NATIVE_ENV = "ENABLE_NATIVE_SIDECARS"  # istiod's switch for native sidecars
 _LINKERD_CONFIG = "linkerd-config"  # its `values` hold proxy.nativeSidecar
-_SERVER_CONTAINER = "initshift"  # the Deployment's container (deploy/ and the chart)
-
-
-@dataclass
-class Line:
-    """One line of the report: ✔ or ✘, a title, and for a failure the hint to act on."""
-
-    section: str
-    ok: bool
-    title: str
-    hint: str = ""
-    data: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"section": self.section, "ok": self.ok, "title": self.title, "hint": self.hint, **self.data}
-
-
-@dataclass(frozen=True)
-class Target:
-    """What is checked: initshift's names in the cluster."""
-
-    namespace: str
-    webhook_config: str
-    service_account: str
-    lease: str
-    service_url: str | None = None  # connect here instead of the configuration's address
-
-    @property
-    def deployment(self) -> str:
-        return self.service_account  # deploy/ and the chart name the Deployment like the Service too
-
-    @classmethod
-    def defaults(cls, namespace: str | None = None) -> "Target":
-        s = Settings()
-        # deploy/ names the ServiceAccount like the Service.
-        return cls(namespace or s.server.namespace, s.server.webhook_config, s.server.service_name,
-                   s.watcher.lease_name)
 
 
 # --- label selectors, as the apiserver evaluates them -------------------------------------------
@@ -200,9 +163,6 @@ async def find_injectors(api: KubeApi, configs: list[dict]) -> list[_Injector]:
 
 
 # --- the checks -----------------------------------------------------------------------------------
-Report = Callable[[Line], None]
-
-
 async def _check_api(api: KubeApi, report: Report) -> bool:
     try:
         version = await api.get_version()
@@ -385,135 +345,6 @@ def _injector_lines(injectors: list[_Injector], config_name: str | None) -> list
     return out
 
 
-def _deployment_env(deployment: dict) -> dict[str, str]:
-    """The server container's variables given as values. One given by `valueFrom` (the
-    downward API's namespace, a ConfigMap) is the server's to read: its default stands in."""
-    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
-    server = next((c for c in containers if c.get("name") == _SERVER_CONTAINER), containers[0] if containers else {})
-    return {str(e.get("name")): str(e["value"]) for e in server.get("env") or [] if e.get("value") is not None}
-
-
-async def _deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> list[Line]:
-    """The Deployment's settings as the server will read them, and the Secrets the rewrite
-    names for initshift's image in each opted-in namespace."""
-    s, where = "deployment", f"{target.namespace}/{target.deployment}"
-    try:
-        deployment = await api.get_deployment(target.namespace, target.deployment)
-    except KubeError as e:
-        return [Line(s, False, f"read Deployment {where}", f"{e.message} (your credentials need read access)")]
-    if deployment is None:
-        return [Line(s, False, f"Deployment {where} exists", "no server runs: re-apply deploy/ (or the chart)")]
-    try:
-        settings = Settings.from_env(_deployment_env(deployment))
-        image = settings.rewrite.image
-        credentials_for(image, ())  # parses the reference
-    except SettingsError as e:
-        why = f"{e}: the server exits at start with this error"
-    except InvalidReference as e:
-        why = f"INITSHIFT_IMAGE: {e}: the kubelet refuses the container it is given to (InvalidImageName)"
-    else:
-        why = ""
-    if why:
-        return [Line(s, False, f"Deployment {where}: its settings are valid",
-                     f"{why}; fix the variable in the Deployment (the chart: its value)")]
-    out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
-                data={"image": image}), await _replicas_line(api, target, deployment)]
-    names = settings.rewrite.image_pull_secrets
-    if names and opted:
-        out.append(await _pull_secrets_line(api, image, names, opted))
-    return out
-
-
-async def _replicas_line(api: KubeApi, target: Target, deployment: dict) -> Line:
-    """Every replica Ready, or what each other pod of the Deployment is doing in the kubelet's
-    words: why it waits, how it last ended (the server's last line: the Deployment asks for
-    FallbackToLogsOnError)."""
-    s, spec, namespace = "deployment", deployment.get("spec") or {}, target.namespace
-    where = f"{namespace}/{target.deployment}"
-    wanted = int(spec.get("replicas", 1))
-    selector = ",".join(f"{k}={v}" for k, v in ((spec.get("selector") or {}).get("matchLabels") or {}).items())
-    try:
-        pods = [x for x in (await api.list_pods(namespace, label_selector=selector))[0]
-                if not x["metadata"].get("deletionTimestamp")]
-    except KubeError as e:
-        return Line(s, False, f"list the pods of Deployment {where}", f"{e.message} (your credentials need list on "
-                                                                       f"pods in {namespace})")
-    trouble = {x["metadata"]["name"]: _not_ready(x) for x in pods}
-    trouble = {name: why for name, why in trouble.items() if why}
-    ready = len(pods) - len(trouble)
-    title = f"Deployment {where}: {ready} of {wanted} replicas Ready"
-    if ready >= wanted and not trouble:
-        return Line(s, True, title, data={"replicas": wanted, "ready": ready})
-    hint = "; ".join(f"pod {name}: {why}" for name, why in sorted(trouble.items())) or \
-        f"no pod: kubectl -n {namespace} describe deployment {target.deployment} (a quota, admission, scheduling)"
-    return Line(s, False, title, hint, {"replicas": wanted, "ready": ready, "pods": trouble})
-
-
-def _not_ready(pod: dict) -> str:
-    """Why the pod is not Ready, in the kubelet's words; "" when it is."""
-    status = pod.get("status") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    if (conditions.get("Ready") or {}).get("status") == "True":
-        return ""
-    for container in status.get("containerStatuses") or []:
-        state, last = container.get("state") or {}, (container.get("lastState") or {}).get("terminated")
-        why = [state["waiting"].get("reason") or "waiting"] if "waiting" in state else \
-            ["running, not Ready"] if "running" in state else []
-        if last:
-            said = _last_line(str(last.get("message") or ""))
-            why.append(f"last ended with exit code {last.get('exitCode')}" + (f": {said}" if said else ""))
-        if container.get("restartCount"):
-            why.append(f"restarts: {container['restartCount']}")
-        if why:
-            return ", ".join(why)
-    scheduled = conditions.get("PodScheduled") or {}
-    if scheduled.get("status") == "False":
-        return f"not scheduled: {scheduled.get('message') or scheduled.get('reason') or 'unknown'}"
-    return f"phase {status.get('phase') or 'Pending'}"
-
-
-def _last_line(message: str) -> str:
-    """The last line of a termination message; of one of the server's JSON log lines, its `msg`."""
-    lines = [x.strip() for x in message.splitlines() if x.strip()]
-    if not lines:
-        return ""
-    try:
-        record = json.loads(lines[-1])
-    except ValueError:
-        return lines[-1]
-    return str(record.get("msg") or lines[-1]) if isinstance(record, dict) else lines[-1]
-
-
-async def _pull_secrets_line(api: KubeApi, image: str, names: tuple[str, ...], opted: list[str]) -> Line:
-    """Whether the kubelet finds credentials for `image` in the Secrets INITSHIFT_IMAGE_PULL_SECRETS
-    adds to every rewritten pod, in each opted-in namespace (it skips a missing Secret, and
-    one of another type, with an event only)."""
-    s, setting = "deployment", f"INITSHIFT_IMAGE_PULL_SECRETS ({', '.join(names)})"
-    problems: list[str] = []
-    for ns in opted:
-        secrets, missing = [], []
-        for name in names:
-            try:
-                secret = await api.get_secret(ns, name)
-            except KubeError as e:
-                return Line(s, False, f"{setting}: read the Secrets in {ns}", f"{e.message} (your credentials "
-                                                                              f"need get on those secrets)")
-            if secret is None:
-                missing.append(name)
-            else:
-                secrets.append(secret)
-        found, unreadable = credentials_for(image, secrets)
-        if not found:
-            why = [f"no Secret {', '.join(missing)}"] if missing else []
-            why += unreadable or (["none holds an entry for the image's registry"] if secrets else [])
-            problems.append(f"{ns} ({'; '.join(why)})")
-    if not problems:
-        return Line(s, True, f"{setting}: credentials for initshift's image in every opted-in namespace")
-    return Line(s, False, f"{setting}: no credentials for initshift's image in {', '.join(problems)}",
-                f"builds rewritten there stop at ErrImagePull: create the Secret (type "
-                f"kubernetes.io/dockerconfigjson, for {image}) in each namespace named")
-
-
 async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     """Every preflight line, in order, through `report`."""
     if not await _check_api(api, report):
@@ -555,7 +386,7 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     injectors = await find_injectors(api, configs)
     namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces") or []
     opted = [ns["metadata"]["name"] for ns in namespaces if wh is not None and calls_for(wh, ns)]
-    for line in await _deployment_lines(api, target, opted):
+    for line in await deployment_lines(api, target, opted):
         report(line)
     for line in _namespace_lines(namespaces, wh, injectors) + _injector_lines(injectors, config and
                                                                              target.webhook_config):

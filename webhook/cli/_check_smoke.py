@@ -23,7 +23,8 @@ from waiter import protocol as p
 from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
 from ..watcher import WAITER_RUN, NotManaged, layout, parse_time, statuses
-from ._check_preflight import Line, Report, Target, calls_for, find_injectors, pod_webhook
+from ._check_preflight import calls_for, find_injectors, pod_webhook
+from ._check_report import Line, Report, Target
 from ._podcli import CliError, PodTracker
 from ._podview import PodView, State, pod_view
 

@@ -1,0 +1,143 @@
+"""`initshift check`'s lines about initshift's Deployment: its settings as the server will
+read them, its replicas in the kubelet's words, and the Secrets INITSHIFT_IMAGE_PULL_SECRETS
+names in each opted-in namespace."""
+
+from __future__ import annotations
+
+import json
+
+from ..kube import KubeApi, KubeError
+from ..registry import InvalidReference, credentials_for
+from ..settings import Settings, SettingsError
+from ._check_report import Line, Target
+
+_SERVER_CONTAINER = "initshift"  # the Deployment's container (deploy/ and the chart)
+
+
+def _deployment_env(deployment: dict) -> dict[str, str]:
+    """The server container's variables given as values. One given by `valueFrom` (the
+    downward API's namespace, a ConfigMap) is the server's to read: its default stands in."""
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    server = next((c for c in containers if c.get("name") == _SERVER_CONTAINER), containers[0] if containers else {})
+    return {str(e.get("name")): str(e["value"]) for e in server.get("env") or [] if e.get("value") is not None}
+
+
+async def deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> list[Line]:
+    """The Deployment's settings as the server will read them, and the Secrets the rewrite
+    names for initshift's image in each opted-in namespace."""
+    s, where = "deployment", f"{target.namespace}/{target.deployment}"
+    try:
+        deployment = await api.get_deployment(target.namespace, target.deployment)
+    except KubeError as e:
+        return [Line(s, False, f"read Deployment {where}", f"{e.message} (your credentials need read access)")]
+    if deployment is None:
+        return [Line(s, False, f"Deployment {where} exists", "no server runs: re-apply deploy/ (or the chart)")]
+    try:
+        settings = Settings.from_env(_deployment_env(deployment))
+        image = settings.rewrite.image
+        credentials_for(image, ())  # parses the reference
+    except SettingsError as e:
+        why = f"{e}: the server exits at start with this error"
+    except InvalidReference as e:
+        why = f"INITSHIFT_IMAGE: {e}: the kubelet refuses the container it is given to (InvalidImageName)"
+    else:
+        why = ""
+    if why:
+        return [Line(s, False, f"Deployment {where}: its settings are valid",
+                     f"{why}; fix the variable in the Deployment (the chart: its value)")]
+    out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
+                data={"image": image}), await _replicas_line(api, target, deployment)]
+    names = settings.rewrite.image_pull_secrets
+    if names and opted:
+        out.append(await _pull_secrets_line(api, image, names, opted))
+    return out
+
+
+async def _replicas_line(api: KubeApi, target: Target, deployment: dict) -> Line:
+    """Every replica Ready, or what each other pod of the Deployment is doing in the kubelet's
+    words: why it waits, how it last ended (the server's last line: the Deployment asks for
+    FallbackToLogsOnError)."""
+    s, spec, namespace = "deployment", deployment.get("spec") or {}, target.namespace
+    where = f"{namespace}/{target.deployment}"
+    wanted = int(spec.get("replicas", 1))
+    selector = ",".join(f"{k}={v}" for k, v in ((spec.get("selector") or {}).get("matchLabels") or {}).items())
+    try:
+        pods = [x for x in (await api.list_pods(namespace, label_selector=selector))[0]
+                if not x["metadata"].get("deletionTimestamp")]
+    except KubeError as e:
+        return Line(s, False, f"list the pods of Deployment {where}", f"{e.message} (your credentials need list on "
+                                                                       f"pods in {namespace})")
+    trouble = {x["metadata"]["name"]: _not_ready(x) for x in pods}
+    trouble = {name: why for name, why in trouble.items() if why}
+    ready = len(pods) - len(trouble)
+    title = f"Deployment {where}: {ready} of {wanted} replicas Ready"
+    if ready >= wanted and not trouble:
+        return Line(s, True, title, data={"replicas": wanted, "ready": ready})
+    hint = "; ".join(f"pod {name}: {why}" for name, why in sorted(trouble.items())) or \
+        f"no pod: kubectl -n {namespace} describe deployment {target.deployment} (a quota, admission, scheduling)"
+    return Line(s, False, title, hint, {"replicas": wanted, "ready": ready, "pods": trouble})
+
+
+def _not_ready(pod: dict) -> str:
+    """Why the pod is not Ready, in the kubelet's words; "" when it is."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if (conditions.get("Ready") or {}).get("status") == "True":
+        return ""
+    for container in status.get("containerStatuses") or []:
+        state, last = container.get("state") or {}, (container.get("lastState") or {}).get("terminated")
+        why = [state["waiting"].get("reason") or "waiting"] if "waiting" in state else \
+            ["running, not Ready"] if "running" in state else []
+        if last:
+            said = _last_line(str(last.get("message") or ""))
+            why.append(f"last ended with exit code {last.get('exitCode')}" + (f": {said}" if said else ""))
+        if container.get("restartCount"):
+            why.append(f"restarts: {container['restartCount']}")
+        if why:
+            return ", ".join(why)
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False":
+        return f"not scheduled: {scheduled.get('message') or scheduled.get('reason') or 'unknown'}"
+    return f"phase {status.get('phase') or 'Pending'}"
+
+
+def _last_line(message: str) -> str:
+    """The last line of a termination message; of one of the server's JSON log lines, its `msg`."""
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    if not lines:
+        return ""
+    try:
+        record = json.loads(lines[-1])
+    except ValueError:
+        return lines[-1]
+    return str(record.get("msg") or lines[-1]) if isinstance(record, dict) else lines[-1]
+
+
+async def _pull_secrets_line(api: KubeApi, image: str, names: tuple[str, ...], opted: list[str]) -> Line:
+    """Whether the kubelet finds credentials for `image` in the Secrets INITSHIFT_IMAGE_PULL_SECRETS
+    adds to every rewritten pod, in each opted-in namespace (it skips a missing Secret, and
+    one of another type, with an event only)."""
+    s, setting = "deployment", f"INITSHIFT_IMAGE_PULL_SECRETS ({', '.join(names)})"
+    problems: list[str] = []
+    for ns in opted:
+        secrets, missing = [], []
+        for name in names:
+            try:
+                secret = await api.get_secret(ns, name)
+            except KubeError as e:
+                return Line(s, False, f"{setting}: read the Secrets in {ns}", f"{e.message} (your credentials "
+                                                                              f"need get on those secrets)")
+            if secret is None:
+                missing.append(name)
+            else:
+                secrets.append(secret)
+        found, unreadable = credentials_for(image, secrets)
+        if not found:
+            why = [f"no Secret {', '.join(missing)}"] if missing else []
+            why += unreadable or (["none holds an entry for the image's registry"] if secrets else [])
+            problems.append(f"{ns} ({'; '.join(why)})")
+    if not problems:
+        return Line(s, True, f"{setting}: credentials for initshift's image in every opted-in namespace")
+    return Line(s, False, f"{setting}: no credentials for initshift's image in {', '.join(problems)}",
+                f"builds rewritten there stop at ErrImagePull: create the Secret (type "
+                f"kubernetes.io/dockerconfigjson, for {image}) in each namespace named")
