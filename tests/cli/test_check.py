@@ -359,8 +359,8 @@ async def test_replicas_not_ready_say_why(kube: KubeDouble, tmp_path) -> None:
                 'serve: cannot listen on port 8443 (INITSHIFT_METRICS_PORT): address already in use"}\n')}}))
         code, out, _ = await check(*i.argv())
         assert code == 1 and failed(out) == [title]
-        assert "pod initshift-7d9c5b-2: CrashLoopBackOff, last ended with exit code 1: initshift serve: cannot listen " \
-               "on port 8443 (INITSHIFT_METRICS_PORT): address already in use, restarts: 3" in out
+        assert "pod initshift-7d9c5b-2: CrashLoopBackOff, last ended with exit code 1: initshift serve: cannot " \
+               "listen on port 8443 (INITSHIFT_METRICS_PORT): address already in use, restarts: 3" in out
         unscheduled = inst.replica(deployment, "initshift-7d9c5b-2", ready=False)
         unscheduled["status"] = {"phase": "Pending", "conditions": [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -374,3 +374,20 @@ async def test_replicas_not_ready_say_why(kube: KubeDouble, tmp_path) -> None:
         code, out, _ = await check(*i.argv())
         assert failed(out) == ["Deployment initshift-system/initshift: 0 of 2 replicas Ready"]
         assert "no pod: kubectl -n initshift-system describe deployment initshift" in out
+
+
+async def test_settings_as_the_kubelet_gives_them(kube: KubeDouble, tmp_path) -> None:
+    """A Deployment that leaves the kubelet's Service variables on, in a namespace with the
+    Service `initshift`: INITSHIFT_PORT=tcp://IP:443 stops the server at start (deploy/'s did)."""
+    async with inst.healthy(kube, tmp_path) as i:
+        service = kube.get("services", inst.NS, "initshift")
+        kube.put("services", {**service, "spec": {**service["spec"], "clusterIP": "10.96.0.208"}})
+        code, out, _ = await check(*i.argv())
+        assert code == 0, out  # deploy/ turns them off
+        deployment = kube.get("deployments", inst.NS, "initshift")
+        del deployment["spec"]["template"]["spec"]["enableServiceLinks"]
+        kube.put("deployments", deployment)
+        code, out, _ = await check(*i.argv())
+    assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: its settings are valid"]
+    assert "INITSHIFT_PORT: expected a port number, got 'tcp://10.96.0.208:443': the kubelet's variable for the " \
+           "Service 'initshift' of the pod's namespace; set `enableServiceLinks: false` on the pod" in out

@@ -413,8 +413,7 @@ def test_the_server_starts_in_the_environment_the_kubelet_gives(install):
     turns them off: the Service `initshift` gives INITSHIFT_PORT=tcp://IP:443, which the
     server read as its port and refused (deploy/'s pods crashed on a real kubelet)."""
     spec, r = install
-    pod = r.deployment["spec"]["template"]["spec"]
-    env = servicelinks.container_env(pod, r.container, r.namespace, r.of_kind("Service"))
+    env = servicelinks.container_env(r.deployment, r.of_kind("Service"))
     settings = Settings.from_env(env)
     assert settings.server.port == _port(r.container, "https")
     assert {k for k in env if k.startswith(("INITSHIFT_", "SUPPORT_"))} <= {row[0] for row in settings_rows()}

@@ -1,10 +1,12 @@
 """`initshift check`'s lines about initshift's Deployment: its settings as the server will
-read them, its replicas in the kubelet's words, and the Secrets INITSHIFT_IMAGE_PULL_SECRETS
+read them (with the variables the kubelet adds for the namespace's Services, modelled on
+the kubelet's own code), its replicas in the kubelet's words, and the Secrets INITSHIFT_IMAGE_PULL_SECRETS
 names in each opted-in namespace."""
 
 from __future__ import annotations
 
 import json
+from typing import Iterable, Mapping
 
 from ..kube import KubeApi, KubeError
 from ..registry import InvalidReference, credentials_for
@@ -14,12 +16,45 @@ from ._check_report import Line, Target
 _SERVER_CONTAINER = "initshift"  # the Deployment's container (deploy/ and the chart)
 
 
-def _deployment_env(deployment: dict) -> dict[str, str]:
-    """The server container's variables given as values. One given by `valueFrom` (the
-    downward API's namespace, a ConfigMap) is the server's to read: its default stands in."""
-    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+def service_variables(services: Iterable[Mapping]) -> dict[str, str]:
+    """The variables the kubelet gives a container for these Services (Kubernetes'
+    pkg/kubelet/envvars `FromServices`): for each with a ClusterIP, NAME_SERVICE_HOST,
+    NAME_SERVICE_PORT[_PORTNAME] and Docker's links, NAME_PORT=tcp://IP:PORT and
+    NAME_PORT_PORT_PROTO[_PROTO|_PORT|_ADDR]. A Service `initshift` names the server's settings."""
+    out: dict[str, str] = {}
+    for service in services:
+        spec, prefix = service.get("spec") or {}, _variable(str(service["metadata"]["name"]))
+        ip, ports = spec.get("clusterIP") or "", spec.get("ports") or []
+        if ip in ("", "None") or not ports:
+            continue
+        out[f"{prefix}_SERVICE_HOST"], out[f"{prefix}_SERVICE_PORT"] = ip, str(ports[0]["port"])
+        for i, port in enumerate(ports):
+            if port.get("name"):
+                out[f"{prefix}_SERVICE_PORT_{_variable(port['name'])}"] = str(port["port"])
+            proto = str(port.get("protocol") or "TCP")
+            address, each = f"{proto.lower()}://{ip}:{port['port']}", f"{prefix}_PORT_{port['port']}_{proto.upper()}"
+            if i == 0:
+                out[f"{prefix}_PORT"] = address
+            out.update({each: address, f"{each}_PROTO": proto.lower(), f"{each}_PORT": str(port["port"]),
+                        f"{each}_ADDR": ip})
+    return out
+
+
+def _variable(name: str) -> str:
+    return name.replace("-", "_").upper()
+
+
+def server_environment(deployment: dict, services: Iterable[Mapping]) -> dict[str, str]:
+    """The server container's variables as the kubelet gives them: those of the namespace's
+    `services` unless the pod turns them off (`enableServiceLinks: false`), then the
+    container's own values over them. One given by `valueFrom` (the downward API's
+    namespace, a ConfigMap) is the server's to read: its default stands in."""
+    pod = deployment.get("spec", {}).get("template", {}).get("spec", {})
+    containers = pod.get("containers") or []
     server = next((c for c in containers if c.get("name") == _SERVER_CONTAINER), containers[0] if containers else {})
-    return {str(e.get("name")): str(e["value"]) for e in server.get("env") or [] if e.get("value") is not None}
+    env = service_variables(services) if pod.get("enableServiceLinks", True) else {}
+    env.update({str(e.get("name")): str(e["value"]) for e in server.get("env") or [] if e.get("value") is not None})
+    return env
 
 
 async def deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> list[Line]:
@@ -33,7 +68,12 @@ async def deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> li
     if deployment is None:
         return [Line(s, False, f"Deployment {where} exists", "no server runs: re-apply deploy/ (or the chart)")]
     try:
-        settings = Settings.from_env(_deployment_env(deployment))
+        services = await api.list_services(target.namespace)
+    except KubeError as e:
+        return [Line(s, False, f"list the Services of {target.namespace} (the kubelet gives the server variables "
+                               f"for them)", f"{e.message} (your credentials need list on services there)")]
+    try:
+        settings = Settings.from_env(server_environment(deployment, services))
         image = settings.rewrite.image
         credentials_for(image, ())  # parses the reference
     except SettingsError as e:

@@ -344,6 +344,10 @@ class KubeApi:
     async def get_configmap(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
 
+    async def list_services(self, namespace: str) -> list[dict]:
+        body = await self.request("GET", f"/api/v1/namespaces/{namespace}/services")
+        return list((body or {}).get("items") or [])
+
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")
 
