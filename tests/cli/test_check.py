@@ -391,3 +391,24 @@ async def test_settings_as_the_kubelet_gives_them(kube: KubeDouble, tmp_path) ->
     assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: its settings are valid"]
     assert "INITSHIFT_PORT: expected a port number, got 'tcp://10.96.0.208:443': the kubelet's variable for the " \
            "Service 'initshift' of the pod's namespace; set `enableServiceLinks: false` on the pod" in out
+
+
+async def test_a_deployment_scaled_to_zero(kube: KubeDouble, tmp_path) -> None:
+    """No replica behind the Service the configuration calls: a failure. With a `url`, the
+    server runs elsewhere (as in `make e2e`): the Deployment may be at zero."""
+    async with inst.healthy(kube, tmp_path) as i:
+        deployment = kube.get("deployments", inst.NS, "initshift")
+        deployment["spec"]["replicas"] = 0
+        kube.put("deployments", deployment)
+        for n in range(2):
+            kube.delete("pods", inst.NS, f"initshift-7d9c5b-{n}")
+        code, out, _ = await check(*i.argv())
+        assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: scaled to 0 replicas"]
+        assert "kubectl -n initshift-system scale deployment initshift --replicas=2" in out
+        mwc = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")
+        mwc["webhooks"][0]["clientConfig"] = {"url": f"{i.url}/mutate",
+                                              "caBundle": mwc["webhooks"][0]["clientConfig"]["caBundle"]}
+        kube.put("mutatingwebhookconfigurations", mwc)
+        code, out, _ = await check(*i.argv())
+    assert "Deployment initshift-system/initshift: 0 of 0 replicas Ready" in marks(out)
+    assert "Deployment initshift-system/initshift: 0 of 0 replicas Ready" not in failed(out)

@@ -57,7 +57,7 @@ def server_environment(deployment: dict, services: Iterable[Mapping]) -> dict[st
     return env
 
 
-async def deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> list[Line]:
+async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_service: bool) -> list[Line]:
     """The Deployment's settings as the server will read them, and the Secrets the rewrite
     names for initshift's image in each opted-in namespace."""
     s, where = "deployment", f"{target.namespace}/{target.deployment}"
@@ -86,14 +86,14 @@ async def deployment_lines(api: KubeApi, target: Target, opted: list[str]) -> li
         return [Line(s, False, f"Deployment {where}: its settings are valid",
                      f"{why}; fix the variable in the Deployment (the chart: its value)")]
     out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
-                data={"image": image}), await _replicas_line(api, target, deployment)]
+                data={"image": image}), await _replicas_line(api, target, deployment, by_service)]
     names = settings.rewrite.image_pull_secrets
     if names and opted:
         out.append(await _pull_secrets_line(api, image, names, opted))
     return out
 
 
-async def _replicas_line(api: KubeApi, target: Target, deployment: dict) -> Line:
+async def _replicas_line(api: KubeApi, target: Target, deployment: dict, by_service: bool) -> Line:
     """Every replica Ready, or what each other pod of the Deployment is doing in the kubelet's
     words: why it waits, how it last ended (the server's last line: the Deployment asks for
     FallbackToLogsOnError)."""
@@ -111,6 +111,11 @@ async def _replicas_line(api: KubeApi, target: Target, deployment: dict) -> Line
     trouble = {name: why for name, why in trouble.items() if why}
     ready = len(pods) - len(trouble)
     title = f"Deployment {where}: {ready} of {wanted} replicas Ready"
+    if not wanted and by_service:
+        return Line(s, False, f"Deployment {where}: scaled to 0 replicas",
+                    f"the webhook configuration calls the Service, which then has no endpoint: pods of the opted-in "
+                    f"namespaces are admitted unchanged (failurePolicy Ignore) or refused (Fail); kubectl -n "
+                    f"{namespace} scale deployment {target.deployment} --replicas=2")
     if ready >= wanted and not trouble:
         return Line(s, True, title, data={"replicas": wanted, "ready": ready})
     hint = "; ".join(f"pod {name}: {why}" for name, why in sorted(trouble.items())) or \

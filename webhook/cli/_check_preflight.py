@@ -386,7 +386,8 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     injectors = await find_injectors(api, configs)
     namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces") or []
     opted = [ns["metadata"]["name"] for ns in namespaces if wh is not None and calls_for(wh, ns)]
-    for line in await deployment_lines(api, target, opted):
+    by_service = wh is not None and bool((wh.get("clientConfig") or {}).get("service"))
+    for line in await deployment_lines(api, target, opted, by_service):
         report(line)
     for line in _namespace_lines(namespaces, wh, injectors) + _injector_lines(injectors, config and
                                                                              target.webhook_config):
