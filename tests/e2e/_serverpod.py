@@ -195,6 +195,14 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             return next(((n, x) for n in names for x in server_log(n) if x.get("msg") == msg), None)
         return wait_for(found, timeout, f"{msg!r} in the log of {', '.join(names)}")
 
+    def lease_pod(among: list[str]) -> tuple[str, str] | None:
+        """The Pod among these whose watcher holds the Lease, by the identity its log says
+        it leads as (a Pod on the node's network has the node's hostname): (its name, the
+        identity)."""
+        holder = env.install.lease_holder(env.kube)
+        return next(((name, holder) for name in among if holder and any(
+            x.get("msg") == "leading" and x.get("identity") == holder for x in server_log(name))), None)
+
     def all_ready(old: set[str]) -> list[dict] | None:
         ready = [x for x in _ready_pods(env, selector) if x["metadata"]["name"] not in old]
         return ready if len(ready) == shape.replicas else None
@@ -237,9 +245,7 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
         # A Pod's watcher (`serve --watch`) takes the Lease once this machine's lets it go.
         assert env.install.watcher is not None
         env.install.watcher.stop()
-        leading, line = logged(names, "leading", 60)
-        leader = str(line.get("identity"))
-        assert env.install.lease_holder(env.kube) == leader, (env.install.lease_holder(env.kube), leader)
+        leading, leader = wait_for(lambda: lease_pod(names), 60, "a Pod's watcher leading")
         # The webhook by its Service: the apiserver calls the Pods, not this machine's server.
         by_service = copy.deepcopy(env.kube.get(config_path))  # the Pods may have written its caBundle
         for wh in by_service["webhooks"]:
@@ -283,10 +289,9 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             assert unchanged == 0, f"{unchanged} of {reviewed} pods admitted unchanged during a rollout"
             old_names = set(names)
             names = [x["metadata"]["name"] for x in wait_for(lambda: all_ready(old_names), 60, "the new Pods Ready")]
-            leading, line = logged(names, "leading", 60)
-            leader = str(line.get("identity"))
+            leading, leader = wait_for(lambda: lease_pod(names), 60, "a new Pod's watcher leading")
             handover = f"; a rollout ({took:.1f} s) under {reviewed} reviews: none admitted unchanged"
-            # The leading Pod deleted (a drain, a rollout): the other's watcher takes the Lease
+            # The leading Pod deleted (a drain, a rollout): another's watcher takes the Lease
             # once the leader gives it up at its SIGTERM, after its preStop sleep, and finishes
             # a build created meanwhile.
             deleted = time.monotonic()
@@ -294,10 +299,11 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod(
                 "build-2", [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC)],
                 [step("completion", env.images.busybox, port=None)]))
-            taker, line = logged([n for n in names if n != leading], "leading", 60)
+            # The other replica, or the one replacing the deleted Pod, whichever acquires first.
+            others = lambda: [x["metadata"]["name"] for x in env.kube.pods(NAMESPACE, selector)  # noqa: E731
+                              if x["metadata"]["name"] != leading]
+            taker, leader = wait_for(lambda: lease_pod(others()), 60, "another Pod's watcher leading")
             took = time.monotonic() - deleted
-            leader = str(line.get("identity"))
-            assert env.install.lease_holder(env.kube) == leader, (env.install.lease_holder(env.kube), leader)
             check_build(env, rec, ns, "build-2", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
             second = outcome(env.kube, ns, "build-2")
             assert second["result"] == "Succeeded", second
