@@ -67,8 +67,9 @@ async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_se
         return [Line(s, False, f"read Deployment {where}", f"{e.message} (your credentials need read access)")]
     if deployment is None:
         return [Line(s, False, f"Deployment {where} exists", "no server runs: re-apply deploy/ (or the chart)")]
+    links = (deployment.get("spec", {}).get("template", {}).get("spec", {})).get("enableServiceLinks", True)
     try:
-        services = await api.list_services(target.namespace)
+        services = await api.list_services(target.namespace) if links else []  # only what the kubelet adds
     except KubeError as e:
         return [Line(s, False, f"list the Services of {target.namespace} (the kubelet gives the server variables "
                                f"for them)", f"{e.message} (your credentials need list on services there)")]
