@@ -48,6 +48,9 @@ ENV_PREFIX = "INITSHIFT_"
 
 # A static pod's mirror (the kubelet runs the pod from its manifest; this object only shows it).
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+# The container kubectl's `logs`, `exec`, `attach` and `cp` take without `-c` (else the
+# first of `containers`; KEP-2227).
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 # --- Mesh markers -----------------------------------------------------------------------
 ISTIO_STATUS_ANNOTATION = "sidecar.istio.io/status"

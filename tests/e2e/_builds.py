@@ -14,7 +14,7 @@ from webhook.settings import Settings
 
 from ._check import check_build, proxy_instant, proxy_stop
 from ._env import Env, Record, native_only, scenario, waiter_modes
-from ._kube import KubeFailure, wait_for
+from ._kube import KubeFailure, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
 from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
     terminated, wait_end
@@ -31,6 +31,17 @@ def reviews_in(env: Env, ns: str) -> list[dict]:
 
 def _build_pod(env: Env, name: str, steps: list[dict], *, main: str = "completion", **kw) -> dict:
     return pod(name, steps, [step(main, env.images.busybox, port=None)], **kw)
+
+
+def check_default_logs(env: Env, ns: str, name: str, main: str = "completion") -> None:
+    """`kubectl logs POD` without `-c` prints the main's lines: the pod names its default
+    container (kubectl says on stderr which it took when it had to pick the first one)."""
+    out = kubectl(env.admin, "logs", "-n", ns, name)
+    assert "Defaulted container" not in out.stderr, out.stderr
+    named = annotations(env.kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")).get(p.DEFAULT_CONTAINER_ANNOTATION)
+    # (the waiter's own line about quitting the proxy follows under the waiter strategy)
+    assert out.stdout.splitlines()[:2] == [f"{main} start", f"{main} end"], \
+        f"`kubectl logs {name}` took {named!r}, not {main!r}: {out.stdout!r}"
 
 
 @scenario("kpack-build")
@@ -51,8 +62,9 @@ def kpack_build(env: Env, rec: Record) -> None:
     result = outcome(env.kube, ns, "build")
     assert result["result"] == "Succeeded", result
     assert [s["name"] for s in result["steps"]] == KPACK, result
+    check_default_logs(env, ns, "build")
     rec.note(f"strategy {managed(build.obj)}; {len(KPACK)} steps in order through the proxy; argv kept; "
-             f"proxy stopped by {proxy_stop(build, 'istio-proxy')}")
+             f"proxy stopped by {proxy_stop(build, 'istio-proxy')}; `kubectl logs` shows completion's")
     rec.figure("ready -> step 0", build.ready_to_step0_ms or 0)
     rec.figure("step span", build.span_s or 0, "s")
 
@@ -396,6 +408,8 @@ def linkerd_native(env: Env, rec: Record) -> None:
     assert list(removed) == ["linkerd-proxy"], f"startupProbes removed: {removed}"
     result = outcome(env.kube, ns, "build")
     assert result["result"] == "Succeeded", result
+    # Linkerd names no default container: initshift names the main, not its copier ahead of it.
+    check_default_logs(env, ns, "build")
     rec.note(f"strategy hybrid; init containers {inits}; linkerd-proxy stopped by {proxy_stop(build, 'linkerd-proxy')}")
     rec.figure("ready -> step 0", build.ready_to_step0_ms or 0)
 

@@ -8,8 +8,10 @@ Linkerd-like proxy (tests/e2e/images/fakeproxy.c), the way their injectors do.
   `istio-proxy` with Istio's probes (readiness `:15021/healthz/ready` every 15 s, startupProbe
   every 1 s), its quit `POST :15020/quitquitquit` (on the port pilot-agent reads: the pod's
   `status.sidecar.istio.io/port`, else the `statusPort` of its `proxy.istio.io/config`, which
-  the injector writes into the proxy's `PROXY_CONFIG`), `sidecar.istio.io/status`. Native (an init container with
-  `restartPolicy: Always`, as Istio >= 1.27 injects wherever the cluster supports it) when
+  the injector writes into the proxy's `PROXY_CONFIG`), `sidecar.istio.io/status`, and
+  `kubectl.kubernetes.io/default-container` (the first container) where the pod names none.
+  Native (an init container with `restartPolicy: Always`, as Istio >= 1.27 injects
+  wherever the cluster supports it) when
   the pod asks (`sidecar.istio.io/nativeSidecar: "true"`) or its namespace is labelled
   `e2e.initshift.io/native-mesh=true`; classic (in `containers`) otherwise.
 - Linkerd: called for every namespace (`linkerd-proxy-injector.linkerd.io`, configuration
@@ -218,6 +220,8 @@ class Mesh:
         proxy["startupProbe"] = _probe(15021, "/healthz/ready", periodSeconds=1, timeoutSeconds=3,
                                        failureThreshold=600)
         proxy["volumeMounts"] = [{"name": "istio-envoy", "mountPath": "/etc/istio/proxy"}]
+        # Istio's template names the first container for kubectl, unless the pod names one.
+        ann.setdefault(p.DEFAULT_CONTAINER_ANNOTATION, spec["containers"][0]["name"])
         _place(spec, init, proxy, native, first=False)  # Istio appends its proxy
         spec.setdefault("volumes", []).append({"name": "istio-envoy", "emptyDir": {"medium": "Memory"}})
         ann["sidecar.istio.io/status"] = json.dumps({

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.rewrite import test_rewrite_properties as waiter_props
 from tests.rewrite.test_hybrid import check_hybrid_pod, check_kubelet_hold, names, removed_record
+from tests.rewrite.test_rewrite import kubectl_default
 from tests.support.fixtures import pods
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
@@ -64,6 +65,8 @@ def test_valid_unique_request_kept_idempotent_and_reinvocation(case, policy, aut
     assert pod == src, "the input is never mutated"
     assert once.changed and once.strategy == p.MODE_HYBRID, once.warnings
     check_hybrid_pod(src, once.pod)
+    mains = [c for c in names(src["spec"]["containers"]) if c not in ("istio-proxy", "linkerd-proxy")]
+    assert kubectl_default(once.pod) in (kubectl_default(src), mains[0]), "kubectl takes the pod's own container"
     if pods_injected(src):
         return
     # No proxy yet: the mesh injects after initshift (natively as asked, or into containers).
@@ -79,6 +82,7 @@ def test_valid_unique_request_kept_idempotent_and_reinvocation(case, policy, aut
         "the proxy is the last init container; the waiter is copied after it"
     assert proxy not in names(out["spec"]["containers"])
     assert all(p.FLAG_QUIT not in c.get("args", []) for c in out["spec"]["containers"])
+    assert kubectl_default(out) == mains[0], "the mesh keeps the default container initshift named"
     assert rewrite(out, settings, native_supported=True).pod == out, "idempotent"
 
 

@@ -656,3 +656,50 @@ def test_malformed_pull_secrets_leave_the_pod_unchanged(secrets, names) -> None:
     pod["spec"]["imagePullSecrets"] = secrets
     result = rewrite(pod, with_settings(image_pull_secrets=names))
     assert not result.changed and result.reason == "invalid" and "imagePullSecrets" in result.warnings[0]
+
+
+def kubectl_default(pod: dict) -> str:
+    """The container kubectl's `logs`, `exec`, `attach` and `cp` take without `-c`, as
+    kubectl's podcmd.FindOrDefaultContainerByName picks it."""
+    spec = pod["spec"]
+    named = (pod["metadata"].get("annotations") or {}).get(p.DEFAULT_CONTAINER_ANNOTATION)
+    if named:
+        everywhere = [*spec["containers"], *(spec.get("initContainers") or []),
+                      *(spec.get("ephemeralContainers") or [])]
+        assert named in names(everywhere), f"{named!r} names no container: kubectl would fail"
+        return named
+    return spec["containers"][0]["name"]
+
+
+@pytest.mark.parametrize("mode", [p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID])
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_kubectl_takes_the_pods_own_container_after_the_rewrite(name: str, mode: str) -> None:
+    """Never a step or initshift's copier: the container kubectl took before, where it is
+    still a regular container, else the first of the pod's regular containers still one."""
+    pod = CATALOGUE[name]
+    after = rewrite(pod, with_settings(mode=mode), native_supported=True).pod
+    was, now = names(pod["spec"]["containers"]), names(after["spec"]["containers"])
+    own = kubectl_default(pod) if kubectl_default(pod) in now else next(c for c in was if c in now)
+    assert kubectl_default(after) == own
+
+
+def test_the_default_container_is_named_only_where_the_rewrite_puts_another_first() -> None:
+    linkerd = CATALOGUE["job-linkerd"]
+    assert names(linkerd["spec"]["containers"]) == ["linkerd-proxy", "build"]
+    hybrid = rewrite(linkerd, with_settings(mode=p.MODE_HYBRID), native_supported=True).pod
+    assert names(hybrid["spec"]["containers"])[:2] == [p.COPY_CONTAINER_NAME, "git-clone"]
+    assert hybrid["metadata"]["annotations"][p.DEFAULT_CONTAINER_ANNOTATION] == "build"  # the proxy is native now
+    for mode in (p.MODE_WAITER, p.MODE_NATIVE):  # the proxy, or the main, stays first: nothing to name
+        after = rewrite(linkerd, with_settings(mode=mode), native_supported=True).pod
+        assert p.DEFAULT_CONTAINER_ANNOTATION not in after["metadata"]["annotations"], mode
+    istio = CATALOGUE["kpack-istio"]  # Istio's injector named it: kept, whatever comes first
+    assert istio["metadata"]["annotations"][p.DEFAULT_CONTAINER_ANNOTATION] == "completion"
+    assert rewrite(istio, with_settings(mode=p.MODE_HYBRID), native_supported=True).pod["metadata"][
+        "annotations"][p.DEFAULT_CONTAINER_ANNOTATION] == "completion"
+    unmeshed = copy.deepcopy(CATALOGUE["kpack"])  # rewritten ahead of the mesh: its injector then keeps ours
+    unmeshed["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    first = rewrite(unmeshed, with_settings(mode=p.MODE_WAITER), native_supported=False)
+    assert first.changed and names(first.pod["spec"]["containers"])[0] == "prepare"
+    assert first.pod["metadata"]["annotations"][p.DEFAULT_CONTAINER_ANNOTATION] == "completion"
+    again = rewrite(first.pod, with_settings(mode=p.MODE_WAITER), native_supported=False)
+    assert again.pod["metadata"]["annotations"] == first.pod["metadata"]["annotations"]

@@ -579,7 +579,9 @@ def _within(before: dict, result: RewriteResult, limit_ranges: Sequence[Mapping]
 
 def _checked(before: dict, after: dict, warnings: list[str], reason: Reason,
              strategy: str = p.MODE_WAITER) -> RewriteResult:
-    """A last guard: a pod the apiserver would reject, or etcd could not store, is never emitted."""
+    """Every strategy's pod passes here: kubectl's default container kept, then a last guard:
+    a pod the apiserver would reject, or etcd could not store, is never emitted."""
+    after = _kubectl_default(before, after)
     problems = pod_problems(after)
     if problems:
         return RewriteResult(pod=before, reason=Reason.INVALID, warnings=[
@@ -591,3 +593,24 @@ def _checked(before: dict, after: dict, warnings: list[str], reason: Reason,
     changed = after != before
     return RewriteResult(pod=after if changed else before, warnings=[_prefix(w) for w in warnings],
                          changed=changed, strategy=strategy, reason=reason if changed else Reason.UNCHANGED)
+
+
+def _kubectl_default(before: Mapping, after: dict) -> dict:
+    """`after`, naming kubectl's default container where the rewrite made first a container
+    that was not one of the pod's regular containers (a step, initshift's copier). kubectl's
+    `logs`, `exec`, `attach` and `cp` without `-c` take the container the annotation names,
+    else the first of `containers`: they would reach that one instead of the pod's own. The
+    name is the first of the pod's regular containers that is still one: the container they
+    took before, or, where that was a proxy now a native sidecar (Linkerd's comes first),
+    the pod's main. A name the pod already has (Istio's injector writes one) is kept."""
+    annotations = mapping_at(after, "metadata", "annotations")
+    if annotations.get(p.DEFAULT_CONTAINER_ANNOTATION):
+        return after
+    was = [c.get("name") for c in mapping_at(before, "spec").get("containers") or [] if isinstance(c, dict)]
+    now = [c.get("name") for c in mapping_at(after, "spec").get("containers") or [] if isinstance(c, dict)]
+    regular = set(now)  # sets: linear in the pod's size, however many containers move
+    own = next((name for name in was if name in regular), None)
+    if not now or now[0] in set(was) or own is None:
+        return after
+    return {**after, "metadata": {**mapping_at(after, "metadata"),
+                                  "annotations": {**annotations, p.DEFAULT_CONTAINER_ANNOTATION: own}}}
