@@ -2,21 +2,25 @@
 this machine's Python (`_images.server_image`, pushed to the run's registry), serving the
 apiserver's reviews through its Service.
 
-Two ways, one per install. kustomize (v1.28.15): deploy/'s Deployment as shipped, two
-replicas on the pod network under the restricted Pod Security Standard, finding the
-apiserver through the `kubernetes` Service as in any cluster (the throwaway cluster routes
-that one Service, tests/support/k8s/_cluster.py). Helm (v1.34.9): the chart with
-`hostNetwork: true` (for clusters whose apiserver cannot reach pod IPs), one replica; a
-Pod on the node's network reaches the Service only through kube-proxy's rules for the
-node itself, which this cluster lacks, so it is told the apiserver's loopback address in
-KUBERNETES_SERVICE_HOST/PORT (the chart's `extraEnv`). Either way the apiserver calls the
-webhook named by its Service at the Service's endpoints (`--enable-aggregator-routing`).
+As each install ships it: kustomize (v1.28.15) deploy/'s Deployment, Helm (v1.34.9) the
+chart's default: two replicas on the pod network under the restricted Pod Security
+Standard, finding the apiserver through the `kubernetes` Service as in any cluster (the
+throwaway cluster routes that one Service, tests/support/k8s/_cluster.py). Helm then also
+the chart with `hostNetwork: true` (for clusters whose apiserver cannot reach pod IPs), one
+replica; a Pod on the node's network reaches the Service only through kube-proxy's rules
+for the node itself, which this cluster lacks, so it is told the apiserver's loopback
+address in KUBERNETES_SERVICE_HOST/PORT (the chart's `extraEnv`). Either way the apiserver
+calls the webhook named by its Service at the Service's endpoints
+(`--enable-aggregator-routing`), and `initshift check` verifies it through `kubectl
+port-forward`, as the README tells a user to.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import select
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +36,7 @@ from ._check import check_build
 from ._env import Env, Record, initshift, scenario
 from ._images import server_image
 from ._install import NAMESPACE, render
-from ._kube import kubectl, wait_for
+from ._kube import kubectl, kubectl_path, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import managed, outcome, pod, step
 
@@ -140,6 +144,37 @@ def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[
     assert "last ended with exit code 1: initshift serve: cannot listen on port 8443 (INITSHIFT_METRICS_PORT): " \
            "address already in use" in line["hint"], line
     return line["hint"]
+
+
+def _checked_from_a_workstation(env: Env, service: str) -> str:
+    """The README's verification from outside the cluster: `kubectl port-forward
+    svc/SERVICE PORT:443` and `initshift check --service-url https://127.0.0.1:PORT`, where
+    the certificate is verified for the Service's name with the configuration's caBundle.
+    Every line ✔; what it says of the server."""
+    port = free_port()
+    forward = subprocess.Popen([kubectl_path(), "--kubeconfig", str(env.admin), "-n", NAMESPACE, "port-forward",
+                                f"svc/{service}", f"{port}:443"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        assert forward.stdout is not None
+        ready = select.select([forward.stdout], [], [], 30)[0]
+        said = forward.stdout.readline() if ready else "(nothing in 30 s)"
+        assert said.startswith("Forwarding from"), f"kubectl port-forward: {said}"
+        proc = initshift(env, "check", "-n", NAMESPACE, "--service-url", f"https://127.0.0.1:{port}", "-o", "json",
+                         timeout=120)
+        try:
+            lines = json.loads(proc.stdout)["checks"]
+        except (ValueError, KeyError):
+            raise AssertionError(f"check printed no report (exit {proc.returncode}): {proc.stderr[-1000:]}") from None
+        failed = [x for x in lines if not x.get("ok")]
+        assert proc.returncode == 0 and not failed, f"check exited {proc.returncode}: {failed}"
+        server = [x["title"] for x in lines if x["section"] == "webhook-server"]
+        assert any("caBundle" in t for t in server), server
+        return f"`initshift check --service-url` through `kubectl port-forward svc/{service}`: " \
+               f"{len(lines)} lines ✔ ({'; '.join(server)})"
+    finally:
+        forward.terminate()
+        forward.wait(10)
 
 
 def _ready_pods(env: Env, selector: str) -> list[dict]:
@@ -261,6 +296,7 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
         build = check_build(env, rec, ns, "build", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
         result = outcome(env.kube, ns, "build")  # written by the leading Pod's watcher, the only one leading
         assert result["result"] == "Succeeded", result
+        workstation = _checked_from_a_workstation(env, rendered["Service"]["metadata"]["name"])
         reviews = [x for n in names for x in server_log(n) if x.get("namespace") == ns and x.get("pod") == "build"]
         patched = next((x for x in reviews if x.get("decision") == "patched"), None)
         assert patched, reviews or [server_log(n)[-5:] for n in names]
@@ -334,5 +370,5 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             f"{sorted({x.get('action') for x in ensured.values()})}, {where} in {rolled:.1f} s (preStop hook 5 s), "
             f"{leading}'s watcher leading; by its Service: {len(reviews)} reviews, the build {patched['decision']} "
             f"({patched['reason']}), {managed(build.obj)}, outcome {result['result']}; their logs: no error, "
-            f"warnings {len(warnings)}{handover}" + ("" if shape.host_network else f"; a new Pod that cannot start: "
-                                                                              f"check says {crashed!r}"))
+            f"warnings {len(warnings)}; {workstation}{handover}"
+            + ("" if shape.host_network else f"; a new Pod that cannot start: check says {crashed!r}"))
