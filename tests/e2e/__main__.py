@@ -4,10 +4,10 @@ For each version asked (E2E_K8S: "1.34", "1.28", or both, the default), a throwa
 single-node cluster from ../shared/k8s (tests/support/k8s), the images built here and
 imported, the test mesh, initshift installed from deploy/ and run as its ServiceAccount,
 then the scenarios: phase 1 concurrently, phase 2 (timings, the watcher killed, the kubelet
-and the apiserver restarted) one at a time. With KUBECONFIG set, the same against that
-cluster instead (docs/testing.md says what it needs). Prints PASS/FAIL, wall time and
-figures per scenario; a failure prints the pods' status, events and logs. Exit 1 on any
-failure or anything left behind.
+and the apiserver restarted) one at a time, phase 3 (the documented uninstall) last. With
+KUBECONFIG set, the same against that cluster instead (docs/testing.md says what it
+needs). Prints PASS/FAIL, wall time and figures per scenario; a failure prints the pods'
+status, events and logs. Exit 1 on any failure or anything left behind.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Iterator
 from tests.support.k8s import Cluster, ClusterError, cluster
 
 # Imported for what they do: each registers its scenarios.
-from . import _admitted, _builds, _jobs, _lookup, _serverpod, _timing, _tools  # noqa: F401
+from . import _admitted, _builds, _jobs, _lookup, _serverpod, _timing, _tools, _uninstall  # noqa: F401
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario
 from ._install import Install
@@ -111,7 +111,7 @@ def run_scenarios(env: Env, only: list[str], jobs: int) -> list[Outcome]:
     first.sort(key=lambda s: s.name != "cronjob")
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="scenario") as pool:
         outcomes += list(pool.map(lambda s: run_one(env, s), first))
-    for sc in (s for s in chosen if s.phase == 2):
+    for sc in sorted((s for s in chosen if s.phase > 1), key=lambda s: s.phase):  # 3: the uninstall, last
         outcomes.append(run_one(env, sc))
     return outcomes
 
