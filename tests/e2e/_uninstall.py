@@ -64,7 +64,7 @@ def uninstall(env: Env, rec: Record) -> None:
     everlasting = [x["metadata"]["name"] for x in json.loads(kubectl(
         env.admin, "get", "pods", "-A", "-l", p.LABEL_MANAGED, "-o", "json").stdout)["items"]
         if x["metadata"]["labels"][p.LABEL_MANAGED] not in (p.MODE_WAITER, p.MODE_HYBRID)]
-    assert ("service" in everlasting) == env.native, everlasting
+    assert ("service" in everlasting) == env.native and "pod/service" not in waited, (everlasting, waited)
     build = check_build(env, rec, ns, "running", steps=STEPS, proxy="istio-proxy", strategy=env.build_strategy)
     result = outcome(env.kube, ns, "running")
     assert result["result"] == "Succeeded", result
@@ -72,8 +72,8 @@ def uninstall(env: Env, rec: Record) -> None:
     # Deployment's Pods, here this machine's server and watcher, stop with it.
     env.install.stop()
     manifest = env.install.dir / "install.yaml"
-    # (`--ignore-not-found`: the webhook configuration is among them, and gone; without it
-    # kubectl says NotFound and exits 1, as the docs' command once did here.)
+    # (`--ignore-not-found`: the webhook configuration is among them and already gone;
+    # without it kubectl reports NotFound and exits 1.)
     kubectl(env.admin, "delete", "-f", str(manifest), "--ignore-not-found", "--wait=true", "--timeout=120s")
     if env.install.made_namespace:  # Helm: the chart brings no Namespace
         left = {tuple(x.split("/", 1)) for x in _names(env, "-n", NAMESPACE, "secrets,leases,configmaps,"
