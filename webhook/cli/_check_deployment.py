@@ -44,6 +44,11 @@ def _variable(name: str) -> str:
     return name.replace("-", "_").upper()
 
 
+def _service_links(deployment: Mapping) -> bool:
+    """Whether the kubelet gives the pod its namespace's Service variables (the default)."""
+    return deployment.get("spec", {}).get("template", {}).get("spec", {}).get("enableServiceLinks", True)
+
+
 def server_environment(deployment: dict, services: Iterable[Mapping]) -> dict[str, str]:
     """The server container's variables as the kubelet gives them: those of the namespace's
     `services` unless the pod turns them off (`enableServiceLinks: false`), then the
@@ -52,7 +57,7 @@ def server_environment(deployment: dict, services: Iterable[Mapping]) -> dict[st
     pod = deployment.get("spec", {}).get("template", {}).get("spec", {})
     containers = pod.get("containers") or []
     server = next((c for c in containers if c.get("name") == _SERVER_CONTAINER), containers[0] if containers else {})
-    env = service_variables(services) if pod.get("enableServiceLinks", True) else {}
+    env = service_variables(services) if _service_links(deployment) else {}
     env.update({str(e.get("name")): str(e["value"]) for e in server.get("env") or [] if e.get("value") is not None})
     return env
 
@@ -67,9 +72,8 @@ async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_se
         return [Line(s, False, f"read Deployment {where}", f"{e.message} (your credentials need read access)")]
     if deployment is None:
         return [Line(s, False, f"Deployment {where} exists", "no server runs: re-apply deploy/ (or the chart)")]
-    links = (deployment.get("spec", {}).get("template", {}).get("spec", {})).get("enableServiceLinks", True)
     try:
-        services = await api.list_services(target.namespace) if links else []  # only what the kubelet adds
+        services = await api.list_services(target.namespace) if _service_links(deployment) else []
     except KubeError as e:
         return [Line(s, False, f"list the Services of {target.namespace} (the kubelet gives the server variables "
                                f"for them)", f"{e.message} (your credentials need list on services there)")]
