@@ -4,6 +4,7 @@ registry the runner reads (`scenario`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,3 +129,14 @@ def initshift(env: Env, *args: str, timeout: float = 300) -> subprocess.Complete
     """The CLI as a user runs it, with the admin's kubeconfig."""
     return subprocess.run([sys.executable, "-m", "webhook.cli", *args, "--kubeconfig", str(env.admin)],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def check_report(env: Env, *args: str) -> tuple[int, list[dict]]:
+    """`initshift check ARGS -o json`: its exit code and its lines (an AssertionError with
+    what it printed where it printed no report)."""
+    proc = initshift(env, "check", *args, "-o", "json", timeout=120)
+    try:
+        return proc.returncode, json.loads(proc.stdout)["checks"]
+    except (ValueError, KeyError):
+        raise AssertionError(f"check -o json printed no report (exit {proc.returncode}): {proc.stdout[-1000:]} "
+                             f"{proc.stderr[-1000:]}") from None

@@ -26,7 +26,7 @@ from tests.support.k8s import ClusterError, Image, busybox_image
 from waiter import protocol as p
 
 from ._check import check_build, proxy_stop
-from ._env import Env, Record, initshift, scenario
+from ._env import Env, Record, check_report, scenario
 from ._images import initshift_image
 from ._install import NAMESPACE, SERVICE_ACCOUNT, server_env
 from ._kube import KubeFailure, kubectl, wait_for
@@ -227,10 +227,10 @@ def _check_pull_secrets(env: Env, **settings: str) -> dict:
     deployment = f"deployment/{name}"
     kubectl(env.admin, "-n", NAMESPACE, "set", "env", deployment, *(f"{k}={v}" for k, v in settings.items()))
     try:
-        proc = initshift(env, "check", "-n", NAMESPACE, "-o", "json", timeout=120)
+        report = check_report(env, "-n", NAMESPACE)[1]
     finally:
         kubectl(env.admin, "-n", NAMESPACE, "set", "env", deployment,
                 *(f"{k}={before[k]}" if k in before else f"{k}-" for k in settings))
-    lines = [x for x in json.loads(proc.stdout)["checks"] if x["title"].startswith("INITSHIFT_IMAGE_PULL_SECRETS")]
-    assert len(lines) == 1, proc.stdout
+    lines = [x for x in report if x["title"].startswith("INITSHIFT_IMAGE_PULL_SECRETS")]
+    assert len(lines) == 1, report
     return lines[0]

@@ -33,7 +33,7 @@ from tests.support import deploy_render
 from tests.support.k8s import free_port
 
 from ._check import check_build
-from ._env import Env, Record, initshift, scenario
+from ._env import Env, Record, check_report, scenario
 from ._images import server_image
 from ._install import NAMESPACE, render
 from ._kube import kubectl, kubectl_path, wait_for
@@ -138,8 +138,7 @@ def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[
             (c.get("lastState") or {}).get("terminated") for c in x["status"].get("containerStatuses") or [])), None)
 
     wait_for(ended, POD_START_TIMEOUT, "the new Pod to exit", interval=1.0)
-    proc = initshift(env, "check", "-n", NAMESPACE, "-o", "json", timeout=120)
-    (line,) = [x for x in json.loads(proc.stdout)["checks"] if "replicas Ready" in x["title"]]
+    (line,) = [x for x in check_report(env, "-n", NAMESPACE)[1] if "replicas Ready" in x["title"]]
     assert not line["ok"] and line["title"].endswith(f": {len(serving)} of {len(serving)} replicas Ready"), line
     assert "last ended with exit code 1: initshift serve: cannot listen on port 8443 (INITSHIFT_METRICS_PORT): " \
            "address already in use" in line["hint"], line
@@ -160,14 +159,9 @@ def _checked_from_a_workstation(env: Env, service: str) -> str:
         ready = select.select([forward.stdout], [], [], 30)[0]
         said = forward.stdout.readline() if ready else "(nothing in 30 s)"
         assert said.startswith("Forwarding from"), f"kubectl port-forward: {said}"
-        proc = initshift(env, "check", "-n", NAMESPACE, "--service-url", f"https://127.0.0.1:{port}", "-o", "json",
-                         timeout=120)
-        try:
-            lines = json.loads(proc.stdout)["checks"]
-        except (ValueError, KeyError):
-            raise AssertionError(f"check printed no report (exit {proc.returncode}): {proc.stderr[-1000:]}") from None
+        code, lines = check_report(env, "-n", NAMESPACE, "--service-url", f"https://127.0.0.1:{port}")
         failed = [x for x in lines if not x.get("ok")]
-        assert proc.returncode == 0 and not failed, f"check exited {proc.returncode}: {failed}"
+        assert code == 0 and not failed, f"check exited {code}: {failed}"
         server = [x["title"] for x in lines if x["section"] == "webhook-server"]
         assert any("caBundle" in t for t in server), server
         return f"`initshift check --service-url` through `kubectl port-forward svc/{service}`: " \

@@ -16,7 +16,7 @@ from waiter import protocol as p
 from ._check import check_build
 from concurrent.futures import ThreadPoolExecutor
 
-from ._env import Env, Record, initshift, scenario, waiter_modes
+from ._env import Env, Record, check_report, initshift, scenario, waiter_modes
 from ._install import NAMESPACE
 from ._kube import parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
@@ -26,14 +26,9 @@ from ._pods import annotations, first, log_lines, managed, outcome, pod, statuse
 @scenario("check")
 def check(env: Env, rec: Record) -> None:
     """`initshift check` against the live cluster: the preflight, then --smoke's build pod and Job-shaped pod."""
-    proc = initshift(env, "check", "-n", NAMESPACE, "-o", "json", timeout=120)
-    try:
-        lines = json.loads(proc.stdout)["checks"]
-    except (ValueError, KeyError):
-        raise AssertionError(f"check -o json printed no report (exit {proc.returncode}): {proc.stdout[-1000:]} "
-                             f"{proc.stderr[-1000:]}") from None
+    code, lines = check_report(env, "-n", NAMESPACE)
     failed = [x for x in lines if not x.get("ok")]
-    assert proc.returncode == 0 and not failed, f"check exited {proc.returncode}: {failed}"
+    assert code == 0 and not failed, f"check exited {code}: {failed}"
     titles = " ".join(x["title"] for x in lines)
     assert "Istio injector" in titles and "Linkerd injector" in titles, titles
     ns = env.namespace("smoke")
