@@ -16,7 +16,7 @@ from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
 from webhook.rewrite._podcheck import MAX_ANNOTATION_BYTES, MAX_OBJECT_BYTES, annotation_bytes, object_bytes
 from webhook.rewrite._rewrite import plan, rewrite
-from webhook.settings import Settings
+from webhook.settings import RewriteSettings, Settings
 
 ON = Settings(feature_gate=True)
 CATALOGUE = pods.catalogue()
@@ -60,6 +60,19 @@ def test_deep_nesting_is_refused_before_anything_recurses():
 def test_real_pods_are_nowhere_near_the_depth_limit():
     for name, pod in CATALOGUE.items():
         assert rewrite(pod, ON).reason != "invalid", name
+
+
+# A required field that is JSON null (`- name:` left empty in YAML, for `initshift mutate`)
+# is missing, as for the apiserver, which decodes it to "": the warning names it, whatever
+# the strategy (hybrid spoke of initshift's annotations, the others of the rewritten pod).
+@pytest.mark.parametrize("mode", [p.MODE_WAITER, p.MODE_HYBRID, p.MODE_NATIVE])
+@pytest.mark.parametrize("where", ["containers", "initContainers"])
+def test_a_required_field_that_is_null_is_missing(mode, where):
+    pod = job() if where == "containers" else copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"][where][0]["name"] = None
+    result = rewrite(pod, Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode, native_sidecars="true")))
+    unchanged_saying(result, f"pod.spec.{where}[0].name is missing", "admitted unchanged")
+    assert result.reason == "invalid"
 
 
 # --- finding 2: the emitted pod must fit etcd and the annotation limit ---------------------------

@@ -76,7 +76,7 @@ def _object(required: dict[str, _Check], optional: dict[str, _Check]) -> _Check:
         if not isinstance(value, dict):
             return " must be an object"
         for key in required:
-            if key not in value:
+            if value.get(key) is None:  # JSON null is no value (the apiserver decodes it to "")
                 return f".{key} is missing"
         for key, field_check, plain in fields:
             field = value.get(key)
