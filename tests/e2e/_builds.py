@@ -97,6 +97,59 @@ def failing_step(env: Env, rec: Record) -> None:
              f"exit 0); istio-proxy exit {proxy_end.get('exitCode')}")
 
 
+@scenario("debug-copy")
+def debug_copy(env: Env, rec: Record) -> None:
+    """`kubectl debug --copy-to` of a failed build with the failing step's command replaced,
+    under each strategy the cluster runs: with the pod's labels, annotations and probes
+    kept, the new command runs in the step's place, in order, and the copy succeeds; with
+    kubectl's defaults (labels dropped) a waiter or hybrid copy is admitted unchanged and
+    kubectl prints initshift's warning naming the flags."""
+    ns = env.namespace("dbgcopy")
+    rec.namespaces.append(ns)
+    modes = [*waiter_modes(env), *((p.MODE_NATIVE,) if env.native else ())]
+    for mode in modes:
+        steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC),
+                 step("test", env.images.busybox, port=ISTIO_TRAFFIC, exit_code=3)]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(env, f"build-{mode}", steps, annotations={
+            "sidecar.istio.io/inject": "true", p.ANNOTATION_MODE: mode}))
+    replaced = ["sh", "-c", 'echo "test replaced"; wget -q -O /dev/null http://127.0.0.1:%d/debug && echo "test '
+                            'fetched through the proxy"' % ISTIO_TRAFFIC]
+
+    def debugged(mode: str) -> str:
+        build = wait_end(env.kube, ns, f"build-{mode}")
+        assert build["status"]["phase"] == "Failed", build["status"]["phase"]
+        copy, bare = f"debug-{mode}", f"debug-{mode}-bare"
+        # The probes kept too: without the proxy's readiness probe the kubelet reports it
+        # Ready once started, the watcher opens the waiter's gate, and the first call is refused.
+        kubectl(env.admin, "debug", "-n", ns, f"build-{mode}", f"--copy-to={copy}", "--keep-labels",
+                "--keep-annotations", "--keep-readiness", "--keep-startup", "--container=test", "--", *replaced)
+        obj = wait_end(env.kube, ns, copy)
+        assert obj["status"]["phase"] == "Succeeded", f"{copy}: {obj['status']['phase']}"
+        assert managed(obj) == mode, managed(obj)
+        fetch, test = log_lines(env.kube, ns, copy, "fetch"), log_lines(env.kube, ns, copy, "test")
+        completion = log_lines(env.kube, ns, copy, "completion")
+        ended, began = first(fetch, "^fetch end$"), first(test, "^test replaced$")
+        assert ended and began and first(test, "^test fetched through the proxy$"), [x.text for x in test]
+        done = first(completion, "^completion start$")
+        assert done and ended.at <= began.at <= done.at, (ended, began, done)
+        if mode == p.MODE_NATIVE:  # the steps are init containers: nothing of initshift's to drop
+            return f"{mode}: the copy's test ran its new command after fetch, through the proxy"
+        result = outcome(env.kube, ns, copy)
+        assert result["result"] == "Succeeded" and [s["name"] for s in result["steps"]] == ["fetch", "test"], result
+        # kubectl's defaults drop the labels (the annotations are kept here: the e2e's Istio
+        # would inject its proxy again into a pod without its status annotation).
+        out = kubectl(env.admin, "debug", "-n", ns, f"build-{mode}", f"--copy-to={bare}", "--keep-annotations",
+                      "--container=test", "--", *replaced)
+        assert "a copy of a pod initshift rewrote" in out.stderr and "--keep-labels" in out.stderr, out.stderr
+        kept = env.kube.pod(ns, bare) or {}
+        assert annotations(kept).get(p.ANNOTATION_NOT_REWRITTEN) == "reserved", annotations(kept)
+        env.kube.delete(f"/api/v1/namespaces/{ns}/pods/{bare}", gracePeriodSeconds=0)
+        return f"{mode}: the copy's test ran its new command after fetch, through the proxy; outcome Succeeded"
+
+    with ThreadPoolExecutor(len(modes)) as pool:
+        rec.note("; ".join(pool.map(debugged, modes)))
+
+
 @scenario("oom-step")
 def oom_step(env: Env, rec: Record) -> None:
     """An OOM-killed step: the pod ends Failed instead of leaving later steps waiting."""

@@ -703,3 +703,76 @@ def test_the_default_container_is_named_only_where_the_rewrite_puts_another_firs
     assert first.pod["metadata"]["annotations"][p.DEFAULT_CONTAINER_ANNOTATION] == "completion"
     again = rewrite(first.pod, with_settings(mode=p.MODE_WAITER), native_supported=False)
     assert again.pod["metadata"]["annotations"] == first.pod["metadata"]["annotations"]
+
+
+# --- copies of a rewritten pod (`kubectl debug --copy-to`) ------------------------------------
+def _copy(pod: dict, *, keep_labels: bool, keep_annotations: bool) -> dict:
+    """What `kubectl debug POD --copy-to=COPY` (kubectl 1.30 and later) creates: the spec,
+    the labels and annotations only where asked to keep them."""
+    meta = {"name": "copy", "namespace": pod["metadata"].get("namespace", "default")}
+    for key, keep in (("labels", keep_labels), ("annotations", keep_annotations)):
+        if keep and pod["metadata"].get(key):
+            meta[key] = copy.deepcopy(pod["metadata"][key])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(pod["spec"])}
+
+
+@pytest.mark.parametrize("mode", ["waiter", "hybrid"])
+@pytest.mark.parametrize("where", ["step", "main"])
+def test_a_copy_whose_step_has_a_new_command_runs_it_in_the_steps_place(mode, where):
+    # `kubectl debug build --copy-to=debug --keep-labels --keep-annotations --container=STEP -- CMD`:
+    # the container's command is CMD, its args none; the rewrite wraps CMD where the step was.
+    settings = with_settings(mode=mode)
+    first = rewrite(CATALOGUE["kpack-istio"], settings, native_supported=True)
+    assert first.changed, first.warnings
+    steps = json.loads(first.pod["metadata"]["annotations"][p.ANNOTATION_STEPS])
+    mains = json.loads(first.pod["metadata"]["annotations"][p.ANNOTATION_MAINS])
+    name = steps[2] if where == "step" else mains[0]
+    copied = _copy(first.pod, keep_labels=True, keep_annotations=True)
+    replaced = next(c for c in copied["spec"]["containers"] if c["name"] == name)
+    replaced["command"], replaced["args"] = ["sh", "-c", "echo debugging $(HOME) in 'here'"], None
+    result = rewrite(copied, settings, native_supported=True)
+    assert result.changed and result.reason == "refreshed", result.warnings
+    assert_valid_pod(result.pod)
+    by_name = {c["name"]: c for c in result.pod["spec"]["containers"]}
+    before = {c["name"]: c for c in first.pod["spec"]["containers"]}
+    assert by_name[name]["command"] == [p.WAITER_PATH]
+    assert argv_after_separator(by_name[name]) == ["sh", "-c", "echo debugging $(HOME) in 'here'"]
+    assert by_name[name]["args"][:-3] == before[name]["args"][:before[name]["args"].index(p.ARGV_SEPARATOR) + 1]
+    assert {n: c for n, c in by_name.items() if n != name} == {n: c for n, c in before.items() if n != name}
+    assert rewrite(result.pod, settings, native_supported=True).pod == result.pod
+
+
+def test_a_copy_whose_step_keeps_the_waiter_but_has_new_args_is_left_unchanged_saying_why():
+    # `--arguments-only` replaces args and leaves the waiter as the command: nothing to run
+    first = rewrite(CATALOGUE["kpack-istio"], ON).pod
+    copied = _copy(first, keep_labels=True, keep_annotations=True)
+    copied["spec"]["containers"][1]["args"] = ["--verbose"]
+    result = rewrite(copied, ON)
+    assert not result.changed and result.reason == "invalid", result.warnings
+    assert "is not run by the waiter" in result.warnings[0]
+
+
+@pytest.mark.parametrize("mode", ["waiter", "hybrid"])
+@pytest.mark.parametrize("keep_annotations", [False, True])
+def test_a_copy_without_initshifts_label_is_left_unchanged_saying_how_to_keep_it(mode, keep_annotations):
+    # kubectl's defaults drop the labels and annotations: initshift's containers stay, the
+    # label that says so goes; rewriting the copy again would wrap the waiter in the waiter.
+    settings = with_settings(mode=mode)
+    first = rewrite(CATALOGUE["kpack-istio"], settings, native_supported=True).pod
+    copied = _copy(first, keep_labels=False, keep_annotations=keep_annotations)
+    result = rewrite(copied, settings, native_supported=True)
+    assert not result.changed and result.reason == "reserved", result.warnings
+    own = p.INIT_CONTAINER_NAME if mode == "waiter" else p.COPY_CONTAINER_NAME
+    assert result.warnings == [f"initshift: the pod holds {own!r}, initshift's own container, but not its "
+                               f"{p.LABEL_MANAGED} label: a copy of a pod initshift rewrote, made without its labels "
+                               f"(`kubectl debug --copy-to` drops them unless given --keep-labels --keep-annotations; "
+                               f"with those and the probes, --keep-readiness --keep-startup, a step whose command the "
+                               f"copy replaces runs in the step's place); admitted unchanged"]
+
+
+def test_a_pod_naming_a_container_like_initshifts_own_is_told_the_name_is_reserved():
+    # without initshift's volume it is no copy: the reserved-name rule speaks
+    pod = copy.deepcopy(CATALOGUE["kpack-istio"])
+    pod["spec"]["initContainers"][0]["name"] = p.INIT_CONTAINER_NAME
+    result = rewrite(pod, ON)
+    assert result.reason == "reserved" and "is reserved by initshift" in result.warnings[0], result.warnings

@@ -41,7 +41,7 @@ _VALUE_FLAGS = {"-n", "--namespace", "--context", "--kubeconfig", "-l", "--selec
                 "--field-selector", "--timeout", "--for", "--since"}
 # Verbs whose positional arguments name objects, and how many words the verb has.
 _VERBS = {"get": 1, "delete": 1, "describe": 1, "label": 1, "annotate": 1, "logs": 1, "port-forward": 1,
-          "rollout": 2, "create": 1, "apply": 1, "wait": 1, "edit": 1, "patch": 1, "run": 1, "set": 2}
+          "rollout": 2, "create": 1, "apply": 1, "wait": 1, "edit": 1, "patch": 1, "run": 1, "set": 2, "debug": 1}
 
 _PLUGINS = {"initshift", "plugin"}
 
@@ -92,7 +92,7 @@ def named(command: str) -> list[Named]:
     words = [w for w in words[1:]]
     if "|" in words:
         words = words[:words.index("|")]
-    for stop in ("&", "<<'YAML'", "<<YAML"):
+    for stop in ("&", "<<'YAML'", "<<YAML", "--"):  # (after `--`: the command a container runs)
         if stop in words:
             words = words[:words.index(stop)]
     namespace, positional, all_namespaces = None, [], False
@@ -125,7 +125,7 @@ def named(command: str) -> list[Named]:
         return []
     if verb == "logs":
         rest = rest[:1] if "/" in rest[0] else ["pod", rest[0]]
-    elif verb == "port-forward":
+    elif verb in ("port-forward", "debug"):
         rest = rest[:1] if "/" in rest[0] else ["pod", rest[0]]
     elif verb in ("label", "annotate", "set env"):
         rest = [a for a in rest if "=" not in a and not a.endswith("-")]

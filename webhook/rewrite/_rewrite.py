@@ -463,6 +463,13 @@ def _plan(pod: dict, settings: Settings, native: bool | None, mode_from: str | N
             return Unchanged(pod=pod, reason=Reason.DISABLED,
                              message="pod is already rewritten; mode=disabled leaves it as it is")
         return Refreshed(pod=pod, settings=settings)
+    own = waiter_strategy.unlabelled_copy(pod) if settings.feature_gate else None
+    if own is not None:
+        return Unchanged(pod=pod, reason=Reason.RESERVED, message=(
+            f"the pod holds {own!r}, initshift's own container, but not its {p.LABEL_MANAGED} label: a copy of a "
+            f"pod initshift rewrote, made without its labels (`kubectl debug --copy-to` drops them unless given "
+            f"--keep-labels --keep-annotations; with those and the probes, --keep-readiness --keep-startup, a step "
+            f"whose command the copy replaces runs in the step's place); admitted unchanged"))
     choice = _choose(pod, settings, native, mode_from)
     if start_order.requested(pod) and not (isinstance(choice, Unchanged) and choice.reason in FINAL):
         return _ordered(pod, choice, settings, native)

@@ -363,6 +363,19 @@ def _every_container(spec: Mapping) -> list[Mapping]:
             *(spec.get("ephemeralContainers") or [])]
 
 
+def unlabelled_copy(pod: Mapping) -> str | None:
+    """initshift's own container in a pod that also defines initshift's volume but has no
+    `initshift.io/managed` label: a copy of a pod initshift rewrote, made without its labels
+    (`kubectl debug --copy-to` drops them by default). None for any other pod."""
+    if managed_as(pod) is not None:
+        return None
+    spec = mapping_at(pod, "spec")
+    if not any(v.get("name") == p.BIN_VOLUME for v in spec.get("volumes") or []):
+        return None
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return next((str(c["name"]) for c in containers if c.get("name") in OWN_CONTAINERS), None)
+
+
 def check_reserved(pod: Mapping, wrapped: Sequence[Mapping]) -> None:
     """Before the first rewrite: the pod uses none of initshift's names or paths."""
     spec = pod.get("spec") or {}
@@ -573,6 +586,17 @@ def give_back_to_sidecars(containers: Sequence[Mapping], steps: Sequence[str], s
     return take_back(containers, set(steps), sum_requests(sidecars))
 
 
+def _refreshed_argv(container: Mapping) -> Argv:
+    """A step's or main's argv at re-invocation: read back from the waiter's command line,
+    or, where the container's `command` was replaced since the first rewrite (`kubectl debug
+    --copy-to=COPY --container=STEP -- CMD`, which keeps the pod's labels and annotations
+    with --keep-labels --keep-annotations), the new command: it runs in the step's place."""
+    command = container.get("command")
+    if command and command != [p.WAITER_PATH]:
+        return effective_argv(container, None), None
+    return read_argv(container)
+
+
 def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     """Re-invocation: the same pod, with the sidecar-dependent parts (step 0's gate, the
     quit endpoints) recomputed for the sidecars it has now."""
@@ -605,7 +629,7 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     out = dict(pod)
     out["spec"] = dict(spec)
     out["spec"]["containers"] = [
-        wrap(c, index[c["name"]], chain, *read_argv(c)) if c.get("name") in index else
+        wrap(c, index[c["name"]], chain, *_refreshed_argv(c)) if c.get("name") in index else
         open_quit(c, annotations) if c.get("name") in chain.quitted else c
         for c in sidecars_before_hooks(containers, frozenset(index), regular_sidecars)
     ]
