@@ -199,17 +199,19 @@ class Install:
                                                            else "127.0.0.1", "--port", str(self.port),
                                                            "--kubeconfig", str(self.sa_kubeconfig)),
                               self.dir / "serve.log", env=self._process_env({}))
-        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        wait_for(lambda: self.readyz()[0] == 200, START_TIMEOUT, "initshift serve /readyz", watch=[self.server],
+                 interval=0.2)
 
-        def ready() -> bool:
-            conn = http.client.HTTPSConnection(self.host, self.port, context=ctx, timeout=5)
-            try:
-                conn.request("GET", "/readyz")
-                return conn.getresponse().status == 200
-            finally:
-                conn.close()
-
-        wait_for(ready, START_TIMEOUT, "initshift serve /readyz", watch=[self.server], interval=0.2)
+    def readyz(self) -> tuple[int, dict]:
+        """The server's `GET /readyz`: its status and its JSON (the strategy in force among it)."""
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=5,
+                                           context=ssl.create_default_context(cafile=str(self.ca_file)))
+        try:
+            conn.request("GET", "/readyz")
+            answer = conn.getresponse()
+            return answer.status, json.loads(answer.read() or b"{}")
+        finally:
+            conn.close()
 
     @contextlib.contextmanager
     def serving_with(self, **env: str) -> Iterator[None]:

@@ -13,12 +13,14 @@ import time
 
 from waiter import protocol as p
 
+from tests.support.deploy_render import DEPLOY
+
 from ._check import check_build
 from concurrent.futures import ThreadPoolExecutor
 
-from ._env import Env, Record, check_report, initshift, scenario, waiter_modes
+from ._env import Env, Record, check_report, initshift, native_only, scenario, waiter_modes
 from ._install import NAMESPACE
-from ._kube import parse_time, wait_for
+from ._kube import kubectl, parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
 from ._pods import annotations, first, log_lines, managed, outcome, pod, statuses, step, wait_end
 
@@ -197,6 +199,69 @@ def apiserver_restarted(env: Env, rec: Record) -> None:
     rec.note(f"kube-apiserver stopped during s2, ready again {down:.1f} s after its SIGTERM; "
              + "; ".join(notes)
              + f"; the watcher gave up its Lease and took it again; a build created after: {managed(build.obj)}, Succeeded")
+
+
+OLD_KUBELET, NEW_KUBELET = "v1.28.15", "v1.34.9"
+
+
+@scenario("kubelet-upgrade", phase=2, applies=native_only)
+def kubelet_upgrade(env: Env, rec: Record) -> None:
+    """A cluster upgrade seen by `auto`: a second node whose kubelet reports v1.28, then,
+    upgraded in place, v1.34 (a Node object of its own; no pod runs there), with the server
+    reading node versions (deploy/components/node-versions) every second. Builds get the
+    waiter while any kubelet is older than v1.29 and hybrid once the last one is upgraded,
+    without a restart; a build rewritten under the waiter before the switch ends under it."""
+    ns = env.namespace("upgrade")
+    rec.namespaces.append(ns)
+    node, rbac = f"old-pool-{env.run}", str(DEPLOY / "components" / "node-versions" / "rbac.yaml")
+
+    def cleanup() -> None:  # before the server restarts as it was: it must find every kubelet upgraded
+        env.kube.delete(f"/api/v1/nodes/{node}")
+        kubectl(env.admin, "delete", "--ignore-not-found", "-f", rbac)
+
+    def kubelet(version: str) -> None:  # what a kubelet reports of itself when it (re)starts
+        env.kube.patch(f"/api/v1/nodes/{node}/status", {"status": {"nodeInfo": {"kubeletVersion": version}}})
+
+    kubectl(env.admin, "apply", "-f", rbac)
+    try:
+        env.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "spec": {
+            "unschedulable": True, "taints": [{"key": "e2e.initshift.io/no-kubelet", "effect": "NoSchedule"}]}})
+        kubelet(OLD_KUBELET)
+        with env.install.serving_with(INITSHIFT_NATIVE_REFRESH_SECONDS="1"):
+            try:
+                before = env.install.readyz()[1]
+                assert (before.get("strategy"), before.get("native_supported")) == (p.MODE_WAITER, False), before
+                steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, sleep=6),
+                         step("test", env.images.busybox, port=ISTIO_TRAFFIC)]
+                env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod("during", steps, [
+                    step("completion", env.images.busybox, port=None)]))
+                wait_for(lambda: first(log_lines(env.kube, ns, "during", "fetch"), "^fetch fetched "), 120,
+                         "the first build's first step to run")
+                upgraded = time.monotonic()
+                kubelet(NEW_KUBELET)
+                after = wait_for(lambda: (lambda r: r if r.get("strategy") == p.MODE_HYBRID else None)(
+                    env.install.readyz()[1]), 30, "the server to switch to hybrid")
+                switched = time.monotonic() - upgraded
+                assert after.get("native_supported") is True, after
+                env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod("after", steps, [
+                    step("completion", env.images.busybox, port=None)]))
+                check_build(env, rec, ns, "during", steps=["fetch", "test"], proxy="istio-proxy",
+                            strategy=p.MODE_WAITER)
+                check_build(env, rec, ns, "after", steps=["fetch", "test"], proxy="istio-proxy",
+                            strategy=p.MODE_HYBRID)
+                for name in ("during", "after"):
+                    assert outcome(env.kube, ns, name)["result"] == "Succeeded", name
+                assert env.install.server is not None
+                said = [json.loads(line)["msg"] for line in env.install.server.log.read_text().splitlines()
+                        if '"initshift.cluster"' in line]
+                assert any(f"lowest kubelet {OLD_KUBELET[:5]} of 2 node(s) is older than v1.29" in m for m in said), said
+            finally:
+                cleanup()
+    finally:
+        cleanup()
+    rec.note(f"a node's kubelet {OLD_KUBELET}: builds under the waiter; reported {NEW_KUBELET}: the server said "
+             f"hybrid {switched:.1f} s later (refresh every 1 s), without a restart; the build started before "
+             f"ended under the waiter, the one after under hybrid, both Succeeded")
 
 
 STEPS = ["s1", "s2", "s3", "s4"]
