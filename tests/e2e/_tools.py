@@ -254,7 +254,8 @@ def kubelet_upgrade(env: Env, rec: Record) -> None:
                 assert env.install.server is not None
                 said = [json.loads(line)["msg"] for line in env.install.server.log.read_text().splitlines()
                         if '"initshift.cluster"' in line]
-                assert any(f"lowest kubelet {OLD_KUBELET[:5]} of 2 node(s) is older than v1.29" in m for m in said), said
+                old = f"lowest kubelet {OLD_KUBELET[:5]} of 2 node(s) is older than v1.29"
+                assert any(old in m for m in said), said
             finally:
                 cleanup()
     finally:
