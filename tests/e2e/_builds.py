@@ -121,8 +121,18 @@ def debug_copy(env: Env, rec: Record) -> None:
         copy, bare = f"debug-{mode}", f"debug-{mode}-bare"
         # The probes kept too: without the proxy's readiness probe the kubelet reports it
         # Ready once started, the watcher opens the waiter's gate, and the first call is refused.
-        kubectl(env.admin, "debug", "-n", ns, f"build-{mode}", f"--copy-to={copy}", "--keep-labels",
-                "--keep-annotations", "--keep-readiness", "--keep-startup", "--container=test", "--", *replaced)
+        keep = ("--keep-labels", "--keep-annotations", "--keep-readiness", "--keep-startup")
+        kubectl(env.admin, "debug", "-n", ns, f"build-{mode}", f"--copy-to={copy}", *keep, "--container=test",
+                "--", *replaced)
+        # A shell in the step's place, its input piped (`-i`): kubectl attaches once the container
+        # runs, and the shell reads what it was sent once the steps before it are done.
+        kubectl(env.admin, "debug", "-n", ns, f"build-{mode}", f"--copy-to={copy}-sh", *keep, "--container=test",
+                "-i", "--", "sh", input='echo "shell in $HOSTNAME"; wget -q -O /dev/null http://127.0.0.1:%d/sh && '
+                                        'echo "shell through the proxy"; exit 0\n' % ISTIO_TRAFFIC, timeout=240)
+        shell = wait_end(env.kube, ns, f"{copy}-sh")
+        said = [x.text for x in log_lines(env.kube, ns, f"{copy}-sh", "test")]
+        assert shell["status"]["phase"] == "Succeeded" and said == [f"shell in {copy}-sh", "shell through the proxy"], \
+            (shell["status"]["phase"], said)
         obj = wait_end(env.kube, ns, copy)
         assert obj["status"]["phase"] == "Succeeded", f"{copy}: {obj['status']['phase']}"
         assert managed(obj) == mode, managed(obj)
@@ -133,7 +143,7 @@ def debug_copy(env: Env, rec: Record) -> None:
         done = first(completion, "^completion start$")
         assert done and ended.at <= began.at <= done.at, (ended, began, done)
         if mode == p.MODE_NATIVE:  # the steps are init containers: nothing of initshift's to drop
-            return f"{mode}: the copy's test ran its new command after fetch, through the proxy"
+            return f"{mode}: the copy's test ran its new command after fetch, through the proxy, and so did a shell"
         result = outcome(env.kube, ns, copy)
         assert result["result"] == "Succeeded" and [s["name"] for s in result["steps"]] == ["fetch", "test"], result
         # kubectl's defaults drop the labels (the annotations are kept here: the e2e's Istio
@@ -144,7 +154,8 @@ def debug_copy(env: Env, rec: Record) -> None:
         kept = env.kube.pod(ns, bare) or {}
         assert annotations(kept).get(p.ANNOTATION_NOT_REWRITTEN) == "reserved", annotations(kept)
         env.kube.delete(f"/api/v1/namespaces/{ns}/pods/{bare}", gracePeriodSeconds=0)
-        return f"{mode}: the copy's test ran its new command after fetch, through the proxy; outcome Succeeded"
+        return f"{mode}: the copy's test ran its new command after fetch, through the proxy, and so did a shell " \
+               f"given its input with -i; outcome Succeeded"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(debugged, modes)))
