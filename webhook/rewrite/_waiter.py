@@ -593,7 +593,7 @@ def _refreshed_argv(container: Mapping) -> Argv:
     with --keep-labels --keep-annotations), the new command: it runs in the step's place."""
     command = container.get("command")
     if command and command != [p.WAITER_PATH]:
-        return effective_argv(container, None), None
+        return _argv_for(container, {})  # as a first rewrite reads a step with its own command
     return read_argv(container)
 
 
