@@ -481,7 +481,7 @@ def test_the_metrics_address_is_a_setting_of_its_own(pki):
 def test_ipv6_loopback(pki, tmp_path):
     """`serve --host ::1` (and `::`, both stacks) listens; the server answers over IPv6."""
     from certs import rotation
-    from webhook.admission import HttpsServer, bind
+    from webhook.admission import bind
     from webhook.admission._certs import ensure_local_certificates
 
     try:
@@ -489,16 +489,10 @@ def test_ipv6_loopback(pki, tmp_path):
     except OSError as e:
         pytest.skip(f"no IPv6 loopback here: {e}")
     ensure_local_certificates(tmp_path, rotation.Wanted(("localhost",), ("::1",)))
-    server = HttpsServer(h.settings_for(tmp_path, host="::1"), sock=sock, graceful_seconds=1)
-    thread = h.start_in_thread(server)
-    try:
+    with h.running(h.settings_for(tmp_path, host="::1"), sock=sock) as server:
         r = httpx.post(f"https://[::1]:{server.port}/mutate", content=BODY, headers=JSON_CT,
                        verify=h.client_context(tmp_path / "ca.crt"))
         assert r.status_code == 200 and r.json()["response"]["patch"]
-    finally:
-        server.stop()
-        thread.join(30)
-        sock.close()
     both = bind("::")
     try:
         for family, host in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):

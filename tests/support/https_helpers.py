@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import socket
 import ssl
 import subprocess
 import threading
@@ -43,26 +44,39 @@ def client_context(ca: Path | str, *, cert: tuple[str, str] | None = None) -> ss
 
 
 @contextlib.contextmanager
-def running(settings: Settings, **kwargs: Any) -> Iterator[HttpsServer]:
-    """A real server in a thread, on a free 127.0.0.1 port, stopped on exit."""
-    server = HttpsServer(settings, sock=bind(), reload_interval=0.1, graceful_seconds=2, **kwargs)
-    thread = start_in_thread(server)
+def running(settings: Settings, *, sock: socket.socket | None = None, **kwargs: Any) -> Iterator[HttpsServer]:
+    """A real server in a thread, on `sock` (default: a free 127.0.0.1 port), stopped on
+    exit. One that stopped on its own before the test ended (an error, uvicorn returning)
+    fails the test, saying so: a test that then met a dead socket would say nothing of why."""
+    server = HttpsServer(settings, sock=sock or bind(), reload_interval=0.1, graceful_seconds=2, **kwargs)
+    errors: list[BaseException] = []
+    thread = start_in_thread(server, errors=errors)
     try:
         yield server
     finally:
+        # uvicorn's should_exit: the test stopped it (or a companion's failure did, in errors).
+        early = not thread.is_alive() and not server.uvicorn.should_exit
         server.stop()
         thread.join(30)
+        if thread.is_alive():
+            raise AssertionError("the server did not stop within 30 s of being told to")
         server.sock.close()
+        if errors:
+            raise AssertionError(f"the server stopped with {errors[0]!r}") from errors[0]
+        if early:
+            raise AssertionError("the server stopped before the test ended (uvicorn returned)")
 
 
-def start_in_thread(server: HttpsServer, timeout: float = 60.0) -> threading.Thread:
-    """`server.run()` in a daemon thread, once uvicorn serves; the error it stopped with if not."""
-    errors: list[BaseException] = []
+def start_in_thread(server: HttpsServer, timeout: float = 60.0,
+                    errors: list[BaseException] | None = None) -> threading.Thread:
+    """`server.run()` in a daemon thread, once uvicorn serves; the error it stopped with if
+    not. `errors` receives the error the server stops with later."""
+    errors = [] if errors is None else errors
 
     def target() -> None:
         try:
             server.run()
-        except BaseException as e:  # noqa: BLE001 - surfaced below
+        except BaseException as e:  # noqa: BLE001 - surfaced by the caller
             errors.append(e)
 
     thread = threading.Thread(target=target, name="initshift-https", daemon=True)
