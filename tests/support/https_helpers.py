@@ -3,6 +3,7 @@ a real uvicorn HTTPS server on a free loopback port, and AdmissionReviews."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -12,7 +13,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from webhook.admission import _certs as manage
 from certs import rotation, store
@@ -22,6 +23,7 @@ from webhook.cli._review import wrap
 from webhook.settings import ServerSettings, Settings
 
 LOOPBACK = rotation.Wanted(("localhost",), ("127.0.0.1",))
+T = TypeVar("T")
 
 
 def make_certs(directory: Path) -> Path:
@@ -91,6 +93,17 @@ def start_in_thread(server: HttpsServer, timeout: float = 60.0,
             raise errors[0]
         raise RuntimeError("server did not start")
     return thread
+
+
+def on_loop(server: HttpsServer, fn: Callable[[], T]) -> T:
+    """`fn()` run on the server's event loop, between its callbacks. For gc.get_objects():
+    called from another thread it can take a tuple the server's thread is still building
+    from a generator, whose next resize then fails with SystemError (CPython gh-39117,
+    gh-107137): a test that counted objects so stopped the server it measured."""
+    async def call() -> T:
+        return fn()
+    loop = server.uvicorn.servers[0].get_loop()
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(60)
 
 
 def wait_until(condition: Any, seconds: float, what: str) -> None:
