@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import ssl
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -272,6 +273,14 @@ def connect_and_close(port: int, count: int, first: bytes = b"") -> None:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
                 if first:
                     s.sendall(first)
+
+
+def accept_queue(listener: socket.socket) -> int:
+    """Connections the kernel holds for `listener` that the server has not accepted yet
+    (Linux: TCP_INFO's tcpi_unacked of a listening socket). A client's connect and close
+    are done long before a loaded server accepts them: till then it cannot have seen them."""
+    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return struct.unpack_from("=8B5I", info)[-1]
 
 
 def client_hello(ctx: ssl.SSLContext) -> bytes:
