@@ -61,6 +61,35 @@ def test_missing_explicit_kubeconfig_is_an_error(tmp_path):
         resolve(str(tmp_path / "nope"), environ={}, home=tmp_path)
 
 
+def test_a_kubeconfig_given_as_a_pipe_is_read_as_kubectl_reads_it(tmp_path):
+    """`--kubeconfig <(kubectl config view --raw)`: the shell passes a pipe, /dev/fd/N."""
+    text = kubeconfig(tmp_path / "a", server="https://piped", namespace="p").read_bytes()
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, text)  # (within the pipe's buffer)
+        os.close(write_end)
+        piped = f"/dev/fd/{read_end}"
+        src = resolve(piped, environ={}, home=tmp_path)
+        assert (src.kind, src.files, src.namespace) == ("kubeconfig", [piped], "p")
+        # A pipe reads once; `serve` builds a client for certificates, detection and the watcher.
+        assert resolve(piped, environ={}, home=tmp_path).config == src.config
+    finally:
+        os.close(read_end)
+
+
+def test_dev_null_as_kubeconfig_is_an_empty_one(tmp_path):
+    with pytest.raises(KubeConfigError, match="^kubeconfig /dev/null: no clusters, users or contexts; pass"):
+        resolve("/dev/null", environ={}, home=tmp_path)
+
+
+@pytest.mark.parametrize("how", ["flag", "KUBECONFIG"])
+def test_a_directory_as_kubeconfig_says_so(tmp_path, how):
+    (tmp_path / "kube").mkdir()
+    explicit, env = (str(tmp_path / "kube"), {}) if how == "flag" else (None, {"KUBECONFIG": str(tmp_path / "kube")})
+    with pytest.raises(KubeConfigError, match=f"^kubeconfig {tmp_path / 'kube'}: is a directory$"):
+        resolve(explicit, environ=env, home=tmp_path)
+
+
 def test_kubeconfig_list_merges_first_wins(tmp_path, sa):
     first = kubeconfig(tmp_path / "one", server="https://one", context="shared", cluster="c1", current="shared")
     second = kubeconfig(tmp_path / "two", server="https://two", context="shared", cluster="c2", current="other")

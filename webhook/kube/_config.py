@@ -86,11 +86,22 @@ class _Source:
         return f"kubeconfig {os.pathsep.join(self.files)}, context {self.context}"
 
 
+# What a kubeconfig that is not a regular file held (`--kubeconfig <(kubectl config view
+# --raw)`'s pipe): it reads once, and `serve` builds more than one client from it.
+_PIPED: dict[Path, str] = {}
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise KubeConfigError(f"kubeconfig {path}: {e.strerror}") from None
+        text = _PIPED.get(path)
+        if text is None:
+            text = path.read_text()
+            if not path.is_file():
+                _PIPED[path] = text
+        data = yaml.safe_load(text)
+    except OSError as e:  # a directory, no permission: kubectl's "error loading config file" too
+        why = e.strerror or str(e)
+        raise KubeConfigError(f"kubeconfig {path}: {why[:1].lower()}{why[1:]}") from None
     except yaml.YAMLError as e:
         raise KubeConfigError(f"kubeconfig {path}: not YAML ({str(e).splitlines()[0]})") from None
     if data is None:
@@ -162,9 +173,11 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
     """Which configuration kubectl would use (see the module docstring)."""
     env = os.environ if environ is None else environ
     paths = _kubeconfig_files(kubeconfig, env, home)
-    if kubeconfig and not paths[0].is_file():
+    if kubeconfig and not paths[0].exists():
         raise KubeConfigError(f"kubeconfig {paths[0]}: no such file")
-    found = [(p, _read(p)) for p in paths if p.is_file()]
+    # Whatever exists is read, as kubectl reads it: a pipe (`--kubeconfig <(kubectl config
+    # view --raw)`) or /dev/null as well as a file; a directory is an error, said by _read.
+    found = [(p, _read(p)) for p in paths if p.exists()]
     merged = merge(found)
     if any(merged[key] for key in _NAMED) or context:
         name = context or merged.get("current-context")
