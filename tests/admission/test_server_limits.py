@@ -21,6 +21,7 @@ import pytest
 from tests.support import hostile
 from tests.support import https_helpers as h
 from webhook import metrics
+from webhook.admission import HttpsServer
 from webhook.admission._app import INLINE_MAX_BYTES
 
 REVIEW = h.review(h.kpack_istio(), namespace="builds")
@@ -258,7 +259,7 @@ def _count_tls_objects() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, ssl.MemoryBIO))
 
 
-def wait_seen_gone(server, seconds: float, more: Callable[[], bool] = lambda: False) -> None:
+def wait_seen_gone(server: HttpsServer, seconds: float, more: Callable[[], bool] = lambda: False) -> None:
     """Until the server has accepted every connection the kernel holds for it and holds none
     itself (nor `more()`), twice 0.1 s apart (a connection accepted is the door's a loop turn
     later), or `seconds` pass. The door alone may be empty for a moment on a loaded machine
