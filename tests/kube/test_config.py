@@ -61,20 +61,30 @@ def test_missing_explicit_kubeconfig_is_an_error(tmp_path):
         resolve(str(tmp_path / "nope"), environ={}, home=tmp_path)
 
 
+def _piped(text: bytes) -> int:
+    """A pipe holding `text`, its writer closed, as the shell's `<(...)` gives one."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, text)  # (within the pipe's buffer)
+    os.close(write_end)
+    return read_end
+
+
 def test_a_kubeconfig_given_as_a_pipe_is_read_as_kubectl_reads_it(tmp_path):
     """`--kubeconfig <(kubectl config view --raw)`: the shell passes a pipe, /dev/fd/N."""
-    text = kubeconfig(tmp_path / "a", server="https://piped", namespace="p").read_bytes()
-    read_end, write_end = os.pipe()
+    first = _piped(kubeconfig(tmp_path / "a", server="https://piped", namespace="p").read_bytes())
     try:
-        os.write(write_end, text)  # (within the pipe's buffer)
-        os.close(write_end)
-        piped = f"/dev/fd/{read_end}"
+        piped = f"/dev/fd/{first}"
         src = resolve(piped, environ={}, home=tmp_path)
         assert (src.kind, src.files, src.namespace) == ("kubeconfig", [piped], "p")
         # A pipe reads once; `serve` builds a client for certificates, detection and the watcher.
         assert resolve(piped, environ={}, home=tmp_path).config == src.config
     finally:
-        os.close(read_end)
+        os.close(first)
+    second = _piped(kubeconfig(tmp_path / "b", server="https://other", namespace="q").read_bytes())
+    try:  # another pipe, most likely under the same number: its own content
+        assert resolve(f"/dev/fd/{second}", environ={}, home=tmp_path).namespace == "q"
+    finally:
+        os.close(second)
 
 
 def test_dev_null_as_kubeconfig_is_an_empty_one(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -87,17 +88,20 @@ class _Source:
 
 
 # What a kubeconfig that is not a regular file held (`--kubeconfig <(kubectl config view
-# --raw)`'s pipe): it reads once, and `serve` builds more than one client from it.
-_PIPED: dict[Path, str] = {}
+# --raw)`'s pipe), by its device and inode (another pipe may come under the same
+# /dev/fd/N): it reads once, and `serve` builds more than one client from it.
+_PIPED: dict[tuple[int, int], str] = {}
 
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = _PIPED.get(path)
+        st = path.stat()
+        key = None if stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
+        text = _PIPED.get(key) if key else None
         if text is None:
             text = path.read_text()
-            if not path.is_file():
-                _PIPED[path] = text
+            if key:
+                _PIPED[key] = text
         data = yaml.safe_load(text)
     except OSError as e:  # a directory, no permission: kubectl's "error loading config file" too
         why = e.strerror or str(e)
