@@ -11,8 +11,15 @@ every exception class in webhook/ to it. certs/ and waiter/ import nothing from 
 
 from __future__ import annotations
 
-__all__ = ["InitshiftError"]
+__all__ = ["InitshiftError", "os_reason"]
 
 
 class InitshiftError(Exception):
     """An error initshift raises on purpose; its message is meant for the user."""
+
+
+def os_reason(error: OSError) -> str:
+    """An OSError's reason as part of a sentence: `no such file or directory`, not Python's
+    `[Errno 2] No such file or directory: 'FILE'`."""
+    why = error.strerror or str(error)
+    return why[:1].lower() + why[1:]

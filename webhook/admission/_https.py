@@ -26,7 +26,7 @@ from . import _tls as tls
 from ._app import create_app
 from ._guards import Door, Front
 from .. import metrics
-from ..errors import InitshiftError
+from ..errors import InitshiftError, os_reason
 from ..settings import Settings
 
 # A Prometheus server or two scrape one connection each; a flood of idle ones is evicted.
@@ -205,6 +205,5 @@ def _listen(host: str, port: int, setting: str) -> socket.socket:
     try:
         return bind(host, port)
     except OSError as e:
-        why = e.strerror[:1].lower() + e.strerror[1:] if e.strerror else str(e)
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}" if host else f"port {port}"
-        raise ListenError(f"cannot listen on {where} ({setting}): {why}") from None
+        raise ListenError(f"cannot listen on {where} ({setting}): {os_reason(e)}") from None

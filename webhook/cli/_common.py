@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Callable, NoReturn
 
-from ..errors import InitshiftError
+from ..errors import InitshiftError, os_reason
 from ..settings import Settings, SettingsError
 
 # Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
@@ -49,8 +49,7 @@ def describe(error: object) -> str:
     """An error for a person: an OSError as `FILE: no such file or directory`, not Python's
     `[Errno 2] No such file or directory: 'FILE'`."""
     if isinstance(error, OSError) and error.strerror:
-        what = (error.strerror[:1].lower() + error.strerror[1:])
-        return f"{error.filename}: {what}" if error.filename else what
+        return f"{error.filename}: {os_reason(error)}" if error.filename else os_reason(error)
     return str(error)
 
 

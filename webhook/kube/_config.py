@@ -31,7 +31,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
-from ..errors import InitshiftError
+from ..errors import InitshiftError, os_reason
 
 # The library logs (e.g. "Config not found") on its own logger; without any handler
 # Python's last-resort handler would print them, unprefixed, before our one-line error.
@@ -104,8 +104,7 @@ def _read(path: Path) -> dict[str, Any]:
                 _PIPED[key] = text
         data = yaml.safe_load(text)
     except OSError as e:  # a directory, no permission: kubectl's "error loading config file" too
-        why = e.strerror or str(e)
-        raise KubeConfigError(f"kubeconfig {path}: {why[:1].lower()}{why[1:]}") from None
+        raise KubeConfigError(f"kubeconfig {path}: {os_reason(e)}") from None
     except yaml.YAMLError as e:
         raise KubeConfigError(f"kubeconfig {path}: not YAML ({str(e).splitlines()[0]})") from None
     if data is None:
