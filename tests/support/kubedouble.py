@@ -50,7 +50,7 @@ before it commits, as a loaded apiserver does), `outage()` (the server gone: con
 reset; or a network blip: requests and watches stall, then reset), `silence()` (one
 client's requests are reset from now on: a process killed without warning), `drop_watches()`,
 `compact()` (forget history: older resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
-`kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests` (each with its
+`end_pod()`/`kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests` (each with its
 arrival and answer time), `patches()`,
 `events_for()`, `get()`/`pod()`. `kube_api()` / `api_client()` build clients pointed at it.
 
@@ -549,11 +549,18 @@ class KubeDouble:
             pass
         return self._store(RESOURCES["pods"], (namespace, name), pod, self._objects["pods"][(namespace, name)])
 
+    def end_pod(self, namespace: str, name: str, reason: str = "DeadlineExceeded",
+                message: str = "Pod was active on the node longer than the specified deadline") -> dict:
+        """The kubelet's first word on a deadline or eviction: phase Failed, the containers
+        still as they were reported (a real kubelet can publish the phase before the ends of
+        the containers it stops: kubernetes#98718, seen on v1.34.9)."""
+        return self.set_container_statuses(namespace, name, phase="Failed", reason=reason, message=message)
+
     def kill_pod(self, namespace: str, name: str, reason: str = "DeadlineExceeded",
                  message: str = "Pod was active on the node longer than the specified deadline") -> dict:
-        """End the pod as the kubelet does on a deadline or eviction: phase Failed and
-        every container that is not terminated killed (exit 137)."""
-        pod = self.pod(namespace, name)
+        """End the pod as the kubelet does on a deadline or eviction: phase Failed (`end_pod`),
+        then every container that is not terminated killed (exit 137), two updates."""
+        pod = self.end_pod(namespace, name, reason, message)
         killed = [terminated(s["name"], 137, "Error") if "terminated" not in s.get("state", {}) else s
                   for s in (pod.get("status") or {}).get("containerStatuses") or []]
         init = [terminated(s["name"], 137, "Error") if "terminated" not in s.get("state", {}) else s

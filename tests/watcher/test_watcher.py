@@ -363,6 +363,36 @@ async def test_oomkilled_step_fails_and_ends_the_pod(kube: KubeDouble) -> None:
     assert event["reason"] == "StepsFailed" and event["type"] == "Warning"
 
 
+async def test_an_ended_pod_gets_its_outcome_from_the_kubelets_last_word(kube: KubeDouble) -> None:
+    """A pod's own deadline, as a real kubelet (v1.34.9) can report it: first the phase
+    Failed with the steps still shown running, then their ends. The outcome waits for the
+    ends (`build` Stopped, not NotRun); where they never come, it is written after the
+    pod's grace period (30 s, the apiserver's default) and five seconds."""
+    clock = ManualClock()
+    for name in ("d1", "d2"):
+        kube.put_pod(build_pod(name))
+    async with watcher(kube, settings(), clock=clock) as c:
+        for name in ("d1", "d2"):
+            kube.set_container_statuses(NS, name, [running("istio-proxy"), running("fetch"), running("build"),
+                                                   running("completion")], phase="Running", start_time=clock.stamp())
+            await eventually(lambda: annotation(kube, name, p.ANNOTATION_READY), "the ready gate")
+            kube.end_pod(NS, name)
+        await settled(kube, c)
+        assert outcome(kube, "d1") is None and outcome(kube, "d2") is None, "their ends are still to come"
+        kube.set_container_statuses(NS, "d1", [
+            step_done("fetch", 143, p.REASON_ERROR, at=clock.stamp()),
+            step_done("build", 143, p.REASON_STOPPED, at=clock.stamp()),
+            step_done("completion", 143, p.REASON_STOPPED, at=clock.stamp()), terminated("istio-proxy", 0)])
+        got = await eventually(lambda: outcome(kube, "d1"), "d1's outcome")
+        assert [s["reason"] for s in got["steps"] + got["mains"]] == ["Error", "Stopped", "Stopped"]
+        assert got["failed"] == "fetch" and "DeadlineExceeded" in got["message"]
+        await settled(kube, c)
+        assert outcome(kube, "d2") is None
+        clock.advance(36.0)
+        got = await eventually(lambda: outcome(kube, "d2"), "d2's outcome, the wait over")
+        assert [s["reason"] for s in got["steps"]] == ["NotRun", "NotRun"] and got["failed"] == "fetch"
+
+
 async def test_sidecar_never_ready_times_out(kube: KubeDouble) -> None:
     kube.put_pod(build_pod("b8", probed=True))
     clock = ManualClock()

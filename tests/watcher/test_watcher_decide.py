@@ -220,6 +220,36 @@ def test_a_pod_its_own_deadline_ended_says_so_in_the_outcome() -> None:
     assert decide(pod, NOW, W).actions[0].outcome["message"] == "fetch failed: Error (exit 143): fetch exited 143"
 
 
+def test_an_ended_pod_still_showing_a_step_running_waits_for_its_end() -> None:
+    """The kubelet can publish a pod's terminal phase before the ends of the containers it
+    then stops (seen on v1.34.9): the outcome waits for them, up to the pod's grace period
+    and `_REPORT_SECONDS` after its last reported change, rather than call them NotRun."""
+    first_word = [done("fetch", 143, p.REASON_ERROR, end=4), running("build", started_at=ago(30)),
+                  running("completion", started_at=ago(30)), terminated("istio-proxy", 0, finished_at=ago(4))]
+    pod = make_pod(first_word, phase="Failed", reason="DeadlineExceeded", annotations=READY)
+    pod["spec"]["terminationGracePeriodSeconds"] = 20
+    waits = decide(pod, NOW, W)
+    assert waits.actions == [] and waits.requeue_after == pytest.approx(20 + 5 - 4)
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": ago(1)}]
+    assert decide(pod, NOW, W).requeue_after == pytest.approx(20 + 5 - 1), "counted from the last change"
+    del pod["spec"]["terminationGracePeriodSeconds"]
+    assert decide(pod, NOW, W).requeue_after == pytest.approx(30 + 5 - 1), "the apiserver's default grace"
+    # The ends come: the outcome has them.
+    ended = make_pod(first_word[:1] + [done("build", 143, p.REASON_STOPPED, end=3),
+                                       done("completion", 143, p.REASON_STOPPED, end=3)] + first_word[3:],
+                     phase="Failed", reason="DeadlineExceeded", annotations=READY)
+    outcome = decide(ended, NOW, W).actions[0].outcome
+    assert [r["reason"] for r in outcome["steps"] + outcome["mains"]] == ["Error", "Stopped", "Stopped"]
+    # They never come (a lost node): written once the wait is over, the rest NotRun.
+    late = decide(pod, NOW + timedelta(seconds=35), W)
+    assert late.requeue_after is None and late.actions[0].kind == "outcome"
+    assert [r["reason"] for r in late.actions[0].outcome["steps"]] == ["Error", "NotRun"]
+    # Containers that never started (waiting) have no end to come: written at once.
+    never = make_pod([done("fetch", 143, p.REASON_ERROR, end=4), waiting("build"), waiting("completion")],
+                     phase="Failed", reason="DeadlineExceeded", annotations=READY)
+    assert [a.kind for a in decide(never, NOW, W).actions] == ["outcome"]
+
+
 def test_a_run_stopped_before_it_started_is_not_the_failure() -> None:
     """A waiter's `Stopped` record (a signal before its command started: the pod was going
     away) fails no more for its own reason than a `Skipped` one: the outcome names the run

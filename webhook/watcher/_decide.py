@@ -42,6 +42,8 @@ _EVENT_FAILED = "StepsFailed"
 _EVENT_ENDED = "SidecarsEnded"
 
 _DEADLINE = 1  # activeDeadlineSeconds that ends a running pod at once
+_DEFAULT_GRACE = 30  # the apiserver's default terminationGracePeriodSeconds
+_REPORT_SECONDS = 5.0  # a stopped container's end reaches the pod's status within this (after its grace)
 
 # An Event is news for this long after the outcome it reports (its `decidedAt`): long
 # enough for a backlog or a takeover to send it, far inside the apiserver's Event TTL (1 h
@@ -121,11 +123,13 @@ def slim_pod(pod: dict) -> dict:
         "volumes": [v for v in spec.get("volumes") or []
                     if isinstance(v, dict) and v.get("name") == p.CONTAINER_READY_VOLUME],
     }
-    if "activeDeadlineSeconds" in spec:
-        slim_spec["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
-    if "restartPolicy" in spec:
-        slim_spec["restartPolicy"] = spec["restartPolicy"]
+    for key in ("activeDeadlineSeconds", "restartPolicy", "terminationGracePeriodSeconds"):
+        if key in spec:
+            slim_spec[key] = spec[key]
     slim_status = {k: status[k] for k in ("phase", "reason", "message", "startTime") if k in status}
+    if isinstance(status.get("conditions"), list):  # (when each last changed: `_report_left` reads it)
+        slim_status["conditions"] = [{k: c[k] for k in ("type", "lastTransitionTime") if k in c}
+                                     for c in status["conditions"] if isinstance(c, dict)]
     for key in ("containerStatuses", "initContainerStatuses"):
         if key in status:
             slim_status[key] = [{k: s[k] for k in ("name", "ready", "state") if k in s}
@@ -216,6 +220,9 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
 
     if ended and not all_done:
         # The pod ended around unfinished work (evicted, the user's own deadline, deleted node).
+        left = _report_left(pod, runs, cs, now)
+        if left > 0:  # the kubelet has yet to report how a container it stopped ended
+            return Decision(actions, left, latency, gate_open)
         first = next(r for r in (runs[n] for n in order) if r.state != "terminated" or not r.ok)
         why = _ended_why(status) or f"pod {phase}"
         outcome = _outcome(lay, runs, first.name, f"pod ended before {first.name} finished ({why})", now,
@@ -245,6 +252,29 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
     actions.append(_outcome_action(meta, outcome, _sidecars_deadline(running_sidecars, settings) if end_now else None))
     return Decision(actions, None, latency, gate_open)
+
+
+def _report_left(pod: dict, runs: dict[str, Run], cs: dict[str, dict], now: datetime) -> float:
+    """Seconds to wait for the kubelet's report of a step or main an ended pod still shows
+    running. The kubelet may publish the pod's terminal phase (its deadline, an eviction)
+    before the ends of the containers it then stops (kubernetes#98718; seen on v1.34.9 under
+    load), and the outcome, written once, would call a stopped container `NotRun`. The kubelet
+    stops a container within the pod's grace period; its report follows within seconds.
+    Counted from the pod's last reported change (the kubelet's clock, so replicas agree); a
+    report that never comes (a lost node) leaves such a container `NotRun`."""
+    if not any(r.state == "running" for r in runs.values()):
+        return 0.0
+    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    grace = grace if isinstance(grace, int) and not isinstance(grace, bool) else _DEFAULT_GRACE
+    status = pod.get("status") or {}
+    conditions = status.get("conditions") if isinstance(status.get("conditions"), list) else []
+    times = [parse_time(status.get("startTime"))] + \
+        [parse_time(c.get("lastTransitionTime")) for c in conditions if isinstance(c, dict)] + \
+        [parse_time(s["state"]["terminated"].get("finishedAt")) for s in cs.values() if "terminated" in s["state"]]
+    known = [t for t in times if t]
+    if not known:
+        return 0.0
+    return grace + _REPORT_SECONDS - (now - max(known)).total_seconds()
 
 
 def _ended_why(status: dict) -> str:
