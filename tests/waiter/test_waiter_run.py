@@ -426,7 +426,9 @@ def test_a_program_on_a_terminal_gets_it(tmp_path: Path) -> None:
     assert b"first: in the foreground" in shown and b"got:hello" in shown and code == 0, (shown, code)
     assert record(tmp_path / DONE)[p.RECORD_EXIT_CODE] == 0
     (tmp_path / DONE).unlink()
-    shown, code = on_terminal(tmp_path, 'echo ready; sleep 30; echo "got:late"', [b"\x03"])
+    # Builtins only after `ready`: a Ctrl-C typed before the shell forked a `sleep` would end
+    # the shell and leave the sleep holding the terminal (and the waiter waiting) 30 s.
+    shown, code = on_terminal(tmp_path, 'echo ready; read line; echo "got:late"', [b"\x03"])
     assert b"got:late" not in shown and code == 128 + signal.SIGINT, (shown, code)
     (tmp_path / DONE).unlink()
     shown, code = on_terminal(tmp_path, "", [], argv=["no-such-command-here"])
