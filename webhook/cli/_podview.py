@@ -21,8 +21,8 @@ from waiter import protocol as p
 
 from ..rewrite import removed_post_start, removed_startup_probes
 from ..settings import RewriteSettings
-from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, layout, parse_time, pod_ended,
-                       read_run, statuses)
+from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, json_int, layout, parse_time,
+                       pod_ended, read_run, statuses)
 
 
 class State(StrEnum):
@@ -125,7 +125,7 @@ def _seconds(start: str | None, end: str | datetime | None) -> float | None:
 
 
 def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return json_int(value) or 0
 
 
 def _later(a: str | None, b: str | None) -> str | None:

@@ -24,7 +24,7 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
-from ._podstate import MESSAGE_LIMIT, Layout, Run, layout, parse_time, pod_ended, read_run, statuses
+from ._podstate import MESSAGE_LIMIT, Layout, Run, json_int, layout, parse_time, pod_ended, read_run, statuses
 
 # Outcome JSON (annotation initshift.io/outcome), documented in docs/watcher.md.
 SUCCEEDED = "Succeeded"
@@ -264,8 +264,8 @@ def _report_left(pod: dict, runs: dict[str, Run], cs: dict[str, dict], now: date
     report that never comes (a lost node) leaves such a container `NotRun`."""
     if not any(r.state == "running" for r in runs.values()):
         return 0.0
-    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
-    grace = grace if isinstance(grace, int) and not isinstance(grace, bool) else _DEFAULT_GRACE
+    grace = json_int((pod.get("spec") or {}).get("terminationGracePeriodSeconds"))
+    grace = _DEFAULT_GRACE if grace is None else grace
     status = pod.get("status") or {}
     conditions = status.get("conditions") if isinstance(status.get("conditions"), list) else []
     times = [parse_time(status.get("startTime"))] + \

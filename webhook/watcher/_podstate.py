@@ -52,6 +52,11 @@ def parse_time(value: Any) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+def json_int(value: Any) -> int | None:
+    """A JSON integer field's value (JSON's true and false are not numbers here), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def pod_ended(pod: Mapping) -> bool:
     """The pod has ended: the kubelet runs none of its containers any more."""
     status = pod.get("status")
@@ -213,7 +218,7 @@ def read_run(name: str, status: dict | None) -> Run:
         return Run(name, kind, started_at=started)
     t = state["terminated"] or {}
     code = t.get("exitCode")
-    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    code = json_int(code)
     signal = t.get("signal") if isinstance(t.get("signal"), int) and t.get("signal") else None
     kubelet_reason = str(t.get("reason") or "")
     record = _waiter_record(t.get("message"))
@@ -244,4 +249,4 @@ def _waiter_record(message: Any) -> dict | None:
         return None
     if not isinstance(record, dict) or not all(k in record for k in _RECORD_KEYS):
         return None
-    return record if isinstance(record["exitCode"], int) and not isinstance(record["exitCode"], bool) else None
+    return record if json_int(record["exitCode"]) is not None else None
