@@ -41,7 +41,8 @@ LATENCY = Histogram("initshift_admission_duration_seconds", "Time to answer one 
 PODS = Counter("initshift_pods_total", "Pod CREATE reviews by result and reason.", ["result", "reason"],
                registry=REGISTRY)
 # reason: over-limit (INITSHIFT_MAX_CONNECTIONS, 16 on the metrics port), header-timeout
-# (INITSHIFT_HEADER_TIMEOUT_SECONDS), write-timeout (INITSHIFT_WRITE_TIMEOUT_SECONDS)
+# (INITSHIFT_HEADER_TIMEOUT_SECONDS), idle-timeout (INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS), write-timeout
+# (INITSHIFT_WRITE_TIMEOUT_SECONDS), header-limit, no-length, pipelined
 CONNECTIONS_CLOSED = Counter("initshift_connections_closed_total", "Connections the server closed to protect "
                              "itself, by reason.", ["reason"], registry=REGISTRY)
 CERT_RELOADS = Counter("initshift_tls_reloads_total", "Serving certificate reloads by result.", ["result"],

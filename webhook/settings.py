@@ -144,14 +144,16 @@ class ServerSettings:
         "connection closed.", 32 * 1024)
     header_timeout_seconds: float = _env(
         "INITSHIFT_HEADER_TIMEOUT_SECONDS",
-        "Seconds a connection has for its TLS handshake and its request's head, from its start or its "
-        "previous answer.", 5.0)
+        "Seconds a connection has for its TLS handshake and its request's head, from its start or the "
+        "head's first byte.", 5.0)
     body_timeout_seconds: float = _env(
         "INITSHIFT_BODY_TIMEOUT_SECONDS",
         "Seconds a request has, from its head, to send its whole body (else HTTP 408; a large review "
         "waiting for its turn meanwhile: HTTP 503).", 10.0)
-    keepalive_timeout_seconds: float = _env("INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS",
-                                            "Seconds an idle keep-alive connection stays open.", 5.0)
+    keepalive_timeout_seconds: float = _env(
+        "INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS",
+        "Seconds a kept-alive connection waits for its next request; keep it above the apiserver's 90 s "
+        "(a server closing first can lose a review the apiserver is sending).", 120.0)
     write_timeout_seconds: float = _env(
         "INITSHIFT_WRITE_TIMEOUT_SECONDS",
         "Seconds an answer may wait for its client to read it (the connection's send buffer full) "

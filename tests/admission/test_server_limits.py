@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import signal
 import socket
 import ssl
 import threading
@@ -148,6 +149,27 @@ def test_slow_heads_idle_connections_and_silent_sockets_are_closed(pki):
     assert closed_count("header-timeout") >= before + 2
 
 
+def test_a_kept_alive_connection_waits_past_the_head_deadline_then_its_head_has_one(pki):
+    """Between requests a connection waits INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS (the apiserver
+    reuses one idle for up to 90 s, and a review written to a connection closed under it is
+    lost); the next request's head has INITSHIFT_HEADER_TIMEOUT_SECONDS from its first byte."""
+    settings = h.settings_for(pki, header_timeout_seconds=1.0, keepalive_timeout_seconds=15.0)
+    with h.running(settings) as server:
+        kept, dribbled, idle = (tls(server.port, pki) for _ in range(3))
+        for s in (kept, dribbled, idle):
+            s.sendall(request_head(len(BODY)) + BODY)
+            assert read_response(s)[0] == 200
+        time.sleep(3.0)  # idle three head deadlines
+        kept.sendall(request_head(len(BODY)) + BODY)
+        assert read_response(kept)[0] == 200
+        heads, idles = closed_count("header-timeout"), closed_count("idle-timeout")
+        # a byte now and then after the first: closed by the head's deadline, not the idle one
+        assert hostile.trickle([dribbled], 30, every=0.2) < 30
+        assert (closed_count("header-timeout"), closed_count("idle-timeout")) == (heads + 1, idles)
+        assert closed_within(idle, 30)  # and one that never sends again: by the idle deadline
+        assert closed_count("idle-timeout") == idles + 1
+
+
 def test_a_stalled_body_is_a_408(pki):
     with h.running(h.settings_for(pki, body_timeout_seconds=1.0)) as server:
         for length, part in ((len(BODY), BODY[:100]), (len(BIG_BODY), BIG_BODY[:100])):  # inline, and large
@@ -182,6 +204,20 @@ def test_an_answer_its_client_never_reads_is_dropped(pki):
         assert closed_within(s, 30)
 
 
+def test_an_answer_its_client_never_reads_that_the_kernel_holds_is_dropped_too(pki):
+    """One answer, a few hundred KB: the kernel's send buffer takes it whole (the write
+    buffer never fills), the client's window does not. Its connection goes after
+    INITSHIFT_WRITE_TIMEOUT_SECONDS, though the idle deadline is far away."""
+    before = closed_count("write-timeout")
+    settings = h.settings_for(pki, write_timeout_seconds=1.0, keepalive_timeout_seconds=120.0)
+    with h.running(settings) as server:
+        s = hostile.unread_answers(server.port, h.client_context(pki / "ca.crt"), hostile.large_body(200_000))
+        conn = next(iter(server.front.by_key.values()))
+        # the server's side: reading on the client's would take the answer
+        wait_for(conn.closed.is_set, seconds=30, what="the connection's close")
+        assert closed_count("write-timeout") > before and closed_within(s, 30)
+
+
 def test_pipelined_requests_are_read_one_at_a_time_and_a_flood_of_them_closes_the_connection(pki):
     with h.running(h.settings_for(pki)) as server:
         s = tls(server.port, pki)
@@ -190,6 +226,45 @@ def test_pipelined_requests_are_read_one_at_a_time_and_a_flood_of_them_closes_th
         before = closed_count("pipelined")
         got, closed = hostile.pipelined(server.port, h.client_context(pki / "ca.crt"), 20_000)
         assert got < 20_000 and closed and closed_count("pipelined") > before
+
+
+# --- draining (the preStop hook) ---------------------------------------------------------------------
+def _answer(sock: socket.socket) -> dict[str, str]:
+    """A review sent on `sock`, answered 200: the answer's headers."""
+    sock.sendall(request_head(len(BODY)) + BODY)
+    status, headers, _ = read_response(sock)
+    assert status == 200
+    return headers
+
+
+def test_a_draining_server_closes_each_connection_with_its_answer_and_leaves_idle_ones(pki):
+    """After drain() every answer says `Connection: close` and its connection closes, so the
+    apiserver opens its next one elsewhere; a connection idle meanwhile is left open (closing
+    it could race a review the apiserver is writing to it) until its next answer."""
+    with h.running(h.settings_for(pki)) as server:
+        busy, idle = tls(server.port, pki), tls(server.port, pki)
+        assert "connection" not in _answer(busy) and "connection" not in _answer(idle)
+        h.on_loop(server, server.drain)
+        assert _answer(busy)["connection"] == "close" and closed_within(busy, 30)
+        fresh = tls(server.port, pki)
+        assert _answer(fresh)["connection"] == "close" and closed_within(fresh, 30)
+        assert not closed_within(idle, 0.5)
+        assert _answer(idle)["connection"] == "close" and closed_within(idle, 30)
+
+
+def test_sigusr1_drains_a_serving_process(tmp_path):
+    h.make_certs(tmp_path)
+    proc, port = h.serve_process(tmp_path, BODY)
+    try:
+        kept = tls(port, tmp_path)
+        assert "connection" not in _answer(kept)
+        proc.send_signal(signal.SIGUSR1)  # what the Deployment's preStop hook sends
+        wait_for(lambda: _answer(tls(port, tmp_path)).get("connection") == "close", what="a closing answer")
+        assert _answer(kept)["connection"] == "close" and closed_within(kept, 30)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert proc.returncode == 0  # and SIGTERM still stops it gracefully
 
 
 # --- the connection cap ------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class Bench:
         with legit.running():
             said, socks = attack()
             last_byte = time.monotonic()
-            open_ = hostile.wait_closed(socks, 120)
+            open_ = hostile.wait_closed(socks, 180)  # an answered connection waits 120 s for another request
             held = time.monotonic() - last_byte
         hostile.close_all(socks)
         kills = f", OOM kills {self.cgroup.oom_kills()}" if self.cgroup is not None else ""

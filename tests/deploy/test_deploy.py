@@ -824,15 +824,20 @@ def test_private_registry_kustomization_of_the_docs_sets_the_pull_secrets(tmp_pa
 
 @pytest.mark.parametrize("install", [i for i in INSTALLS if i in ("kustomize-default", "helm-default")])
 def test_a_stopping_replica_keeps_serving_first(install):
-    """The preStop hook sleeps in the image's own Python (no shell), within the grace period
-    that also covers the server's graceful stop."""
+    """The preStop hook drains the server (SIGUSR1 to PID 1, which it is: the pod shares no
+    process namespace) and sleeps, in the image's own Python (no shell), within the grace
+    period that also covers the server's graceful stop."""
     r = Rendered(INSTALLS[install].render())
     hook = r.container["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[:2] == ["python3", "-c"]
-    delay = float(re.fullmatch(r"import time; time\.sleep\((\d+)\)", hook[2]).group(1))
+    delay = float(re.fullmatch(HOOK, hook[2]).group(1))
+    assert not r.deployment["spec"]["template"]["spec"].get("shareProcessNamespace")
     grace = r.deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
     assert delay == 5 and delay + _STOPPING_SECONDS <= grace
 
+
+# The preStop hook: the server drained (SIGUSR1, webhook/admission/_https.py), then the delay.
+HOOK = r"import os, signal, time; os\.kill\(1, signal\.SIGUSR1\); time\.sleep\((\d+)\)"
 
 # The longest a server takes once SIGTERM has come: uvicorn's graceful stop of the reviews in
 # flight, then its companions (the watcher, certificate renewal) given 5 s to end.
@@ -842,7 +847,7 @@ _STOPPING_SECONDS = inspect.signature(HttpsServer).parameters["graceful_seconds"
 def test_chart_shutdown_delay_value():
     assert "lifecycle" not in Rendered(helm({"shutdownDelaySeconds": 0})).container
     hook = Rendered(helm({"shutdownDelaySeconds": 12})).container["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[2] == "import time; time.sleep(12)"
+    assert re.fullmatch(HOOK, hook[2]).group(1) == "12"
     import helm_python
 
     with pytest.raises(helm_python.HelmValuesError):

@@ -31,7 +31,7 @@ from typing import Iterator
 from tests.support.k8s import Cluster, ClusterError, cluster
 
 # Imported for what they do: each registers its scenarios.
-from . import _admitted, _builds, _jobs, _lookup, _serverpod, _timing, _tools, _uninstall  # noqa: F401
+from . import _admitted, _builds, _jobs, _keepalive, _lookup, _serverpod, _timing, _tools, _uninstall  # noqa: F401
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario
 from ._install import Install

@@ -149,6 +149,12 @@ class Kube:
         except KubeFailure as exc:
             return f"(no log: {exc})"
 
+    def fail_open_count(self) -> int:
+        """Reviews of initshift's webhook the apiserver let through on a failed call
+        (failurePolicy Ignore), by its own count (apiserver_admission_webhook_fail_open_count)."""
+        return sum(int(float(line.rsplit(" ", 1)[1])) for line in self.get("/metrics").splitlines()
+                   if line.startswith("apiserver_admission_webhook_fail_open_count{") and "initshift" in line)
+
     def events(self, ns: str, name: str | None = None) -> list[dict]:
         params = {"fieldSelector": f"involvedObject.name={name}"} if name else {}
         items = (self.get(f"/api/v1/namespaces/{ns}/events", **params) or {}).get("items", [])

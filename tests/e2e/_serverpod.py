@@ -123,7 +123,7 @@ def _rollout_under_reviews(env: Env, ns: str, deployment: str, streams: int = 2)
                     unchanged.append(f"at {time.monotonic() - started:.1f} s, warnings "
                                      f"{resp.headers.get_list('warning')}")
 
-    failed_open = _failed_open(env)
+    failed_open = env.kube.fail_open_count()
     with ThreadPoolExecutor(streams) as pool:
         running = [pool.submit(stream) for _ in range(streams)]
         try:
@@ -137,18 +137,8 @@ def _rollout_under_reviews(env: Env, ns: str, deployment: str, streams: int = 2)
             future.result()
     if unchanged:
         unchanged.append(f"reviews failed open (apiserver_admission_webhook_fail_open_count): "
-                         f"{_failed_open(env) - failed_open}")
+                         f"{env.kube.fail_open_count() - failed_open}")
     return counts["reviewed"], unchanged, took
-
-
-def _failed_open(env: Env) -> int:
-    """Reviews of initshift's webhook the apiserver let through on a failed call (failurePolicy
-    Ignore), by its own count."""
-    total = 0
-    for line in env.kube.get("/metrics").splitlines():
-        if line.startswith("apiserver_admission_webhook_fail_open_count{") and "initshift" in line:
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
 
 
 def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[str]) -> str:

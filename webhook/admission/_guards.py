@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
+import socket
 import ssl
+import struct
+import termios
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Callable
@@ -37,6 +41,7 @@ class Door:
     tls: Callable[[], ssl.SSLContext] | None  # the context a new connection's TLS starts from
     max_connections: int
     header_timeout: float  # the handshake and each request's head
+    idle_timeout: float  # a kept-alive connection's wait for its next request's first byte
     write_timeout: float
     max_head_bytes: int
     open: dict["Connection", None] = field(default_factory=dict)
@@ -91,6 +96,7 @@ class Connection(asyncio.Protocol):
         self._answered = False
         self._held = bytearray()  # what came after the current request, before its answer
         self._deadline: asyncio.TimerHandle | None = None
+        self._idle = False  # answered, the next request's first byte still to come
         self._write_deadline: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------
@@ -176,9 +182,11 @@ class Connection(asyncio.Protocol):
             if self._head is None and not self._body and self._answered:
                 # The next request starts with what was held.
                 data, self._held, self._head = bytes(self._held) + data, bytearray(), bytearray()
-                self._wait_for_request()
+                self._wait_for_request(idle=not data)
             if not data:
                 return
+            if self._idle:  # the next request's first byte: its head is timed from here
+                self._wait_for_request()
             if self._head is not None:
                 data = self._read_head(data)
             elif self._body:
@@ -261,16 +269,42 @@ class Connection(asyncio.Protocol):
         self.transport.close()
         return b""
 
-    def _wait_for_request(self) -> None:
-        """From accept, and again after each answer.
+    def _wait_for_request(self, idle: bool = False) -> None:
+        """From accept, after an answer (`idle`), and at the next request's first byte.
 
-        Guard: a request's head sent slowly or never (slowloris, idle connections, a byte now
-        and then to keep uvicorn's keep-alive timer from firing): the handshake, the head,
-        and the app's start on it within INITSHIFT_HEADER_TIMEOUT_SECONDS."""
+        Guard: a request's head sent slowly or never (slowloris, silent connections, a byte
+        now and then to keep uvicorn's keep-alive timer from firing): the handshake, the
+        head, and the app's start on it within INITSHIFT_HEADER_TIMEOUT_SECONDS, from accept
+        or from the head's first byte (Go's ReadHeaderTimeout).
+
+        Between requests a connection waits INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS for that
+        byte, longer than the apiserver keeps an idle connection (90 s): a server that
+        closes first can close one the apiserver is writing a review to, and the apiserver
+        does not resend a POST, so the review fails. Idle connections are the first to go
+        at the cap (`Door.admit`)."""
         assert self.door is not None
         self._cancel()
         self.door.wait(self)
-        self._deadline = asyncio.get_running_loop().call_later(self.door.header_timeout, self.kill, "header-timeout")
+        self._idle = idle
+        loop = asyncio.get_running_loop()
+        if idle:
+            self._deadline = loop.call_later(min(self.door.write_timeout, self.door.idle_timeout), self._still_idle)
+        else:
+            self._deadline = loop.call_later(self.door.header_timeout, self.kill, "header-timeout")
+
+    def _still_idle(self) -> None:
+        """INITSHIFT_WRITE_TIMEOUT_SECONDS after an answer, its connection idle since.
+
+        Guard: an answer its client never reads, small enough for the kernel's buffers (a
+        few MB a connection, which the write buffer's guard never sees fill): still not
+        taken by the client's side, the connection goes; otherwise it waits out the idle
+        deadline."""
+        assert self.door is not None
+        if _unacknowledged(self.raw):
+            self.kill("write-timeout")
+            return
+        self._deadline = asyncio.get_running_loop().call_later(
+            max(0.0, self.door.idle_timeout - self.door.write_timeout), self.kill, "idle-timeout")
 
     @property
     def between_requests(self) -> bool:
@@ -301,6 +335,7 @@ class Connection(asyncio.Protocol):
         # kill must not hand uvicorn a dead connection it would count forever.
         self._release()
         if self.raw is not None:
+            _reset_on_close(self.raw)
             self.raw.abort()
 
     def _cancel(self) -> None:
@@ -317,6 +352,28 @@ class Connection(asyncio.Protocol):
         if self.key is not None and self.front.by_key.get(self.key) is self:
             del self.front.by_key[self.key]
         self.closed.set()
+
+
+def _reset_on_close(transport: Any) -> None:
+    """The connection's close a reset (SO_LINGER 0): a plain close queues its FIN behind what
+    the client has not taken, and the kernel keeps the socket and those bytes (up to a few MB)
+    for minutes, trying to deliver them to a client that reads nothing."""
+    sock = transport.get_extra_info("socket")
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (AttributeError, OSError):  # no socket (gone), or not a TCP one
+        pass
+
+
+def _unacknowledged(transport: Any) -> int:
+    """Bytes written to the connection's socket that its peer has not acknowledged (Linux's
+    SIOCOUTQ: a client that reads nothing leaves them queued once its window is full); 0
+    where the kernel cannot say."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _body_length(head: bytes | bytearray) -> int | None:

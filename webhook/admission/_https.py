@@ -6,8 +6,8 @@ and the metrics port (plain HTTP, prometheus_client's own ASGI exposition, scrap
 the webhook's CA, like cert-manager's 9402 or controller-runtime's 8080). uvicorn's options
 bound the rest: its h11 protocol buffers at most `h11_max_incomplete_event_size` of a head
 (INITSHIFT_MAX_HEADER_BYTES, else HTTP 400; the guards refuse a larger one first); `ws="none"`
-makes an `Upgrade` request an ordinary one; `timeout_keep_alive` closes idle kept-alive
-connections; `limit_concurrency` is a backstop the guards keep it from reaching (503);
+makes an `Upgrade` request an ordinary one; `timeout_keep_alive` is a backstop behind the
+guards' idle deadline; `limit_concurrency` is a backstop the guards keep it from reaching (503);
 `timeout_graceful_shutdown` is what SIGTERM waits for.
 """
 
@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import signal
 import socket
+import threading
 from typing import Any, Awaitable, Callable
 
 import uvicorn
@@ -31,6 +33,10 @@ from ..settings import Settings
 
 # A Prometheus server or two scrape one connection each; a flood of idle ones is evicted.
 METRICS_CONNECTIONS = 16
+DRAIN_SIGNAL = signal.SIGUSR1  # sent by the Deployment's preStop hook
+CLOSE = (b"connection", b"close")
+
+log = logging.getLogger("initshift.server")
 
 
 def _not_about_websockets(record: logging.LogRecord) -> bool:
@@ -66,19 +72,23 @@ class HttpsServer:
         # None: metrics off (INITSHIFT_METRICS_PORT=0 and no port asked for)
         self._metrics_wanted = metrics_port if metrics_port is not None else srv.metrics_port or None
         self.front = Front()
-        limits = (srv.header_timeout_seconds, srv.write_timeout_seconds, srv.max_header_bytes)
+        limits = (srv.header_timeout_seconds, srv.keepalive_timeout_seconds, srv.write_timeout_seconds,
+                  srv.max_header_bytes)
         self.door = Door(lambda: self.reloader.ctx, srv.max_connections, *limits)
         self.metrics_door = Door(None, METRICS_CONNECTIONS, *limits)
         config = uvicorn.Config(
             self._dispatch, interface="asgi3", http=self.front, ws="none", lifespan="off",  # type: ignore[arg-type]
             h11_max_incomplete_event_size=srv.max_header_bytes,
             limit_concurrency=2 * (srv.max_connections + METRICS_CONNECTIONS),
-            timeout_keep_alive=srv.keepalive_timeout_seconds,  # type: ignore[arg-type]
+            # uvicorn's keep-alive timer runs from an answer until the guards hand it the next
+            # head: a backstop behind their idle and head deadlines, never before them.
+            timeout_keep_alive=srv.keepalive_timeout_seconds + srv.header_timeout_seconds,  # type: ignore[arg-type]
             timeout_graceful_shutdown=graceful_seconds,  # type: ignore[arg-type]
             # log_config=None: uvicorn's own would replace initshift's JSON lines.
             log_config=None, access_log=False, server_header=False, proxy_headers=False,
         )
         self.uvicorn = uvicorn.Server(config)
+        self.draining = False
         logging.getLogger("uvicorn.error").addFilter(_not_about_websockets)
 
     @property
@@ -95,6 +105,8 @@ class HttpsServer:
         if scope["type"] != "http":
             return
         conn = self.front.started(scope)
+        if self.draining:
+            send = _closing(send)
         try:
             if scope["scheme"] == "https":
                 await self.app(scope, receive, send, conn)
@@ -144,9 +156,15 @@ class HttpsServer:
         for task in tasks:
             task.add_done_callback(ended)
         sockets = [s for s in (self.sock, self.metrics_sock) if s is not None]
+        loop = asyncio.get_running_loop()
+        signals = threading.current_thread() is threading.main_thread()  # as uvicorn's own handlers
+        if signals:
+            loop.add_signal_handler(DRAIN_SIGNAL, self.drain)
         try:
             await self.uvicorn.serve(sockets=sockets)
         finally:
+            if signals:
+                loop.remove_signal_handler(DRAIN_SIGNAL)
             stop.set()
             done, pending = await asyncio.wait(tasks, timeout=5)
             for task in pending:
@@ -162,6 +180,28 @@ class HttpsServer:
 
     def stop(self) -> None:
         self.uvicorn.should_exit = True
+
+    def drain(self) -> None:
+        """From now on every answer closes its connection (`Connection: close`).
+
+        A replica about to stop (the Deployment's preStop hook sends DRAIN_SIGNAL, then
+        sleeps before the SIGTERM) would otherwise close the apiserver's kept-alive
+        connections at its SIGTERM, and a review the apiserver writes to one in that instant
+        fails: the apiserver does not resend a POST. Told by the answer instead, it opens a
+        new connection for its next review, through the Service to a replica that stays."""
+        if not self.draining:
+            log.info("draining: every answer closes its connection (SIGTERM to follow)")
+        self.draining = True
+
+
+def _closing(send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
+    """`send` with `Connection: close` on the answer's head: uvicorn's h11 protocol then
+    closes the connection once the answer is written."""
+    async def closing(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), CLOSE]}
+        await send(message)
+    return closing
 
 
 def _name(companion: Callable[..., Any]) -> str:

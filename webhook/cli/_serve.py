@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 _Companion = Callable[[asyncio.Event], Awaitable[None]]
 SWITCH_INTERVAL = 0.0005  # seconds
-EXIT_CODES = ("Exit codes: 0 stopped (SIGTERM), 1 the certificate, a port, the cluster or a companion (the watcher) "
-              "failed, 2 usage or settings.")
+EXIT_CODES = ("SIGUSR1 drains the server (every answer then closes its connection), as the Deployment's preStop "
+              "hook does before SIGTERM. Exit codes: 0 stopped (SIGTERM), 1 the certificate, a port, the cluster or a "
+              "companion (the watcher) failed, 2 usage or settings.")
 
 
 def port(text: str) -> int:
