@@ -81,6 +81,14 @@ def request_head(length: int | None, path: str = "/mutate") -> bytes:
     return f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{size}\r\n\r\n".encode()
 
 
+def _answer(sock: socket.socket) -> dict[str, str]:
+    """A review sent on `sock`, answered 200: the answer's headers."""
+    sock.sendall(request_head(len(BODY)) + BODY)
+    status, headers, _ = read_response(sock)
+    assert status == 200
+    return headers
+
+
 def counted(name: str, label: str) -> float:
     """A counter of this process's registry (the server runs in it), 0 when absent."""
     for line in metrics.exposition()[0].decode().splitlines():
@@ -157,11 +165,9 @@ def test_a_kept_alive_connection_waits_past_the_head_deadline_then_its_head_has_
     with h.running(settings) as server:
         kept, dribbled, idle = (tls(server.port, pki) for _ in range(3))
         for s in (kept, dribbled, idle):
-            s.sendall(request_head(len(BODY)) + BODY)
-            assert read_response(s)[0] == 200
+            _answer(s)
         time.sleep(3.0)  # idle three head deadlines
-        kept.sendall(request_head(len(BODY)) + BODY)
-        assert read_response(kept)[0] == 200
+        _answer(kept)
         heads, idles = closed_count("header-timeout"), closed_count("idle-timeout")
         # a byte now and then after the first: closed by the head's deadline, not the idle one
         assert hostile.trickle([dribbled], 30, every=0.2) < 30
@@ -229,14 +235,6 @@ def test_pipelined_requests_are_read_one_at_a_time_and_a_flood_of_them_closes_th
 
 
 # --- draining (the preStop hook) ---------------------------------------------------------------------
-def _answer(sock: socket.socket) -> dict[str, str]:
-    """A review sent on `sock`, answered 200: the answer's headers."""
-    sock.sendall(request_head(len(BODY)) + BODY)
-    status, headers, _ = read_response(sock)
-    assert status == 200
-    return headers
-
-
 def test_a_draining_server_closes_each_connection_with_its_answer_and_leaves_idle_ones(pki):
     """After drain() every answer says `Connection: close` and its connection closes, so the
     apiserver opens its next one elsewhere; a connection idle meanwhile is left open (closing

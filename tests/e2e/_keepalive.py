@@ -42,10 +42,7 @@ def kept_alive(env: Env, rec: Record) -> None:
 
     def review() -> str | None:
         """A server-side dry run of the build pod: the strategy it was rewritten under."""
-        resp = env.kube.http.post(f"/api/v1/namespaces/{ns}/pods", content=body, params={"dryRun": "All"},
-                                  headers={"Content-Type": "application/json"})
-        assert resp.status_code == 201, f"a dry-run create answered {resp.status_code}: {resp.text[:500]}"
-        return managed(resp.json())
+        return managed(env.kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body=body, params={"dryRun": "All"}))
 
     failed_open = env.kube.fail_open_count()
     assert review() is not None
