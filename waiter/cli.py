@@ -11,6 +11,7 @@ import os
 import sys
 
 from . import protocol as p
+from .signals import hold_terminating
 
 COMMANDS: dict[str, tuple[str, str]] = {
     p.CMD_INIT: ("waiter.install", "copy the frozen waiter bundle into DEST (the shared emptyDir)"),
@@ -49,6 +50,7 @@ def run() -> None:
     teardown (~5 ms of CPU, module by module) would run just after the completion record is
     written, on the core the next step wakes up on: the waiter holds nothing that needs it
     (files are closed where they are written), so only the standard streams are flushed."""
+    hold_terminating()  # a SIGTERM in the start waits for the command's handlers (signals.py)
     code = main()
     for stream in (sys.stdout, sys.stderr):
         if stream is None:  # started with that descriptor closed

@@ -27,6 +27,7 @@ from . import protocol as p
 from .copyrecord import hook_ended, hook_since, process_start
 from .errors import UsageError, WaiterError
 from .install import install, source_dir, take_from
+from .signals import release_terminating
 
 USAGE = "usage: waiter hold [--from BUNDLE_DIR] [--hook-wait SECONDS] DEST"
 HOOK_WAIT_SECONDS = 120.0
@@ -59,6 +60,7 @@ def main(argv: list[str]) -> int:
     # PID 1 of its container: the kernel ignores SIGTERM unless a handler is set.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda n, _frame: os._exit(p.EXIT_SIGNAL_BASE + n))
+    release_terminating()
     since = process_start("self")
     if since is None:  # a container always has it; a bare chroot may not
         sys.stderr.write("waiter hold: /proc is not mounted: cannot tell when the hook has ended\n")

@@ -14,6 +14,7 @@ import sys
 from . import protocol as p
 from .errors import UsageError, WaiterError
 from .copyrecord import record_hook
+from .signals import release_terminating
 
 USAGE = f"usage: waiter init [--from BUNDLE_DIR] [{p.COPY_HOOK_FLAG}] DEST"
 RENAME_EXCHANGE = 2
@@ -111,6 +112,7 @@ def install(src: str, dest: str, *, replace: bool = True) -> str:
 
 
 def main(argv: list[str]) -> int:
+    release_terminating()  # no handlers here: a signal held since the start acts now
     args = list(argv)
     hook = p.COPY_HOOK_FLAG in args
     if hook:

@@ -108,7 +108,6 @@ def _spawn_in_foreground(path: bytes, argv: list[bytes], env: dict[bytes, bytes]
             except OSError:  # the terminal is gone meanwhile (a hangup): run without it
                 pass
             default_dispositions()
-            signal.pthread_sigmask(signal.SIG_SETMASK, ())
             os.execve(path, argv, env)
         except OSError as exc:
             os.write(w, b"%d" % (exc.errno or errno.EIO))

@@ -28,13 +28,29 @@ def all_signals() -> list[int]:
 
 
 def default_dispositions() -> None:
-    """Every signal back to its default action, as a program must start: the interpreter
-    ignores SIGPIPE and SIGXFSZ, and an exec resets only the handlers of caught signals."""
+    """Every signal back to its default action and none blocked, as a program must start:
+    the interpreter ignores SIGPIPE and SIGXFSZ, an exec resets only the handlers of caught
+    signals, and the mask is inherited."""
     for sig in all_signals():
         try:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def hold_terminating() -> None:
+    """Block the terminating signals until the command's handlers take them. The kernel
+    drops a signal sent to a container's PID 1 that has no handler for it (pid_namespaces(7)),
+    so a SIGTERM in the waiter's start would be lost and the container SIGKILLed at the end
+    of the grace period; blocked, it stays pending until `release_terminating`."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATING)
+
+
+def release_terminating() -> None:
+    """Unblock the terminating signals: one held pending meanwhile is delivered now, to the
+    handler just installed (or, where there is none, with its default action)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATING)
 
 
 class SignalBox:
@@ -55,6 +71,7 @@ class SignalBox:
                 signal.signal(sig, self._handle)
             except (OSError, ValueError):  # reserved by libc (e.g. 32, 33)
                 pass
+        release_terminating()
 
     def _handle(self, signum: int, frame: object) -> None:
         self._pending.append(signum)

@@ -11,6 +11,9 @@
   watcher's path) to step 0's startedAt, 20 runs each
 - step 0's gate against a proxy that takes 3 s to turn ready: the waiter's CPU time while
   it polls (/proc/PID/schedstat, ns), the probes it made, and the latency once ready
+- the start's signal window, 40 starts: from the spawn to the terminating signals blocked
+  (a SIGTERM before that is lost to a PID 1) and to the SIGTERM handler in place, polling
+  /proc/PID/status
 - a chain of 20 steps of 0.2 s (the issue's kubelet measurement): first start to last end
 - a Job-shaped pod (one main, no step) beside a proxy process, 20 runs: the gate (the
   proxy's loopback probe turns ready -> the main starts), and from the main's end (its
@@ -40,7 +43,8 @@ from pathlib import Path
 from waiter import protocol as p
 from waiter.post import write_atomic
 from tests.bench._machine import Steal, describe
-from tests.support.waiter_support import SOURCE_WAITER, catches, ensure_bundle, record, waiter_env
+from tests.support.waiter_support import HELD, SOURCE_WAITER, catches, ensure_bundle, has_signal, proc_status, record, \
+    waiter_env
 
 COLD_RUNS = 20
 BATCHES, CHAIN = 10, 21  # 10 x 20 = 200 handoffs
@@ -108,6 +112,33 @@ def cold_start(t: Target) -> list[float]:
         times.append(time.perf_counter() - start)
         assert proc.returncode == 0, f"cold start run failed ({proc.returncode})"
     return times
+
+
+WINDOW_RUNS = 40
+
+
+def start_window(t: Target) -> tuple[list[float], list[float]]:
+    """Per start: spawn -> terminating signals blocked, spawn -> SIGTERM handled (seconds)."""
+    held, handled = [], []
+    for i in range(WINDOW_RUNS):
+        begun = time.perf_counter()
+        proc = t.popen(f"{t.inside}/window{i}", p.FLAG_WAIT, f"{t.inside}/never", argv=[t.true()])
+        blocked = None
+        try:
+            while True:
+                status = proc_status(proc.pid)
+                assert status, "the waiter exited in its start"
+                if blocked is None and int(status.get("SigBlk", "0"), 16) == HELD:
+                    blocked = time.perf_counter() - begun
+                if has_signal(status, "SigCgt", signal.SIGTERM):
+                    handled.append(time.perf_counter() - begun)
+                    break
+        finally:
+            proc.kill()
+            proc.wait()
+        if blocked is not None:  # (the poll can miss the few ms between the two)
+            held.append(blocked)
+    return held, handled
 
 
 def _step_posts(t: Target, name: str, count: int) -> tuple[list[Path], list[str]]:
@@ -342,6 +373,9 @@ def main() -> int:
         cpu, probes, late = gate_slow_proxy(t)
         print(f"step 0 gate, proxy ready after {SLOW_PROXY_SECONDS:g} s: waiter CPU while waiting "
               f"{cpu * 1000:.1f} ms ({probes} probes), ready -> step starts {late * 1000:.1f} ms")
+        held, handled = start_window(t)
+        print(f"start, spawn -> terminating signals blocked ({len(held)} of {WINDOW_RUNS} seen): {_ms(held)}")
+        print(f"start, spawn -> SIGTERM handled: {_ms(handled)}")
         span = chain(t)
         print(f"{STEPS} steps of {STEP_SECONDS} s under the waiter, first start -> last end: {span:.2f} s "
               f"(the limit is {STEPS * STEP_SECONDS:.1f} s)")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from waiter import protocol as p
+from waiter.signals import TERMINATING
 
 ROOT = Path(__file__).resolve().parents[2]
 DIST = ROOT / "dist" / p.WAITER_DIR_NAME
@@ -57,14 +58,27 @@ def wait_for(predicate, what: str, limit: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+# The waiter's signal mask between the start of its code and its handlers.
+HELD = sum(1 << (sig - 1) for sig in TERMINATING)
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as fields; empty once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def has_signal(status: dict[str, str], field: str, sig: int) -> bool:
+    """sig is in a mask field of a proc_status (SigCgt, SigBlk, ShdPnd...)."""
+    return bool(int(status.get(field, "0"), 16) & (1 << (sig - 1)))
+
+
 def catches(pid: int, sig: int) -> bool:
     """The process has a handler for sig (SigCgt in /proc): the waiter is past its start-up."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(mask & (1 << (sig - 1)))
+    return has_signal(proc_status(pid), "SigCgt", sig)
 
 
 def step_dirs(tmp: Path, n: int) -> list[Path]:

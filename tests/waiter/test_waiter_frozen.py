@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from waiter import protocol as p
-from tests.support.waiter_support import DIST, catches, ensure_bundle, record, wait_for
+from tests.support.waiter_support import DIST, HELD, catches, ensure_bundle, has_signal, proc_status, record, \
+    wait_for
 
 pytestmark = [
     pytest.mark.root,
@@ -197,6 +198,54 @@ def test_frozen_as_pid_1_reaps_orphans(tmp_path: Path, bundle: Path) -> None:
                          env={"PATH": "/bin"}, capture_output=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert (root / "work" / "ppid").read_text().strip() == "1"  # the waiter was PID 1
+
+
+def _stop_in_start(unshare: subprocess.Popen) -> int | None:
+    """SIGSTOP the namespace's PID 1 once the waiter has blocked SIGTERM and before it has a
+    handler for it; its pid, or None when it went past that point first."""
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children")
+    wait_for(lambda: children.read_text().strip(), "unshare's child")
+    pid = int(children.read_text().split()[0])
+    while True:
+        status = proc_status(pid)
+        if not status or has_signal(status, "SigCgt", signal.SIGTERM):
+            return None
+        # Exactly the waiter's set: libc blocks every signal for a moment around a spawn.
+        if int(status.get("SigBlk", "0"), 16) == HELD:
+            os.kill(pid, signal.SIGSTOP)
+            wait_for(lambda: proc_status(pid).get("State", "T").startswith("T"), "the waiter to stop")
+            return None if catches(pid, signal.SIGTERM) else pid
+
+
+def test_frozen_as_pid_1_keeps_a_sigterm_sent_in_its_start(tmp_path: Path, bundle: Path) -> None:
+    """The kernel drops a signal sent to a PID namespace's init that has no handler for it
+    (pid_namespaces(7)): a SIGTERM in the waiter's start would be lost and the container
+    SIGKILLed at the end of the grace period. The waiter, stopped after it blocked SIGTERM
+    and before its handlers exist, is sent SIGTERM: the kernel keeps it pending, and the
+    waiter, let go, ends the step Stopped without running the command."""
+    root = make_root(tmp_path, bundle, busybox=True)
+    (root / "proc").mkdir()
+    script = f'{MOUNT} -t proc proc "$1/proc" && exec {CHROOT} "$@"'
+    argv = [UNSHARE, "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private", "sh", "-c", script,
+            "sh", str(root), *waiter_run(f"{WORK}/1", p.FLAG_WAIT, f"{WORK}/0", argv=["touch", f"{WORK}/ran"])]
+    for _ in range(20):  # the poll may miss the ~30 ms between the two: start again
+        unshare = subprocess.Popen(argv, env={"PATH": "/bin"}, stderr=subprocess.PIPE)
+        try:
+            pid = _stop_in_start(unshare)
+            if pid is None:
+                continue
+            os.kill(pid, signal.SIGTERM)
+            assert has_signal(proc_status(pid), "ShdPnd", signal.SIGTERM), proc_status(pid)
+            os.kill(pid, signal.SIGCONT)
+            _, err = unshare.communicate(timeout=60)
+            assert unshare.returncode == 128 + signal.SIGTERM, err
+            assert record(root / "work" / "1")[p.RECORD_REASON] == p.REASON_STOPPED
+            assert not (root / "work" / "ran").exists()
+            return
+        finally:
+            unshare.kill()
+            unshare.wait()
+    pytest.fail("the waiter was never caught between blocking SIGTERM and handling it")
 
 
 def test_waiter_init_from_the_image_layout(tmp_path: Path, bundle: Path) -> None:

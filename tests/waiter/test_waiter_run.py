@@ -94,6 +94,17 @@ GROUP_SCRIPT = textwrap.dedent("""
 """)
 
 
+def test_command_starts_with_default_signal_dispositions(tmp_path: Path) -> None:
+    """Nothing the waiter catches, ignores or blocks (it blocks SIGTERM in its own start)
+    reaches the command."""
+    res = run(tmp_path / DONE, argv=["cat", "/proc/self/status"])
+    assert res.returncode == 0, res.stderr
+    status = dict(line.split(":", 1) for line in res.stdout.decode().splitlines() if ":" in line)
+    reachable = sum(1 << (int(s) - 1) for s in signal.valid_signals())  # (glibc keeps 32 and 33)
+    for field in ("SigIgn", "SigCgt", "SigBlk"):
+        assert int(status[field].strip(), 16) & reachable == 0, (field, status[field])
+
+
 def test_sigterm_reaches_the_whole_group(tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
