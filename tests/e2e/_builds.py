@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -189,6 +190,29 @@ CANCEL_GRACE = 20  # seconds: a container that ignores SIGTERM is SIGKILLed (exi
 _HOLD = "e2e.initshift.io/hold"  # a finalizer: the deleted pod stays readable once it has stopped
 
 
+def handles_sigterm(env: Env, ns: str, name: str, container: str) -> bool:
+    """The container's PID 1 has a SIGTERM handler (SigCgt in its /proc status). The kernel
+    drops a SIGTERM sent to a container's PID 1 before it has one (docs/waiter.md): a
+    scenario that stops a build checks its waiters are past their start first."""
+    out = kubectl(env.admin, "exec", "-n", ns, name, "-c", container, "--", "cat", "/proc/1/status", check=False)
+    caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", out.stdout, re.M)
+    return bool(caught and int(caught[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def wait_waiters(env: Env, ns: str, name: str) -> None:
+    """Until the first step has made its call through the proxy and every waiter of the
+    build handles SIGTERM."""
+    wait_for(lambda: first(log_lines(env.kube, ns, name, "fetch"), "^fetch fetched "), 120,
+             f"{name}'s first step to run")
+    for container in ("compile", "completion"):  # (fetch's waiter has started its command)
+        wait_for(lambda: handles_sigterm(env, ns, name, container), 60, f"{name}'s {container} to handle SIGTERM")
+
+
+def sigkilled(obj: dict) -> dict:
+    """The pod's containers that ended on SIGKILL (exit 137), with their terminated state."""
+    return {c: end for c in statuses(obj) if (end := terminated(obj, c) or {}).get("exitCode") == 137}
+
+
 @scenario("cancelled-build")
 def cancelled_build(env: Env, rec: Record) -> None:
     """A build deleted while its first step runs (a cancelled CI run), under each strategy
@@ -215,8 +239,7 @@ def cancelled_build(env: Env, rec: Record) -> None:
     def cancelled(mode: str) -> str:
         name = f"cancel-{mode}"
         try:
-            wait_for(lambda: first(log_lines(env.kube, ns, name, "fetch"), "^fetch fetched "), 120,
-                     f"{name}'s first step to run")
+            wait_waiters(env, ns, name)
             began = time.monotonic()
             env.kube.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
             obj = wait_for(lambda: stopped(name), 3 * CANCEL_GRACE, f"{name}'s containers to stop")
@@ -225,8 +248,7 @@ def cancelled_build(env: Env, rec: Record) -> None:
             env.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"finalizers": None}})
         assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
         ends = {c: terminated(obj, c) or {} for c in statuses(obj)}
-        killed = {c: end for c, end in ends.items() if end.get("exitCode") == 137}
-        assert not killed, f"{mode}: SIGKILLed at the end of the grace period: {killed}"
+        assert not sigkilled(obj), f"{mode}: SIGKILLed at the end of the grace period: {sigkilled(obj)}"
         assert not first(log_lines(env.kube, ns, name, "compile"), "^compile start$"), f"{mode}: compile ran"
         # Waiting its turn, compile ends on its own SIGTERM (Stopped, 143) or, where it reads
         # fetch's record of that signal first, skipped (0): either way it never ran.
@@ -247,7 +269,10 @@ def build_deadline(env: Env, rec: Record) -> None:
     """A build whose first step hangs past the pod's own `activeDeadlineSeconds`, under
     each strategy whose steps the waiter runs: the kubelet ends the pod
     (`Failed/DeadlineExceeded`), the later step never runs, and the watcher's outcome is
-    Failed, naming the hung step with the pod's reason."""
+    Failed, naming the hung step with the pod's reason. The deadline is lowered to 1 s once
+    every waiter runs (`activeDeadlineSeconds` may be lowered on a running pod); the grace
+    period is the cancelled build's, long enough that a stalled node does not turn the
+    SIGTERM into a SIGKILL."""
     ns = env.namespace("deadline")
     rec.namespaces.append(ns)
     modes = waiter_modes(env)
@@ -255,16 +280,20 @@ def build_deadline(env: Env, rec: Record) -> None:
         steps = [step("fetch", env.images.busybox, port=ISTIO_TRAFFIC, sleep=300),
                  step("compile", env.images.busybox, port=ISTIO_TRAFFIC)]
         env.kube.create(f"/api/v1/namespaces/{ns}/pods", _build_pod(
-            env, f"late-{mode}", steps, annotations={p.ANNOTATION_MODE: mode}, activeDeadlineSeconds=15))
+            env, f"late-{mode}", steps, annotations={p.ANNOTATION_MODE: mode}, activeDeadlineSeconds=600,
+            terminationGracePeriodSeconds=CANCEL_GRACE))
 
     def ended(mode: str) -> str:
         name = f"late-{mode}"
+        wait_waiters(env, ns, name)
+        env.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {"spec": {"activeDeadlineSeconds": 1}})
         obj = wait_end(env.kube, ns, name, 120)
         status = obj["status"]
         assert (status["phase"], status.get("reason")) == ("Failed", "DeadlineExceeded"), f"{mode}: {status}"
         assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
         assert first(log_lines(env.kube, ns, name, "fetch"), "^fetch fetched "), f"{mode}: fetch never ran"
         assert not first(log_lines(env.kube, ns, name, "compile"), "^compile start$"), f"{mode}: compile ran"
+        assert not sigkilled(obj), f"{mode}: SIGKILLed at the end of the grace period: {sigkilled(obj)}"
         result = outcome(env.kube, ns, name)
         assert result["result"] == "Failed" and result.get("failed") == "fetch", f"{mode}: outcome {result}"
         assert "DeadlineExceeded" in result.get("message", ""), f"{mode}: outcome {result}"
