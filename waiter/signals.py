@@ -2,6 +2,7 @@
 
 The waiter never acts inside a signal handler: handlers only queue the number, and the
 main loop (waiting or running) decides — forward to the child's group, reap, or abort.
+Until the handlers exist, the terminating signals are held blocked (`hold_terminating`).
 """
 
 from __future__ import annotations
