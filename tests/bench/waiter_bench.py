@@ -43,8 +43,8 @@ from pathlib import Path
 from waiter import protocol as p
 from waiter.post import write_atomic
 from tests.bench._machine import Steal, describe
-from tests.support.waiter_support import HELD, SOURCE_WAITER, catches, ensure_bundle, has_signal, proc_status, record, \
-    waiter_env
+from tests.support.waiter_support import SOURCE_WAITER, catches, ensure_bundle, has_signal, holding, proc_status, \
+    record, waiter_env
 
 COLD_RUNS = 20
 BATCHES, CHAIN = 10, 21  # 10 x 20 = 200 handoffs
@@ -128,7 +128,7 @@ def start_window(t: Target) -> tuple[list[float], list[float]]:
             while True:
                 status = proc_status(proc.pid)
                 assert status, "the waiter exited in its start"
-                if blocked is None and int(status.get("SigBlk", "0"), 16) == HELD:
+                if blocked is None and holding(status):
                     blocked = time.perf_counter() - begun
                 if has_signal(status, "SigCgt", signal.SIGTERM):
                     handled.append(time.perf_counter() - begun)

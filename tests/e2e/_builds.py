@@ -12,6 +12,7 @@ from waiter import protocol as p
 from webhook.rewrite import rewrite
 from webhook.rewrite._quota import exceeded
 from webhook.settings import Settings
+from tests.support.waiter_support import has_signal, parse_status
 
 from ._check import check_build, proxy_instant, proxy_stop
 from ._env import Env, Record, native_only, scenario, waiter_modes
@@ -195,8 +196,7 @@ def handles_sigterm(env: Env, ns: str, name: str, container: str) -> bool:
     drops a SIGTERM sent to a container's PID 1 before it has one (docs/waiter.md): a
     scenario that stops a build checks its waiters are past their start first."""
     out = kubectl(env.admin, "exec", "-n", ns, name, "-c", container, "--", "cat", "/proc/1/status", check=False)
-    caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", out.stdout, re.M)
-    return bool(caught and int(caught[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return has_signal(parse_status(out.stdout), "SigCgt", signal.SIGTERM)
 
 
 def wait_waiters(env: Env, ns: str, name: str) -> None:

@@ -62,18 +62,28 @@ def wait_for(predicate, what: str, limit: float = 20.0) -> None:
 HELD = sum(1 << (sig - 1) for sig in TERMINATING)
 
 
-def proc_status(pid: int) -> dict[str, str]:
-    """/proc/PID/status as fields; empty once the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
+def parse_status(text: str) -> dict[str, str]:
+    """The fields of a /proc/PID/status text (read here, or through `kubectl exec`)."""
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
 
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as fields; empty once the process is gone."""
+    try:
+        return parse_status(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return {}
+
+
 def has_signal(status: dict[str, str], field: str, sig: int) -> bool:
-    """sig is in a mask field of a proc_status (SigCgt, SigBlk, ShdPnd...)."""
+    """sig is in a mask field of a status (SigCgt, SigBlk, ShdPnd...)."""
     return bool(int(status.get(field, "0"), 16) & (1 << (sig - 1)))
+
+
+def holding(status: dict[str, str]) -> bool:
+    """The process blocks exactly the waiter's start set (libc blocks every signal for a
+    moment around a spawn: that is not it)."""
+    return int(status.get("SigBlk", "0"), 16) == HELD
 
 
 def catches(pid: int, sig: int) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from waiter import protocol as p
-from tests.support.waiter_support import DIST, HELD, catches, ensure_bundle, has_signal, proc_status, record, \
+from tests.support.waiter_support import DIST, catches, ensure_bundle, has_signal, holding, proc_status, record, \
     wait_for
 
 pytestmark = [
@@ -210,8 +210,7 @@ def _stop_in_start(unshare: subprocess.Popen) -> int | None:
         status = proc_status(pid)
         if not status or has_signal(status, "SigCgt", signal.SIGTERM):
             return None
-        # Exactly the waiter's set: libc blocks every signal for a moment around a spawn.
-        if int(status.get("SigBlk", "0"), 16) == HELD:
+        if holding(status):
             os.kill(pid, signal.SIGSTOP)
             wait_for(lambda: proc_status(pid).get("State", "T").startswith("T"), "the waiter to stop")
             return None if catches(pid, signal.SIGTERM) else pid
