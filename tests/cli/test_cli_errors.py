@@ -20,6 +20,7 @@ from webhook.cli._podio import MAX_INPUT_BYTES
 ROOT = Path(__file__).resolve().parents[2]
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
 DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
               "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}
 
@@ -46,13 +47,13 @@ FILES: dict[str, tuple[bytes, str]] = {
     "service.yaml": (b"apiVersion: v1\nkind: Service\nmetadata: {name: s}\n", "got a Service"),
     "list.yaml": (b"- a\n- b\n", "got a list"),
     "empty.yaml": (b"\n---\n", "empty"),
-    "two-pods.yaml": (yaml.safe_dump_all([POD, POD]).encode(), "2 documents (a Pod, a Pod)"),
+    "two-services.yaml": (yaml.safe_dump_all([SERVICE, SERVICE]).encode(), "2 objects (a Service, a Service)"),
     "no-spec.yaml": (b"kind: Pod\nmetadata: {name: p}\n", "the Pod has no spec"),
     "review-of-node.json": (json.dumps({"kind": "AdmissionReview", "request": {"object": {"kind": "Node"}}}).encode(),
                             "holds a Node, not a Pod"),
     # as deep as the server's 400 for the same bytes: the reader stops, no RecursionError
-    "nested-500.json": (b"[" * 500, "nests deeper than 104 levels (line 1, column 105); no Kubernetes object does"),
-    "pod-field-950-deep.json": (nested(950), "nests deeper than 104 levels (line 1, column"),
+    "nested-500.json": (b"[" * 500, "nests deeper than 106 levels (line 1, column 107); no Kubernetes object does"),
+    "pod-field-950-deep.json": (nested(950), "nests deeper than 106 levels (line 1, column"),
     # the server's own rule on the pod (webhook.rewrite.MAX_DEPTH): 101 levels, the 100 allowed
     "pod-101-deep.json": (nested(97), "the pod nests deeper than 100 levels"),
     "alias-bomb.yaml": (ALIAS_BOMB.encode(), "its aliases expand to more than 8388608 values (line 7, column"),
@@ -123,7 +124,8 @@ def test_stdin_is_read_the_same_way(files: Path, command: str, name: str) -> Non
 
 
 def test_the_pod_may_nest_as_deep_as_the_server_allows(tmp_path: Path) -> None:
-    """100 levels below the pod, in a Pod or a CronJob's template (4 levels deeper): read."""
+    """100 levels below the pod, in a Pod, a CronJob's template (4 levels deeper) or that
+    CronJob as a List's item (6): read."""
     from webhook.rewrite import MAX_DEPTH, depth_problem
 
     pod = json.loads(nested(96))
@@ -131,7 +133,8 @@ def test_the_pod_may_nest_as_deep_as_the_server_allows(tmp_path: Path) -> None:
     assert depth_problem(json.loads(nested(97))) == f"the pod nests deeper than {MAX_DEPTH} levels"
     cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
                "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": pod}}}}
-    for name, doc in (("pod.json", pod), ("cronjob.json", cronjob)):
+    listed = {"apiVersion": "v1", "kind": "List", "items": [cronjob]}
+    for name, doc in (("pod.json", pod), ("cronjob.json", cronjob), ("list.json", listed)):
         (tmp_path / name).write_text(json.dumps(doc))
         proc = run(["mutate", str(tmp_path / name), "-o", "json"])
         assert proc.returncode == 0, proc.stderr
@@ -156,11 +159,20 @@ def test_yaml_anchors_and_aliases_within_bounds_are_read(tmp_path: Path) -> None
                "DaemonSet, Job, CronJob)"),
 ])
 def test_what_each_reader_expects_is_named_in_plain_words(files: Path, command: str, expected: str) -> None:
-    """`review` names only what it reads (no workload); several documents: one of them."""
+    """`review` names only what it reads (no workload); of several objects it takes exactly
+    one, `mutate` at least one."""
     one_line(run([command, str(files / "empty.yaml")]), 2, f"empty; {expected}", f"initshift {command}")
-    one_line(run([command, str(files / "two-pods.yaml")]), 2,
-             f"2 documents (a Pod, a Pod); expected exactly one of them to be {expected.replace('expected ', '')}",
-             f"initshift {command}")
+    how_many = "exactly" if command == "review" else "at least"
+    one_line(run([command, str(files / "two-services.yaml")]), 2,
+             f"2 objects (a Service, a Service); expected {how_many} one of them to be "
+             f"{expected.replace('expected ', '')}", f"initshift {command}")
+
+
+def test_review_takes_one_pod_of_several_objects(files: Path) -> None:
+    (files / "two-pods.yaml").write_text(yaml.safe_dump_all([POD, POD]))
+    one_line(run(["review", str(files / "two-pods.yaml")]), 2,
+             "2 objects (a Pod, a Pod); expected exactly one of them to be a Pod or an AdmissionReview of a Pod",
+             "initshift review")
 
 
 def test_a_workload_is_mutate_input_and_named_by_review(files: Path) -> None:

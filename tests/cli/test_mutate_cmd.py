@@ -57,6 +57,9 @@ def test_unchanged_pod_warns_and_check_exit_code():
     assert out.returncode == 0 and yaml.safe_load(out.stdout) == pods.not_rewritten(pods.catalogue()["job"], "no-sidecar")
     assert "warning: initshift: no sidecar" in out.stderr
     assert run("-", "--check", stdin=job).returncode == 1
+    patch = run("-", "-o", "patch", stdin=job)
+    assert patch.returncode == 0, patch.stderr  # the reason recorded, nothing else
+    assert apply_patch(pods.catalogue()["job"], json.loads(patch.stdout)) == yaml.safe_load(out.stdout)
 
 
 def test_denied_and_bad_input(tmp_path):
@@ -161,3 +164,72 @@ def test_the_namespace_of_the_pod(tmp_path):
     ns.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": []}))
     none = run("-", "--namespace", str(ns), stdin=pod)
     assert none.returncode == 2 and none.stderr.strip() == f"initshift mutate: {ns}: expected one Namespace, got 0"
+
+
+def _as_job(pod: dict, name: str) -> dict:
+    template = {"metadata": {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")},
+                "spec": pod["spec"]}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"template": template}}
+
+
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}
+
+
+def test_a_manifest_of_several_objects(tmp_path):
+    """`helm template ... | initshift mutate -`: every pod and workload rewritten, any other
+    object printed as it is, in order: a YAML stream, a JSON List, a diff per object; the
+    warnings name their object; --check fails on the one pod left unchanged."""
+    job, plain = _as_job(pods.catalogue()["job-istio"], "build"), pods.catalogue()["job"]
+    stream = yaml.safe_dump_all([SERVICE, job, plain])
+    out = run("-", stdin=stream)
+    assert out.returncode == 0, out.stderr
+    service, built, left = yaml.safe_load_all(out.stdout)
+    assert service == SERVICE and left == pods.not_rewritten(plain, "no-sidecar")
+    assert built["spec"]["template"]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    assert "warning: Pod/site-build-: initshift: no sidecar" in out.stderr
+    as_json = json.loads(run("-", "-o", "json", stdin=stream).stdout)
+    assert as_json["kind"] == "List" and as_json["items"] == [service, built, left]
+    diff = run("-", "-o", "diff", stdin=stream).stdout
+    assert diff.startswith("--- Job/build\n+++ Job/build (initshift)\n") and "--- Service/web" not in diff
+    assert run("-", "--check", stdin=stream).returncode == 1
+    assert run("-", "--check", stdin=yaml.safe_dump_all([SERVICE, job])).returncode == 0
+    # One pod among other objects: its patch, as for a lone pod.
+    patch = run("-", "-o", "patch", stdin=yaml.safe_dump_all([SERVICE, job]))
+    assert apply_patch(job, json.loads(patch.stdout)) == built
+    several = run("-", "-o", "patch", stdin=stream)
+    assert several.returncode == 2 and several.stdout == "" and several.stderr == (
+        "initshift mutate: -o patch prints one pod's JSONPatch; <stdin> holds 2 (Job/build, Pod/site-build-): use -o diff\n")
+
+
+def test_lists_as_kubectl_and_the_api_print_them():
+    """`kubectl get jobs -o yaml` (a List) and the API's JobList, whose items carry no kind:
+    each item rewritten as a Job."""
+    job = _as_job(pods.catalogue()["job-istio"], "build")
+    listed = run("-", "-o", "json", stdin=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [job, job]}))
+    bare = {k: v for k, v in job.items() if k not in ("apiVersion", "kind")}
+    typed = run("-", "-o", "json", stdin=json.dumps({"apiVersion": "batch/v1", "kind": "JobList", "items": [bare]}))
+    assert listed.returncode == typed.returncode == 0, listed.stderr + typed.stderr
+    items = json.loads(listed.stdout)["items"]
+    alone = json.loads(typed.stdout)  # one object: printed as itself
+    assert alone["kind"] == "Job" and alone["apiVersion"] == "batch/v1"
+    assert items == [alone, alone]
+    assert alone["spec"]["template"]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    empty = run("-", stdin="kind: List\nitems: []\n")
+    assert empty.returncode == 2 and "an empty List" in empty.stderr
+
+
+def test_a_pod_denied_or_unreadable_among_several():
+    """Nothing printed when one pod would be denied (half a manifest must not reach
+    `kubectl apply`); a bad object is named by its kind and name."""
+    denied = pods.catalogue()["job-istio"]
+    del denied["spec"]["initContainers"][1]["command"]
+    stream = yaml.safe_dump_all([_as_job(pods.catalogue()["job-istio"], "fine"), _as_job(denied, "broken")])
+    out = run("-", stdin=stream)
+    assert out.returncode == 3 and out.stdout == "" and "denied: Job/broken: initshift: " in out.stderr
+    assert "Job/fine" not in out.stderr
+    for docs, message in (([SERVICE, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+                                      "spec": {}}], "initshift mutate: <stdin>, Deployment/d: the Deployment has no pod template"),
+                          ([SERVICE, ["a", "b"]], "initshift mutate: <stdin>: 2 objects (a Service, a list); a list is no "
+                                                  "Kubernetes object")):
+        bad = run("-", stdin=yaml.safe_dump_all(docs))
+        assert bad.returncode == 2 and bad.stderr.strip() == message, bad.stderr

@@ -1,8 +1,12 @@
 """`initshift mutate FILE|-`: the webhook's rewrite as a dry run on the command line.
 
-Exit codes: 0 the pod was rewritten (or printed unchanged), 1 the pod is left unchanged
+A manifest of several objects (a YAML stream, a List: `helm template`, `kubectl get -o
+yaml`) has each Pod, AdmissionReview and workload rewritten and every other object printed
+as it is, so the output can go on to `kubectl apply -f -`.
+
+Exit codes: 0 the pods were rewritten (or printed unchanged), 1 a pod is left unchanged
 (the warnings on stderr say why) and `--check` was given, 2 bad input or usage, 3 the
-webhook would deny the pod (the message on stderr).
+webhook would deny a pod (the message on stderr; nothing is printed).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from waiter import protocol as p
 
 from ..admission import make_patch
 from ._common import EXIT_OK, EXIT_USAGE, Parser
-from ._podio import InputError, dump, read_objects, read_pod
-from ..rewrite import Lookup, UnresolvedEntrypoint, plan
+from ._podio import InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name
+from ..rewrite import Lookup, RewriteResult, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
 _EXIT_UNCHANGED, _EXIT_DENIED = 1, 3  # beside the shared 0 and 2 (_common)
@@ -29,13 +33,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="initshift mutate",
         description="Rewrite a Pod, the Pod inside an AdmissionReview, or a workload's pod template "
                     "(Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob), YAML or JSON, "
-                    "the way the webhook would.",
+                    "the way the webhook would. In a manifest of several objects (a YAML stream, a List) each "
+                    "of those is rewritten and every other object printed as it is.",
         epilog="Settings come from the same INITSHIFT_* variables as the server; the feature gate is on "
-               "unless --respect-gate is given. Exit codes: 0 rewritten or printed, 1 unchanged with --check, "
-               "2 bad input, 3 the webhook would deny the pod.")
+               "unless --respect-gate is given. Exit codes: 0 rewritten or printed, 1 a pod unchanged with "
+               "--check, 2 bad input, 3 the webhook would deny a pod.")
     ap.add_argument("file", help="a file, or - for standard input")
     ap.add_argument("-o", "--output", choices=["yaml", "json", "patch", "diff"], default="yaml",
-                    help="the rewritten pod (yaml, json), the JSONPatch, or a unified diff")
+                    help="the rewritten objects (yaml: a stream of documents; json: a List when there are "
+                         "several), the JSONPatch (one pod), or a unified diff per object")
     ap.add_argument("--mode", choices=list(p.MODES),
                     help="override INITSHIFT_MODE for pods without the initshift.io/mode annotation")
     ap.add_argument("--native-sidecars", action="store_true",
@@ -51,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--namespace", metavar="FILE",
                     help="the pod's Namespace (`kubectl get namespace NS -o yaml`), whose mesh label the server reads "
                          "itself: a proxy it asks for is waited for where quotas or pod-level requests bound the pod")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the pod would be left unchanged")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a pod would be left unchanged")
     ap.add_argument("--resolve", action="store_true",
                     help="look up the ENTRYPOINT of steps without `command` in the registry (INITSHIFT_REGISTRY_* "
                          "settings; pull secrets through kubeconfig when INITSHIFT_REGISTRY_PULL_SECRETS is on)")
@@ -68,35 +74,55 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        pod_in = read_pod(args.file)
+        objects = read_manifests(args.file)
         limit_ranges = read_objects(args.limit_ranges, "LimitRange") if args.limit_ranges else []
         quotas = read_objects(args.quotas, "ResourceQuota") if args.quotas else []
         namespace = _one(read_objects(args.namespace, "Namespace"), args.namespace) if args.namespace else None
     except (InputError, SettingsError) as e:
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
+    pods = [o for o in objects if isinstance(o, PodInput)]
+    if args.output == "patch" and len(pods) > 1:
+        print(f"initshift mutate: -o patch prints one pod's JSONPatch; {source_name(args.file)} holds {len(pods)} "
+              f"({', '.join(i.label for i in pods)}): use -o diff", file=sys.stderr)
+        return EXIT_USAGE
     if not args.respect_gate:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
-    the_plan = plan(pod_in.pod, settings, native_supported=True if args.native_sidecars else None,
-                    mode_from="--mode" if args.mode else None)
-    images, lookup_error = None, None
-    try:
-        if args.resolve:
-            images, lookup_error = _resolve(pod_in.pod, settings, the_plan.lookups())
-    except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
-        print(f"initshift mutate: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    result = the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas,
-                              namespace=namespace)
-    for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if result.denied:
-        print(f"denied: {result.denied}", file=sys.stderr)
+    pairs: list[tuple[str, dict, dict | None]] = []  # (label, before, after; None: passed through), in order
+    denied = unchanged = False
+    for obj in objects:
+        if not isinstance(obj, PodInput):
+            pairs.append((label_of(obj), obj, None))
+            continue
+        try:
+            result = _rewrite(obj.pod, settings, args, limit_ranges, quotas, namespace)
+        except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
+            print(f"initshift mutate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        said = f"{obj.label}: " if len(pods) > 1 else ""  # which pod a line is about
+        for w in result.warnings:
+            print(f"warning: {said}{w}", file=sys.stderr)
+        if result.denied:
+            print(f"denied: {said}{result.denied}", file=sys.stderr)
+            denied = True
+        unchanged |= not result.changed
+        pairs.append((obj.label if len(objects) > 1 else "pod", obj.document, obj.put(result.pod)))
+    if denied:  # half a manifest must not go on to `kubectl apply`
         return _EXIT_DENIED
-    sys.stdout.write(_render(pod_in.document, pod_in.put(result.pod), args.output))
-    return _EXIT_UNCHANGED if args.check and not result.changed else EXIT_OK
+    sys.stdout.write(_render(pairs, args.output))
+    return _EXIT_UNCHANGED if args.check and unchanged else EXIT_OK
+
+
+def _rewrite(pod: dict, settings: Settings, args: argparse.Namespace, limit_ranges: list[dict], quotas: list[dict],
+             namespace: dict | None) -> RewriteResult:
+    """What the server would make of `pod`, the registry looked up with --resolve."""
+    the_plan = plan(pod, settings, native_supported=True if args.native_sidecars else None,
+                    mode_from="--mode" if args.mode else None)
+    images, lookup_error = _resolve(pod, settings, the_plan.lookups()) if args.resolve else (None, None)
+    return the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas,
+                            namespace=namespace)
 
 
 def _resolve(pod: dict, settings: Settings, lookups: list[Lookup]) -> tuple[dict | None, str | None]:
@@ -123,10 +149,18 @@ def _resolve(pod: dict, settings: Settings, lookups: list[Lookup]) -> tuple[dict
         return None, str(e)
 
 
-def _render(before: dict, after: dict, fmt: str) -> str:
+def _render(pairs: list[tuple[str, dict, dict | None]], fmt: str) -> str:
+    """One object as itself; several as a YAML stream, a JSON List (as kubectl prints
+    them), one unified diff each. A patch is of the one pod (main refuses several)."""
     if fmt == "patch":
-        return json.dumps(make_patch(before, after), indent=2) + "\n"
+        return json.dumps(next(make_patch(a, b) for _, a, b in pairs if b is not None), indent=2) + "\n"
     if fmt == "diff":
-        a, b = dump(before, "yaml").splitlines(True), dump(after, "yaml").splitlines(True)
-        return "".join(difflib.unified_diff(a, b, "pod", "pod (initshift)"))
-    return dump(after, fmt)
+        return "".join("".join(difflib.unified_diff(dump(a, "yaml").splitlines(True), dump(b, "yaml").splitlines(True),
+                                                    label, f"{label} (initshift)"))
+                       for label, a, b in pairs if b is not None)
+    afters = [a if b is None else b for _, a, b in pairs]
+    if len(afters) == 1:
+        return dump(afters[0], fmt)
+    if fmt == "json":
+        return dump({"apiVersion": "v1", "kind": "List", "items": afters}, fmt)
+    return "---\n".join(dump(b, fmt) for b in afters)

@@ -1,4 +1,5 @@
-"""Reading a Pod or an AdmissionReview from YAML or JSON, for the command line."""
+"""Reading Pods, AdmissionReviews and workloads from YAML or JSON, for the command line:
+one Pod for `review`, every object of a manifest for `mutate`."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ _TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
-class _PodInput:
+class PodInput:
     pod: dict
     review: dict | None = None  # the AdmissionReview the pod came from, if any
     workload: dict | None = None  # the Deployment, Job... whose template `pod` is
@@ -49,10 +50,9 @@ class _PodInput:
         return out
 
     @property
-    def namespace(self) -> str:
-        if self.review:
-            return str((self.review.get("request") or {}).get("namespace") or "")
-        return str((self.pod.get("metadata") or {}).get("namespace") or "")
+    def label(self) -> str:
+        """`Kind/name` of what was read (the pod's, for a review), as kubectl names objects."""
+        return label_of(self.workload if self.workload is not None else {**self.pod, "kind": "Pod"})
 
 
 # Far above any object the apiserver stores (etcd's limit is 1.5 MiB) or a review the
@@ -60,14 +60,15 @@ class _PodInput:
 MAX_INPUT_BYTES = 8 * 1024 * 1024
 
 
-def _name(path: str) -> str:
+def source_name(path: str) -> str:
+    """How messages name a file: its path, or <stdin> for `-`."""
     return "<stdin>" if path == "-" else path
 
 
 def read_text(path: str) -> str:
     """A file's (or stdin's) text; InputError naming the file when it cannot be read,
     is too large, binary, or not UTF-8."""
-    where = _name(path)
+    where = source_name(path)
     try:
         if path == "-":
             data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
@@ -86,8 +87,9 @@ def read_text(path: str) -> str:
         raise InputError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
-# The deepest a pod sits in what the reader accepts: a CronJob's spec.jobTemplate.spec.template.
-_WRAPPER_DEPTH = 4
+# The deepest a pod sits in what the reader accepts: a CronJob's spec.jobTemplate.spec.template,
+# as one of a List's items.
+_WRAPPER_DEPTH = 6
 # A document may nest MAX_DEPTH (the server's rule, applied to the pod once read) plus the
 # wrapper: past that, composing it would only overflow the stack.
 _MAX_DOCUMENT_DEPTH = MAX_DEPTH + _WRAPPER_DEPTH
@@ -186,33 +188,90 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[:1].lower() in "aeiou" else f"a {kind}"
 
 
-def parse_pod(text: str, where: str = "<stdin>", *, workloads: bool = True) -> _PodInput:
+def label_of(doc: Any) -> str:
+    """`Kind/name` (or the generateName), as kubectl names an object in its messages."""
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    name = (meta.get("name") or meta.get("generateName")) if isinstance(meta, dict) else None
+    return f"{_kind(doc)}/{name if isinstance(name, str) and name else '(no name)'}"
+
+
+def _objects(docs: list[Any]) -> list[Any]:
+    """The documents, each List's items in its place (what `kubectl get -o yaml` prints for
+    several objects). A typed list's items (a PodList's, from the API) carry no kind of
+    their own: they get the list's."""
+    out: list[Any] = []
+    for doc in docs:
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if not (isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)):
+            out.append(doc)
+            continue
+        for item in doc["items"]:
+            if kind != "List" and isinstance(item, dict) and "kind" not in item:
+                item = {"apiVersion": doc.get("apiVersion"), "kind": kind[:-len("List")], **item}
+            out.append(item)
+    return out
+
+
+def _wanted(workloads: bool) -> tuple[str, ...]:
+    return ("Pod", "AdmissionReview", *(_TEMPLATE_PATHS if workloads else ()))
+
+
+def _several(objs: list[Any]) -> str:
+    return f"{len(objs)} objects ({', '.join(_a(_kind(d)) for d in objs)})"
+
+
+def parse_pod(text: str, where: str = "<stdin>", *, workloads: bool = True) -> PodInput:
     """The one Pod in `text`: a Pod, an AdmissionReview's request.object, or (with
-    `workloads`) a workload's pod template. A stream of several documents must hold
-    exactly one of those. The pod is held to the server's depth rule (`MAX_DEPTH`)."""
-    found = _find_pod(text, where, workloads)
+    `workloads`) a workload's pod template. Several objects must hold exactly one of
+    those. The pod is held to the server's depth rule (`MAX_DEPTH`)."""
+    expected = _expected(workloads)
+    objs = _objects(_documents(text, where, expected))
+    if not objs:
+        raise InputError(f"{where}: an empty List; expected {expected}")
+    if len(objs) > 1:
+        found = [d for d in objs if isinstance(d, dict) and d.get("kind") in _wanted(workloads)]
+        if len(found) != 1:
+            raise InputError(f"{where}: {_several(objs)}; expected exactly one of them to be {expected}")
+        objs = found
+    return _pod_input(objs[0], where, workloads)
+
+
+def parse_manifests(text: str, where: str = "<stdin>") -> list[PodInput | dict]:
+    """Every object in `text`, in order, a List's items one by one: a Pod, an
+    AdmissionReview of a Pod or a workload as the `PodInput` to rewrite, any other object
+    (a Service, a ConfigMap) as it is, as `istioctl kube-inject` passes them. A lone
+    object must be one to rewrite (another kind is the wrong file), and so must one of
+    several."""
+    expected = _expected(True)
+    objs = _objects(_documents(text, where, expected))
+    if not objs:
+        raise InputError(f"{where}: an empty List; expected {expected}")
+    if len(objs) == 1:
+        return [_pod_input(objs[0], where, True)]
+    out: list[PodInput | dict] = []
+    for doc in objs:
+        if not isinstance(doc, dict):
+            raise InputError(f"{where}: {_several(objs)}; {_a(_kind(doc))} is no Kubernetes object")
+        out.append(_pod_input(doc, f"{where}, {label_of(doc)}", True) if doc.get("kind") in _wanted(True) else doc)
+    if not any(isinstance(o, PodInput) for o in out):
+        raise InputError(f"{where}: {_several(objs)}; expected at least one of them to be {expected}")
+    return out
+
+
+def _pod_input(doc: Any, where: str, workloads: bool) -> PodInput:
+    """`doc` as the pod to rewrite, held to the server's depth rule."""
+    found = _find_pod(doc, where, workloads)
     problem = depth_problem(found.pod)
     if problem:
         raise InputError(f"{where}: {problem}; no Kubernetes object does")
     return found
 
 
-def _find_pod(text: str, where: str, workloads: bool) -> _PodInput:
-    expected = _expected(workloads)
-    docs = _documents(text, where, expected)
-    wanted = ("Pod", "AdmissionReview", *(_TEMPLATE_PATHS if workloads else ()))
-    if len(docs) > 1:
-        found = [d for d in docs if isinstance(d, dict) and d.get("kind") in wanted]
-        if len(found) != 1:
-            kinds = ", ".join(_a(_kind(d)) for d in docs)
-            raise InputError(f"{where}: {len(docs)} documents ({kinds}); expected exactly one of them to be "
-                             f"{expected}")
-        docs = found
-    doc = docs[0]
-    if not isinstance(doc, dict) or doc.get("kind", "Pod") not in wanted:
+def _find_pod(doc: Any, where: str, workloads: bool) -> PodInput:
+    if not isinstance(doc, dict) or doc.get("kind", "Pod") not in _wanted(workloads):
         hint = "; `initshift mutate` reads a workload's pod template" if \
             not workloads and isinstance(doc, dict) and doc.get("kind") in _TEMPLATE_PATHS else ""
-        raise InputError(f"{where}: expected {expected}, got {_a(_kind(doc))}{hint}")
+        raise InputError(f"{where}: expected {_expected(workloads)}, got {_a(_kind(doc))}{hint}")
     if doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
@@ -220,35 +279,38 @@ def _find_pod(text: str, where: str, workloads: bool) -> _PodInput:
         pod = request["object"]
         if pod.get("kind", "Pod") != "Pod":
             raise InputError(f"{where}: the AdmissionReview holds {_a(_kind(pod))}, not a Pod")
-        return _PodInput(pod=pod, review=doc)
+        return PodInput(pod=pod, review=doc)
     if doc.get("kind") in _TEMPLATE_PATHS:
         node: Any = doc
         for key in _TEMPLATE_PATHS[doc["kind"]]:
             node = node.get(key) if isinstance(node, dict) else None
         if not isinstance(node, dict) or not isinstance(node.get("spec"), dict):
             raise InputError(f"{where}: the {doc['kind']} has no pod template")
-        return _PodInput(pod=node, workload=doc)
+        return PodInput(pod=node, workload=doc)
     if not isinstance(doc.get("spec"), dict):
         raise InputError(f"{where}: the Pod has no spec")
-    return _PodInput(pod=doc)
+    return PodInput(pod=doc)
 
 
-def read_pod(path: str, *, workloads: bool = True) -> _PodInput:
-    """`parse_pod` of a file or `-`: the one input reader of `mutate` and `review`."""
-    return parse_pod(read_text(path), _name(path), workloads=workloads)
+def read_pod(path: str, *, workloads: bool = True) -> PodInput:
+    """`parse_pod` of a file or `-`: `review`'s input."""
+    return parse_pod(read_text(path), source_name(path), workloads=workloads)
+
+
+def read_manifests(path: str) -> list[PodInput | dict]:
+    """`parse_manifests` of a file or `-`: `mutate`'s input."""
+    return parse_manifests(read_text(path), source_name(path))
 
 
 def read_objects(path: str, kind: str) -> list[dict]:
     """The objects of `kind` (LimitRange, ResourceQuota, Namespace) in a file or `-`: such documents,
     or a List of them (what `kubectl get limitranges -n NS -o yaml` prints)."""
-    where = _name(path)
+    where = source_name(path)
     out: list[dict] = []
-    for doc in _documents(read_text(path), where, f"a {kind} or a List of them"):
-        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") in ("List", f"{kind}List") else [doc]
-        for item in items if isinstance(items, list) else [items]:
-            if not isinstance(item, dict) or item.get("kind") != kind:
-                raise InputError(f"{where}: expected {kind}s, got {_a(_kind(item))}")
-            out.append(item)
+    for item in _objects(_documents(read_text(path), where, f"a {kind} or a List of them")):
+        if not isinstance(item, dict) or item.get("kind") != kind:
+            raise InputError(f"{where}: expected {kind}s, got {_a(_kind(item))}")
+        out.append(item)
     return out
 
 
