@@ -31,6 +31,7 @@ from webhook.settings import Settings, settings_rows
 DEFAULTS = Settings()
 COMPONENTS = ("components/node-versions", "components/registry-pull-secrets")
 MONITORING = "components/monitoring"
+POD_MONITOR = "components/pod-monitor"  # after MONITORING: a PodMonitor in its ServiceMonitor's place
 # Configurations that must come after ours (the apiserver calls them in name order).
 MESH_INJECTORS = ("istio-sidecar-injector", "istio-revision-tag-default", "linkerd-proxy-injector-webhook-config")
 INJECT_CA_FROM = "cert-manager.io/inject-ca-from"
@@ -125,6 +126,7 @@ INSTALLS = {
     "helm-self-managed+registry": Install(lambda: helm({"registry": {"lookup": True, "pullSecrets": True}}),
                                           pull_secrets=True, has_namespace_object=False),
     "kustomize-default+monitoring": Install(lambda: kustomize(".", [MONITORING])),
+    "kustomize-default+pod-monitor": Install(lambda: kustomize(".", [MONITORING, POD_MONITOR])),
     "helm-pod-values+monitoring": Install(lambda: helm(POD_VALUES), has_namespace_object=False, pdb=False,
                                           anti_affinity=False),
     "helm-operator-values": Install(lambda: helm(OPERATOR_VALUES), self_managed=False, has_namespace_object=False,
@@ -673,7 +675,7 @@ def test_installs_cover_every_component_and_overlay():
     """A new overlay or component must be added to INSTALLS to be checked."""
     on_disk = {f"overlays/{d}" for d in os.listdir(DEPLOY / "overlays")}
     on_disk |= {f"components/{d}" for d in os.listdir(DEPLOY / "components")}
-    covered = {"overlays/self-managed", "overlays/cert-manager", *COMPONENTS, MONITORING}
+    covered = {"overlays/self-managed", "overlays/cert-manager", *COMPONENTS, MONITORING, POD_MONITOR}
     assert on_disk == covered
 
 

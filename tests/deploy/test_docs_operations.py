@@ -81,7 +81,7 @@ def _known_objects() -> set[tuple[str, str | None, str]]:
 
     out = set()
     for objects in (kustomize("."), kustomize("overlays/cert-manager"), kustomize(".", ["components/monitoring"]),
-                    helm(), helm({"certificates": {"mode": "cert-manager"}})):
+                    kustomize(".", ["components/pod-monitor"]), helm(), helm({"certificates": {"mode": "cert-manager"}})):
         for o in objects:
             out.add((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]))
     s = Settings()

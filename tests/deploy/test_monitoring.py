@@ -17,6 +17,7 @@ from tests.deploy.test_deploy import selects, validate
 from webhook.settings import Settings
 
 COMPONENT = DEPLOY / "components" / "monitoring"
+POD_MONITORING = ["components/monitoring", "components/pod-monitor"]  # in this order
 DASHBOARD = COMPONENT / "initshift-dashboard.json"
 ALL_ON = {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
                       "prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}}}
@@ -169,6 +170,7 @@ def test_promtool_catches_a_wrong_expectation(tmp_path):
 def test_alerts_name_what_the_install_renders():
     """The fail-open alerts read the webhook's name, the server alert the monitors' job."""
     for objects, job in ((kustomize(".", ["components/monitoring"]), "initshift"),
+                         (kustomize(".", POD_MONITORING), "initshift"),
                          (helm({**ALL_ON, "fullnameOverride": "ci-initshift"}), "ci-initshift")):
         r = Rendered(objects)
         rules = {x["alert"]: x["expr"] for g in r.one("PrometheusRule")["spec"]["groups"] for x in g["rules"]}
@@ -189,6 +191,17 @@ def _spec(objects: list[dict], kind: str) -> dict:
     return obj
 
 
+def test_pod_monitor_component_takes_the_service_monitors_place():
+    """After components/monitoring: its PodMonitor instead of the ServiceMonitor, the rules and
+    the dashboard kept; alone: the PodMonitor only."""
+    kinds = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
+    assert sorted(o["kind"] for o in kustomize(".", POD_MONITORING) if o["kind"] in kinds) == \
+        ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    assert [o["kind"] for o in kustomize(".", ["components/pod-monitor"]) if o["kind"] in kinds] == ["PodMonitor"]
+    with_cert_manager = kustomize("overlays/cert-manager", POD_MONITORING)
+    assert _spec(with_cert_manager, "PodMonitor") == _spec(kustomize(".", POD_MONITORING), "PodMonitor")
+
+
 def test_chart_and_component_render_the_same_monitoring():
     k = kustomize(".", ["components/monitoring"])
     h = helm({"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
@@ -204,6 +217,8 @@ def test_chart_and_component_render_the_same_monitoring():
         "deploy/helm/initshift/dashboards/initshift.json"
     for d in (hd, kd):
         assert d["metadata"]["labels"]["grafana_dashboard"] == "1"
+    hp = _spec(helm({"metrics": {"podMonitor": {"enabled": True}}}), "PodMonitor")
+    assert hp["spec"] == _spec(kustomize(".", POD_MONITORING), "PodMonitor")["spec"]
 
 
 def test_latency_alert_follows_the_webhook_timeout():
@@ -231,14 +246,16 @@ def test_chart_toggles(values, kinds):
 @pytest.mark.parametrize("render", [
     lambda: kustomize(".", ["components/monitoring"]),
     lambda: kustomize("overlays/cert-manager", ["components/monitoring"]),
+    lambda: kustomize(".", POD_MONITORING),
     lambda: helm(ALL_ON),
     lambda: helm({"metrics": {**ALL_ON["metrics"], "serviceMonitor": {"enabled": True, "interval": "1m",
                                                                      "labels": {"release": "kps"}},
                               "dashboard": {"enabled": True, "namespace": "monitoring"}}}),
-], ids=["kustomize", "kustomize-cert-manager", "helm-all-on", "helm-custom"])
+], ids=["kustomize", "kustomize-cert-manager", "kustomize-pod-monitor", "helm-all-on", "helm-custom"])
 def test_monitoring_objects_validate(render):
     objects = render()
-    assert {o["kind"] for o in objects} >= {"ServiceMonitor", "PrometheusRule", "ConfigMap"}
+    assert {o["kind"] for o in objects} >= {"PrometheusRule", "ConfigMap"}
+    assert {o["kind"] for o in objects} & {"ServiceMonitor", "PodMonitor"}
     for obj in objects:
         validate(obj)  # Kubernetes schemas, cert-manager's and prometheus-operator's
 
@@ -260,15 +277,17 @@ def test_crd_schemas_catch_mistakes():
 
 
 def test_monitors_select_what_serves_metrics():
-    for objects in (kustomize(".", ["components/monitoring"]), helm(ALL_ON)):
+    for objects in (kustomize(".", ["components/monitoring"]), kustomize(".", POD_MONITORING), helm(ALL_ON)):
         r = Rendered(objects)
         service, pod_labels = r.one("Service"), r.deployment["spec"]["template"]["metadata"]["labels"]
-        sm = r.one("ServiceMonitor")
-        assert selects(sm["spec"]["selector"], service["metadata"]["labels"])
-        assert sm["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
-        assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+        for sm in r.of_kind("ServiceMonitor"):
+            assert selects(sm["spec"]["selector"], service["metadata"]["labels"])
+            assert sm["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+            assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+        assert r.of_kind("ServiceMonitor") or r.of_kind("PodMonitor")
         for pm in r.of_kind("PodMonitor"):
             assert selects(pm["spec"]["selector"], pod_labels)
+            assert pm["spec"]["namespaceSelector"]["matchNames"] == [r.deployment["metadata"]["namespace"]]
             assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= {p["name"] for p in r.container["ports"]}
         (metrics_port,) = [p for p in r.container["ports"] if p["name"] == "metrics"]
         settings = Settings.from_env(r.plain_env())
