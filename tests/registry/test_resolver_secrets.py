@@ -9,9 +9,10 @@ import pytest
 
 from tests.support.kubedouble import KubeDouble
 from tests.support.registryd import Env, shared_env
-from tests.registry.test_resolver import NS, account, dockercfg, dockerconfigjson, pod, settings
+from tests.registry.test_resolver import NS, FakeClock, account, dockercfg, dockerconfigjson, pod, settings
+from webhook.kube import KubeError
 from webhook.rewrite._entrypoint import Lookup, UnresolvedEntrypoint
-from webhook.registry._pullsecrets import KubeSecretsSource
+from webhook.registry._pullsecrets import CACHE_SECONDS, KubeSecretsSource
 from webhook.registry._resolver import RegistryResolver
 
 
@@ -77,3 +78,54 @@ async def test_forbidden_secret_falls_back_to_anonymous(env: Env, kube: KubeDoub
             await r.resolve(pod(("clone", image), pull_secrets=["regcred"]), [Lookup("clone", image)])
     finally:
         await r.aclose()
+
+
+async def test_a_builds_pods_read_their_pull_secrets_once(env: Env, kube: KubeDouble,
+                                                          source: KubeSecretsSource) -> None:
+    """Reviews of one build's pods, one after another: the ServiceAccount and its Secret are
+    read for the first only."""
+    image = f"{env.basic.host}/steps/entry:v1"
+    r = RegistryResolver(settings(env), secrets_source=source)
+    try:
+        for _ in range(3):
+            await r.resolve(pod(("clone", image), sa="builder"), [Lookup("clone", image)])
+    finally:
+        await r.aclose()
+    assert reads(kube) == [f"/api/v1/namespaces/{NS}/serviceaccounts/builder", f"/api/v1/namespaces/{NS}/secrets/legacy"]
+
+
+async def test_reads_are_kept_for_a_while_failures_not(kube: KubeDouble) -> None:
+    clock, api = FakeClock(), kube.kube_api()
+    source = KubeSecretsSource(api, clock=clock)
+    regcred, absent = f"/api/v1/namespaces/{NS}/secrets/regcred", f"/api/v1/namespaces/{NS}/secrets/absent"
+    try:
+        for _ in range(2):
+            assert (await source.get_secret(NS, "regcred"))["metadata"]["name"] == "regcred"
+            assert await source.get_secret(NS, "absent") is None  # "absent" is an answer too
+        assert reads(kube) == [regcred, absent]
+        clock.now += CACHE_SECONDS - 0.1
+        await source.get_secret(NS, "regcred")
+        assert reads(kube) == [regcred, absent]
+        clock.now += 0.1
+        await source.get_secret(NS, "regcred")  # changed or deleted Secrets are seen from here
+        assert reads(kube) == [regcred, absent, regcred]
+        denied = f"/api/v1/namespaces/{NS}/secrets/later"
+        kube.fail_next(denied, 403, message="secrets is forbidden")
+        with pytest.raises(KubeError):
+            await source.get_secret(NS, "later")
+        assert await source.get_secret(NS, "later") is None  # asked again, not kept
+        assert reads(kube)[-2:] == [denied, denied]
+    finally:
+        await api.close()
+
+
+async def test_the_cache_keeps_the_latest_reads(kube: KubeDouble) -> None:
+    """Names a pod may invent fill the cache only up to its size, the oldest going first."""
+    api = kube.kube_api()
+    source = KubeSecretsSource(api, cache_size=2)
+    try:
+        for name in ("a", "b", "c", "c", "b", "a"):
+            await source.get_secret(NS, name)
+    finally:
+        await api.close()
+    assert [r.rsplit("/", 1)[1] for r in reads(kube)] == ["a", "b", "c", "a"]
