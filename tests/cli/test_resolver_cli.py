@@ -86,3 +86,27 @@ def test_unreadable_ca_file_is_one_line(env: Env, tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip() == f"initshift mutate: INITSHIFT_REGISTRY_CA_FILE '{tmp_path / 'none.pem'}': " \
                                  "No such file or directory"
+
+
+def test_a_manifest_looks_each_image_up_once(env: Env) -> None:
+    """Two Jobs of one image in a manifest: one resolver for the whole run, so the second
+    pod's lookup is the first one's (no request reaches the registry for it)."""
+    proxy = env.proxy(env.bearer)
+    image = f"{proxy.host}/public/tool"
+    environ = {**os.environ, "INITSHIFT_REGISTRY_CA_FILE": str(env.pki.ca_file), "INITSHIFT_REGISTRY_BUDGET_SECONDS": "10"}
+
+    def requests(*docs: dict) -> tuple[int, list[dict]]:
+        before = proxy.count()
+        out = subprocess.run([sys.executable, "-m", "webhook.cli", "mutate", "-", "-o", "json", "--resolve"],
+                             input="\n---\n".join(json.dumps(d) for d in docs), capture_output=True, text=True,
+                             cwd=ROOT, env=environ, timeout=60)
+        assert out.returncode == 0, out.stderr
+        printed = json.loads(out.stdout)
+        return proxy.count() - before, printed["items"] if printed["kind"] == "List" else [printed]
+
+    alone, _ = requests(job(image))
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {}}
+    both, printed = requests(job(image), service, job(image))
+    assert alone > 0 and both == alone
+    built = [o for o in printed if o["kind"] == "Pod"]
+    assert len(built) == 2 and all(step_command(o)[-2:] == [p.ARGV_SEPARATOR, "/bin/tool"] for o in built)

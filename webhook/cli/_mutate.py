@@ -22,7 +22,7 @@ from waiter import protocol as p
 from ..admission import make_patch
 from ._common import EXIT_OK, EXIT_USAGE, Parser
 from ._podio import InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name
-from ..rewrite import Lookup, RewriteResult, UnresolvedEntrypoint, plan
+from ..rewrite import Plan, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
 _EXIT_UNCHANGED, _EXIT_DENIED = 1, 3  # beside the shared 0 and 2 (_common)
@@ -90,17 +90,23 @@ def main(argv: list[str]) -> int:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
+    plans = [plan(o.pod, settings, native_supported=True if args.native_sidecars else None,
+                  mode_from="--mode" if args.mode else None) for o in pods]
+    try:
+        found = _resolve([o.pod for o in pods], plans, settings) if args.resolve else [(None, None)] * len(pods)
+    except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
+        print(f"initshift mutate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    results = {id(o): the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
+                                       quotas=quotas, namespace=namespace)
+               for o, the_plan, (images, lookup_error) in zip(pods, plans, found)}
     pairs: list[tuple[str, dict, dict | None]] = []  # (label, before, after; None: passed through), in order
     denied = unchanged = False
     for obj in objects:
         if not isinstance(obj, PodInput):
             pairs.append((label_of(obj), obj, None))
             continue
-        try:
-            result = _rewrite(obj.pod, settings, args, limit_ranges, quotas, namespace)
-        except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
-            print(f"initshift mutate: {e}", file=sys.stderr)
-            return EXIT_USAGE
+        result = results[id(obj)]
         said = f"{obj.label}: " if len(pods) > 1 else ""  # which pod a line is about
         for w in result.warnings:
             print(f"warning: {said}{w}", file=sys.stderr)
@@ -115,38 +121,33 @@ def main(argv: list[str]) -> int:
     return _EXIT_UNCHANGED if args.check and unchanged else EXIT_OK
 
 
-def _rewrite(pod: dict, settings: Settings, args: argparse.Namespace, limit_ranges: list[dict], quotas: list[dict],
-             namespace: dict | None) -> RewriteResult:
-    """What the server would make of `pod`, the registry looked up with --resolve."""
-    the_plan = plan(pod, settings, native_supported=True if args.native_sidecars else None,
-                    mode_from="--mode" if args.mode else None)
-    images, lookup_error = _resolve(pod, settings, the_plan.lookups()) if args.resolve else (None, None)
-    return the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges, quotas=quotas,
-                            namespace=namespace)
-
-
-def _resolve(pod: dict, settings: Settings, lookups: list[Lookup]) -> tuple[dict | None, str | None]:
-    """The registry lookup the server would make: (images, None), or (None, why it failed),
-    and the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED) with that reason."""
+def _resolve(pods: list[dict], plans: list[Plan], settings: Settings) -> list[tuple[dict | None, str | None]]:
+    """The registry lookups the server would make, each pod's: (images, None), or (None, why
+    they failed), and the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED) with
+    that reason. One resolver serves the whole manifest: an image is looked up once."""
     import asyncio
 
     from ..registry import make_resolver
 
-    if not lookups:
-        return None, None
+    wanted = [the_plan.lookups() for the_plan in plans]
+    if not any(wanted):
+        return [(None, None)] * len(pods)
     resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))
     assert resolver is not None
 
-    async def run() -> dict:
+    async def run() -> list[tuple[dict | None, str | None]]:
+        out: list[tuple[dict | None, str | None]] = []
         try:
-            return await resolver.resolve(pod, lookups)
+            for pod, lookups in zip(pods, wanted):
+                try:
+                    out.append((await resolver.resolve(pod, lookups) if lookups else None, None))
+                except UnresolvedEntrypoint as e:
+                    out.append((None, str(e)))
         finally:
             await resolver.aclose()
+        return out
 
-    try:
-        return asyncio.run(run()), None
-    except UnresolvedEntrypoint as e:
-        return None, str(e)
+    return asyncio.run(run())
 
 
 def _render(pairs: list[tuple[str, dict, dict | None]], fmt: str) -> str:
