@@ -73,6 +73,12 @@ async def test_a_job_names_its_pod(kube: KubeDouble, cfg: str) -> None:
     code, out, err = await logs("job/ci", "--kubeconfig", cfg)
     assert (code, err) == (0, "")
     assert [line.split(None, 1)[1] for line in lines_of(out)] == [f"{n} is done" for n in TEKTON]
+    # cronjob/NAME: the pod of its newest Job, found by owner.
+    kube.put("jobs", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "ci", "namespace": NS, "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+                                                             "uid": "uid-nightly", "controller": True}]}, "spec": {}})
+    code, cron, err = await logs("cronjob/nightly", "--kubeconfig", cfg)
+    assert (code, err, cron) == (0, "", out)
 
 
 async def test_waiter_and_sidecars_on_request(kube: KubeDouble, cfg: str) -> None:

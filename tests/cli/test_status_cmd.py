@@ -146,9 +146,52 @@ async def test_a_job_names_its_newest_pod(kube: KubeDouble, cfg: str) -> None:
     assert (code, err, json.loads(out)["name"]) == (0, "", "report-m5n6o")
 
 
+def cron_run(job: str, created: str, cronjob: str = "nightly") -> dict:
+    """Job `job` as the CronJob controller makes one for `cronjob`: owned by it."""
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": job, "namespace": "builds", "creationTimestamp": created, "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "CronJob", "name": cronjob, "uid": f"uid-{cronjob}",
+                 "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"template": {}}}
+
+
+async def test_a_cronjob_names_its_newest_runs_pod(kube: KubeDouble, cfg: str) -> None:
+    """`cronjob/NAME`: the pod of the CronJob's newest Job, by owner (another CronJob's Job,
+    newer still, is not one of its runs); which Job was taken is said when it keeps several."""
+    kube.put("jobs", cron_run("nightly-28000", "2024-05-01T03:00:00Z"))
+    kube.put("jobs", cron_run("nightly-29440", "2024-05-02T03:00:00Z"))
+    kube.put("jobs", cron_run("weekly-29500", "2024-05-03T03:00:00Z", cronjob="weekly"))
+    for job, pod_name in (("nightly-28000", "nightly-28000-aaaaa"), ("nightly-29440", "nightly-29440-bbbbb")):
+        attempt = job_attempt(pod_name, "2024-05-02T03:00:01Z")
+        attempt["metadata"]["labels"].update({"job-name": job, "batch.kubernetes.io/job-name": job})
+        kube.put_pod(attempt)
+    code, out, err = await status("cronjob/nightly", "--kubeconfig", cfg, "-o", "json")
+    assert (code, json.loads(out)["name"]) == (0, "nightly-29440-bbbbb")
+    assert err == "Found 2 jobs, using job/nightly-29440 (the newest)\n"
+    code, out, err = await status("cj/weekly", "--kubeconfig", cfg)
+    assert (code, out, err) == (1, "", "initshift status: job weekly-29500 has no pods in namespace builds\n")
+    kube.fail_next("/apis/batch/v1/namespaces/builds/jobs", 403, message='jobs.batch is forbidden: User "dev" '
+                                                                          'cannot list resource "jobs"')
+    code, out, err = await status("cronjob/nightly", "--kubeconfig", cfg)
+    assert (code, out, err) == (1, "", 'initshift status: no permission to list the jobs of cronjob builds/nightly: '
+                                       'jobs.batch is forbidden: User "dev" cannot list resource "jobs"\n')
+
+
+async def test_watch_of_a_cronjob_follows_its_newest_job(kube: KubeDouble, cfg: str) -> None:
+    """`-w cronjob/NAME` follows the run it shows as `-w job/NAME` would, then ends."""
+    run = cron_run("report", "2024-05-01T03:00:00Z")
+    kube.put("jobs", {**run, "status": report_job("Complete")["status"]})
+    kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T10:00:00Z", "Succeeded"))
+    code, out, err = await asyncio.wait_for(status("cronjob/nightly", "-w", "-o", "json", "--kubeconfig", cfg), BOUND)
+    assert (code, err) == (0, "") and json.loads(out)["name"] == "report-a1b2c"
+    assert job_reads(kube) == 1  # the Job of its run, read for its next pod
+
+
 @pytest.mark.parametrize("ref, message", [
     ("job/nightly", "initshift status: job nightly has no pods in namespace builds\n"),
-    ("deployment/web", "initshift status: deployment/web: a pod's name (or pod/NAME) or job/NAME, not deployment/\n"),
+    ("cronjob/nightly", "initshift status: cronjob nightly has no jobs in namespace builds\n"),
+    ("deployment/web", "initshift status: deployment/web: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, "
+                       "not deployment/\n"),
     ("job/", "initshift status: job/: no name after the /\n"),
 ])
 async def test_what_names_no_pod_is_one_line(kube: KubeDouble, cfg: str, ref: str, message: str) -> None:

@@ -25,7 +25,8 @@ _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceV
 
 
 def add_connection_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("pod", metavar="POD", help="the pod's name (or pod/NAME), or job/NAME: the Job's newest pod")
+    ap.add_argument("pod", metavar="POD", help="the pod's name (or pod/NAME), job/NAME: the Job's newest pod, or "
+                                               "cronjob/NAME: that of the CronJob's newest Job")
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
     add_kubeconfig_args(ap)
 
@@ -68,15 +69,21 @@ async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
 
 _POD_TYPES = ("pod", "pods", "po")
 _JOB_TYPES = ("job", "jobs", "job.batch", "jobs.batch")
+_CRONJOB_TYPES = ("cronjob", "cronjobs", "cj", "cronjob.batch", "cronjobs.batch")
 
 
 _ATTEMPT_POLL_SECONDS = 2.0  # -w job/NAME: how often to look for the Job's next pod
 
 
-def job_of(ref: str) -> str | None:
-    """The Job's name where `ref` is `job/NAME`; None where it names a pod (or nothing)."""
+def job_of(ref: str, pod: dict) -> str | None:
+    """The Job whose pods `ref` names, `pod` being the one `find_pod` found: NAME of
+    `job/NAME`, the Job of the CronJob's run for `cronjob/NAME`; None where it names a pod."""
     kind, _, name = ref.rpartition("/")
-    return name if kind.lower() in _JOB_TYPES and name else None
+    if kind.lower() in _JOB_TYPES and name:
+        return name
+    if kind.lower() in _CRONJOB_TYPES:
+        return (pod["metadata"].get("labels") or {}).get("job-name")
+    return None
 
 
 def _age(pod: dict) -> tuple[str, str]:
@@ -92,17 +99,37 @@ async def _job_pods(api: KubeApi, namespace: str, job: str) -> list[dict]:
     return pods
 
 
+async def _newest_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO) -> str:
+    """The name of the CronJob's newest Job (its last scheduled or manual run still kept:
+    the CronJob's history limits say how many), said on `err` when it has several."""
+    try:
+        jobs = await api.list_jobs(namespace)
+    except KubeError as e:
+        raise api_error(e, namespace, cronjob, "list the jobs of cronjob") from None
+    runs = [job for job in jobs if any(o.get("kind") == "CronJob" and o.get("name") == cronjob
+                                       for o in job["metadata"].get("ownerReferences") or [])]
+    if not runs:
+        raise CliError(f"cronjob {cronjob} has no jobs in namespace {namespace}")
+    newest = max(runs, key=_age)["metadata"]["name"]
+    if len(runs) > 1:
+        print(f"Found {len(runs)} jobs, using job/{newest} (the newest)", file=err)
+    return newest
+
+
 async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
-    """The pod `ref` names: `NAME` or `pod/NAME`, or `job/NAME`, the Job's newest pod (a
-    Job that retried has several; the newest is the attempt that runs or ran last), said
-    on `err` when there is more than one, as `kubectl logs job/NAME` does."""
+    """The pod `ref` names: `NAME` or `pod/NAME`; `job/NAME`, the Job's newest pod (a Job
+    that retried has several; the newest is the attempt that runs or ran last), said on
+    `err` when there is more than one, as `kubectl logs job/NAME` does; `cronjob/NAME`,
+    that of the CronJob's newest Job."""
     kind, _, name = ref.rpartition("/")
     if not name:
         raise CliError(f"{ref}: no name after the /")
     if not kind or kind.lower() in _POD_TYPES:
         return await get_pod(api, namespace, name)
-    if kind.lower() not in _JOB_TYPES:
-        raise CliError(f"{ref}: a pod's name (or pod/NAME) or job/NAME, not {kind}/")
+    if kind.lower() in _CRONJOB_TYPES:
+        name = await _newest_run(api, namespace, name, err)
+    elif kind.lower() not in _JOB_TYPES:
+        raise CliError(f"{ref}: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, not {kind}/")
     pods = await _job_pods(api, namespace, name)
     if not pods:
         raise CliError(f"job {name} has no pods in namespace {namespace}")

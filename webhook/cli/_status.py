@@ -4,9 +4,9 @@ One row per container with its state (waiting for step N, waiting for sidecars,
 running, completed, failed, skipped, ...), exit code, reason, start and duration, then
 the pod's result from the watcher's `initshift.io/outcome` (so a pod that ended
 Failed/DeadlineExceeded only to stop its sidecars reads as Succeeded). `--watch` redraws
-as the pod progresses and stops when it has ended; for `job/NAME` it then follows each
-pod the Job controller starts after it (a retry, the next completion) until the Job is
-finished.
+as the pod progresses and stops when it has ended; for `job/NAME` (and `cronjob/NAME`:
+its newest Job) it then follows each pod the Job controller starts after it (a retry, the
+next completion) until the Job is finished.
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     add_connection_args(ap)
     ap.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format")
     ap.add_argument("-w", "--watch", action="store_true",
-                    help="redraw as the pod progresses, until it ends (job/NAME: then the Job's next pod, until the "
-                         "Job is finished)")
+                    help="redraw as the pod progresses, until it ends (job/NAME, cronjob/NAME: then the Job's next "
+                         "pod, until the Job is finished)")
     return ap
 
 
@@ -165,8 +165,8 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
 
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
-        # -w job/NAME follows the Job: once its pod has ended, the next one it starts.
-        job = job_of(args.pod) if args.watch else None
+        # -w job/NAME (or cronjob/NAME) follows the Job: once its pod has ended, the next one it starts.
+        job = job_of(args.pod, pod) if args.watch else None
         shown, current = 0, pod
         while current is not None:
             view = pod_view(current, datetime.now(timezone.utc))

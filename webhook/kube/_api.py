@@ -341,6 +341,10 @@ class KubeApi:
     async def get_job(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
 
+    async def list_jobs(self, namespace: str) -> list[dict]:
+        body = await self.request("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs")
+        return list((body or {}).get("items") or [])
+
     async def get_configmap(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
 
