@@ -210,7 +210,10 @@ def cronjob(env: Env, rec: Record) -> None:
     stop = proxy_stop(built, "istio-proxy")
     if env.job_strategy == p.MODE_WAITER:
         assert stop == "quit endpoint", stop
-    rec.note(f"strategy {managed(obj)}; first attempt through the proxy; proxy stopped by {stop}")
+    shown = initshift(env, "status", "cronjob/nightly-report", "-n", ns, "-o", "json", timeout=60)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["name"] == pod_name, (shown.returncode, shown.stderr)
+    rec.note(f"strategy {managed(obj)}; first attempt through the proxy; proxy stopped by {stop}; "
+             f"`initshift status cronjob/nightly-report` shows its pod")
     rec.figure("Job completion (from the Job's creation seen)", took, "s")
 
 
