@@ -87,7 +87,7 @@ def job_of(ref: str, pod: dict) -> str | None:
 
 
 def _age(pod: dict) -> tuple[str, str]:
-    """What orders a Job's pods: creation, then name (two created in the same second)."""
+    """What orders a Job's pods and a CronJob's Jobs: creation, then name (two created in the same second)."""
     return str(pod["metadata"].get("creationTimestamp") or ""), pod["metadata"]["name"]
 
 
