@@ -86,9 +86,7 @@ def test_gate_and_mode_flags():
 
 
 def test_workload_templates_are_rewritten_in_place():
-    pod = pods.catalogue()["job-istio"]
-    template = {"metadata": {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")},
-                "spec": pod["spec"]}
+    template = pods.pod_template(pods.catalogue()["job-istio"])
     cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
                "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": template}}}}
     out = run("-", "-o", "json", stdin=yaml.safe_dump(cronjob))
@@ -167,9 +165,8 @@ def test_the_namespace_of_the_pod(tmp_path):
 
 
 def _as_job(pod: dict, name: str) -> dict:
-    template = {"metadata": {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")},
-                "spec": pod["spec"]}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"template": template}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"template": pods.pod_template(pod)}}
 
 
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}

@@ -244,18 +244,6 @@ def never_refused(env: Env, rec: Record) -> None:
              f"{len(pairs)} namespace pairs): " + ", ".join(f"{k} {v}" for k, v in trial.seen.most_common()))
 
 
-_CONTROLLER_LABELS = ("batch.kubernetes.io/", "controller-uid", "job-name")  # the Job controller's own
-
-
-def _template(pod: dict, **labels: str) -> dict:
-    """`pod` as a workload's pod template: its labels (the Job controller's left out) and
-    annotations, its spec."""
-    meta = pod["metadata"]
-    kept = {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(_CONTROLLER_LABELS)}
-    return {"metadata": {"labels": {**kept, **labels}, "annotations": dict(meta.get("annotations") or {})},
-            "spec": copy.deepcopy(pod["spec"])}
-
-
 def _manifest() -> list[dict]:
     """What `helm template` of a chart gives: a ConfigMap, a build Job, a CronJob and a
     Deployment, each with an Istio proxy injected into its template."""
@@ -263,11 +251,11 @@ def _manifest() -> list[dict]:
     return [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"level": "debug"}},
         {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "build"},
-         "spec": {"template": _template(shapes["job-istio"])}},
+         "spec": {"template": pods.pod_template(shapes["job-istio"])}},
         {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "report"},
-         "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": _template(shapes["cronjob-istio"])}}}},
+         "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": pods.pod_template(shapes["cronjob-istio"])}}}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-         "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": _template(shapes["deployment-istio"], app="web")}},
+         "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": pods.pod_template(shapes["deployment-istio"], app="web")}},
     ]
 
 

@@ -97,16 +97,16 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
-    results = {id(o): the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
-                                       quotas=quotas, namespace=namespace)
-               for o, the_plan, (images, lookup_error) in zip(pods, plans, found)}
+    results = iter([the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
+                                     quotas=quotas, namespace=namespace)
+                    for the_plan, (images, lookup_error) in zip(plans, found)])  # in the pods' order
     pairs: list[tuple[str, dict, dict | None]] = []  # (label, before, after; None: passed through), in order
     denied = unchanged = False
     for obj in objects:
         if not isinstance(obj, PodInput):
             pairs.append((label_of(obj), obj, None))
             continue
-        result = results[id(obj)]
+        result = next(results)
         said = f"{obj.label}: " if len(pods) > 1 else ""  # which pod a line is about
         for w in result.warnings:
             print(f"warning: {said}{w}", file=sys.stderr)

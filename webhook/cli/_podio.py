@@ -212,6 +212,14 @@ def _objects(docs: list[Any]) -> list[Any]:
     return out
 
 
+def _objects_in(text: str, where: str, expected: str) -> list[Any]:
+    """The objects of `text` (`_objects`); at least one, or InputError saying what was expected."""
+    objs = _objects(_documents(text, where, expected))
+    if not objs:
+        raise InputError(f"{where}: an empty List; expected {expected}")
+    return objs
+
+
 def _wanted(workloads: bool) -> tuple[str, ...]:
     return ("Pod", "AdmissionReview", *(_TEMPLATE_PATHS if workloads else ()))
 
@@ -225,9 +233,7 @@ def parse_pod(text: str, where: str = "<stdin>", *, workloads: bool = True) -> P
     `workloads`) a workload's pod template. Several objects must hold exactly one of
     those. The pod is held to the server's depth rule (`MAX_DEPTH`)."""
     expected = _expected(workloads)
-    objs = _objects(_documents(text, where, expected))
-    if not objs:
-        raise InputError(f"{where}: an empty List; expected {expected}")
+    objs = _objects_in(text, where, expected)
     if len(objs) > 1:
         found = [d for d in objs if isinstance(d, dict) and d.get("kind") in _wanted(workloads)]
         if len(found) != 1:
@@ -243,9 +249,7 @@ def parse_manifests(text: str, where: str = "<stdin>") -> list[PodInput | dict]:
     object must be one to rewrite (another kind is the wrong file), and so must one of
     several."""
     expected = _expected(True)
-    objs = _objects(_documents(text, where, expected))
-    if not objs:
-        raise InputError(f"{where}: an empty List; expected {expected}")
+    objs = _objects_in(text, where, expected)
     if len(objs) == 1:
         return [_pod_input(objs[0], where, True)]
     out: list[PodInput | dict] = []
