@@ -128,7 +128,7 @@ async def test_server_down(kube: KubeDouble, tmp_path) -> None:
         code, out, _ = await check(*i.argv())
     host = i.url.removeprefix("https://")
     assert code == 1 and failed(out) == [f"initshift answers on {host} (initshift.initshift-system.svc)"]
-    assert "ConnectionRefusedError" in out and "--service-url" in out
+    assert "ConnectionRefusedError" in out and "Is the Deployment running (its lines below)?" in out
 
 
 async def test_expired_certificate(kube: KubeDouble, tmp_path) -> None:
@@ -259,13 +259,56 @@ def test_label_selectors_as_the_apiserver_reads_them() -> None:
     assert not selects({"matchExpressions": [{"key": "k", "operator": "Exists"}]}, {})
 
 
-async def test_outside_the_cluster_without_service_url(kube: KubeDouble, tmp_path) -> None:
-    """The Service's name resolves only inside the cluster: the line says how to get there."""
+async def test_outside_the_cluster_through_a_port_forward(kube: KubeDouble, tmp_path, monkeypatch) -> None:
+    """The Service's name resolves only inside the cluster: from outside, the server is reached
+    through a port-forward to the replica Ready longest, its `https` port, and its certificate
+    is verified for the Service's name all the same."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    async with inst.healthy(kube, tmp_path) as i:
+        first = kube.pod(inst.NS, "initshift-7d9c5b-0")
+        first["status"]["conditions"][0]["lastTransitionTime"] = "2026-11-29T10:00:00Z"
+        kube.put("pods", first)
+        code, out, _ = await check("--kubeconfig", i.kubeconfig)
+        assert code == 0, out
+        server = [t for t in marks(out) if t.startswith("initshift answers on")]
+        assert server == ["initshift answers on pod/initshift-7d9c5b-1:8443 through a port-forward "
+                          "(initshift.initshift-system.svc)"]  # Ready since before the other's time
+        assert "✔ the caBundle verifies the certificate the server presents" in out
+        forwards = [r for r in kube.requests if r.path.endswith("/portforward")]
+        assert {r.path for r in forwards} == {"/api/v1/namespaces/initshift-system/pods/initshift-7d9c5b-1/portforward"}
+        assert len(forwards) == 2 and all(r.query == {"ports": "8443"} for r in forwards)  # as is, then verified
+
+        del kube.pod_ports[(inst.NS, "initshift-7d9c5b-1", inst.SERVING_PORT)]  # nothing listens there
+        code, out, _ = await check("--kubeconfig", i.kubeconfig)
+        assert code == 1 and failed(out) == ["initshift answers on pod/initshift-7d9c5b-1:8443 through a port-forward "
+                                             "(initshift.initshift-system.svc)"]
+        assert "error forwarding port 8443 to pod initshift-7d9c5b-1: dial tcp4 127.0.0.1:8443: connect: connection " \
+               "refused. Is the Deployment running (its lines below)?" in out
+
+        for name in ("initshift-7d9c5b-0", "initshift-7d9c5b-1"):
+            kube.put("pods", inst.replica(kube.get("deployments", inst.NS, "initshift"), name, ready=False))
+        code, out, _ = await check("--kubeconfig", i.kubeconfig)
+        assert "✘ initshift answers on initshift.initshift-system.svc:443 (through a port-forward)\n    no Ready pod " \
+               "behind Service initshift-system/initshift (app.kubernetes.io/component=webhook,app.kubernetes.io/name=" \
+               "initshift) to port-forward to: see the Deployment's lines below" in out
+
+        kube.fail_next("/api/v1/namespaces/initshift-system/pods/initshift-7d9c5b-0/portforward", 403)
+        kube.put("pods", inst.replica(kube.get("deployments", inst.NS, "initshift"), "initshift-7d9c5b-0", ready=True))
+        code, out, _ = await check("--kubeconfig", i.kubeconfig)
+        assert "✘ initshift answers on pod/initshift-7d9c5b-0:8443 through a port-forward (initshift.initshift-system" \
+               ".svc)\n    port-forward to pod initshift-system/initshift-7d9c5b-0 port 8443: forbidden (it needs get " \
+               "on pods/portforward)" in out
+
+
+async def test_inside_the_cluster_the_services_name(kube: KubeDouble, tmp_path, monkeypatch) -> None:
+    """In a pod (KUBERNETES_SERVICE_HOST set) the Service's name is used as the apiserver uses it,
+    no port-forward (here it does not resolve: the line says so)."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     async with inst.healthy(kube, tmp_path) as i:
         code, out, _ = await check("--kubeconfig", i.kubeconfig)
     assert code == 1
     assert failed(out) == ["initshift answers on initshift.initshift-system.svc:443 (initshift.initshift-system.svc)"]
-    assert "Outside the cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT" in out
+    assert not [r for r in kube.requests if r.path.endswith("/portforward")]
 
 
 def set_env(kube: KubeDouble, **env: str) -> None:

@@ -11,8 +11,9 @@ replica; a Pod on the node's network reaches the Service only through kube-proxy
 for the node itself, which this cluster lacks, so it is told the apiserver's loopback
 address in KUBERNETES_SERVICE_HOST/PORT (the chart's `extraEnv`). Either way the apiserver
 calls the webhook named by its Service at the Service's endpoints
-(`--enable-aggregator-routing`), and `initshift check` verifies it through `kubectl
-port-forward`, as the README tells a user to.
+(`--enable-aggregator-routing`), and `initshift check` verifies it from this machine, outside
+the cluster, as the README tells a user to: through its own port-forward, and through `kubectl
+port-forward` with `--service-url`.
 """
 
 from __future__ import annotations
@@ -160,10 +161,18 @@ def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[
 
 
 def _checked_from_a_workstation(env: Env, service: str) -> str:
-    """The README's verification from outside the cluster: `kubectl port-forward
-    svc/SERVICE PORT:443` and `initshift check --service-url https://127.0.0.1:PORT`, where
-    the certificate is verified for the Service's name with the configuration's caBundle.
-    Every line ✔; what it says of the server."""
+    """The README's verification from outside the cluster, where the certificate is verified
+    for the Service's name with the configuration's caBundle: `initshift check` alone (its own
+    port-forward to a Ready pod, over the API's WebSocket), then through `kubectl port-forward
+    svc/SERVICE PORT:443` and `--service-url https://127.0.0.1:PORT`. Every line ✔ both ways;
+    what each says of the server."""
+    said = []
+    code, lines = check_report(env, "-n", NAMESPACE)
+    failed = [x for x in lines if not x.get("ok")]
+    assert code == 0 and not failed, f"check exited {code}: {failed}"
+    server = [x["title"] for x in lines if x["section"] == "webhook-server"]
+    assert any("through a port-forward" in t for t in server) and any("caBundle" in t for t in server), server
+    said.append(f"`initshift check` from outside the cluster: {len(lines)} lines ✔ ({'; '.join(server)})")
     port = free_port()
     forward = subprocess.Popen([kubectl_path(), "--kubeconfig", str(env.admin), "-n", NAMESPACE, "port-forward",
                                 f"svc/{service}", f"{port}:443"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -171,15 +180,16 @@ def _checked_from_a_workstation(env: Env, service: str) -> str:
     try:
         assert forward.stdout is not None
         ready = select.select([forward.stdout], [], [], 30)[0]
-        said = forward.stdout.readline() if ready else "(nothing in 30 s)"
-        assert said.startswith("Forwarding from"), f"kubectl port-forward: {said}"
+        first = forward.stdout.readline() if ready else "(nothing in 30 s)"
+        assert first.startswith("Forwarding from"), f"kubectl port-forward: {first}"
         code, lines = check_report(env, "-n", NAMESPACE, "--service-url", f"https://127.0.0.1:{port}")
         failed = [x for x in lines if not x.get("ok")]
         assert code == 0 and not failed, f"check exited {code}: {failed}"
         server = [x["title"] for x in lines if x["section"] == "webhook-server"]
         assert any("caBundle" in t for t in server), server
-        return f"`initshift check --service-url` through `kubectl port-forward svc/{service}`: " \
-               f"{len(lines)} lines ✔ ({'; '.join(server)})"
+        said.append(f"`initshift check --service-url` through `kubectl port-forward svc/{service}`: {len(lines)} "
+                    f"lines ✔")
+        return "; ".join(said)
     finally:
         forward.terminate()
         forward.wait(10)

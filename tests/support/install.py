@@ -40,6 +40,7 @@ from webhook.watcher import run_watcher
 
 NS = "initshift-system"
 SA_USER = f"system:serviceaccount:{NS}:initshift"
+SERVING_PORT = 8443  # the replicas' container port `https`, the Service's targetPort
 BUILDS = "builds"  # opted in, Istio injects
 PLAIN = "plain"  # opted in, no mesh
 ISTIO_CONFIG = "istio-sidecar-injector"
@@ -205,6 +206,8 @@ async def healthy(kube: KubeDouble, tmp_path: Path, *, gate: bool = True, mode: 
     put_install(kube, ca_pem)
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
     with server(tmp_path / "pki", gate=gate, mode=mode, **app) as srv:
+        for pod in kube.items("pods", NS):  # what a port-forward to a replica's https port reaches
+            kube.pod_ports[(NS, pod["metadata"]["name"], SERVING_PORT)] = srv.port
         admission_chain(kube, srv, ca_pem)
         async with watcher(kube):
             yield Install(kube, kubeconfig, srv, ca_pem, h.base_url(srv))

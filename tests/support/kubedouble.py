@@ -30,6 +30,7 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   apiserver's status strategy allows) or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
   "waiting to start" before the container runs, a follow ends when it terminates);
+  `/portforward?ports=N` over a WebSocket as the kubelet serves it (`v4.channel.k8s.io`);
 - a node list as a Table (server-side printing, `Accept: ...;as=Table;...`, with
   `includeObject`), as `kubectl get nodes` reads it;
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
@@ -50,7 +51,8 @@ before it commits, as a loaded apiserver does), `outage()` (the server gone: con
 reset; or a network blip: requests and watches stall, then reset), `silence()` (one
 client's requests are reset from now on: a process killed without warning), `drop_watches()`,
 `compact()` (forget history: older resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
-`end_pod()`/`kill_pod()`, `append_log()`/`end_log()`, and introspection: `requests` (each with its
+`end_pod()`/`kill_pod()`, `append_log()`/`end_log()`, `pod_ports` (what a port-forward to a
+pod's port reaches: a local port), and introspection: `requests` (each with its
 arrival and answer time), `patches()`,
 `events_for()`, `get()`/`pod()`. `kube_api()` / `api_client()` build clients pointed at it.
 
@@ -350,6 +352,7 @@ class KubeDouble:
         self._outage_blip = False
         self._continues: dict[str, tuple[int, list[dict]]] = {}
         self._silenced: list[tuple[str, str | None]] = []
+        self.pod_ports: dict[tuple[str, str, int], int] = {}  # (namespace, pod, port) -> local port
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> "KubeDouble":
@@ -740,6 +743,8 @@ class KubeDouble:
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         if sub == "log" and res.key == "pods" and method == "GET":
             return await self._log(request, namespace or "", name)
+        if sub == "portforward" and res.key == "pods" and method == "GET":
+            return await self._port_forward(request, namespace or "", name)
         if sub not in (None, "status"):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         current = self._objects[res.key].get(key)
@@ -757,6 +762,47 @@ class KubeDouble:
         if method == "PATCH":
             return web.json_response(self._patch(res, key, current, body, ctype, sub))
         raise ApiError(405, f"{method} is not supported")
+
+    async def _port_forward(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        """A pod's port over a WebSocket (`v4.channel.k8s.io`), as the apiserver and the kubelet
+        give it: 404 for no such pod, 400 without one `ports`; then the port number first on
+        both channels, the bytes on channel 0, and on channel 1 the kubelet's error when nothing
+        listens there (what `pod_ports` does not map to a local port)."""
+        if (namespace, name) not in self._objects["pods"]:
+            raise ApiError(404, f'pods "{name}" not found')
+        port = request.query.get("ports", "")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ApiError(400, f"invalid port {port!r}: one port is forwarded per connection")
+        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io",))
+        await ws.prepare(request)
+        number = int(port).to_bytes(2, "little")
+        await ws.send_bytes(b"\x00" + number)
+        await ws.send_bytes(b"\x01" + number)
+        try:
+            target = self.pod_ports.get((namespace, name, int(port)))
+            if target is None:
+                raise ConnectionRefusedError("connection refused")
+            reader, writer = await asyncio.open_connection("127.0.0.1", target)
+        except OSError as e:
+            await ws.send_bytes(b"\x01" + f"error forwarding port {port} to pod {name}: dial tcp4 127.0.0.1:{port}: "
+                                          f"connect: {e.strerror or e}".encode())
+            await ws.close()
+            return ws
+
+        async def downstream() -> None:
+            while data := await reader.read(65536):
+                await ws.send_bytes(b"\x00" + data)
+            await ws.close()
+        sending = asyncio.create_task(downstream())
+        try:
+            async for message in ws:
+                if message.type == web.WSMsgType.BINARY and message.data[:1] == b"\x00":
+                    writer.write(message.data[1:])
+                    await writer.drain()
+        finally:
+            sending.cancel()
+            writer.close()
+        return ws
 
     def _access_review(self, body: Any) -> dict:
         """What the RBAC authorizer answers; the review is returned with its status, not stored."""

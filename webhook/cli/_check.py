@@ -71,10 +71,11 @@ def _parser() -> argparse.ArgumentParser:
                     "its readiness, the watcher's Lease, RBAC, opted-in namespaces and mesh injectors. Nothing is "
                     "changed, except with --smoke, which runs one tiny build pod and one Job-shaped pod (and "
                     "deletes them).",
-        epilog="The server is reached at the address the apiserver uses (the Service's NAME.NAMESPACE.svc, "
-               "or the configuration's URL): from inside the cluster as is; from outside, port-forward the "
-               "Service and pass --service-url. Exit codes: 0 all checks passed, 1 a check failed or the cluster "
-               "cannot be reached, 2 usage.")
+        epilog="The server is reached where the apiserver reaches it (the Service's NAME.NAMESPACE.svc, or "
+               "the configuration's URL); from outside the cluster, through a port-forward to a Ready pod behind "
+               "the Service (as kubectl port-forward svc/NAME; it needs get on pods/portforward). Its "
+               "certificate is verified for the Service's name either way. Exit codes: 0 all checks passed, 1 a "
+               "check failed or the cluster cannot be reached, 2 usage.")
     add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", type=_namespace, default=d.namespace,
                     help=f"initshift's namespace (default {d.namespace})")
@@ -82,8 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--service-account", default=d.service_account, help="the server's service account")
     ap.add_argument("--lease", default=d.lease, help="the watcher's leader-election Lease")
     ap.add_argument("--service-url", type=_service_url, help="reach the server here instead (e.g. https://127.0.0.1:8443 after "
-                                          "`kubectl -n initshift-system port-forward svc/initshift 8443:443`); "
-                                          "the certificate is still verified for the Service's name")
+                                          "`kubectl -n initshift-system port-forward svc/initshift 8443:443`, or "
+                                          "the Service's name where it resolves outside the cluster); the "
+                                          "certificate is still verified for the Service's name")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
     ap.add_argument("--smoke", metavar="NAMESPACE", type=_namespace,
                     help="run a tiny build pod and a Job-shaped pod in this opted-in namespace")

@@ -21,12 +21,14 @@ import yaml
 
 from waiter import protocol as p
 
-from ..kube import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, KubeApi, KubeError, server_access
+from ..kube import (ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, KubeApi, KubeError, PortForward,
+                    server_access)
 from ..settings import Settings
 from ..watcher import parse_time
 from ._check_deployment import deployment_lines
 from ._check_report import Line, Report, Target
-from ._check_tls import Served, probe
+from ._check_forward import in_cluster, service_pod
+from ._check_tls import Served, direct, forwarded, probe
 
 _API_TIMEOUT_MAX_SECONDS = 30  # the apiserver's limit for timeoutSeconds
 _CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
@@ -227,8 +229,7 @@ def _server_lines(served: Served, now: dt.datetime) -> list[Line]:
     s = "webhook-server"
     if served.error:
         return [Line(s, False, f"initshift answers on {served.address} ({served.server_name})",
-                     f"{served.error}. Is the Deployment running (its lines below)? Outside the "
-                     f"cluster, port-forward the Service and pass --service-url https://127.0.0.1:PORT")]
+                     f"{served.error}. Is the Deployment running (its lines below)?")]
     out = [Line(s, True, f"initshift answers on {served.address} ({served.server_name})")]
     out.append(Line(s, not served.verify_error, "the caBundle verifies the certificate the server presents",
                     f"{served.verify_error}: the apiserver cannot call the webhook (failurePolicy decides what "
@@ -400,12 +401,13 @@ async def _server(api: KubeApi, wh: dict, target: Target, now: dt.datetime, repo
         report(Line("webhook-server", False, "the configuration says where initshift is", address))
         return
     svc = (wh.get("clientConfig") or {}).get("service")
+    found = None
     if svc:
         where = f"{svc.get('namespace')}/{svc.get('name')}"
         try:
             found = await api.get_service(str(svc.get("namespace")), str(svc.get("name")))
         except KubeError as e:
-            found, why = None, e.message
+            why = e.message
         else:
             why = "it does not exist: re-apply deploy/"
         report(Line("webhook-server", found is not None, f"Service {where} exists", "" if found else why))
@@ -414,7 +416,21 @@ async def _server(api: KubeApi, wh: dict, target: Target, now: dt.datetime, repo
         ca_pem = base64.b64decode(raw)
     except ValueError:
         ca_pem = b""
-    for line in _server_lines(await probe(*address, ca_pem), now):
+    host, port, name = address
+    if not svc or target.service_url or in_cluster():
+        served = await probe(f"{host}:{port}", direct(host, port), name, ca_pem)
+    elif found is None:
+        return  # no Service, nothing behind it: its line said so
+    else:
+        pod = await service_pod(api, found, port)
+        if isinstance(pod, str):
+            report(Line("webhook-server", False, f"initshift answers on {name}:{port} (through a port-forward)", pod))
+            return
+        async with PortForward(api, str(svc.get("namespace")), *pod) as forward:
+            served = await probe(f"pod/{pod[0]}:{pod[1]} through a port-forward", forwarded(forward), name, ca_pem)
+        if served.error and forward.errors:  # the kubelet's own words: nothing listens, the pod is gone
+            served = dataclasses.replace(served, error=forward.errors[-1])
+    for line in _server_lines(served, now):
         report(line)
 
 

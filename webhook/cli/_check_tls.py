@@ -5,6 +5,8 @@ Service's `NAME.NAMESPACE.svc`, or the configuration URL's host) as SNI: one tha
 any certificate, to read what the server presents even when it is wrong (expired, other
 CA), and one that trusts only the configuration's caBundle and checks the name, exactly the
 apiserver's verification. `/readyz` is read over the verified connection, else the other.
+The connections go straight to the address (`direct`), or through a port-forward to one of
+the Service's pods (`forwarded`): TLS and its checks are the same either way.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import asyncio
 import json
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from cryptography import x509
+
+from ..errors import InitshiftError
+from ..kube import KubeError, PortForward
 
 _TIMEOUT_SECONDS = 5.0
 
@@ -34,6 +39,30 @@ class Served:
     ready_error: str = ""
 
 
+# Opens one TLS connection with a context and the name to send as SNI and verify.
+Opener = Callable[[ssl.SSLContext, str], Awaitable[tuple[Any, Any]]]
+
+
+class Unreachable(InitshiftError):
+    """The way to the server is refused before any TCP (a port-forward the API refuses)."""
+
+
+def direct(host: str, port: int) -> Opener:
+    async def open_(ctx: ssl.SSLContext, server_name: str) -> tuple[Any, Any]:
+        return await asyncio.open_connection(host, port, ssl=ctx, server_hostname=server_name)
+    return open_
+
+
+def forwarded(forward: PortForward) -> Opener:
+    async def open_(ctx: ssl.SSLContext, server_name: str) -> tuple[Any, Any]:
+        try:
+            sock = await forward.connect()
+        except KubeError as e:
+            raise Unreachable(e.message) from None
+        return await asyncio.open_connection(sock=sock, ssl=ctx, server_hostname=server_name)
+    return open_
+
+
 def _unverified() -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
@@ -48,9 +77,8 @@ def _verifying(ca_pem: bytes) -> ssl.SSLContext:
     return ctx
 
 
-async def _open(host: str, port: int, ctx: ssl.SSLContext, server_name: str) -> tuple[Any, Any]:
-    return await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx, server_hostname=server_name),
-                                  _TIMEOUT_SECONDS)
+async def _open(opener: Opener, ctx: ssl.SSLContext, server_name: str) -> tuple[Any, Any]:
+    return await asyncio.wait_for(opener(ctx, server_name), _TIMEOUT_SECONDS)
 
 
 async def _get(reader: Any, writer: Any, server_name: str, path: str) -> tuple[int, bytes]:
@@ -89,6 +117,8 @@ async def _close(writer: Any) -> None:
 
 
 def _why(e: BaseException) -> str:
+    if isinstance(e, Unreachable):
+        return str(e)
     if isinstance(e, ssl.SSLCertVerificationError):
         return str(e.verify_message or e.reason or e)
     if isinstance(e, asyncio.TimeoutError):
@@ -96,19 +126,19 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if not str(e).startswith(type(e).__name__) else str(e)
 
 
-async def probe(host: str, port: int, server_name: str, ca_pem: bytes, path: str = "/readyz") -> Served:
-    address = f"{host}:{port}"
+async def probe(address: str, opener: Opener, server_name: str, ca_pem: bytes, path: str = "/readyz") -> Served:
+    """What the server reached by `opener` (said to be at `address`) serves."""
     try:
-        reader, writer = await _open(host, port, _unverified(), server_name)
-    except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
+        reader, writer = await _open(opener, _unverified(), server_name)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError, Unreachable) as e:
         return Served(address, server_name, error=_why(e))
     der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
     certificate = x509.load_der_x509_certificate(der) if der else None
     verify_error = "the configuration has no caBundle" if not ca_pem.strip() else ""
     if not verify_error:
         try:
-            verified = await _open(host, port, _verifying(ca_pem), server_name)
-        except (OSError, ssl.SSLError, asyncio.TimeoutError, ValueError) as e:
+            verified = await _open(opener, _verifying(ca_pem), server_name)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ValueError, Unreachable) as e:
             verify_error = _why(e)
         else:
             await _close(writer)
