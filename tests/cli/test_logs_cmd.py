@@ -174,6 +174,38 @@ async def test_follow_a_waiter_pod_step_by_step_with_the_sidecar_alongside(kube:
     assert [g[1] for g in got if g[0] == "[istio-proxy]"] == ["Envoy proxy is READY", "quitquitquit received"]
 
 
+async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble, cfg: str) -> None:
+    """A follow that breaks while the step runs (a proxy's idle timeout) is opened again from
+    the second of the last line printed (`sinceTime`), and the kubelet's timestamps skip what
+    was printed: no line lost or shown twice, lines of the same time included. The pod's
+    watch, broken with it, is watched again."""
+    kube.put_pod(with_status(pod("job-istio", NAME, NS),
+                             init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                             containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)]))
+    same = "2026-11-29T18:00:01.500000000Z"
+    kube.append_log(NS, NAME, "git-clone", "one", at="2026-11-29T18:00:00.900000000Z")
+    kube.append_log(NS, NAME, "git-clone", "two", at=same)
+    kube.append_log(NS, NAME, "git-clone", "three", at=same)  # the same time as the one before
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: "three" in out.getvalue(), "the first lines")
+    kube.cut_log_follows()
+    kube.drop_watches()  # the pod's watch breaks too: taken up from its last resourceVersion
+    kube.append_log(NS, NAME, "git-clone", "four", at=same)  # while no one follows, at that time still
+    kube.append_log(NS, NAME, "git-clone", "five", at="2026-11-29T18:00:02.000000000Z")
+    await eventually(lambda: "five" in out.getvalue(), "the lines after the break")
+    kube.set_container_statuses(NS, NAME, [done("git-clone", 3, 6), done("build", 6, 9)])
+    kube.set_container_statuses(NS, NAME, [terminated("istio-proxy", 0, started_at=at(3), finished_at=at(10))],
+                                phase="Succeeded")
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(text)] == ["one", "two", "three", "four", "five"]
+    follows = [r.query for r in kube.requests if r.path.endswith(f"/pods/{NAME}/log")
+               and r.query.get("container") == "git-clone"]
+    assert follows[0].get("sinceTime") is None and follows[1]["sinceTime"] == "2026-11-29T18:00:01Z"
+    assert all(q["timestamps"] == "true" and q["follow"] == "true" for q in follows)
+
+
 async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[run("git-clone", 0)],
                              containers=[wait("build")], phase="Pending"))

@@ -4,12 +4,19 @@ watcher killed, or the node's kubelet restarted, in the middle of a build."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
+from urllib.parse import urlsplit
+
+import yaml
 
 from waiter import protocol as p
 
@@ -77,6 +84,98 @@ def status_and_logs(env: Env, rec: Record) -> None:
     table = initshift(env, "status", "build", "-n", ns, timeout=60).stdout
     assert "Succeeded" in table, table
     rec.note(f"logs -f followed {', '.join(order)}; status: {table.splitlines()[1].strip() if table else ''}")
+
+
+class _Cuttable:
+    """A TCP forwarder to the apiserver whose open connections can all be reset at once, as
+    a load balancer's idle timeout or an apiserver restart does to a long follow."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open: list[socket.socket] = []
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                return
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.cuts += 1
+        self._reset()
+
+    def _reset(self) -> None:
+        for sock in self.open:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.shutdown(socket.SHUT_RDWR)
+        self.open = []
+
+    def close(self) -> None:
+        self.listener.close()
+        self._reset()
+
+
+@scenario("logs-resume")
+def logs_resume(env: Env, rec: Record) -> None:
+    """`initshift logs -f` through a connection to the apiserver that is reset mid-step, twice:
+    the followed log is taken up again from the kubelet's timestamps and the pod's watch from
+    its resourceVersion; every line printed once, in order."""
+    ns = env.namespace("resume")
+    rec.namespaces.append(ns)
+    count = 60
+    talk = step("talk", env.images.busybox, port=None,
+                extra=f'i=0; while [ $i -lt {count} ]; do echo "talk line $i"; i=$((i+1)); sleep 0.1; done; ')
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod("build", [talk], [step("done", env.images.busybox,
+                                                                                port=None)]))
+    config = yaml.safe_load(env.admin.read_text())
+    server = urlsplit(config["clusters"][0]["cluster"]["server"])
+    proxy = _Cuttable((server.hostname or "127.0.0.1", server.port or 443))
+    config["clusters"][0]["cluster"]["server"] = f"https://{server.hostname}:{proxy.port}"
+    through = env.admin.with_name("resume.kubeconfig")
+    through.write_text(yaml.safe_dump(config))
+    follow = subprocess.Popen([sys.executable, "-m", "webhook.cli", "logs", "build", "-n", ns, "-f",
+                               "--kubeconfig", str(through)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "NO_COLOR": "1"})
+    seen: list[str] = []
+    try:
+        assert follow.stdout is not None
+        for line in follow.stdout:
+            seen.append(line.rstrip("\n"))
+            if line.rstrip().endswith(("talk line 15", "talk line 35")):
+                proxy.cut()
+        follow.wait(timeout=240)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        proxy.close()
+    err = follow.stderr.read() if follow.stderr else ""
+    assert follow.returncode == 0, f"logs -f exited {follow.returncode}: {err[-1000:]}"
+    talked = [line.split(None, 1)[1] for line in seen if line.startswith("[talk]")]
+    want = ["talk start", *(f"talk line {i}" for i in range(count)), "talk end"]
+    assert proxy.cuts == 2 and talked == want, f"{proxy.cuts} cuts; logs -f printed:\n" + "\n".join(seen)
+    assert any(line.startswith("[done]") for line in seen), seen
+    rec.note(f"the connection reset twice mid-step: {len(talked)} lines of `talk`, each once and in order")
 
 
 @scenario("rbac")

@@ -29,7 +29,9 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   written only through `/status` (which may change labels and annotations too, as the
   apiserver's status strategy allows) or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
-  "waiting to start" before the container runs, a follow ends when it terminates);
+  "waiting to start" before the container runs, a follow ends when it terminates;
+  `timestamps=true` starts each line with its time, `sinceTime` keeps those from that
+  second on);
   `/portforward?ports=N` over a WebSocket as the kubelet serves it (`v4.channel.k8s.io`);
 - a node list as a Table (server-side printing, `Accept: ...;as=Table;...`, with
   `includeObject`), as `kubectl get nodes` reads it;
@@ -51,7 +53,7 @@ before it commits, as a loaded apiserver does), `outage()` (the server gone: con
 reset; or a network blip: requests and watches stall, then reset), `silence()` (one
 client's requests are reset from now on: a process killed without warning), `drop_watches()`,
 `compact()` (forget history: older resourceVersions get 410), `set_container_statuses()` (what the kubelet would write),
-`end_pod()`/`kill_pod()`, `append_log()`/`end_log()`, `pod_ports` (what a port-forward to a
+`end_pod()`/`kill_pod()`, `append_log()`/`end_log()`/`cut_log_follows()`, `pod_ports` (what a port-forward to a
 pod's port reaches: a local port), and introspection: `requests` (each with its
 arrival and answer time), `patches()`,
 `events_for()`, `get()`/`pod()`. `kube_api()` / `api_client()` build clients pointed at it.
@@ -338,7 +340,8 @@ class KubeDouble:
         self._watchers: list[_Watcher] = []
         self._rules: list[_Rule] = []
         self._delays: list[_Delay] = []
-        self._logs: dict[tuple[str, str, str], list[str]] = {}
+        self._logs: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (the kubelet's time, line)
+        self._log_cuts = 0  # cut_log_follows() calls so far
         self._log_ended: set[tuple[str, str, str]] = set()
         self._log_changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
@@ -571,10 +574,20 @@ class KubeDouble:
         return self.set_container_statuses(namespace, name, killed, init=init or None, phase="Failed",
                                            reason=reason, message=message)
 
-    def append_log(self, namespace: str, name: str, container: str, text: str) -> None:
-        """Append to a container's log (a newline is added when missing)."""
+    def append_log(self, namespace: str, name: str, container: str, text: str, at: str | None = None) -> None:
+        """Append to a container's log (a newline is added when missing), timed now, or `at`
+        (the kubelet's form: RFC 3339, UTC, nine fraction digits)."""
         lines = self._logs.setdefault((namespace, name, container), [])
-        lines.append(text if text.endswith("\n") else text + "\n")
+        if at is None:
+            seconds, nanos = divmod(time.time_ns(), 10**9)
+            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
+        lines.append((at, text if text.endswith("\n") else text + "\n"))
+        asyncio.ensure_future(self._notify_logs())
+
+    def cut_log_follows(self) -> None:
+        """Every log follow open now breaks (its connection reset: a proxy's idle timeout,
+        an apiserver restart); the container runs on."""
+        self._log_cuts += 1
         asyncio.ensure_future(self._notify_logs())
 
     def end_log(self, namespace: str, name: str, container: str) -> None:
@@ -1031,17 +1044,28 @@ class KubeDouble:
             reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
             raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
         key = (namespace, name, container)
-        lines = self._logs.get(key, [])
+        since = request.query.get("sinceTime")
+        if since is not None and not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", since):
+            raise ApiError(400, f'parsing time "{since}" as "2006-01-02T15:04:05Z07:00": cannot parse')
+        stamps = _flag(request.query.get("timestamps"))
+
+        def shown() -> list[str]:  # the kubelet's: lines from sinceTime on, each with its time when asked
+            return [f"{at} {text}" if stamps else text for at, text in self._logs.get(key, [])
+                    if since is None or at[:19] + "Z" >= since]
+        lines = shown()
         tail = request.query.get("tailLines")
         start = max(0, len(lines) - int(tail)) if tail and tail.isdigit() else 0
         if not _flag(request.query.get("follow")):
             return web.Response(text="".join(lines[start:]), content_type="text/plain")
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await resp.prepare(request)
-        sent = start
+        sent, cuts = start, self._log_cuts
         try:
             while True:
-                lines = self._logs.get(key, [])
+                if self._log_cuts != cuts and request.transport is not None:
+                    request.transport.abort()  # nothing after the break reaches this reader
+                    return resp
+                lines = shown()
                 while sent < len(lines):
                     await resp.write(lines[sent].encode())
                     sent += 1

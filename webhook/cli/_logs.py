@@ -2,8 +2,11 @@
 
 Every line is prefixed with its container's name (coloured on a terminal). With
 `-f`, a step that has not started yet is waited for and the running one is followed to
-its end before the next; sidecars (`--sidecars`) are followed alongside. The waiter's
-own lines (its `waiter[name]: ...` messages on stderr) are hidden unless `--waiter`.
+its end before the next; sidecars (`--sidecars`) are followed alongside. A followed stream
+that breaks while its container runs (a proxy's idle timeout, an apiserver restart) is taken
+up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
+The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
+`--waiter`.
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -13,17 +16,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from datetime import datetime, timezone
 from typing import TextIO
 
-from ..kube import KubeApi, KubeError
+from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, pod_ended
 from ._common import Parser
-from ._podcli import PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
+from ._podcli import RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
 from ._podview import State, has_started, has_terminated, is_waiter_line, log_plan, pod_view
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
+# The kubelet's time of a log line (`timestamps=true`): RFC 3339 with up to nanoseconds.
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
 _PALETTE = ("36", "33", "35", "32", "34", "96", "93", "95", "92", "94")
 _NOTE_STATES = (State.FAILED, State.SKIPPED, State.NOT_STARTED)
 
@@ -69,6 +75,17 @@ class Printer:
         self.out.flush()
 
 
+def _stamped(line: str) -> tuple[tuple[datetime, int] | None, str]:
+    """A `timestamps=true` log line as (its time: the instant and its nanoseconds, the line);
+    None for a line without one."""
+    stamp, _, text = line.partition(" ")
+    m = _STAMP.fullmatch(stamp)
+    if m is None:
+        return None, line
+    when = datetime.fromisoformat(m.group(1) + m.group(3))
+    return (when, int((m.group(2) or "").ljust(9, "0"))), text
+
+
 class _Streamer:
     def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO) -> None:
         self.api, self.namespace, self.pod_name = api, namespace, pod_name
@@ -101,12 +118,38 @@ class _Streamer:
         if not has_started(pod, name):
             self.note(pod, name)
             return
-        await self.dump(name, follow=True)
-        try:  # the stream ends as the container stops; its status follows shortly
-            pod = await tracker.wait(lambda p: has_terminated(p, name) or pod_ended(p), _SETTLE_SECONDS)
-        except asyncio.TimeoutError:
-            pod = tracker.pod
-        self.note(pod, name)
+        stopped = lambda p: has_terminated(p, name) or pod_ended(p)  # noqa: E731
+        last: tuple[datetime, int] | None = None  # the time of the last line printed
+        at_last = 0  # how many lines printed had that time (they are skipped once again)
+        while True:
+            skip, cut = at_last, False
+            since = last[0].astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if last else None
+            try:
+                async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=True,
+                                                   timestamps=True, since_time=since):
+                    stamp, text = _stamped(line)
+                    if stamp is not None and last is not None and stamp <= last:
+                        if stamp < last or skip:  # printed before the stream broke
+                            skip -= stamp == last
+                            continue
+                    if stamp is not None:
+                        last, at_last = stamp, (at_last + 1 if stamp == last else 1)
+                    self.printer.line(name, text)
+            except StreamCut:
+                cut = True
+            except KubeError as e:
+                raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
+            # The stream ends as the container stops, and its status follows shortly; one that
+            # broke, or ended with the container still running after that, is opened again.
+            if not stopped(tracker.pod) and not cut:
+                try:
+                    await tracker.wait(stopped, _SETTLE_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+            if stopped(tracker.pod):
+                break
+            await asyncio.sleep(RESUME_PAUSE_SECONDS)
+        self.note(tracker.pod, name)
 
 
 async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace, out: TextIO,

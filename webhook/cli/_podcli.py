@@ -12,7 +12,7 @@ import asyncio
 import os
 from typing import AsyncIterator, Awaitable, Callable, TextIO
 
-from ..kube import KubeApi, KubeError
+from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, layout
 from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args
 
@@ -22,6 +22,7 @@ _EXIT_INTERRUPTED = 130
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
 
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
+RESUME_PAUSE_SECONDS = 1.0  # before a watch or a followed log that broke is opened again
 
 
 def add_connection_args(ap: argparse.ArgumentParser) -> None:
@@ -172,7 +173,8 @@ async def _follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> Asy
     """Yield each new version of the pod after `pod`, until it is deleted (CliError).
 
     One watch on `metadata.name`, renewed from the last resourceVersion when the server
-    ends it; a 410 (history compacted) re-reads the pod and watches from there.
+    ends it or it breaks (a proxy's idle timeout, an apiserver restart); a 410 (history
+    compacted) re-reads the pod and watches from there.
     """
     version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
     while True:
@@ -187,6 +189,8 @@ async def _follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> Asy
                     raise CliError(f"pod {namespace}/{name} was deleted")
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                 yield obj
+        except StreamCut:
+            await asyncio.sleep(RESUME_PAUSE_SECONDS)
         except KubeError as e:
             if not e.gone:
                 raise api_error(e, namespace, name, "watch pod") from None

@@ -35,7 +35,7 @@ async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes
         try:
             line = await resp.content.readline()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise KubeError(0, f"{what} interrupted: {type(e).__name__}: {e}") from None
+            raise StreamCut(0, f"{what} interrupted: {type(e).__name__}: {e}") from None
         if not line:
             return
         yield line
@@ -65,6 +65,10 @@ class KubeError(InitshiftError):
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+
+class StreamCut(KubeError):
+    """A streamed answer (a watch, a followed log) broke after it started."""
 
 
 def _status_error(status: int, text: str) -> KubeError:
@@ -260,12 +264,16 @@ class KubeApi:
         return await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     async def pod_log(self, namespace: str, name: str, container: str, *, follow: bool = False,
-                      tail_lines: int | None = None) -> AsyncIterator[str]:
+                      tail_lines: int | None = None, timestamps: bool = False,
+                      since_time: str | None = None) -> AsyncIterator[str]:
         """Yield one container's log line by line (newline kept; a last partial line as is).
-        `follow`: until the container stops. A container that has not started yet is a
-        400 KubeError from the apiserver ("... is waiting to start")."""
+        `follow`: until the container stops; a stream that breaks before is a StreamCut.
+        `timestamps`: each line starts with the kubelet's RFC 3339 time of it and a space;
+        `since_time` (RFC 3339, whole seconds): the lines from then on. A container that has
+        not started yet is a 400 KubeError from the apiserver ("... is waiting to start")."""
         query = {"container": container, "follow": "true" if follow else None,
-                 "tailLines": str(tail_lines) if tail_lines is not None else None}
+                 "tailLines": str(tail_lines) if tail_lines is not None else None,
+                 "timestamps": "true" if timestamps else None, "sinceTime": since_time}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=None if follow else _REQUEST_TIMEOUT_SECONDS)
         resp = await self._open("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query,
