@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 import pytest
@@ -90,6 +91,49 @@ async def test_json_and_yaml_outputs(kube: KubeDouble, cfg: str) -> None:
     code, out, _ = await status("build-1", "-o", "yaml", "--kubeconfig", cfg)
     assert code == 0 and yaml.safe_load(out) == data | {"containers": yaml.safe_load(out)["containers"]}
     assert [c["state"] for c in yaml.safe_load(out)["containers"]] == [c["state"] for c in data["containers"]]
+
+
+def created(pod: dict, seconds_ago: float, **meta: str) -> dict:
+    when = datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)
+    pod["metadata"].update(creationTimestamp=when.strftime("%Y-%m-%dT%H:%M:%SZ"), **meta)
+    return pod
+
+
+async def test_without_a_pod_one_line_per_pod_initshift_rewrote(kube: KubeDouble, cfg: str) -> None:
+    """The build history of a namespace, oldest first: strategy, steps done, where each stands."""
+    kube.put_pod(created(kpack_running(), 125))
+    kube.put_pod(created(kpack_deadline_after_success(), 3 * 3600, name="build-0"))
+    kube.put_pod(created(kpack_running(), 45 * 60, namespace="ci", name="nightly"))
+    kube.put_pod(created(pod("kpack-istio", "untouched", rewritten=False), 10))  # not initshift's: not listed
+    code, out, err = await status("--kubeconfig", cfg)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["NAME     STRATEGY  STEPS  STATUS            AGE",
+                                "build-0  waiter    6/6    Succeeded         3h",
+                                "build-1  waiter    1/6    analyze: running  2m"]
+    code, out, _ = await status("-A", "--kubeconfig", cfg)
+    assert code == 0 and [line.split()[:2] for line in out.splitlines()] == [
+        ["NAMESPACE", "NAME"], ["builds", "build-0"], ["builds", "build-1"], ["ci", "nightly"]]
+    assert out.splitlines()[3].endswith("analyze: running  45m")
+    code, out, _ = await status("-o", "json", "--kubeconfig", cfg)
+    items = json.loads(out)["items"]
+    assert [(i["name"], i["result"]) for i in items] == [("build-0", "Succeeded"), ("build-1", "Running")]
+    one = json.loads((await status("build-1", "-o", "json", "--kubeconfig", cfg))[1])  # the pod's own view
+    assert [(c["name"], c["state"]) for c in items[1]["containers"]] == [(c["name"], c["state"]) for c in
+                                                                         one["containers"]]
+    assert [r.query.get("labelSelector") for r in kube.requests if r.path == "/api/v1/namespaces/builds/pods"] == \
+        [p.LABEL_MANAGED, p.LABEL_MANAGED]
+    code, out, err = await status("-n", "empty", "--kubeconfig", cfg)
+    assert (code, out, err) == (0, "", "No pod rewritten by initshift in namespace empty.\n")
+
+
+@pytest.mark.parametrize("argv", [["-w"], ["build-1", "-A"]])
+async def test_watch_and_all_namespaces_belong_to_one_mode(kube: KubeDouble, cfg: str, argv: list[str],
+                                                           capsys) -> None:
+    code, _, _ = await status(*argv, "--kubeconfig", cfg)
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] in (
+        "initshift status: --watch follows one pod: name it (see --help)",
+        "initshift status: -A is for the list: leave out POD (a pod's namespace is -n) (see --help)")
 
 
 async def test_deadline_exceeded_pod_reads_as_succeeded(kube: KubeDouble, cfg: str) -> None:

@@ -83,7 +83,11 @@ def status_and_logs(env: Env, rec: Record) -> None:
     assert result["result"] in text and all(s in text for s in names), view
     table = initshift(env, "status", "build", "-n", ns, timeout=60).stdout
     assert "Succeeded" in table, table
-    rec.note(f"logs -f followed {', '.join(order)}; status: {table.splitlines()[1].strip() if table else ''}")
+    listed = initshift(env, "status", "-n", ns, timeout=60).stdout.splitlines()
+    strategy = managed(env.kube.get(f"/api/v1/namespaces/{ns}/pods/build"))
+    assert len(listed) == 2 and listed[1].split()[:4] == ["build", strategy, "3/3", "Succeeded"], listed
+    rec.note(f"logs -f followed {', '.join(order)}; status: {table.splitlines()[1].strip() if table else ''}; "
+             f"the namespace's list: {' '.join(listed[1].split())}")
 
 
 class _Cuttable:

@@ -25,9 +25,11 @@ _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceV
 RESUME_PAUSE_SECONDS = 1.0  # before a watch or a followed log that broke is opened again
 
 
-def add_connection_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("pod", metavar="POD", help="the pod's name (or pod/NAME), job/NAME: the Job's newest pod, or "
-                                               "cronjob/NAME: that of the CronJob's newest Job")
+def add_connection_args(ap: argparse.ArgumentParser, *, optional: str = "") -> None:
+    """POD and the flags that find it; `optional`: what leaving POD out does."""
+    ap.add_argument("pod", metavar="POD", nargs="?" if optional else None,
+                    help="the pod's name (or pod/NAME), job/NAME: the Job's newest pod, or "
+                         "cronjob/NAME: that of the CronJob's newest Job" + (f"; {optional}" if optional else ""))
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
     add_kubeconfig_args(ap)
 

@@ -1,4 +1,5 @@
-"""`initshift status POD`: the pod's steps, mains and sidecars in execution order.
+"""`initshift status POD`: the pod's steps, mains and sidecars in execution order;
+`initshift status` alone: one line per pod initshift rewrote in the namespace (`-A`: in all).
 
 One row per container with its state (waiting for step N, waiting for sidecars,
 running, completed, failed, skipped, ...), exit code, reason, start and duration, then
@@ -6,7 +7,9 @@ the pod's result from the watcher's `initshift.io/outcome` (so a pod that ended
 Failed/DeadlineExceeded only to stop its sidecars reads as Succeeded). `--watch` redraws
 as the pod progresses and stops when it has ended; for `job/NAME` (and `cronjob/NAME`:
 its newest Job) it then follows each pod the Job controller starts after it (a retry, the
-next completion) until the Job is finished.
+next completion) until the Job is finished. The list shows each pod's strategy, its steps
+done of all, where it stands (the step running, what it waits for, or its result) and its
+age, oldest first, as a build history reads.
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -23,10 +26,11 @@ from typing import TextIO
 
 from waiter import protocol as p
 
-from ..kube import KubeApi
-from ..watcher import FAILED, SUCCEEDED, parse_time
-from ._common import Parser
-from ._podcli import PodTracker, add_connection_args, job_of, next_attempt, paint, run_main, run_on_pod, use_colour
+from ..kube import KubeApi, KubeError
+from ..watcher import FAILED, MAIN, STEP, SUCCEEDED, NotManaged, parse_time
+from ._common import EXIT_OK, CliError, Parser
+from ._podcli import (PodTracker, add_connection_args, connect, job_of, next_attempt, paint, run_main, run_on_pod,
+                      use_colour)
 from ._podio import dump
 from ._podview import PodView, State, pod_view, state_text
 
@@ -46,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                     "initshift watcher recorded. Works for pods rewritten by any strategy and for pods "
                     "that were never rewritten (their init containers are the steps).",
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
-    add_connection_args(ap)
+    add_connection_args(ap, optional="without POD: every pod initshift rewrote in the namespace, one line each")
+    ap.add_argument("-A", "--all-namespaces", action="store_true", help="without POD: in every namespace")
     ap.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format")
     ap.add_argument("-w", "--watch", action="store_true",
                     help="redraw as the pod progresses, until it ends (job/NAME, cronjob/NAME: then the Job's next "
@@ -163,7 +168,91 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
             shown = _fingerprint(view, args.output)
 
 
+# --- the list -----------------------------------------------------------------------------
+def _age(seconds: float) -> str:
+    """kubectl's short age: 45s, 12m, 5h, 3d."""
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size * (2 if unit == "d" else 1):
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def _stands(view: PodView) -> str:
+    """Where a pod stands: its result once it ended, else its first step or main not done."""
+    if view.ended:
+        return view.result + (f" ({view.failed} failed)" if view.failed else "")
+    for r in view.rows:
+        if r.kind not in (STEP, MAIN) or r.state == State.COMPLETED:
+            continue
+        if r.state == State.PENDING:
+            return f"{r.name}: pending" + (f" ({r.reason})" if r.reason else "")
+        if r.state in (State.RUNNING, State.WAITING_SIDECARS):
+            return f"{r.name}: {state_text(r, view)}"
+        break
+    return view.phase
+
+
+def _line(pod: dict, now: datetime) -> dict:
+    meta = pod.get("metadata") or {}
+    created = parse_time(meta.get("creationTimestamp"))
+    line = {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+            "strategy": (meta.get("labels") or {}).get(p.LABEL_MANAGED, ""), "steps": "",
+            "stands": (pod.get("status") or {}).get("phase") or "Pending",
+            "age": _age((now - created).total_seconds()) if created else "", "created": created or now}
+    try:
+        view = pod_view(pod, now)
+    except NotManaged:  # a start-order pod: no steps to count
+        return {**line, "json": {k: line[k] for k in ("namespace", "name", "strategy")} | {"phase": line["stands"]}}
+    steps = [r for r in view.rows if r.kind == STEP]
+    done = sum(r.state == State.COMPLETED for r in steps)
+    return {**line, "steps": f"{done}/{len(steps)}", "stands": _stands(view), "json": view.to_json()}
+
+
+def render_list(pods: list[dict], fmt: str, now: datetime, all_namespaces: bool) -> str:
+    lines = sorted((_line(pod, now) for pod in pods), key=lambda x: (x["namespace"], x["created"], x["name"]))
+    if fmt != "table":
+        return dump({"items": [x["json"] for x in lines]}, fmt)
+    columns = [*(["NAMESPACE"] if all_namespaces else []), "NAME", "STRATEGY", "STEPS", "STATUS", "AGE"]
+    rows = [[*([x["namespace"]] if all_namespaces else []), x["name"], x["strategy"], x["steps"], x["stands"],
+             x["age"]] for x in lines]
+    widths = [max(len(c) for c in col) for col in zip(columns, *rows)]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in [columns, *rows])
+
+
+async def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        api, namespace = await connect(args)
+        where = "any namespace" if args.all_namespaces else f"namespace {namespace}"
+        async with api:
+            try:
+                pods, _ = await api.list_pods(None if args.all_namespaces else namespace,
+                                              label_selector=p.LABEL_MANAGED)
+            except KubeError as e:
+                raise CliError(f"cannot list the pods of {where}: {e.message}") from None
+    except CliError as e:
+        print(f"initshift status: {e}", file=err)
+        return e.code
+    if not pods and args.output == "table":
+        print(f"No pod rewritten by initshift in {where}.", file=err)  # as kubectl: on stderr
+        return EXIT_OK
+    out.write(render_list(pods, args.output, datetime.now(timezone.utc), args.all_namespaces))
+    return EXIT_OK
+
+
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.pod is None and args.watch:
+            parser.error("--watch follows one pod: name it")
+        if args.pod is not None and args.all_namespaces:
+            parser.error("-A is for the list: leave out POD (a pod's namespace is -n)")
+    except SystemExit as e:  # argparse printed the usage
+        return int(e.code or 0)
+    if args.pod is None:
+        return await _list(args, out, err)
+
     async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
         # -w job/NAME (or cronjob/NAME) follows the Job: once its pod has ended, the next one it starts.
         job = job_of(args.pod, pod) if args.watch else None
