@@ -173,13 +173,19 @@ async def test_index_with_identical_platforms(env: Env, resolver: RegistryResolv
     assert len(set(got.by_platform.values())) == 1
 
 
-async def test_node_selector_narrows_the_platforms(env: Env, resolver: RegistryResolver) -> None:
+async def test_node_selector_and_affinity_narrow_the_platforms(env: Env, resolver: RegistryResolver) -> None:
     image = f"{env.basic.host}/steps/multi:v1"
     arm = pod(("s", image), pull_secrets=["regcred"], node_selector={"kubernetes.io/arch": "arm64"})
     assert list((await resolver.resolve(arm, lookups(arm)))[image].by_platform) == ["linux/arm64/v8"]
     # A platform the image lacks narrows nothing: the pull, not the webhook, reports it.
     s390 = pod(("s", image), pull_secrets=["regcred"], node_selector={"kubernetes.io/arch": "s390x"})
     assert len((await resolver.resolve(s390, lookups(s390)))[image].by_platform) == 2
+    # Required node affinity narrows as the scheduler reads it (tests/registry/test_platform.py).
+    affine = pod(("s", image), pull_secrets=["regcred"])
+    affine["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "NotIn",
+                                                     "values": ["amd64"]}]}]}}}
+    assert list((await resolver.resolve(affine, lookups(affine)))[image].by_platform) == ["linux/arm64/v8"]
 
 
 async def test_digest_references(env: Env, resolver: RegistryResolver) -> None:

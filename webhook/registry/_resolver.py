@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Hashable, Mapping, Protocol, Sequen
 
 from . import _imageref as imageref
 from ._credentials import Credential, Keyring, keyring_from_secrets
+from ._platform import narrow, platform_filter
 from ..rewrite import ImageConfig, ImageEntrypoints, Lookup, UnresolvedEntrypoint
 from ._client import (INDEX_TYPES, MANIFEST_TYPES, AuthDenied, BadResponse, Manifest, RegistryClient, RegistryError,
     image_config, platform_key)
@@ -29,9 +30,6 @@ from ..settings import RegistrySettings, Settings
 
 log = logging.getLogger("initshift.registry")
 
-# Labels the scheduler matches against the node; a pod that pins them runs on that platform.
-_OS_LABEL = "kubernetes.io/os"
-_ARCH_LABEL = "kubernetes.io/arch"
 _ATTESTATION = ("vnd.docker.reference.type", "attestation-manifest")
 _UNKNOWN_PLATFORM = "unknown"  # a single manifest whose config names no os/architecture
 
@@ -126,8 +124,8 @@ class RegistryResolver:
         except TimeoutError:
             image = next(i for i in refs if i not in done)
             raise UnresolvedEntrypoint(containers[image], image, f"timed out after {budget:g}s") from None
-        pinned = _node_platform(pod)
-        return {image: narrow(entry, pinned) for image, entry in done.items()}
+        fits = platform_filter(pod)
+        return {image: narrow(entry, fits) for image, entry in done.items()}
 
     # --- credentials ------------------------------------------------------------------
 
@@ -258,23 +256,6 @@ def _only(child: ImageEntrypoints, ref: imageref.ImageRef) -> ImageConfig:
     if len(child.by_platform) != 1:
         raise BadResponse(f"index entry {child.digest} of {ref.name} is not a single image")
     return next(iter(child.by_platform.values()))
-
-
-def _node_platform(pod: Mapping) -> tuple[str | None, str | None]:
-    """(os, arch) the pod pins through its nodeSelector; None where it pins nothing."""
-    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    return selector.get(_OS_LABEL), selector.get(_ARCH_LABEL)
-
-
-def narrow(entry: ImageEntrypoints, pinned: tuple[str | None, str | None]) -> ImageEntrypoints:
-    """Keep the platforms the pod can be scheduled on; all of them when it pins nothing
-    (or pins a platform the image lacks: the pull will say so, not us)."""
-    os_, arch = pinned
-    if os_ is None and arch is None:
-        return entry
-    kept = {k: v for k, v in entry.by_platform.items()
-            if (os_ is None or k.split("/")[0] == os_) and (arch is None or k.split("/")[1:2] == [arch])}
-    return ImageEntrypoints(kept, entry.digest) if kept else entry
 
 
 def _names(refs: Any) -> list[str]:
