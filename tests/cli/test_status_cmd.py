@@ -126,14 +126,53 @@ async def test_without_a_pod_one_line_per_pod_initshift_rewrote(kube: KubeDouble
     assert (code, out, err) == (0, "", "No pod rewritten by initshift in namespace empty.\n")
 
 
-@pytest.mark.parametrize("argv", [["-w"], ["build-1", "-A"]])
-async def test_watch_and_all_namespaces_belong_to_one_mode(kube: KubeDouble, cfg: str, argv: list[str],
-                                                           capsys) -> None:
-    code, _, _ = await status(*argv, "--kubeconfig", cfg)
+async def test_without_a_pod_watch_prints_each_pod_whose_line_changed(kube: KubeDouble, cfg: str) -> None:
+    """`status -w` without POD, not on a terminal: the table, then a line per pod whose line
+    changed (as `kubectl get -w`), from a watch; until interrupted."""
+    kube.put_pod(created(with_status(pod("job-istio"), init=[init_done("istio-init", 0, 1), init_done(
+        "initshift-init", 1, 2)], containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)]), 125))
+    out = io.StringIO()
+    task = asyncio.create_task(status("-w", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: "git-clone: running" in out.getvalue(), "the first table")
+    await eventually(lambda: kube.open_watches, "the watch")
+    kube.set_container_statuses("builds", "build-1", [done("git-clone", 3, 6)])
+    await eventually(lambda: "build: running" in out.getvalue(), "the changed line")
+    kube.put_pod(created(pod("job-istio", "build-2"), 5))
+    await eventually(lambda: "build-2" in out.getvalue(), "a new pod's line")
+    task.cancel()  # as Ctrl-C
+    await asyncio.gather(task, return_exceptions=True)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["NAME", "STRATEGY", "STEPS", "STATUS", "AGE"] and len(lines) == 4, lines
+    assert lines[1].split()[:5] == ["build-1", "waiter", "0/1", "git-clone:", "running"]
+    assert lines[2].split()[:5] == ["build-1", "waiter", "1/1", "build:", "running"]
+    assert lines[3].startswith("build-2 ")
+    assert lines[2].index("build:") == lines[0].index("STATUS")  # one set of columns
+
+
+async def test_without_a_pod_watch_ends_on_a_refusal(kube: KubeDouble, cfg: str) -> None:
+    kube.fail_next("/api/v1/namespaces/builds/pods", 403, message='pods is forbidden: User "dev" cannot list')
+    code, out, err = await asyncio.wait_for(status("-w", "--kubeconfig", cfg), BOUND)
+    assert (code, out) == (1, "")
+    assert err == 'initshift status: cannot watch the pods of namespace builds: pods is forbidden: User "dev" ' \
+                  'cannot list\n'
+
+
+async def test_without_a_pod_watch_says_when_it_watches_again(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(created(kpack_running(), 125))
+    kube.fail_next("/api/v1/namespaces/builds/pods", 500, message="etcdserver: leader changed")
+    out, err = io.StringIO(), io.StringIO()
+    task = asyncio.create_task(status_cmd.run(["-w", "--kubeconfig", cfg], out, err))
+    await eventually(lambda: "analyze: running" in out.getvalue(), "the table after the retry")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert err.getvalue() == "initshift status: the watch broke (etcdserver: leader changed); watching again\n"
+
+
+async def test_all_namespaces_is_for_the_list(kube: KubeDouble, cfg: str, capsys) -> None:
+    code, _, _ = await status("build-1", "-A", "--kubeconfig", cfg)
     assert code == 2
-    assert capsys.readouterr().err.splitlines()[-1] in (
-        "initshift status: --watch follows one pod: name it (see --help)",
-        "initshift status: -A is for the list: leave out POD (a pod's namespace is -n) (see --help)")
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "initshift status: -A is for the list: leave out POD (a pod's namespace is -n) (see --help)"
 
 
 async def test_deadline_exceeded_pod_reads_as_succeeded(kube: KubeDouble, cfg: str) -> None:

@@ -23,6 +23,8 @@ _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]
 
 _WATCH_SECONDS = 240  # one watch request; it is renewed from the last resourceVersion
 RESUME_PAUSE_SECONDS = 1.0  # before a watch or a followed log that broke is opened again
+TICK_SECONDS = 1.0  # a watch on a terminal redraws running durations and ages this often
+CLEAR = "\x1b[H\x1b[J"  # cursor home, clear the screen below
 
 
 def add_connection_args(ap: argparse.ArgumentParser, *, optional: str = "") -> None:

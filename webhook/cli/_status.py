@@ -1,5 +1,6 @@
 """`initshift status POD`: the pod's steps, mains and sidecars in execution order;
-`initshift status` alone: one line per pod initshift rewrote in the namespace (`-A`: in all).
+`initshift status` alone: one line per pod initshift rewrote in the namespace (`-A`: in all;
+webhook/cli/_status_list.py).
 
 One row per container with its state (waiting for step N, waiting for sidecars,
 running, completed, failed, skipped, ...), exit code, reason, start and duration, then
@@ -7,9 +8,7 @@ the pod's result from the watcher's `initshift.io/outcome` (so a pod that ended
 Failed/DeadlineExceeded only to stop its sidecars reads as Succeeded). `--watch` redraws
 as the pod progresses and stops when it has ended; for `job/NAME` (and `cronjob/NAME`:
 its newest Job) it then follows each pod the Job controller starts after it (a retry, the
-next completion) until the Job is finished. The list shows each pod's strategy, its steps
-done of all, where it stands (the step running, what it waits for, or its result) and its
-age, oldest first, as a build history reads.
+next completion) until the Job is finished.
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -26,17 +25,16 @@ from typing import TextIO
 
 from waiter import protocol as p
 
-from ..kube import KubeApi, KubeError
-from ..watcher import FAILED, MAIN, STEP, SUCCEEDED, NotManaged, parse_time
-from ._common import EXIT_OK, CliError, Parser
-from ._podcli import (PodTracker, add_connection_args, connect, job_of, next_attempt, paint, run_main, run_on_pod,
-                      use_colour)
+from ..kube import KubeApi
+from ..watcher import FAILED, SUCCEEDED, parse_time
+from ._common import Parser
+from ._podcli import (CLEAR, TICK_SECONDS, PodTracker, add_connection_args, job_of, next_attempt, paint, run_main,
+                      run_on_pod, use_colour)
 from ._podio import dump
 from ._podview import PodView, State, pod_view, state_text
+from ._status_list import run_list
 
 _OUTCOME_GRACE_SECONDS = 15.0  # --watch: how long an ended waiter pod may wait for its outcome
-_TICK_SECONDS = 1.0  # --watch on a terminal: redraw running durations this often
-_CLEAR = "\x1b[H\x1b[J"  # cursor home, clear the screen below
 
 _STATE_COLOURS = {State.COMPLETED: "32", State.FAILED: "31", State.SKIPPED: "33", State.NOT_STARTED: "33",
                   State.RUNNING: "36", State.PENDING: "33", State.WAITING_STEP: "2", State.WAITING_SIDECARS: "2"}
@@ -55,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format")
     ap.add_argument("-w", "--watch", action="store_true",
                     help="redraw as the pod progresses, until it ends (job/NAME, cronjob/NAME: then the Job's next "
-                         "pod, until the Job is finished)")
+                         "pod, until the Job is finished); without POD, the list as its pods change, until "
+                         "interrupted")
     return ap
 
 
@@ -139,7 +138,7 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
 
     def show(view: PodView) -> None:
         if redraw:
-            out.write(_CLEAR)
+            out.write(CLEAR)
         elif args.output == "yaml":
             out.write("---\n")
         elif args.output == "table":
@@ -156,7 +155,7 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
             ended_at = loop.time()
         if _finished(view, ended_at is not None and loop.time() - ended_at >= _OUTCOME_GRACE_SECONDS):
             return
-        timeout = _TICK_SECONDS if redraw else None
+        timeout = TICK_SECONDS if redraw else None
         if ended_at is not None:
             left = max(0.0, _OUTCOME_GRACE_SECONDS - (loop.time() - ended_at))
             timeout = left if timeout is None else min(timeout, left)
@@ -168,90 +167,16 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
             shown = _fingerprint(view, args.output)
 
 
-# --- the list -----------------------------------------------------------------------------
-def _age(seconds: float) -> str:
-    """kubectl's short age: 45s, 12m, 5h, 3d."""
-    s = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size * (2 if unit == "d" else 1):
-            return f"{s // size}{unit}"
-    return f"{s}s"
-
-
-def _stands(view: PodView) -> str:
-    """Where a pod stands: its result once it ended, else its first step or main not done."""
-    if view.ended:
-        return view.result + (f" ({view.failed} failed)" if view.failed else "")
-    for r in view.rows:
-        if r.kind not in (STEP, MAIN) or r.state == State.COMPLETED:
-            continue
-        if r.state == State.PENDING:
-            return f"{r.name}: pending" + (f" ({r.reason})" if r.reason else "")
-        if r.state in (State.RUNNING, State.WAITING_SIDECARS):
-            return f"{r.name}: {state_text(r, view)}"
-        break
-    return view.phase
-
-
-def _line(pod: dict, now: datetime) -> dict:
-    meta = pod.get("metadata") or {}
-    created = parse_time(meta.get("creationTimestamp"))
-    line = {"namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
-            "strategy": (meta.get("labels") or {}).get(p.LABEL_MANAGED, ""), "steps": "",
-            "stands": (pod.get("status") or {}).get("phase") or "Pending",
-            "age": _age((now - created).total_seconds()) if created else "", "created": created or now}
-    try:
-        view = pod_view(pod, now)
-    except NotManaged:  # a start-order pod: no steps to count
-        return {**line, "json": {k: line[k] for k in ("namespace", "name", "strategy")} | {"phase": line["stands"]}}
-    steps = [r for r in view.rows if r.kind == STEP]
-    done = sum(r.state == State.COMPLETED for r in steps)
-    return {**line, "steps": f"{done}/{len(steps)}", "stands": _stands(view), "json": view.to_json()}
-
-
-def render_list(pods: list[dict], fmt: str, now: datetime, all_namespaces: bool) -> str:
-    lines = sorted((_line(pod, now) for pod in pods), key=lambda x: (x["namespace"], x["created"], x["name"]))
-    if fmt != "table":
-        return dump({"items": [x["json"] for x in lines]}, fmt)
-    columns = [*(["NAMESPACE"] if all_namespaces else []), "NAME", "STRATEGY", "STEPS", "STATUS", "AGE"]
-    rows = [[*([x["namespace"]] if all_namespaces else []), x["name"], x["strategy"], x["steps"], x["stands"],
-             x["age"]] for x in lines]
-    widths = [max(len(c) for c in col) for col in zip(columns, *rows)]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in [columns, *rows])
-
-
-async def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    try:
-        api, namespace = await connect(args)
-        where = "any namespace" if args.all_namespaces else f"namespace {namespace}"
-        async with api:
-            try:
-                pods, _ = await api.list_pods(None if args.all_namespaces else namespace,
-                                              label_selector=p.LABEL_MANAGED)
-            except KubeError as e:
-                raise CliError(f"cannot list the pods of {where}: {e.message}") from None
-    except CliError as e:
-        print(f"initshift status: {e}", file=err)
-        return e.code
-    if not pods and args.output == "table":
-        print(f"No pod rewritten by initshift in {where}.", file=err)  # as kubectl: on stderr
-        return EXIT_OK
-    out.write(render_list(pods, args.output, datetime.now(timezone.utc), args.all_namespaces))
-    return EXIT_OK
-
-
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
-        if args.pod is None and args.watch:
-            parser.error("--watch follows one pod: name it")
         if args.pod is not None and args.all_namespaces:
             parser.error("-A is for the list: leave out POD (a pod's namespace is -n)")
     except SystemExit as e:  # argparse printed the usage
         return int(e.code or 0)
     if args.pod is None:
-        return await _list(args, out, err)
+        return await run_list(args, out, err)
 
     async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
         # -w job/NAME (or cronjob/NAME) follows the Job: once its pod has ended, the next one it starts.
@@ -261,7 +186,7 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
             view = pod_view(current, datetime.now(timezone.utc))
             colour = use_colour(out)
             if args.watch and colour and args.output == "table":
-                out.write(_CLEAR)
+                out.write(CLEAR)
             elif shown:  # the next pod of the Job, after its last pod's drawings
                 out.write({"yaml": "---\n", "table": "\n"}.get(args.output, ""))
             shown += 1

@@ -29,6 +29,9 @@ from typing import Callable
 from ._api import KubeApi, KubeError
 
 log = logging.getLogger("initshift.informer")
+_quiet = logging.getLogger(f"{log.name}.quiet")  # what an informer with `logs=False` logs to: nowhere
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
 
 BACKOFF_CAP = 5.0  # seconds: a retry after an outage must not wait much longer than the outage
 
@@ -56,19 +59,21 @@ class Backoff:
 
 class Informer:
     """`on_list(namespace, items)` after each list, `on_event(kind, obj)` for each change;
-    `on_error(error)` for each failed call (the watcher counts them)."""
+    `on_error(error)` for each failed call (the watcher counts them). `logs`: its retries
+    are logged (a command that says them itself, through `on_error`, turns that off)."""
 
     def __init__(self, api: KubeApi, plural: str, namespace: str | None, *, label_selector: str | None = None,
                  field_selector: str | None = None, on_list: Callable[[str | None, list[dict]], None],
                  on_event: Callable[[str, dict], None], shrink: Callable[[dict], dict] = lambda obj: obj,
                  on_error: Callable[[KubeError], None] = lambda error: None,
                  page_size: int = 500, resync_seconds: float = 0.0, backoff_initial: float = 0.2,
-                 relist_on_gone: bool = True) -> None:
+                 relist_on_gone: bool = True, logs: bool = True) -> None:
         self.api, self.plural, self.namespace = api, plural, namespace
         self.label_selector, self.field_selector = label_selector, field_selector
         self.on_list, self.on_event, self.shrink, self.on_error = on_list, on_event, shrink, on_error
         self.page_size, self.resync_seconds, self.backoff_initial = page_size, resync_seconds, backoff_initial
         self.relist_on_gone = relist_on_gone
+        self.log = log if logs else _quiet
         self.resource_version = ""  # the newest one delivered (a list's, an event's, a bookmark's)
         self.synced = asyncio.Event()  # the first list has been delivered
 
@@ -100,7 +105,7 @@ class Informer:
                     rv = await self._current_resource_version() or None  # None: re-list after all
                     resume_from_now = False
                     self.resource_version = rv or self.resource_version
-                    log.info("watch expired (410), resuming from now", extra=where)
+                    self.log.info("watch expired (410), resuming from now", extra=where)
                 if rv is None or time.monotonic() >= next_list:
                     items, rv = await self._list()
                     next_list = time.monotonic() + self.resync_seconds if self.resync_seconds > 0 else float("inf")
@@ -126,15 +131,15 @@ class Informer:
                 self.on_error(e)
                 if e.gone:
                     if self.relist_on_gone or not self.synced.is_set():  # (a first list's pages expired)
-                        log.info("watch expired (410), re-listing", extra=where)
+                        self.log.info("watch expired (410), re-listing", extra=where)
                         rv = None
                     else:
                         resume_from_now = True
                     continue
                 delay = backoff.next()
-                log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra=where)
+                self.log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra=where)
                 await asyncio.sleep(delay)
             except Exception:  # a bug or an unexpected payload: keep watching, after a pause
                 delay = backoff.next()
-                log.exception("watch loop error, retrying in %.1fs", delay, extra=where)
+                self.log.exception("watch loop error, retrying in %.1fs", delay, extra=where)
                 await asyncio.sleep(delay)
