@@ -24,7 +24,8 @@ from typing import TextIO
 from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, pod_ended
 from ._common import Parser
-from ._podcli import RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod, use_colour
+from ._podcli import (RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod,
+                      use_colour)
 from ._podview import State, has_started, has_terminated, is_waiter_line, log_plan, pod_view
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
@@ -75,15 +76,41 @@ class Printer:
         self.out.flush()
 
 
-def _stamped(line: str) -> tuple[tuple[datetime, int] | None, str]:
-    """A `timestamps=true` log line as (its time: the instant and its nanoseconds, the line);
-    None for a line without one."""
+Stamp = tuple[datetime, int]  # a log line's time: the instant to the second, and its nanoseconds
+
+
+def _stamped(line: str) -> tuple[Stamp | None, str]:
+    """A `timestamps=true` log line as (its time, the line); None for a line without one."""
     stamp, _, text = line.partition(" ")
     m = _STAMP.fullmatch(stamp)
     if m is None:
         return None, line
-    when = datetime.fromisoformat(m.group(1) + m.group(3))
-    return (when, int((m.group(2) or "").ljust(9, "0"))), text
+    return (datetime.fromisoformat(m.group(1) + m.group(3)), int((m.group(2) or "").ljust(9, "0"))), text
+
+
+class _Resume:
+    """Where a followed log stands: the time of the last line shown and how many shown had
+    it, so that a stream opened again from that second (`since`) skips what was shown."""
+
+    def __init__(self) -> None:
+        self.last: Stamp | None = None
+        self.at_last = 0  # lines shown with the time `last`
+        self._skip = 0  # of those, still to come again in this stream
+
+    def since(self) -> str | None:
+        """A new stream starts: the sinceTime to ask for (whole seconds), None the first time."""
+        self._skip = self.at_last
+        return self.last[0].astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if self.last else None
+
+    def fresh(self, stamp: Stamp | None) -> bool:
+        """Whether a line of time `stamp` is to be shown (and count it as shown)."""
+        if stamp is None:
+            return True
+        if self.last is not None and (stamp < self.last or (stamp == self.last and self._skip)):
+            self._skip -= stamp == self.last  # shown before the stream broke
+            return False
+        self.last, self.at_last = stamp, (self.at_last + 1 if stamp == self.last else 1)
+        return True
 
 
 class _Streamer:
@@ -119,22 +146,15 @@ class _Streamer:
             self.note(pod, name)
             return
         stopped = lambda p: has_terminated(p, name) or pod_ended(p)  # noqa: E731
-        last: tuple[datetime, int] | None = None  # the time of the last line printed
-        at_last = 0  # how many lines printed had that time (they are skipped once again)
+        where = _Resume()
         while True:
-            skip, cut = at_last, False
-            since = last[0].astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if last else None
+            cut = False
             try:
                 async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=True,
-                                                   timestamps=True, since_time=since):
+                                                   timestamps=True, since_time=where.since()):
                     stamp, text = _stamped(line)
-                    if stamp is not None and last is not None and stamp <= last:
-                        if stamp < last or skip:  # printed before the stream broke
-                            skip -= stamp == last
-                            continue
-                    if stamp is not None:
-                        last, at_last = stamp, (at_last + 1 if stamp == last else 1)
-                    self.printer.line(name, text)
+                    if where.fresh(stamp):
+                        self.printer.line(name, text)
             except StreamCut:
                 cut = True
             except KubeError as e:
