@@ -149,6 +149,19 @@ async def test_without_a_pod_watch_prints_each_pod_whose_line_changed(kube: Kube
     assert lines[2].index("build:") == lines[0].index("STATUS")  # one set of columns
 
 
+async def test_without_a_pod_watch_on_a_terminal_redraws_in_place(kube: KubeDouble, cfg: str,
+                                                                  monkeypatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    kube.put_pod(created(kpack_running(), 125))
+    out = Tty()
+    task = asyncio.create_task(status("-w", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: out.getvalue().count("\x1b[H\x1b[J") >= 2, "a redraw on the tick")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    drawings = out.getvalue().split("\x1b[H\x1b[J")[1:]
+    assert all(d.splitlines()[1].startswith("build-1  waiter    1/6    analyze: running") for d in drawings)
+
+
 async def test_without_a_pod_watch_ends_on_a_refusal(kube: KubeDouble, cfg: str) -> None:
     kube.fail_next("/api/v1/namespaces/builds/pods", 403, message='pods is forbidden: User "dev" cannot list')
     code, out, err = await asyncio.wait_for(status("-w", "--kubeconfig", cfg), BOUND)
