@@ -202,7 +202,9 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["review", "--frob", "{d}/pod.yaml"], {}, 2, "unrecognized arguments: --frob", False),
     ],
     "status": [
-        (["status"], {}, 2, "the following arguments are required: POD", False),
+        (["status", "p", "-A"], {}, 2, "-A is for the list: leave out POD", False),
+        (["status"], {}, 1, "no kubeconfig found", False),  # the list: it needs the cluster
+        (["status", "-A", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
         (["status", "p", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
         (["status", "p"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing, which does not exist",
          False),
