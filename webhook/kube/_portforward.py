@@ -42,9 +42,12 @@ class PortForward:
         where = f"port-forward to pod {self.namespace}/{self.pod} port {self.port}"
         try:
             async with asyncio.timeout(_REQUEST_TIMEOUT_SECONDS):
-                ws = await (await self._client.call_api(
+                opened = await self._client.call_api(
                     path, "GET", query_params=[("ports", str(self.port))], header_params={},
-                    auth_settings=_AUTH, _preload_content=False))
+                    auth_settings=_AUTH, _preload_content=False)
+                # kubernetes-asyncio 30 hands back the open WebSocket, 31 and later aiohttp's
+                # connect still to be awaited.
+                ws = opened if isinstance(opened, aiohttp.ClientWebSocketResponse) else await opened
         except aiohttp.WSServerHandshakeError as e:
             why = {403: "forbidden (it needs get on pods/portforward)", 404: "no such pod"}.get(e.status, e.message)
             raise KubeError(e.status, f"{where}: {why}") from None
