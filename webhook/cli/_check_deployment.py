@@ -128,11 +128,17 @@ async def _replicas_line(api: KubeApi, target: Target, deployment: dict, by_serv
     return Line(s, False, title, hint, {"replicas": wanted, "ready": ready, "pods": trouble})
 
 
+def ready_condition(pod: dict) -> dict | None:
+    """The pod's Ready condition when it holds (the kubelet's: its lastTransitionTime says since when)."""
+    ready = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    return ready if ready is not None and ready.get("status") == "True" else None
+
+
 def _not_ready(pod: dict) -> str:
     """Why the pod is not Ready, in the kubelet's words; "" when it is."""
     status = pod.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    if (conditions.get("Ready") or {}).get("status") == "True":
+    if ready_condition(pod) is not None:
         return ""
     for container in status.get("containerStatuses") or []:
         state, last = container.get("state") or {}, (container.get("lastState") or {}).get("terminated")

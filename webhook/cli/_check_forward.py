@@ -13,6 +13,7 @@ import os
 from typing import Mapping
 
 from ..kube import KubeApi, KubeError
+from ._check_deployment import ready_condition
 
 
 def in_cluster(environ: Mapping[str, str] = os.environ) -> bool:
@@ -22,11 +23,10 @@ def in_cluster(environ: Mapping[str, str] = os.environ) -> bool:
 def _ready_since(pod: dict) -> str | None:
     """When the pod turned Ready (RFC 3339, sorts as time), None when it is not a Ready,
     running pod that stays."""
-    status = pod.get("status") or {}
-    if status.get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return None
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
-    return str(ready.get("lastTransitionTime") or "") if ready.get("status") == "True" else None
+    ready = ready_condition(pod)
+    return None if ready is None else str(ready.get("lastTransitionTime") or "")
 
 
 def _pod_port(service: dict, port: int, pod: dict) -> int | str:
