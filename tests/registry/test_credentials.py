@@ -95,9 +95,13 @@ def test_auth_field_overrides_username_password() -> None:
     assert r.lookup("reg.io/app") == [Credential("real", "pw:with:colons")]
 
 
-def test_entries_without_credentials_are_skipped() -> None:
+@pytest.mark.parametrize("entry", [{"email": "a@b.c"}, {"identitytoken": "refresh-token"},
+                                   {"registrytoken": "bearer-token", "email": "a@b.c"}])
+def test_entries_without_credentials_are_skipped(entry: dict) -> None:
+    # The kubelet reads username, password, email and auth of a pull Secret's entry, nothing
+    # else: with only a token it pulls anonymously, and so does the lookup.
     r = Keyring()
-    r.add({"reg.io": {"email": "a@b.c"}})
+    r.add({"reg.io": entry})
     assert not r and r.lookup("reg.io/app") == []
 
 

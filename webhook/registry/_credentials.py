@@ -134,6 +134,8 @@ def is_default_registry_match(image: str) -> bool:
 def _entry_credential(entry: Any, source: str) -> Credential | None:
     if not isinstance(entry, Mapping):
         raise CredentialError(f"{source}: registry entry is not an object")
+    # What the kubelet reads of an entry (pkg/credentialprovider's dockerConfigEntryWithAuth):
+    # an `identitytoken` or `registrytoken` is ignored by it, so here too.
     username = entry.get("username") or ""
     password = entry.get("password") or ""
     auth = entry.get("auth")
