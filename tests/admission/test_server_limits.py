@@ -47,11 +47,12 @@ def pki(tmp_path_factory) -> Path:
     return d
 
 
-def tls(port: int, pki: Path, **ctx_kw) -> ssl.SSLSocket:
+def tls(port: int, pki: Path, source: str = "", **ctx_kw) -> ssl.SSLSocket:
+    """A TLS connection to the server, from loopback address `source` (default 127.0.0.1)."""
     ctx = h.client_context(pki / "ca.crt")
     for k, v in ctx_kw.items():
         setattr(ctx, k, v)
-    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0) if source else None)
     return ctx.wrap_socket(raw, server_hostname="localhost")
 
 
@@ -281,6 +282,22 @@ def test_past_the_cap_the_connection_waiting_longest_goes_never_one_being_answer
             newer = tls(server.port, pki)  # then the idle one; the one being answered stays
             assert closed_within(idle, 30)
         for s in (newest, newer):
+            s.close()
+
+
+def test_past_the_cap_the_address_holding_the_most_connections_loses_one_of_its_own(pki):
+    """A flood from one address while the apiserver keeps an idle connection from another:
+    the flood's oldest goes, never the apiserver's, though it has waited longest."""
+    settings = h.settings_for(pki, max_connections=4, header_timeout_seconds=60.0)
+    with h.running(settings) as server:
+        apiserver = tls(server.port, pki, source="127.0.0.2")
+        _answer(apiserver)  # kept alive, then idle: the oldest waiting connection
+        flood = [tls(server.port, pki) for _ in range(3)]  # the cap reached
+        flood.append(tls(server.port, pki))  # past it: one of 127.0.0.1's three goes
+        assert closed_within(flood[0], 30)
+        assert hostile.wait_closed([apiserver, *flood[1:]], 1) == [apiserver, *flood[1:]]
+        _answer(apiserver)  # still open, still served
+        for s in (apiserver, *flood):
             s.close()
 
 

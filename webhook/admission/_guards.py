@@ -52,10 +52,13 @@ class Door:
 
     def admit(self, conn: "Connection") -> bool:
         """Guard: a flood of connections, idle, slow or stalled, holding every place. At the
-        cap the one that has waited longest without moving on goes; never one being
-        answered: a client that sends its request at once always gets a place."""
+        cap the one that has waited longest without moving on goes, of the client address
+        holding the most connections: a flood from a few addresses evicts its own, not the
+        apiserver's kept-alive ones (a review written to an evicted one fails). Never one
+        being answered: a client that sends its request at once always gets a place."""
         if len(self.open) >= self.max_connections:
-            victim = next(iter(self.waiting), None)
+            held = collections.Counter(c.peer for c in self.open)
+            victim = max(self.waiting, key=lambda c: held[c.peer], default=None)  # the oldest of ties
             if victim is None:
                 return False
             victim.kill("over-limit")  # and it leaves
@@ -147,6 +150,11 @@ class Connection(asyncio.Protocol):
             (tls or self.raw).abort()
             return
         self._made(tls)
+
+    @property
+    def peer(self) -> str | None:
+        """The client's address (its host, not its port)."""
+        return self.key[1] if self.key is not None else None
 
     def gone(self) -> bool:
         """The client left, or is leaving (its close read, connection_lost still to come).
