@@ -281,6 +281,32 @@ def expected_grants(spec: Install, r: Rendered) -> set[Grant]:
     return out
 
 
+def documented_grants() -> set[tuple[str, str, str, str]]:
+    """docs/install.md's RBAC table as (scope, resource, verb, name): a row's grant is
+    `resources: verbs[; verbs on `name`]`."""
+    out = set()
+    for row in re.findall(r"^\| ([a-z, ]+): ([^|]+) \| (cluster|own namespace) \|", docs.section(
+            docs.page("install.md"), "RBAC, least privilege"), re.M):
+        resources, grants, scope = row
+        for part in grants.split(";"):
+            verbs, _, name = part.partition(" on ")
+            out |= {(scope, resource.strip(), verb.strip(), name.strip(" `") or "*")
+                    for resource in resources.split(",") for verb in verbs.split(",")}
+    return out
+
+
+def test_install_md_lists_exactly_the_grants_of_every_install():
+    """The table names the objects as the defaults do: installs that rename them are left out."""
+    default = Settings.from_env({}).watcher.lease_name
+    granted = set()
+    for spec in INSTALLS.values():
+        r = Rendered(spec.render())
+        if Settings.from_env(r.plain_env()).watcher.lease_name == default:
+            granted |= {("cluster" if ns == "*" else "own namespace", resource, verb, name)
+                        for ns, _, resource, verb, name in expected_grants(spec, r)}
+    assert documented_grants() == granted
+
+
 def test_rbac_grants_exactly_the_allowed_list(install):
     spec, r = install
     got, want = grants(r), expected_grants(spec, r)
