@@ -28,7 +28,7 @@ ANNOTATION_NOT_REWRITTEN = f"{GROUP}/not-rewritten"
 # native sidecars whose readiness step 0 waits for itself, as they were, to put back if that
 # stops holding on re-invocation
 ANNOTATION_STARTUP_PROBES_REMOVED = f"{GROUP}/startup-probes-removed"
-# written (hybrid): JSON {container: postStart}: the same for a mesh proxy's postStart hook
+# written (waiter, hybrid): JSON {container: postStart}: the same for a mesh proxy's postStart hook
 # that only waits for its readiness (Linkerd's linkerd-await, Istio's `pilot-agent wait`)
 ANNOTATION_POST_START_REMOVED = f"{GROUP}/post-start-removed"
 

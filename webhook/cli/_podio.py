@@ -56,7 +56,7 @@ class PodInput:
 
 
 # Far above any object the apiserver stores (etcd's limit is 1.5 MiB) or a review the
-# webhook accepts (INITSHIFT_MAX_BODY_BYTES, 7 MiB): a bigger input is the wrong file.
+# webhook accepts (INITSHIFT_MAX_BODY_BYTES, 4 MiB): a bigger input is the wrong file.
 MAX_INPUT_BYTES = 8 * 1024 * 1024
 
 
