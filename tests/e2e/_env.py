@@ -125,16 +125,16 @@ def waiter_modes(env: Env) -> list[str]:
     return [p.MODE_WAITER, *((p.MODE_HYBRID,) if env.native else ())]
 
 
-def initshift(env: Env, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, with the admin's kubeconfig."""
-    return subprocess.run([sys.executable, "-m", "webhook.cli", *args, "--kubeconfig", str(env.admin)],
+def initshift(env: Env, *args: str, timeout: float = 300, kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, with the admin's kubeconfig (or `kubeconfig`)."""
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *args, "--kubeconfig", str(kubeconfig or env.admin)],
                           capture_output=True, text=True, timeout=timeout)
 
 
-def check_report(env: Env, *args: str) -> tuple[int, list[dict]]:
+def check_report(env: Env, *args: str, kubeconfig: Path | None = None) -> tuple[int, list[dict]]:
     """`initshift check ARGS -o json`: its exit code and its lines (an AssertionError with
     what it printed where it printed no report)."""
-    proc = initshift(env, "check", *args, "-o", "json", timeout=120)
+    proc = initshift(env, "check", *args, "-o", "json", timeout=120, kubeconfig=kubeconfig)
     try:
         return proc.returncode, json.loads(proc.stdout)["checks"]
     except (ValueError, KeyError):

@@ -40,6 +40,7 @@ from ._install import NAMESPACE, render
 from ._kube import kubectl, kubectl_path, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import managed, outcome, pod, step
+from ._viewer import viewer
 
 REPOSITORY = "platform/initshift"
 POD_START_TIMEOUT = 180.0  # the image's pull (150 MB) and Python's start on a loaded 2-core machine
@@ -160,19 +161,23 @@ def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[
     return line["hint"]
 
 
-def _checked_from_a_workstation(env: Env, service: str) -> str:
+def _checked_from_a_workstation(env: Env, service: str, builds: str) -> str:
     """The README's verification from outside the cluster, where the certificate is verified
     for the Service's name with the configuration's caBundle: `initshift check` alone (its own
-    port-forward to a Ready pod, over the API's WebSocket), then through `kubectl port-forward
-    svc/SERVICE PORT:443` and `--service-url https://127.0.0.1:PORT`. Every line ✔ both ways;
-    what each says of the server."""
+    port-forward to a Ready pod, over the API's WebSocket), by the admin and by a user granted
+    only what the docs list (`get` on pods/portforward: _viewer.py), then through `kubectl
+    port-forward svc/SERVICE PORT:443` and `--service-url https://127.0.0.1:PORT`. Every line
+    ✔ every way; what each says of the server."""
     said = []
-    code, lines = check_report(env, "-n", NAMESPACE)
-    failed = [x for x in lines if not x.get("ok")]
-    assert code == 0 and not failed, f"check exited {code}: {failed}"
-    server = [x["title"] for x in lines if x["section"] == "webhook-server"]
-    assert any("through a port-forward" in t for t in server) and any("caBundle" in t for t in server), server
-    said.append(f"`initshift check` from outside the cluster: {len(lines)} lines ✔ ({'; '.join(server)})")
+    with viewer(env, builds) as config:
+        for who, kubeconfig in (("", None), (" as the docs' least-privileged user", config)):
+            code, lines = check_report(env, "-n", NAMESPACE, kubeconfig=kubeconfig)
+            failed = [x for x in lines if not x.get("ok")]
+            assert code == 0 and not failed, f"check{who} exited {code}: {failed}"
+            server = [x["title"] for x in lines if x["section"] == "webhook-server"]
+            assert any("through a port-forward" in t for t in server) and any("caBundle" in t for t in server), server
+            said.append(f"`initshift check` from outside the cluster{who}: {len(lines)} lines ✔"
+                        + ("" if who else f" ({'; '.join(server)})"))
     port = free_port()
     forward = subprocess.Popen([kubectl_path(), "--kubeconfig", str(env.admin), "-n", NAMESPACE, "port-forward",
                                 f"svc/{service}", f"{port}:443"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -314,7 +319,7 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
         build = check_build(env, rec, ns, "build", steps=["fetch"], proxy="istio-proxy", strategy=env.build_strategy)
         result = outcome(env.kube, ns, "build")  # written by the leading Pod's watcher, the only one leading
         assert result["result"] == "Succeeded", result
-        workstation = _checked_from_a_workstation(env, rendered["Service"]["metadata"]["name"])
+        workstation = _checked_from_a_workstation(env, rendered["Service"]["metadata"]["name"], ns)
         reviews = [x for n in names for x in server_log(n) if x.get("namespace") == ns and x.get("pod") == "build"]
         patched = next((x for x in reviews if x.get("decision") == "patched"), None)
         assert patched, reviews or [server_log(n)[-5:] for n in names]

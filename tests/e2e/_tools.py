@@ -30,6 +30,7 @@ from ._install import NAMESPACE
 from ._kube import kubectl, parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
 from ._pods import annotations, first, log_lines, managed, outcome, pod, statuses, step, wait_end
+from ._viewer import viewer
 
 
 @scenario("check")
@@ -51,93 +52,29 @@ def check(env: Env, rec: Record) -> None:
     rec.note(f"preflight: {len(lines)} checks passed; --smoke passed ({len(smoke_lines)} lines)")
 
 
-# What docs/install.md ("Verify the install") and docs/cli.md ("Seeing a rewritten pod") say
-# `check`, `check --smoke`, `status` and `logs` need, and nothing more ("read": get, list, watch).
-_READ = ["get", "list", "watch"]
-_VIEWER_CLUSTER_RULES = [
-    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "verbs": _READ},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": _READ},
-    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
-]
-_VIEWER_INSTALL_RULES = [  # in initshift's namespace
-    {"apiGroups": [""], "resources": ["services", "pods"], "verbs": _READ},
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": _READ},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": _READ},
-    {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["get"]},
-]
-_VIEWER_BUILDS_RULES = [  # in the namespace of the builds: --smoke's pods, then status and logs
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
-    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-]
-
-
-def _bound(env: Env, ns: str | None, name: str, rules: list[dict], account: tuple[str, str]) -> None:
-    """A (Cluster)Role of `rules` bound to ServiceAccount `account` (namespace, name)."""
-    kind, where = ("Role", f"/namespaces/{ns}") if ns else ("ClusterRole", "")
-    base = f"/apis/rbac.authorization.k8s.io/v1{where}"
-    env.kube.create(f"{base}/{kind.lower()}s", {"metadata": {"name": name}, "rules": rules})
-    env.kube.create(f"{base}/{kind.lower()}bindings", {
-        "metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
-        "subjects": [{"kind": "ServiceAccount", "namespace": account[0], "name": account[1]}]})
-
-
-def _token_kubeconfig(env: Env, ns: str, account: str) -> str:
-    """A kubeconfig of the admin's cluster with a token of ServiceAccount `account`."""
-    token = kubectl(env.admin, "-n", ns, "create", "token", account, "--duration=1h").stdout.strip()
-    cfg = yaml.safe_load(env.admin.read_text())
-    context = next(x for x in cfg["contexts"] if x["name"] == cfg["current-context"])["context"]
-    cluster = next(c for c in cfg["clusters"] if c["name"] == context["cluster"])
-    path = env.admin.with_name(f"{account}-{ns}.kubeconfig")
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": account,
-        "clusters": [{"name": "e2e", "cluster": cluster["cluster"]}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": account, "context": {"cluster": "e2e", "user": account, "namespace": ns}}]}))
-    path.chmod(0o600)
-    return str(path)
-
-
 @scenario("least-privilege")
 def least_privilege(env: Env, rec: Record) -> None:
     """`initshift check` (and --smoke), `status` and `logs` as a user granted exactly what the docs list for them."""
     ns = env.namespace("viewer")
     rec.namespaces.append(ns)
-    account, name = "viewer", f"e2e-viewer-{env.run}"
-    env.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": account}})
-    try:
-        _bound(env, None, name, _VIEWER_CLUSTER_RULES, (ns, account))
-        _bound(env, NAMESPACE, name, _VIEWER_INSTALL_RULES, (ns, account))
-        _bound(env, ns, name, _VIEWER_BUILDS_RULES, (ns, account))
-        config = _token_kubeconfig(env, ns, account)
-
-        def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "webhook.cli", *args, "--kubeconfig", config],
-                                  capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"})
-
-        pre = run("check", "-n", NAMESPACE, "-o", "json")
-        failed = [x for x in json.loads(pre.stdout or "{}").get("checks", [{"ok": False, "title": pre.stderr}])
-                  if not x.get("ok")]
-        assert pre.returncode == 0 and not failed, f"check as the viewer exited {pre.returncode}: {failed}"
-        smoke = run("check", "-n", NAMESPACE, "--smoke", ns, "--keep", "--timeout", "240", "--image",
-                    env.images.busybox, "--net-image", env.images.curl, "--net-url",
-                    f"http://127.0.0.1:{ISTIO_TRAFFIC}/smoke", timeout=300)
+    with viewer(env, ns) as config:
+        code, lines = check_report(env, "-n", NAMESPACE, kubeconfig=config)
+        failed = [x for x in lines if not x.get("ok")]
+        assert code == 0 and not failed, f"check as the viewer exited {code}: {failed}"
+        smoke = initshift(env, "check", "-n", NAMESPACE, "--smoke", ns, "--keep", "--timeout", "240", "--image",
+                          env.images.busybox, "--net-image", env.images.curl, "--net-url",
+                          f"http://127.0.0.1:{ISTIO_TRAFFIC}/smoke", timeout=300, kubeconfig=config)
         assert smoke.returncode == 0, f"check --smoke as the viewer exited {smoke.returncode}:\n" \
                                       f"{smoke.stdout[-3000:]}\n{smoke.stderr[-2000:]}"
         (kept,) = [x["metadata"]["name"] for x in env.kube.pods(ns) if x["metadata"]["name"].startswith(
             "initshift-smoke-") and not x["metadata"]["name"].startswith("initshift-smoke-job-")]
-        shown = {args[0] + (" " + args[1] if len(args) > 1 and not args[1].startswith("-") else ""): run(*args)
+        shown = {" ".join(args[:-2]): initshift(env, *args, timeout=120, kubeconfig=config)
                  for args in (("status", kept, "-n", ns), ("status", "-n", ns), ("logs", kept, "-n", ns))}
         refused = {what: f"exit {r.returncode}: {r.stderr.strip()[-300:]}" for what, r in shown.items()
                    if r.returncode != 0 or not r.stdout.strip()}
         assert not refused, f"as the viewer: {refused}"
-    finally:
-        for path in (f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
-                     f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
-                     f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/{name}",
-                     f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings/{name}"):
-            env.kube.delete(path)
-    rec.note(f"as a ServiceAccount granted only the documented verbs: check {len(json.loads(pre.stdout)['checks'])} "
-             f"lines ✔, --smoke passed, {', '.join(shown)} answered")
+    rec.note(f"as a ServiceAccount granted only the documented verbs: check {len(lines)} lines ✔, --smoke passed, "
+             f"{', '.join(shown)} answered")
 
 
 @scenario("status-and-logs")
