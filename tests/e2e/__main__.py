@@ -4,7 +4,8 @@ For each version asked (E2E_K8S: "1.34", "1.28", or both, the default), a throwa
 single-node cluster from ../shared/k8s (tests/support/k8s), the images built here and
 imported, the test mesh, initshift installed from deploy/ and run as its ServiceAccount,
 then the scenarios: phase 1 concurrently, phase 2 (timings, the watcher killed, the kubelet
-and the apiserver restarted) one at a time, phase 3 (the documented uninstall) last. With
+and the apiserver restarted) one at a time, phase 3 (the documented uninstall), then phase 4
+(the chart installed, upgraded and uninstalled as a Helm release). With
 KUBECONFIG set, the same against that cluster instead (docs/testing.md says what it
 needs). Prints PASS/FAIL, wall time and figures per scenario; a failure prints the pods'
 status, events and logs. Exit 1 on any failure or anything left behind.
@@ -31,7 +32,7 @@ from typing import Iterator
 from tests.support.k8s import Cluster, ClusterError, cluster
 
 # Imported for what they do: each registers its scenarios.
-from . import _admitted, _builds, _jobs, _keepalive, _lookup, _serverpod, _timing, _tools, _uninstall  # noqa: F401
+from . import _admitted, _builds, _helmrelease, _jobs, _keepalive, _lookup, _serverpod, _timing, _tools, _uninstall  # noqa: F401
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario
 from ._install import Install

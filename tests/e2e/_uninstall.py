@@ -25,7 +25,7 @@ KUBERNETES_OWN = {("ConfigMap", "kube-root-ca.crt"), ("ConfigMap", "openshift-se
                   ("ServiceAccount", "default")}
 
 
-def _names(env: Env, *args: str) -> list[str]:
+def names(env: Env, *args: str) -> list[str]:
     """`kubectl get ARGS -o name`, one `kind/name` a line."""
     return kubectl(env.admin, "get", *args, "-o", "name").stdout.split()
 
@@ -59,7 +59,7 @@ def uninstall(env: Env, rec: Record) -> None:
     assert not managed(created) and not any(k.startswith("initshift.io/") for k in annotations(created)), \
         created["metadata"]
     # `kubectl get pods -A -l ...`: the running build is listed; pods that never end are not.
-    waited = _names(env, "pods", "-A", "-l", WAITED)
+    waited = names(env, "pods", "-A", "-l", WAITED)
     assert "pod/running" in waited, waited
     everlasting = [x["metadata"]["name"] for x in json.loads(kubectl(
         env.admin, "get", "pods", "-A", "-l", p.LABEL_MANAGED, "-o", "json").stdout)["items"]
@@ -76,7 +76,7 @@ def uninstall(env: Env, rec: Record) -> None:
     # without it kubectl reports NotFound and exits 1.)
     kubectl(env.admin, "delete", "-f", str(manifest), "--ignore-not-found", "--wait=true", "--timeout=120s")
     if env.install.made_namespace:  # Helm: the chart brings no Namespace
-        left = {tuple(x.split("/", 1)) for x in _names(env, "-n", NAMESPACE, "secrets,leases,configmaps,"
+        left = {tuple(x.split("/", 1)) for x in names(env, "-n", NAMESPACE, "secrets,leases,configmaps,"
                                                         "serviceaccounts,services,deployments,roles,rolebindings")}
         kinds = {"secret": "Secret", "lease.coordination.k8s.io": "Lease", "configmap": "ConfigMap",
                  "serviceaccount": "ServiceAccount"}
@@ -91,8 +91,8 @@ def uninstall(env: Env, rec: Record) -> None:
     if env.native:  # it runs on without initshift
         service = env.kube.pod(ns, "service") or {}
         assert managed(service) == p.MODE_NATIVE and service["status"]["phase"] == "Running", service.get("status")
-    leftovers = [n for n in _names(env, "clusterroles,clusterrolebindings,mutatingwebhookconfigurations")
-                 if "initshift" in n] + _names(env, "namespaces", "--field-selector", f"metadata.name={NAMESPACE}")
+    leftovers = [n for n in names(env, "clusterroles,clusterrolebindings,mutatingwebhookconfigurations")
+                 if "initshift" in n] + names(env, "namespaces", "--field-selector", f"metadata.name={NAMESPACE}")
     assert not leftovers, leftovers
     rec.note(f"{managed(build.obj)} build running at the webhook configuration's deletion: outcome "
              f"{result['result']}; a pod created after it admitted unchanged; `-l '{WAITED}'` lists it; `-l "
