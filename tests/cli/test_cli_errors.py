@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -59,14 +60,26 @@ FILES: dict[str, tuple[bytes, str]] = {
     "alias-bomb.yaml": (ALIAS_BOMB.encode(), "its aliases expand to more than 8388608 values (line 7, column"),
     "alias-loop.yaml": (b"kind: Pod\nspec: &s {containers: [*s]}\n",
                         "the alias *s is inside the node it names (line 2, column 24)"),
+    # what JSON cannot hold, refused where it is (it failed as JSON was written: a traceback)
+    "binary-tag.yaml": (b"kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, x: !!binary aGk=}]}\n",
+                        "!!binary has no JSON form (line 3, column 34)"),
+    "infinity.yaml": (b"kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, x: .inf}]}\n",
+                      ".inf is not a number JSON can hold (line 3, column 34)"),
+    # kubectl refuses it; PyYAML kept the last value, the first lost without a word
+    "duplicate-key.yaml": (b"kind: Pod\nspec:\n  containers: [{name: a}]\n  containers: [{name: b}]\n",
+                           "the key 'containers' is given again, first at line 3 (line 4, column 3)"),
+    "list-of-scalars.yaml": (b"kind: List\nitems: [null, true]\n", "2 objects (a null, a boolean)"),
 }
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+def run(argv: list[str], env: dict[str, str] | None = None, stdin: bytes | None = None, *,
+        close_stdin: bool = False, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
+    """The command in a process of its own; `close_stdin`: started with no stdin at all (`<&-`)."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("INITSHIFT_") and k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
-    return subprocess.run([sys.executable, "-m", "webhook.cli", *argv], input=stdin, capture_output=True,
-                          cwd=ROOT, env={**base, **(env or {})}, timeout=120)
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *argv], input=stdin, stdout=stdout,
+                          stderr=subprocess.PIPE, cwd=ROOT, env={**base, **(env or {})}, timeout=120,
+                          preexec_fn=(lambda: os.close(0)) if close_stdin else None)
 
 
 def one_line(proc: subprocess.CompletedProcess, code: int, words: str, prog: str, *, json_line: bool = False) -> None:
@@ -121,6 +134,26 @@ def test_stdin_is_read_the_same_way(files: Path, command: str, name: str) -> Non
     proc = run([command, "-"], stdin=data)
     one_line(proc, 2, words, f"initshift {command}")
     assert "<stdin>" in proc.stderr.decode()
+
+
+@pytest.mark.parametrize("command", ["mutate", "review"])
+def test_a_closed_stdin_is_said(command: str) -> None:
+    """`initshift mutate - <&-`: Python has no stdin stream at all (it was a traceback)."""
+    one_line(run([command, "-"], close_stdin=True), 2, "cannot read <stdin>: standard input is closed",
+             f"initshift {command}")
+
+
+def test_dates_stay_the_text_they_are_written_as(tmp_path: Path) -> None:
+    """An unquoted date is a string to kubectl's reader; to PyYAML a date JSON cannot hold
+    (`-o json` and `review` failed with a traceback)."""
+    (tmp_path / "pod.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: "
+                                       "{built: 2024-05-01, at: 2024-05-01T10:00:00Z}\nspec: {containers: [{name: c}]}\n")
+    for argv in (["mutate", "-o", "json"], ["review"]):
+        proc = run([*argv, str(tmp_path / "pod.yaml")])
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        pod = out["request"]["object"] if argv == ["review"] else out
+        assert pod["metadata"]["annotations"] == {"built": "2024-05-01", "at": "2024-05-01T10:00:00Z"}
 
 
 def test_the_pod_may_nest_as_deep_as_the_server_allows(tmp_path: Path) -> None:
@@ -181,6 +214,31 @@ def test_a_workload_is_mutate_input_and_named_by_review(files: Path) -> None:
              "got a Deployment; `initshift mutate` reads a workload's pod template", "initshift review")
 
 
+@pytest.mark.parametrize("argv", [["mutate", "examples/kpack-build-istio.yaml", "-o", "json"],
+                                  ["review", "{d}/pod.yaml"], ["--help"], ["mutate", "--help"]])
+def test_a_reader_that_stopped_ends_the_command_quietly(files: Path, argv: list[str]) -> None:
+    """`... | head -1`: standard output's reader is gone before the command writes. Exit 141
+    (128 + SIGPIPE), as kubectl and git end, and no word of it (it was a traceback)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = run([a.format(d=files) for a in argv], stdout=write)
+    finally:
+        os.close(write)
+    err = proc.stderr.decode()
+    assert proc.returncode == 141 and all(line.startswith("warning: ") for line in err.splitlines()), err
+
+
+@pytest.mark.parametrize("argv", [["mutate", "examples/kpack-build-istio.yaml"], ["review", "{d}/pod.yaml"],
+                                  ["--version"]])
+def test_an_output_that_cannot_be_written_is_one_line(files: Path, argv: list[str]) -> None:
+    """`> /dev/full`: one line and exit 1, not a traceback."""
+    with open("/dev/full", "wb") as full:
+        proc = run([a.format(d=files) for a in argv], stdout=full)
+    prog = "initshift" if argv[0].startswith("-") else f"initshift {argv[0]}"
+    one_line(proc, 1, "cannot write the output: no space left on device", prog)
+
+
 def test_review_cannot_write_its_output(files: Path) -> None:
     one_line(run(["review", str(files / "pod.yaml"), "-o", str(files / "dir" / "no" / "out.json")]), 1,
              "cannot write", "initshift review")
@@ -197,9 +255,13 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["mutate"], {}, 2, "the following arguments are required: file", False),
         (["mutate", "{d}/pod.yaml", "-o", "xml"], {}, 2, "invalid choice: 'xml'", False),
         (["mutate", "{d}/pod.yaml"], {"INITSHIFT_MODE": "sometimes"}, 2, "INITSHIFT_MODE", False),
+        # `"$FILE"` with FILE unset: it was "cannot read : no such file or directory"
+        (["mutate", ""], {}, 2, "argument file: an empty path", False),
+        (["mutate", "{d}/pod.yaml", "--quotas", ""], {}, 2, "argument --quotas: an empty path", False),
     ],
     "review": [
         (["review", "--frob", "{d}/pod.yaml"], {}, 2, "unrecognized arguments: --frob", False),
+        (["review", "{d}/pod.yaml", "-o", ""], {}, 2, "argument -o/--output: an empty path", False),
     ],
     "status": [
         (["status", "p", "-A"], {}, 2, "-A is for the list: leave out POD", False),
@@ -237,6 +299,9 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["certs", "create", "--ca-days", "999999999", "--out", "{d}/out"], {}, 2,
          "argument --ca-days: must be 1 to 36500 (days)", False),
         (["certs", "create", "--out", "{d}/pod.yaml"], {}, 2, "--out {d}/pod.yaml: not a directory", False),
+        # an empty path is not the current directory (the CA and its key were written there)
+        (["certs", "create", "--out", ""], {}, 2, "argument --out: an empty path", False),
+        (["certs", "inject", "--ca-file", ""], {}, 2, "argument --ca-file: an empty path", False),
         # no configuration for the Secret: nothing is written either (tests/certs checks the files)
         (["certs", "create", "--out", "{d}/not-written", "--secret", "tls"], {"KUBECONFIG": "{d}/missing"}, 1,
          "KUBECONFIG names {d}/missing, which does not exist", False),
@@ -297,6 +362,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["dev-server", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
         (["dev-server"], {"INITSHIFT_METRICS_PORT": "metrics"}, 2, "INITSHIFT_METRICS_PORT", False),
         (["dev-server", "--dir", "{d}/pod.yaml"], {}, 1, "certificates in {d}/pod.yaml", True),
+        (["dev-server", "--dir", ""], {}, 2, "argument --dir: an empty path", False),
     ],
 }
 

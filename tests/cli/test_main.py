@@ -33,3 +33,26 @@ def test_help_command_is_the_commands_own_help(capsys, command):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"initshift {__version__}\n"
+
+
+@pytest.mark.parametrize("where", ["import", "run"])
+def test_ctrl_c_is_exit_130_without_a_traceback(monkeypatch, capsys, where):
+    """Ctrl-C while a command imports (its first second or two) or runs, where it does not
+    answer it itself: the shell's 130, nothing printed (it was a KeyboardInterrupt traceback)."""
+    import importlib
+
+    def interrupted(*_args: object) -> None:
+        raise KeyboardInterrupt
+
+    if where == "import":
+        monkeypatch.setattr(importlib, "import_module", interrupted)
+    else:
+        from webhook.cli import _mutate
+
+        monkeypatch.setattr(_mutate, "main", interrupted)
+    try:
+        code = main(["mutate", "pod.yaml"])
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt left main")
+    assert code == 130
+    assert capsys.readouterr() == ("", "")

@@ -66,7 +66,10 @@ def test_bad_input_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     cases = [
         (run_cli("--kubeconfig", str(tmp_path / "missing")), 1, "no such file"),
         (run_cli(INITSHIFT_GRACE_SECONDS="soon"), 2, "INITSHIFT_GRACE_SECONDS"),
-        (run_cli("--grace-seconds", "-1"), 2, "must not be negative"),
+        (run_cli("--grace-seconds", "-1"), 2, "--grace-seconds must be a number of seconds, 0 or more, got -1.0"),
+        # float() reads these too: a grace that never ends, or never starts
+        (run_cli("--grace-seconds", "inf"), 2, "--grace-seconds must be a number of seconds, 0 or more, got inf"),
+        (run_cli("--grace-seconds", "nan"), 2, "--grace-seconds must be a number of seconds, 0 or more, got nan"),
     ]
     for result, code, text in cases:
         assert result.returncode == code, result.stderr

@@ -20,7 +20,8 @@ from ..settings import Settings, SettingsError
 from .. import kube
 from certs import pki, store
 from certs.rotation import merge_bundle
-from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, describe
+from ._common import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, describe,
+                      path_arg)
 
 _CREATE_EXITS = ("Exit codes: 0 written, 1 a file in --out or the Secret cannot be written, 2 usage or bad "
                  "input (--ca-cert that is not a CA or not the key's, a CA already in --out that cannot be "
@@ -65,7 +66,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                        description="Write a CA (ca.crt, ca.key) and a serving certificate for the Service "
                                    "(tls.crt, tls.key) to --out. A CA already there is kept and signs the new "
                                    "serving certificate, so the caBundle stays valid; --force replaces it.")
-    c.add_argument("--out", default="certs-out", help="directory for ca.crt, ca.key, tls.crt, tls.key")
+    c.add_argument("--out", type=path_arg, default="certs-out", help="directory for ca.crt, ca.key, tls.crt, tls.key")
     c.add_argument("--name", type=_argument(pki.check_dns_label), default=srv.service_name,
                    help="Service name (default: %(default)s)")
     c.add_argument("--namespace", type=_argument(pki.check_dns_label), default=srv.namespace,
@@ -75,9 +76,10 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     c.add_argument("--ip", action="append", type=_argument(_ip), default=[], help="IP SAN (repeatable)")
     c.add_argument("--days", type=_days, default=pki.CERT_DAYS, help="serving certificate lifetime (days)")
     c.add_argument("--ca-days", type=_days, default=pki.CA_DAYS, help="lifetime of a new CA (days)")
-    c.add_argument("--ca-cert", help="sign with this CA certificate and --ca-key instead; the CA's own issuers "
-                                     "may follow it in the file")
-    c.add_argument("--ca-key", help="key of --ca-cert")
+    c.add_argument("--ca-cert", type=path_arg,
+                   help="sign with this CA certificate and --ca-key instead; the CA's own issuers may follow it in "
+                        "the file")
+    c.add_argument("--ca-key", type=path_arg, help="key of --ca-cert")
     c.add_argument("--force", action="store_true", help="replace a CA already in --out")
     c.add_argument("--secret", help="also write a kubernetes.io/tls Secret with this name in --namespace")
     add_kubeconfig_args(c)
@@ -86,7 +88,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                        epilog=_INJECT_EXITS, description="Set the caBundle of every webhook of the "
                                                          "MutatingWebhookConfiguration to the CA(s) of --ca-file "
                                                          "(with --keep-old, and those it trusts already).")
-    i.add_argument("--ca-file", required=True, help="PEM file with the CA certificate(s)")
+    i.add_argument("--ca-file", type=path_arg, required=True, help="PEM file with the CA certificate(s)")
     i.add_argument("--webhook-config", default=srv.webhook_config, help="configuration name (default: %(default)s)")
     i.add_argument("--keep-old", action="store_true",
                    help="keep the CAs already trusted (for a rotation: trust old and new until the new is in use)")

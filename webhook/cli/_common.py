@@ -13,6 +13,9 @@ from ..settings import Settings, SettingsError
 
 # Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# The shell's codes, 128 + the signal, as kubectl's and git's: Ctrl-C (SIGINT), and standard
+# output closed before everything was written (`| head`: SIGPIPE, which Python turns into an error).
+EXIT_INTERRUPTED, EXIT_OUTPUT_CLOSED = 130, 141
 
 
 class CliError(InitshiftError):
@@ -28,6 +31,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def path_arg(text: str) -> str:
+    """A file or directory argument (an argparse type): an empty one (`--out "$DIR"` with DIR
+    unset) is refused, not read as the current directory or a file without a name."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
 
 
 def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from typing import Mapping
 from waiter import protocol as p
 
 from ..settings import Settings, SettingsError
-from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal
+from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal, path_arg
 
 _PROG = "initshift dev-server"
 _RUN_DIR = ".run"
@@ -76,7 +76,8 @@ def main(argv: list[str]) -> int:
     ap = Parser(prog=_PROG, description=__doc__.split("\n\n")[0],
                 epilog="Exit codes: 0 stopped (SIGTERM, Ctrl-C), 1 the certificates, a port, the cluster or the watcher "
                        "failed, 2 usage or settings.")
-    ap.add_argument("--dir", default=_RUN_DIR, help="where the CA and certificate live (default: %(default)s)")
+    ap.add_argument("--dir", type=path_arg, default=_RUN_DIR,
+                    help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
     add_kubeconfig_args(ap)
     args = ap.parse_args(argv)

@@ -6,12 +6,15 @@ the server's imports and `initshift --help` is instant.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
+from typing import Callable
 
 from .. import __version__
-from ._common import EXIT_OK, EXIT_USAGE
+from ..errors import os_reason
+from ._common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_USAGE
 
 # name -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,6 +50,10 @@ def _help() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    return _guarded(f"initshift {args[0]}" if args and args[0] in COMMANDS else "initshift", lambda: _dispatch(args))
+
+
+def _dispatch(args: list[str]) -> int:
     if not args:
         print(f"initshift: missing command ({_usage()}; see {_prog()} --help)", file=sys.stderr)
         return EXIT_USAGE
@@ -62,8 +69,45 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         print(f"initshift: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)})", file=sys.stderr)
         return EXIT_USAGE
-    module = importlib.import_module(entry[0])
-    return int(module.main(args[1:]) or 0)
+    return int(importlib.import_module(entry[0]).main(args[1:]) or 0)
+
+
+# A write to standard output that fails for want of room or a usable file (`> /dev/full`).
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF}
+
+
+def _guarded(prog: str, run: Callable[[], int]) -> int:
+    """`run`, with what no command handles itself answered in one place: Ctrl-C while a
+    command imports (a second or two) or works, and standard output that cannot take what
+    is written; each an exit code, never a traceback."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): written away, as to a closed pipe
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    try:
+        code = run()
+        sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's exit
+        return code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader stopped (`| head -1`): as kubectl and git, no message
+        _drop_stdout()
+        return EXIT_OUTPUT_CLOSED
+    except OSError as e:
+        if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:
+            raise
+        _drop_stdout()
+        print(f"{prog}: cannot write the output: {os_reason(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered must not fail again as Python exits
+    (`Exception ignored ... BrokenPipeError`, exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stream without a file descriptor (a test's)
+        pass
 
 
 if __name__ == "__main__":

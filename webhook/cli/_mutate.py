@@ -20,7 +20,7 @@ import sys
 from waiter import protocol as p
 
 from ..admission import make_patch
-from ._common import EXIT_OK, EXIT_USAGE, Parser
+from ._common import EXIT_OK, EXIT_USAGE, Parser, path_arg
 from ._podio import InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name
 from ..rewrite import Plan, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Settings come from the same INITSHIFT_* variables as the server; the feature gate is on "
                "unless --respect-gate is given. Exit codes: 0 rewritten or printed, 1 a pod unchanged with "
                "--check, 2 bad input, 3 the webhook would deny a pod.")
-    ap.add_argument("file", help="a file, or - for standard input")
+    ap.add_argument("file", type=path_arg, help="a file, or - for standard input")
     ap.add_argument("-o", "--output", choices=["yaml", "json", "patch", "diff"], default="yaml",
                     help="the rewritten objects (yaml: a stream of documents; json: a List when there are "
                          "several), the JSONPatch (one pod), or a unified diff per object")
@@ -48,13 +48,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="assume the cluster supports native sidecars (for mode auto)")
     ap.add_argument("--respect-gate", action="store_true",
                     help=f"honour {p.FEATURE_GATE_ENV} instead of forcing it on")
-    ap.add_argument("--limit-ranges", metavar="FILE",
+    ap.add_argument("--limit-ranges", metavar="FILE", type=path_arg,
                     help="the LimitRanges of the pod's namespace (`kubectl get limitranges -n NS -o yaml`), which "
                          "the server reads itself and the rewritten pod must pass")
-    ap.add_argument("--quotas", metavar="FILE",
+    ap.add_argument("--quotas", metavar="FILE", type=path_arg,
                     help="the ResourceQuotas of the pod's namespace, with their status (`kubectl get resourcequotas "
                          "-n NS -o yaml`), which the server reads itself and the rewritten pod must fit")
-    ap.add_argument("--namespace", metavar="FILE",
+    ap.add_argument("--namespace", metavar="FILE", type=path_arg,
                     help="the pod's Namespace (`kubectl get namespace NS -o yaml`), whose mesh label the server reads "
                          "itself: a proxy it asks for is waited for where quotas or pod-level requests bound the pod")
     ap.add_argument("--check", action="store_true", help="exit 1 when a pod would be left unchanged")

@@ -14,9 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 
 from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, layout
-from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args
-
-_EXIT_INTERRUPTED = 130
+from ._common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError, add_kubeconfig_args
 
 # What a command does once it has a client, the namespace and the pod it was asked about.
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
@@ -295,4 +293,4 @@ def run_main(run: Callable[[list[str]], Awaitable[int]], argv: list[str]) -> int
     try:
         return asyncio.run(run(argv))
     except KeyboardInterrupt:
-        return _EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,8 @@ def read_text(path: str) -> str:
     where = source_name(path)
     try:
         if path == "-":
+            if sys.stdin is None:  # started with stdin closed (`<&-`): Python has no stream for it
+                raise InputError(f"cannot read {where}: standard input is closed")
             data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
         else:
             with open(path, "rb") as f:
@@ -110,7 +113,8 @@ class _Unreadable(InitshiftError):
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader with the two bounds go-yaml (kubectl's YAML reader) keeps too:
     nesting depth, and how far aliases expand. PyYAML composes recursively (a Python frame
-    per level), and an alias is a shared reference that every later walk repeats."""
+    per level), and an alias is a shared reference that every later walk repeats. Values
+    are what JSON holds, as kubectl reads them (below)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -151,6 +155,39 @@ class _Loader(yaml.SafeLoader):
             raise _Unreadable(f"its aliases expand to more than {_MAX_VALUES} values", event.start_mark,
                               "not a Kubernetes manifest")
 
+    # What JSON, and so the API, can hold, as kubectl's reader (sigs.k8s.io/yaml) reads it.
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """A mapping; a key given twice is refused, as kubectl refuses it, not read as the last
+        of its values (the others lost)."""
+        first: dict[tuple[str, str], yaml.Mark] = {}  # (tag, text) -> where the key is first given
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = (key_node.tag, key_node.value)
+                if key in first:
+                    raise _Unreadable(f"the key {key_node.value!r} is given again, first at line {first[key].line + 1}",
+                                      key_node.start_mark, "kubectl refuses it too: one of its values would be lost")
+                first[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        value = super().construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise _Unreadable(f"{node.value} is not a number JSON can hold", node.start_mark,
+                              "the API takes none; quote it for a string")
+        return value
+
+    def construct_untyped(self, node: yaml.Node) -> Any:
+        raise _Unreadable(f"{node.tag.replace('tag:yaml.org,2002:', '!!')} has no JSON form", node.start_mark,
+                          "the API takes none")
+
+
+# A date or time stays the text it is written as (kubectl's reader keeps it a string), not a
+# Python date that JSON cannot hold; a binary, a set or ordered pairs have no JSON form.
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_str)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+for _tag in ("binary", "set", "omap", "pairs"):
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader.construct_untyped)
+
 
 def _expected(workloads: bool) -> str:
     """What a reader takes, for a message: `a Pod or an AdmissionReview of a Pod` (review),
@@ -181,7 +218,7 @@ def _kind(doc: Any) -> str:
     """What a document is, for a message: its kind, else its YAML type."""
     if isinstance(doc, dict):
         return str(doc.get("kind") or "object without a kind")
-    return {list: "list", str: "string"}.get(type(doc), type(doc).__name__)
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(doc), type(doc).__name__)
 
 
 def _a(kind: str) -> str:

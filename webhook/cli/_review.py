@@ -10,7 +10,7 @@ import sys
 import uuid
 
 from ..admission import API_V1, API_V1BETA1, KIND
-from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe, path_arg
 from ._podio import InputError, read_pod
 
 
@@ -42,12 +42,12 @@ def load_pod(path: str) -> dict:
 def main(argv: list[str]) -> int:
     ap = Parser(prog="initshift review", description="Wrap a Pod manifest into an AdmissionReview (CREATE) on stdout.",
                 epilog="Exit codes: 0 printed, 1 the output file cannot be written, 2 bad input or usage.")
-    ap.add_argument("pod", help="Pod manifest (YAML or JSON), - for stdin")
+    ap.add_argument("pod", type=path_arg, help="Pod manifest (YAML or JSON), - for stdin")
     ap.add_argument("-n", "--namespace", default="", help="request namespace (default: the pod's, else default)")
     ap.add_argument("--v1beta1", action="store_true", help="admission.k8s.io/v1beta1 instead of v1")
     ap.add_argument("--dry-run", action="store_true", help="set request.dryRun")
     ap.add_argument("--uid", help="request uid (default: a random UUID)")
-    ap.add_argument("-o", "--output", help="write to this file instead of stdout")
+    ap.add_argument("-o", "--output", type=path_arg, help="write to this file instead of stdout")
     args = ap.parse_args(argv)
     try:
         pod = load_pod(args.pod)

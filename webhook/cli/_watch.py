@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import signal
 import sys
 
@@ -43,8 +44,8 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     if args.no_leader_election:
         changes["leader_election"] = False
     if args.grace_seconds is not None:
-        if args.grace_seconds < 0:
-            raise SettingsError("--grace-seconds must not be negative")
+        if not 0 <= args.grace_seconds < math.inf:  # nan and inf read as floats too: never, or forever
+            raise SettingsError(f"--grace-seconds must be a number of seconds, 0 or more, got {args.grace_seconds}")
         changes["grace_seconds"] = args.grace_seconds
     return settings.replace(watcher=dataclasses.replace(settings.watcher, **changes)) if changes else settings
 
