@@ -42,7 +42,8 @@ PODS = Counter("initshift_pods_total", "Pod CREATE reviews by result and reason.
                registry=REGISTRY)
 # reason: over-limit (INITSHIFT_MAX_CONNECTIONS, 16 on the metrics port), header-timeout
 # (INITSHIFT_HEADER_TIMEOUT_SECONDS), idle-timeout (INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS), write-timeout
-# (INITSHIFT_WRITE_TIMEOUT_SECONDS), header-limit, no-length, pipelined
+# (INITSHIFT_WRITE_TIMEOUT_SECONDS), body-timeout (INITSHIFT_BODY_TIMEOUT_SECONDS, a body the app did not
+# read), header-limit, no-length, pipelined
 CONNECTIONS_CLOSED = Counter("initshift_connections_closed_total", "Connections the server closed to protect "
                              "itself, by reason.", ["reason"], registry=REGISTRY)
 CERT_RELOADS = Counter("initshift_tls_reloads_total", "Serving certificate reloads by result.", ["result"],

@@ -136,8 +136,8 @@ class ServerSettings:
                                "HTTP 413.", 4 * 1024 * 1024)
     max_connections: int = _env(
         "INITSHIFT_MAX_CONNECTIONS",
-        "Open connections on the HTTPS port; a new one past it closes the oldest still waiting for its request "
-        "of the client address holding the most.",
+        "Open connections on the HTTPS port; a new one past it closes, of the client address holding the most, "
+        "the one waiting longest (for its request, its body or its turn).",
         128)
     max_header_bytes: int = _env(
         "INITSHIFT_MAX_HEADER_BYTES",

@@ -158,6 +158,35 @@ def test_slow_heads_idle_connections_and_silent_sockets_are_closed(pki):
     assert closed_count("header-timeout") >= before + 2
 
 
+def _answered_owing_a_body(port: int, pki: Path) -> ssl.SSLSocket:
+    """A connection whose `GET /healthz` declares 1,000 body bytes it never sends: answered
+    (the app reads no body there), the body still owed."""
+    sock = tls(port, pki)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n")
+    assert read_response(sock)[0] == 200
+    return sock
+
+
+def test_a_body_the_app_answered_without_reading_has_the_bodys_deadline(pki):
+    settings = h.settings_for(pki, header_timeout_seconds=60.0, body_timeout_seconds=1.0)
+    before = closed_count("body-timeout")
+    with h.running(settings) as server:
+        owing = _answered_owing_a_body(server.port, pki)
+        assert closed_within(owing, 30)  # not uvicorn's keep-alive timer, 125 s later
+    assert closed_count("body-timeout") == before + 1
+
+
+def test_past_the_cap_a_connection_owing_a_body_after_its_answer_is_evicted(pki):
+    settings = h.settings_for(pki, max_connections=2, header_timeout_seconds=60.0, body_timeout_seconds=60.0)
+    with h.running(settings) as server:
+        owing = [_answered_owing_a_body(server.port, pki) for _ in range(2)]
+        newest = tls(server.port, pki)  # past the cap: the first of them goes, not the new one
+        assert closed_within(owing[0], 30)
+        _answer(newest)
+        for s in (*owing, newest):
+            s.close()
+
+
 def test_a_kept_alive_connection_waits_past_the_head_deadline_then_its_head_has_one(pki):
     """Between requests a connection waits INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS (the apiserver
     reuses one idle for up to 90 s, and a review written to a connection closed under it is
@@ -372,6 +401,17 @@ HEADS = {
     "a pipelined one": b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\nGET /healthz HTTP/1.1\r\n" + b"".join(
         b"X-%d: 1\r\n" % i for i in range(3000)) + b"\r\n",
 }
+
+
+def test_a_head_of_100_fields_is_taken_and_one_of_101_is_a_431(pki):
+    with h.running(h.settings_for(pki)) as server:
+        for fields, status in ((100, 200), (101, 431)):
+            sock = tls(server.port, pki)
+            head = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(
+                b"X-%d: 1\r\n" % i for i in range(fields - 1)) + b"\r\n"
+            sock.sendall(head)
+            assert read_response(sock)[0] == status, fields
+            sock.close()
 
 
 @pytest.mark.parametrize("case", sorted(HEADS))

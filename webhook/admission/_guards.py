@@ -29,7 +29,7 @@ from .. import jsontext, metrics
 __all__ = ["Connection", "Door", "Front"]
 
 EARLY_BYTES = 64 * 1024  # what may arrive before the server's TLS starts (a ClientHello is < 16 KiB)
-MAX_HEAD_LINES = 100  # the request line and header fields of one request (the apiserver sends ~10)
+MAX_HEADER_FIELDS = 100  # header fields of one request (the apiserver sends ~10)
 TLS_SHUTDOWN_SECONDS = 2.0  # a TLS close waiting for the client's close_notify
 HANDSHAKES_PER_TURN = 4  # TLS handshakes started per turn of the event loop
 
@@ -41,6 +41,7 @@ class Door:
     tls: Callable[[], ssl.SSLContext] | None  # the context a new connection's TLS starts from
     max_connections: int
     header_timeout: float  # the handshake and each request's head
+    body_timeout: float  # a request's body, from its head
     idle_timeout: float  # a kept-alive connection's wait for its next request's first byte
     write_timeout: float
     max_head_bytes: int
@@ -96,6 +97,7 @@ class Connection(asyncio.Protocol):
         self._early: list[bytes] | None = None  # bytes read before TLS took over the connection
         self._head: bytearray | None = bytearray()  # the head so far; None once complete
         self._body = 0  # body bytes of the current request still to pass on
+        self._body_due = 0.0  # when they must all be in (the loop's clock)
         self._answered = False
         self._held = bytearray()  # what came after the current request, before its answer
         self._deadline: asyncio.TimerHandle | None = None
@@ -255,8 +257,8 @@ class Connection(asyncio.Protocol):
         head = self._head if end < 0 else self._head[:end + 4]
         if len(head) > self.door.max_head_bytes:
             return self._refuse(431, f"request head over {self.door.max_head_bytes} bytes (INITSHIFT_MAX_HEADER_BYTES)")
-        if head.count(b"\n") > MAX_HEAD_LINES:
-            return self._refuse(431, f"more than {MAX_HEAD_LINES} header fields")
+        if head.count(b"\n") > MAX_HEADER_FIELDS + 2:  # beside the request line and the blank line
+            return self._refuse(431, f"more than {MAX_HEADER_FIELDS} header fields")
         if end < 0:
             return b""
         rest = bytes(self._head[end + 4:])
@@ -265,6 +267,7 @@ class Connection(asyncio.Protocol):
         if length is None:
             return self._refuse(411, "a request body needs a Content-Length (chunked bodies are not taken)")
         self._body, self._answered = length, False
+        self._body_due = asyncio.get_running_loop().time() + self.door.body_timeout
         self.inner.data_received(bytes(head))
         return rest
 
@@ -331,8 +334,16 @@ class Connection(asyncio.Protocol):
             self.door.waiting.pop(self, None)
 
     def answered(self) -> None:
-        """The app is done with the request: the next one may come (once the body is in)."""
+        """The app is done with the request: the next one may come (once the body is in).
+
+        Guard: a body the app answered without reading (a `GET /healthz` that declares one)
+        and that never comes: the connection waits for it until the body's deadline, in
+        line for eviction like one whose request is not in yet."""
         self._answered = True
+        if self._body and self.door is not None:
+            self._cancel()
+            self.door.wait(self)
+            self._deadline = asyncio.get_running_loop().call_at(self._body_due, self.kill, "body-timeout")
         if self.transport is not None:
             self.data_received(b"")
 

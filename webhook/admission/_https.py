@@ -72,8 +72,8 @@ class HttpsServer:
         # None: metrics off (INITSHIFT_METRICS_PORT=0 and no port asked for)
         self._metrics_wanted = metrics_port if metrics_port is not None else srv.metrics_port or None
         self.front = Front()
-        limits = (srv.header_timeout_seconds, srv.keepalive_timeout_seconds, srv.write_timeout_seconds,
-                  srv.max_header_bytes)
+        limits = (srv.header_timeout_seconds, srv.body_timeout_seconds, srv.keepalive_timeout_seconds,
+                  srv.write_timeout_seconds, srv.max_header_bytes)
         self.door = Door(lambda: self.reloader.ctx, srv.max_connections, *limits)
         self.metrics_door = Door(None, METRICS_CONNECTIONS, *limits)
         config = uvicorn.Config(
