@@ -6,6 +6,7 @@ the server's imports and `initshift --help` is instant.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
@@ -81,7 +82,8 @@ def _guarded(prog: str, run: Callable[[], int]) -> int:
     command imports (a second or two) or works, and standard output that cannot take what
     is written; each an exit code, never a traceback."""
     if sys.stdout is None:  # started with stdout closed (`>&-`): written away, as to a closed pipe
-        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+        with open(os.devnull, "w", encoding="utf-8") as devnull, contextlib.redirect_stdout(devnull):
+            return _guarded(prog, run)
     try:
         code = run()
         sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's exit
