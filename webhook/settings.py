@@ -9,6 +9,7 @@ code cannot drift.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ def _choice(*values: str) -> dict[str, tuple[str, ...]]:
 
 
 _PORT = {"port": True}
+# A number may be 0 only where its text says what 0 means (none, never, off, at once);
+# any number is finite and never negative.
+_ZERO_OK = {"zero_ok": True}
 
 # Kubernetes object names are checked where they are read, not at the first API call that
 # uses them: a Namespace is an RFC 1123 label, a Service an RFC 1035 label, a Secret, a
@@ -107,10 +111,10 @@ class RewriteSettings:
         "A step without `command` whose entrypoint cannot be found: `deny` the pod or `admit` it unchanged.",
         "deny", **_choice("deny", "admit"))
     step_timeout_seconds: int = _env("INITSHIFT_STEP_TIMEOUT_SECONDS",
-                                     "Per-step timeout passed to the waiter; 0 means none.", 0)
+                                     "Per-step timeout passed to the waiter; 0 means none.", 0, **_ZERO_OK)
     start_order_max_wait_seconds: int = _env(
         "INITSHIFT_START_ORDER_MAX_WAIT_SECONDS",
-        "Seconds a container gated by `initshift.io/start-order` waits before it exits non-zero; 0 waits forever.", 0)
+        "Seconds a container gated by `initshift.io/start-order` waits before it exits non-zero; 0 waits forever.", 0, **_ZERO_OK)
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,8 @@ class ServerSettings:
                                     "Create/renew the certificate and inject the caBundle at start-up.", False)
     cert_secret: str = _env("INITSHIFT_CERT_SECRET", "Secret holding the serving certificate (self-managed mode).",
                             "initshift-tls", **_name(k8snames.DNS_SUBDOMAIN))
-    renew_before_days: int = _env("INITSHIFT_RENEW_BEFORE_DAYS", "Renew the certificate this many days before expiry.", 30)
+    renew_before_days: int = _env("INITSHIFT_RENEW_BEFORE_DAYS", "Renew the certificate this many days before expiry.", 30,
+                                    **_ZERO_OK)
     log_level: str = _env("INITSHIFT_LOG_LEVEL", "Log level.", "info", **_choice("debug", "info", "warning", "error"))
 
 
@@ -181,11 +186,13 @@ class WatcherSettings:
     namespaces: tuple[str, ...] = _env("INITSHIFT_WATCH_NAMESPACES", "Namespaces to watch (comma list); empty: all.", (),
                                        **_name(k8snames.DNS_LABEL))
     grace_seconds: float = _env("INITSHIFT_GRACE_SECONDS",
-                                "Seconds a sidecar may keep running after the outcome before the pod is ended.", 10.0)
+                                "Seconds a sidecar may keep running after the outcome before the pod is ended.", 10.0,
+                                **_ZERO_OK)
     sidecar_ready_timeout_seconds: float = _env("INITSHIFT_SIDECAR_READY_TIMEOUT_SECONDS",
                                                 "Seconds sidecars may take to become Ready before the pod fails.", 600.0)
     resync_seconds: float = _env("INITSHIFT_RESYNC_SECONDS",
-                                 "Periodic full re-list; 0: never (pods re-listed only on 410 Gone or a failed list).", 0.0)
+                                 "Periodic full re-list; 0: never (pods re-listed only on 410 Gone or a failed list).", 0.0,
+                                 **_ZERO_OK)
     leader_election: bool = _env("INITSHIFT_LEADER_ELECTION",
                                  "Use a Lease: the holder acts at once, the others only on work it left overdue.",
                                  True)
@@ -217,7 +224,8 @@ class RegistrySettings:
                               "Read imagePullSecrets and ServiceAccounts for registry credentials (needs RBAC).", False)
     budget_seconds: float = _env("INITSHIFT_REGISTRY_BUDGET_SECONDS",
                                  "Time allowed for all lookups of one review (below the webhook timeout).", 4.0)
-    tag_ttl_seconds: float = _env("INITSHIFT_REGISTRY_TAG_TTL_SECONDS", "How long a tag's digest is cached.", 300.0)
+    tag_ttl_seconds: float = _env("INITSHIFT_REGISTRY_TAG_TTL_SECONDS", "How long a tag's digest is cached.", 300.0,
+                                   **_ZERO_OK)
     cache_size: int = _env("INITSHIFT_REGISTRY_CACHE_SIZE", "Entries kept in the lookup cache.", 1024)
     insecure_registries: tuple[str, ...] = _env("INITSHIFT_REGISTRY_INSECURE",
                                                 "Registries reached over plain HTTP (comma list of host[:port]).", ())
@@ -261,16 +269,8 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
                                     f"Service {service!r} of the pod's namespace; set `enableServiceLinks: false` "
                                     f"on the pod (deploy/ does) or give {name} a value")
             return port_number(raw, name)
-        if isinstance(default, int):
-            try:
-                return int(raw)
-            except ValueError:
-                raise SettingsError(f"{name}: expected a whole number, got {raw!r}") from None
-        if isinstance(default, float):
-            try:
-                return float(raw)
-            except ValueError:
-                raise SettingsError(f"{name}: expected a number, got {raw!r}") from None
+        if isinstance(default, (int, float)):
+            return _number(raw, name, whole=isinstance(default, int), zero_ok=bool(f.metadata.get("zero_ok")))
         if isinstance(default, tuple):
             items = tuple(x.strip() for x in raw.split(",") if x.strip())
             kind = f.metadata.get("k8s_name")
@@ -292,6 +292,17 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
         raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
     kind = f.metadata.get("k8s_name")
     return _check_name(raw, kind, name) if kind else raw
+
+
+def _number(raw: str, name: str, *, whole: bool, zero_ok: bool) -> int | float:
+    what = "a whole number" if whole else "a number"
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}: expected {what}, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise SettingsError(f"{name}: expected {what} {'of 0 or more' if zero_ok else 'above 0'}, got {raw!r}")
+    return value
 
 
 def _default(f: dataclasses.Field) -> Any:
