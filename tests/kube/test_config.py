@@ -172,6 +172,30 @@ def test_bad_kubeconfigs(tmp_path):
         resolve(str(cfg), "x", environ={}, home=tmp_path)
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"user": "b"}, "context 'a': user 'b' not found"),
+    ({"cluster": "b"}, "context 'a': cluster 'b' not found"),
+    ({"server": "not a url"}, "server 'not a url' of cluster 'a' is not a URL"),
+    ({"server": "https://a.example:port"}, "is not a URL"),
+    ({"server": ""}, "cluster 'a' has no server"),
+])
+def test_a_context_whose_cluster_user_or_server_is_unusable_says_which(tmp_path, change, message):
+    cfg = kubeconfig(tmp_path / "cfg")
+    doc = yaml.safe_load(cfg.read_text())
+    if "server" in change:
+        doc["clusters"][0]["cluster"]["server"] = change["server"]
+    else:
+        doc["contexts"][0]["context"].update(change)
+    cfg.write_text(yaml.safe_dump(doc))
+    with pytest.raises(KubeConfigError, match=message):
+        resolve(str(cfg), environ={}, home=tmp_path)
+
+
+async def test_a_server_without_a_scheme_is_https_as_client_go_takes_it(tmp_path):
+    source = resolve(str(kubeconfig(tmp_path / "cfg", server="a.example:6443")), environ={}, home=tmp_path)
+    assert (await client_configuration(source)).host == "https://a.example:6443"
+
+
 async def test_from_config_talks_to_the_api(tmp_path, monkeypatch):
     async with KubeDouble() as kube:
         cfg = kubeconfig(tmp_path / "a", server=kube.url, namespace="builds")

@@ -25,6 +25,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 from kubernetes_asyncio import client as k8s
@@ -190,11 +191,40 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
         ctx = next((c for c in merged["contexts"] if c["name"] == name), None)
         if ctx is None:
             raise KubeConfigError(f"kubeconfig {where}: context {name!r} not found")
-        namespace = str((ctx.get("context") or {}).get("namespace") or "default")
+        body = ctx.get("context") or {}
+        _check_context(merged, f"kubeconfig {where}: context {name!r}", body)
+        namespace = str(body.get("namespace") or "default")
         return _Source("kubeconfig", [str(p) for p, _ in found], merged, name, namespace)
     if _in_cluster_possible(env, sa_dir):
         return _Source("in-cluster", namespace=_pod_namespace(env, sa_dir))
     raise KubeConfigError(_nothing_usable(paths, found, env, sa_dir))
+
+
+def _check_context(merged: dict[str, Any], where: str, context: Mapping[str, Any]) -> None:
+    """The context's cluster (with a server URL) and user exist, as client-go confirms before
+    it connects; a server without a scheme is taken as https, as client-go takes it."""
+    cluster = next((c for c in merged["clusters"] if c["name"] == context.get("cluster")), None)
+    if cluster is None:
+        raise KubeConfigError(f"{where}: cluster {context.get('cluster')!r} not found")
+    user = context.get("user")
+    if user and not any(u["name"] == user for u in merged["users"]):
+        raise KubeConfigError(f"{where}: user {user!r} not found")
+    body = cluster.get("cluster") or {}
+    server = body.get("server") if isinstance(body, dict) else None
+    if not isinstance(server, str) or not server.strip():
+        raise KubeConfigError(f"{where}: cluster {cluster['name']!r} has no server")
+    url = server if "://" in server else f"https://{server}"
+    try:
+        parts = urlsplit(url)
+        # .port raises ValueError for a port that is not a number
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in url and (parts.port or 0) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise KubeConfigError(f"{where}: server {server!r} of cluster {cluster['name']!r} is not a URL "
+                              f"(https://HOST[:PORT])")
+    if url != server:
+        cluster["cluster"] = {**body, "server": url}
 
 
 def _nothing_usable(paths: list[Path], found: list[tuple[Path, dict[str, Any]]], env: Mapping[str, str],
