@@ -207,16 +207,24 @@ def subject_of(cert: x509.Certificate) -> str:
 def load_cert(pem: bytes) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(pem)
-    except ValueError as e:
-        raise PKIError(f"not a PEM certificate: {e}") from None
+    except ValueError:
+        raise PKIError(f"not a PEM certificate: {_cert_problem(pem)}") from None
 
 
 def load_certs(pem: bytes) -> list[x509.Certificate]:
     """Every certificate of a PEM bundle (a caBundle may hold several CAs)."""
     try:
         return x509.load_pem_x509_certificates(pem) if pem.strip() else []
-    except ValueError as e:
-        raise PKIError(f"not a PEM certificate bundle: {e}") from None
+    except ValueError:
+        raise PKIError(f"not a PEM certificate bundle: {_cert_problem(pem)}") from None
+
+
+def _cert_problem(pem: bytes) -> str:
+    """Why `pem` holds no certificate, in words (the library's message names a web page, or
+    its parser's internals)."""
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        return "no -----BEGIN CERTIFICATE----- block"
+    return "a CERTIFICATE block that does not hold an X.509 certificate"
 
 
 def _load_key(pem: bytes) -> _SigningKey:

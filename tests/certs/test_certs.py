@@ -221,7 +221,7 @@ def test_certs_create_refuses_a_ca_that_cannot_sign(tmp_path):
         "CA:FALSE": (no_bc, "CN=no-bc is not a CA certificate"),
         "expired": ((tmp_path / "expired.crt", tmp_path / "expired.key"), "CN=expired expired on"),
         "another key": ((own / "ca.crt", own / "tls.key"), "the key does not belong to the certificate CN=initshift-ca"),
-        "not PEM": ((own / "ca.key", own / "ca.key"), "not a PEM certificate bundle"),
+        "not PEM": ((own / "ca.key", own / "ca.key"), "not a PEM certificate bundle: no -----BEGIN CERTIFICATE----- block"),
     }
     for name, ((crt, key), words) in cases.items():
         code, out, err = create("--out", str(tmp_path / name), "--ca-cert", str(crt), "--ca-key", str(key))
