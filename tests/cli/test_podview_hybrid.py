@@ -78,3 +78,15 @@ def test_status_says_which_startup_probe_initshift_removed():
     assert view.post_start_removed == ("istio-proxy",) and view.to_json()["postStartRemoved"] == ["istio-proxy"]
     assert f"Start:   no postStart wait on istio-proxy: step 0 waits for its readiness itself " \
            f"({p.ANNOTATION_POST_START_REMOVED})" in render(view, "table").splitlines()
+
+
+def test_a_start_order_pod_with_initshift_init_is_shown_as_managed_not_as_left_alone():
+    from tests.rewrite.test_start_order import ON, web_pod
+    from webhook.rewrite._rewrite import rewrite
+
+    pod = rewrite(web_pod("istio-proxy,cache;app"), ON, native_supported=False).pod
+    assert pod["metadata"]["labels"][p.LABEL_MANAGED] == p.MANAGED_START_ORDER
+    assert p.INIT_CONTAINER_NAME in [c["name"] for c in pod["spec"]["initContainers"]]
+    pod["metadata"]["name"] = "web-1"
+    header = render(pv.pod_view(pod, NOW), "table").splitlines()[0]
+    assert header.endswith(f"managed by initshift ({p.MANAGED_START_ORDER})"), header

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from waiter import protocol as p
 
-from ..rewrite import removed_post_start, removed_startup_probes
+from ..rewrite import managed_as, removed_post_start, removed_startup_probes
 from ..settings import RewriteSettings
 from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, json_int, layout, parse_time,
                        pod_ended, read_run, statuses)
@@ -86,6 +86,7 @@ class PodView:
     # (step 0 gates on their readiness)
     startup_probes_removed: tuple[str, ...] = ()
     post_start_removed: tuple[str, ...] = ()
+    managed: str | None = None  # the initshift.io/managed label (start-order pods have no strategy)
 
     @property
     def ended(self) -> bool:
@@ -243,7 +244,8 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
         and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None,
         startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else (),
-        post_start_removed=tuple(removed_post_start(pod)) if lay.strategy in (p.MODE_WAITER, p.MODE_HYBRID) else ())
+        post_start_removed=tuple(removed_post_start(pod)) if lay.strategy in (p.MODE_WAITER, p.MODE_HYBRID) else (),
+        managed=managed_as(pod))
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:

@@ -76,7 +76,8 @@ def _clock(value: str | None) -> str:
 
 
 def _summary(view: PodView, colour: bool) -> list[str]:
-    strategy = f"rewritten by initshift ({view.strategy})" if view.strategy else "not rewritten by initshift"
+    strategy = f"rewritten by initshift ({view.strategy})" if view.strategy else \
+        f"managed by initshift ({view.managed})" if view.managed else "not rewritten by initshift"
     if view.not_rewritten:
         strategy += f" (reason: {view.not_rewritten})"
     result_colour = {SUCCEEDED: "32", FAILED: "31"}.get(view.result, "")
