@@ -40,7 +40,7 @@ def _choice(*values: str) -> dict[str, tuple[str, ...]]:
 
 
 _PORT = {"port": True}
-# A number may be 0 only where its text says what 0 means (none, never, off, at once);
+# A number may be 0 only where 0 means something (none, never, at once, no cache);
 # any number is finite and never negative.
 _ZERO_OK = {"zero_ok": True}
 
