@@ -20,7 +20,7 @@ from ._kube import kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import outcome, pod, step
 from ._serverpod import POD_START_TIMEOUT, REPOSITORY
-from ._uninstall import KUBERNETES_OWN, WAITED, names
+from ._uninstall import WAITED, left_in_cluster, left_in_namespace, names
 
 RELEASE = "initshift"
 
@@ -87,16 +87,11 @@ def helm_release(env: Env, rec: Record) -> None:
         except BaseException:
             helm.uninstall(RELEASE, ignore_not_found=True)
             raise
-    left = {tuple(x.split("/", 1)) for x in names(env, "-n", NAMESPACE, "secrets,leases,configmaps,serviceaccounts,"
-                                                   "services,deployments,roles,rolebindings")}
-    kinds = {"secret": "Secret", "lease.coordination.k8s.io": "Lease", "configmap": "ConfigMap",
-             "serviceaccount": "ServiceAccount"}
-    left = {(kinds.get(kind, kind), name) for kind, name in left} - KUBERNETES_OWN
+    left = left_in_namespace(env)
     assert left == {("Secret", "initshift-tls"), ("Lease", "initshift-watcher")}, f"left by helm uninstall: {left}"
     kubectl(env.admin, "-n", NAMESPACE, "delete", "secret/initshift-tls", "lease/initshift-watcher")
     kubectl(env.admin, "delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s")
-    leftovers = [n for n in names(env, "clusterroles,clusterrolebindings,mutatingwebhookconfigurations")
-                 if "initshift" in n] + names(env, "namespaces", "--field-selector", f"metadata.name={NAMESPACE}")
+    leftovers = left_in_cluster(env)
     assert not leftovers, leftovers
     rec.note(f"helm install (Pods of {tag}): {first} build Succeeded; helm upgrade --reuse-values image.tag={tag}-next "
              f"(revision 2, logLevel kept): {second} build Succeeded; helm uninstall left the Secret and the Lease "

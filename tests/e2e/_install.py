@@ -34,7 +34,7 @@ import yaml
 from tests.support import deploy_render
 from tests.support.k8s import Process, free_port, wait_for
 
-from ._kube import Kube, kubectl
+from ._kube import Kube, kubectl, token_kubeconfig
 
 NAMESPACE = deploy_render.NAMESPACE
 SERVICE_ACCOUNT = "initshift"
@@ -149,18 +149,8 @@ class Install:
         manifest = self.dir / "install.yaml"
         manifest.write_text(yaml.safe_dump_all(self.objects, sort_keys=False))
         kubectl(self.admin, "apply", "--server-side", "--field-manager=initshift-e2e", "-f", str(manifest))
-        token = kubectl(self.admin, "-n", NAMESPACE, "create", "token", SERVICE_ACCOUNT, "--duration=4h").stdout.strip()
-        cfg = yaml.safe_load(self.admin.read_text())
-        cluster = next(c for c in cfg["clusters"]
-                       if c["name"] == next(x for x in cfg["contexts"] if x["name"] == cfg["current-context"])["context"]["cluster"])
-        self.sa_kubeconfig = self.dir / "initshift-sa.kubeconfig"
-        self.sa_kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "initshift",
-            "clusters": [{"name": "e2e", "cluster": cluster["cluster"]}],
-            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-            "contexts": [{"name": "initshift", "context": {"cluster": "e2e", "user": SERVICE_ACCOUNT,
-                                                             "namespace": NAMESPACE}}]}))
-        self.sa_kubeconfig.chmod(0o600)
+        self.sa_kubeconfig = token_kubeconfig(self.admin, NAMESPACE, SERVICE_ACCOUNT,
+                                              self.dir / "initshift-sa.kubeconfig", duration="4h")
         deployment = next(o for o in self.objects if o["kind"] == "Deployment")
         tls = self.dir / "tls"
         self._run("certs", "create", "--out", str(tls), "--namespace", NAMESPACE, "--ip", self.host,

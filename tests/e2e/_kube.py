@@ -186,3 +186,19 @@ def kubectl(kubeconfig: Path, *args: str, input: str | None = None, check: bool 
     if check and proc.returncode:
         raise KubeFailure(f"kubectl {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
+
+
+def token_kubeconfig(admin: Path, namespace: str, account: str, path: Path, duration: str = "1h") -> Path:
+    """A kubeconfig at `path` for the admin's cluster with a token of ServiceAccount
+    `account` (`kubectl create token`), its context's namespace `namespace`."""
+    token = kubectl(admin, "-n", namespace, "create", "token", account, f"--duration={duration}").stdout.strip()
+    cfg = yaml.safe_load(admin.read_text())
+    context = next(x for x in cfg["contexts"] if x["name"] == cfg["current-context"])["context"]
+    cluster = next(c for c in cfg["clusters"] if c["name"] == context["cluster"])
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": account,
+        "clusters": [{"name": "e2e", "cluster": cluster["cluster"]}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": "e2e", "user": account, "namespace": namespace}}]}))
+    path.chmod(0o600)
+    return path

@@ -30,6 +30,23 @@ def names(env: Env, *args: str) -> list[str]:
     return kubectl(env.admin, "get", *args, "-o", "name").stdout.split()
 
 
+_KINDS = {"secret": "Secret", "lease.coordination.k8s.io": "Lease", "configmap": "ConfigMap",
+          "serviceaccount": "ServiceAccount"}
+
+
+def left_in_namespace(env: Env) -> set[tuple[str, str]]:
+    """(Kind, name) of what is left in initshift's namespace, but what Kubernetes puts there."""
+    left = {tuple(x.split("/", 1)) for x in names(env, "-n", NAMESPACE, "secrets,leases,configmaps,serviceaccounts,"
+                                                   "services,deployments,roles,rolebindings")}
+    return {(_KINDS.get(kind, kind), name) for kind, name in left} - KUBERNETES_OWN
+
+
+def left_in_cluster(env: Env) -> list[str]:
+    """initshift's cluster-wide objects and its namespace, where any is left."""
+    return [n for n in names(env, "clusterroles,clusterrolebindings,mutatingwebhookconfigurations")
+            if "initshift" in n] + names(env, "namespaces", "--field-selector", f"metadata.name={NAMESPACE}")
+
+
 @scenario("uninstall", phase=3)
 def uninstall(env: Env, rec: Record) -> None:
     """docs/install.md's uninstall with a build running: the webhook configuration first (a
@@ -76,11 +93,7 @@ def uninstall(env: Env, rec: Record) -> None:
     # without it kubectl reports NotFound and exits 1.)
     kubectl(env.admin, "delete", "-f", str(manifest), "--ignore-not-found", "--wait=true", "--timeout=120s")
     if env.install.made_namespace:  # Helm: the chart brings no Namespace
-        left = {tuple(x.split("/", 1)) for x in names(env, "-n", NAMESPACE, "secrets,leases,configmaps,"
-                                                        "serviceaccounts,services,deployments,roles,rolebindings")}
-        kinds = {"secret": "Secret", "lease.coordination.k8s.io": "Lease", "configmap": "ConfigMap",
-                 "serviceaccount": "ServiceAccount"}
-        left = {(kinds.get(kind, kind), name) for kind, name in left} - KUBERNETES_OWN
+        left = left_in_namespace(env)
         tls, lease = env.install.env_of(next(o for o in env.install.objects if o["kind"] == "Deployment")).get(
             "INITSHIFT_CERT_SECRET", "initshift-tls"), "initshift-watcher"
         assert left == {("Secret", tls), ("Lease", lease)}, f"left after the chart's objects: {sorted(left)}"
@@ -91,8 +104,7 @@ def uninstall(env: Env, rec: Record) -> None:
     if env.native:  # it runs on without initshift
         service = env.kube.pod(ns, "service") or {}
         assert managed(service) == p.MODE_NATIVE and service["status"]["phase"] == "Running", service.get("status")
-    leftovers = [n for n in names(env, "clusterroles,clusterrolebindings,mutatingwebhookconfigurations")
-                 if "initshift" in n] + names(env, "namespaces", "--field-selector", f"metadata.name={NAMESPACE}")
+    leftovers = left_in_cluster(env)
     assert not leftovers, leftovers
     rec.note(f"{managed(build.obj)} build running at the webhook configuration's deletion: outcome "
              f"{result['result']}; a pod created after it admitted unchanged; `-l '{WAITED}'` lists it; `-l "

@@ -10,11 +10,9 @@ import contextlib
 from pathlib import Path
 from typing import Iterator
 
-import yaml
-
 from ._env import Env
 from ._install import NAMESPACE
-from ._kube import kubectl
+from ._kube import token_kubeconfig
 
 _READ = ["get", "list", "watch"]
 CLUSTER_RULES = [
@@ -53,23 +51,8 @@ def viewer(env: Env, builds: str) -> Iterator[Path]:
                 "metadata": {"name": name},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
                 "subjects": [{"kind": "ServiceAccount", "namespace": builds, "name": ACCOUNT}]})
-        yield _token_kubeconfig(env, builds)
+        yield token_kubeconfig(env.admin, builds, ACCOUNT, env.admin.with_name(f"{ACCOUNT}-{builds}.kubeconfig"))
     finally:
         for path in made:
             env.kube.delete(path)
 
-
-def _token_kubeconfig(env: Env, ns: str) -> Path:
-    """The admin's cluster with a token of the viewer."""
-    token = kubectl(env.admin, "-n", ns, "create", "token", ACCOUNT, "--duration=1h").stdout.strip()
-    cfg = yaml.safe_load(env.admin.read_text())
-    context = next(x for x in cfg["contexts"] if x["name"] == cfg["current-context"])["context"]
-    cluster = next(c for c in cfg["clusters"] if c["name"] == context["cluster"])
-    path = env.admin.with_name(f"{ACCOUNT}-{ns}.kubeconfig")
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": ACCOUNT,
-        "clusters": [{"name": "e2e", "cluster": cluster["cluster"]}],
-        "users": [{"name": ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": ACCOUNT, "context": {"cluster": "e2e", "user": ACCOUNT, "namespace": ns}}]}))
-    path.chmod(0o600)
-    return path

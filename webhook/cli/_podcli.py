@@ -14,7 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 
 from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, layout
-from ._common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError, add_kubeconfig_args
+from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args
 
 # What a command does once it has a client, the namespace and the pod it was asked about.
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
@@ -290,7 +290,5 @@ async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str]
 
 
 def run_main(run: Callable[[list[str]], Awaitable[int]], argv: list[str]) -> int:
-    try:
-        return asyncio.run(run(argv))
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    """`run` on an event loop; Ctrl-C (130) is answered for every command in _main._guarded."""
+    return asyncio.run(run(argv))
