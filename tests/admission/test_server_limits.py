@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import signal
 import socket
 import ssl
@@ -535,27 +536,57 @@ def test_a_client_that_leaves_gives_its_turn_back(pki):
             reviewer.parse = real
         assert httpx.post(f"{h.base_url(server)}/mutate", content=BIG_BODY, headers=JSON_CT,
                           verify=h.client_context(pki / "ca.crt"), timeout=60).status_code == 200
+        assert gc.isenabled()
 
 
-def test_small_reviews_are_worked_on_the_event_loop_large_ones_on_the_turns_thread(pki):
-    """An ordinary review skips the hop to a thread: it costs less than the hop itself."""
+def test_small_reviews_are_worked_on_the_event_loop_large_ones_on_the_turns_thread(pki, caplog):
+    """An ordinary review skips the hop to a thread: it costs less than the hop itself. A
+    large one is worked on with the cyclic collector paused, back on once answered; its log
+    line still names its pod."""
     with h.running(h.settings_for(pki)) as server, httpx.Client(verify=h.client_context(pki / "ca.crt")) as c:
         reviewer = server.app.state.reviewer
-        real, threads = reviewer.parse, []
+        real, seen = reviewer.parse, []
 
         def recorded(body: bytes):
-            threads.append(threading.current_thread().name)
+            seen.append((threading.current_thread().name, gc.isenabled()))
             return real(body)
 
         reviewer.parse = recorded
         try:
-            for body in (BODY, BIG_BODY):
-                r = c.post(f"{h.base_url(server)}/mutate", content=body, headers=JSON_CT)
-                assert r.status_code == 200 and r.json()["response"]["patch"]
+            with caplog.at_level(logging.INFO, logger="initshift.review"):
+                for body in (BODY, BIG_BODY):
+                    r = c.post(f"{h.base_url(server)}/mutate", content=body, headers=JSON_CT)
+                    assert r.status_code == 200 and r.json()["response"]["patch"]
+                    assert gc.isenabled()
         finally:
             reviewer.parse = real
     assert len(BODY) <= INLINE_MAX_BYTES < len(BIG_BODY)
-    assert threads[0] == "initshift-https" and threads[1].startswith("initshift-review")
+    assert seen[0] == ("initshift-https", True)
+    assert seen[1][0].startswith("initshift-review") and seen[1][1] is False
+    lines = [r for r in caplog.records if r.name == "initshift.review"]
+    assert [(r.namespace, r.pod) for r in lines] == [("builds", REVIEW["request"]["object"]["metadata"]["name"])] * 2
+
+
+def test_a_review_stopped_or_refused_gives_the_collector_back(pki):
+    """The collector comes back on however a large review ends: its client gone mid-work, a
+    bad review, an internal error."""
+    with h.running(h.settings_for(pki)) as server:
+        reviewer = server.app.state.reviewer
+        real = reviewer.parse
+
+        def broken(body: bytes):
+            raise RuntimeError("boom")
+
+        reviewer.parse = broken
+        try:
+            r = httpx.post(f"{h.base_url(server)}/mutate", content=BIG_BODY, headers=JSON_CT,
+                           verify=h.client_context(pki / "ca.crt"), timeout=60)
+        finally:
+            reviewer.parse = real
+        assert r.status_code == 500 and gc.isenabled()
+        r = httpx.post(f"{h.base_url(server)}/mutate", content=b"[" * len(BIG_BODY), headers=JSON_CT,
+                       verify=h.client_context(pki / "ca.crt"), timeout=60)
+        assert r.status_code == 400 and gc.isenabled()
 
 
 # --- the rest -----------------------------------------------------------------------------------------

@@ -13,12 +13,14 @@ that leaves gives its turn back. Everything after parsing follows the failure mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -261,8 +263,11 @@ class _Mutate:
             left = threading.Event()
             watch = asyncio.get_running_loop().create_task(_watch(receive, left))
             try:
-                review, decision = await self.reviewer.decide(body, self._run, left.is_set)
-                return review, decision, await self._run(jsontext.dumps, decision.answer)
+                with _collector_paused():
+                    review, decision = await self.reviewer.decide(body, self._run, left.is_set)
+                    payload = await self._run(jsontext.dumps, decision.answer)
+                    review = review.without_pod()  # its objects freed before collection resumes
+                return review, decision, payload
             finally:
                 watch.cancel()
         finally:
@@ -290,6 +295,25 @@ class _Mutate:
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a large review is worked on.
+
+    A large review is about a million objects, none in a cycle (a JSON tree and its rewrite:
+    reference counting frees them). Each full collection the review's allocations set off
+    walks all of them holding the interpreter lock, 10 to 50 ms each, several per review, and
+    the event loop's small reviews wait behind every one. One large review is worked on at a
+    time (the turn), so the pause is as long as one review's work; collection resumes after,
+    over what is left."""
+    paused = gc.isenabled()  # not when something else has turned it off: that one turns it on
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 async def _watch(receive: Receive, left: threading.Event) -> None:

@@ -11,7 +11,7 @@ import base64
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .. import jsontext
@@ -65,6 +65,11 @@ class Review:
     def display_name(self) -> str:
         """The pod's name, or its generateName prefix (names are often assigned later)."""
         return self.name or self._meta("name") or self._meta("generateName")
+
+    def without_pod(self) -> "Review":
+        """The review with only the metadata its log line reads of the pod."""
+        meta = {key: self._meta(key) for key in ("namespace", "name", "generateName")}
+        return replace(self, obj={"metadata": meta})
 
 
 # A JSON escape of a UTF-16 surrogate (`\ud800`-`\udfff`): legal JSON syntax, but alone it is
