@@ -181,6 +181,26 @@ async def test_without_a_pod_watch_says_when_it_watches_again(kube: KubeDouble, 
     assert err.getvalue() == "initshift status: the watch broke (etcdserver: leader changed); watching again\n"
 
 
+async def test_without_a_pod_watch_says_a_repeated_break_once(kube: KubeDouble, cfg: str) -> None:
+    kube.put_pod(created(kpack_running(), 125))
+    kube.fail_next("/api/v1/namespaces/builds/pods", 500, times=3, message="etcdserver: leader changed")
+    out, err = io.StringIO(), io.StringIO()
+    task = asyncio.create_task(status_cmd.run(["-w", "--kubeconfig", cfg], out, err))
+    await eventually(lambda: "analyze: running" in out.getvalue(), "the table after the retries")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert err.getvalue() == "initshift status: the watch broke (etcdserver: leader changed); watching again\n"
+
+
+async def test_without_a_pod_watch_of_an_apiserver_never_reached_ends_as_the_list_does(tmp_path) -> None:
+    dead = write_kubeconfig(tmp_path / "dead", "http://127.0.0.1:9")  # the discard port: nothing listens
+    for extra in ((), ("-w",)):
+        code, out, err = await asyncio.wait_for(status(*extra, "--kubeconfig", dead), BOUND)
+        assert (code, out) == (1, "")
+        assert err == "initshift status: cannot reach the Kubernetes API: GET /api/v1/namespaces/builds/pods: " \
+                      "cannot connect to 127.0.0.1:9: connection refused\n"
+
+
 async def test_all_namespaces_is_for_the_list(kube: KubeDouble, cfg: str, capsys) -> None:
     code, _, _ = await status("build-1", "-A", "--kubeconfig", cfg)
     assert code == 2
@@ -318,7 +338,7 @@ async def test_unreadable_kubeconfig_and_unreachable_server(tmp_path) -> None:
     dead = write_kubeconfig(tmp_path / "dead", "http://127.0.0.1:9")  # the discard port: nothing listens
     code, _, err = await status("x", "--kubeconfig", dead)
     assert code == 1 and err.startswith("initshift status: cannot reach the Kubernetes API") \
-        and err.count("\n") == 1
+        and err.count("\n") == 1 and err.endswith("cannot connect to 127.0.0.1:9: connection refused\n")
 
 
 async def test_colour_on_a_terminal_only_and_never_with_no_color(kube: KubeDouble, cfg: str,

@@ -44,17 +44,22 @@ async def connect(args: argparse.Namespace) -> tuple[KubeApi, str]:
     return api, args.namespace or api.namespace
 
 
+def unreached(e: KubeError) -> CliError | None:
+    """An apiserver not reached, or not taking the credentials, said the same whatever was asked."""
+    if e.status == 401:
+        return CliError(f"the API server did not accept your credentials ({e.message}); check the kubeconfig")
+    if e.status == 0:
+        return CliError(f"cannot reach the Kubernetes API: {e.message}")
+    return None
+
+
 def api_error(e: KubeError, namespace: str, name: str, what: str = "read pod") -> CliError:
     """The apiserver's answer as a line a person can act on."""
     if e.status == 404:
         return CliError(f"pod {name} not found in namespace {namespace}")
     if e.status == 403:
         return CliError(f"no permission to {what} {namespace}/{name}: {e.message}")
-    if e.status == 401:
-        return CliError(f"the API server did not accept your credentials ({e.message}); check the kubeconfig")
-    if e.status == 0:
-        return CliError(f"cannot reach the Kubernetes API: {e.message}")
-    return CliError(f"cannot {what} {namespace}/{name}: {e.status} {e.reason}: {e.message}".replace(" : ", ": "))
+    return unreached(e) or CliError(f"cannot {what} {namespace}/{name}: {e.status} {e.reason}: {e.message}".replace(" : ", ": "))
 
 
 async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:

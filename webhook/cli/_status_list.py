@@ -18,7 +18,7 @@ from waiter import protocol as p
 from ..kube import Informer, KubeApi, KubeError
 from ..watcher import MAIN, STEP, NotManaged, parse_time
 from ._common import EXIT_OK, CliError
-from ._podcli import CLEAR, TICK_SECONDS, connect, use_colour
+from ._podcli import CLEAR, TICK_SECONDS, connect, unreached, use_colour
 from ._podio import dump
 from ._podview import PodView, State, pod_view, state_text
 
@@ -93,12 +93,14 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
     pods: dict[tuple[str, str], dict] = {}
     changed = asyncio.Event()
     refused: list[KubeError] = []
+    said: list[str] = []  # what the watch broke with since it last listed: said once, not every retry
 
     def key(obj: dict) -> tuple[str, str]:
         meta = obj.get("metadata") or {}
         return meta.get("namespace", ""), meta.get("name", "")
 
     def listed(_: str | None, items: list[dict]) -> None:
+        said[:] = ["listed"]
         pods.clear()
         pods.update((key(obj), obj) for obj in items)
         changed.set()
@@ -111,10 +113,12 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
         changed.set()
 
     def failed(error: KubeError) -> None:
-        if error.status in _REFUSED:
+        # Refused, or an apiserver never reached: the command ends, as without --watch.
+        if error.status in _REFUSED or (error.status == 0 and not said):
             refused.append(error)
             changed.set()
-        elif not error.gone:  # (a 410 only means: list again)
+        elif not error.gone and error.message not in said:  # (a 410 only means: list again)
+            said.append(error.message)
             print(f"initshift status: the watch broke ({error.message}); watching again", file=err, flush=True)
 
     informer = Informer(api, "pods", namespace, label_selector=p.LABEL_MANAGED, on_list=listed, on_event=event,
@@ -130,7 +134,7 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
                 pass
             changed.clear()
             if refused:
-                raise CliError(f"cannot watch the pods of {where}: {refused[0].message}")
+                raise unreached(refused[0]) or CliError(f"cannot watch the pods of {where}: {refused[0].message}")
             lines = _lines(list(pods.values()), datetime.now(timezone.utc))
             if redraw:
                 out.write(CLEAR + _table(lines, args.all_namespaces))
@@ -159,7 +163,7 @@ async def run_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             try:
                 pods, _ = await api.list_pods(scope, label_selector=p.LABEL_MANAGED)
             except KubeError as e:
-                raise CliError(f"cannot list the pods of {where}: {e.message}") from None
+                raise unreached(e) or CliError(f"cannot list the pods of {where}: {e.message}") from None
     except CliError as e:
         print(f"initshift status: {e}", file=err)
         return e.code

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+from http import HTTPStatus
 from typing import Any, AsyncIterator
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-from ..errors import InitshiftError
+from ..errors import InitshiftError, os_reason
 
 _MERGE_PATCH = "application/merge-patch+json"
 JSON = "application/json"
@@ -35,10 +38,39 @@ async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes
         try:
             line = await resp.content.readline()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise StreamCut(0, f"{what} interrupted: {type(e).__name__}: {e}") from None
+            raise StreamCut(0, f"{what} interrupted: {_transport_error(e)}") from None
         if not line:
             return
         yield line
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "unknown status"
+
+
+def _transport_error(e: BaseException) -> str:
+    """Why a request got no answer, in words: aiohttp's own text repeats the address three
+    times and names its exception class."""
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        cert = e.certificate_error
+        why = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
+        return f"the certificate of {e.host}:{e.port} is not trusted ({why}): check the kubeconfig's cluster CA"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        os_error = e.os_error
+        if isinstance(os_error, socket.gaierror):
+            why = "the name does not resolve"
+        else:  # asyncio's strerror is "Connect call failed (address)"; the errno says why
+            why = os.strerror(os_error.errno).lower() if os_error.errno else os_reason(os_error)
+        return f"cannot connect to {e.host}:{e.port}: {why}"
+    if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return "timed out waiting for an answer"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection before answering"
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _core_path(plural: str, namespace: str | None) -> str:
@@ -76,7 +108,10 @@ def _status_error(status: int, text: str) -> KubeError:
     try:
         body = json.loads(text)
     except ValueError:
-        return KubeError(status, text.strip()[:500] or "no message")
+        # Not the apiserver's Status (a proxy's or load balancer's page): its text, on one line.
+        line = " ".join(text.split())
+        return KubeError(status, (line[:300] + "..." if len(line) > 300 else line)
+                         or f"HTTP {status} ({_phrase(status)}) with an empty body")
     if isinstance(body, dict):
         return KubeError(status, str(body.get("message") or text[:500]), str(body.get("reason") or ""))
     return KubeError(status, text[:500])
@@ -159,7 +194,7 @@ class KubeApi:
         except ApiException as e:  # raised before sending (bad parameters)
             raise KubeError(e.status or 0, str(e.reason)) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise KubeError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+            raise KubeError(0, f"{method} {path}: {_transport_error(e)}") from None
         if not 200 <= resp.status <= 299:
             try:
                 text = await resp.text()
@@ -178,7 +213,7 @@ class KubeApi:
         try:
             data = await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise KubeError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+            raise KubeError(0, f"{method} {path}: {_transport_error(e)}") from None
         finally:
             resp.release()
         try:
