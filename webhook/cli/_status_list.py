@@ -93,14 +93,17 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
     pods: dict[tuple[str, str], dict] = {}
     changed = asyncio.Event()
     refused: list[KubeError] = []
-    said: list[str] = []  # what the watch broke with since it last listed: said once, not every retry
+    said: set[str] = set()  # what the watch broke with since it last listed: said once, not every retry
+    heard = False  # the apiserver has answered
 
     def key(obj: dict) -> tuple[str, str]:
         meta = obj.get("metadata") or {}
         return meta.get("namespace", ""), meta.get("name", "")
 
     def listed(_: str | None, items: list[dict]) -> None:
-        said[:] = ["listed"]
+        nonlocal heard
+        heard = True
+        said.clear()
         pods.clear()
         pods.update((key(obj), obj) for obj in items)
         changed.set()
@@ -113,12 +116,15 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
         changed.set()
 
     def failed(error: KubeError) -> None:
+        nonlocal heard
         # Refused, or an apiserver never reached: the command ends, as without --watch.
-        if error.status in _REFUSED or (error.status == 0 and not said):
+        if error.status in _REFUSED or (error.status == 0 and not heard):
             refused.append(error)
             changed.set()
-        elif not error.gone and error.message not in said:  # (a 410 only means: list again)
-            said.append(error.message)
+            return
+        heard = heard or error.status != 0
+        if not error.gone and error.message not in said:  # (a 410 only means: list again)
+            said.add(error.message)
             print(f"initshift status: the watch broke ({error.message}); watching again", file=err, flush=True)
 
     informer = Informer(api, "pods", namespace, label_selector=p.LABEL_MANAGED, on_list=listed, on_event=event,
