@@ -18,7 +18,7 @@ import socket
 import aiohttp
 from kubernetes_asyncio.stream import WsApiClient
 
-from ._api import _AUTH, _REQUEST_TIMEOUT_SECONDS, KubeApi, KubeError
+from ._api import _AUTH, _REQUEST_TIMEOUT_SECONDS, KubeApi, KubeError, _transport_error
 
 _DATA, _ERROR = b"\x00", 1  # the channels of the one port forwarded
 _READ_BYTES = 64 * 1024
@@ -52,7 +52,7 @@ class PortForward:
             why = {403: "forbidden (it needs get on pods/portforward)", 404: "no such pod"}.get(e.status, e.message)
             raise KubeError(e.status, f"{where}: {why}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise KubeError(0, f"{where}: {type(e).__name__}: {e}") from None
+            raise KubeError(0, f"{where}: {_transport_error(e)}") from None
         ours, theirs = socket.socketpair()
         try:
             reader, writer = await asyncio.open_connection(sock=theirs)
