@@ -76,4 +76,4 @@ async def test_an_error_page_is_one_line(not_an_apiserver: dict) -> None:
 
 async def test_a_server_that_closes_without_answering(not_an_apiserver: dict) -> None:
     err = await error_of(not_an_apiserver["url"])  # raw b"": closed after the request
-    assert err.status == 0 and err.message == "GET /version: the server closed the connection before answering"
+    assert err.status == 0 and err.message == "GET /version: the server closed the connection"

@@ -68,7 +68,7 @@ def _transport_error(e: BaseException) -> str:
     if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return "timed out waiting for an answer"
     if isinstance(e, aiohttp.ServerDisconnectedError):
-        return "the server closed the connection before answering"
+        return "the server closed the connection"
     text = str(e)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
