@@ -6,8 +6,8 @@ one-line 400. Memory is bounded by how reviews are taken (docs/admission-server.
 review up to INLINE_MAX_BYTES is read, parsed, rewritten and encoded on the event loop
 without a pause, so one is in the works at a time; a larger one waits for the
 large turn with its body unread (uvicorn reads no more than 64 KiB of a body the app does
-not ask for), then is read and worked on the turn's thread while the loop serves. A client
-that leaves gives its turn back. Everything after parsing follows the failure mode.
+not ask for), then is read and worked on the turn's thread, the cyclic collector paused,
+while the loop serves. A client that leaves gives its turn back. Everything after parsing follows the failure mode.
 """
 
 from __future__ import annotations
