@@ -58,10 +58,45 @@ def test_parsing_every_kind():
     ({"INITSHIFT_CERT_SECRET": "tls/secret"}, "INITSHIFT_CERT_SECRET"),
     ({"INITSHIFT_WEBHOOK_CONFIG": "-webhook"}, "INITSHIFT_WEBHOOK_CONFIG"),
     ({"INITSHIFT_IMAGE_PULL_SECRETS": "registry,Harbor"}, "INITSHIFT_IMAGE_PULL_SECRETS: .*RFC 1123 subdomain.* got 'Harbor'"),
+    # what no one means: a few digits too many, refused before it starts a million workers
+    ({"INITSHIFT_WATCHER_CONCURRENCY": "99999999999999999999"},
+     "INITSHIFT_WATCHER_CONCURRENCY: expected a whole number of at most 1,024, got '99999999999999999999'"),
+    ({"INITSHIFT_WATCHER_LIST_PAGE_SIZE": "99999999999999999999"}, "INITSHIFT_WATCHER_LIST_PAGE_SIZE: .*at most 10,000"),
+    ({"INITSHIFT_LEASE_SECONDS": "3000000000"}, "INITSHIFT_LEASE_SECONDS: .*at most 2,147,483,647"),  # an int32
+    # the Lease's timing in client-go's order, for what was set
+    ({"INITSHIFT_LEASE_SECONDS": "5", "INITSHIFT_WATCHER_RENEW_DEADLINE_SECONDS": "60"},
+     r"INITSHIFT_WATCHER_RENEW_DEADLINE_SECONDS: expected less than INITSHIFT_LEASE_SECONDS \(5\), got '60'"),
+    ({"INITSHIFT_WATCHER_RENEW_SECONDS": "30"},
+     r"INITSHIFT_WATCHER_RENEW_SECONDS: expected less than INITSHIFT_WATCHER_RENEW_DEADLINE_SECONDS \(10, its default\)"),
+    ({"INITSHIFT_IMAGE": ""}, "INITSHIFT_IMAGE: empty image reference"),
+    ({"INITSHIFT_IMAGE": "Registry.example/Initshift:1"}, "INITSHIFT_IMAGE: .*invalid repository 'Initshift'"),
+    ({"INITSHIFT_TLS_CERT": " "}, "INITSHIFT_TLS_CERT: expected a file's path, got an empty value"),
+    ({"INITSHIFT_TLS_KEY": ""}, "INITSHIFT_TLS_KEY: expected a file's path"),
+    ({"INITSHIFT_QUIT_ENDPOINTS": "istio-proxy=notaurl"},
+     "INITSHIFT_QUIT_ENDPOINTS: expected an http:// or https:// URL, got 'notaurl'"),
+    ({"INITSHIFT_QUIT_ENDPOINTS": "vault-agent=http://127.0.0.1/quit"}, "needs a host and a port"),  # as the waiter
+    ({"INITSHIFT_QUIT_ENDPOINTS": "a=http://127.0.0.1:1/q,a=http://127.0.0.1:2/q"}, "'a' is given twice"),
 ])
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
+
+
+def test_an_empty_boolean_is_its_default_as_unset():
+    """Helm's `--set x=` or a manifest's `value: ""` is no choice: leader election (on by
+    default) stays on, the feature gate (off by default) stays off."""
+    s = Settings.from_env({"INITSHIFT_LEADER_ELECTION": "", p.FEATURE_GATE_ENV: " ", "INITSHIFT_REGISTRY_LOOKUP": ""})
+    assert s.watcher.leader_election is True and s.feature_gate is False and s.registry.lookup is False
+
+
+def test_values_at_their_bounds_and_lease_timing_that_follows_are_kept():
+    s = Settings.from_env({"INITSHIFT_WATCHER_CONCURRENCY": "1024", "INITSHIFT_WATCHER_LIST_PAGE_SIZE": "10000",
+                           "INITSHIFT_LEASE_SECONDS": "5", "INITSHIFT_IMAGE": "registry.example:5000/initshift@sha256:"
+                           + "a" * 64})
+    assert (s.watcher.concurrency, s.watcher.list_page_size, s.watcher.lease_seconds) == (1024, 10_000, 5)
+    s = Settings.from_env({"INITSHIFT_LEASE_SECONDS": "30", "INITSHIFT_WATCHER_RENEW_DEADLINE_SECONDS": "20",
+                           "INITSHIFT_WATCHER_RENEW_SECONDS": "5"})
+    assert (s.watcher.renew_deadline_seconds, s.watcher.renew_seconds) == (20, 5)
 
 
 def test_kubernetes_names_that_are_valid_are_kept():

@@ -17,11 +17,11 @@ from typing import Any, Mapping
 
 from waiter import protocol as p
 
-from . import __version__, k8snames
+from . import __version__, imageref, k8snames
 from .errors import InitshiftError
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 
 
 class SettingsError(InitshiftError, ValueError):
@@ -43,6 +43,16 @@ _PORT = {"port": True}
 # A number may be 0 only where 0 means something (none, never, at once, no cache);
 # any number is finite and never negative.
 _ZERO_OK = {"zero_ok": True}
+
+
+def _max(limit: int) -> dict[str, int]:
+    """The largest value that makes sense: a typo of a few digits is refused, not obeyed."""
+    return {"max": limit}
+
+
+_INT32_MAX = 2**31 - 1
+# A path the server must read: empty is refused (a setting that may be empty says what it means).
+_FILE = {"file": True}
 
 # Kubernetes object names are checked where they are read, not at the first API call that
 # uses them: a Namespace is an RFC 1123 label, a Service an RFC 1035 label, a Secret, a
@@ -82,7 +92,8 @@ class RewriteSettings:
         "INITSHIFT_NATIVE_REFRESH_SECONDS",
         "How often `auto` native-sidecar detection re-reads the apiserver and kubelet versions.", 300.0)
     image: str = _env("INITSHIFT_IMAGE", "Image of the injected `initshift-init` (hybrid: `initshift-copy`) "
-                      "container, which holds the waiter.", f"ghcr.io/initshift/initshift:{__version__}")
+                      "container, which holds the waiter.", f"ghcr.io/initshift/initshift:{__version__}",
+                      image_ref=True)
     image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init` and `initshift-copy`.",
                                   "IfNotPresent", **_choice("IfNotPresent", "Always", "Never"))
     image_pull_secrets: tuple[str, ...] = _env(
@@ -102,7 +113,7 @@ class RewriteSettings:
         "status port pilot-agent reads where the pod or the mesh moves it: `status.sidecar.istio.io/port`, "
         "`statusPort` of `proxy.istio.io/config` or of the proxy's `PROXY_CONFIG`; `linkerd-proxy`'s on the "
         "port of its `LINKERD2_PROXY_ADMIN_LISTEN_ADDR`).",
-        dict(p.DEFAULT_QUIT_ENDPOINTS))
+        dict(p.DEFAULT_QUIT_ENDPOINTS), urls=True)
     resources_policy: str = _env("INITSHIFT_RESOURCES_POLICY",
                                  "How step requests are redistributed: `preserve`, `divide` or `keep`.",
                                  "preserve", **_choice("preserve", "divide", "keep"))
@@ -129,9 +140,9 @@ class ServerSettings:
                              "Address the metrics port binds; empty: INITSHIFT_HOST (every address by default, "
                              "which a scrape through the pod IP or a Service needs).", "")
     tls_cert: str = _env("INITSHIFT_TLS_CERT", "Serving certificate (PEM); reloaded when it changes.",
-                         "/etc/initshift/tls/tls.crt")
+                         "/etc/initshift/tls/tls.crt", **_FILE)
     tls_key: str = _env("INITSHIFT_TLS_KEY", "Serving key (PEM); reloaded when it changes.",
-                        "/etc/initshift/tls/tls.key")
+                        "/etc/initshift/tls/tls.key", **_FILE)
     client_ca: str = _env("INITSHIFT_CLIENT_CA", "CA bundle to verify client certificates; empty: no verification.", "")
     # The apiserver takes request bodies up to 3 MiB (its MaxRequestBodyBytes, twice etcd's
     # 1.5 MiB object limit) and sends the pod back as JSON with defaults, managedFields and
@@ -198,7 +209,8 @@ class WatcherSettings:
                                  True)
     lease_name: str = _env("INITSHIFT_LEASE_NAME", "Name of the leader-election Lease.", "initshift-watcher",
                           **_name(k8snames.DNS_SUBDOMAIN))
-    lease_seconds: float = _env("INITSHIFT_LEASE_SECONDS", "Lease duration.", 15.0)
+    lease_seconds: float = _env("INITSHIFT_LEASE_SECONDS", "Lease duration.", 15.0,
+                                **_max(_INT32_MAX))  # the Lease's leaseDurationSeconds is an int32
     renew_seconds: float = _env("INITSHIFT_WATCHER_RENEW_SECONDS",
                                 "How often the holder renews the Lease (and a follower retries it); each attempt "
                                 "may take this long at most.", 2.0)
@@ -209,11 +221,13 @@ class WatcherSettings:
                                    "A replica that does not hold the Lease acts on a pod whose action or Event "
                                    "has been due this long (the standstill after a leader dies silently).", 1.5)
     concurrency: int = _env("INITSHIFT_WATCHER_CONCURRENCY",
-                            "Pods acted on at once (one action at a time per pod; Events are sent beside).", 32)
+                            "Pods acted on at once (one action at a time per pod; Events are sent beside).", 32,
+                            **_max(1024))
     request_timeout_seconds: float = _env("INITSHIFT_WATCHER_REQUEST_TIMEOUT_SECONDS",
                                           "Time allowed for one API call of the watcher (not the watch).", 10.0)
     list_page_size: int = _env("INITSHIFT_WATCHER_LIST_PAGE_SIZE",
-                               "Pods per page when the watcher lists (bounds its memory on a re-list).", 500)
+                               "Pods per page when the watcher lists (bounds its memory on a re-list).", 500,
+                               **_max(10_000))
 
 
 @dataclass(frozen=True)
@@ -255,6 +269,8 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
     raw = raw.strip()
     try:
         if isinstance(default, bool):
+            if not raw:  # `value: ""` (Helm's `--set x=`) is no choice: the default, as unset
+                return default
             low = raw.lower()
             if low in _TRUE:
                 return True
@@ -270,7 +286,8 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
                                     f"on the pod (deploy/ does) or give {name} a value")
             return port_number(raw, name)
         if isinstance(default, (int, float)):
-            return _number(raw, name, whole=isinstance(default, int), zero_ok=bool(f.metadata.get("zero_ok")))
+            return _number(raw, name, whole=isinstance(default, int), zero_ok=bool(f.metadata.get("zero_ok")),
+                           most=f.metadata.get("max"))
         if isinstance(default, tuple):
             items = tuple(x.strip() for x in raw.split(",") if x.strip())
             kind = f.metadata.get("k8s_name")
@@ -281,7 +298,12 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
                 key, sep, value = item.partition("=")
                 if not sep or not key.strip() or not value.strip():
                     raise SettingsError(f"{name}: expected name=value items, got {item!r}")
+                if key.strip() in out:
+                    raise SettingsError(f"{name}: {key.strip()!r} is given twice")
                 out[key.strip()] = value.strip()
+            if f.metadata.get("urls"):
+                for url in out.values():
+                    _check_url(url, name)
             return out
     except ValueError as e:
         if isinstance(e, SettingsError):
@@ -290,11 +312,30 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
     choices = f.metadata.get("choices")
     if choices and raw not in choices:
         raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
+    if f.metadata.get("file") and not raw:
+        raise SettingsError(f"{name}: expected a file's path, got an empty value")
+    if f.metadata.get("image_ref"):
+        try:
+            imageref.parse(raw)
+        except imageref.InvalidReference as e:
+            raise SettingsError(f"{name}: {e}") from None
     kind = f.metadata.get("k8s_name")
     return _check_name(raw, kind, name) if kind else raw
 
 
-def _number(raw: str, name: str, *, whole: bool, zero_ok: bool) -> int | float:
+def _check_url(url: str, name: str) -> None:
+    """A quit endpoint as the waiter will POST it (its own parser: one rule)."""
+    from waiter.loopback import Endpoint
+
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"{name}: expected an http:// or https:// URL, got {url!r}")
+    try:
+        Endpoint.parse(url)
+    except ValueError as e:
+        raise SettingsError(f"{name}: {e}") from None
+
+
+def _number(raw: str, name: str, *, whole: bool, zero_ok: bool, most: int | None = None) -> int | float:
     what = "a whole number" if whole else "a number"
     try:
         value = int(raw) if whole else float(raw)
@@ -302,6 +343,8 @@ def _number(raw: str, name: str, *, whole: bool, zero_ok: bool) -> int | float:
         raise SettingsError(f"{name}: expected {what}, got {raw!r}") from None
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
         raise SettingsError(f"{name}: expected {what} {'of 0 or more' if zero_ok else 'above 0'}, got {raw!r}")
+    if most is not None and value > most:
+        raise SettingsError(f"{name}: expected {what} of at most {most:,}, got {raw!r}")
     return value
 
 
@@ -318,7 +361,23 @@ def _load(cls: type, env: Mapping[str, str]) -> Any:
             values[f.name] = _load(f.default_factory, env)  # type: ignore[arg-type]
         elif f.metadata["env"] in env:
             values[f.name] = _parse(f, env[f.metadata["env"]])
-    return cls(**values)
+    loaded = cls(**values)
+    if cls is WatcherSettings:
+        _check_lease_timing(loaded, env)
+    return loaded
+
+
+def _check_lease_timing(w: WatcherSettings, env: Mapping[str, str]) -> None:
+    """client-go's order, lease > renew deadline > renew period, for what was set: one left
+    unset follows the others (webhook/watcher/_leader.py derives it), one set against
+    them is refused rather than quietly clamped."""
+    names = {f.name: f.metadata["env"] for f in dataclasses.fields(WatcherSettings)}
+    order = [("renew_deadline_seconds", "lease_seconds"), ("renew_seconds", "renew_deadline_seconds")]
+    for lower, upper in order:
+        if names[lower] in env and getattr(w, lower) >= getattr(w, upper):
+            given = "" if names[upper] in env else ", its default"
+            raise SettingsError(f"{names[lower]}: expected less than {names[upper]} ({getattr(w, upper):g}{given}), "
+                                f"got {env[names[lower]].strip()!r}")
 
 
 def _fmt(value: Any) -> str:
@@ -361,6 +420,8 @@ def settings_rows(cls: type = Settings) -> list[tuple[str, str, str]]:
             doc += f" One of: {', '.join(f.metadata['choices'])}."
         if f.metadata.get("k8s_name"):
             doc += f" A Kubernetes name ({f.metadata['k8s_name']})."
+        if f.metadata.get("max"):
+            doc += f" At most {f.metadata['max']:,}."
         rows.append((f.metadata["env"], _fmt(_default(f)), doc))
     return rows
 

@@ -11,7 +11,7 @@ from tests.support.registryd import PASSWORD, USER, Env, free_port, shared_env
 from webhook.registry import _client as oci
 from webhook.registry._credentials import Credential
 from webhook.rewrite._entrypoint import ImageConfig
-from webhook.registry._imageref import parse
+from webhook.imageref import parse
 
 GOOD = Credential(USER, PASSWORD, "secret build/regcred")
 BAD = Credential(USER, "wrong", "secret build/stale")

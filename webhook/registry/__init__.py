@@ -2,7 +2,7 @@
 client, and the cached, coalescing resolver the admission server calls."""
 
 from ._credentials import credentials_for
-from ._imageref import InvalidReference
+from ..imageref import InvalidReference
 from ._resolver import RegistryResolver, make_resolver
 
 __all__ = ["InvalidReference", "RegistryResolver", "credentials_for", "make_resolver"]

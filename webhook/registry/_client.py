@@ -23,7 +23,7 @@ import httpx
 
 from ._credentials import Credential
 from ..rewrite import ImageConfig
-from ._imageref import ImageRef
+from ..imageref import ImageRef
 from ..errors import InitshiftError
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from . import _imageref as imageref
+from .. import imageref
 from ..errors import InitshiftError
 
 _SECRET_TYPE_DOCKERCONFIGJSON = "kubernetes.io/dockerconfigjson"

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Hashable, Mapping, Protocol, Sequence
 
-from . import _imageref as imageref
+from .. import imageref
 from ._credentials import Credential, Keyring, keyring_from_secrets
 from ._platform import narrow, platform_filter
 from ..rewrite import ImageConfig, ImageEntrypoints, Lookup, UnresolvedEntrypoint

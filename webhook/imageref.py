@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from ..errors import InitshiftError
+from .errors import InitshiftError
+
+__all__ = ["DOCKER_HUB_API", "ImageRef", "InvalidReference", "parse"]
 
 _DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's distribution API answers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from webhook.registry._imageref import DOCKER_HUB_API, ImageRef, InvalidReference, parse
+from webhook.imageref import DOCKER_HUB_API, ImageRef, InvalidReference, parse
 
 D = "sha256:" + "a" * 64
 
