@@ -17,9 +17,11 @@ import os
 import ssl
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 
 from .. import metrics
-from ..errors import InitshiftError
+from ..errors import InitshiftError, os_reason
 
 log = logging.getLogger("initshift.tls")
 
@@ -52,16 +54,32 @@ def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
         if problem:
             raise TLSError(f"TLS {what} {path}: {problem}")
     try:
-        ctx.load_cert_chain(certfile=cert, keyfile=key)
-    except (OSError, ssl.SSLError) as e:
+        # Without a password callback OpenSSL asks for an encrypted key's passphrase on the
+        # terminal: refuse such a key instead (_why says so).
+        ctx.load_cert_chain(certfile=cert, keyfile=key, password=_no_passphrase)
+    except (OSError, _Encrypted) as e:  # ssl.SSLError is an OSError
         raise TLSError(f"cannot load TLS certificate {cert} with key {key}: {_why(e, cert, key)}") from None
     if client_ca:
+        where = f"client CA {client_ca} (INITSHIFT_CLIENT_CA)"
+        problem = _file_problem(client_ca)
+        if problem:
+            raise TLSError(f"{where}: {problem}")
         try:
             ctx.load_verify_locations(cafile=client_ca)
-        except (OSError, ssl.SSLError) as e:
-            raise TLSError(f"cannot load client CA {client_ca}: {e}") from None
+        except ssl.SSLError as e:
+            raise TLSError(f"{where}: {_ca_why(e, client_ca)}") from None
+        except OSError as e:  # replaced between the check and the load
+            raise TLSError(f"{where}: {os_reason(e)}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+class _Encrypted(TLSError):
+    """The key file asked for a passphrase (_why words it)."""
+
+
+def _no_passphrase() -> bytes:
+    raise _Encrypted
 
 
 def _file_problem(path: str) -> str | None:
@@ -74,22 +92,62 @@ def _file_problem(path: str) -> str | None:
     except IsADirectoryError:
         return "is a directory, not a PEM file"
     except OSError as e:
-        return (e.strerror or str(e)).lower()
+        return os_reason(e)
     return "the file is empty" if empty else None
 
 
 def _why(error: Exception, cert: str, key: str) -> str:
-    """OpenSSL's reason, said about the file it concerns."""
-    if "KEY_VALUES_MISMATCH" in str(error):
-        return "the key does not belong to the certificate"
+    """Why OpenSSL refused the pair, said about the file it concerns. OpenSSL's own reason
+    depends on the kinds of key (an RSA key for an EC certificate is NO_CERTIFICATE_ASSIGNED,
+    not KEY_VALUES_MISMATCH), so the files are read again with cryptography to tell."""
     try:
         with open(cert, "rb") as f:
-            x509.load_pem_x509_certificate(f.read())
+            leaf = x509.load_pem_x509_certificate(f.read())
     except ValueError:
         return f"{cert} holds no PEM certificate"
-    except OSError:
-        pass
-    return f"{key} holds no PEM private key (or one encrypted with a passphrase)"
+    except OSError as e:  # replaced since OpenSSL read it
+        return f"{cert}: {os_reason(e)}"
+    encrypted = f"{key} holds a private key encrypted with a passphrase: initshift needs it unencrypted"
+    if isinstance(error, _Encrypted):
+        return encrypted
+    try:
+        with open(key, "rb") as f:
+            private = serialization.load_pem_private_key(f.read(), password=None)
+    except TypeError:  # cryptography's word for a key that needs a passphrase
+        return encrypted
+    except (ValueError, UnsupportedAlgorithm):
+        return f"{key} holds no PEM private key"
+    except OSError as e:
+        return f"{key}: {os_reason(e)}"
+    if leaf.public_key() != private.public_key():
+        return "the key does not belong to the certificate"
+    # The pair matches and OpenSSL still refuses it: its security level (a small RSA key, a
+    # weak signature digest), in words rather than its `[SSL: ...] (_ssl.c:N)` text.
+    reason = getattr(error, "reason", None) or "UNKNOWN_REASON"
+    return {"EE_KEY_TOO_SMALL": "the certificate's key is too small (RSA needs 2048 bits or more)",
+            "CA_MD_TOO_WEAK": "the certificate is signed with a weak digest (MD5 or SHA-1)"}.get(
+        reason, f"OpenSSL refuses the pair ({_words(reason)})")
+
+
+def _ca_why(error: ssl.SSLError, path: str) -> str:
+    """Why OpenSSL found no CA in `path`, in words."""
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:
+        return os_reason(e)
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        return "holds no PEM certificate"
+    try:
+        x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return "a CERTIFICATE block there is not an X.509 certificate"
+    return f"OpenSSL refuses it ({_words(error.reason or 'UNKNOWN_REASON')})"
+
+
+def _words(reason: str) -> str:
+    """OpenSSL's reason code (`EE_KEY_TOO_SMALL`) as words."""
+    return reason.lower().replace("_", " ")
 
 
 def _signature(path: str) -> tuple:

@@ -136,9 +136,25 @@ def _make_ssl_context(ca_file: str = "") -> ssl.SSLContext:
     if ca_file:
         try:
             ctx.load_verify_locations(cafile=ca_file)
-        except OSError as e:  # ssl.SSLError too: a file that holds no certificate
+        except ssl.SSLError:  # OpenSSL's `[X509: ...] (_ssl.c:N)`: said in words
+            raise OSError(f"INITSHIFT_REGISTRY_CA_FILE {ca_file!r}: {_no_ca(ca_file)}") from None
+        except OSError as e:
             raise OSError(f"INITSHIFT_REGISTRY_CA_FILE {ca_file!r}: {e.strerror or e}") from None
     return ctx
+
+
+def _no_ca(path: str) -> str:
+    """Why OpenSSL found no CA certificate in `path`."""
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:  # replaced since OpenSSL read it
+        return e.strerror or str(e)
+    if not pem.strip():
+        return "the file is empty"
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        return "holds no PEM certificate"
+    return "a CERTIFICATE block there is not an X.509 certificate"
 
 
 class RegistryClient:
