@@ -125,10 +125,23 @@ class HttpsServer:
     def listen(self) -> None:
         """Bind what is not bound yet; ListenError names the setting."""
         srv = self.settings.server
+        metrics_host = srv.metrics_host or srv.host
+        # serve's --host/--port override INITSHIFT_HOST/INITSHIFT_PORT: name both forms.
+        host_setting = "INITSHIFT_HOST or --host"
+        metrics_host_setting = "INITSHIFT_METRICS_HOST" if srv.metrics_host else host_setting
+        webhook_port = self.port if self.sock is not None else srv.port
+        if (self.metrics_sock is None and self._metrics_wanted and self._metrics_wanted == webhook_port
+                and _overlap(srv.host, metrics_host)):
+            # Checked before binding: the kernel would only say "address already in use", as
+            # if something else held the port.
+            raise ListenError(f"cannot listen on port {webhook_port} for metrics (INITSHIFT_METRICS_PORT): it is the "
+                              f"HTTPS server's port (INITSHIFT_PORT or --port) too; give the metrics another port, "
+                              f"or 0 to turn them off")
         if self.sock is None:
-            self.sock = _listen(srv.host, srv.port, "INITSHIFT_PORT")
+            self.sock = _listen(srv.host, srv.port, host_setting, "INITSHIFT_PORT or --port")
         if self._metrics_wanted is not None and self.metrics_sock is None:
-            self.metrics_sock = _listen(srv.metrics_host or srv.host, self._metrics_wanted, "INITSHIFT_METRICS_PORT")
+            self.metrics_sock = _listen(metrics_host, self._metrics_wanted, metrics_host_setting,
+                                        "INITSHIFT_METRICS_PORT")
         self.front.doors[self.port] = self.door
         if self.metrics_sock is not None:
             self.front.doors[self.metrics_sock.getsockname()[1]] = self.metrics_door
@@ -218,8 +231,9 @@ def run_loop(main: Awaitable[None]) -> None:
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening socket; port 0 picks a free one with no race between choice and bind.
-    An IPv6 address works; `::` listens on IPv6 and IPv4 both, and so does an empty host,
-    on IPv4 alone where the node has no IPv6."""
+    An IPv6 address works, bracketed or not; `::` listens on IPv6 and IPv4 both, and so does
+    an empty host, on IPv4 alone where the node has no IPv6."""
+    host = _unbracketed(host)
     if not host:
         try:
             return bind("::", port)
@@ -241,9 +255,45 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def _listen(host: str, port: int, setting: str) -> socket.socket:
+def _unbracketed(host: str) -> str:
+    """`[::1]` as `::1`. Kubernetes' bind-address flags take a bare IP, but brackets are how
+    an IPv6 address is written next to a port (`[::1]:8443`, a URL), and a user who writes
+    them means the address: accepted rather than refused, as Go's listeners accept them."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") and ":" in host else host
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether listening on `a` and `b` (same port) would clash: the same address, or a
+    wildcard covering the other (an empty host and `::` are dual stack)."""
+    a, b = _unbracketed(a), _unbracketed(b)
+    if a == b or {a, b} & {"", "::"}:
+        return True
+    return "0.0.0.0" in (a, b) and ":" not in a + b
+
+
+# What bind() says when the address is the problem, not the port (besides gaierror, a name
+# that does not resolve): an address no interface of this machine has, an IPv6 one where the
+# node has no IPv6, one it cannot bind at all (a link-local one without its %interface).
+_HOST_ERRORS = {errno.EADDRNOTAVAIL: "no interface of this machine has that address",
+                errno.EAFNOSUPPORT: "this machine has no IPv6",
+                errno.EINVAL: "not an address this machine can listen on"}
+_PORT_ERRORS = {errno.EADDRINUSE, errno.EACCES}
+
+
+def _listen(host: str, port: int, host_setting: str, port_setting: str) -> socket.socket:
     try:
         return bind(host, port)
     except OSError as e:
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}" if host else f"port {port}"
-        raise ListenError(f"cannot listen on {where} ({setting}): {os_reason(e)}") from None
+        shown = _unbracketed(host)
+        where = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}" if shown else f"port {port}"
+        if isinstance(e, socket.gaierror):
+            setting, why = host_setting, f"not an IP address, nor a name that resolves ({os_reason(e)})"
+        elif e.errno in _HOST_ERRORS:
+            setting, why = host_setting, _HOST_ERRORS[e.errno]
+        elif e.errno in _PORT_ERRORS:
+            # EACCES: a port below 1024 without CAP_NET_BIND_SERVICE.
+            setting, why = port_setting, os_reason(e) + (" (a port below 1024 needs privileges)"
+                                                         if e.errno == errno.EACCES and 0 < port < 1024 else "")
+        else:
+            setting, why = f"{host_setting}; {port_setting}", os_reason(e)
+        raise ListenError(f"cannot listen on {where} ({setting}): {why}") from None
