@@ -16,6 +16,7 @@ from pathlib import Path
 from ..settings import Settings
 
 from .. import kube, metrics
+from ..errors import os_reason
 from certs import pki, rotation, store
 
 log = logging.getLogger("initshift.certs")
@@ -76,8 +77,36 @@ async def keep_certificates_fresh(settings: Settings, api: kube.KubeApi, stop: a
 
 
 def ensure_local_certificates(directory: str | Path, want: rotation.Wanted, now: dt.datetime | None = None) -> rotation.Plan:
-    """The same plan for a directory of files (dev-server): CA kept, serving pair renewed."""
+    """The same plan for a directory of files (dev-server): CA kept, serving pair renewed.
+    PKIError when the directory holds CA files that cannot be used: a new CA would silently
+    replace one someone may trust, as `initshift certs create` refuses to."""
+    _check_kept_ca(Path(directory))
     plan = rotation.plan(store.read_dir(directory), [], want, now)
     if plan.serving_changed:
         store.write_dir(directory, plan.ca, plan.serving)
+    if plan.action == "ca-rotated":  # whoever trusted the old CA must be told
+        log.warning("replaced the CA, expired or about to expire: trust the new one",
+                    extra={"ca": str(Path(directory) / store.CA_CERT),
+                           "not_after": str(plan.ca.cert.not_valid_after_utc)})
     return plan
+
+
+def _check_kept_ca(d: Path) -> None:
+    """Nothing, or both CA files and they make a CA; else PKIError naming the files."""
+    cert, key = d / store.CA_CERT, d / store.CA_KEY
+    if not cert.exists() and not key.exists():
+        return
+    if not (cert.exists() and key.exists()):
+        there, missing = (cert, key) if cert.exists() else (key, cert)
+        raise pki.PKIError(f"{there} is there but {missing} is not: put it back, or remove {there} to have a new "
+                           f"CA made (then trust the new {store.CA_CERT})")
+    new_ca = f"remove {cert} and {key} to have a new CA made (then trust the new {store.CA_CERT})"
+    try:
+        pair = pki.KeyPair(cert.read_bytes(), key.read_bytes())
+        # Validity is left out (checked at the certificate's own start): a CA that expires
+        # is rotation's to replace, and rotation.plan does.
+        pki.check_ca(pair, now=pki.load_cert(pair.cert_pem).not_valid_before_utc)
+    except OSError as e:
+        raise pki.PKIError(f"{e.filename or d}: {os_reason(e)}") from None
+    except pki.PKIError as e:
+        raise pki.PKIError(f"{cert} and {key} are not a CA that can be kept ({e}): {new_ca}") from None
