@@ -80,7 +80,9 @@ def main(argv: list[str]) -> int:
                     help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
     add_kubeconfig_args(ap)
-    args = ap.parse_args(argv)
+    from ._serve import parse_args, run
+
+    args = parse_args(ap, argv)
     run_dir = Path(args.dir)
     try:
         settings = _dev_settings(run_dir, os.environ)
@@ -107,7 +109,5 @@ def main(argv: list[str]) -> int:
         print(f"\ninitshift dev-server on https://{srv.host}:{srv.port} (feature gate {gate}, CA {ca})\n"
               f"{metrics_url(srv.host, srv.metrics_port)}\n"
               f"try:\n  {curl}\ndecoded patch:\n  {curl}{pipe}\n", flush=True)
-
-    from ._serve import run
 
     return run(settings, watch=args.watch, on_started=banner, kube=(args.kubeconfig, args.context), prog=_PROG)

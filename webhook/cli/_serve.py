@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -19,10 +20,11 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from .. import logs
 from ..errors import InitshiftError
 from ..settings import Settings, SettingsError, port_number, removed_settings
-from ._common import EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
+from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, fatal, load_settings
 
 if TYPE_CHECKING:
     from ..admission import HttpsServer
+    from ..kube import KubeApi
 
 _Companion = Callable[[asyncio.Event], Awaitable[None]]
 SWITCH_INTERVAL = 0.0005  # seconds
@@ -54,50 +56,45 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.replace(server=dataclasses.replace(srv, **changes)) if changes else settings
 
 
-async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None) -> None:
-    """Self-managed certificates first (if on), then uvicorn with its companions."""
+async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+                named: bool = False) -> None:
+    """Self-managed certificates first (if on), then uvicorn with its companions. `named`:
+    the user named a kubeconfig or context (flags, $KUBECONFIG), so it must work."""
     from ..admission import HttpsServer, detect_native_support, ensure_certificates, keep_certificates_fresh
-    from ..kube import KubeApi, KubeError, LimitRanges, Namespaces, ResourceQuotas
 
     companions: list[_Companion] = []
-    api = None
-    if settings.server.self_managed_certs:
-        api = await KubeApi.from_config()  # certificates need it: no API access fails start-up
-        await ensure_certificates(settings, api)
-
-        async def certificate_renewal(stop: asyncio.Event) -> None:
-            await keep_certificates_fresh(settings, api, stop)
-        companions.append(certificate_renewal)
-    resolver = None
-    if settings.registry.lookup:
-        from ..registry import make_resolver
-
-        resolver = make_resolver(settings)
-    if watch:
-        from ..watcher import run_watcher
-
-        async def watcher(stop: asyncio.Event) -> None:
-            await run_watcher(settings, stop)
-        companions.append(watcher)
-    no_api = None
-    if api is None:  # LimitRanges, quotas, namespaces and native detection read the cluster when there is one
-        try:
-            api = await KubeApi.from_config()
-        except KubeError as e:  # `make run` on a laptop: the rewrite works without the cluster
-            no_api = str(e)
-            auto = "; native sidecars: auto falls back to waiter" if settings.rewrite.native_sidecars == "auto" else ""
-            logging.getLogger("initshift.server").warning(
-                "no API access (%s): LimitRanges, ResourceQuotas and namespaces are not read, so a namespace's "
-                "LimitRange or quota may refuse a rewritten pod%s", e, auto)
-    limit_ranges = LimitRanges(api) if api is not None else None
-    quotas = ResourceQuotas(api) if api is not None else None
-    namespaces = Namespaces(api) if api is not None else None
-    for view in (limit_ranges, quotas, namespaces):
-        if view is not None:
-            companions.append(view.run)
-    native = await detect_native_support(settings, api, no_api=no_api)  # auto: apiserver and kubelet versions
-    companions.append(native.run)
+    native = None
+    # Every client made here is closed on every path, a failed start-up's included
+    # (else aiohttp logs "Unclosed client session" after the one error line).
+    api, no_api = await _connect(settings, watch=watch, named=named)
     try:
+        if settings.server.self_managed_certs:
+            await ensure_certificates(settings, api)
+
+            async def certificate_renewal(stop: asyncio.Event) -> None:
+                await keep_certificates_fresh(settings, api, stop)
+            companions.append(certificate_renewal)
+        resolver = None
+        if settings.registry.lookup:
+            from ..registry import make_resolver
+
+            resolver = make_resolver(settings)
+        if watch:
+            from ..watcher import run_watcher
+
+            async def watcher(stop: asyncio.Event) -> None:
+                await run_watcher(settings, stop)
+            companions.append(watcher)
+        from ..kube import LimitRanges, Namespaces, ResourceQuotas
+
+        limit_ranges = LimitRanges(api) if api is not None else None
+        quotas = ResourceQuotas(api) if api is not None else None
+        namespaces = Namespaces(api) if api is not None else None
+        for view in (limit_ranges, quotas, namespaces):
+            if view is not None:
+                companions.append(view.run)
+        native = await detect_native_support(settings, api, no_api=no_api)  # auto: apiserver and kubelet versions
+        companions.append(native.run)
         server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy,
                              limit_ranges=limit_ranges, quotas=quotas, namespaces=namespaces)
         server.listen()  # a port in use fails here, in one line
@@ -113,9 +110,33 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
         sys.setswitchinterval(SWITCH_INTERVAL)
         await server.serve(*companions)
     finally:
-        await native.close()
+        if native is not None:
+            await native.close()
         if api is not None:
             await api.close()
+
+
+async def _connect(settings: Settings, *, watch: bool, named: bool) -> tuple["KubeApi | None", str | None]:
+    """The API client, before anything listens: (client, None), or (None, why) when nothing
+    needs the cluster. Self-managed certificates, --watch and a kubeconfig or context the
+    user named fail start-up without it; only the implicit case serves on without."""
+    from ..kube import KubeApi, KubeError
+
+    try:
+        return await KubeApi.from_config(), None
+    except KubeError as e:
+        if settings.server.self_managed_certs:
+            raise CliError(f"INITSHIFT_SELF_MANAGED_CERTS needs the cluster: {e}") from None
+        if watch:  # the watcher builds its own client later, from the same configuration
+            raise CliError(f"--watch needs the cluster: {e}") from None
+        if named:
+            raise CliError(str(e)) from None
+        # `make run` on a laptop: the rewrite works without the cluster
+        auto = "; native sidecars: auto falls back to waiter" if settings.rewrite.native_sidecars == "auto" else ""
+        logging.getLogger("initshift.server").warning(
+            "no API access (%s): LimitRanges, ResourceQuotas and namespaces are not read, so a namespace's "
+            "LimitRange or quota may refuse a rewritten pod%s", e, auto)
+        return None, str(e)
 
 
 def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> _Companion:
@@ -142,12 +163,15 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     for line in removed_settings():
         logging.getLogger("initshift.cli").warning(line)
     use_config(*kube)
+    # A kubeconfig or context the user named (flags, $KUBECONFIG) must work; only the
+    # implicit one (~/.kube/config, the service account) may be missing (`make run`).
+    named = any(kube) or bool(os.environ.get("KUBECONFIG"))
     # While uvicorn serves it takes SIGTERM and SIGINT for a graceful stop, then raises the
     # signal again for the handler it found: this one, which ends the command with 0 after
     # the companions stopped (and stops start-up the same way).
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        run_loop(serve(settings, watch=watch, on_started=on_started))
+        run_loop(serve(settings, watch=watch, on_started=on_started, named=named))
     except (InitshiftError, OSError, PKIError) as e:
         # Start-up failures (files, ports, the API: TLSError, ListenError, KubeError,
         # PKIError), or a companion that failed while serving (WatcherStopped).
@@ -164,8 +188,17 @@ def _stop(_signum: int, _frame: object) -> None:
     raise SystemExit(EXIT_OK)
 
 
+def parse_args(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`ap.parse_args`, refusing an empty --kubeconfig (`--kubeconfig "$KC"` with KC unset),
+    which the configuration would otherwise skip for $KUBECONFIG and blame that."""
+    args = ap.parse_args(argv)
+    if args.kubeconfig is not None and not args.kubeconfig.strip():
+        ap.error("argument --kubeconfig: an empty path")
+    return args
+
+
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    args = parse_args(parser(), argv)
     settings = load_settings("initshift serve", lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE

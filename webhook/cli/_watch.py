@@ -13,13 +13,25 @@ import math
 import signal
 import sys
 
-from .. import __version__, logs
+from .. import __version__, k8snames, logs
 from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
+from ._serve import parse_args
 
 _PROG = "initshift watch"
+
+
+def namespace(text: str) -> str:
+    """argparse's type for -n: INITSHIFT_WATCH_NAMESPACES's rule (an RFC 1123 label), so
+    `-n ''` is not "every namespace" and `-n a,b` not a namespace named "a,b"."""
+    if not k8snames.is_name(text, k8snames.DNS_LABEL):
+        several = "; one namespace per -n" if "," in text else ""
+        raise argparse.ArgumentTypeError(
+            f"expected a Kubernetes name ({k8snames.DNS_LABEL}: lower-case letters, digits and '-', at most "
+            f"{k8snames.RULES[k8snames.DNS_LABEL][1]} characters), got {text!r}{several}")
+    return text
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
                        "with (an unreachable server is retried, not fatal) or a part of the watcher failed, "
                        "2 usage or a bad INITSHIFT_* setting.")
     add_kubeconfig_args(ap)
-    ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
+    ap.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS", type=namespace,
                     help="watch this namespace (repeatable; default: INITSHIFT_WATCH_NAMESPACES, else all)")
     ap.add_argument("--no-leader-election", action="store_true", help="act without holding the Lease "
                     "(one replica only)")
@@ -75,7 +87,7 @@ class _NotConnected(InitshiftError):
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    args = parse_args(parser(), argv)
     settings = load_settings(_PROG, lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE
