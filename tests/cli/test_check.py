@@ -384,7 +384,8 @@ async def test_an_image_the_kubelet_would_refuse(kube: KubeDouble, tmp_path) -> 
         set_env(kube, INITSHIFT_IMAGE="ghcr.io/initshift/Initshift:0.1.0")
         code, out, _ = await check(*i.argv())
     assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: its settings are valid"]
-    assert "INITSHIFT_IMAGE: " in out and "(InvalidImageName); fix the variable" in out, out
+    assert "INITSHIFT_IMAGE: image reference 'ghcr.io/initshift/Initshift:0.1.0' has an invalid repository" in out \
+        and "the server exits at start with this error; fix the variable" in out, out
 
 
 async def test_replicas_not_ready_say_why(kube: KubeDouble, tmp_path) -> None:

@@ -389,7 +389,7 @@ def test_a_busy_port_names_its_setting(files: Path, tmp_path: Path) -> None:
 
         make_certs(tmp_path)
         for env, setting in (({"INITSHIFT_METRICS_PORT": port, "INITSHIFT_PORT": "0"}, "INITSHIFT_METRICS_PORT"),
-                             ({"INITSHIFT_PORT": port, "INITSHIFT_METRICS_PORT": "0"}, "INITSHIFT_PORT")):
+                             ({"INITSHIFT_PORT": port, "INITSHIFT_METRICS_PORT": "0"}, "INITSHIFT_PORT or --port")):
             one_line(run(["serve"], {**base, **env}), 1, f"cannot listen on 127.0.0.1:{port} ({setting}): address "
                      "already in use", "initshift serve", json_line=True)
     finally:
