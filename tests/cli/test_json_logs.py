@@ -15,23 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.https_helpers import make_certs
-from webhook.admission._https import bind
+from tests.support.k8s import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    s = bind()
-    try:
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("INITSHIFT_") and k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
-    return {**env, "HOME": str(tmp_path), "INITSHIFT_PORT": str(_free_port()), "INITSHIFT_METRICS_PORT": "0",
+    return {**env, "HOME": str(tmp_path), "INITSHIFT_PORT": str(free_port()), "INITSHIFT_METRICS_PORT": "0",
             **extra}
 
 

@@ -13,15 +13,7 @@ import pytest
 from tests.cli.test_cli_errors import one_line, run
 from tests.cli.test_watcher_cmd import kubeconfig
 from tests.support.https_helpers import make_certs
-from webhook.admission._https import bind
-
-
-def _free_port() -> int:
-    s = bind()
-    try:
-        return s.getsockname()[1]
-    finally:
-        s.close()
+from tests.support.k8s import free_port
 
 
 @pytest.fixture
@@ -32,7 +24,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "home"
     home.mkdir()
     return {"HOME": str(home), "INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_HOST": "127.0.0.1",
-            "INITSHIFT_PORT": str(_free_port()), "INITSHIFT_METRICS_PORT": "0",
+            "INITSHIFT_PORT": str(free_port()), "INITSHIFT_METRICS_PORT": "0",
             "INITSHIFT_TLS_CERT": str(tmp_path / "tls" / "tls.crt"),
             "INITSHIFT_TLS_KEY": str(tmp_path / "tls" / "tls.key")}
 
@@ -90,7 +82,7 @@ def test_watch_needs_the_cluster_before_listening(env: dict[str, str], tmp_path:
 
 def test_a_failed_start_up_closes_its_api_client(env: dict[str, str], tmp_path: Path) -> None:
     # the one error line was followed by asyncio's "Unclosed client session"
-    cfg = kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{_free_port()}")
+    cfg = kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{free_port()}")
     proc = run(["serve", "--kubeconfig", str(cfg)], {**env, "INITSHIFT_SELF_MANAGED_CERTS": "true"})
     one_line(proc, 1, "cannot connect to 127.0.0.1", "initshift serve", json_line=True)
     assert b"Unclosed" not in proc.stderr
