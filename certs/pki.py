@@ -208,7 +208,7 @@ def load_cert(pem: bytes) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(pem)
     except ValueError:
-        raise PKIError(f"not a PEM certificate: {_cert_problem(pem)}") from None
+        raise PKIError(f"not a PEM certificate: {cert_problem(pem)}") from None
 
 
 def load_certs(pem: bytes) -> list[x509.Certificate]:
@@ -216,15 +216,21 @@ def load_certs(pem: bytes) -> list[x509.Certificate]:
     try:
         return x509.load_pem_x509_certificates(pem) if pem.strip() else []
     except ValueError:
-        raise PKIError(f"not a PEM certificate bundle: {_cert_problem(pem)}") from None
+        raise PKIError(f"not a PEM certificate bundle: {cert_problem(pem)}") from None
 
 
-def _cert_problem(pem: bytes) -> str:
+def cert_problem(pem: bytes) -> str | None:
     """Why `pem` holds no certificate, in words (the library's message names a web page, or
-    its parser's internals)."""
+    its parser's internals, and OpenSSL's its source file); None when it holds one."""
+    if not pem.strip():
+        return "the file is empty"
     if b"-----BEGIN CERTIFICATE-----" not in pem:
         return "no -----BEGIN CERTIFICATE----- block"
-    return "a CERTIFICATE block that does not hold an X.509 certificate"
+    try:
+        x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return "a CERTIFICATE block that does not hold an X.509 certificate"
+    return None
 
 
 def _load_key(pem: bytes) -> _SigningKey:

@@ -88,8 +88,8 @@ def bad_ca(tmp_path) -> dict[str, Path]:
     ("missing", "no such file"),
     ("dir", "is a directory, not a PEM file"),
     ("empty", "the file is empty"),
-    ("garbage", "holds no PEM certificate"),
-    ("block", "a CERTIFICATE block there is not an X.509 certificate"),
+    ("garbage", "no -----BEGIN CERTIFICATE----- block"),
+    ("block", "a CERTIFICATE block that does not hold an X.509 certificate"),
 ])
 def test_a_client_ca_that_cannot_be_used_names_the_setting(pki, bad_ca, case, words):
     path = bad_ca[case]

@@ -16,10 +16,10 @@ BLOCK = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
 
 
 @pytest.mark.parametrize("content,words", [
-    (b"garbage\n", "holds no PEM certificate"),
+    (b"garbage\n", "no -----BEGIN CERTIFICATE----- block"),
     (b"", "the file is empty"),
     (b"\n\n", "the file is empty"),
-    (BLOCK, "a CERTIFICATE block there is not an X.509 certificate"),
+    (BLOCK, "a CERTIFICATE block that does not hold an X.509 certificate"),
 ])
 def test_a_file_without_a_ca_is_said_in_words(tmp_path: Path, content: bytes, words: str) -> None:
     path = tmp_path / "ca.pem"

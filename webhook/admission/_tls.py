@@ -20,6 +20,8 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from certs import pki
+
 from .. import metrics
 from ..errors import InitshiftError, os_reason
 
@@ -136,13 +138,7 @@ def _ca_why(error: ssl.SSLError, path: str) -> str:
             pem = f.read()
     except OSError as e:
         return os_reason(e)
-    if b"-----BEGIN CERTIFICATE-----" not in pem:
-        return "holds no PEM certificate"
-    try:
-        x509.load_pem_x509_certificates(pem)
-    except ValueError:
-        return "a CERTIFICATE block there is not an X.509 certificate"
-    return f"OpenSSL refuses it ({_words(error.reason or 'UNKNOWN_REASON')})"
+    return pki.cert_problem(pem) or f"OpenSSL refuses it ({_words(error.reason or 'UNKNOWN_REASON')})"
 
 
 def _words(reason: str) -> str:

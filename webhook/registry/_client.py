@@ -25,6 +25,7 @@ from ._credentials import Credential
 from ..rewrite import ImageConfig
 from ..imageref import ImageRef
 from ..errors import InitshiftError
+from certs import pki
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -150,11 +151,7 @@ def _no_ca(path: str) -> str:
             pem = f.read()
     except OSError as e:  # replaced since OpenSSL read it
         return e.strerror or str(e)
-    if not pem.strip():
-        return "the file is empty"
-    if b"-----BEGIN CERTIFICATE-----" not in pem:
-        return "holds no PEM certificate"
-    return "a CERTIFICATE block there is not an X.509 certificate"
+    return pki.cert_problem(pem) or "OpenSSL refuses it"
 
 
 class RegistryClient:
