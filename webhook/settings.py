@@ -61,11 +61,19 @@ def _name(kind: str) -> dict[str, str]:
     return {"k8s_name": kind}
 
 
+def name_problem(value: str, kind: str) -> str | None:
+    """Why `value` is no Kubernetes name of `kind`, in the words every setting and flag uses."""
+    if k8snames.is_name(value, kind):
+        return None
+    return (f"expected a Kubernetes name ({kind}: lower-case letters, digits and '-'"
+            f"{', and dots' if kind == k8snames.DNS_SUBDOMAIN else ''}, at most "
+            f"{k8snames.RULES[kind][1]} characters), got {value!r}")
+
+
 def _check_name(value: str, kind: str, variable: str) -> str:
-    if not k8snames.is_name(value, kind):
-        raise SettingsError(f"{variable}: expected a Kubernetes name ({kind}: lower-case letters, digits and '-'"
-                            f"{', and dots' if kind == k8snames.DNS_SUBDOMAIN else ''}, at most "
-                            f"{k8snames.RULES[kind][1]} characters), got {value!r}")
+    problem = name_problem(value, kind)
+    if problem:
+        raise SettingsError(f"{variable}: {problem}")
     return value
 
 

@@ -16,7 +16,7 @@ import sys
 from .. import __version__, k8snames, logs
 from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
-from ..settings import Settings, SettingsError
+from ..settings import Settings, SettingsError, name_problem
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 from ._serve import parse_args
 
@@ -26,11 +26,10 @@ _PROG = "initshift watch"
 def namespace(text: str) -> str:
     """argparse's type for -n: INITSHIFT_WATCH_NAMESPACES's rule (an RFC 1123 label), so
     `-n ''` is not "every namespace" and `-n a,b` not a namespace named "a,b"."""
-    if not k8snames.is_name(text, k8snames.DNS_LABEL):
+    problem = name_problem(text, k8snames.DNS_LABEL)
+    if problem:
         several = "; one namespace per -n" if "," in text else ""
-        raise argparse.ArgumentTypeError(
-            f"expected a Kubernetes name ({k8snames.DNS_LABEL}: lower-case letters, digits and '-', at most "
-            f"{k8snames.RULES[k8snames.DNS_LABEL][1]} characters), got {text!r}{several}")
+        raise argparse.ArgumentTypeError(f"{problem}{several}")
     return text
 
 
