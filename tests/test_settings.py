@@ -115,10 +115,37 @@ def test_every_variable_is_prefixed_and_unique():
 
 
 def test_settings_of_removed_mechanisms_are_named():
-    from webhook.settings import REMOVED, removed_settings
+    from webhook.settings import REMOVED, settings_warnings
 
-    assert removed_settings({"INITSHIFT_PORT": "1"}) == []
-    lines = removed_settings({"INITSHIFT_WORKERS": "4", "INITSHIFT_MAX_HEADERS": "100"})
-    assert lines[0].startswith("INITSHIFT_WORKERS is no longer used (one server process per pod")
+    assert settings_warnings({"INITSHIFT_PORT": "1"}) == []
+    lines = settings_warnings({"INITSHIFT_WORKERS": "4", "INITSHIFT_MAX_HEADERS": "100"})
+    assert lines[0].startswith("INITSHIFT_MAX_HEADERS is no longer used (INITSHIFT_MAX_HEADER_BYTES bounds")
+    assert lines[1].startswith("INITSHIFT_WORKERS is no longer used (one server process per pod")
     assert len(lines) == 2
     assert not set(REMOVED) & {row[0] for row in settings_rows()}
+
+
+def test_a_variable_no_setting_has_is_named_with_the_closest_setting():
+    from webhook.settings import settings_warnings
+
+    env = {"INITSHIFT_FAILURE_MOD": "deny", "INITSHIFT_WATCHER_CONCURENCY": "4", "INITSHIFT_COLOUR": "blue",
+           "INITSHIFT_FAILURE_MODE": "deny", "SUPPORT_INJECTED_SIDECAR": "true", "PATH": "/bin"}
+    assert settings_warnings(env) == [
+        "INITSHIFT_COLOUR is not an initshift setting and does nothing (docs/admission-server.md lists every setting)",
+        "INITSHIFT_FAILURE_MOD is not an initshift setting and does nothing; did you mean INITSHIFT_FAILURE_MODE?",
+        "INITSHIFT_WATCHER_CONCURENCY is not an initshift setting and does nothing; "
+        "did you mean INITSHIFT_WATCHER_CONCURRENCY?",
+    ]
+
+
+def test_the_kubelets_service_link_variables_are_not_called_unknown():
+    """A Service named `initshift` or `initshift-*` in the pod's namespace gives every
+    container these (pkg/kubelet/envvars), unless the pod sets enableServiceLinks: false."""
+    from webhook.settings import settings_warnings
+
+    links = {"INITSHIFT_SERVICE_HOST": "10.0.0.1", "INITSHIFT_SERVICE_PORT": "443",
+             "INITSHIFT_SERVICE_PORT_HTTPS": "443", "INITSHIFT_PORT_443_TCP": "tcp://10.0.0.1:443",
+             "INITSHIFT_PORT_443_TCP_PROTO": "tcp", "INITSHIFT_PORT_443_TCP_PORT": "443",
+             "INITSHIFT_PORT_443_TCP_ADDR": "10.0.0.1", "INITSHIFT_METRICS_SERVICE_HOST": "10.0.0.2",
+             "INITSHIFT_METRICS_PORT_9090_TCP": "tcp://10.0.0.2:9090"}
+    assert settings_warnings(links) == []

@@ -9,6 +9,7 @@ code cannot drift.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -410,10 +411,34 @@ REMOVED = {
 }
 
 
-def removed_settings(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line for each variable set in `environ` that no longer does anything."""
+# The kubelet's variables for a Service whose name starts with `initshift` (Docker links:
+# INITSHIFT_WEBHOOK_SERVICE_HOST, INITSHIFT_PORT_443_TCP_ADDR, ...), set in every container of
+# a pod that does not turn them off: not settings, so never called unknown.
+_SERVICE_LINK = re.compile(r"INITSHIFT(_[A-Z0-9_]+)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT"
+                           r"|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)")
+
+
+def settings_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each INITSHIFT_* variable set in `environ` that does nothing: a setting
+    of a removed mechanism, or a name no setting has (a typo, with the setting it is closest
+    to). The long-running commands log them at start-up; a variable does not fail start-up,
+    as a Deployment's env is shared between versions."""
     env = os.environ if environ is None else environ
-    return [f"{name} is no longer used ({why}); remove it" for name, why in REMOVED.items() if name in env]
+    known = {row[0] for row in settings_rows()}
+    lines = []
+    for name in sorted(env):
+        if not name.startswith(p.ENV_PREFIX) or name in known:
+            continue
+        if name in REMOVED:
+            lines.append(f"{name} is no longer used ({REMOVED[name]}); remove it")
+        elif not _SERVICE_LINK.fullmatch(name):
+            # Compared without the prefix they share, which would make any two names close.
+            close = difflib.get_close_matches(name.removeprefix(p.ENV_PREFIX),
+                                              [k.removeprefix(p.ENV_PREFIX) for k in known], n=1, cutoff=0.8)
+            hint = (f"; did you mean {p.ENV_PREFIX}{close[0]}?" if close
+                    else " (docs/admission-server.md lists every setting)")
+            lines.append(f"{name} is not an initshift setting and does nothing{hint}")
+    return lines
 
 
 def settings_rows(cls: type = Settings) -> list[tuple[str, str, str]]:

@@ -55,9 +55,9 @@ def _messages(records: list[dict]) -> list[str]:
 
 def test_serve_writes_only_json_lines(tmp_path: Path) -> None:
     """One process: uvicorn's start line once; with no cluster at hand the native-sidecar
-    detection says so once; a setting of a removed mechanism is named."""
+    detection says so once; a setting of a removed mechanism is named, and a misspelled one."""
     make_certs(tmp_path / "tls")
-    env = _env(tmp_path, INITSHIFT_WORKERS="2", INITSHIFT_TLS_CERT=str(tmp_path / "tls" / "tls.crt"),
+    env = _env(tmp_path, INITSHIFT_WORKERS="2", INITSHIFT_FAILURE_MOD="deny", INITSHIFT_TLS_CERT=str(tmp_path / "tls" / "tls.crt"),
                INITSHIFT_TLS_KEY=str(tmp_path / "tls" / "tls.key"))
     records, _ = run_until(["serve"], env, "Started server process")
     text = _messages(records)
@@ -66,6 +66,8 @@ def test_serve_writes_only_json_lines(tmp_path: Path) -> None:
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
     assert sum("no API access" in r["msg"] for r in records if r["level"] == "warning") == 1, text
     assert any(m.startswith("INITSHIFT_WORKERS is no longer used") and r["level"] == "warning"
+               for m, r in zip(text, records)), text
+    assert any(m.endswith("did you mean INITSHIFT_FAILURE_MODE?") and r["level"] == "warning"
                for m, r in zip(text, records)), text
 
 

@@ -43,7 +43,7 @@ async def test_watch_command_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
         cfg = kubeconfig(tmp_path / "config", kube.url)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "webhook.cli", "watch", "--kubeconfig", str(cfg), "-n", "ci",
-            "--no-leader-election", cwd=ROOT, env=_env(), stderr=subprocess.PIPE)
+            "--no-leader-election", cwd=ROOT, env=_env(INITSHIFT_WATCHER_CONCURENCY="4"), stderr=subprocess.PIPE)
         try:
             await eventually(lambda: (kube.pod("ci", "cli")["metadata"].get("annotations") or {})
                              .get(p.ANNOTATION_READY) == p.READY_TRUE, "the ready gate from the CLI", BOUND)
@@ -55,6 +55,8 @@ async def test_watch_command_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert patch.user_agent.startswith("initshift-watcher/")
         lines = [json.loads(line) for line in err.decode().splitlines()]  # every line, start to stop, is JSON
         assert any(line.get("action") == "ready" for line in lines)
+        assert any(line["level"] == "warning" and line["msg"].startswith("INITSHIFT_WATCHER_CONCURENCY is not an "
+                   "initshift setting") for line in lines), lines
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:

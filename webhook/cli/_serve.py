@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from .. import logs
 from ..errors import InitshiftError
-from ..settings import Settings, SettingsError, port_number, removed_settings
+from ..settings import Settings, SettingsError, port_number, settings_warnings
 from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, fatal, load_settings
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], Non
     from ..kube import use_config
 
     logs.configure(settings.server.log_level)
-    for line in removed_settings():
+    for line in settings_warnings():
         logging.getLogger("initshift.cli").warning(line)
     use_config(*kube)
     # A kubeconfig or context the user named (flags, $KUBECONFIG) must work; only the

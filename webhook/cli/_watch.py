@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import math
 import signal
 import sys
@@ -16,7 +17,7 @@ import sys
 from .. import __version__, k8snames, logs
 from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
-from ..settings import Settings, SettingsError, name_problem
+from ..settings import Settings, SettingsError, name_problem, settings_warnings
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
 from ._serve import parse_args
 
@@ -70,6 +71,8 @@ async def watch(settings: Settings, kubeconfig: str | None, context: str | None)
     except KubeError as e:
         raise _NotConnected(e) from None
     logs.configure(settings.server.log_level)  # from here on every stderr line is JSON
+    for line in settings_warnings():
+        logging.getLogger("initshift.cli").warning(line)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
