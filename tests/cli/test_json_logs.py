@@ -73,7 +73,7 @@ def test_serve_writes_only_json_lines(tmp_path: Path) -> None:
 
 def test_dev_server_logs_json_and_prints_its_banner_on_stdout(tmp_path: Path) -> None:
     records, out = run_until(["dev-server", "--dir", str(tmp_path / "run")], _env(tmp_path),
-                             "Started server process")
+                             '"serving: ')  # logged just before the banner
     text = _messages(records)
     assert any(m.startswith("Started server process") for m in text) and "Shutting down" in text, text
     assert "initshift dev-server on https://127.0.0.1:" in out and "curl -sS --cacert" in out

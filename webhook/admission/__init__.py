@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "create_app": "_app", "MUTATE_PATH": "_app",
-    "CompanionStopped": "_https", "HttpsServer": "_https", "ListenError": "_https", "bind": "_https", "run_loop": "_https",
+    "CompanionStopped": "_https", "HttpsServer": "_https", "ListenError": "_https", "bind": "_https",
+    "run_loop": "_https", "unbracketed": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
     "Review": "_review", "parse_review": "_review", "response": "_review",
     "make_patch": "_patch",
@@ -26,7 +27,7 @@ _EXPORTS = {
 __all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "CompanionStopped", "HttpsServer", "KIND", "ListenError",
            "MUTATE_PATH", "NativeSupport", "Review", "TLSError", "bind", "create_app", "detect_native_support",
            "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh", "make_patch",
-           "parse_review", "response", "run_loop"]
+           "parse_review", "response", "run_loop", "unbracketed"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ._app import MUTATE_PATH, create_app
     from ._certs import ensure_certificates, ensure_local_certificates, keep_certificates_fresh
     from ._cluster import NativeSupport, detect_native_support
-    from ._https import CompanionStopped, HttpsServer, ListenError, bind, run_loop
+    from ._https import CompanionStopped, HttpsServer, ListenError, bind, run_loop, unbracketed
     from ._patch import make_patch
     from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
     from ._tls import CertReloader, TLSError

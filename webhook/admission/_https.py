@@ -25,7 +25,7 @@ import uvicorn
 from prometheus_client import make_asgi_app
 
 from . import _tls as tls
-from ._app import create_app
+from ._app import MUTATE_PATH, create_app
 from ._guards import Door, Front
 from .. import metrics
 from ..errors import InitshiftError, os_reason
@@ -99,6 +99,15 @@ class HttpsServer:
     def metrics_port(self) -> int | None:
         """The bound metrics port while serving, None when off."""
         return self.metrics_sock.getsockname()[1] if self.metrics_sock is not None else None
+
+    def where(self) -> str:
+        """Where it listens, by the bound sockets (a port 0 asked for is the one picked)."""
+        def url(scheme: str, sock: socket.socket, path: str) -> str:
+            host, port = sock.getsockname()[:2]
+            return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{path}"
+        assert self.sock is not None, "listen() first"
+        metrics = url("http", self.metrics_sock, "/metrics") if self.metrics_sock is not None else "off"
+        return f"webhook on {url('https', self.sock, MUTATE_PATH)}, metrics {metrics}"
 
     async def _dispatch(self, scope: dict, receive: Any, send: Any) -> None:
         """TLS connections get the webhook, plain ones (the metrics port) the exposition."""
@@ -233,7 +242,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening socket; port 0 picks a free one with no race between choice and bind.
     An IPv6 address works, bracketed or not; `::` listens on IPv6 and IPv4 both, and so does
     an empty host, on IPv4 alone where the node has no IPv6."""
-    host = _unbracketed(host)
+    host = unbracketed(host)
     if not host:
         try:
             return bind("::", port)
@@ -255,7 +264,7 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def _unbracketed(host: str) -> str:
+def unbracketed(host: str) -> str:
     """`[::1]` as `::1`. Kubernetes' bind-address flags take a bare IP, but brackets are how
     an IPv6 address is written next to a port (`[::1]:8443`, a URL), and a user who writes
     them means the address: accepted rather than refused, as Go's listeners accept them."""
@@ -265,7 +274,7 @@ def _unbracketed(host: str) -> str:
 def _overlap(a: str, b: str) -> bool:
     """Whether listening on `a` and `b` (same port) would clash: the same address, or a
     wildcard covering the other (an empty host and `::` are dual stack)."""
-    a, b = _unbracketed(a), _unbracketed(b)
+    a, b = unbracketed(a), unbracketed(b)
     if a == b or {a, b} & {"", "::"}:
         return True
     return "0.0.0.0" in (a, b) and ":" not in a + b
@@ -284,7 +293,7 @@ def _listen(host: str, port: int, host_setting: str, port_setting: str) -> socke
     try:
         return bind(host, port)
     except OSError as e:
-        shown = _unbracketed(host)
+        shown = unbracketed(host)
         where = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}" if shown else f"port {port}"
         if isinstance(e, socket.gaierror):
             setting, why = host_setting, f"not an IP address, nor a name that resolves ({os_reason(e)})"

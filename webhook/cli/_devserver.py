@@ -11,12 +11,15 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from waiter import protocol as p
 
 from ..settings import Settings, SettingsError
 from ._common import EXIT_USAGE, Parser, add_kubeconfig_args, describe, fatal, path_arg
+
+if TYPE_CHECKING:
+    from ..admission import HttpsServer
 
 _PROG = "initshift dev-server"
 _RUN_DIR = ".run"
@@ -34,10 +37,11 @@ def _dev_settings(run_dir: Path, environ: Mapping[str, str]) -> Settings:
 
 def _ensure_certs(run_dir: Path, host: str) -> str:
     """CA kept across runs (trust it once), serving pair renewed when due; returns the CA path."""
-    from ..admission import ensure_local_certificates
+    from ..admission import ensure_local_certificates, unbracketed
     from certs import rotation, store
 
     names = ("localhost",)
+    host = unbracketed(host)
     ips = tuple(dict.fromkeys(("127.0.0.1", "::1", *([host] if _is_ip(host) and host not in ("0.0.0.0", "::") else []))))
     ensure_local_certificates(run_dir, rotation.Wanted(names, ips))
     return str((run_dir / store.CA_CERT).resolve())
@@ -53,12 +57,22 @@ def _is_ip(value: str) -> bool:
     return True
 
 
+def _shown(host: str) -> str:
+    """The address a client on this machine reaches a listening `host` at, as a URL writes it."""
+    from ..admission import unbracketed
+
+    host = unbracketed(host)
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 def _curl_command(ca: str, host: str, port: int, example: Path = _EXAMPLE) -> str:
     """The curl to paste: the example review, or (outside a checkout) any pod through `review`."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else \
-        f"[{host}]" if ":" in host else host
     curl = f"curl -sS --cacert {shlex.quote(ca)} -H 'Content-Type: application/json'"
-    url = f"https://{shown}:{port}/mutate"
+    url = f"https://{_shown(host)}:{port}/mutate"
     if example.is_file():
         return f"{curl} --data @{shlex.quote(str(example))} {url}"
     return f"initshift review POD.yaml | {curl} --data @- {url}"
@@ -68,8 +82,7 @@ def metrics_url(host: str, port: int) -> str:
     """Where `curl` finds the metrics, or why it does not."""
     if not port:
         return "metrics off (INITSHIFT_METRICS_PORT=0)"
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"metrics on http://{shown}:{port}/metrics"
+    return f"metrics on http://{_shown(host)}:{port}/metrics"
 
 
 def main(argv: list[str]) -> int:
@@ -99,15 +112,16 @@ def main(argv: list[str]) -> int:
     except (PKIError, OSError) as e:
         return fatal(_PROG, f"certificates in {run_dir}: {describe(e)}")
     srv = settings.server
-    curl = _curl_command(ca, srv.host, srv.port)
     pipe = (" | python3 -c 'import sys,json,base64; r=json.load(sys.stdin)[\"response\"]; "
             "print(json.dumps(r.get(\"warnings\"))); "
             "print(json.dumps(json.loads(base64.b64decode(r.get(\"patch\",\"\")) or \"[]\"), indent=1))'")
 
-    def banner() -> None:
+    def banner(server: "HttpsServer") -> None:
+        # The bound ports: INITSHIFT_PORT=0 asks for any free one.
         gate = "on" if settings.feature_gate else "off"
-        print(f"\ninitshift dev-server on https://{srv.host}:{srv.port} (feature gate {gate}, CA {ca})\n"
-              f"{metrics_url(srv.host, srv.metrics_port)}\n"
+        curl = _curl_command(ca, srv.host, server.port)
+        print(f"\ninitshift dev-server on https://{_shown(srv.host)}:{server.port} (feature gate {gate}, CA {ca})\n"
+              f"{metrics_url(srv.host, server.metrics_port or 0)}\n"
               f"try:\n  {curl}\ndecoded patch:\n  {curl}{pipe}\n", flush=True)
 
     return run(settings, watch=args.watch, on_started=banner, kube=(args.kubeconfig, args.context), prog=_PROG)

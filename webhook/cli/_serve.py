@@ -56,7 +56,7 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.replace(server=dataclasses.replace(srv, **changes)) if changes else settings
 
 
-async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+async def serve(settings: Settings, *, watch: bool = False, on_started: Callable[["HttpsServer"], None] | None = None,
                 named: bool = False) -> None:
     """Self-managed certificates first (if on), then uvicorn with its companions. `named`:
     the user named a kubeconfig or context (flags, $KUBECONFIG), so it must work."""
@@ -98,8 +98,7 @@ async def serve(settings: Settings, *, watch: bool = False, on_started: Callable
         server = HttpsServer(settings, resolver=resolver, native_supported=native.current, strategy=native.strategy,
                              limit_ranges=limit_ranges, quotas=quotas, namespaces=namespaces)
         server.listen()  # a port in use fails here, in one line
-        if on_started is not None:
-            companions.append(_when_started(server, on_started))
+        companions.append(_when_started(server, on_started))
         # What start-up allocated (modules, FastAPI's models: about 60,000 objects) lives as
         # long as the process: out of the collector's sight, a full collection costs
         # microseconds instead of about 16 ms in the middle of some review.
@@ -139,17 +138,21 @@ async def _connect(settings: Settings, *, watch: bool, named: bool) -> tuple["Ku
         return None, str(e)
 
 
-def _when_started(server: "HttpsServer", callback: Callable[[], None]) -> _Companion:
-    async def wait(stop: asyncio.Event) -> None:
+def _when_started(server: "HttpsServer", callback: Callable[["HttpsServer"], None] | None) -> _Companion:
+    """Once uvicorn serves: one line saying where (a port 0 asked for is the port picked),
+    then `callback` (dev-server's banner)."""
+    async def started(stop: asyncio.Event) -> None:
         while not server.uvicorn.started:
             if stop.is_set():
                 return
             await asyncio.sleep(0.02)
-        callback()
-    return wait
+        logging.getLogger("initshift.server").info("serving: %s", server.where())
+        if callback is not None:
+            callback(server)
+    return started
 
 
-def run(settings: Settings, *, watch: bool = False, on_started: Callable[[], None] | None = None,
+def run(settings: Settings, *, watch: bool = False, on_started: Callable[["HttpsServer"], None] | None = None,
         kube: tuple[str | None, str | None] = (None, None), prog: str = "initshift serve") -> int:
     """`initshift serve` (and `dev-server`). `kube`: --kubeconfig/--context for every API
     client. From here on every stderr line is JSON, a start-up failure included (one
