@@ -331,6 +331,23 @@ def test_past_the_cap_the_address_holding_the_most_connections_loses_one_of_its_
             s.close()
 
 
+def test_past_the_cap_connections_never_answered_go_before_a_kept_alive_one(pki):
+    """A flood from many addresses, a connection each, sending nothing, while the apiserver
+    keeps an idle connection it was answered on: the flood's oldest goes, though the
+    apiserver's has waited longest and its address holds as many."""
+    settings = h.settings_for(pki, max_connections=4, header_timeout_seconds=60.0)
+    with h.running(settings) as server:
+        apiserver = tls(server.port, pki, source="127.0.0.2")
+        _answer(apiserver)
+        flood = [tls(server.port, pki, source=f"127.0.0.{i}") for i in (3, 4, 5)]  # the cap reached
+        flood.append(tls(server.port, pki, source="127.0.0.6"))  # past it
+        assert closed_within(flood[0], 30)
+        assert hostile.wait_closed([apiserver, *flood[1:]], 1) == [apiserver, *flood[1:]]
+        _answer(apiserver)
+        for s in (apiserver, *flood):
+            s.close()
+
+
 def test_a_connection_past_a_cap_of_connections_being_answered_is_closed_at_once(pki):
     with h.running(h.settings_for(pki, max_connections=1)) as server:
         with held_review(server, pki):

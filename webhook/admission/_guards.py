@@ -53,13 +53,15 @@ class Door:
 
     def admit(self, conn: "Connection") -> bool:
         """Guard: a flood of connections, idle, slow or stalled, holding every place. At the
-        cap the one that has waited longest without moving on goes, of the client address
-        holding the most connections: a flood from a few addresses evicts its own, not the
-        apiserver's kept-alive ones (a review written to an evicted one fails). Never one
-        being answered: a client that sends its request at once always gets a place."""
+        cap the one that has waited longest without moving on goes: first of those never
+        answered, then of the client address holding the most connections. The apiserver's
+        kept-alive connections (a review written to an evicted one fails) are answered ones
+        from an address with few: a flood from many addresses that sends no request, or
+        from a few that does, evicts its own. Never one being answered: a client that sends
+        its request at once always gets a place."""
         if len(self.open) >= self.max_connections:
             held = collections.Counter(c.peer for c in self.open)
-            victim = max(self.waiting, key=lambda c: held[c.peer], default=None)  # the oldest of ties
+            victim = max(self.waiting, key=lambda c: (not c.served, held[c.peer]), default=None)  # the oldest of ties
             if victim is None:
                 return False
             victim.kill("over-limit")  # and it leaves
@@ -99,6 +101,7 @@ class Connection(asyncio.Protocol):
         self._body = 0  # body bytes of the current request still to pass on
         self._body_due = 0.0  # when they must all be in (the loop's clock)
         self._answered = False
+        self.served = False  # an answer was sent on it (the apiserver's kept-alive connections)
         self._held = bytearray()  # what came after the current request, before its answer
         self._deadline: asyncio.TimerHandle | None = None
         self._idle = False  # answered, the next request's first byte still to come
@@ -339,7 +342,7 @@ class Connection(asyncio.Protocol):
         Guard: a body the app answered without reading (a `GET /healthz` that declares one)
         and that never comes: the connection waits for it until the body's deadline, in
         line for eviction like one whose request is not in yet."""
-        self._answered = True
+        self._answered = self.served = True
         if self._body and self.door is not None:
             self._cancel()
             self.door.wait(self)
