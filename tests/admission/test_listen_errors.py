@@ -33,14 +33,6 @@ def _listen_error(pki: Path, **server) -> str:
     return str(e.value)
 
 
-def _ipv6() -> bool:
-    try:
-        bind("::1").close()
-    except OSError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("host", ["999.1.1.1", "no-such-host.invalid"])
 def test_a_host_that_does_not_resolve_is_the_hosts_fault(pki, host):
     # the resolver's own words follow in parentheses (no DNS here, or NXDOMAIN)
@@ -69,7 +61,7 @@ def test_a_port_in_use_is_the_ports_fault(pki):
         busy.close()
 
 
-@pytest.mark.skipif(not _ipv6(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not h.ipv6_loopback(), reason="no IPv6 loopback here")
 def test_a_bracketed_ipv6_host_is_the_address_in_it(pki):
     """`[::1]`, as an IPv6 address is written beside a port or in a URL, listens on ::1."""
     srv = HttpsServer(h.settings_for(pki, host="[::1]", port=0), graceful_seconds=1)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.https_helpers import ipv6_loopback
 from webhook.admission._https import bind
 from webhook.cli._devserver import metrics_url
 
@@ -51,19 +52,11 @@ def test_dev_server_prints_and_serves_metrics(tmp_path):
         proc.stdout.close()
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        bind("::1").close()
-    except OSError:
-        return False
-    return True
-
-
 def test_the_banner_names_the_ports_picked_and_its_curl_works(tmp_path):
     """INITSHIFT_PORT=0 asks for any free port: the banner and the `serving` log line give
     the one picked, and the printed curl reaches it (a bracketed IPv6 host too, which the
     certificate then holds)."""
-    host = "[::1]" if _ipv6_loopback() else "127.0.0.1"
+    host = "[::1]" if ipv6_loopback() else "127.0.0.1"
     env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_") and k != "KUBECONFIG"}
     env.update(INITSHIFT_HOST=host, INITSHIFT_PORT="0", HOME=str(tmp_path))
     # The metrics port: an explicit free one (0 turns metrics off).

@@ -32,6 +32,15 @@ def make_certs(directory: Path) -> Path:
     return directory / store.CA_CERT
 
 
+def ipv6_loopback() -> bool:
+    """Whether this machine can listen on ::1 (a container without IPv6 cannot)."""
+    try:
+        bind("::1").close()
+    except OSError:
+        return False
+    return True
+
+
 def settings_for(directory: Path, **server: Any) -> Settings:
     srv = ServerSettings(tls_cert=str(directory / store.TLS_CERT), tls_key=str(directory / store.TLS_KEY),
                          host="127.0.0.1", port=0, metrics_port=0)  # metrics off unless a test asks
