@@ -151,7 +151,9 @@ def private_registry(env: Env, rec: Record) -> None:
     """The same from a registry that wants a user and password, given as the pod's
     imagePullSecrets (a `kubernetes.io/dockerconfigjson` Secret): the server, installed with
     registry pull secrets, reads the Secret to look the ENTRYPOINT up; the kubelet pulls
-    with it. Without the Secret the same pod is denied, saying why."""
+    with it. Without the Secret the same pod is denied, saying why, where the waiter is the
+    only strategy; where the cluster runs native sidecars `auto` gives it native, which
+    needs no ENTRYPOINT (its step stays an init container)."""
     assert env.registry is not None
     ns = env.namespace("private")
     rec.namespaces.append(ns)
@@ -159,15 +161,25 @@ def private_registry(env: Env, rec: Record) -> None:
     _pull_secret(env, ns, "registry")
     bare = step("fetch", env.registry.private_image, port=None)
     bare["args"] = [bare.pop("command")[-1]]
-    try:
-        env.kube.create(f"/api/v1/namespaces/{ns}/pods", pod("no-secret", [bare], [step("main", env.images.busybox,
-                                                                                         port=None)]))
-        raise AssertionError("a pod whose step's ENTRYPOINT the server cannot read was admitted")
-    except KubeFailure as e:
-        assert "ENTRYPOINT" in str(e) and "403" in str(e), str(e)
+    no_secret = pod("no-secret", [bare], [step("main", env.images.busybox, port=None)])
+    if env.native:
+        created = env.kube.create(f"/api/v1/namespaces/{ns}/pods", no_secret)
+        labels, init = created["metadata"].get("labels") or {}, created["spec"].get("initContainers") or []
+        assert labels.get(p.LABEL_MANAGED) == p.MODE_NATIVE, labels
+        fetch = next(c for c in init if c["name"] == "fetch")
+        assert "command" not in fetch and fetch["args"] == bare["args"], fetch
+        env.kube.delete(f"/api/v1/namespaces/{ns}/pods/no-secret")  # the kubelet cannot pull it without the Secret
+        without = "native instead of hybrid"
+    else:
+        try:
+            env.kube.create(f"/api/v1/namespaces/{ns}/pods", no_secret)
+            raise AssertionError("a pod whose step's ENTRYPOINT the server cannot read was admitted")
+        except KubeFailure as e:
+            assert "ENTRYPOINT" in str(e) and "403" in str(e), str(e)
+        without = "denied"
     rec.note(f"ENTRYPOINT read from {host} with the pod's imagePullSecrets; "
              + _lookup_build(env, rec, ns, env.registry.private_image, imagePullSecrets=[{"name": "registry"}])
-             + "; without the Secret: denied")
+             + f"; without the Secret: {without}")
 
 
 def _own_container(obj: dict) -> dict:

@@ -488,6 +488,33 @@ def test_steps_without_command_need_lookups():
     assert the_plan.rewrite().denied, "unresolved: denied as for the waiter strategy"
 
 
+@pytest.mark.parametrize("lookup_error", [None, "registry.example: connection refused"])
+def test_auto_gives_native_to_a_pod_hybrid_cannot_have_for_want_of_an_entrypoint(lookup_error):
+    """auto picks native for a pod hybrid cannot handle (DESIGN): a step without `command`
+    whose ENTRYPOINT is not known (no registry lookup, or a failed one) would deny a pod
+    native runs; an explicit hybrid still denies it (INITSHIFT_ON_UNRESOLVED)."""
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    del pod["spec"]["initContainers"][1]["command"]
+    the_plan = plan(pod, AUTO, native_supported=True)
+    assert [x.container for x in the_plan.lookups()] == ["git-clone"], "hybrid is still tried first"
+    result = the_plan.rewrite(lookup_error=lookup_error)
+    assert result.denied is None and result.changed and result.strategy == p.MODE_NATIVE
+    assert_valid_pod(result.pod)
+    init = [c["name"] for c in result.pod["spec"]["initContainers"]]
+    assert init.index("istio-proxy") < init.index("git-clone"), init
+    assert "command" not in by_name(result.pod)["git-clone"], "the step is not wrapped"
+    assert result.warnings[0].startswith(f"initshift: {lookup_error or 'containers without `command`'}")
+    assert "auto chose native" in result.warnings[0]
+    images = {"alpine/git:2.45.2": ImageEntrypoints({"linux/amd64": ImageConfig(("git",))})}
+    assert the_plan.rewrite(images=images).strategy == p.MODE_HYBRID, "resolved: hybrid as before"
+    assert plan(pod, HYBRID, native_supported=True).rewrite().denied, "asked for by name: denied"
+    assert plan(pod, AUTO, native_supported=False).rewrite().denied, "no native sidecars: the waiter needs it"
+    already = pods.inject_istio(pods.load("job-git-clone"), "native")  # Istio's native mode: the pod runs as is
+    del already["spec"]["initContainers"][2]["command"]
+    kept = plan(already, AUTO, native_supported=True).rewrite()
+    assert kept.denied is None and not kept.changed and kept.reason == "already-native", kept
+
+
 @pytest.mark.parametrize("variant", ["classic", "native", "linkerd"])
 def test_reinvocation_after_the_mesh_injected(variant):
     job = copy.deepcopy(CATALOGUE["tekton"])

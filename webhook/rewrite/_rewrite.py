@@ -159,6 +159,8 @@ class Rewritten(Plan):
     strategy: str
     cls: Classification
     notes: tuple[str, ...] = ()
+    # auto's choice when `strategy` turns out impossible for want of an image's ENTRYPOINT
+    fallback: Plan | None = None
 
     def _awaits_proxy(self, namespace: Mapping | None) -> bool:
         return (not self.cls.sidecars and not native_proxies(self.cls) and has_mesh_marker(self.pod)) \
@@ -175,7 +177,15 @@ class Rewritten(Plan):
 
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
         build = _STRATEGIES[self.strategy][0]
-        built = build(self.pod, self.cls, self.settings.rewrite, images, lookup_error)
+        try:
+            built = build(self.pod, self.cls, self.settings.rewrite, images, lookup_error)
+        except RewriteError as e:
+            if self.fallback is None or e.reason != Reason.UNRESOLVED_ENTRYPOINT:
+                raise
+            result = self.fallback._result(images, lookup_error)
+            result.warnings.insert(0, _prefix(f"{e}: the {self.strategy} strategy runs them under the waiter, so "
+                                              f"auto chose native for the pod, whose init containers stay as they are"))
+            return result
         return _checked(self.pod, built.pod, [*self.notes, *self.cls.warnings, *built.warnings], built.reason,
                         self.strategy)
 
@@ -240,7 +250,8 @@ class _Case:
     def skip(self, reason: Reason, message: str) -> Unchanged:
         return Unchanged(pod=self.pod, reason=reason, message=message)
 
-    def go(self, strategy: str, notes: list[str] | tuple[str, ...] = ()) -> Rewritten | Unchanged:
+    def go(self, strategy: str, notes: list[str] | tuple[str, ...] = (),
+           fallback: Plan | None = None) -> Rewritten | Unchanged:
         if strategy != p.MODE_NATIVE and _host_network(self.pod):
             # The waiter checks and quits the sidecars on 127.0.0.1: here the node's, where
             # another pod's servers listen (a hostNetwork Istio gateway's :15020/quitquitquit).
@@ -249,7 +260,8 @@ class _Case:
                                                   f"the node's, where the {strategy} strategy's sidecar checks and "
                                                   f"quits would reach other pods' servers ({p.ANNOTATION_MODE}=native "
                                                   f"uses none); admitted unchanged")
-        return Rewritten(pod=self.pod, settings=self.settings, strategy=strategy, cls=self.cls, notes=tuple(notes))
+        return Rewritten(pod=self.pod, settings=self.settings, strategy=strategy, cls=self.cls, notes=tuple(notes),
+                         fallback=fallback)
 
     @property
     def annotated(self) -> bool:
@@ -412,6 +424,11 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
             return case.go(strategy, [f"no sidecar: the steps run under the waiter as {case.asked_by} asks, handed "
                                       f"off in milliseconds instead of the kubelet's init order", *notes])
         return _no_sidecar(case)  # native sidecars already run beside the init containers
+    if strategy == p.MODE_HYBRID and case.mode == p.MODE_AUTO:
+        # Hybrid needs the argv of every step and main; where one has no `command` and its
+        # image's ENTRYPOINT is not known (no registry lookup, or a failed one), auto picks
+        # native, which moves no container, rather than deny a pod native can run.
+        return case.go(strategy, notes, fallback=_choose_native(case, _order_notes(cls, keeps_order=True)))
     return case.go(strategy, notes)
 
 
