@@ -158,6 +158,25 @@ def test_kpack_resources_preserve():
     assert all(s["resources"]["limits"] == {"memory": "4Gi"} for s in steps), "limits are kept"
 
 
+def test_steps_left_no_request_say_so():
+    """kpack gives every container the build's resources, its waiting `completion` too: the
+    regular containers then hold all the pod reserved, and the steps get 0, said in a
+    warning (nothing to say where the steps keep some, or under `keep`)."""
+    src = copy.deepcopy(CATALOGUE["kpack-istio"])
+    build = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    for c in [*src["spec"]["initContainers"][1:], src["spec"]["containers"][0]]:
+        c["resources"] = copy.deepcopy(build)
+    for policy in ("preserve", "divide"):
+        result = rewrite(src, with_settings(resources_policy=policy))
+        assert all(s["resources"]["requests"] == {"cpu": "0", "memory": "0"}
+                   for s in result.pod["spec"]["containers"][:6])
+        said = [w for w in result.warnings if "the steps get no cpu or memory request" in w]
+        assert len(said) == 1 and f"INITSHIFT_RESOURCES_POLICY={policy}" in said[0], result.warnings
+        assert "the kernel's first choice when the node runs out of memory" in said[0]
+    assert not any("the steps get no" in w for w in rewrite(CATALOGUE["kpack-istio"], ON).warnings)
+    assert not any("the steps get no" in w for w in rewrite(src, with_settings(resources_policy="keep")).warnings)
+
+
 def test_kpack_resources_divide_and_keep():
     src = CATALOGUE["kpack-istio"]
     divided = rewrite(src, with_settings(resources_policy="divide")).pod

@@ -311,6 +311,7 @@ def plan_steps(
         for r, q in req.items():
             if q > ZERO:
                 by_resource[r].append(i)
+    starved: list[str] = []  # shareable resources the steps asked for and get none of
     for r in sorted(by_resource):
         holders = by_resource[r]
         budget = max(ZERO, budget_total.get(r, ZERO) - fixed_regular.get(r, ZERO))
@@ -330,6 +331,8 @@ def plan_steps(
             continue  # a single holder keeps its (request == limit) as it is
         if policy == "keep":
             continue
+        if budget == ZERO:
+            starved.append(r)
         if policy == "preserve":
             top = max(holders, key=lambda i: (reqs[i][r], -i))  # largest request, first on ties
             for i in holders:
@@ -344,6 +347,13 @@ def plan_steps(
                 continue
             for i in holders:
                 plan.step_requests[i][r] = format_quantity(budget * reqs[i][r] // total, r)
+    if starved:
+        # kpack's shape: every container, the waiting `completion` too, requests the same.
+        memory = ("; without a memory request a step is the kernel's first choice when the node runs out of memory"
+                  if "memory" in starved else "")
+        plan.warnings.append(f"the steps get no {' or '.join(starved)} request (INITSHIFT_RESOURCES_POLICY={policy}): "
+                             f"the regular containers beside them already hold all the pod reserved{memory}; "
+                             f"`keep` keeps the steps' own requests and grows the pod's")
     return plan
 
 

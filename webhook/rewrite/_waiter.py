@@ -467,6 +467,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     plan = plan_steps(cls.steps, fixed, old_total, settings.resources_policy, read)
     if plan.problem:
         raise RewriteError(plan.problem, reason=Reason.RESOURCES)
+    warnings += plan.warnings
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
     annotations = mapping_at(pod, "metadata", "annotations")
