@@ -447,6 +447,23 @@ def test_review_command_wraps_a_pod(tmp_path, capsys):
     assert err.count("\n") == 2 and "Traceback" not in err
 
 
+def test_review_command_output_is_a_format_and_out_a_file(tmp_path, monkeypatch, capsys):
+    """-o names a format, as `mutate -o` and kubectl's -o do (`-o json` wrote a file named
+    ./json and printed nothing); --out FILE writes the file."""
+    import yaml
+
+    pod = str(Path("examples/pod-kpack.yaml").resolve(strict=True))
+    monkeypatch.chdir(tmp_path)
+    assert review_cmd.main([pod, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "AdmissionReview"
+    assert review_cmd.main([pod, "-o", "yaml", "-n", "builds"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["request"]["namespace"] == "builds"
+    assert list(tmp_path.iterdir()) == []  # no file named json or yaml
+    assert review_cmd.main([pod, "--out", "review.json", "--uid", "u2"]) == 0
+    assert capsys.readouterr().out == ""
+    assert json.loads((tmp_path / "review.json").read_text())["request"]["uid"] == "u2"
+
+
 def test_example_review_is_the_example_pod():
     review = json.loads(Path("examples/review.json").read_text())
     assert review["request"]["object"] == review_cmd.load_pod("examples/pod-kpack.yaml")

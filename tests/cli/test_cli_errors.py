@@ -240,7 +240,7 @@ def test_an_output_that_cannot_be_written_is_one_line(files: Path, argv: list[st
 
 
 def test_review_cannot_write_its_output(files: Path) -> None:
-    one_line(run(["review", str(files / "pod.yaml"), "-o", str(files / "dir" / "no" / "out.json")]), 1,
+    one_line(run(["review", str(files / "pod.yaml"), "--out", str(files / "dir" / "no" / "out.json")]), 1,
              "cannot write", "initshift review")
 
 
@@ -261,7 +261,18 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
     ],
     "review": [
         (["review", "--frob", "{d}/pod.yaml"], {}, 2, "unrecognized arguments: --frob", False),
-        (["review", "{d}/pod.yaml", "-o", ""], {}, 2, "argument -o/--output: an empty path", False),
+        (["review", "{d}/pod.yaml", "--out", ""], {}, 2, "argument --out: an empty path", False),
+        # -o is a format, as mutate's and kubectl's: a file name given to it is refused, never written
+        (["review", "{d}/pod.yaml", "-o", "review.json"], {}, 2,
+         "argument -o/--output: expected a format (json, yaml), got 'review.json'; --out FILE writes to a file",
+         False),
+        (["review", "{d}/pod.yaml", "-n", "Builds_1"], {}, 2,
+         "argument -n/--namespace: expected a Kubernetes name (RFC 1123 label", False),
+        (["review", "{d}/pod.yaml", "-n", ""], {}, 2, "argument -n/--namespace: expected a Kubernetes name", False),
+        # as kubectl refuses `-n` against an object that names another namespace
+        (["review", "examples/pod-kpack.yaml", "-n", "other"], {}, 2,
+         'the namespace from the provided object "builds" does not match the namespace "other": pass -n builds',
+         False),
     ],
     "status": [
         (["status", "p", "-A"], {}, 2, "-A is for the list: leave out POD", False),
