@@ -258,6 +258,11 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         # `"$FILE"` with FILE unset: it was "cannot read : no such file or directory"
         (["mutate", ""], {}, 2, "argument file: an empty path", False),
         (["mutate", "{d}/pod.yaml", "--quotas", ""], {}, 2, "argument --quotas: an empty path", False),
+        # --namespace is a name everywhere else: a name given here is said to be one (it was "cannot read builds")
+        (["mutate", "{d}/pod.yaml", "--namespace", "builds"], {}, 2, "--namespace takes the Namespace's manifest, "
+         "not its name: `kubectl get namespace builds -o yaml > ns.yaml`, then --namespace ns.yaml", False),
+        (["mutate", "{d}/pod.yaml", "--namespace", "{d}/missing.yaml"], {}, 2,
+         "cannot read {d}/missing.yaml: no such file or directory", False),
     ],
     "review": [
         (["review", "--frob", "{d}/pod.yaml"], {}, 2, "unrecognized arguments: --frob", False),

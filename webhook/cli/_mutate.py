@@ -15,10 +15,12 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import sys
 
 from waiter import protocol as p
 
+from .. import k8snames
 from ..admission import make_patch
 from ._common import EXIT_OK, EXIT_USAGE, Parser, path_arg
 from ._podio import InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name
@@ -64,6 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _not_a_name(path: str) -> str:
+    """--namespace's file; InputError saying what it takes when it is no file but a
+    namespace's name (every other command's --namespace is a name)."""
+    if not os.path.exists(path) and k8snames.is_name(path, k8snames.DNS_LABEL):
+        raise InputError(f"--namespace takes the Namespace's manifest, not its name: `kubectl get namespace {path} "
+                         f"-o yaml > ns.yaml`, then --namespace ns.yaml (no file named {path} here)")
+    return path
+
+
 def _one(namespaces: list[dict], path: str) -> dict:
     if len(namespaces) != 1:
         raise InputError(f"{path}: expected one Namespace, got {len(namespaces)}")
@@ -77,7 +88,8 @@ def main(argv: list[str]) -> int:
         objects = read_manifests(args.file)
         limit_ranges = read_objects(args.limit_ranges, "LimitRange") if args.limit_ranges else []
         quotas = read_objects(args.quotas, "ResourceQuota") if args.quotas else []
-        namespace = _one(read_objects(args.namespace, "Namespace"), args.namespace) if args.namespace else None
+        namespace = _one(read_objects(_not_a_name(args.namespace), "Namespace"), args.namespace) \
+            if args.namespace else None
     except (InputError, SettingsError) as e:
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
