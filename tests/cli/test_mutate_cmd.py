@@ -98,6 +98,27 @@ def test_workload_templates_are_rewritten_in_place():
     assert [c["name"] for c in rewritten["spec"]["initContainers"]] == ["istio-init", p.INIT_CONTAINER_NAME]
 
 
+def test_a_template_left_unchanged_is_printed_as_it_came():
+    """A Deployment whose pods the rewrite leaves alone (restartPolicy Always beside an init
+    container): its template stays as it came, without the initshift.io/not-rewritten note
+    the webhook puts on the pods themselves, so applying the output rolls nothing out. A
+    bare Pod still gets the note, as the webhook gives it."""
+    pod = pods.catalogue()["job-istio"]
+    pod["spec"]["restartPolicy"] = "Always"
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                  "spec": {"selector": {"matchLabels": {"app": "web"}},
+                           "template": pods.pod_template(pod, app="web")}}
+    text = yaml.safe_dump(deployment, sort_keys=False)
+    out = run("-", stdin=text)
+    assert out.returncode == 0 and "admitted unchanged" in out.stderr, out.stderr
+    assert yaml.safe_load(out.stdout) == deployment
+    diff = run("-", "-o", "diff", stdin=text)
+    assert (diff.returncode, diff.stdout) == (0, "")
+    assert json.loads(run("-", "-o", "patch", stdin=text).stdout) == []
+    bare = run("-", stdin=yaml.safe_dump(pod))
+    assert yaml.safe_load(bare.stdout)["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN] == "restart-policy"
+
+
 def test_limit_ranges_of_the_namespace(tmp_path):
     """--limit-ranges: what `kubectl get limitranges -o yaml` prints; the requests initshift
     writes pass its min and ratio; anything but LimitRanges is refused with exit 2."""

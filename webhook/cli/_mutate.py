@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
             print(f"denied: {said}{result.denied}", file=sys.stderr)
             denied = True
         unchanged |= not result.changed
-        pairs.append((obj.label if len(objects) > 1 else "pod", obj.document, obj.put(result.pod)))
+        pairs.append((obj.label if len(objects) > 1 else "pod", obj.document, obj.put(result.pod, rewritten=result.changed)))
     if denied:  # half a manifest must not go on to `kubectl apply`
         return _EXIT_DENIED
     sys.stdout.write(_render(pairs, args.output))

@@ -38,10 +38,15 @@ class PodInput:
         """What was read: the workload, else the pod."""
         return self.workload if self.workload is not None else self.pod
 
-    def put(self, pod: dict) -> dict:
-        """The document with `pod` in place of the one read."""
+    def put(self, pod: dict, *, rewritten: bool = True) -> dict:
+        """The document with `pod` in place of the one read. A workload's template that is
+        not `rewritten` stays as it came: the note the rewrite leaves on a pod it does not
+        rewrite (initshift.io/not-rewritten) goes on the pods the webhook admits, and on a
+        template would only roll the workload out for nothing once applied."""
         if self.workload is None:
             return pod
+        if not rewritten:
+            return self.workload
         out = copy.deepcopy(self.workload)
         *parents, last = _TEMPLATE_PATHS[out["kind"]]
         node = out
