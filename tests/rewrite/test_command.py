@@ -38,12 +38,11 @@ names = nonempty.filter(lambda n: not n.startswith("-"))
 @settings(max_examples=200, deadline=None)
 @given(name=names, argv=words, waits=st.booleans(), gate=st.booleans(),
        probes=st.lists(urls, max_size=3), timeout=st.integers(0, 10**6), retry=st.booleans(),
-       quits=st.lists(urls, max_size=2), mains=st.integers(0, 3), log=st.none() | st.just("/dev/termination-log")
-       | st.just("/tmp/custom-log"), argv_map=argv_maps)
+       quits=st.lists(urls, max_size=2), mains=st.integers(0, 3), argv_map=argv_maps)
 def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: pytest.TempPathFactory, name: str,
                                                              argv: list[str], waits: bool, gate: bool,
                                                              probes: list[str], timeout: int, retry: bool,
-                                                             quits: list[str], mains: int, log: str | None,
+                                                             quits: list[str], mains: int,
                                                              argv_map: dict | None) -> None:
     root = tmp_path_factory.mktemp("run")
     post, wait = str(root / "self" / "done"), str(root / "before" / "done") if waits else None
@@ -54,7 +53,7 @@ def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: py
     mains_dir = str(root / "mains") if mains else None
     args = run_command(name=name, post=post, argv=argv, wait=wait, ready_file="/ready" if gate else None,
                        probes=probes, timeout=timeout, retry=retry, quits=quits, mains_dir=mains_dir, mains=mains,
-                       termination_log=log, argv_map=argv_map)
+                       argv_map=argv_map)
     assert args[0] == p.CMD_RUN and waiter_command(_container(args)) == p.CMD_RUN
     if argv or argv_map:
         opts = waiter_flags.parse_run(args[1:])
@@ -62,7 +61,7 @@ def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: py
         assert [e.url for e in opts.probes] == probes and [e.url for e in opts.quit] == quits
         assert opts.timeout == (float(timeout) if timeout else None) and opts.retry is retry
         assert (opts.mains_dir, opts.mains) == (mains_dir or "", mains)
-        assert opts.termination_log == (log or p.DEFAULT_TERMINATION_LOG)
+        assert opts.termination_log == p.DEFAULT_TERMINATION_LOG  # a path the pod sets is its program's
         expected = [*(argv_map[HERE] if argv_map else []), *argv]
         assert opts.argv == [os.fsencode(a) for a in expected]
     assert read_argv(_container(args)) == (argv, argv_map)
@@ -99,18 +98,16 @@ KUBELET_ENV = {"HOME": "/root", "NOPE": "defined"}  # the container's variables,
 
 
 @settings(max_examples=100, deadline=None)
-@given(path=dollars, quit=dollars, log=dollars)
+@given(path=dollars, quit=dollars)
 def test_text_from_the_pod_reaches_the_waiter_as_written(tmp_path_factory: pytest.TempPathFactory, path: str,
-                                                         quit: str, log: str) -> None:
-    """A probe's path, a quit URL and a termination-message path are fields the kubelet
-    never expands; in `args` it would: they are written so its expansion gives them back."""
-    probe, quit_url, log_path = f"http://127.0.0.1:15021/{path}", f"http://127.0.0.1:15020/{quit}", f"/dev/{log}"
+                                                         quit: str) -> None:
+    """A probe's path and a quit URL are fields the kubelet never expands; in `args` it
+    would: they are written so its expansion gives them back."""
+    probe, quit_url = f"http://127.0.0.1:15021/{path}", f"http://127.0.0.1:15020/{quit}"
     post = str(tmp_path_factory.mktemp("run") / "done")
-    args = run_command(name="s", post=post, argv=["x"], ready_file="/ready", probes=[probe],
-                       quits=[quit_url], termination_log=log_path)
+    args = run_command(name="s", post=post, argv=["x"], ready_file="/ready", probes=[probe], quits=[quit_url])
     opts = waiter_flags.parse_run(expand_all(args, KUBELET_ENV)[1:])
     assert [e.url for e in opts.probes] == [probe] and [e.url for e in opts.quit] == [quit_url]
-    assert opts.termination_log == log_path
     assert gate_of(_container(args)) == ("/ready", (probe,)), "read back as the waiter gets it"
     after = start_after_command(name="s", argv=["x"], conditions=[(p.FLAG_PROBE, probe)])
     assert startafter.parse(expand_all(after, KUBELET_ENV)[1:]).conditions[0].endpoint.url == probe
@@ -132,8 +129,8 @@ def test_flag_order_is_fixed() -> None:
     """Re-invocation must give the same args, so the order is part of the contract."""
     args = run_command(name="s", post="/initshift/run/1/done", argv=["make"], wait="/initshift/run/0/done",
                        ready_file="/r", probes=["tcp://127.0.0.1:1"], timeout=5, retry=True,
-                       quits=["http://127.0.0.1:15020/quitquitquit"], mains_dir="/m", mains=2, termination_log="/log",
+                       quits=["http://127.0.0.1:15020/quitquitquit"], mains_dir="/m", mains=2,
                        argv_map={"linux/amd64": ["/a"]})
     assert [a for a in args if a.startswith("--")] == [
         p.FLAG_NAME, p.FLAG_POST, p.FLAG_WAIT, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT, p.FLAG_RETRY,
-        p.FLAG_QUIT, p.FLAG_MAINS_DIR, p.FLAG_MAINS, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP, p.ARGV_SEPARATOR]
+        p.FLAG_QUIT, p.FLAG_MAINS_DIR, p.FLAG_MAINS, p.FLAG_ARGV_MAP, p.ARGV_SEPARATOR]

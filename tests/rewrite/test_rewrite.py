@@ -137,7 +137,8 @@ def test_kpack_layout():
     assert flag_values(completion, p.FLAG_WAIT) == [p.completion_path(5)]
     assert flag_values(completion, p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
     assert flag_values(completion, p.FLAG_MAINS_DIR) == [p.MAINS_MOUNT] and flag_values(completion, p.FLAG_MAINS) == ["1"]
-    assert flag_values(completion, p.FLAG_TERMINATION_LOG) == ["/tmp/termination-log"]
+    # Its terminationMessagePath is kpack's (/tmp/termination-log): the waiter writes none there.
+    assert flag_values(completion, p.FLAG_TERMINATION_LOG) == []
     assert spec["containers"][7] == src["spec"]["containers"][1], "the sidecar is untouched"
     vols = {v["name"]: v for v in spec["volumes"]}
     assert [v["name"] for v in spec["volumes"][: len(src["spec"]["volumes"])]] == names(src["spec"]["volumes"])
@@ -497,8 +498,9 @@ def test_image_argv_is_escaped_for_the_kubelets_expansion():
 
 
 def test_text_of_the_pods_fields_is_escaped_for_the_kubelets_expansion():
-    # A readiness probe's path, a quit URL and a terminationMessagePath are never expanded
-    # where the pod has them; written into `args`, the kubelet would expand them.
+    # A readiness probe's path and a quit URL are never expanded where the pod has them;
+    # written into `args`, the kubelet would expand them. A terminationMessagePath is the
+    # program's: not handed to the waiter at all.
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     proxy = next(c for c in pod["spec"]["containers"] if c["name"] == "istio-proxy")
     proxy["readinessProbe"]["httpGet"]["path"] = "/healthz/ready$(HOME)"
@@ -511,7 +513,7 @@ def test_text_of_the_pods_fields_is_escaped_for_the_kubelets_expansion():
     kubelet = lambda c: expand_all(c["args"], {e["name"]: e["value"] for e in c.get("env") or []})  # noqa: E731
     assert flag_values({"args": kubelet(step0)}, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready$(HOME)"]
     assert flag_values({"args": kubelet(wrapped)}, p.FLAG_QUIT) == ["http://127.0.0.1:15020/quit$(HOME)"]
-    assert flag_values({"args": kubelet(wrapped)}, p.FLAG_TERMINATION_LOG) == ["/dev/$$log"]
+    assert flag_values({"args": kubelet(wrapped)}, p.FLAG_TERMINATION_LOG) == []
     assert rewrite(out, settings).pod == out
     assert_valid_pod(out)
 

@@ -18,10 +18,10 @@ from waiter.errors import UsageError
 from ._entrypoint import escape_expansion, reduce_expansion
 from ._errors import RewriteError
 
-# Flags whose value is text from the pod or the settings (a probe's or a quit URL, the
-# termination-message path). In `args` the kubelet expands $(VAR) and reduces $$ to $:
-# written escaped, so the waiter gets them as they are, and read back reduced.
-_TEXT_FLAGS = frozenset((p.FLAG_PROBE, p.FLAG_QUIT, p.FLAG_TERMINATION_LOG))
+# Flags whose value is text from the pod or the settings (a probe's or a quit URL). In
+# `args` the kubelet expands $(VAR) and reduces $$ to $: written escaped, so the waiter
+# gets them as they are, and read back reduced.
+_TEXT_FLAGS = frozenset((p.FLAG_PROBE, p.FLAG_QUIT))
 
 Argv = tuple[list[str], dict | None]  # argv after `--`, and the per-platform `--argv-map`
 
@@ -37,8 +37,7 @@ def _argv_map(value: dict | None) -> list[str]:
 
 def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None = None, ready_file: str | None = None,
                 probes: Sequence[str] = (), timeout: int = 0, retry: bool = False, quits: Sequence[str] = (),
-                mains_dir: str | None = None, mains: int = 0, termination_log: str | None = None,
-                argv_map: dict | None = None) -> list[str]:
+                mains_dir: str | None = None, mains: int = 0, argv_map: dict | None = None) -> list[str]:
     """`waiter run ...` as the container's `args` (the `command` is the waiter itself)."""
     args = [p.CMD_RUN, p.FLAG_NAME, name, p.FLAG_POST, post]
     if wait:
@@ -55,8 +54,6 @@ def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None =
         args += _flag(p.FLAG_QUIT, url)
     if mains_dir and mains:
         args += [p.FLAG_MAINS_DIR, mains_dir, p.FLAG_MAINS, str(mains)]
-    if termination_log and termination_log != p.DEFAULT_TERMINATION_LOG:
-        args += _flag(p.FLAG_TERMINATION_LOG, termination_log)
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
 
 

@@ -236,7 +236,10 @@ def wrap(container: Mapping, index: int, chain: _Chain,
         timeout=0 if main else chain.step_timeout, retry=chain.retry,
         quits=chain.quit_urls if chain.quits(index) else (),
         mains_dir=p.MAINS_MOUNT if main else None, mains=chain.n_mains if main else 0,
-        termination_log=container.get("terminationMessagePath"),
+        # No --termination-log: a terminationMessagePath the pod sets is its program's, in
+        # the format its reader expects (Tekton's steps: a JSON array of results, which the
+        # waiter's record of a skipped step would break). The waiter writes its record only
+        # to the default path, which the kubelet creates only when the pod sets none.
         argv_map=None if argv_map is None else dict(argv_map))
     out["volumeMounts"] = mounts
     return out
