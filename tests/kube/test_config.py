@@ -244,3 +244,89 @@ def test_connecting_commands_fail_in_one_line(tmp_path, command, situation):
     want = {"pod-without-token": "no service account token", "no-config": "no kubeconfig found",
             "missing-kubeconfig-list": "KUBECONFIG names"}[situation]
     assert want in lines[0]
+
+
+# --- kubeconfigs kubectl refuses, or reads otherwise than the library: one line each ------------
+
+def _context_doc(server: str = "https://127.0.0.1:1") -> dict:
+    """A kubeconfig of context `x` on cluster `c`, with user `u` to be filled in."""
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "x",
+            "clusters": [{"name": "c", "cluster": {"server": server}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}]}
+
+
+def _write(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _bad_kubeconfigs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """kubeconfig files kubectl does not load, with the line each gets (after the file's name)."""
+    latin1 = tmp_path / "latin1"
+    latin1.write_bytes(b"apiVersion: v1\nkind: Config\n# caf\xe9\nclusters: []\n")
+    context_text, user_text, exec_text, namespace_list = (_context_doc() for _ in range(4))
+    context_text["contexts"][0]["context"] = "oops"
+    user_text["users"][0]["user"] = "oops"
+    exec_text["users"][0]["user"] = {"exec": {"apiVersion": "v1", "command": "aws", "args": "token"}}
+    namespace_list["contexts"][0]["context"]["namespace"] = ["a"]
+    return {
+        "not UTF-8": (latin1, ": not UTF-8 text (byte 0xe9 at offset 33)"),
+        "context a string": (_write(tmp_path / "ctx", context_text), ": context 'x' is a string, not a mapping"),
+        "user a string": (_write(tmp_path / "user", user_text), ": user 'u' is a string, not a mapping"),
+        "exec args a string": (_write(tmp_path / "exec", exec_text),
+                               ": user 'u': exec: args is a string, not a list"),
+        "namespace a list": (_write(tmp_path / "ns", namespace_list), ": context 'x': namespace is a list, not a string"),
+    }
+
+
+@pytest.mark.parametrize("case", ["not UTF-8", "context a string", "user a string", "exec args a string",
+                                  "namespace a list"])
+def test_a_kubeconfig_kubectl_refuses_is_said_in_one_line(tmp_path, case):
+    path, said = _bad_kubeconfigs(tmp_path)[case]
+    with pytest.raises(KubeConfigError) as e:
+        resolve(str(path), environ={}, home=tmp_path)
+    assert str(e.value) == f"kubeconfig {path}{said}"
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "check"])
+def test_connecting_commands_say_a_bad_kubeconfig_in_one_line(tmp_path, command):
+    from certs import pki
+
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(pki.create_ca(days=1).cert_pem)
+    bad = _bad_kubeconfigs(tmp_path)
+    for path, said in (bad["not UTF-8"], bad["user a string"]):  # every case: the test above
+        proc = run_cli([a.format(ca=ca) for a in COMMANDS.get(command, [command])],
+                       {"HOME": str(tmp_path), "KUBECONFIG": str(path)})
+        assert (proc.returncode, proc.stderr) == (1, f"initshift {command}: kubeconfig {path}{said}\n"), proc
+
+
+async def test_a_context_without_a_user_connects_anonymously_as_kubectl(tmp_path):
+    """`kubectl config set-context x --cluster=c`: no user, so no client credentials (the
+    library alone fails on it: "argument of type 'NoneType' is not iterable")."""
+    doc = _context_doc()
+    del doc["contexts"][0]["context"]["user"]
+    source = resolve(str(_write(tmp_path / "cfg", doc)), environ={}, home=tmp_path)
+    cfg = await client_configuration(source)
+    assert (cfg.host, cfg.cert_file, cfg.key_file, cfg.api_key) == ("https://127.0.0.1:1", None, None, {})
+    doc["contexts"][0]["context"]["user"] = "u"
+    doc["users"] = [{"name": "u"}]  # a user entry without a body is as anonymous
+    cfg = await client_configuration(resolve(str(_write(tmp_path / "cfg", doc)), environ={}, home=tmp_path))
+    assert (cfg.host, cfg.cert_file, cfg.api_key) == ("https://127.0.0.1:1", None, {})
+
+
+@pytest.mark.parametrize("user, said", [
+    ({"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "nonexistent-aws"}},
+     "exec plugin: executable nonexistent-aws not found"),
+    ({"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "nonexistent-aws",
+               "installHint": "Install the AWS CLI:\n  brew install awscli\n"}},
+     "exec plugin: executable nonexistent-aws not found; Install the AWS CLI: brew install awscli"),
+    ({"tokenFile": "/nonexistent/token"}, "tokenFile /nonexistent/token: no such file or directory"),
+])
+def test_a_missing_exec_plugin_or_token_file_is_said_as_kubectl_says_it(tmp_path, user, said):
+    doc = _context_doc()
+    doc["users"][0]["user"] = user
+    path = _write(tmp_path / "cfg", doc)
+    proc = run_cli(["status", "pod-1"], {"HOME": str(tmp_path), "KUBECONFIG": str(path)})
+    assert (proc.returncode, proc.stderr) == (1, f"initshift status: kubeconfig {path}, context x: {said}\n"), proc

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,20 @@ _HOME_CONFIG = Path("~/.kube/config")
 _NAMED = ("clusters", "users", "contexts")
 # Fields that name files, per section, resolved against the kubeconfig's directory.
 _FILE_FIELDS = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key", "tokenFile")}
+# The fields of each entry (and of a user's `exec`) that are read here or by the library, with
+# the type kubectl's Go structs give them: kubectl refuses to load a kubeconfig with another
+# type anywhere ("cannot unmarshal"), so do we, in words, instead of failing mid-connection.
+_FIELD_TYPES: dict[str, dict[str, type]] = {
+    "cluster": {"server": str, "certificate-authority": str, "certificate-authority-data": str,
+                "tls-server-name": str, "proxy-url": str, "insecure-skip-tls-verify": bool},
+    "user": {"token": str, "tokenFile": str, "client-certificate": str, "client-key": str,
+             "client-certificate-data": str, "client-key-data": str, "username": str, "password": str,
+             "exec": dict, "auth-provider": dict},
+    "context": {"cluster": str, "user": str, "namespace": str},
+    "exec": {"command": str, "apiVersion": str, "args": list, "env": list, "installHint": str},
+}
+_TYPE_NAMES = {str: "a string", bool: "true or false", dict: "a mapping", list: "a list",
+               int: "a number", float: "a number"}
 
 
 class KubeConfigError(InitshiftError):
@@ -100,12 +115,15 @@ def _read(path: Path) -> dict[str, Any]:
         key = None if stat.S_ISREG(st.st_mode) else (st.st_dev, st.st_ino)
         text = _PIPED.get(key) if key else None
         if text is None:
-            text = path.read_text()
+            text = path.read_bytes().decode()  # UTF-8, as kubectl reads it, whatever the locale
             if key:
                 _PIPED[key] = text
         data = yaml.safe_load(text)
     except OSError as e:  # a directory, no permission: kubectl's "error loading config file" too
         raise KubeConfigError(f"kubeconfig {path}: {os_reason(e)}") from None
+    except UnicodeDecodeError as e:
+        raise KubeConfigError(f"kubeconfig {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} "
+                              f"at offset {e.start})") from None
     except yaml.YAMLError as e:
         raise KubeConfigError(f"kubeconfig {path}: not YAML ({str(e).splitlines()[0]})") from None
     if data is None:
@@ -113,6 +131,31 @@ def _read(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise KubeConfigError(f"kubeconfig {path}: not a kubeconfig (a YAML mapping)")
     return data
+
+
+def _type_name(value: object) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _check_types(where: str, fields: Mapping[str, Any], section: str) -> None:
+    """Each known field of `fields` has the type kubectl expects (null is its zero value)."""
+    for key, want in _FIELD_TYPES[section].items():
+        value = fields.get(key)
+        if value is not None and not isinstance(value, want):
+            raise KubeConfigError(f"{where}: {key} is {_type_name(value)}, not {_TYPE_NAMES[want]}")
+    if isinstance(fields.get("exec"), dict):
+        _check_types(f"{where}: exec", fields["exec"], "exec")
+
+
+def _check_entry(path: Path, section: str, entry: dict[str, Any]) -> None:
+    """A named entry's body is a mapping (or absent) whose fields have kubectl's types."""
+    where = f"kubeconfig {path}: {section} {entry['name']!r}"
+    body = entry.get(section)
+    if body is None:
+        return
+    if not isinstance(body, dict):
+        raise KubeConfigError(f"{where} is {_type_name(body)}, not a mapping")
+    _check_types(where, body, section)
 
 
 def _absolute(entry: dict[str, Any], section: str, base: Path) -> dict[str, Any]:
@@ -147,6 +190,7 @@ def merge(files: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
             for entry in entries:
                 if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                     raise KubeConfigError(f"kubeconfig {path}: an entry of {key} has no name")
+                _check_entry(path, section, entry)
                 if entry["name"] not in seen:
                     merged[key].append(_absolute(entry, section, base))
                     seen.add(entry["name"])
@@ -257,16 +301,87 @@ async def client_configuration(source: _Source, *, environ: Mapping[str, str] | 
                                sa_dir: Path = _SERVICE_ACCOUNT_DIR) -> k8s.Configuration:
     """The client Configuration for a resolved source; library errors become one line."""
     cfg = k8s.Configuration()
+    missing = _missing_plugin(_user_of(source)) if source.kind == "kubeconfig" else None
+    if missing:
+        raise KubeConfigError(f"{source.describe()}: {missing}")
     try:
         if source.kind == "in-cluster":
             env = dict(os.environ if environ is None else environ)
             InClusterConfigLoader(str(sa_dir / "token"), str(sa_dir / "ca.crt"), environ=env).load_and_set(cfg)
         else:
-            await k8s_config.load_kube_config_from_dict(source.config, context=source.context,
+            await k8s_config.load_kube_config_from_dict(_with_user(source), context=source.context,
                                                         client_configuration=cfg)
-    except (k8s_config.ConfigException, OSError, ValueError, KeyError, TypeError) as e:
+    except OSError as e:  # a tokenFile, an exec plugin, a certificate file
+        raise KubeConfigError(f"{source.describe()}: {_os_error(e, _user_of(source))}") from None
+    except (k8s_config.ConfigException, ValueError, KeyError, TypeError) as e:
         raise KubeConfigError(f"{source.describe()}: {_one_line(e)}") from None
     return cfg
+
+
+_ANONYMOUS = "initshift-anonymous"  # the user given to a context that names none
+
+
+def _with_user(source: _Source) -> dict[str, Any]:
+    """The merged kubeconfig with a user for the library, which fails on a context without
+    one ("argument of type 'NoneType' is not iterable") or on a user entry without a body,
+    where kubectl connects anonymously: both get an empty user, so no client credentials."""
+    config = source.config
+    users = [u if isinstance(u.get("user"), dict) else {**u, "user": {}} for u in config["users"]]
+    contexts = config["contexts"]
+    ctx = next(c for c in contexts if c["name"] == source.context)
+    body = ctx.get("context") or {}
+    if not body.get("user"):
+        name = _ANONYMOUS
+        while any(u["name"] == name for u in users):  # not one of the kubeconfig's own
+            name += "-"
+        users.append({"name": name, "user": {}})
+        contexts = [{**c, "context": {**body, "user": name}} if c is ctx else c for c in contexts]
+    return {**config, "users": users, "contexts": contexts}
+
+
+def _user_of(source: _Source) -> Mapping[str, Any]:
+    """The body of the context's user ({} for none, or in a pod)."""
+    ctx = next((c for c in source.config.get("contexts", []) if c["name"] == source.context), None)
+    name = ((ctx or {}).get("context") or {}).get("user")
+    user = next((u for u in source.config.get("users", []) if name and u["name"] == name), None)
+    return (user or {}).get("user") or {}
+
+
+def _not_installed(plugin: Mapping[str, Any]) -> str:
+    """kubectl's words for an exec plugin that is not installed, with the kubeconfig's hint."""
+    hint = " ".join(str(plugin.get("installHint") or "").split())  # kubectl prints it after a blank line
+    return f"exec plugin: executable {plugin['command']} not found" + (f"; {hint}" if hint else "")
+
+
+def _missing_plugin(user: Mapping[str, Any]) -> str | None:
+    """Why the user's exec plugin is not there to run, None if it is (or there is none): said
+    before the library runs it, which logs the OSError as `[Errno 2] ...` (and under uvloop
+    names no file)."""
+    plugin = user.get("exec")
+    command = plugin.get("command") if isinstance(plugin, dict) else None
+    if not command:
+        return None
+    if os.sep in command:  # a path: run as it is, as client-go runs it
+        found = os.path.exists(command)
+    else:  # a name: looked up on the PATH the plugin's own env may set
+        path = next((e.get("value") for e in plugin.get("env") or []
+                     if isinstance(e, dict) and e.get("name") == "PATH"), None)
+        found = shutil.which(command, path=path or os.environ.get("PATH", os.defpath)) is not None
+    return None if found else _not_installed(plugin)
+
+
+def _os_error(e: OSError, user: Mapping[str, Any]) -> str:
+    """A file or program of the user's that failed, said as kubectl says it, not Python's
+    `[Errno 2] No such file or directory: 'FILE'`."""
+    plugin = user.get("exec") or {}
+    if e.filename is not None and e.filename == plugin.get("command"):
+        if isinstance(e, FileNotFoundError):
+            return _not_installed(plugin)
+        return f"exec plugin: executable {e.filename}: {os_reason(e)}"
+    token_file = user.get("tokenFile")
+    if e.filename is not None and token_file and os.path.normpath(str(e.filename)) == os.path.normpath(token_file):
+        return f"tokenFile {token_file}: {os_reason(e)}"
+    return f"{e.filename}: {os_reason(e)}" if e.filename is not None else os_reason(e)
 
 
 def _one_line(e: BaseException) -> str:
