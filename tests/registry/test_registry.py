@@ -121,6 +121,13 @@ async def test_connection_refused(client: oci.RegistryClient) -> None:
         await client.manifest(parse(f"127.0.0.1:{free_port()}/x/y:v1"), "v1", None)
 
 
+async def test_a_registry_whose_name_does_not_resolve_says_so_in_words(client: oci.RegistryClient) -> None:
+    """Not Python's `[Errno -2] Name or service not known` (.invalid never resolves: RFC 6761)."""
+    with pytest.raises(oci.Unreachable) as e:
+        await client.manifest(parse("registry.nonexistent.invalid/x/y:v1"), "v1", None)
+    assert str(e.value) == "registry registry.nonexistent.invalid is unreachable: the name does not resolve"
+
+
 async def test_plain_http_for_insecure_registries(env: Env) -> None:
     proxy = env.proxy(tls=False)
     ref = parse(f"{proxy.host}/steps/entry:v1")

@@ -51,6 +51,15 @@ def _phrase(status: int) -> str:
         return "unknown status"
 
 
+def connect_reason(error: OSError) -> str:
+    """Why a connection could not be made, in words: `the name does not resolve`, not
+    Python's `[Errno -2] Name or service not known`; else the errno's text (asyncio's
+    strerror is "Connect call failed (address)"). Shared with the registry client."""
+    if isinstance(error, socket.gaierror):
+        return "the name does not resolve"
+    return os.strerror(error.errno).lower() if error.errno else os_reason(error)
+
+
 def _transport_error(e: BaseException) -> str:
     """Why a request got no answer, in words: aiohttp's own text repeats the address three
     times and names its exception class."""
@@ -59,12 +68,7 @@ def _transport_error(e: BaseException) -> str:
         why = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
         return f"the certificate of {e.host}:{e.port} is not trusted ({why}): check the kubeconfig's cluster CA"
     if isinstance(e, aiohttp.ClientConnectorError):
-        os_error = e.os_error
-        if isinstance(os_error, socket.gaierror):
-            why = "the name does not resolve"
-        else:  # asyncio's strerror is "Connect call failed (address)"; the errno says why
-            why = os.strerror(os_error.errno).lower() if os_error.errno else os_reason(os_error)
-        return f"cannot connect to {e.host}:{e.port}: {why}"
+        return f"cannot connect to {e.host}:{e.port}: {connect_reason(e.os_error)}"
     if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return "timed out waiting for an answer"
     if isinstance(e, aiohttp.ServerDisconnectedError):

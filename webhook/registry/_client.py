@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import re
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from ._credentials import Credential
 from ..rewrite import ImageConfig
 from ..imageref import ImageRef
 from ..errors import InitshiftError
+from ..kube import connect_reason
 from certs import pki
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -346,10 +348,10 @@ def _why(e: BaseException) -> str:
     """A short reason for a transport error (httpx's messages are often empty)."""
     cause: BaseException | None = e
     while cause is not None:
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"TLS certificate not trusted ({cause.verify_message}); set INITSHIFT_REGISTRY_CA_FILE"
+        if isinstance(cause, (socket.gaierror, ConnectionError)):  # the words the Kubernetes client uses
+            return connect_reason(cause)
         cause = cause.__cause__ or cause.__context__
     text = str(e).strip()
     if isinstance(e, httpx.TimeoutException):
