@@ -307,6 +307,15 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
          False),
         (["check", "--timeout", "-5"], {}, 2, "argument --timeout: must be a positive number of seconds", False),
         (["check", "--smoke", "Builds_1"], {}, 2, "argument --smoke: not a namespace name: 'Builds_1'", False),
+        # what only --smoke reads is refused without it, not ignored (checked before anything connects)
+        (["check", "--keep"], {"KUBECONFIG": "{d}/missing"}, 2, "--keep needs --smoke NAMESPACE", False),
+        (["check", "--timeout", "5", "--image", "x", "--net-image", "y", "--net-url", "https://z"],
+         {"KUBECONFIG": "{d}/missing"}, 2, "--timeout, --image, --net-image, --net-url need --smoke NAMESPACE", False),
+        (["check", "--smoke", "builds", "--image", ""], {}, 2, "argument --image: must not be empty", False),
+        # an empty name would read the whole collection
+        (["check", "--webhook-config", ""], {"KUBECONFIG": "{d}/missing"}, 2,
+         "argument --webhook-config: expected a Kubernetes name (RFC 1123 subdomain", False),
+        (["check", "--lease", "Bad_Lease"], {}, 2, "argument --lease: expected a Kubernetes name", False),
     ],
     "certs": [
         (["certs"], {}, 2, "the following arguments are required: action", False),
@@ -318,6 +327,12 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         # an empty path is not the current directory (the CA and its key were written there)
         (["certs", "create", "--out", ""], {}, 2, "argument --out: an empty path", False),
         (["certs", "inject", "--ca-file", ""], {}, 2, "argument --ca-file: an empty path", False),
+        (["certs", "inject", "--ca-file", "{d}/ca/ca.crt", "--webhook-config", ""], {"KUBECONFIG": "{d}/missing"}, 2,
+         "argument --webhook-config: expected a Kubernetes name (RFC 1123 subdomain", False),
+        # checked before the cluster is contacted, and before any file is written
+        (["certs", "create", "--out", "{d}/not-written", "--secret", "Bad_Name"], {"KUBECONFIG": "{d}/missing"}, 2,
+         "argument --secret: expected a Kubernetes name (RFC 1123 subdomain: lower-case letters, digits and '-', "
+         "and dots, at most 253 characters), got 'Bad_Name'", False),
         # no configuration for the Secret: nothing is written either (tests/certs checks the files)
         (["certs", "create", "--out", "{d}/not-written", "--secret", "tls"], {"KUBECONFIG": "{d}/missing"}, 1,
          "KUBECONFIG names {d}/missing, which does not exist", False),

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from cryptography import x509
 
-from ..settings import Settings, SettingsError
+from ..settings import Settings, SettingsError, name_problem
 
-from .. import kube
+from .. import k8snames, kube
 from certs import pki, store
 from certs.rotation import merge_bundle
 from ._common import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, describe,
@@ -37,6 +37,15 @@ def _argument(check):  # noqa: ANN001, ANN202 - a pki check as an argparse type
         except pki.PKIError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse
+
+
+def _object_name(text: str) -> str:
+    """A Secret's or a configuration's name (an argparse type), checked before the cluster is
+    contacted: an empty --webhook-config would read the whole collection."""
+    problem = name_problem(text, k8snames.DNS_SUBDOMAIN)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _ip(text: str) -> str:
@@ -81,7 +90,8 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                         "the file")
     c.add_argument("--ca-key", type=path_arg, help="key of --ca-cert")
     c.add_argument("--force", action="store_true", help="replace a CA already in --out")
-    c.add_argument("--secret", help="also write a kubernetes.io/tls Secret with this name in --namespace")
+    c.add_argument("--secret", type=_object_name,
+                   help="also write a kubernetes.io/tls Secret with this name in --namespace")
     add_kubeconfig_args(c)
 
     i = sub.add_parser("inject", help="put a CA bundle into the MutatingWebhookConfiguration's caBundle",
@@ -89,7 +99,8 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                                                          "MutatingWebhookConfiguration to the CA(s) of --ca-file "
                                                          "(with --keep-old, and those it trusts already).")
     i.add_argument("--ca-file", type=path_arg, required=True, help="PEM file with the CA certificate(s)")
-    i.add_argument("--webhook-config", default=srv.webhook_config, help="configuration name (default: %(default)s)")
+    i.add_argument("--webhook-config", type=_object_name, default=srv.webhook_config,
+                   help="configuration name (default: %(default)s)")
     i.add_argument("--keep-old", action="store_true",
                    help="keep the CAs already trusted (for a rotation: trust old and new until the new is in use)")
     add_kubeconfig_args(i)

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 from certs.pki import PKIError, check_dns_label
 
+from .. import k8snames
+from ..settings import name_problem
 from ._check_preflight import preflight
 from ._check_report import Line, Target
 from ._check_smoke import SmokeOptions, smoke
@@ -62,6 +64,27 @@ def _namespace(text: str) -> str:
                                          "1-63 characters)") from None
 
 
+def _object_name(text: str) -> str:
+    """A name of an object initshift's install holds (an argparse type): an empty one
+    (`--webhook-config "$NAME"` with NAME unset) would list the whole collection."""
+    problem = name_problem(text, k8snames.DNS_SUBDOMAIN)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _text(text: str) -> str:
+    """An image or a URL (an argparse type): not empty, which the pod would not run with."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+# The flags that shape --smoke's pods, which do nothing without it: (attribute, flag).
+_SMOKE_FLAGS = (("keep", "--keep"), ("timeout", "--timeout"), ("image", "--image"), ("net_image", "--net-image"),
+                ("net_url", "--net-url"))
+
+
 def _parser() -> argparse.ArgumentParser:
     d = Target.defaults()
     o = SmokeOptions()
@@ -79,9 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", type=_namespace, default=d.namespace,
                     help=f"initshift's namespace (default {d.namespace})")
-    ap.add_argument("--webhook-config", default=d.webhook_config, help="the MutatingWebhookConfiguration's name")
-    ap.add_argument("--service-account", default=d.service_account, help="the server's service account")
-    ap.add_argument("--lease", default=d.lease, help="the watcher's leader-election Lease")
+    ap.add_argument("--webhook-config", type=_object_name, default=d.webhook_config,
+                    help="the MutatingWebhookConfiguration's name")
+    ap.add_argument("--service-account", type=_object_name, default=d.service_account,
+                    help="the server's service account")
+    ap.add_argument("--lease", type=_object_name, default=d.lease, help="the watcher's leader-election Lease")
     ap.add_argument("--service-url", type=_service_url, help="reach the server here instead (e.g. https://127.0.0.1:8443 after "
                                           "`kubectl -n initshift-system port-forward svc/initshift 8443:443`, or "
                                           "the Service's name where it resolves outside the cluster); the "
@@ -89,16 +114,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
     ap.add_argument("--smoke", metavar="NAMESPACE", type=_namespace,
                     help="run a tiny build pod and a Job-shaped pod in this opted-in namespace")
-    ap.add_argument("--keep", action="store_true", help="--smoke: keep the pods afterwards")
-    ap.add_argument("--timeout", type=_seconds, default=o.timeout, help=f"--smoke: seconds for the whole run "
-                                                                      f"(default {o.timeout:g})")
-    ap.add_argument("--image", default=o.image, help=f"--smoke: image of step 0 and the build's main "
-                                                     f"(default {o.image})")
-    ap.add_argument("--net-image", default=o.net_image, help=f"--smoke: image of step 1 and the Job's main, which "
-                                                             f"reach the network "
-                                                             f"(default {o.net_image})")
-    ap.add_argument("--net-url", default=o.net_url, help=f"--smoke: what step 1 and the Job's main fetch "
-                                                         f"(default {o.net_url})")
+    # Their defaults are SmokeOptions' (None: not given, which run() tells from given without --smoke).
+    ap.add_argument("--keep", action="store_true", default=None, help="--smoke: keep the pods afterwards")
+    ap.add_argument("--timeout", type=_seconds, help=f"--smoke: seconds for the whole run (default {o.timeout:g})")
+    ap.add_argument("--image", type=_text, help=f"--smoke: image of step 0 and the build's main "
+                                                f"(default {o.image})")
+    ap.add_argument("--net-image", type=_text, help=f"--smoke: image of step 1 and the Job's main, which "
+                                                    f"reach the network "
+                                                    f"(default {o.net_image})")
+    ap.add_argument("--net-url", type=_text, help=f"--smoke: what step 1 and the Job's main fetch "
+                                                  f"(default {o.net_url})")
     return ap
 
 
@@ -140,8 +165,12 @@ class Printer:
 
 
 async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    ap = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args = ap.parse_args(argv)
+        given = [flag for attr, flag in _SMOKE_FLAGS if getattr(args, attr) is not None]
+        if given and not args.smoke:  # they would be ignored: say so rather than run without them
+            ap.error(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --smoke NAMESPACE")
     except SystemExit as e:
         return int(e.code or 0)
     target = Target(args.namespace, args.webhook_config, args.service_account, args.lease, args.service_url)
@@ -157,8 +186,8 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
     async with api:
         await preflight(api, target, printer)
         if args.smoke:
-            options = SmokeOptions(timeout=args.timeout, keep=args.keep, image=args.image,
-                                   net_image=args.net_image, net_url=args.net_url)
+            options = SmokeOptions(**{attr: getattr(args, attr) for attr, _ in _SMOKE_FLAGS
+                                      if getattr(args, attr) is not None})
             await smoke(api, args.smoke, target, options, printer)
     printer.finish()
     return EXIT_OK if printer.ok else EXIT_ERROR
