@@ -306,13 +306,24 @@ async def test_watch_of_a_cronjob_follows_its_newest_job(kube: KubeDouble, cfg: 
 @pytest.mark.parametrize("ref, message", [
     ("job/nightly", "initshift status: job nightly has no pods in namespace builds\n"),
     ("cronjob/nightly", "initshift status: cronjob nightly has no jobs in namespace builds\n"),
-    ("deployment/web", "initshift status: deployment/web: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, "
-                       "not deployment/\n"),
-    ("job/", "initshift status: job/: no name after the /\n"),
 ])
 async def test_what_names_no_pod_is_one_line(kube: KubeDouble, cfg: str, ref: str, message: str) -> None:
     code, out, err = await status(ref, "--kubeconfig", cfg)
     assert (code, out, err) == (1, "", message)
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("deployment/web", "deployment/web: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, not deployment/"),
+    ("job/", "job/: no name after the /"),
+    ("job/foo/bar", "job/foo/bar: a resource/name may not have more than one slash"),
+    ("/foo", "/foo: no kind before the /"),
+    ("", "an empty name"),
+])
+async def test_a_pod_argument_of_another_form_is_a_usage_error(tmp_path, capsys, ref: str, message: str) -> None:
+    """Said before any cluster access: the kubeconfig named does not even exist."""
+    code, out, err = await status(ref, "--kubeconfig", str(tmp_path / "missing"))
+    assert (code, out, err) == (2, "", "")  # argparse's line goes to sys.stderr
+    assert capsys.readouterr().err == f"initshift status: argument POD: {message} (see --help)\n"
 
 
 @pytest.mark.parametrize("setup, message", [

@@ -25,9 +25,27 @@ TICK_SECONDS = 1.0  # a watch on a terminal redraws running durations and ages t
 CLEAR = "\x1b[H\x1b[J"  # cursor home, clear the screen below
 
 
+def pod_ref(text: str) -> str:
+    """POD (an argparse type): NAME, pod/NAME, job/NAME or cronjob/NAME, as kubectl writes a
+    resource; another form is a usage error (exit 2), said before the kubeconfig is read."""
+    kind, slash, name = text.partition("/")
+    if not text:
+        raise argparse.ArgumentTypeError("an empty name")
+    if "/" in name:  # kubectl's rule
+        raise argparse.ArgumentTypeError(f"{text}: a resource/name may not have more than one slash")
+    if slash and not kind:
+        raise argparse.ArgumentTypeError(f"{text}: no kind before the /")
+    if slash and not name:
+        raise argparse.ArgumentTypeError(f"{text}: no name after the /")
+    if slash and kind.lower() not in (*_POD_TYPES, *_JOB_TYPES, *_CRONJOB_TYPES):
+        raise argparse.ArgumentTypeError(f"{text}: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, "
+                                         f"not {kind}/")
+    return text
+
+
 def add_connection_args(ap: argparse.ArgumentParser, *, optional: str = "") -> None:
     """POD and the flags that find it; `optional`: what leaving POD out does."""
-    ap.add_argument("pod", metavar="POD", nargs="?" if optional else None,
+    ap.add_argument("pod", metavar="POD", nargs="?" if optional else None, type=pod_ref,
                     help="the pod's name (or pod/NAME), job/NAME: the Job's newest pod, or "
                          "cronjob/NAME: that of the CronJob's newest Job" + (f"; {optional}" if optional else ""))
     ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
@@ -130,15 +148,11 @@ async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
     that retried has several; the newest is the attempt that runs or ran last), said on
     `err` when there is more than one, as `kubectl logs job/NAME` does; `cronjob/NAME`,
     that of the CronJob's newest Job."""
-    kind, _, name = ref.rpartition("/")
-    if not name:
-        raise CliError(f"{ref}: no name after the /")
+    kind, _, name = ref.rpartition("/")  # a form `pod_ref` let through
     if not kind or kind.lower() in _POD_TYPES:
         return await get_pod(api, namespace, name)
     if kind.lower() in _CRONJOB_TYPES:
         name = await _newest_run(api, namespace, name, err)
-    elif kind.lower() not in _JOB_TYPES:
-        raise CliError(f"{ref}: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, not {kind}/")
     pods = await _job_pods(api, namespace, name)
     if not pods:
         raise CliError(f"job {name} has no pods in namespace {namespace}")
