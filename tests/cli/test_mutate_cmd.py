@@ -119,6 +119,24 @@ def test_a_template_left_unchanged_is_printed_as_it_came():
     assert yaml.safe_load(bare.stdout)["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN] == "restart-policy"
 
 
+def test_a_reader_that_stops_early_ends_it_with_141(tmp_path):
+    """`mutate many.yaml -o diff | head -1`: the diff is one write far larger than the pipe
+    holds; the reader's close is exit 141, as for smaller writes (it was 0, the rest lost)."""
+    many = []
+    for i in range(60):
+        pod = pods.catalogue()["job-istio"]
+        pod["metadata"].pop("generateName", None)
+        pod["metadata"]["name"] = f"build-{i}"
+        many.append(pod)
+    (tmp_path / "many.yaml").write_text(yaml.safe_dump_all(many))
+    proc = subprocess.Popen([*INITSHIFT, "mutate", str(tmp_path / "many.yaml"), "-o", "diff"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"--- Pod/build-0\n"
+    proc.stdout.close()  # as `head -1` exits
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, b"")
+
+
 def test_limit_ranges_of_the_namespace(tmp_path):
     """--limit-ranges: what `kubectl get limitranges -o yaml` prints; the requests initshift
     writes pass its min and ratio; anything but LimitRanges is refused with exit 2."""

@@ -23,7 +23,8 @@ from waiter import protocol as p
 from .. import k8snames
 from ..admission import make_patch
 from ._common import EXIT_OK, EXIT_USAGE, Parser, path_arg
-from ._podio import InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name
+from ._podio import (InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name,
+                     write_stdout)
 from ..rewrite import Plan, UnresolvedEntrypoint, plan
 from ..settings import Settings, SettingsError
 
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
         pairs.append((obj.label if len(objects) > 1 else "pod", obj.document, obj.put(result.pod, rewritten=result.changed)))
     if denied:  # half a manifest must not go on to `kubectl apply`
         return _EXIT_DENIED
-    sys.stdout.write(_render(pairs, args.output))
+    write_stdout(_render(pairs, args.output))
     return _EXIT_UNCHANGED if args.check and unchanged else EXIT_OK
 
 

@@ -1,9 +1,10 @@
 """Reading Pods, AdmissionReviews and workloads from YAML or JSON, for the command line:
-one Pod for `review`, every object of a manifest for `mutate`."""
+one Pod for `review`, every object of a manifest for `mutate`; and writing what they print."""
 
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import math
 import sys
@@ -364,3 +365,25 @@ def dump(obj: Any, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(obj, indent=2) + "\n"
     return yaml.safe_dump(obj, sort_keys=False, width=1000)
+
+
+def write_stdout(text: str) -> None:
+    """`text` on standard output, all of it, or the error that stopped it (BrokenPipeError
+    for `| head -1`, which webhook/cli/_main.py's guard turns into exit 141). One large
+    `sys.stdout.write` loses that error: the BufferedWriter beneath answers a pipe closed
+    part-way with a short count, which TextIOWrapper drops (the rest gone, exit 0). Here
+    the count is followed, so the next write raises, and the flush happens in the call."""
+    out = sys.stdout
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:  # a text-only stream (a test's StringIO): nothing beneath to fall short
+        out.write(text)
+        out.flush()
+        return
+    out.flush()  # what was written as text before goes first
+    data = memoryview(text.encode(out.encoding or "utf-8", out.errors or "strict"))
+    while data:
+        written = buffer.write(data)
+        if not written:  # None or 0 from a blocking stream: no progress, never a loop
+            raise OSError(errno.EIO, "the output took nothing")
+        data = data[written:]
+    buffer.flush()

@@ -14,7 +14,7 @@ from .. import k8snames
 from ..admission import API_V1, API_V1BETA1, KIND
 from ..settings import name_problem
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe, path_arg
-from ._podio import InputError, dump, read_pod
+from ._podio import InputError, dump, read_pod, write_stdout
 
 _FORMATS = ("json", "yaml")  # -o, as `initshift mutate -o` and kubectl's -o: a format, never a file
 
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
                   dry_run=args.dry_run, uid=args.uid)
     text = dump(review, args.output)
     if not args.out:
-        sys.stdout.write(text)
+        write_stdout(text)
         return EXIT_OK
     try:
         with open(args.out, "w", encoding="utf-8") as f:
