@@ -303,13 +303,53 @@ async def test_watch_of_a_cronjob_follows_its_newest_job(kube: KubeDouble, cfg: 
     assert job_reads(kube) == 1  # the Job of its run, read for its next pod
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("job/nightly", "initshift status: job nightly has no pods in namespace builds\n"),
-    ("cronjob/nightly", "initshift status: cronjob nightly has no jobs in namespace builds\n"),
-])
-async def test_what_names_no_pod_is_one_line(kube: KubeDouble, cfg: str, ref: str, message: str) -> None:
+FORBIDDEN = 'cannot get resource "{}" in API group "batch"'
+
+
+@pytest.mark.parametrize("ref, setup, message", [
+    ("job/report", lambda kube: kube.put("jobs", report_job()), "job report has no pods in namespace builds"),
+    ("job/typo", lambda kube: None, "job typo not found in namespace builds"),
+    ("job/report", lambda kube: kube.fail_next("/apis/batch/v1/namespaces/builds/jobs/report", 403,
+                                               message=FORBIDDEN.format("jobs")),
+     "job report has no pods in namespace builds"),  # no `get` on jobs: cannot tell, as before
+    ("cronjob/typo", lambda kube: None, "cronjob typo not found in namespace builds"),
+    ("cj/nightly", lambda kube: kube.fail_next("/apis/batch/v1/namespaces/builds/cronjobs/nightly", 403,
+                                               message=FORBIDDEN.format("cronjobs")),
+     "cronjob nightly has no jobs in namespace builds"),
+], ids=["job-without-pods", "job-typo", "job-unreadable", "cronjob-typo", "cronjob-unreadable"])
+async def test_what_names_no_pod_is_one_line(kube: KubeDouble, cfg: str, ref: str, setup, message: str) -> None:
+    """A mistyped Job or CronJob is not found, as kubectl says it (`jobs.batch "typo" not
+    found`), not one without pods or runs. (The double serves no CronJobs, so one that exists
+    without runs is the 403 case only.)"""
+    setup(kube)
     code, out, err = await status(ref, "--kubeconfig", cfg)
-    assert (code, out, err) == (1, "", message)
+    assert (code, out, err) == (1, "", f"initshift status: {message}\n")
+
+
+async def test_a_404_page_that_is_not_the_apis_is_said_as_it_came(tmp_path) -> None:
+    """A server URL missing a proxy's path: a 404 from something other than the apiserver is
+    not "pod NAME not found"."""
+    from aiohttp import web
+
+    async def page(request: web.Request) -> web.Response:  # Go's http.NotFound, as a bare server says it
+        return web.Response(status=404, text="404 page not found\n")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        cfg = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+        code, out, err = await status("build-1", "--kubeconfig", cfg)
+        assert (code, out, err) == (1, "", "initshift status: cannot read pod builds/build-1: 404: 404 page not found\n")
+        code, out, err = await status("job/report", "--kubeconfig", cfg)
+        assert (code, out, err) == (1, "", "initshift status: cannot list the pods of job builds/report: 404: "
+                                           "404 page not found\n")
+    finally:
+        await runner.cleanup()
 
 
 @pytest.mark.parametrize("ref, message", [

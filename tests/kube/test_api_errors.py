@@ -62,7 +62,22 @@ async def not_an_apiserver() -> AsyncIterator[dict]:
 async def test_an_empty_answer_that_is_no_status(not_an_apiserver: dict) -> None:
     not_an_apiserver["raw"] = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     err = await error_of(not_an_apiserver["url"])
-    assert err.not_found and err.message == "HTTP 404 (Not Found) with an empty body"
+    assert (err.status, err.message) == (404, "HTTP 404 (Not Found) with an empty body")
+    assert not err.not_found  # not the apiserver's: no object is said to be missing
+
+
+@pytest.mark.parametrize("body, not_found", [
+    (b'{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pods \\"x\\" not found",'
+     b'"reason":"NotFound","code":404}', True),
+    (b'{"message":"no route","reason":"NotFound"}', False),  # JSON, but not a Status
+    (b"404 page not found\n", False),  # a bare Go server's (a server URL missing a proxy's path)
+])
+async def test_only_the_apiservers_404_says_an_object_is_missing(not_an_apiserver: dict, body: bytes,
+                                                                  not_found: bool) -> None:
+    not_an_apiserver["raw"] = (b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                               % (len(body), body))
+    err = await error_of(not_an_apiserver["url"])
+    assert (err.status, err.not_found) == (404, not_found)
 
 
 async def test_an_error_page_is_one_line(not_an_apiserver: dict) -> None:

@@ -72,9 +72,11 @@ def unreached(e: KubeError) -> CliError | None:
 
 
 def api_error(e: KubeError, namespace: str, name: str, what: str = "read pod") -> CliError:
-    """The apiserver's answer as a line a person can act on."""
-    if e.status == 404:
-        return CliError(f"pod {name} not found in namespace {namespace}")
+    """The apiserver's answer as a line a person can act on; `what` ends with the kind of
+    `name` ("read pod", "list the jobs of cronjob"). Only the apiserver's own 404 means the
+    object is missing: another server's 404 page is said as it came (a wrong server URL)."""
+    if e.not_found:
+        return CliError(f"{what.rsplit(' ', 1)[-1]} {name} not found in namespace {namespace}")
     if e.status == 403:
         return CliError(f"no permission to {what} {namespace}/{name}: {e.message}")
     said = f"cannot {what} {namespace}/{name}: {e.status} {e.reason}: {e.message}".replace(" : ", ": ")
@@ -136,11 +138,26 @@ async def _newest_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO) -
     runs = [job for job in jobs if any(o.get("kind") == "CronJob" and o.get("name") == cronjob
                                        for o in job["metadata"].get("ownerReferences") or [])]
     if not runs:
-        raise CliError(f"cronjob {cronjob} has no jobs in namespace {namespace}")
+        raise await _absent_or(api.get_cronjob, namespace, cronjob, "cronjob",
+                               f"cronjob {cronjob} has no jobs in namespace {namespace}")
     newest = max(runs, key=_age)["metadata"]["name"]
     if len(runs) > 1:
         print(f"Found {len(runs)} jobs, using job/{newest} (the newest)", file=err)
     return newest
+
+
+async def _absent_or(get: Callable[[str, str], Awaitable[dict | None]], namespace: str, name: str, kind: str,
+                     empty: str) -> CliError:
+    """Why a Job (CronJob) shows nothing: it does not exist (a mistyped name, which kubectl
+    says as `jobs.batch "NAME" not found`), else `empty`. Read only then, so `get` on it is
+    not needed otherwise; without it (403) the object is taken to exist."""
+    try:
+        found = await get(namespace, name)
+    except KubeError as e:
+        if e.status != 403:
+            return api_error(e, namespace, name, f"read {kind}")
+        found = {}
+    return CliError(empty if found is not None else f"{kind} {name} not found in namespace {namespace}")
 
 
 async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
@@ -155,7 +172,7 @@ async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
         name = await _newest_run(api, namespace, name, err)
     pods = await _job_pods(api, namespace, name)
     if not pods:
-        raise CliError(f"job {name} has no pods in namespace {namespace}")
+        raise await _absent_or(api.get_job, namespace, name, "job", f"job {name} has no pods in namespace {namespace}")
     newest = max(pods, key=_age)
     if len(pods) > 1:
         print(f"Found {len(pods)} pods, using pod/{newest['metadata']['name']} (the newest)", file=err)

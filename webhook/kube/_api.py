@@ -100,7 +100,9 @@ class KubeError(InitshiftError):
 
     @property
     def not_found(self) -> bool:
-        return self.status == 404
+        """The apiserver's own 404 (a Status, reason NotFound): the object does not exist. A 404
+        page from something else (a server URL missing a proxy's path) is an error, not this."""
+        return self.status == 404 and self.reason == "NotFound"
 
 
 class StreamCut(KubeError):
@@ -116,8 +118,9 @@ def _status_error(status: int, text: str) -> KubeError:
         line = " ".join(text.split())
         return KubeError(status, (line[:300] + "..." if len(line) > 300 else line)
                          or f"HTTP {status} ({_phrase(status)}) with an empty body")
-    if isinstance(body, dict):
-        return KubeError(status, str(body.get("message") or text[:500]), str(body.get("reason") or ""))
+    if isinstance(body, dict):  # a reason only from a Status: `not_found` goes by it
+        reason = str(body.get("reason") or "") if body.get("kind") == "Status" else ""
+        return KubeError(status, str(body.get("message") or text[:500]), reason)
     return KubeError(status, text[:500])
 
 
@@ -387,6 +390,9 @@ class KubeApi:
 
     async def get_job(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
+
+    async def get_cronjob(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{name}")
 
     async def list_jobs(self, namespace: str) -> list[dict]:
         body = await self.request("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs")
