@@ -116,14 +116,13 @@ class _Unreadable(InitshiftError):
         super().__init__(f"{problem} (line {mark.line + 1}, column {mark.column + 1}); {note}")
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with the two bounds go-yaml (kubectl's YAML reader) keeps too:
-    nesting depth, and how far aliases expand. PyYAML composes recursively (a Python frame
-    per level), and an alias is a shared reference that every later walk repeats. Values
-    are what JSON holds, as kubectl reads them (below)."""
+class _Rules(yaml.composer.Composer, yaml.constructor.SafeConstructor):
+    """What both readers below hold a document to: the two bounds go-yaml (kubectl's YAML
+    reader) keeps too, nesting depth and how far aliases expand (PyYAML composes
+    recursively, a Python frame per level, and an alias is a shared reference that every
+    later walk repeats), and values JSON holds, as kubectl reads them."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+    def _start(self) -> None:
         self._depth = 0
         self._values = 0  # values composed so far, each alias counted as what it expands to
         self._sizes: dict[str, int] = {}  # anchor -> values at and below it, once composed
@@ -189,10 +188,43 @@ class _Loader(yaml.SafeLoader):
 
 # A date or time stays the text it is written as (kubectl's reader keeps it a string), not a
 # Python date that JSON cannot hold; a binary, a set or ordered pairs have no JSON form.
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_str)
-_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+_Rules.add_constructor("tag:yaml.org,2002:timestamp", _Rules.construct_yaml_str)
+_Rules.add_constructor("tag:yaml.org,2002:float", _Rules.construct_yaml_float)
 for _tag in ("binary", "set", "omap", "pairs"):
-    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader.construct_untyped)
+    _Rules.add_constructor(f"tag:yaml.org,2002:{_tag}", _Rules.construct_untyped)
+
+
+class _Loader(_Rules, yaml.SafeLoader):
+    """PyYAML's pure-Python safe loader under `_Rules`: the words of every message."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.SafeLoader.__init__(self, stream)
+        self._start()
+
+
+_CSafeLoader: type | None = getattr(yaml, "CSafeLoader", None)  # PyYAML built with libyaml
+
+
+class _FastLoader(_Rules, _CSafeLoader or yaml.SafeLoader):
+    """libyaml's scanner and parser (15 times PyYAML's, in C) under the same `_Rules`: `_Rules`'
+    Composer comes before CParser's own composer, which no bound could reach (C recursion)."""
+
+    def __init__(self, stream: str) -> None:
+        (_CSafeLoader or yaml.SafeLoader).__init__(self, stream)
+        yaml.composer.Composer.__init__(self)  # CParser does not set what the Python composer keeps
+        self._start()
+
+
+def _load_all(text: str) -> list[Any]:
+    """Every document of `text`, read with libyaml where PyYAML has it. What libyaml refuses
+    (or `_Rules` does) is read again by the pure-Python reader, whose messages (and line,
+    column) are the ones given: libyaml's words differ, and only a bad file pays twice."""
+    if _CSafeLoader is not None:
+        try:
+            return list(yaml.load_all(text, Loader=_FastLoader))
+        except (yaml.YAMLError, _Unreadable):
+            pass
+    return list(yaml.load_all(text, Loader=_Loader))
 
 
 def _expected(workloads: bool) -> str:
@@ -206,7 +238,7 @@ def _expected(workloads: bool) -> str:
 def _documents(text: str, where: str, expected: str) -> list[Any]:
     """Every non-empty YAML document (JSON is YAML); a syntax error with its line and column."""
     try:
-        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]  # YAML is a superset of JSON
+        docs = [d for d in _load_all(text) if d is not None]  # YAML is a superset of JSON
     except _Unreadable as e:
         raise InputError(f"{where}: {e}") from None
     except yaml.MarkedYAMLError as e:
