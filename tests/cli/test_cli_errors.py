@@ -144,23 +144,17 @@ def test_a_closed_stdin_is_said(command: str) -> None:
 
 
 def test_a_large_manifest_is_read_with_libyaml() -> None:
-    """`mutate` on a manifest of many pods: PyYAML's pure-Python reader took 23 s for 3 MB;
-    the reader scans with libyaml (under the same rules) and gives the same objects, several
-    times faster (a ratio, so the machine's speed does not matter)."""
-    import time
-
+    """`mutate` on a manifest of many pods: PyYAML's pure-Python reader took 23 s for 3 MB.
+    Where PyYAML has libyaml, the reader scans with it under the same rules, and gives the
+    same objects (the speed itself is a figure, not an assertion)."""
     from tests.support.fixtures import pods
     from webhook.cli import _podio
 
-    text = yaml.safe_dump_all([pods.catalogue()["job-istio"]] * 40)
-    started = time.perf_counter()
-    pure = list(yaml.load_all(text, Loader=_podio._Loader))
-    pure_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    read = _podio.parse_manifests(text)
-    seconds = time.perf_counter() - started
-    assert [o.pod for o in read] == pure  # type: ignore[union-attr]
-    assert seconds * 2.5 < pure_seconds, (seconds, pure_seconds)
+    assert _podio._CSafeLoader is not None, "PyYAML here is built with libyaml (the wheels are)"
+    text = yaml.safe_dump_all([pods.catalogue()["job-istio"], pods.catalogue()["kpack-istio"]] * 20)
+    fast = list(yaml.load_all(text, Loader=_podio._FastLoader))  # no fallback: it reads them itself
+    assert fast == list(yaml.load_all(text, Loader=_podio._Loader))
+    assert [o.pod for o in _podio.parse_manifests(text)] == fast  # type: ignore[union-attr]
 
 
 def test_dates_stay_the_text_they_are_written_as(tmp_path: Path) -> None:
