@@ -28,7 +28,7 @@ Responder = Callable[[str, str, dict], tuple[int, Any]]
 # `initshift check`, `status` and `logs` run with the user's credentials: their calls are listed here too.
 NOT_USED_BY_THE_SERVER = {"pod_log", "create_pod", "delete_pod", "get_webhook_config", "list_webhook_configs",
                           "list_namespaces", "get_service", "get_deployment", "get_configmap", "review_access", "get_version",
-                          "get_job", "list_jobs", "list_services"}
+                          "get_job", "get_cronjob", "list_jobs", "list_services"}
 
 
 class _Resp:
@@ -62,7 +62,8 @@ class Recorder(KubeApi):
         self.calls.append(request_attrs(method, path, query or {}))
         status, payload = self.responder(method, path, query or {})
         if not 200 <= status <= 299:
-            raise KubeError(status, f"{method} {path}")
+            # As the apiserver's Status says it: only its own NotFound means the object is absent.
+            raise KubeError(status, f"{method} {path}", "NotFound" if status == 404 else "")
         return _Resp(status, payload)
 
 
