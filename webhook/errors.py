@@ -11,7 +11,10 @@ every exception class in webhook/ to it. certs/ and waiter/ import nothing from 
 
 from __future__ import annotations
 
-__all__ = ["InitshiftError", "os_reason"]
+import os
+import socket
+
+__all__ = ["InitshiftError", "connect_reason", "os_reason"]
 
 
 class InitshiftError(Exception):
@@ -23,3 +26,12 @@ def os_reason(error: OSError) -> str:
     `[Errno 2] No such file or directory: 'FILE'`."""
     why = error.strerror or str(error)
     return why[:1].lower() + why[1:]
+
+
+def connect_reason(error: OSError) -> str:
+    """Why a connection could not be made, in words (the Kubernetes and registry clients):
+    `the name does not resolve`, not Python's `[Errno -2] Name or service not known`; else
+    the errno's text (asyncio's strerror is "Connect call failed (address)")."""
+    if isinstance(error, socket.gaierror):
+        return "the name does not resolve"
+    return os.strerror(error.errno).lower() if error.errno else os_reason(error)

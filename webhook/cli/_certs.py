@@ -15,13 +15,13 @@ from pathlib import Path
 
 from cryptography import x509
 
-from ..settings import Settings, SettingsError, name_problem
+from ..settings import Settings, SettingsError
 
 from .. import k8snames, kube
 from certs import pki, store
 from certs.rotation import merge_bundle
 from ._common import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, describe,
-                      path_arg)
+                      name_arg, path_arg)
 
 _CREATE_EXITS = ("Exit codes: 0 written, 1 a file in --out or the Secret cannot be written, 2 usage or bad "
                  "input (--ca-cert that is not a CA or not the key's, a CA already in --out that cannot be "
@@ -37,15 +37,6 @@ def _argument(check):  # noqa: ANN001, ANN202 - a pki check as an argparse type
         except pki.PKIError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse
-
-
-def _object_name(text: str) -> str:
-    """A Secret's or a configuration's name (an argparse type), checked before the cluster is
-    contacted: an empty --webhook-config would read the whole collection."""
-    problem = name_problem(text, k8snames.DNS_SUBDOMAIN)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return text
 
 
 def _ip(text: str) -> str:
@@ -90,7 +81,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                         "the file")
     c.add_argument("--ca-key", type=path_arg, help="key of --ca-cert")
     c.add_argument("--force", action="store_true", help="replace a CA already in --out")
-    c.add_argument("--secret", type=_object_name,
+    c.add_argument("--secret", type=name_arg(k8snames.DNS_SUBDOMAIN),
                    help="also write a kubernetes.io/tls Secret with this name in --namespace")
     add_kubeconfig_args(c)
 
@@ -99,7 +90,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                                                          "MutatingWebhookConfiguration to the CA(s) of --ca-file "
                                                          "(with --keep-old, and those it trusts already).")
     i.add_argument("--ca-file", type=path_arg, required=True, help="PEM file with the CA certificate(s)")
-    i.add_argument("--webhook-config", type=_object_name, default=srv.webhook_config,
+    i.add_argument("--webhook-config", type=name_arg(k8snames.DNS_SUBDOMAIN), default=srv.webhook_config,
                    help="configuration name (default: %(default)s)")
     i.add_argument("--keep-old", action="store_true",
                    help="keep the CAs already trusted (for a rotation: trust old and new until the new is in use)")

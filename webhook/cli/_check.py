@@ -23,11 +23,10 @@ from urllib.parse import urlsplit
 from certs.pki import PKIError, check_dns_label
 
 from .. import k8snames
-from ..settings import name_problem
 from ._check_preflight import preflight
 from ._check_report import Line, Target
 from ._check_smoke import SmokeOptions, smoke
-from ._common import Parser
+from ._common import Parser, name_arg
 from ._podcli import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, connect, paint, run_main, use_colour
 
 _OK_MARK, _FAIL_MARK = "✔", "✘"
@@ -64,13 +63,7 @@ def _namespace(text: str) -> str:
                                          "1-63 characters)") from None
 
 
-def _object_name(text: str) -> str:
-    """A name of an object initshift's install holds (an argparse type): an empty one
-    (`--webhook-config "$NAME"` with NAME unset) would list the whole collection."""
-    problem = name_problem(text, k8snames.DNS_SUBDOMAIN)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return text
+_OBJECT_NAME = name_arg(k8snames.DNS_SUBDOMAIN)  # a name of an object initshift's install holds
 
 
 def _text(text: str) -> str:
@@ -102,11 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     add_kubeconfig_args(ap)
     ap.add_argument("-n", "--namespace", type=_namespace, default=d.namespace,
                     help=f"initshift's namespace (default {d.namespace})")
-    ap.add_argument("--webhook-config", type=_object_name, default=d.webhook_config,
+    ap.add_argument("--webhook-config", type=_OBJECT_NAME, default=d.webhook_config,
                     help="the MutatingWebhookConfiguration's name")
-    ap.add_argument("--service-account", type=_object_name, default=d.service_account,
+    ap.add_argument("--service-account", type=_OBJECT_NAME, default=d.service_account,
                     help="the server's service account")
-    ap.add_argument("--lease", type=_object_name, default=d.lease, help="the watcher's leader-election Lease")
+    ap.add_argument("--lease", type=_OBJECT_NAME, default=d.lease, help="the watcher's leader-election Lease")
     ap.add_argument("--service-url", type=_service_url, help="reach the server here instead (e.g. https://127.0.0.1:8443 after "
                                           "`kubectl -n initshift-system port-forward svc/initshift 8443:443`, or "
                                           "the Service's name where it resolves outside the cluster); the "

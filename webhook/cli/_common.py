@@ -9,7 +9,7 @@ import sys
 from typing import Callable, NoReturn
 
 from ..errors import InitshiftError, os_reason
-from ..settings import Settings, SettingsError
+from ..settings import Settings, SettingsError, name_problem
 
 # Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -39,6 +39,18 @@ def path_arg(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     return text
+
+
+def name_arg(kind: str) -> Callable[[str], str]:
+    """An argparse type for a Kubernetes name of `kind` (a k8snames rule): a malformed one is
+    a usage error before the cluster is contacted, an empty one too (it would address the
+    whole collection: `--webhook-config "$NAME"` with NAME unset)."""
+    def parse(text: str) -> str:
+        problem = name_problem(text, kind)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+    return parse
 
 
 def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:

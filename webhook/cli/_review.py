@@ -12,8 +12,7 @@ import uuid
 
 from .. import k8snames
 from ..admission import API_V1, API_V1BETA1, KIND
-from ..settings import name_problem
-from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe, path_arg
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, describe, name_arg, path_arg
 from ._podio import InputError, dump, read_pod, write_stdout
 
 _FORMATS = ("json", "yaml")  # -o, as `initshift mutate -o` and kubectl's -o: a format, never a file
@@ -44,14 +43,6 @@ def load_pod(path: str) -> dict:
     return read_pod(path, workloads=False).pod
 
 
-def _namespace(text: str) -> str:
-    """-n: a namespace name (an argparse type), as the apiserver would take it."""
-    problem = name_problem(text, k8snames.DNS_LABEL)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return text
-
-
 def _format(text: str) -> str:
     """-o: a format (an argparse type). `-o review.json`, once how a file was named, is
     refused with the flag that writes one, never taken as a file."""
@@ -75,7 +66,7 @@ def main(argv: list[str]) -> int:
     ap = Parser(prog="initshift review", description="Wrap a Pod manifest into an AdmissionReview (CREATE) on stdout.",
                 epilog="Exit codes: 0 printed, 1 the output file cannot be written, 2 bad input or usage.")
     ap.add_argument("pod", type=path_arg, help="Pod manifest (YAML or JSON), - for stdin")
-    ap.add_argument("-n", "--namespace", type=_namespace, default=None,
+    ap.add_argument("-n", "--namespace", type=name_arg(k8snames.DNS_LABEL), default=None,
                     help="request namespace (default: the pod's, else default); a pod in another namespace is refused")
     ap.add_argument("--v1beta1", action="store_true", help="admission.k8s.io/v1beta1 instead of v1")
     ap.add_argument("--dry-run", action="store_true", help="set request.dryRun")

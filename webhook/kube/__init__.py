@@ -8,7 +8,7 @@ way in from outside the cluster), and the list of what the server calls, as RBAC
 (`server_access`)."""
 
 from ._access import ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Access, server_access
-from ._api import KubeApi, KubeError, StreamCut, connect_reason
+from ._api import KubeApi, KubeError, StreamCut
 from ._certs import inject_ca_bundle, read_ca_bundle, read_secret, read_secret_versioned, write_secret
 from ._config import use_config
 from ._informer import BACKOFF_CAP, Backoff, Informer, rv_of
@@ -18,6 +18,6 @@ from ._views import LimitRanges, Namespaces, NamespaceView, ResourceQuotas
 
 __all__ = ["ALWAYS", "Access", "BACKOFF_CAP", "Backoff", "ClusterVersions", "Informer", "KubeApi", "KubeError",
            "LimitRanges", "NODE_VERSIONS", "Namespaces", "NamespaceView", "PULL_SECRETS", "PortForward",
-           "ResourceQuotas", "SELF_MANAGED_CERTS", "StreamCut", "connect_reason", "inject_ca_bundle",
+           "ResourceQuotas", "SELF_MANAGED_CERTS", "StreamCut", "inject_ca_bundle",
            "read_ca_bundle", "read_secret", "read_secret_versioned", "read_versions", "rv_of", "server_access",
            "use_config", "write_secret"]

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 from http import HTTPStatus
 from typing import Any, AsyncIterator
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-from ..errors import InitshiftError, os_reason
+from ..errors import InitshiftError, connect_reason
 
 _MERGE_PATCH = "application/merge-patch+json"
 JSON = "application/json"
@@ -49,15 +47,6 @@ def _phrase(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "unknown status"
-
-
-def connect_reason(error: OSError) -> str:
-    """Why a connection could not be made, in words: `the name does not resolve`, not
-    Python's `[Errno -2] Name or service not known`; else the errno's text (asyncio's
-    strerror is "Connect call failed (address)"). Shared with the registry client."""
-    if isinstance(error, socket.gaierror):
-        return "the name does not resolve"
-    return os.strerror(error.errno).lower() if error.errno else os_reason(error)
 
 
 def _transport_error(e: BaseException) -> str:

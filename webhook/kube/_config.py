@@ -232,7 +232,7 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
         where = os.pathsep.join(str(p) for p, _ in found) or os.pathsep.join(str(p) for p in paths)
         if not name:
             raise KubeConfigError(f"kubeconfig {where}: no current-context (pass --context)")
-        ctx = next((c for c in merged["contexts"] if c["name"] == name), None)
+        ctx = _named(merged["contexts"], name)
         if ctx is None:
             raise KubeConfigError(f"kubeconfig {where}: context {name!r} not found")
         body = ctx.get("context") or {}
@@ -244,14 +244,19 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
     raise KubeConfigError(_nothing_usable(paths, found, env, sa_dir))
 
 
+def _named(entries: list[dict[str, Any]], name: object) -> dict[str, Any] | None:
+    """The entry of a kubeconfig section (`contexts`, `clusters`, `users`) called `name`."""
+    return next((e for e in entries if e["name"] == name), None) if name else None
+
+
 def _check_context(merged: dict[str, Any], where: str, context: Mapping[str, Any]) -> None:
     """The context's cluster (with a server URL) and user exist, as client-go confirms before
     it connects; a server without a scheme is taken as https, as client-go takes it."""
-    cluster = next((c for c in merged["clusters"] if c["name"] == context.get("cluster")), None)
+    cluster = _named(merged["clusters"], context.get("cluster"))
     if cluster is None:
         raise KubeConfigError(f"{where}: cluster {context.get('cluster')!r} not found")
     user = context.get("user")
-    if user and not any(u["name"] == user for u in merged["users"]):
+    if user and _named(merged["users"], user) is None:
         raise KubeConfigError(f"{where}: user {user!r} not found")
     body = cluster.get("cluster") or {}
     server = body.get("server") if isinstance(body, dict) else None
@@ -328,11 +333,11 @@ def _with_user(source: _Source) -> dict[str, Any]:
     config = source.config
     users = [u if isinstance(u.get("user"), dict) else {**u, "user": {}} for u in config["users"]]
     contexts = config["contexts"]
-    ctx = next(c for c in contexts if c["name"] == source.context)
-    body = ctx.get("context") or {}
+    ctx = _named(contexts, source.context)
+    body = (ctx or {}).get("context") or {}
     if not body.get("user"):
         name = _ANONYMOUS
-        while any(u["name"] == name for u in users):  # not one of the kubeconfig's own
+        while _named(users, name) is not None:  # not one of the kubeconfig's own
             name += "-"
         users.append({"name": name, "user": {}})
         contexts = [{**c, "context": {**body, "user": name}} if c is ctx else c for c in contexts]
@@ -341,9 +346,8 @@ def _with_user(source: _Source) -> dict[str, Any]:
 
 def _user_of(source: _Source) -> Mapping[str, Any]:
     """The body of the context's user ({} for none, or in a pod)."""
-    ctx = next((c for c in source.config.get("contexts", []) if c["name"] == source.context), None)
-    name = ((ctx or {}).get("context") or {}).get("user")
-    user = next((u for u in source.config.get("users", []) if name and u["name"] == name), None)
+    ctx = _named(source.config.get("contexts", []), source.context)
+    user = _named(source.config.get("users", []), ((ctx or {}).get("context") or {}).get("user"))
     return (user or {}).get("user") or {}
 
 

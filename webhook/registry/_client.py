@@ -25,8 +25,7 @@ import httpx
 from ._credentials import Credential
 from ..rewrite import ImageConfig
 from ..imageref import ImageRef
-from ..errors import InitshiftError
-from ..kube import connect_reason
+from ..errors import InitshiftError, connect_reason
 from certs import pki
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
