@@ -75,6 +75,9 @@ def test_step_killed_by_signal(tmp_path: Path) -> None:
     assert rec[p.RECORD_MESSAGE] == "killed by SIGKILL"
 
 
+# Each process waits in short sleeps: a signal that lands after Python's last check for
+# handlers but before the sleep's system call leaves the handler pending until the sleep
+# ends (a 60 s sleep outlived the test's wait on a loaded CI machine).
 GROUP_SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
     marks = sys.argv[1]
@@ -83,14 +86,17 @@ GROUP_SCRIPT = textwrap.dedent("""
             open(os.path.join(marks, name), "w").write(str(sig))
             os._exit(143)
         return h
+    def idle():
+        for _ in range(1200):
+            time.sleep(0.05)
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, handler("grandchild"))
         open(os.path.join(marks, "grandchild-ready"), "w").close()
-        time.sleep(60)
+        idle()
         os._exit(1)
     signal.signal(signal.SIGTERM, handler("child"))
     open(os.path.join(marks, "child-ready"), "w").close()
-    time.sleep(60)
+    idle()
 """)
 
 
