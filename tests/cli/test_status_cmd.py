@@ -303,6 +303,13 @@ async def test_watch_of_a_cronjob_follows_its_newest_job(kube: KubeDouble, cfg: 
     assert job_reads(kube) == 1  # the Job of its run, read for its next pod
 
 
+def nightly_cronjob() -> dict:
+    """A CronJob that has not run yet."""
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly", "namespace": "builds"},
+            "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "report", "image": "busybox"}]}}}}}}
+
+
 FORBIDDEN = 'cannot get resource "{}" in API group "batch"'
 
 
@@ -316,11 +323,13 @@ FORBIDDEN = 'cannot get resource "{}" in API group "batch"'
     ("cj/nightly", lambda kube: kube.fail_next("/apis/batch/v1/namespaces/builds/cronjobs/nightly", 403,
                                                message=FORBIDDEN.format("cronjobs")),
      "cronjob nightly has no jobs in namespace builds"),
-], ids=["job-without-pods", "job-typo", "job-unreadable", "cronjob-typo", "cronjob-unreadable"])
+    ("cronjob/nightly", lambda kube: kube.put("cronjobs", nightly_cronjob()),
+     "cronjob nightly has no jobs in namespace builds"),
+], ids=["job-without-pods", "job-typo", "job-unreadable", "cronjob-typo", "cronjob-unreadable",
+        "cronjob-without-runs"])
 async def test_what_names_no_pod_is_one_line(kube: KubeDouble, cfg: str, ref: str, setup, message: str) -> None:
     """A mistyped Job or CronJob is not found, as kubectl says it (`jobs.batch "typo" not
-    found`), not one without pods or runs. (The double serves no CronJobs, so one that exists
-    without runs is the 403 case only.)"""
+    found`), not one without pods or runs."""
     setup(kube)
     code, out, err = await status(ref, "--kubeconfig", cfg)
     assert (code, out, err) == (1, "", f"initshift status: {message}\n")
