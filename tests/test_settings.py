@@ -136,6 +136,8 @@ def test_a_variable_no_setting_has_is_named_with_the_closest_setting():
         "INITSHIFT_WATCHER_CONCURENCY is not an initshift setting and does nothing; "
         "did you mean INITSHIFT_WATCHER_CONCURRENCY?",
     ]
+    assert settings_warnings({"INITSHIFT_TLS_CERT_FILE": "/tls/tls.crt"}) == [
+        "INITSHIFT_TLS_CERT_FILE is not an initshift setting and does nothing; did you mean INITSHIFT_TLS_CERT?"]
 
 
 def test_the_kubelets_service_link_variables_are_not_called_unknown():

@@ -433,9 +433,11 @@ def settings_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
         if name in REMOVED:
             lines.append(f"{name} is no longer used ({REMOVED[name]}); remove it")
         elif not _SERVICE_LINK.fullmatch(name):
-            # Compared without the prefix they share, which would make any two names close.
-            close = difflib.get_close_matches(name.removeprefix(p.ENV_PREFIX),
-                                              [k.removeprefix(p.ENV_PREFIX) for k in known], n=1, cutoff=0.8)
+            # Compared without the prefix they share, which would make any two names close;
+            # else a setting the name only adds a word to (INITSHIFT_TLS_CERT_FILE).
+            short = [k.removeprefix(p.ENV_PREFIX) for k in known]
+            close = difflib.get_close_matches(name.removeprefix(p.ENV_PREFIX), short, n=1, cutoff=0.8) or \
+                sorted((k for k in short if name.startswith(f"{p.ENV_PREFIX}{k}_")), key=len)[-1:]
             hint = (f"; did you mean {p.ENV_PREFIX}{close[0]}?" if close
                     else " (docs/admission-server.md lists every setting)")
             lines.append(f"{name} is not an initshift setting and does nothing{hint}")
