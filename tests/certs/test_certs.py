@@ -354,6 +354,25 @@ async def test_cli_create_secret_and_inject(tmp_path):
                                                   "--webhook-config", "nope", "--kubeconfig", cfg]) == 1
 
 
+async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path):
+    """`certs create --secret` over the Secret a self-managed server made: what it writes
+    replaces the data, so the server's ca.key is not left beside another CA's ca.crt (the
+    server would find its CA unusable and make a new one, which the injected bundle lacks)."""
+    settings = managed_settings(tmp_path)
+    name = ("initshift-system", "initshift-tls")
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        async with double.kube_api() as api:
+            await manage.ensure_certificates(settings, api)
+        assert "ca.key" in double.get("secrets", *name)["data"]
+        out = tmp_path / "out"
+        assert await asyncio.to_thread(cli.main, ["create", "--out", str(out), "--secret", name[1],
+                                                  "--kubeconfig", kubeconfig(double, tmp_path / "kubeconfig")]) == 0
+        data = double.get("secrets", *name)["data"]
+        assert sorted(data) == ["ca.crt", "tls.crt", "tls.key"]
+        assert base64.b64decode(data["ca.crt"]) == (out / "ca.crt").read_bytes()
+
+
 def managed_settings(tmp_path) -> Settings:
     return Settings(server=ServerSettings(self_managed_certs=True, tls_cert=str(tmp_path / "tls" / "tls.crt"),
                                           tls_key=str(tmp_path / "tls" / "tls.key")))

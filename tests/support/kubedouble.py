@@ -914,7 +914,9 @@ class KubeDouble:
                 updated = jsonpatch.apply_patch(current, body)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as e:
                 raise ApiError(422, f"the JSON patch cannot be applied: {e}") from None
-            precondition = None
+            # As the apiserver: a resourceVersion the patch leaves in the object is a precondition.
+            meta = updated.get("metadata") if isinstance(updated, dict) else None
+            precondition = meta.get("resourceVersion") if isinstance(meta, dict) else None
         else:
             raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
                                 f"include: application/json-patch+json, application/merge-patch+json ({ctype})")

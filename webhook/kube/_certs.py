@@ -57,12 +57,16 @@ async def write_secret(api: KubeApi, namespace: str, name: str, data: dict[str, 
             raise
     if create_only:
         return False
-    patch: dict = {"data": data}
+    # The whole of `data`, not merged into what is there: a key left from before (the
+    # self-managed server's ca.key beside another CA's ca.crt) would pair a CA with a key
+    # that is not its own. A resourceVersion in the patched object is the apiserver's
+    # precondition (409 when the Secret changed since it was read).
+    patch = [{"op": "add", "path": "/data", "value": data}]
     if resource_version:
-        patch["metadata"] = {"resourceVersion": resource_version}
+        patch.append({"op": "add", "path": "/metadata/resourceVersion", "value": resource_version})
     try:
         await api.request("PATCH", _secrets(namespace, name), body=patch,
-                          content_type="application/merge-patch+json")
+                          content_type="application/json-patch+json")
     except KubeError as e:
         if resource_version and e.conflict:
             return False
