@@ -60,7 +60,7 @@ async def test_waiter_strategy_under_istio(kube: KubeDouble, tmp_path, monkeypat
     starts(lines, "✔ created pod builds/initshift-smoke-", "✔ rewritten by initshift (strategy waiter)",
            "✔ sidecar istio-proxy Ready", "✔ step 0 started after the sidecar was Ready (",
            "✔ steps ran in order: step-0 ", "✔ pod ended Succeeded (phase Succeeded); sidecar stopped by quit",
-           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 mains succeeded)", "✔ deleted pod builds/initshift-smoke-",
+           f"✔ {p.ANNOTATION_OUTCOME}: Succeeded (2 steps and 1 main succeeded)", "✔ deleted pod builds/initshift-smoke-",
            *JOB_LINES)
     assert kube.items("pods", inst.BUILDS) == []
     assert _normal(out) == _normal(docs_sample()), "docs/install.md's sample is this run's output"

@@ -53,7 +53,7 @@ def test_outcome_is_read_and_status_waits_for_it():
                         containers=[done(p.COPY_CONTAINER_NAME, 1, 2), *steps, done("completion", 65, 66)])
     view = pv.pod_view(ended, NOW)
     assert not _finished(view, outcome_wait_over=False), "a hybrid pod's outcome is awaited like a waiter pod's"
-    outcome = {"result": "Succeeded", "failed": None, "message": "6 steps and 1 mains succeeded",
+    outcome = {"result": "Succeeded", "failed": None, "message": "6 steps and 1 main succeeded",
                "sidecarsStoppedBy": "native", "steps": [], "mains": []}
     ended["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = json.dumps(outcome)
     view = pv.pod_view(ended, NOW)

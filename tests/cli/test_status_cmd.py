@@ -212,7 +212,7 @@ async def test_deadline_exceeded_pod_reads_as_succeeded(kube: KubeDouble, cfg: s
     kube.put_pod(kpack_deadline_after_success())
     code, out, _ = await status("build-1", "--kubeconfig", cfg)
     assert code == 0
-    assert "Result:  Succeeded: 6 steps and 1 mains succeeded" in out
+    assert "Result:  Succeeded: 6 steps and 1 main succeeded" in out
     assert "Phase:   Failed (DeadlineExceeded); sidecars stopped by deadline" in out
     assert "the phase comes from ending the sidecars" in out
     assert "istio-proxy: stopped by deadline" in out
@@ -429,7 +429,7 @@ async def test_watch_redraws_as_the_pod_progresses_and_stops_when_it_ends(kube: 
     kube.set_container_statuses("builds", "build-1", [done("git-clone", 5, 9), done("build", 9, 20)])
     kube.set_container_statuses("builds", "build-1", [terminated("istio-proxy", 0, started_at=at(3),
                                                                  finished_at=at(21))])
-    outcome = {"result": "Succeeded", "failed": None, "message": "1 steps and 1 mains succeeded", "steps": [],
+    outcome = {"result": "Succeeded", "failed": None, "message": "1 step and 1 main succeeded", "steps": [],
                "mains": [], "sidecarsStoppedBy": "quit", "decidedAt": at(22)}
     current = kube.pod("builds", "build-1")
     current["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = json.dumps(outcome)
@@ -441,7 +441,7 @@ async def test_watch_redraws_as_the_pod_progresses_and_stops_when_it_ends(kube: 
     states = [table(d)["git-clone"]["STATE"] for d in drawings]
     assert states[0] == "waiting for sidecars" and states[-1] == "completed" and "running" in states
     assert table(drawings[-1])["istio-proxy"]["STATE"] == "stopped"
-    assert "Result:  Succeeded: 1 steps and 1 mains succeeded" in drawings[-1]
+    assert "Result:  Succeeded: 1 step and 1 main succeeded" in drawings[-1]
     assert all(d != e for d, e in zip(drawings, drawings[1:]))  # only changes are redrawn
 
 

@@ -207,7 +207,7 @@ async def test_build_walks_from_pending_to_outcome_and_deadline(kube: KubeDouble
     assert [("event" if r.path.endswith("/events") else "patch") for r in writes] == ["patch", "patch", "event"]
     (event,) = kube.events_for(NS, "b1")
     assert event["reason"] == "StepsSucceeded" and event["type"] == "Normal" and event["action"] == "outcome"
-    assert event["message"] == "Succeeded: 2 steps and 1 mains succeeded; sidecars stopped by deadline"
+    assert event["message"] == "Succeeded: 2 steps and 1 main succeeded; sidecars stopped by deadline"
     assert event["involvedObject"]["name"] == "b1" and event["source"]["component"] == "initshift-watcher"
     assert REGISTRY.get_sample_value("initshift_watcher_deadline_terminations_total") == before + 1
     assert REGISTRY.get_sample_value("initshift_watcher_outcomes_total",

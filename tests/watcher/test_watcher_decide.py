@@ -460,7 +460,7 @@ def test_notices_follow_the_actions_done() -> None:
     pod = make_pod(ALL_DONE + [running("istio-proxy")], annotations=READY)
     (action,) = decide(pod, NOW, W).actions
     (notice,) = notices(merge_patch(pod, action.patch), NOW)
-    assert notice.message == "Succeeded: 2 steps and 1 mains succeeded; sidecars stopped by deadline"
+    assert notice.message == "Succeeded: 2 steps and 1 main succeeded; sidecars stopped by deadline"
     start_order = make_pod([], annotations={**READY, **OUTCOME})
     start_order["metadata"]["labels"][p.LABEL_MANAGED] = p.MANAGED_START_ORDER
     assert notices(start_order, NOW) == []

@@ -240,8 +240,8 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason not in _NOT_THEIR_OWN), None) \
         or next((r for r in (runs[n] for n in order) if not r.ok), None)
     if failed is None:
-        message = f"{len(lay.steps)} steps and {len(lay.mains)} mains succeeded" if lay.steps else \
-            f"{len(lay.mains)} main{'s' if len(lay.mains) != 1 else ''} succeeded"
+        mains = _counted(len(lay.mains), "main")
+        message = f"{_counted(len(lay.steps), 'step')} and {mains} succeeded" if lay.steps else f"{mains} succeeded"
     else:
         message = f"{failed.name} failed: {failed.summary()}"
         why = _ended_why(status) if ended else ""
@@ -425,3 +425,8 @@ def _grace_left(runs: dict[str, Run], now: datetime, settings: WatcherSettings) 
 def _sidecars_deadline(running_sidecars: list[str], settings: WatcherSettings) -> Action:
     return _deadline_action(f"sidecars {', '.join(running_sidecars)} still running "
                             f"{settings.grace_seconds:g}s after the last step; ending the pod")
+
+
+def _counted(n: int, noun: str) -> str:
+    """`1 step`, `2 steps`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
