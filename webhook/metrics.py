@@ -36,7 +36,7 @@ LATENCY = Histogram("initshift_admission_duration_seconds", "Time to answer one 
                     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                     registry=REGISTRY)
 # result: rewritten, skipped, denied. reason: for rewritten pods the strategy applied
-# (waiter, native, start-order) or `annotated` (native injection requested); otherwise
+# (waiter, native, hybrid, start-order) or `annotated` (native injection requested); otherwise
 # why the pod was skipped or denied (the rewrite's slug, protected-namespace, internal-error).
 PODS = Counter("initshift_pods_total", "Pod CREATE reviews by result and reason.", ["result", "reason"],
                registry=REGISTRY)
