@@ -161,6 +161,21 @@ def test_a_namespace_label_that_asks_a_mesh_for_a_proxy_makes_the_pod_wait_under
                    namespace=_namespace(labels, annotations)).changed
 
 
+def test_a_pod_only_its_namespace_asks_a_mesh_for_is_told_the_proxy_comes_later() -> None:
+    """Istio injects by the namespace's label, after initshift's first call: that call's
+    warning (which kubectl prints with the re-invoked call's) must not say no injection was
+    asked for."""
+    pod = copy.deepcopy(pods.catalogue()["job"])
+    first = rewrite(pod, settings("waiter"), namespace=_namespace({"istio-injection": "enabled"}))
+    assert first.reason == Reason.NO_SIDECAR and not first.changed
+    assert first.warnings == ["initshift: no sidecar yet: the namespace asks a mesh for its proxy, injected after "
+                              "initshift's webhook; the pod is rewritten when the apiserver re-invokes initshift "
+                              "after the mesh"]
+    assert rewrite(pods.inject_istio(pod), settings("waiter"), namespace=_namespace({"istio-injection": "enabled"})).changed
+    for namespace in (None, _namespace()):  # not known, or asking nothing: as before
+        assert "no mesh injection requested" in rewrite(pod, settings("waiter"), namespace=namespace).warnings[0]
+
+
 def test_a_namespace_annotated_for_linkerd_makes_a_pod_with_istios_proxy_wait_under_a_quota() -> None:
     pod = copy.deepcopy(pods.catalogue()["kpack-istio"])
     ample = [quota("compute", {"limits.cpu": "100", "limits.memory": "100Gi"})]

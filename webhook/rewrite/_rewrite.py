@@ -91,6 +91,10 @@ class Plan(abc.ABC):
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
+        if result.reason is Reason.NO_SIDECAR and not result.changed and injection_pending(self.pod, namespace):
+            # Only the pod's Namespace asks the mesh (Istio's label): its proxy is injected
+            # after initshift's webhook, which rewrites the pod when re-invoked then.
+            result.warnings = [_prefix(_INJECTED_LATER)]
         if result.changed and self._awaits_proxy(namespace) and (why := _bounded(self.pod, quotas)):
             # The proxy's resources are unknown until the mesh injects it (after initshift's
             # webhook, which sorts first), and the bounds may not hold them beside the steps:
@@ -301,6 +305,10 @@ def _strategy(pod: Mapping, mode: str, native_supported: bool | None) -> str:
 def _no_native(native_supported: bool | None) -> str:
     return ("the cluster does not run native sidecars" if native_supported is False
             else "native-sidecar support of the cluster is unknown")
+
+
+_INJECTED_LATER = ("no sidecar yet: the namespace asks a mesh for its proxy, injected after initshift's webhook; "
+                   "the pod is rewritten when the apiserver re-invokes initshift after the mesh")
 
 
 def _no_sidecar(case: _Case) -> Unchanged:
