@@ -357,6 +357,20 @@ def test_failed_and_skipped_carry_their_messages_and_the_outcome_names_the_failu
     assert (proxy.state, proxy.exit_code, proxy.message) == ("stopped", 0, "stopped by quit")
 
 
+def test_a_native_pod_without_an_outcome_names_its_failed_container() -> None:
+    """The watcher writes no outcome for a native pod: the failed step or main is read from
+    the kubelet's statuses (`status -n` lists it beside the result)."""
+    job = with_status(native_pod("cronjob-istio"), init=[init_done("istio-init", 0, 1), run("istio-proxy", 2)],
+                      containers=[init_done("report", 3, 5, 1, "Error")], phase="Failed")
+    assert (pv.pod_view(job, NOW).result, pv.pod_view(job, NOW).failed) == ("Failed", "report")
+    build = with_status(native_pod(), init=[init_done("istio-init", 0, 1), run("istio-proxy", 2),
+                                            init_done("prepare", 4, 9), init_done("analyze", 9, 12, 2, "Error"),
+                                            *[wait(n) for n in KPACK_STEPS[2:]]],
+                        containers=[wait("completion")], phase="Failed")
+    assert pv.pod_view(build, NOW).failed == "analyze"
+    assert pv.pod_view(native_running(), NOW).failed is None
+
+
 def test_json_rows_are_stable_and_complete() -> None:
     data = pv.pod_view(kpack_running(), NOW).to_json()
     assert (data["namespace"], data["name"], data["strategy"], data["ready"]) == ("builds", "build-1", "waiter", True)

@@ -238,7 +238,9 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
     return PodView(
         namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), strategy=lay.strategy,
         phase=phase, pod_reason=str(status.get("reason") or ""), result=result, message=message,
-        failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else None,
+        # The watcher's outcome names it; a pod it writes none for (native) by its first failed row.
+        failed=outcome.get("failed") if isinstance(outcome.get("failed"), str) else
+        next((r.name for r in rows if r.kind != SIDECAR and r.state == State.FAILED), None),
         sidecars_stopped_by=stopped_by if isinstance(stopped_by, str) else None,
         ready=ready_gate if lay.strategy in WAITER_RUN else None, rows=tuple(rows),
         not_rewritten=str(ann[p.ANNOTATION_NOT_REWRITTEN]) if lay.strategy is None
