@@ -1,6 +1,6 @@
 """The chart as a Helm release, after the documented uninstall took the e2e's install away
 (phase 4): docs/install.md's Install, Upgrade and Uninstall with Helm's own engine
-(helm-python-sdk's install, upgrade --reuse-values and uninstall: releases kept in the
+(helm-python-sdk's install, upgrade (the values given again) and uninstall: releases kept in the
 cluster as Helm keeps them), the image built from this machine's Python (_serverpod.py) in
 the run's registry. Between them, the release's own Pods rewrite build pods by the Service."""
 
@@ -20,7 +20,7 @@ from ._kube import kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import outcome, pod, step
 from ._serverpod import POD_START_TIMEOUT, REPOSITORY
-from ._uninstall import WAITED, left_in_cluster, left_in_namespace, names
+from ._uninstall import UNFINISHED, WAITED, left_in_cluster, left_in_namespace, names
 
 RELEASE = "initshift"
 
@@ -50,8 +50,8 @@ def _images(env: Env) -> set[str]:
 @scenario("helm-release", phase=4, applies=_applies)
 def helm_release(env: Env, rec: Record) -> None:
     """docs/install.md with Helm's own engine, after the uninstall: `helm install` into the
-    labelled namespace (its Pods Ready, a build rewritten by them), `helm upgrade
-    --reuse-values --set image.tag=NEW` (the Pods rolled to the new tag, the values kept, a
+    labelled namespace (its Pods Ready, a build rewritten by them), `helm upgrade` with the
+    install's values and `image.tag=NEW` (the Pods rolled to the new tag, the values kept, a
     build rewritten), then the Helm uninstall: nothing of initshift left."""
     assert env.registry is not None
     image = server_image()
@@ -69,8 +69,9 @@ def helm_release(env: Env, rec: Record) -> None:
             helm.install(CHART, RELEASE, values, namespace=NAMESPACE, wait="watcher", timeout=int(POD_START_TIMEOUT))
             assert _images(env) == {f"{repository}:{tag}"}, _images(env)
             first = _build(env, rec, ns, "build")
-            helm.upgrade(CHART, RELEASE, {"image": {"tag": f"{tag}-next"}}, namespace=NAMESPACE, reuse_values=True,
-                         wait="watcher", timeout=int(POD_START_TIMEOUT))
+            # As docs/install.md upgrades: the install's values given again, the tag moved.
+            values["image"] = {"repository": repository, "tag": f"{tag}-next"}
+            helm.upgrade(CHART, RELEASE, values, namespace=NAMESPACE, wait="watcher", timeout=int(POD_START_TIMEOUT))
             # Helm keeps each revision of a release as a Secret of its own.
             revisions = sorted(n for n in names(env, "-n", NAMESPACE, "secrets") if f".{RELEASE}.v" in n)
             assert revisions == [f"secret/sh.helm.release.v1.{RELEASE}.v{i}" for i in (1, 2)], revisions
@@ -78,11 +79,11 @@ def helm_release(env: Env, rec: Record) -> None:
             deployment = kubectl(env.admin, "-n", NAMESPACE, "get", "deployment", RELEASE, "-o",
                                  "jsonpath={.spec.template.spec.containers[0].env[?(@.name=='INITSHIFT_LOG_LEVEL')]"
                                  ".value}").stdout
-            assert deployment == "debug", f"--reuse-values lost logLevel: {deployment!r}"
+            assert deployment == "debug", f"the upgrade lost logLevel: {deployment!r}"
             second = _build(env, rec, ns, "build-2")
             # The Helm uninstall, as docs/install.md writes it.
             kubectl(env.admin, "delete", "mutatingwebhookconfiguration", "initshift-webhook")
-            assert not names(env, "pods", "-n", ns, "-l", WAITED, "--field-selector", "status.phase=Running")
+            assert not names(env, "pods", "-n", ns, "-l", WAITED, "--field-selector", UNFINISHED)
             helm.uninstall(RELEASE, wait="watcher", timeout=120)
         except BaseException:
             helm.uninstall(RELEASE, ignore_not_found=True)
@@ -93,6 +94,6 @@ def helm_release(env: Env, rec: Record) -> None:
     kubectl(env.admin, "delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s")
     leftovers = left_in_cluster(env)
     assert not leftovers, leftovers
-    rec.note(f"helm install (Pods of {tag}): {first} build Succeeded; helm upgrade --reuse-values image.tag={tag}-next "
+    rec.note(f"helm install (Pods of {tag}): {first} build Succeeded; helm upgrade image.tag={tag}-next "
              f"(revision 2, logLevel kept): {second} build Succeeded; helm uninstall left the Secret and the Lease "
              f"the docs name, then nothing")

@@ -19,6 +19,7 @@ STEPS = ["fetch", "compile", "test"]
 # What the docs wait for: the pods whose ready gate and outcome the watcher writes. Native
 # and start-order pods run on without initshift (a Deployment's never end).
 WAITED = f"{p.LABEL_MANAGED} in ({p.MODE_WAITER},{p.MODE_HYBRID})"
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"  # until none is left
 # What kube-controller-manager puts in every namespace (the service-CA publisher's too, on
 # v1.34.9 here).
 KUBERNETES_OWN = {("ConfigMap", "kube-root-ca.crt"), ("ConfigMap", "openshift-service-ca.crt"),
@@ -75,8 +76,9 @@ def uninstall(env: Env, rec: Record) -> None:
     created = env.kube.create(pods, after)
     assert not managed(created) and not any(k.startswith("initshift.io/") for k in annotations(created)), \
         created["metadata"]
-    # `kubectl get pods -A -l ...`: the running build is listed; pods that never end are not.
-    waited = names(env, "pods", "-A", "-l", WAITED)
+    # `kubectl get pods -A -l ... --field-selector ...`: the running build is listed; pods
+    # that never end are not, nor the builds that have ended.
+    waited = names(env, "pods", "-A", "-l", WAITED, "--field-selector", UNFINISHED)
     assert "pod/running" in waited, waited
     everlasting = [x["metadata"]["name"] for x in json.loads(kubectl(
         env.admin, "get", "pods", "-A", "-l", p.LABEL_MANAGED, "-o", "json").stdout)["items"]
@@ -85,6 +87,8 @@ def uninstall(env: Env, rec: Record) -> None:
     build = check_build(env, rec, ns, "running", steps=STEPS, proxy="istio-proxy", strategy=env.build_strategy)
     result = outcome(env.kube, ns, "running")
     assert result["result"] == "Succeeded", result
+    wait_for(lambda: "pod/running" not in names(env, "pods", "-A", "-l", WAITED, "--field-selector", UNFINISHED),
+             30, "the ended build gone from the list the docs wait on")
     # The install's objects (`kubectl delete -k`, or what `helm uninstall` deletes): the
     # Deployment's Pods, here this machine's server and watcher, stop with it.
     env.install.stop()
