@@ -1,7 +1,8 @@
 """The chart's NOTES (what `helm install` prints), rendered by Helm's engine under several
 value sets: every object it names is one the same values render, every alert it names is
 in the rendered PrometheusRule, and its `initshift check` line is what the real parser
-reads as this install from a workstation (port-forward, --service-url, the names)."""
+reads as this install from a workstation (the names), and its label command opts a
+namespace in as the rendered webhook's namespaceSelector reads it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ VALUE_SETS = {
     "the alerts on": {"metrics": {"prometheusRule": {"enabled": True}}},
     "Fail without the alerts": {"webhook": {"failurePolicy": "Fail"}},
     "metrics off, the rule asked for": {"metrics": {"port": 0, "prometheusRule": {"enabled": True}}},
+    "a label of its own": {"webhook": {"namespaceSelector": {"matchLabels": {
+        "initshift.io/enabled": None, "builds.example.com/initshift": "on"}}}},
 }
 
 # What NOTES names, as (kind, name, namespace or None for the release's).
@@ -75,15 +78,19 @@ def test_only_alerts_that_are_rendered_are_named(install) -> None:
 
 def test_the_check_line_reaches_this_install_from_a_workstation(install) -> None:
     _, notes, rendered = install
-    forward, check = [line.strip() for line in notes.splitlines()
-                      if "port-forward svc/" in line and "8443" in line or line.strip().startswith("initshift check")]
-    service = rendered.one("Service")
-    assert forward == f"kubectl -n {NAMESPACE} port-forward svc/{service['metadata']['name']} 8443:443 &"
-    assert 443 in [p["port"] for p in service["spec"]["ports"]]
+    check, = [line.strip() for line in notes.splitlines() if line.strip().startswith("initshift check")]
     args = _check._parser().parse_args(shlex.split(check)[2:])  # the real parser reads it
     env = rendered.plain_env()
-    assert args.namespace == NAMESPACE and args.service_url == "https://127.0.0.1:8443"
+    assert args.namespace == NAMESPACE and args.service_url is None  # check port-forwards itself
     assert args.service_account == rendered.deployment["spec"]["template"]["spec"]["serviceAccountName"]
     assert args.lease == env["INITSHIFT_LEASE_NAME"]
     assert args.webhook_config == env["INITSHIFT_WEBHOOK_CONFIG"] == rendered.one("MutatingWebhookConfiguration")[
         "metadata"]["name"]
+
+
+def test_the_label_command_opts_a_namespace_in(install) -> None:
+    _, notes, rendered = install
+    label, = [line.split() for line in notes.splitlines() if line.strip().startswith("kubectl label namespace")]
+    given = dict(arg.split("=", 1) for arg in label[4:])
+    selector = rendered.one("MutatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"]
+    assert given == selector["matchLabels"], (label, selector)
