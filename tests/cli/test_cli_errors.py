@@ -203,7 +203,7 @@ def test_yaml_anchors_and_aliases_within_bounds_are_read(tmp_path: Path) -> None
 @pytest.mark.parametrize("command,expected", [
     ("review", "expected a Pod or an AdmissionReview of a Pod"),
     ("mutate", "expected a Pod, an AdmissionReview of a Pod or a workload (Deployment, ReplicaSet, StatefulSet, "
-               "DaemonSet, Job, CronJob)"),
+               "DaemonSet, Job, CronJob, ReplicationController)"),
 ])
 def test_what_each_reader_expects_is_named_in_plain_words(files: Path, command: str, expected: str) -> None:
     """`review` names only what it reads (no workload); of several objects it takes exactly

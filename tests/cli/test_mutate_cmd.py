@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from tests.support import registryd
 from tests.support.fixtures import pods
+from tests.support.kubedouble import KubeDouble
+from tests.support.podstatus import write_kubeconfig
 from waiter import protocol as p
 from tests.support.patching import apply_patch
 
@@ -269,3 +276,159 @@ def test_a_pod_denied_or_unreadable_among_several():
                                                   "Kubernetes object")):
         bad = run("-", stdin=yaml.safe_dump_all(docs))
         assert bad.returncode == 2 and bad.stderr.strip() == message, bad.stderr
+
+
+def _volcano_job(name: str) -> dict:
+    """A Volcano Job: kind Job, another group, and a template that looks like a pod's."""
+    template = pods.pod_template(pods.catalogue()["job-istio"])
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"template": template, "tasks": [{"name": "t", "replicas": 1, "template": template}]}}
+
+
+def test_objects_of_another_group_pass_through_with_a_note():
+    """Decided by apiVersion as kubectl decides: a Volcano Job, a batch/v1beta1 CronJob (not
+    served since Kubernetes 1.25) and an apps/v1beta1 Deployment (1.16) are printed as they
+    came, one note each; the batch/v1 Job beside them is rewritten; a Service gets no note."""
+    old_cron = {"apiVersion": "batch/v1beta1", "kind": "CronJob", "metadata": {"name": "nightly"},
+                "spec": {"jobTemplate": {"spec": {"template": pods.pod_template(pods.catalogue()["job-istio"])}}}}
+    old_deploy = {**_as_job(pods.catalogue()["job-istio"], "web"), "apiVersion": "apps/v1beta1", "kind": "Deployment"}
+    docs = [SERVICE, _volcano_job("train"), old_cron, old_deploy, _as_job(pods.catalogue()["job-istio"], "build")]
+    out = run("-", stdin=yaml.safe_dump_all(docs))
+    assert out.returncode == 0, out.stderr
+    *same, built = yaml.safe_load_all(out.stdout)
+    assert same == docs[:-1]
+    assert built["spec"]["template"]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+    notes = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: Job/train (batch.volcano.sh/v1alpha1) is not a Pod or a workload initshift rewrites (its Job is "
+        "batch/v1's): printed as it came",
+        "note: CronJob/nightly (batch/v1beta1) is not a Pod or a workload initshift rewrites (its CronJob is "
+        "batch/v1's): printed as it came",
+        "note: Deployment/web (apps/v1beta1) is not a Pod or a workload initshift rewrites (its Deployment is "
+        "apps/v1's): printed as it came"]
+    alone = run("-", stdin=yaml.safe_dump(_volcano_job("train")))
+    assert alone.returncode == 2 and alone.stdout == "" and alone.stderr.endswith(
+        "got a Job of batch.volcano.sh/v1alpha1\n"), alone.stderr
+
+
+def test_a_replication_controller_is_rewritten_as_a_replica_set():
+    """A v1 ReplicationController's spec.template is a pod template, as a ReplicaSet's."""
+    rc = {"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "legacy"},
+          "spec": {"replicas": 1, "template": pods.pod_template(pods.catalogue()["job-istio"])}}
+    out = run("-", "-o", "json", stdin=yaml.safe_dump(rc))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["kind"] == "ReplicationController" and got["spec"]["replicas"] == 1
+    assert got["spec"]["template"]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
+
+
+def test_an_object_without_kind_or_apiVersion_is_refused():
+    """kubectl refuses such a document (Object 'Kind' is missing): so does mutate, printing
+    nothing (exit 2), rather than passing it on to `kubectl apply`. A lone pod without
+    apiVersion (hand-written) is still read as a v1 Pod."""
+    job = _as_job(pods.catalogue()["job-istio"], "build")
+    kindless = {"apiVersion": "v1", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}
+    versionless = {"kind": "Service", "metadata": {"name": "web"}}
+    for doc, field in ((kindless, "Kind"), (versionless, "apiVersion")):
+        out = run("-", stdin=yaml.safe_dump_all([job, doc]))
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        assert out.stderr == (f"initshift mutate: <stdin>: object 2 of 2 ({label(doc)}) has no {field.lower()}; "
+                              f"kubectl refuses it too (Object '{field}' is missing)\n")
+    lone = run("-", stdin=yaml.safe_dump({k: v for k, v in pods.catalogue()["job-istio"].items() if k != "kind"}))
+    assert lone.returncode == 2 and "the object has no kind" in lone.stderr and len(lone.stderr.splitlines()) == 1
+    hand_written = {k: v for k, v in pods.catalogue()["job-istio"].items() if k != "apiVersion"}
+    assert run("-", "--check", stdin=yaml.safe_dump(hand_written)).returncode == 0
+
+
+def label(doc: dict) -> str:
+    return f"{doc.get('kind') or 'object without a kind'}/{doc['metadata']['name']}"
+
+
+def _limit_range(**item: object) -> dict:
+    return {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "tenant"},
+            "spec": {"limits": [{"type": "Container", **item}]}}
+
+
+def _quota(**parts: object) -> dict:
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute"}, **parts}
+
+
+@pytest.mark.parametrize("flag,doc,problem", [
+    ("--limit-ranges", _limit_range(max={"cpu": "lots"}), "LimitRange/tenant: spec.limits[0].max.cpu: 'lots' is not "
+                                                          "a quantity"),
+    ("--limit-ranges", _limit_range(min={"memory": "1Qi"}), "LimitRange/tenant: spec.limits[0].min.memory: '1Qi' is "
+                                                            "not a quantity"),
+    ("--limit-ranges", _limit_range(default=["500m"]), "LimitRange/tenant: spec.limits[0].default must be a mapping "
+                                                       "of quantities, not list"),
+    ("--limit-ranges", _limit_range(maxLimitRequestRatio={"cpu": True}), "LimitRange/tenant: "
+                                                                         "spec.limits[0].maxLimitRequestRatio.cpu: "
+                                                                         "True is not a quantity"),
+    ("--limit-ranges", {**_limit_range(), "spec": {"limits": {"type": "Container"}}},
+     "LimitRange/tenant: spec.limits must be a list"),
+    ("--limit-ranges", {**_limit_range(), "spec": {"limits": [{"max": {"cpu": "1"}}]}},
+     "LimitRange/tenant: spec.limits[0] must be a mapping with a type (Container, Pod)"),
+    ("--limit-ranges", {**_limit_range(), "spec": "none"}, "LimitRange/tenant: spec must be a mapping"),
+    ("--quotas", _quota(spec={"hard": {"limits.cpu": "a lot"}}), "ResourceQuota/compute: spec.hard.limits.cpu: "
+                                                                 "'a lot' is not a quantity"),
+    ("--quotas", _quota(status={"hard": {"pods": "10"}, "used": {"pods": [1]}}), "ResourceQuota/compute: "
+                                                                                 "status.used.pods: [1] is not a "
+                                                                                 "quantity"),
+    ("--quotas", _quota(status="ready"), "ResourceQuota/compute: status must be a mapping"),
+])
+def test_malformed_limit_ranges_and_quotas_are_refused(tmp_path, flag: str, doc: dict, problem: str):
+    """A LimitRange or quota the rewrite cannot read would be skipped, its bound silently not
+    applied: refused instead, one line naming the file, the object and the field (exit 2)."""
+    f = tmp_path / "namespace-objects.yaml"
+    f.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [doc]}))
+    out = run("-", flag, str(f), stdin=istio_job_yaml())
+    assert out.returncode == 2 and out.stdout == "" and out.stderr == f"initshift mutate: {f}: {problem}\n"
+
+
+def test_kubeconfig_and_context_are_refused_where_nothing_reads_the_cluster(tmp_path):
+    """--kubeconfig/--context name the cluster --resolve reads pull secrets from; without
+    --resolve, or with pull secrets off, they would be ignored: a usage error instead. A
+    kubeconfig named that cannot be used is said before any lookup (exit 1)."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("KUBECONFIG", None)
+    pull = {**env, "INITSHIFT_REGISTRY_PULL_SECRETS": "true"}
+    cases = [
+        ((), env, 2, "--kubeconfig is for --resolve's pull secrets; without --resolve mutate reads no cluster"),
+        (("--resolve",), env, 2, "--kubeconfig is for --resolve's pull secrets, which INITSHIFT_REGISTRY_PULL_SECRETS "
+                                 "turns on; without them mutate reads no cluster"),
+        (("--resolve",), pull, 1, f"kubeconfig {tmp_path / 'missing'}: no such file"),
+    ]
+    for extra, environ, code, message in cases:
+        out = run("-", "--kubeconfig", str(tmp_path / "missing"), *extra, stdin=istio_job_yaml(), env=environ)
+        assert (out.returncode, out.stdout, out.stderr) == (code, "", f"initshift mutate: {message}\n")
+    empty = run("-", "--resolve", "--kubeconfig", "", stdin=istio_job_yaml(), env=pull)
+    assert empty.returncode == 2 and "argument --kubeconfig: an empty path" in empty.stderr
+
+
+async def test_resolve_reads_pull_secrets_from_the_kubeconfig_named(kube: KubeDouble, tmp_path):
+    """--resolve --kubeconfig: the pod's pull secret is read from that cluster (the API double)
+    and opens a registry that asks for credentials; without the flag there is none to read
+    (no ~/.kube/config) and the lookup is refused, so the flag is what made it work."""
+    reg = registryd.shared_env()
+    auth = base64.b64encode(f"{registryd.USER}:{registryd.PASSWORD}".encode()).decode()
+    config = json.dumps({"auths": {reg.basic.host: {"auth": auth}}}).encode()
+    kube.put("secrets", {"metadata": {"name": "regcred", "namespace": "builds"},
+                         "type": "kubernetes.io/dockerconfigjson",
+                         "data": {".dockerconfigjson": base64.b64encode(config).decode()}})
+    pod = copy.deepcopy(pods.catalogue()["job-istio"])
+    pod["metadata"]["namespace"] = "builds"
+    pod["spec"]["imagePullSecrets"] = [{"name": "regcred"}]
+    step = next(c for c in pod["spec"]["initContainers"] if c["name"] == "git-clone")
+    step["image"] = f"{reg.basic.host}/steps/entry:v1"
+    del step["command"], step["args"]
+    env = {**os.environ, "HOME": str(tmp_path), "INITSHIFT_REGISTRY_PULL_SECRETS": "true",
+           "INITSHIFT_REGISTRY_CA_FILE": str(reg.pki.ca_file), "INITSHIFT_REGISTRY_BUDGET_SECONDS": "10"}
+    env.pop("KUBECONFIG", None)
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    named = await asyncio.to_thread(run, "-", "-o", "json", "--resolve", "--kubeconfig", cfg, "--context", "double",
+                                    stdin=json.dumps(pod), env=env)
+    assert named.returncode == 0, named.stderr
+    got = json.loads(named.stdout)
+    step = next(c for c in got["spec"]["containers"] if c["name"] == "git-clone")
+    assert "/bin/entry" in json.dumps(step)
+    anonymous = await asyncio.to_thread(run, "-", "-o", "json", "--resolve", stdin=json.dumps(pod), env=env)
+    assert anonymous.returncode == 3 and anonymous.stdout == "", anonymous.stderr

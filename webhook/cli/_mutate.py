@@ -17,30 +17,35 @@ import difflib
 import json
 import os
 import sys
+from typing import Any
 
 from waiter import protocol as p
 
 from .. import k8snames
 from ..admission import make_patch
-from ._common import EXIT_OK, EXIT_USAGE, Parser, path_arg
-from ._podio import (InputError, PodInput, dump, label_of, read_manifests, read_objects, source_name,
-                     write_stdout)
-from ..rewrite import Plan, UnresolvedEntrypoint, plan
+from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, path_arg
+from ._podio import (InputError, PodInput, dump, label_of, passed_through_note, read_manifests, read_objects,
+                     source_name, write_stdout)
+from ._serve import parse_args
+from ..rewrite import Plan, QuantityError, RewriteResult, UnresolvedEntrypoint, parse_quantity, plan
 from ..settings import Settings, SettingsError
 
 _EXIT_UNCHANGED, _EXIT_DENIED = 1, 3  # beside the shared 0 and 2 (_common)
+_Pair = tuple[str, dict, dict | None]  # (label, before, after; None: passed through)
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = Parser(
         prog="initshift mutate",
         description="Rewrite a Pod, the Pod inside an AdmissionReview, or a workload's pod template "
-                    "(Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob), YAML or JSON, "
-                    "the way the webhook would. In a manifest of several objects (a YAML stream, a List) each "
-                    "of those is rewritten and every other object printed as it is.",
+                    "(Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob, ReplicationController), YAML "
+                    "or JSON, the way the webhook would. In a manifest of several objects (a YAML stream, a List) "
+                    "each of those is rewritten and every other object printed as it is, with a note for one "
+                    "whose kind is among those but whose apiVersion is another group's.",
         epilog="Settings come from the same INITSHIFT_* variables as the server; the feature gate is on "
-               "unless --respect-gate is given. Exit codes: 0 rewritten or printed, 1 a pod unchanged with "
-               "--check, 2 bad input, 3 the webhook would deny a pod.")
+               "unless --respect-gate is given. --kubeconfig and --context name the cluster --resolve reads pull "
+               "secrets from (refused otherwise). Exit codes: 0 rewritten or printed, 1 a pod unchanged with "
+               "--check or the kubeconfig named unusable, 2 bad input, 3 the webhook would deny a pod.")
     ap.add_argument("file", type=path_arg, help="a file, or - for standard input")
     ap.add_argument("-o", "--output", choices=["yaml", "json", "patch", "diff"], default="yaml",
                     help="the rewritten objects (yaml: a stream of documents; json: a List when there are "
@@ -63,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--check", action="store_true", help="exit 1 when a pod would be left unchanged")
     ap.add_argument("--resolve", action="store_true",
                     help="look up the ENTRYPOINT of steps without `command` in the registry (INITSHIFT_REGISTRY_* "
-                         "settings; pull secrets through kubeconfig when INITSHIFT_REGISTRY_PULL_SECRETS is on)")
+                         "settings; pull secrets from the cluster of --kubeconfig/--context when "
+                         "INITSHIFT_REGISTRY_PULL_SECRETS is on)")
+    add_kubeconfig_args(ap)  # for --resolve's pull secrets only: refused without them (_cluster_flags)
     return ap
 
 
@@ -82,45 +89,158 @@ def _one(namespaces: list[dict], path: str) -> dict:
     return namespaces[0]
 
 
+# The fields of --limit-ranges and --quotas the rewrite reads (webhook/rewrite's LimitRanger
+# and quota rules), held to their API types: the apiserver validated the server's copies, but a
+# file may hold anything, and the rewrite skips what it cannot read (the bound then silently
+# not applied). Each LimitRange item's maps of quantities; a ResourceQuota's (part, map) pairs.
+_LIMIT_FIELDS = ("min", "max", "default", "defaultRequest", "maxLimitRequestRatio")
+_QUOTA_FIELDS = (("spec", "hard"), ("status", "hard"), ("status", "used"))
+
+
+def _quantities_problem(values: Any, where: str) -> str | None:
+    """None, or what is wrong with a map of quantities (`resource: quantity`) at `where`."""
+    if not isinstance(values, dict):
+        return f"{where} must be a mapping of quantities, not {type(values).__name__}"
+    for name, value in values.items():
+        try:
+            parse_quantity(value, str(name))
+        except QuantityError:
+            return f"{where}.{name}: {value!r} is not a quantity"
+    return None
+
+
+def _limit_range_problem(lr: dict) -> str | None:
+    spec = lr.get("spec")
+    limits = spec.get("limits") if isinstance(spec, dict) else None
+    if not isinstance(limits, list):
+        return "spec.limits must be a list" if isinstance(spec, dict) else "spec must be a mapping"
+    for i, item in enumerate(limits):
+        at = f"spec.limits[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            return f"{at} must be a mapping with a type (Container, Pod)"
+        for key in (k for k in _LIMIT_FIELDS if item.get(k) is not None):  # null: no value, as in the API
+            problem = _quantities_problem(item[key], f"{at}.{key}")
+            if problem:
+                return problem
+    return None
+
+
+def _quota_problem(quota: dict) -> str | None:
+    for part, key in _QUOTA_FIELDS:
+        node = quota.get(part)
+        if node is None:  # a quota the controller has not counted yet has no status
+            continue
+        if not isinstance(node, dict):
+            return f"{part} must be a mapping"
+        problem = _quantities_problem(node[key], f"{part}.{key}") if node.get(key) is not None else None
+        if problem:
+            return problem
+    return None
+
+
+def _namespace_files(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict | None]:
+    """--limit-ranges, --quotas and --namespace, read and checked; InputError naming the file."""
+    limit_ranges = read_objects(args.limit_ranges, "LimitRange", _limit_range_problem) if args.limit_ranges else []
+    quotas = read_objects(args.quotas, "ResourceQuota", _quota_problem) if args.quotas else []
+    namespace = _one(read_objects(_not_a_name(args.namespace), "Namespace"), args.namespace) \
+        if args.namespace else None
+    return limit_ranges, quotas, namespace
+
+
+def _cluster_flags(args: argparse.Namespace, settings: Settings) -> None:
+    """--kubeconfig/--context name the cluster --resolve reads pull secrets from, and mutate
+    reads it for nothing else: given where they would be ignored, they are refused (a usage
+    error), as `check` refuses --smoke's flags without --smoke. Once accepted they are every
+    API client's configuration (the pull-secret reader builds its own)."""
+    if args.kubeconfig is None and args.context is None:
+        return
+    named = "--kubeconfig" if args.kubeconfig is not None else "--context"
+    if not args.resolve:
+        raise CliError(f"{named} is for --resolve's pull secrets; without --resolve mutate reads no cluster",
+                       EXIT_USAGE)
+    if not settings.registry.pull_secrets:
+        raise CliError(f"{named} is for --resolve's pull secrets, which INITSHIFT_REGISTRY_PULL_SECRETS turns on; "
+                       "without them mutate reads no cluster", EXIT_USAGE)
+    from ..kube import use_config
+
+    use_config(args.kubeconfig, args.context)
+
+
+def _check_cluster(args: argparse.Namespace) -> None:
+    """A configuration the user named (the flags, $KUBECONFIG) must work: said before any
+    lookup (exit 1, as `status` says it), not turned into anonymous pulls and a wrong
+    answer. The implicit one (~/.kube/config, a service account) may be missing, as before."""
+    import asyncio
+
+    from ..kube import KubeApi, KubeError
+
+    if not (args.kubeconfig or args.context or os.environ.get("KUBECONFIG")):
+        return
+
+    async def check() -> None:
+        try:
+            api = await KubeApi.from_config(args.kubeconfig, args.context)
+        except KubeError as e:
+            raise CliError(e.message) from None
+        await api.close()
+
+    asyncio.run(check())
+
+
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(_parser(), argv)
     try:
-        settings = Settings.from_env()
-        objects = read_manifests(args.file)
-        limit_ranges = read_objects(args.limit_ranges, "LimitRange") if args.limit_ranges else []
-        quotas = read_objects(args.quotas, "ResourceQuota") if args.quotas else []
-        namespace = _one(read_objects(_not_a_name(args.namespace), "Namespace"), args.namespace) \
-            if args.namespace else None
+        return _run(args)
     except (InputError, SettingsError) as e:
         print(f"initshift mutate: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except CliError as e:
+        print(f"initshift mutate: {e}", file=sys.stderr)
+        return e.code
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    _cluster_flags(args, settings)
+    objects = read_manifests(args.file)
+    limit_ranges, quotas, namespace = _namespace_files(args)
     pods = [o for o in objects if isinstance(o, PodInput)]
     if args.output == "patch" and len(pods) > 1:
-        print(f"initshift mutate: -o patch prints one pod's JSONPatch; {source_name(args.file)} holds {len(pods)} "
-              f"({', '.join(i.label for i in pods)}): use -o diff", file=sys.stderr)
-        return EXIT_USAGE
+        raise CliError(f"-o patch prints one pod's JSONPatch; {source_name(args.file)} holds {len(pods)} "
+                       f"({', '.join(i.label for i in pods)}): use -o diff", EXIT_USAGE)
     if not args.respect_gate:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
     plans = [plan(o.pod, settings, native_supported=True if args.native_sidecars else None,
                   mode_from="--mode" if args.mode else None) for o in pods]
-    try:
-        found = _resolve([o.pod for o in pods], plans, settings) if args.resolve else [(None, None)] * len(pods)
-    except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
-        print(f"initshift mutate: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    results = iter([the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
-                                     quotas=quotas, namespace=namespace)
-                    for the_plan, (images, lookup_error) in zip(plans, found)])  # in the pods' order
-    pairs: list[tuple[str, dict, dict | None]] = []  # (label, before, after; None: passed through), in order
+    found = _resolve([o.pod for o in pods], plans, settings, args) if args.resolve else [(None, None)] * len(pods)
+    results = [the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
+                                quotas=quotas, namespace=namespace)
+               for the_plan, (images, lookup_error) in zip(plans, found)]  # in the pods' order
+    pairs, denied, unchanged = _said(objects, results)
+    if denied:  # half a manifest must not go on to `kubectl apply`
+        return _EXIT_DENIED
+    write_stdout(_render(pairs, args.output))
+    return _EXIT_UNCHANGED if args.check and unchanged else EXIT_OK
+
+
+def _said(objects: list[PodInput | dict], results: list[RewriteResult]) -> tuple[list[_Pair], bool, bool]:
+    """Each object's (label, before, after) in order, its warnings, denial or note said on
+    stderr; and whether any pod was denied, any left unchanged."""
+    pods = len(results)
+    results_left = iter(results)
+    pairs: list[_Pair] = []
     denied = unchanged = False
     for obj in objects:
         if not isinstance(obj, PodInput):
+            note = passed_through_note(obj)
+            if note:
+                print(f"note: {note}", file=sys.stderr)
             pairs.append((label_of(obj), obj, None))
             continue
-        result = next(results)
-        said = f"{obj.label}: " if len(pods) > 1 else ""  # which pod a line is about
+        result = next(results_left)
+        said = f"{obj.label}: " if pods > 1 else ""  # which pod a line is about
         for w in result.warnings:
             print(f"warning: {said}{w}", file=sys.stderr)
         if result.denied:
@@ -128,13 +248,11 @@ def main(argv: list[str]) -> int:
             denied = True
         unchanged |= not result.changed
         pairs.append((obj.label if len(objects) > 1 else "pod", obj.document, obj.put(result.pod, rewritten=result.changed)))
-    if denied:  # half a manifest must not go on to `kubectl apply`
-        return _EXIT_DENIED
-    write_stdout(_render(pairs, args.output))
-    return _EXIT_UNCHANGED if args.check and unchanged else EXIT_OK
+    return pairs, denied, unchanged
 
 
-def _resolve(pods: list[dict], plans: list[Plan], settings: Settings) -> list[tuple[dict | None, str | None]]:
+def _resolve(pods: list[dict], plans: list[Plan], settings: Settings,
+             args: argparse.Namespace) -> list[tuple[dict | None, str | None]]:
     """The registry lookups the server would make, each pod's: (images, None), or (None, why
     they failed), and the rewrite decides (deny or admit, per INITSHIFT_ON_UNRESOLVED) with
     that reason. One resolver serves the whole manifest: an image is looked up once."""
@@ -142,10 +260,15 @@ def _resolve(pods: list[dict], plans: list[Plan], settings: Settings) -> list[tu
 
     from ..registry import make_resolver
 
+    if settings.registry.pull_secrets:
+        _check_cluster(args)
     wanted = [the_plan.lookups() for the_plan in plans]
     if not any(wanted):
         return [(None, None)] * len(pods)
-    resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))
+    try:
+        resolver = make_resolver(settings.replace(registry=dataclasses.replace(settings.registry, lookup=True)))
+    except OSError as e:  # an unreadable INITSHIFT_REGISTRY_CA_FILE
+        raise CliError(str(e), EXIT_USAGE) from None
     assert resolver is not None
 
     async def run() -> list[tuple[dict | None, str | None]]:
@@ -163,7 +286,7 @@ def _resolve(pods: list[dict], plans: list[Plan], settings: Settings) -> list[tu
     return asyncio.run(run())
 
 
-def _render(pairs: list[tuple[str, dict, dict | None]], fmt: str) -> str:
+def _render(pairs: list[_Pair], fmt: str) -> str:
     """One object as itself; several as a YAML stream, a JSON List (as kubectl prints
     them), one unified diff each. A patch is of the one pod (main refuses several)."""
     if fmt == "patch":

@@ -7,9 +7,10 @@ import copy
 import errno
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -22,9 +23,25 @@ class InputError(InitshiftError, ValueError):
 
 
 # Workloads whose pod template `initshift mutate` rewrites in place: kind -> template path.
+# A ReplicationController is core v1, still served, and its spec.template is a pod template
+# as a ReplicaSet's is.
 _TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     **{kind: ("spec", "template") for kind in ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job")},
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "ReplicationController": ("spec", "template"),
+}
+
+# The group/version each kind is read as, as kubectl decides by apiVersion, never by kind
+# alone: a Volcano `Job` (batch.volcano.sh/v1alpha1) is not batch/v1's. Only what Kubernetes
+# 1.28 (initshift's oldest) serves: batch/v1beta1 CronJobs (gone in 1.25) and the
+# extensions/v1beta1, apps/v1beta1 and apps/v1beta2 workloads (gone in 1.16) would be
+# refused by the apiserver anyway, so they pass through as other objects do. A document
+# without apiVersion is taken as its kind's (a hand-written pod; kubectl would ask for one).
+_API_VERSIONS: dict[str, tuple[str, ...]] = {
+    "Pod": ("v1",), "ReplicationController": ("v1",),
+    "AdmissionReview": ("admission.k8s.io/v1", "admission.k8s.io/v1beta1"),
+    **{kind: ("apps/v1",) for kind in ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet")},
+    "Job": ("batch/v1",), "CronJob": ("batch/v1",),
 }
 
 
@@ -299,6 +316,47 @@ def _wanted(workloads: bool) -> tuple[str, ...]:
     return ("Pod", "AdmissionReview", *(_TEMPLATE_PATHS if workloads else ()))
 
 
+def _is_ours(doc: Any, workloads: bool) -> bool:
+    """`doc` is what the reader rewrites: a kind it takes, of the group/version it reads
+    (`_API_VERSIONS`; none given: the kind's)."""
+    if not isinstance(doc, dict) or doc.get("kind") not in _wanted(workloads):
+        return False
+    version = doc.get("apiVersion")
+    return version is None or version in _API_VERSIONS[doc["kind"]]
+
+
+def _of_another_group(doc: Any) -> bool:
+    """A kind initshift rewrites, named by an object of another group/version (a Volcano Job)."""
+    return isinstance(doc, dict) and doc.get("kind") in _API_VERSIONS and not _is_ours(doc, True)
+
+
+def passed_through_note(doc: Any) -> str | None:
+    """The note for a document `mutate` prints as it came though its kind is one it
+    rewrites (a Volcano or Kueue `Job`, a batch/v1beta1 CronJob): no one should take its
+    unchanged template for initshift's choice. None for every other document."""
+    if not _of_another_group(doc):
+        return None
+    own = " or ".join(_API_VERSIONS[doc["kind"]])
+    return (f"{label_of(doc)} ({doc.get('apiVersion')}) is not a Pod or a workload initshift rewrites (its "
+            f"{doc['kind']} is {own}'s): printed as it came")
+
+
+def _described(doc: Any) -> str:
+    """`a Job`, or `a Job of batch.volcano.sh/v1alpha1` when the kind is one initshift
+    rewrites but the group is another: what a message says the reader got."""
+    return f"{_a(_kind(doc))} of {doc.get('apiVersion')}" if _of_another_group(doc) else _a(_kind(doc))
+
+
+def _missing(doc: Any) -> str | None:
+    """`kind` or `apiVersion` when a document lacks it, as kubectl names what it refuses
+    (Object 'Kind' is missing); None when it has both."""
+    if isinstance(doc, dict):
+        for field, said in (("kind", "Kind"), ("apiVersion", "apiVersion")):
+            if not doc.get(field):
+                return said
+    return None
+
+
 def _several(objs: list[Any]) -> str:
     return f"{len(objs)} objects ({', '.join(_a(_kind(d)) for d in objs)})"
 
@@ -310,7 +368,7 @@ def parse_pod(text: str, where: str = "<stdin>", *, workloads: bool = True) -> P
     expected = _expected(workloads)
     objs = _objects_in(text, where, expected)
     if len(objs) > 1:
-        found = [d for d in objs if isinstance(d, dict) and d.get("kind") in _wanted(workloads)]
+        found = [d for d in objs if _is_ours(d, workloads)]
         if len(found) != 1:
             raise InputError(f"{where}: {_several(objs)}; expected exactly one of them to be {expected}")
         objs = found
@@ -328,10 +386,14 @@ def parse_manifests(text: str, where: str = "<stdin>") -> list[PodInput | dict]:
     if len(objs) == 1:
         return [_pod_input(objs[0], where, True)]
     out: list[PodInput | dict] = []
-    for doc in objs:
+    for at, doc in enumerate(objs, 1):
         if not isinstance(doc, dict):
             raise InputError(f"{where}: {_several(objs)}; {_a(_kind(doc))} is no Kubernetes object")
-        out.append(_pod_input(doc, f"{where}, {label_of(doc)}", True) if doc.get("kind") in _wanted(True) else doc)
+        field = _missing(doc)
+        if field:  # what goes on to `kubectl apply` must be whole: refused, not passed on half-known
+            raise InputError(f"{where}: object {at} of {len(objs)} ({label_of(doc)}) has no {field.lower()}; "
+                             f"kubectl refuses it too (Object '{field}' is missing)")
+        out.append(_pod_input(doc, f"{where}, {label_of(doc)}", True) if _is_ours(doc, True) else doc)
     if not any(isinstance(o, PodInput) for o in out):
         raise InputError(f"{where}: {_several(objs)}; expected at least one of them to be {expected}")
     return out
@@ -347,10 +409,13 @@ def _pod_input(doc: Any, where: str, workloads: bool) -> PodInput:
 
 
 def _find_pod(doc: Any, where: str, workloads: bool) -> PodInput:
-    if not isinstance(doc, dict) or doc.get("kind", "Pod") not in _wanted(workloads):
+    if isinstance(doc, dict) and not doc.get("kind"):
+        raise InputError(f"{where}: the object has no kind; expected {_expected(workloads)} (kubectl refuses it "
+                         f"too: Object 'Kind' is missing)")
+    if not _is_ours(doc, workloads):
         hint = "; `initshift mutate` reads a workload's pod template" if \
-            not workloads and isinstance(doc, dict) and doc.get("kind") in _TEMPLATE_PATHS else ""
-        raise InputError(f"{where}: expected {_expected(workloads)}, got {_a(_kind(doc))}{hint}")
+            not workloads and _is_ours(doc, True) else ""
+        raise InputError(f"{where}: expected {_expected(workloads)}, got {_described(doc)}{hint}")
     if doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
@@ -381,22 +446,79 @@ def read_manifests(path: str) -> list[PodInput | dict]:
     return parse_manifests(read_text(path), source_name(path))
 
 
-def read_objects(path: str, kind: str) -> list[dict]:
+def read_objects(path: str, kind: str, problem: Callable[[dict], str | None] = lambda _: None) -> list[dict]:
     """The objects of `kind` (LimitRange, ResourceQuota, Namespace) in a file or `-`: such documents,
-    or a List of them (what `kubectl get limitranges -n NS -o yaml` prints)."""
+    or a List of them (what `kubectl get limitranges -n NS -o yaml` prints). `problem`: what is
+    wrong with one of them (fields of the wrong type), said naming the file and the object."""
     where = source_name(path)
     out: list[dict] = []
     for item in _objects(_documents(read_text(path), where, f"a {kind} or a List of them")):
         if not isinstance(item, dict) or item.get("kind") != kind:
             raise InputError(f"{where}: expected {kind}s, got {_a(_kind(item))}")
+        said = problem(item)
+        if said:
+            raise InputError(f"{where}: {label_of(item)}: {said}")
         out.append(item)
     return out
+
+
+_CSafeDumper: type | None = getattr(yaml, "CSafeDumper", None)  # PyYAML built with libyaml
+_WIDTH = 1000  # columns before a long scalar is folded
+
+# Where libyaml's emitter writes other bytes than PyYAML's own for the same document (found by
+# comparing the two on generated strings; tests/cli/test_golden_mutate.py holds them to it):
+# - a mapping key that is empty, holds a \r (a line break to libyaml, not to PyYAML) or nears
+#   128 characters (they measure a simple key differently: characters or UTF-8 bytes, below
+#   126 or up to 128) is written as a complex key (`? key`) by one of them only;
+# - a double-quoted scalar (one with a character outside printable ASCII, or a space beside
+#   a line break) is folded at other places once its line passes the width.
+# A document with neither is written by libyaml (about 5 times faster on a large manifest);
+# one with either by PyYAML, so the bytes never depend on how PyYAML was built.
+_DOUBLE_QUOTED = re.compile(r"[^\n\x20-\x7e]| \n|\n ")
+_ESCAPED_ASCII = re.compile(r'[\x00-\x1f\x7f"\\]')  # one character written as up to four (\x01)
+_SIMPLE_KEY = 100  # characters; printable ASCII only, so bytes too
+# A line is at most this deep an indent (2 columns a level, past any document the reader takes)
+# plus a simple key (_SIMPLE_KEY and its quotes) plus the scalar: one within the width is
+# never folded by either emitter.
+_MAX_LEVELS = 150
+_UNFOLDED = _WIDTH - 2 * _MAX_LEVELS - (_SIMPLE_KEY + 4)
+
+
+def _written_length(text: str) -> int:
+    """At most the columns `text` takes double-quoted: Python's escapes of non-ASCII are
+    as long as YAML's or longer, and an ASCII one takes up to 4 where Python counted 1."""
+    return len(text.encode("ascii", "backslashreplace")) + 3 * len(_ESCAPED_ASCII.findall(text)) + 2
+
+
+def _libyaml_writes_alike(obj: Any) -> bool:
+    """Whether libyaml's emitter writes `obj` byte for byte as PyYAML's does (see above)."""
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        node, level = stack.pop()
+        if level > _MAX_LEVELS:
+            return False
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not (isinstance(key, str) and 0 < len(key) < _SIMPLE_KEY and key.isascii() and key.isprintable()):
+                    return False
+                stack.append((value, level + 1))
+        elif isinstance(node, list):
+            stack.extend((item, level + 1) for item in node)
+        elif isinstance(node, str) and len(node) * 10 + 2 > _UNFOLDED and _DOUBLE_QUOTED.search(node) \
+                and _written_length(node) > _UNFOLDED:
+            return False
+    return True
+
+
+def dumper_for(obj: Any) -> type:
+    """libyaml's safe dumper where PyYAML has it and it writes `obj` as PyYAML's own does."""
+    return _CSafeDumper if _CSafeDumper is not None and _libyaml_writes_alike(obj) else yaml.SafeDumper
 
 
 def dump(obj: Any, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(obj, indent=2) + "\n"
-    return yaml.safe_dump(obj, sort_keys=False, width=1000)
+    return yaml.dump(obj, Dumper=dumper_for(obj), sort_keys=False, width=_WIDTH)
 
 
 def write_stdout(text: str) -> None:
