@@ -354,7 +354,7 @@ async def test_cli_create_secret_and_inject(tmp_path):
                                                   "--webhook-config", "nope", "--kubeconfig", cfg]) == 1
 
 
-async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path):
+async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path, capsys):
     """`certs create --secret` over the Secret a self-managed server made: what it writes
     replaces the data, so the server's ca.key is not left beside another CA's ca.crt (the
     server would find its CA unusable and make a new one, which the injected bundle lacks)."""
@@ -368,6 +368,10 @@ async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path):
         out = tmp_path / "out"
         assert await asyncio.to_thread(cli.main, ["create", "--out", str(out), "--secret", name[1],
                                                   "--kubeconfig", kubeconfig(double, tmp_path / "kubeconfig")]) == 0
+        assert capsys.readouterr().err == (
+            "warning: Secret initshift-system/initshift-tls holds a ca.key: a self-managed server "
+            "(INITSHIFT_SELF_MANAGED_CERTS) keeps its own CA there and makes a new one at its next start; to start "
+            "a self-managed install's certificates over, delete the Secret and restart the server\n")
         data = double.get("secrets", *name)["data"]
         assert sorted(data) == ["ca.crt", "tls.crt", "tls.key"]
         assert base64.b64decode(data["ca.crt"]) == (out / "ca.crt").read_bytes()

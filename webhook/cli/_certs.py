@@ -226,11 +226,29 @@ def create(args: argparse.Namespace) -> int:
 
     async def write(api):  # noqa: ANN001, ANN202
         _write(plan, args)  # once the cluster's configuration is known: a missing kubeconfig writes nothing
+        await _warn_if_self_managed(api, args.namespace, args.secret)
         await kube.write_secret(api, args.namespace, args.secret, store.secret_data(plan.serving, plan.ca.cert_pem))
 
     asyncio.run(_with_client(args, write))
     print(f"wrote Secret {args.namespace}/{args.secret} ({store.SECRET_TYPE})")
     return EXIT_OK
+
+
+async def _warn_if_self_managed(api: kube.KubeApi, namespace: str, name: str) -> None:
+    """A Secret holding `ca.key` is a self-managed server's: it replaces a CA written there
+    by hand at its next start. Said, not refused (the Secret may be left from a switch of
+    modes); without `get` on Secrets nothing is said."""
+    try:
+        data = await kube.read_secret(api, namespace, name)
+    except kube.KubeError as e:
+        if e.status == 403:
+            return
+        raise
+    if data and store.CA_KEY in data:
+        print(f"warning: Secret {namespace}/{name} holds a {store.CA_KEY}: a self-managed server "
+              f"(INITSHIFT_SELF_MANAGED_CERTS) keeps its own CA there and makes a new one at its next start; "
+              f"to start a self-managed install's certificates over, delete the Secret and restart the server",
+              file=sys.stderr)
 
 
 async def _with_client(args: argparse.Namespace, action):  # noqa: ANN001 - a coroutine function of the client
