@@ -4,6 +4,7 @@ against the in-process API double."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import datetime as dt
 import os
@@ -12,6 +13,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import AsyncIterator
 
 import pytest
 import yaml
@@ -358,12 +360,8 @@ async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path, 
     """`certs create --secret` over the Secret a self-managed server made: what it writes
     replaces the data, so the server's ca.key is not left beside another CA's ca.crt (the
     server would find its CA unusable and make a new one, which the injected bundle lacks)."""
-    settings = managed_settings(tmp_path)
     name = ("initshift-system", "initshift-tls")
-    async with KubeDouble() as double:
-        double.put("mutatingwebhookconfigurations", webhook_config())
-        async with double.kube_api() as api:
-            await manage.ensure_certificates(settings, api)
+    async with self_managed(tmp_path) as double:
         assert "ca.key" in double.get("secrets", *name)["data"]
         out = tmp_path / "out"
         assert await asyncio.to_thread(cli.main, ["create", "--out", str(out), "--secret", name[1],
@@ -375,6 +373,16 @@ async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path, 
         data = double.get("secrets", *name)["data"]
         assert sorted(data) == ["ca.crt", "tls.crt", "tls.key"]
         assert base64.b64decode(data["ca.crt"]) == (out / "ca.crt").read_bytes()
+
+
+@contextlib.asynccontextmanager
+async def self_managed(tmp_path) -> AsyncIterator[KubeDouble]:
+    """The API double after a self-managed server made its Secret and injected its CA."""
+    async with KubeDouble() as double:
+        double.put("mutatingwebhookconfigurations", webhook_config())
+        async with double.kube_api() as api:
+            await manage.ensure_certificates(managed_settings(tmp_path), api)
+        yield double
 
 
 def managed_settings(tmp_path) -> Settings:
@@ -448,10 +456,8 @@ async def test_a_secret_created_by_another_replica_is_adopted(tmp_path):
 async def test_a_secret_rewritten_by_another_replica_is_not_overwritten(tmp_path):
     settings = managed_settings(tmp_path)
     name = ("initshift-system", "initshift-tls")
-    async with KubeDouble() as double:
-        double.put("mutatingwebhookconfigurations", webhook_config())
+    async with self_managed(tmp_path) as double:
         async with double.kube_api() as api:
-            await manage.ensure_certificates(settings, api)
             _, version = await kube.read_secret_versioned(api, *name)
             # Another replica renews after our read; our write is conditional on what we read.
             theirs = rotation.plan(rotation.Material(), [], manage.wanted(settings))
