@@ -298,6 +298,9 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["status"], {}, 1, "no kubeconfig found", False),  # the list: it needs the cluster
         (["status", "-A", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
         (["status", "p", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
+        # an empty --kubeconfig ("$KC" unset) is refused, not skipped for $KUBECONFIG and blamed on it
+        (["status", "p", "--kubeconfig", ""], {"KUBECONFIG": "{d}/missing"}, 2, "argument --kubeconfig: an empty path",
+         False),
         (["status", "p"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing, which does not exist",
          False),
         (["status", "p", "--kubeconfig", "{d}/kubeconfig-broken"], {}, 1, "not YAML", False),
@@ -311,6 +314,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
     "check": [
         (["check", "--frob"], {}, 2, "unrecognized arguments: --frob", False),
         (["check", "--kubeconfig", "{d}/missing"], {}, 1, "{d}/missing: no such file", False),
+        (["check", "--kubeconfig", ""], {"KUBECONFIG": "{d}/missing"}, 2, "argument --kubeconfig: an empty path", False),
         (["check"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
         (["check", "-o", "json"], {"KUBECONFIG": "{d}/missing"}, 1, "KUBECONFIG names {d}/missing", False),
         # arguments are checked before anything connects
@@ -341,6 +345,8 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         # an empty path is not the current directory (the CA and its key were written there)
         (["certs", "create", "--out", ""], {}, 2, "argument --out: an empty path", False),
         (["certs", "inject", "--ca-file", ""], {}, 2, "argument --ca-file: an empty path", False),
+        (["certs", "inject", "--ca-file", "{d}/ca/ca.crt", "--kubeconfig", ""], {}, 2,
+         "argument --kubeconfig: an empty path", False),
         (["certs", "inject", "--ca-file", "{d}/ca/ca.crt", "--webhook-config", ""], {"KUBECONFIG": "{d}/missing"}, 2,
          "argument --webhook-config: expected a Kubernetes name (RFC 1123 subdomain", False),
         # checked before the cluster is contacted, and before any file is written

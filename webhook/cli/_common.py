@@ -54,7 +54,9 @@ def name_arg(kind: str) -> Callable[[str], str]:
 
 
 def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl: $KUBECONFIG, else ~/.kube/config, "
+    # An empty --kubeconfig (`--kubeconfig "$KC"` with KC unset) is refused: the configuration
+    # would otherwise skip it for $KUBECONFIG and blame that.
+    ap.add_argument("--kubeconfig", type=path_arg, help="kubeconfig file (default: as kubectl: $KUBECONFIG, else ~/.kube/config, "
                                          "else the pod's service account)")
     ap.add_argument("--context", help="kubeconfig context to use")
 

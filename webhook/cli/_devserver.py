@@ -93,9 +93,9 @@ def main(argv: list[str]) -> int:
                     help="where the CA and certificate live (default: %(default)s)")
     ap.add_argument("--watch", action="store_true", help="also run the watcher (needs a cluster)")
     add_kubeconfig_args(ap)
-    from ._serve import parse_args, run
+    from ._serve import run
 
-    args = parse_args(ap, argv)
+    args = ap.parse_args(argv)
     run_dir = Path(args.dir)
     try:
         settings = _dev_settings(run_dir, os.environ)

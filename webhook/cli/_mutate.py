@@ -26,7 +26,6 @@ from ..admission import make_patch
 from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, path_arg
 from ._podio import (InputError, PodInput, dump, label_of, passed_through_note, read_manifests, read_objects,
                      source_name, write_stdout)
-from ._serve import parse_args
 from ..rewrite import Plan, QuantityError, RewriteResult, UnresolvedEntrypoint, parse_quantity, plan
 from ..settings import Settings, SettingsError
 
@@ -188,7 +187,7 @@ def _check_cluster(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(_parser(), argv)
+    args = _parser().parse_args(argv)
     try:
         return _run(args)
     except (InputError, SettingsError) as e:

@@ -191,17 +191,8 @@ def _stop(_signum: int, _frame: object) -> None:
     raise SystemExit(EXIT_OK)
 
 
-def parse_args(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """`ap.parse_args`, refusing an empty --kubeconfig (`--kubeconfig "$KC"` with KC unset),
-    which the configuration would otherwise skip for $KUBECONFIG and blame that."""
-    args = ap.parse_args(argv)
-    if args.kubeconfig is not None and not args.kubeconfig.strip():
-        ap.error("argument --kubeconfig: an empty path")
-    return args
-
-
 def main(argv: list[str]) -> int:
-    args = parse_args(parser(), argv)
+    args = parser().parse_args(argv)
     settings = load_settings("initshift serve", lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE

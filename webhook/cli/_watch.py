@@ -19,7 +19,6 @@ from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
 from ..settings import Settings, SettingsError, name_problem, settings_warnings
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Parser, add_kubeconfig_args, fatal, load_settings
-from ._serve import parse_args
 
 _PROG = "initshift watch"
 
@@ -89,7 +88,7 @@ class _NotConnected(InitshiftError):
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(parser(), argv)
+    args = parser().parse_args(argv)
     settings = load_settings(_PROG, lambda s: with_flags(s, args))
     if settings is None:
         return EXIT_USAGE
