@@ -181,6 +181,31 @@ async def test_rbac_missing(kube: KubeDouble, tmp_path, verb, resource, denied) 
     assert f"forbidden: {denied}. Re-apply deploy/" in out
 
 
+async def test_nodes_list_granted_by_the_default_install(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check(*i.argv())
+    assert code == 0 and "✔ native-sidecar detection by kubelet versions: list nodes granted\n" in out, out
+
+
+async def test_nodes_list_not_granted_is_a_warning_naming_the_risk(kube: KubeDouble, tmp_path) -> None:
+    """Without `list nodes` the apiserver's version alone decides native-sidecar support: a
+    v1.28 kubelet under a v1.29+ apiserver (an upgrade in progress) hangs hybrid and native pods
+    in Init. An install may refuse the grant: a warning under a ✔ line, never a failure."""
+    async with inst.healthy(kube, tmp_path) as i:
+        kube.revoke(inst.SA_USER, "list", "nodes")
+        code, out, _ = await check(*i.argv())
+        _, data, _ = await check(*i.argv("-o", "json"))
+    assert (code, failed(out)) == (0, []), out
+    title = "native-sidecar detection by kubelet versions: list nodes not granted (warning)"
+    assert f"✔ {title}\n    warning: " in out
+    hint = out.split(title, 1)[1].split("\n")[1]
+    for words in ("the apiserver's version alone", "A kubelet older than v1.29 under a v1.29+ apiserver",
+                  "the pod hangs in Init", "rbac.nodeVersions=true", "components/without-node-versions"):
+        assert words in hint, (words, hint)
+    (line,) = [c for c in json.loads(data)["checks"] if c["title"] == title]
+    assert (line["ok"], line["warning"], line["granted"]) == (True, True, False)
+
+
 async def test_configuration_that_drifted_from_the_install(kube: KubeDouble, tmp_path) -> None:
     async with inst.healthy(kube, tmp_path) as i:
         mwc = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")

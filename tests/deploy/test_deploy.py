@@ -29,7 +29,8 @@ from webhook.admission._app import MUTATE_PATH
 from webhook.settings import Settings, settings_rows
 
 DEFAULTS = Settings()
-COMPONENTS = ("components/node-versions", "components/registry-pull-secrets")
+NO_NODE_VERSIONS = "components/without-node-versions"  # base grants `nodes: list`; this leaves it out
+COMPONENTS = (NO_NODE_VERSIONS, "components/registry-pull-secrets")
 MONITORING = "components/monitoring"
 POD_MONITOR = "components/pod-monitor"  # after MONITORING: a PodMonitor in its ServiceMonitor's place
 # Configurations that must come after ours (the apiserver calls them in name order).
@@ -49,7 +50,7 @@ CUSTOM_VALUES = {
     "injectedImagePullSecrets": ["platform-registry", "mirror.pull"],
     # Helm merges maps with the chart's defaults: null drops a default entry.
     "quitEndpoints": {"envoy": "http://127.0.0.1:9901/quitquitquit", "istio-proxy": None, "linkerd-proxy": None},
-    "rbac": {"nodeVersions": True},
+    "rbac": {"nodeVersions": False},
     "registry": {"pullSecrets": True},
     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
     "logLevel": "debug",
@@ -98,7 +99,7 @@ class Install:
 
     render: Callable[[], list[dict]]
     self_managed: bool = True
-    node_versions: bool = False
+    node_versions: bool = True  # `nodes: list`, for native-sidecar detection by kubelet versions
     pull_secrets: bool = False
     failure_policy: str = "Ignore"
     replicas: int = 2
@@ -116,12 +117,12 @@ INSTALLS = {
     "kustomize-self-managed": Install(lambda: kustomize("overlays/self-managed")),
     "kustomize-cert-manager": Install(lambda: kustomize("overlays/cert-manager"), self_managed=False),
     "kustomize-self-managed+components": Install(lambda: kustomize("overlays/self-managed", COMPONENTS),
-                                                 node_versions=True, pull_secrets=True),
-    "kustomize-cert-manager+node-versions": Install(lambda: kustomize("overlays/cert-manager", COMPONENTS[:1]),
-                                                    self_managed=False, node_versions=True),
+                                                 node_versions=False, pull_secrets=True),
+    "kustomize-cert-manager+without-node-versions": Install(lambda: kustomize("overlays/cert-manager", COMPONENTS[:1]),
+                                                            self_managed=False, node_versions=False),
     "helm-default": Install(lambda: helm(), has_namespace_object=False),
     "helm-custom": Install(lambda: helm(CUSTOM_VALUES, namespace="platform"), self_managed=False,
-                           node_versions=True, pull_secrets=True, failure_policy="Fail", replicas=3,
+                           node_versions=False, pull_secrets=True, failure_policy="Fail", replicas=3,
                            namespace="platform", feature_gate=False, has_namespace_object=False),
     "helm-self-managed+registry": Install(lambda: helm({"registry": {"lookup": True, "pullSecrets": True}}),
                                           pull_secrets=True, has_namespace_object=False),
@@ -417,9 +418,14 @@ def test_deployment(install):
         pdb = r.one("PodDisruptionBudget")
         assert selects(pdb["spec"]["selector"], pod["metadata"]["labels"])
         assert 0 < pdb["spec"]["minAvailable"] < spec.replicas
+        # A replica that is not Ready (crash-looping) never blocks a node drain.
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     else:
         assert not r.of_kind("PodDisruptionBudget")
     assert pod["spec"]["serviceAccountName"] == r.one("ServiceAccount")["metadata"]["name"]
+    # No mesh proxy in initshift's own pods, wherever a mesh injects by default.
+    assert labels["sidecar.istio.io/inject"] == "false"
+    assert pod["metadata"]["annotations"]["linkerd.io/inject"] == "disabled"
 
     settings = Settings.from_env({**r.plain_env(), "INITSHIFT_NAMESPACE": spec.namespace})
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
@@ -518,7 +524,7 @@ def test_tls_files_come_from_the_certificate_source(install):
     else:
         assert volume["secret"]["secretName"] == settings.server.cert_secret
         assert not volume["secret"].get("optional") and mount["readOnly"] is True
-        cert = r.one("Certificate")
+        cert = serving_certificate(r)
         assert cert["spec"]["secretName"] == settings.server.cert_secret
         svc = r.one("Service")["metadata"]
         assert f"{svc['name']}.{svc['namespace']}.svc" in cert["spec"]["dnsNames"]
@@ -526,8 +532,42 @@ def test_tls_files_come_from_the_certificate_source(install):
         issuer = cert["spec"]["issuerRef"]
         if spec.issuer is None:
             assert r.one(issuer["kind"], issuer["name"])
-        else:  # the user's own Issuer/ClusterIssuer: the chart makes none
-            assert issuer == spec.issuer and not r.of_kind("Issuer")
+        else:  # the user's own Issuer/ClusterIssuer: the chart makes none, nor a CA
+            assert issuer == spec.issuer and not r.of_kind("Issuer") and len(r.of_kind("Certificate")) == 1
+
+
+def serving_certificate(r: Rendered) -> dict:
+    """The Certificate whose Secret the server mounts (cert-manager installs)."""
+    secret = Settings.from_env(r.plain_env()).server.cert_secret
+    (cert,) = [c for c in r.of_kind("Certificate") if c["spec"]["secretName"] == secret]
+    return cert
+
+
+def _hours(duration: str) -> float:
+    h, m, s = (re.search(rf"(\d+){unit}", duration) for unit in "hms")
+    return sum(int(x.group(1)) * f for x, f in ((h, 1), (m, 1 / 60), (s, 1 / 3600)) if x)
+
+
+@pytest.mark.parametrize("name", [i for i, spec in INSTALLS.items() if not spec.self_managed and spec.issuer is None])
+def test_cert_manager_signs_with_a_ca_of_its_own(name):
+    """cert-manager's CA bootstrap: a self-signed Issuer makes a CA (isCA), a CA Issuer signs
+    the serving certificate with it. The serving Secret's ca.crt, which cainjector copies into
+    the caBundle, is then that CA, the same across renewals; a self-signed serving certificate
+    made every renewal a new CA in the caBundle before the replicas had the new files."""
+    r = Rendered(INSTALLS[name].render())
+    serving = serving_certificate(r)["spec"]
+    assert not serving.get("isCA")
+    ref = serving["issuerRef"]
+    assert (ref["kind"], ref.get("group", "cert-manager.io")) == ("Issuer", "cert-manager.io")
+    signer = r.one("Issuer", ref["name"])["spec"]
+    assert "selfSigned" not in signer, "the serving certificate would be its own CA"
+    (ca,) = [c["spec"] for c in r.of_kind("Certificate") if c["spec"]["secretName"] == signer["ca"]["secretName"]]
+    assert ca["isCA"] is True and ca["commonName"]
+    assert "selfSigned" in r.one("Issuer", ca["issuerRef"]["name"])["spec"]
+    # Long-lived and renewed with the same key: certificates it signed before stay trusted.
+    assert _hours(ca["duration"]) >= 10 * _hours(serving["duration"])
+    assert ca["privateKey"]["rotationPolicy"] == "Never"
+    assert ca["secretName"] != serving["secretName"]
 
 
 def test_namespaced_objects_live_in_the_install_namespace(install):
@@ -799,12 +839,21 @@ def test_chart_uses_an_existing_issuer():
         for obj in r.objects:
             validate(obj)
     own = Rendered(helm({"certificates": {"mode": "cert-manager"}}))
-    assert own.one("Certificate")["spec"]["issuerRef"]["name"] == own.one("Issuer")["metadata"]["name"]
+    assert own.one("Issuer", serving_certificate(own)["spec"]["issuerRef"]["name"])["spec"]["ca"]  # the chart's own CA
 
 
 @pytest.mark.parametrize("bad", [
     {"workers": 2}, {"serverPort": 0}, {"serverPort": 70000}, {"hostNetwork": "yes"},
     {"nameOverride": "Not_A_Name"}, {"fullnameOverride": "x" * 51},
+    # The Service takes the name: a DNS-1035 label, which starts with a letter.
+    {"nameOverride": "1nitshift"}, {"fullnameOverride": "0-initshift"},
+    # No sidecar names: nothing would ever be rewritten; a comma would split a name.
+    {"sidecarNames": []}, {"sidecarNames": ["istio-proxy,envoy"]}, {"sidecarNames": ["envoy", "envoy"]},
+    # At or below the registry lookup budget (4 s): the apiserver gives up before a lookup does.
+    {"webhook": {"timeoutSeconds": 4}}, {"webhook": {"timeoutSeconds": 1}},
+    # The labels the chart sets; name and component are its selectors'.
+    {"podLabels": {"app.kubernetes.io/name": "other"}}, {"podLabels": {"app.kubernetes.io/component": "other"}},
+    {"podLabels": {"app.kubernetes.io/instance": "other"}}, {"podLabels": {"app.kubernetes.io/version": "9"}},
     {"serviceAccount": {"annotations": {"a": 1}}}, {"serviceAccount": {"name": "other"}},
     {"service": {"annotations": []}}, {"service": {"type": "NodePort"}},
     {"webhook": {"objectSelector": {"matchExpressions": [{"key": "k", "operator": "Maybe"}]}}},
@@ -828,7 +877,7 @@ def _notes(values: dict) -> str:
 def test_notes_point_at_check_and_warn_about_fail():
     """(tests/deploy/test_notes.py holds the names and the check line to the rendered objects.)"""
     text = _notes({})
-    assert "initshift check -n platform --service-url https://127.0.0.1:8443\n" in text
+    assert "initshift check -n platform\n" in text  # it port-forwards itself (tests/deploy/test_notes.py)
     assert "kubectl initshift check" in text
     assert "failurePolicy=Ignore" in text and "WARNING: failurePolicy=Fail" not in text
     fail = _notes({"webhook": {"failurePolicy": "Fail"}})
@@ -881,3 +930,80 @@ def test_chart_shutdown_delay_value():
     with pytest.raises(helm_python.HelmValuesError):
         helm({"shutdownDelaySeconds": 16})  # past the grace period with the graceful stop
     assert 15 + _STOPPING_SECONDS <= 30
+
+
+# --- what the audit of deploy/ found ---------------------------------------------------------
+
+NODES_LIST: Grant = ("*", "", "nodes", "list", "*")
+
+
+def test_every_default_install_lets_detection_read_kubelet_versions():
+    """A v1.28 kubelet under a v1.29+ apiserver (an upgrade in progress) runs a native sidecar
+    as an ordinary init container that never exits: only the kubelets' versions tell `auto`
+    so, and reading them needs `nodes: list`. Every default grants it; leaving it out is a
+    choice (Helm rbac.nodeVersions=false, components/without-node-versions), the same objects
+    either way."""
+    for defaults in (kustomize("."), kustomize("overlays/self-managed"), kustomize("overlays/cert-manager"), helm(),
+                     helm({"certificates": {"mode": "cert-manager"}})):
+        assert NODES_LIST in grants(Rendered(defaults))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["rbac"]["nodeVersions"] is True
+    h, k = Rendered(helm({"rbac": {"nodeVersions": False}})), Rendered(kustomize(".", [NO_NODE_VERSIONS]))
+    assert NODES_LIST not in grants(h) and grants(h) == grants(k)
+    ids = lambda r: {(o["kind"], o["metadata"]["name"]) for o in r.objects if o["kind"] != "Namespace"}  # noqa: E731
+    assert ids(h) == ids(k)
+    assert ids(Rendered(kustomize("."))) - ids(k) == {("ClusterRole", "initshift-node-versions"),
+                                                      ("ClusterRoleBinding", "initshift-node-versions")}
+
+
+def _chart_env_names() -> set[str]:
+    """Every variable the chart sets, with every value that adds one turned on."""
+    names: set[str] = set()
+    for values in ({}, CUSTOM_VALUES, OPERATOR_VALUES, {"registry": {"lookup": True, "pullSecrets": True}}):
+        names |= set(Rendered(helm(values)).env()) - {e["name"] for e in values.get("extraEnv", [])}
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(_chart_env_names()))
+def test_chart_extra_env_may_not_repeat_a_variable_the_chart_sets(name):
+    """Twice in the container's env, server-side apply refuses the Deployment (duplicate
+    entries for key [name=...]) and client-side apply keeps one of the two for ever: the
+    chart refuses it, naming the variable and the value that sets it."""
+    import helm_python
+
+    with pytest.raises(helm_python.HelmRenderError, match=rf"extraEnv sets {name}, which the chart sets from \S"):
+        helm({"extraEnv": [{"name": name, "value": "1"}]})
+
+
+def test_chart_extra_env_names_the_value_to_set_instead():
+    import helm_python
+
+    with pytest.raises(helm_python.HelmRenderError, match="extraEnv sets INITSHIFT_LOG_LEVEL, which the chart sets "
+                                                          "from logLevel: set that value instead"):
+        helm({"extraEnv": [{"name": "INITSHIFT_LOG_LEVEL", "value": "debug"}]})
+    with pytest.raises(helm_python.HelmRenderError, match="extraEnv sets INITSHIFT_GRACE_SECONDS twice"):
+        helm({"extraEnv": [{"name": "INITSHIFT_GRACE_SECONDS", "value": "20"},
+                           {"name": "INITSHIFT_GRACE_SECONDS", "value": "30"}]})
+    # Any other setting is added once, after the chart's own.
+    env = Rendered(helm({"extraEnv": [{"name": "INITSHIFT_GRACE_SECONDS", "value": "20"}]})).container["env"]
+    assert [e["name"] for e in env].count("INITSHIFT_GRACE_SECONDS") == 1 and env[-1]["value"] == "20"
+
+
+def test_chart_pod_labels_and_annotations_keep_the_mesh_out_unless_told():
+    """initshift's pods opt out of Istio's and Linkerd's injection; podLabels and podAnnotations
+    add to that, and may opt back in."""
+    pod = Rendered(helm(POD_VALUES)).deployment["spec"]["template"]["metadata"]
+    assert pod["labels"]["team"] == "platform" and pod["labels"]["sidecar.istio.io/inject"] == "false"
+    assert pod["annotations"] == {"example.com/owner": "platform", "linkerd.io/inject": "disabled"}
+    back = Rendered(helm({"podLabels": {"sidecar.istio.io/inject": "true"},
+                          "podAnnotations": {"linkerd.io/inject": "enabled"}})).deployment["spec"]["template"]["metadata"]
+    assert back["labels"]["sidecar.istio.io/inject"] == "true" and back["annotations"] == {"linkerd.io/inject": "enabled"}
+
+
+def test_chart_timeout_minimum_is_above_the_registry_budget():
+    """docs/install.md: the webhook's timeout must exceed the registry lookup budget."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    timeout = schema["properties"]["webhook"]["properties"]["timeoutSeconds"]
+    assert timeout["minimum"] - 1 <= DEFAULTS.registry.budget_seconds < timeout["minimum"]
+    assert timeout["maximum"] == 30
+    Rendered(helm({"webhook": {"timeoutSeconds": timeout["minimum"]}}))

@@ -53,6 +53,7 @@ CAN_I: list[tuple[str, str, str, bool]] = [
     ("update", "leases/initshift-watcher", NAMESPACE, True),
     ("get", "secrets/initshift-tls", NAMESPACE, True),
     ("update", "mutatingwebhookconfigurations/initshift-webhook", "", True),
+    ("list", "nodes", "", True),  # kubelet versions, for native-sidecar detection (read only)
     ("create", "pods", "builds", False),
     ("delete", "pods", "builds", False),
     ("update", "pods", "builds", False),
@@ -67,7 +68,6 @@ CAN_I: list[tuple[str, str, str, bool]] = [
     ("get", "serviceaccounts", "builds", False),
     ("create", "secrets", "builds", False),
     ("update", "mutatingwebhookconfigurations/istio-sidecar-injector", "", False),
-    ("list", "nodes", "", False),
     ("get", "configmaps", "builds", False),
     ("create", "serviceaccounts/token", NAMESPACE, False),
     ("create", "clusterrolebindings", "", False),

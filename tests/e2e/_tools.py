@@ -20,14 +20,12 @@ import yaml
 
 from waiter import protocol as p
 
-from tests.support.deploy_render import DEPLOY
-
 from ._check import check_build
 from concurrent.futures import ThreadPoolExecutor
 
 from ._env import Env, Record, check_report, initshift, native_only, scenario, waiter_modes
 from ._install import NAMESPACE
-from ._kube import kubectl, parse_time, wait_for
+from ._kube import parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
 from ._pods import annotations, first, log_lines, managed, outcome, pod, statuses, step, wait_end
 from ._viewer import viewer
@@ -215,12 +213,12 @@ def rbac(env: Env, rec: Record) -> None:
     wrong = [r for r in rows if r[3] != r[4]]
     assert not wrong, "kubectl auth can-i differs from what initshift needs: " + "; ".join(
         f"{v} {w} in {n}: expected {'yes' if e else 'no'}" for v, w, n, e, _ in wrong)
-    forbidden = [line for line in env.install.logs_forbidden() if "nodes" not in line]
+    forbidden = env.install.logs_forbidden()
     assert not forbidden, "initshift was refused something it needs:\n" + "\n".join(forbidden[:5])
     rec.details += ["| verb | what | where | allowed |", "|---|---|---|---|"]
     rec.details += [f"| {v} | `{w}` | {n} | {'yes' if got else 'no'} |" for v, w, n, _, got in rows]
     rec.note(f"{sum(r[3] for r in rows)} grants used, {sum(not r[3] for r in rows)} refusals confirmed; "
-             f"the server and watcher ran as {NAMESPACE}/initshift with no 403 but `list nodes` (optional)")
+             f"the server and watcher ran as {NAMESPACE}/initshift with no 403")
 
 
 @scenario("watcher-killed", phase=2)
@@ -337,21 +335,20 @@ OLD_KUBELET, NEW_KUBELET = "v1.28.15", "v1.34.9"
 def kubelet_upgrade(env: Env, rec: Record) -> None:
     """A cluster upgrade seen by `auto`: a second node whose kubelet reports v1.28, then,
     upgraded in place, v1.34 (a Node object of its own; no pod runs there), with the server
-    reading node versions (deploy/components/node-versions) every second. Builds get the
-    waiter while any kubelet is older than v1.29 and hybrid once the last one is upgraded,
-    without a restart; a build rewritten under the waiter before the switch ends under it."""
+    reading node versions (`nodes: list`, which the install grants by default) every second.
+    Builds get the waiter while any kubelet is older than v1.29 and hybrid once the last one
+    is upgraded, without a restart; a build rewritten under the waiter before the switch ends
+    under it."""
     ns = env.namespace("upgrade")
     rec.namespaces.append(ns)
-    node, rbac = f"old-pool-{env.run}", str(DEPLOY / "components" / "node-versions" / "rbac.yaml")
+    node = f"old-pool-{env.run}"
 
     def cleanup() -> None:  # before the server restarts as it was: it must find every kubelet upgraded
         env.kube.delete(f"/api/v1/nodes/{node}")
-        kubectl(env.admin, "delete", "--ignore-not-found", "-f", rbac)
 
     def kubelet(version: str) -> None:  # what a kubelet reports of itself when it (re)starts
         env.kube.patch(f"/api/v1/nodes/{node}/status", {"status": {"nodeInfo": {"kubeletVersion": version}}})
 
-    kubectl(env.admin, "apply", "-f", rbac)
     try:
         env.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "spec": {
             "unschedulable": True, "taints": [{"key": "e2e.initshift.io/no-kubelet", "effect": "NoSchedule"}]}})

@@ -309,9 +309,30 @@ async def _rbac_lines(api: KubeApi, target: Target, needed: set[str]) -> list[Li
         entries = [(a, ok) for a, ok in answers if a.needed == optional]
         granted = all(ok for _, ok in entries)
         what = ", ".join(a.text() for a, _ in entries)
+        if optional == NODE_VERSIONS:
+            out.append(_node_versions_line(what, granted))
+            continue
         out.append(Line(s, True, f"{optional}: {what} {'granted' if granted else 'not granted'}",
                         data={"optional": optional, "granted": granted}))
     return out
+
+
+# Granted by default (deploy/base, Helm rbac.nodeVersions=true); an install may leave it out.
+_NODE_VERSIONS_TITLE = "native-sidecar detection by kubelet versions"
+_NODE_VERSIONS_RISK = (
+    "warning: native-sidecar detection goes by the apiserver's version alone. A kubelet older than v1.29 "
+    "under a v1.29+ apiserver (the skew an upgrade allows) runs a hybrid or native pod's proxy, a native "
+    "sidecar, as an ordinary init container that never exits: the pod hangs in Init. Grant it (deploy/ "
+    "without components/without-node-versions, Helm rbac.nodeVersions=true), or set INITSHIFT_NATIVE_SIDECARS=false "
+    "(Helm nativeSidecars) while any kubelet is older than v1.29")
+
+
+def _node_versions_line(what: str, granted: bool) -> Line:
+    """`list nodes`: a warning when not granted, never a failure (an install may refuse it)."""
+    data = {"optional": NODE_VERSIONS, "granted": granted, "warning": not granted}
+    if granted:
+        return Line("rbac", True, f"{_NODE_VERSIONS_TITLE}: {what} granted", data=data)
+    return Line("rbac", True, f"{_NODE_VERSIONS_TITLE}: {what} not granted (warning)", _NODE_VERSIONS_RISK, data)
 
 
 def _namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[_Injector]) -> list[Line]:
