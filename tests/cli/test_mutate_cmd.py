@@ -416,7 +416,10 @@ async def test_resolve_reads_pull_secrets_from_the_kubeconfig_named(kube: KubeDo
                          "data": {".dockerconfigjson": base64.b64encode(config).decode()}})
     pod = copy.deepcopy(pods.catalogue()["job-istio"])
     pod["metadata"]["namespace"] = "builds"
-    pod["spec"]["imagePullSecrets"] = [{"name": "regcred"}]
+    # One more whose config is broken: skipped with a warning, as the kubelet skips it.
+    kube.put("secrets", {"metadata": {"name": "notes", "namespace": "builds"}, "type": "kubernetes.io/dockerconfigjson",
+                         "data": {".dockerconfigjson": base64.b64encode(b"not json").decode()}})
+    pod["spec"]["imagePullSecrets"] = [{"name": "regcred"}, {"name": "notes"}]
     step = next(c for c in pod["spec"]["initContainers"] if c["name"] == "git-clone")
     step["image"] = f"{reg.basic.host}/steps/entry:v1"
     del step["command"], step["args"]
@@ -427,6 +430,8 @@ async def test_resolve_reads_pull_secrets_from_the_kubeconfig_named(kube: KubeDo
     named = await asyncio.to_thread(run, "-", "-o", "json", "--resolve", "--kubeconfig", cfg, "--context", "double",
                                     stdin=json.dumps(pod), env=env)
     assert named.returncode == 0, named.stderr
+    skipped = [line for line in named.stderr.splitlines() if "notes" in line]
+    assert len(skipped) == 1 and skipped[0].startswith("warning: pull secret skipped: "), named.stderr
     got = json.loads(named.stdout)
     step = next(c for c in got["spec"]["containers"] if c["name"] == "git-clone")
     assert "/bin/entry" in json.dumps(step)

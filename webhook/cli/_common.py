@@ -26,6 +26,27 @@ class CliError(InitshiftError):
         self.code = code
 
 
+class _Said(logging.Handler):
+    """A library's log record as the command's own stderr lines say things (`warning: ...`),
+    on whatever sys.stderr is when it is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging's own contract: a failed emit is reported, not raised
+            self.handleError(record)
+
+
+def say_logged() -> None:
+    """Warnings the library logs while a short command runs (a pull secret the registry lookup
+    skips) said as `warning: ...`, not in logging's bare last-resort form. Long-running
+    commands log JSON instead (webhook.logs), which this leaves alone."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = _Said(logging.WARNING)
+        root.addHandler(handler)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a usage error as one stderr line (argparse prints the whole usage)."""
 

@@ -23,7 +23,7 @@ from waiter import protocol as p
 
 from .. import k8snames
 from ..admission import make_patch
-from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, path_arg
+from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, path_arg, say_logged
 from ._podio import (InputError, PodInput, dump, label_of, passed_through_note, read_manifests, read_objects,
                      source_name, write_stdout)
 from ..rewrite import Plan, QuantityError, RewriteResult, UnresolvedEntrypoint, parse_quantity, plan
@@ -188,6 +188,7 @@ def _check_cluster(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    say_logged()
     try:
         return _run(args)
     except (InputError, SettingsError) as e:

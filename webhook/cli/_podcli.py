@@ -14,7 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable, TextIO
 
 from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, layout
-from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args
+from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, say_logged
 
 # What a command does once it has a client, the namespace and the pod it was asked about.
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
@@ -328,4 +328,5 @@ async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str]
 
 def run_main(run: Callable[[list[str]], Awaitable[int]], argv: list[str]) -> int:
     """`run` on an event loop; Ctrl-C (130) is answered for every command in _main._guarded."""
+    say_logged()
     return asyncio.run(run(argv))
