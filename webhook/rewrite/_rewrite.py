@@ -91,7 +91,8 @@ class Plan(abc.ABC):
             result = self._result(images or {}, lookup_error)
         except RewriteError as e:
             result = _failed(self.pod, e)
-        if result.reason is Reason.NO_SIDECAR and not result.changed and injection_pending(self.pod, namespace):
+        if result.reason is Reason.NO_SIDECAR and not result.changed and not has_mesh_marker(self.pod) \
+                and injection_pending(self.pod, namespace):
             # Only the pod's Namespace asks the mesh (Istio's label): its proxy is injected
             # after initshift's webhook, which rewrites the pod when re-invoked then.
             result.warnings = [_prefix(_INJECTED_LATER)]
