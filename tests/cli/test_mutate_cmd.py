@@ -58,6 +58,27 @@ def test_admission_review_input(tmp_path):
     assert json.loads(out.stdout)["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
 
 
+@pytest.mark.parametrize("request_, said", [
+    ({"operation": "UPDATE"}, "the AdmissionReview is an UPDATE of v1 Pod; the webhook rewrites a Pod CREATE only"),
+    ({"kind": {"group": "apps", "version": "v1", "kind": "Deployment"}}, "is a CREATE of apps/v1 Deployment;"),
+    ({"subResource": "ephemeralcontainers", "operation": "UPDATE"}, "is an UPDATE of v1 Pod (pods/ephemeralcontainers);"),
+    ({"kind": {"kind": "Pod"}}, "is a CREATE of Pod;"),  # no version: the server's is_pod_create says no too
+    ({"operation": 5}, "one the webhook refuses (HTTP 400): request.operation must be a string"),
+    ({"kind": "Pod"}, "one the webhook refuses (HTTP 400): request.kind must be an object"),
+])
+def test_admission_review_the_server_would_not_rewrite(tmp_path, request_, said):
+    """The review's request read as the server reads it: one it lets pass or refuses is said,
+    not rewritten as if it were a Pod CREATE; the fields a hand-written review leaves out
+    are a Pod CREATE's (test_admission_review_input)."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "1", "object": pods.catalogue()["kpack-istio"], **request_}}
+    for command in ("mutate", "review"):
+        out = subprocess.run([sys.executable, "-m", "webhook.cli", command, "-"],
+                             input=json.dumps(review).encode(), capture_output=True)
+        assert out.returncode == 2 and not out.stdout, out
+        assert said in out.stderr.decode() and "Traceback" not in out.stderr.decode()
+
+
 def test_unchanged_pod_warns_and_check_exit_code():
     job = yaml.safe_dump(pods.catalogue()["job"])
     out = run("-", stdin=job)

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import yaml
 
+from .. import jsontext
+from ..admission import API_V1, KIND, BadReview, parse_review
 from ..errors import InitshiftError
 from ..rewrite import MAX_DEPTH, depth_problem
 
@@ -423,6 +425,10 @@ def _find_pod(doc: Any, where: str, workloads: bool) -> PodInput:
         pod = request["object"]
         if pod.get("kind", "Pod") != "Pod":
             raise InputError(f"{where}: the AdmissionReview holds {_a(_kind(pod))}, not a Pod")
+        other = _not_pod_create(request, where)
+        if other:
+            raise InputError(f"{where}: the AdmissionReview is {other}; the webhook rewrites a Pod CREATE only "
+                             f"(it lets this one pass unchanged)")
         return PodInput(pod=pod, review=doc)
     if doc.get("kind") in _TEMPLATE_PATHS:
         node: Any = doc
@@ -434,6 +440,27 @@ def _find_pod(doc: Any, where: str, workloads: bool) -> PodInput:
     if not isinstance(doc.get("spec"), dict):
         raise InputError(f"{where}: the Pod has no spec")
     return PodInput(pod=doc)
+
+
+def _not_pod_create(request: dict, where: str) -> str | None:
+    """What the review's request is when the server would not rewrite it, by the server's
+    own reading (`parse_review`, `Review.is_pod_create`), as `an UPDATE of v1 Pod`; None
+    for a Pod CREATE. A field the request leaves out is taken as a Pod CREATE's, as a
+    hand-written review means (`initshift review` writes them all); one the server would
+    refuse is InputError with the server's words."""
+    defaults = {"uid": "", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "resource": {"resource": "pods"},
+                "operation": "CREATE"}
+    body = jsontext.dumps({"apiVersion": API_V1, "kind": KIND, "request": {**defaults, **request}})
+    try:
+        review = parse_review(body)
+    except BadReview as e:
+        raise InputError(f"{where}: the AdmissionReview is one the webhook refuses (HTTP 400): {e}") from None
+    if review.is_pod_create:
+        return None
+    version = f"{review.group}/{review.version}" if review.group else review.version
+    resource = "/".join(r for r in (review.resource, review.sub_resource) if r)
+    on = f" ({resource})" if resource not in ("", "pods") else ""
+    return _a(" ".join(w for w in (review.operation, "of", version, review.kind + on) if w))
 
 
 def read_pod(path: str, *, workloads: bool = True) -> PodInput:
