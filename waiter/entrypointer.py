@@ -66,11 +66,14 @@ class Entrypointer:
         return None
 
     def skip(self, prev: Record) -> Record:
-        """The record of a step that does not run. It exits 0: under init containers a step
+        """The record of a step that does not run. It exits 0 (under init containers a step
         after a failed one never starts and has no exit code, and the Job controller's
-        `podFailurePolicy` matches every non-zero code of the container it names (a rule
-        for the main would take the failing step's code as the main's). The pod still ends
-        Failed: the failing step's own container carries its code; the record says which."""
+        `podFailurePolicy` matches every non-zero code of the container it names: a rule
+        for the main would take the failing step's code as the main's), or with
+        FLAG_SKIP_FAILS the failed step's code: the webhook sets it where a controller reads
+        the containers' codes for its verdict (kpack takes a `completion` that exited 0 for
+        a built image). The pod ends Failed either way: the failing step's own container
+        carries its code; the record says which."""
         failed = prev.failed_step or prev.name or os.path.dirname(self.opts.wait)
         code = prev.exit_code if prev.exit_code > 0 else 1
         if prev.reason == p.REASON_SKIPPED and prev.message:
@@ -80,7 +83,7 @@ class Entrypointer:
             message = f"skipped: step {failed!r} was {prev.message or 'stopped before the command started'}"
         else:
             message = f"skipped: step {failed!r} failed with exit code {code}"
-        return self._record(0, p.REASON_SKIPPED, message, failed)
+        return self._record(code if self.opts.skip_fails else 0, p.REASON_SKIPPED, message, failed)
 
     def outcome_record(self, out: runner.Outcome) -> Record:
         if out.timed_out:

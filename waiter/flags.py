@@ -19,7 +19,7 @@ RUN: Grammar = (
     frozenset({p.FLAG_NAME, p.FLAG_WAIT, p.FLAG_POST, p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TIMEOUT, p.FLAG_QUIT,
                p.FLAG_MAINS_DIR, p.FLAG_MAINS, p.FLAG_TERMINATION_LOG, p.FLAG_ARGV_MAP}),
     frozenset({p.FLAG_PROBE, p.FLAG_QUIT}),
-    frozenset({p.FLAG_RETRY}),
+    frozenset({p.FLAG_RETRY, p.FLAG_SKIP_FAILS}),
 )
 START_AFTER: Grammar = (
     frozenset({p.FLAG_NAME, p.FLAG_MARKER, p.FLAG_MAX_WAIT, p.FLAG_ARGV_MAP, p.FLAG_LOG_INTERVAL, p.FLAG_PROBE,
@@ -32,7 +32,7 @@ GRAMMARS = {p.CMD_RUN: RUN, p.CMD_START_AFTER: START_AFTER}
 USAGE = (f"usage: waiter run {p.FLAG_POST} FILE [{p.FLAG_NAME} NAME] [{p.FLAG_WAIT} FILE] "
          f"[{p.FLAG_READY_FILE} FILE] [{p.FLAG_PROBE} URL]... [{p.FLAG_TIMEOUT} SECONDS] "
          f"[{p.FLAG_QUIT} URL]... [{p.FLAG_MAINS_DIR} DIR {p.FLAG_MAINS} N] [{p.FLAG_TERMINATION_LOG} FILE] "
-         f"[{p.FLAG_RETRY}] [{p.FLAG_ARGV_MAP} JSON] {p.ARGV_SEPARATOR} COMMAND [ARGS...]")
+         f"[{p.FLAG_RETRY}] [{p.FLAG_SKIP_FAILS}] [{p.FLAG_ARGV_MAP} JSON] {p.ARGV_SEPARATOR} COMMAND [ARGS...]")
 
 
 class RunOptions:
@@ -51,6 +51,7 @@ class RunOptions:
         self.termination_log = p.DEFAULT_TERMINATION_LOG
         self.termination_log_explicit = False
         self.retry = False
+        self.skip_fails = False
         self.argv: list[bytes] = []
 
 
@@ -156,6 +157,8 @@ def parse_run(args: list[str]) -> RunOptions:
             opts.termination_log, opts.termination_log_explicit = v, True
         elif flag == p.FLAG_RETRY:
             opts.retry = True
+        elif flag == p.FLAG_SKIP_FAILS:
+            opts.skip_fails = True
         elif flag == p.FLAG_TIMEOUT:
             opts.timeout = seconds(flag, v)
         elif flag == p.FLAG_ARGV_MAP:

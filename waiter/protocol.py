@@ -187,6 +187,7 @@ FLAG_MAINS_DIR = "--mains-dir"  # the mains' shared directory (MAINS_MOUNT)
 FLAG_MAINS = "--mains"  # how many mains write their record there (the last finisher quits)
 FLAG_TERMINATION_LOG = "--termination-log"
 FLAG_RETRY = "--retry"  # restartPolicy OnFailure: re-run own failed record, wait through failures
+FLAG_SKIP_FAILS = "--skip-fails"  # a skipped step exits with the failed step's code (else 0)
 FLAG_ARGV_MAP = "--argv-map"  # JSON {"os/arch[/variant]": [argv...]}, chosen at run time
 FLAG_MARKER = "--marker"  # start-order: startup marker file this container writes
 FLAG_AFTER_MARKER = "--after-marker"  # start-order: marker file of an earlier container
@@ -227,7 +228,8 @@ RECORD_FINISHED_AT = "finishedAt"
 RECORD_MESSAGE = "message"  # why a step failed or was skipped
 RECORD_FAILED_STEP = "failedStep"  # skipped records: the step whose failure caused the skip
 
-# Exit codes of the waiter's own failures (a skipped step exits 0: waiter/entrypointer.py's skip).
+# Exit codes of the waiter's own failures (a skipped step exits 0, or with FLAG_SKIP_FAILS the
+# failed step's code: waiter/entrypointer.py's skip).
 EXIT_TIMED_OUT = 124
 EXIT_USAGE = 125  # bad flags, unusable files, no argv for this platform, internal error
 EXIT_CANNOT_EXEC = 126  # found but not executable: permission denied, exec format error

@@ -101,6 +101,64 @@ def failing_step(env: Env, rec: Record) -> None:
              f"exit 0); istio-proxy exit {proxy_end.get('exitCode')}")
 
 
+def _kpack_verdict(obj: dict) -> str:
+    """What kpack's build controller makes of its ended build pod (conditionForPod and
+    podCompletedWithActiveDeadline, pkg/reconciler/build/build.go): a pod that failed by a
+    deadline while `completion` had exited 0 is a built image."""
+    phase, done = obj["status"]["phase"], terminated(obj, "completion") or {}
+    if phase == "Succeeded" or (phase == "Failed" and obj["status"].get("reason") == "DeadlineExceeded"
+                                and done.get("exitCode") == 0):
+        return "Succeeded"
+    return "Failed" if phase == "Failed" else "Unknown"
+
+
+@scenario("kpack-failed-build")
+def kpack_failed_build(env: Env, rec: Record) -> None:
+    """A kpack-shaped build owned by a controller (not a Job) whose `build` step fails, under
+    each strategy the waiter runs, with kpack's own reading: its controller sets
+    `activeDeadlineSeconds: 1` once `completion` has ended while a sidecar runs (here a proxy
+    that refuses the quit), and takes such a pod with `completion` at exit 0 for a built
+    image. The skipped `export` and `completion` exit with the failed step's code, so kpack
+    reads a failed build; the outcome names `build`."""
+    ns = env.namespace("kpackfail")
+    rec.namespaces.append(ns)
+    # The controller: any object kind works for the kubelet and the garbage collector; kpack's Build is not served here.
+    owner = env.kube.create(f"/api/v1/namespaces/{ns}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "build-owner"}})
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "build-owner", "uid": owner["metadata"]["uid"],
+           "controller": True}
+    notes = []
+    for mode in waiter_modes(env):
+        name = f"build-{mode}"
+        steps = [step(s, env.images.busybox, port=ISTIO_TRAFFIC, exit_code=51 if s == "build" else 0) for s in KPACK]
+        body = _build_pod(env, name, steps, annotations={p.ANNOTATION_MODE: mode, NO_QUIT: "true",
+                                                         "sidecar.istio.io/inject": "true"})
+        body["metadata"]["ownerReferences"] = [ref]
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+        set_deadline = []
+
+        def kpack_controller() -> dict | None:
+            obj = env.kube.pod(ns, name) or {}
+            phase = obj.get("status", {}).get("phase")
+            if phase == "Running" and terminated(obj, "completion") and not set_deadline:
+                env.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {"spec": {"activeDeadlineSeconds": 1}})
+                set_deadline.append(True)
+            return obj if phase in ("Succeeded", "Failed") else None
+
+        obj = wait_for(kpack_controller, 240, f"{name} to end", interval=0.2)
+        assert managed(obj) == mode, managed(obj)
+        codes = {n: (terminated(obj, n) or {}).get("exitCode") for n in ("build", "export", "completion")}
+        assert codes == {"build": 51, "export": 51, "completion": 51}, codes
+        assert not first(log_lines(env.kube, ns, name, "completion"), "^completion start$"), "completion ran"
+        verdict = _kpack_verdict(obj)
+        assert verdict == "Failed", (verdict, obj["status"].get("reason"), codes)
+        result = outcome(env.kube, ns, name)
+        assert result["result"] == "Failed" and result.get("failed") == "build", result
+        notes.append(f"{mode}: build 51, export and completion skipped with 51, pod {obj['status'].get('reason') or 'Failed'}"
+                     f"{' after kpack-style deadline' if set_deadline else ''}, kpack reads {verdict}")
+    rec.note("; ".join(notes))
+
+
 @scenario("debug-copy")
 def debug_copy(env: Env, rec: Record) -> None:
     """`kubectl debug --copy-to` of a failed build with the failing step's command replaced,

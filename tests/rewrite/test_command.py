@@ -38,11 +38,11 @@ names = nonempty.filter(lambda n: not n.startswith("-"))
 @settings(max_examples=200, deadline=None)
 @given(name=names, argv=words, waits=st.booleans(), gate=st.booleans(),
        probes=st.lists(urls, max_size=3), timeout=st.integers(0, 10**6), retry=st.booleans(),
-       quits=st.lists(urls, max_size=2), mains=st.integers(0, 3), argv_map=argv_maps)
+       skip_fails=st.booleans(), quits=st.lists(urls, max_size=2), mains=st.integers(0, 3), argv_map=argv_maps)
 def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: pytest.TempPathFactory, name: str,
                                                              argv: list[str], waits: bool, gate: bool,
                                                              probes: list[str], timeout: int, retry: bool,
-                                                             quits: list[str], mains: int,
+                                                             skip_fails: bool, quits: list[str], mains: int,
                                                              argv_map: dict | None) -> None:
     root = tmp_path_factory.mktemp("run")
     post, wait = str(root / "self" / "done"), str(root / "before" / "done") if waits else None
@@ -52,14 +52,15 @@ def test_run_command_round_trips_through_the_waiters_parser(tmp_path_factory: py
         mains = 0  # a container name is neither (the mains' records are files named after them)
     mains_dir = str(root / "mains") if mains else None
     args = run_command(name=name, post=post, argv=argv, wait=wait, ready_file="/ready" if gate else None,
-                       probes=probes, timeout=timeout, retry=retry, quits=quits, mains_dir=mains_dir, mains=mains,
-                       argv_map=argv_map)
+                       probes=probes, timeout=timeout, retry=retry, skip_fails=skip_fails, quits=quits,
+                       mains_dir=mains_dir, mains=mains, argv_map=argv_map)
     assert args[0] == p.CMD_RUN and waiter_command(_container(args)) == p.CMD_RUN
     if argv or argv_map:
         opts = waiter_flags.parse_run(args[1:])
         assert (opts.name, opts.post, opts.wait, opts.ready_file) == (name, post, wait or "", "/ready" if gate else "")
         assert [e.url for e in opts.probes] == probes and [e.url for e in opts.quit] == quits
         assert opts.timeout == (float(timeout) if timeout else None) and opts.retry is retry
+        assert opts.skip_fails is skip_fails
         assert (opts.mains_dir, opts.mains) == (mains_dir or "", mains)
         assert opts.termination_log == p.DEFAULT_TERMINATION_LOG  # a path the pod sets is its program's
         expected = [*(argv_map[HERE] if argv_map else []), *argv]

@@ -737,6 +737,15 @@ def _copy(pod: dict, *, keep_labels: bool, keep_annotations: bool) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(pod["spec"])}
 
 
+def _without_skip_fails(container: dict) -> dict:
+    """The container with the waiter's --skip-fails left out of its flags (before `--`)."""
+    args = container.get("args")
+    if container.get("command") != [p.WAITER_PATH] or not args:
+        return container
+    cut = args.index(p.ARGV_SEPARATOR)
+    return {**container, "args": [a for a in args[:cut] if a != p.FLAG_SKIP_FAILS] + args[cut:]}
+
+
 @pytest.mark.parametrize("mode", ["waiter", "hybrid"])
 @pytest.mark.parametrize("where", ["step", "main"])
 def test_a_copy_whose_step_has_a_new_command_runs_it_in_the_steps_place(mode, where):
@@ -755,7 +764,9 @@ def test_a_copy_whose_step_has_a_new_command_runs_it_in_the_steps_place(mode, wh
     assert result.changed and result.reason == "refreshed", result.warnings
     assert_valid_pod(result.pod)
     by_name = {c["name"]: c for c in result.pod["spec"]["containers"]}
-    before = {c["name"]: c for c in first.pod["spec"]["containers"]}
+    # The copy has no owner (kubectl debug drops it): nothing reads its codes, its skips exit 0.
+    assert any(p.FLAG_SKIP_FAILS in (c.get("args") or ()) for c in first.pod["spec"]["containers"])
+    before = {c["name"]: _without_skip_fails(c) for c in first.pod["spec"]["containers"]}
     assert by_name[name]["command"] == [p.WAITER_PATH]
     assert argv_after_separator(by_name[name]) == ["sh", "-c", "echo debugging $(HOME) in 'here'"]
     assert by_name[name]["args"][:-3] == before[name]["args"][:before[name]["args"].index(p.ARGV_SEPARATOR) + 1]
@@ -797,3 +808,38 @@ def test_a_pod_naming_a_container_like_initshifts_own_is_told_the_name_is_reserv
     pod["spec"]["initContainers"][0]["name"] = p.INIT_CONTAINER_NAME
     result = rewrite(pod, ON)
     assert result.reason == "reserved" and "is reserved by initshift" in result.warnings[0], result.warnings
+
+
+def _skip_flags(pod: dict) -> set[bool]:
+    """Whether each container the waiter runs was given --skip-fails."""
+    return {p.FLAG_SKIP_FAILS in c["args"][:c["args"].index(p.ARGV_SEPARATOR)]
+            for c in pod["spec"]["containers"] if c.get("command") == [p.WAITER_PATH]}
+
+
+def _owned(pod: dict, *refs: dict) -> dict:
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["ownerReferences"] = list(refs)
+    return pod
+
+
+BUILD = {"apiVersion": "kpack.io/v1alpha2", "kind": "Build", "name": "b", "uid": "u1", "controller": True}
+JOB = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u2", "controller": True}
+
+
+@pytest.mark.parametrize("mode", ["waiter", "hybrid"])
+@pytest.mark.parametrize("owners, restart, fails", [
+    ([BUILD], "Never", True),  # kpack reads completion's code: a skip must not read as success
+    ([{**BUILD, "kind": "TaskRun", "apiVersion": "tekton.dev/v1"}], "Never", True),
+    ([JOB], "Never", False),  # podFailurePolicy: a rule for the main must not match a skip
+    ([{**JOB, "apiVersion": "batch.volcano.sh/v1alpha1"}], "Never", True),  # not batch's Job
+    ([], "Never", False),  # no controller: people read it, and mutate reads a Job's template so
+    ([{**BUILD, "controller": False}], "Never", False),  # an owner, not the controller
+    ([BUILD], "OnFailure", False),  # a skipped container exiting non-zero would restart
+])
+def test_skips_fail_where_a_controller_other_than_a_job_reads_the_codes(mode, owners, restart, fails):
+    pod = _owned(CATALOGUE["kpack-istio"], *owners)
+    pod["spec"]["restartPolicy"] = restart
+    result = rewrite(pod, with_settings(mode=mode), native_supported=True)
+    assert result.changed, result.warnings
+    assert _skip_flags(result.pod) == {fails}
+    assert rewrite(result.pod, with_settings(mode=mode), native_supported=True).pod == result.pod

@@ -66,6 +66,18 @@ def test_failing_middle_step_skips_the_rest(tmp_path: Path) -> None:
         assert "skipped: step 's2'" in results[i][1]
 
 
+def test_skip_fails_exits_with_the_failed_steps_code(tmp_path: Path) -> None:
+    """--skip-fails (a pod a controller such as kpack reads): every skipped step exits with
+    the code of the step that failed, through a chain of skips, its record still `Skipped`."""
+    commands = [["sh", "-c", 'exit "$1"', "sh", "7" if i == 1 else "0"] for i in range(4)]
+    dirs, results = chain(tmp_path, commands, {i: [p.FLAG_SKIP_FAILS] for i in range(4)})
+    assert [results[i][0] for i in range(4)] == [0, 7, 7, 7]
+    for i in (2, 3):
+        rec = record(dirs[i] / DONE)
+        assert (rec[p.RECORD_REASON], rec[p.RECORD_EXIT_CODE], rec[p.RECORD_FAILED_STEP]) == (p.REASON_SKIPPED, 7, "s1")
+        assert rec[p.RECORD_MESSAGE] == "skipped: step 's1' failed with exit code 7"
+
+
 def test_step_killed_by_signal(tmp_path: Path) -> None:
     res = run(tmp_path / DONE, argv=["sh", "-c", "kill -KILL $$"])
     assert res.returncode == 128 + signal.SIGKILL

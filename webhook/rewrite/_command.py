@@ -36,7 +36,8 @@ def _argv_map(value: dict | None) -> list[str]:
 
 
 def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None = None, ready_file: str | None = None,
-                probes: Sequence[str] = (), timeout: int = 0, retry: bool = False, quits: Sequence[str] = (),
+                probes: Sequence[str] = (), timeout: int = 0, retry: bool = False, skip_fails: bool = False,
+                quits: Sequence[str] = (),
                 mains_dir: str | None = None, mains: int = 0, argv_map: dict | None = None) -> list[str]:
     """`waiter run ...` as the container's `args` (the `command` is the waiter itself)."""
     args = [p.CMD_RUN, p.FLAG_NAME, name, p.FLAG_POST, post]
@@ -50,6 +51,8 @@ def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None =
         args += [p.FLAG_TIMEOUT, str(timeout)]
     if retry:
         args.append(p.FLAG_RETRY)
+    if skip_fails:
+        args.append(p.FLAG_SKIP_FAILS)
     for url in quits:
         args += _flag(p.FLAG_QUIT, url)
     if mains_dir and mains:

@@ -196,6 +196,7 @@ class _Chain:
     quitted: frozenset[str]  # the regular sidecars the last main quits (their quit needs: _quit.py)
     quit_urls: tuple[str, ...]
     retry: bool
+    skip_fails: bool  # a skipped container exits with the failed step's code (skips_fail)
     step_timeout: int
 
     def is_main(self, index: int) -> bool:
@@ -233,7 +234,7 @@ def wrap(container: Mapping, index: int, chain: _Chain,
     out["args"] = run_command(
         name=str(container["name"]), post=p.completion_path(index), argv=argv or [],
         wait=None if wait is None else p.completion_path(wait), ready_file=ready_file, probes=probes,
-        timeout=0 if main else chain.step_timeout, retry=chain.retry,
+        timeout=0 if main else chain.step_timeout, retry=chain.retry, skip_fails=chain.skip_fails,
         quits=chain.quit_urls if chain.quits(index) else (),
         mains_dir=p.MAINS_MOUNT if main else None, mains=chain.n_mains if main else 0,
         # No --termination-log: a terminationMessagePath the pod sets is its program's, in
@@ -245,7 +246,29 @@ def wrap(container: Mapping, index: int, chain: _Chain,
     return out
 
 
-def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, n_mains: int,
+def skips_fail(pod: Mapping) -> bool:
+    """Whether the waiter's skipped containers exit with the failed step's code rather than
+    0 (p.FLAG_SKIP_FAILS): in a pod a controller other than a Job owns, whose restartPolicy
+    is Never.
+
+    Such a controller reads the containers' exit codes for its verdict: kpack takes a pod
+    ended by a deadline whose `completion` exited 0 for a built image (and sets that
+    deadline itself when a sidecar outlives `completion`), Tekton a step's code for the
+    step's result. A skip that exits 0 tells them a step that never ran succeeded. 0 stays
+    where it is needed or harmless: a Job's pods (its podFailurePolicy matches every
+    non-zero code of the container a rule names, and under init containers the main never
+    ran), a pod without a controller (people read it; so does `initshift mutate` a Job's
+    template, which has no owner yet: it must write what the webhook will), and a pod
+    whose containers restart (one exiting non-zero would be restarted)."""
+    if mapping_at(pod, "spec").get("restartPolicy") != "Never":
+        return False
+    owners = mapping_at(pod, "metadata").get("ownerReferences")
+    owner = next((o for o in owners if isinstance(o, dict) and o.get("controller") is True), None) \
+        if isinstance(owners, list) else None
+    return owner is not None and not (owner.get("kind") == "Job" and str(owner.get("apiVersion")).startswith("batch/"))
+
+
+def _chain(settings: RewriteSettings, pod: Mapping, n_steps: int, n_mains: int,
             sidecars: Sequence[Mapping], regular_sidecars: Sequence[Mapping], annotations: Mapping,
             hybrid: bool = False) -> _Chain:
     # Only regular sidecars are quit: the kubelet stops native ones after the last regular container.
@@ -264,7 +287,8 @@ def _chain(settings: RewriteSettings, restart_policy: str | None, n_steps: int, 
     return _Chain(n_steps=n_steps, n_mains=n_mains, ready_file=ready_file, probes=tuple(probes),
                   quitted=frozenset(str(s["name"]) for s in quitted),
                   quit_urls=tuple(quit_url(s, settings.quit_endpoints[s["name"]], annotations) for s in quitted),
-                  retry=restart_policy == "OnFailure", step_timeout=settings.step_timeout_seconds)
+                  retry=mapping_at(pod, "spec").get("restartPolicy") == "OnFailure", skip_fails=skips_fail(pod),
+                  step_timeout=settings.step_timeout_seconds)
 
 
 _OUR_VOLUMES = frozenset((p.BIN_VOLUME, p.READY_VOLUME, p.MAINS_VOLUME))  # and the run dirs
@@ -474,7 +498,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
 
     annotations = mapping_at(pod, "metadata", "annotations")
-    chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(cls.mains),
+    chain = _chain(settings, pod, len(steps), len(cls.mains),
                      cls.all_sidecars, cls.sidecars, annotations, how == p.MODE_HYBRID)
     wrapped_steps = [wrap(c, i, chain, *argvs[c["name"]]) for i, c in enumerate(steps)]
     mains_by_name = {c["name"]: wrap(c, len(steps) + j, chain, *argvs[c["name"]])
@@ -628,7 +652,7 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
         containers = give_back_to_sidecars(containers, steps, regular_sidecars, settings)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     annotations = mapping_at(pod, "metadata", "annotations")
-    chain = _chain(settings, spec.get("restartPolicy"), len(steps), len(mains),
+    chain = _chain(settings, pod, len(steps), len(mains),
                      [*natives, *regular_sidecars], regular_sidecars, annotations, managed_as(pod) == p.MODE_HYBRID)
     out = dict(pod)
     out["spec"] = dict(spec)
