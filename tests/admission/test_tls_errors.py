@@ -43,7 +43,7 @@ def test_a_key_of_another_certificate_does_not_belong_to_it(pki, tmp_path, kind)
         ec.generate_private_key(ec.SECP256R1())
     (tmp_path / "other.key").write_bytes(_pem(key))
     assert _refused(pki / "tls.crt", tmp_path / "other.key") == \
-        f"cannot load TLS certificate {pki / 'tls.crt'} with key {tmp_path / 'other.key'}: the key does not belong " \
+        f"cannot load TLS certificate {pki / 'tls.crt'} with key {tmp_path / 'other.key'} (INITSHIFT_TLS_CERT, INITSHIFT_TLS_KEY): the key does not belong " \
         "to the certificate"
 
 

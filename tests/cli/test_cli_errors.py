@@ -378,7 +378,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["serve"], {"INITSHIFT_PORT": "https"}, 2, "INITSHIFT_PORT", False),
         (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false",
                                     "INITSHIFT_TLS_CERT": "{d}/missing.crt", "INITSHIFT_TLS_KEY": "{d}/missing.key"},
-         1, "TLS certificate {d}/missing.crt: no such file", True),
+         1, "TLS certificate {d}/missing.crt (INITSHIFT_TLS_CERT): no such file", True),
         (["serve", "--port", "0", "--kubeconfig", "{d}/missing"],
          {"INITSHIFT_SELF_MANAGED_CERTS": "true"}, 1, "{d}/missing: no such file", True),
         (["serve", "--port", "99999"], {}, 2, "argument --port: expected a port number (0 to 65535), got 99999", False),
@@ -394,13 +394,13 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
                                                               "got 'lots'", False),
         (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_TLS_CERT": "{d}/dir",
                                     "INITSHIFT_TLS_KEY": "{d}/dir"},
-         1, "TLS certificate {d}/dir: is a directory, not a PEM file", True),
+         1, "TLS certificate {d}/dir (INITSHIFT_TLS_CERT): is a directory, not a PEM file", True),
         (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_TLS_CERT": "{d}/empty.crt",
                                     "INITSHIFT_TLS_KEY": "{d}/empty.crt"},
-         1, "TLS certificate {d}/empty.crt: the file is empty", True),
+         1, "TLS certificate {d}/empty.crt (INITSHIFT_TLS_CERT): the file is empty", True),
         (["serve", "--port", "0"], {"INITSHIFT_NATIVE_SIDECARS": "false", "INITSHIFT_TLS_CERT": "{d}/binary.bin",
                                     "INITSHIFT_TLS_KEY": "{d}/binary.bin"},
-         1, "cannot load TLS certificate {d}/binary.bin with key {d}/binary.bin: {d}/binary.bin holds no PEM "
+         1, "cannot load TLS certificate {d}/binary.bin with key {d}/binary.bin (INITSHIFT_TLS_CERT, INITSHIFT_TLS_KEY): {d}/binary.bin holds no PEM "
             "certificate", True),
     ],
     "watch": [

@@ -51,16 +51,17 @@ def make_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     # No compression (CRIME), no renegotiation (a client could make the server redo
     # handshakes on one connection for free).
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
-    for path, what in ((cert, "certificate"), (key, "key")):
+    for path, what, setting in ((cert, "certificate", "INITSHIFT_TLS_CERT"), (key, "key", "INITSHIFT_TLS_KEY")):
         problem = _file_problem(path)
         if problem:
-            raise TLSError(f"TLS {what} {path}: {problem}")
+            raise TLSError(f"TLS {what} {path} ({setting}): {problem}")
     try:
         # Without a password callback OpenSSL asks for an encrypted key's passphrase on the
         # terminal: refuse such a key instead (_why says so).
         ctx.load_cert_chain(certfile=cert, keyfile=key, password=_no_passphrase)
     except (OSError, _Encrypted) as e:  # ssl.SSLError is an OSError
-        raise TLSError(f"cannot load TLS certificate {cert} with key {key}: {_why(e, cert, key)}") from None
+        raise TLSError(f"cannot load TLS certificate {cert} with key {key} (INITSHIFT_TLS_CERT, INITSHIFT_TLS_KEY): "
+                       f"{_why(e, cert, key)}") from None
     if client_ca:
         where = f"client CA {client_ca} (INITSHIFT_CLIENT_CA)"
         problem = _file_problem(client_ca)
