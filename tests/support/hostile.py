@@ -108,29 +108,30 @@ class Legit:
         proc = mp.Process(target=_legit, args=(self.url, self.ca, self.body, self.pause, stop, send), daemon=True)
         proc.start()
         send.close()
-        got = 0
 
-        def drain(wait: float = 0.0) -> None:
-            nonlocal got
-            while recv.poll(wait):
+        def drain() -> None:
+            # Read while the block runs: the pipe holds about 2,000 samples, and a client
+            # whose pipe is full stops sending (it blocks in `send`).
+            while True:  # until the client's end closes (it exited)
                 try:
                     self.samples.append(recv.recv())
-                except EOFError:
+                except (EOFError, OSError):
                     return
-                got += 1
-                wait = 0.0
 
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        start = len(self.samples)
         try:
             yield self
             deadline = time.monotonic() + 300
-            while got < at_least and proc.is_alive() and time.monotonic() < deadline:
-                drain(0.1)
+            while len(self.samples) - start < at_least and reader.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
         finally:
             stop.set()
             proc.join(120)
-            drain()
             if proc.is_alive():
                 proc.terminate()
+            reader.join(30)
 
 
 # --- connections ---------------------------------------------------------------------------------
