@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 PIP_CONSTRAINTS ?=
 FLOORS_VENV := .venv-floors
 
-.PHONY: help venv system-deps run test test-floors e2e waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher bench-rewrite clean
+.PHONY: help venv system-deps run test test-floors e2e waiter wheel lock bench bench-waiter bench-admission bench-admission-callgrind bench-hostile bench-watcher bench-rewrite bench-deployment clean
 
 help:
 	@echo "make run            start the HTTPS webhook on https://127.0.0.1:8443 (self-signed CA in .run/)"
@@ -40,6 +40,7 @@ help:
 	@echo "make waiter         build the frozen waiter bundle in dist/waiter/"
 	@echo "make wheel          build the initshift wheel in dist/wheels/ (the image installs it)"
 	@echo "make bench          run every benchmark (prints figures)"
+	@echo "make bench-deployment  the Deployment's memory: serve --watch in its limit, attacked during a watcher burst"
 
 $(STAMP): pyproject.toml $(PIP_CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed"'
@@ -87,7 +88,7 @@ wheel: $(STAMP)
 lock: $(STAMP)
 	$(PY) -m tests.support.lockfile
 
-bench: bench-waiter bench-admission bench-hostile bench-watcher bench-rewrite
+bench: bench-waiter bench-admission bench-hostile bench-watcher bench-rewrite bench-deployment
 
 bench-waiter: waiter
 	$(PY) -m tests.bench.waiter_bench
@@ -115,6 +116,14 @@ WATCHER_BENCH_APT_PACKAGES := etcd-server
 bench-watcher: $(STAMP)
 	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(WATCHER_BENCH_APT_PACKAGES)"
 	$(PY) -m tests.bench.watcher_bench
+
+# The Deployment as it runs: `initshift serve --watch` with deploy/base's command, env and
+# memory limit (a cgroup) against a real etcd + kube-apiserver, while the worst attacks of
+# bench-hostile and the 1,000-pod burst of bench-watcher run at once: its peak, OOM kills,
+# the legitimate reviews' p99 (root; the binaries make e2e uses).
+bench-deployment: $(STAMP)
+	@$(MAKE) --no-print-directory system-deps APT_PACKAGES="$(WATCHER_BENCH_APT_PACKAGES)"
+	$(PY) -m tests.bench.deployment_bench
 
 # The rewrite and its JSONPatch as a pod grows to n steps x n mains (n up to 12,000).
 bench-rewrite: $(STAMP)

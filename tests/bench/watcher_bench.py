@@ -311,7 +311,8 @@ class RealBackend:
                 counts["lease"] += n
         return counts
 
-    async def watching(self) -> bool:
+    async def watching(self, at_least: int = 2) -> bool:
+        """At least `at_least` pods watches are open (2: the driver's and the watcher's)."""
         open_ = 0
         for line in await self._metrics():
             m = _LONGRUNNING.match(line)
@@ -319,7 +320,7 @@ class RealBackend:
                 lb = _labels(m.group(1))
                 if lb.get("resource") == "pods" and lb.get("verb") == "WATCH":
                     open_ += int(float(m.group(2)))
-        return open_ >= 2  # the driver's and the watcher's
+        return open_ >= at_least
 
     def cpu(self) -> dict[str, float]:
         return {"kube-apiserver": self.plane.apiserver.cpu_seconds(), "etcd": self.plane.etcd.cpu_seconds()}
