@@ -14,7 +14,7 @@ from .env import child_environment
 from .flags import USAGE, RunOptions, parse_run, post_path_of
 from .gate import Gate
 from .quit import quit_sidecars, record_main
-from .record import Record, now, read_record, rfc3339
+from .record import Record, now, read_record, rfc3339, skip_message
 from .signals import TERMINATING, SignalBox
 from .wait import DirWatch
 
@@ -76,13 +76,7 @@ class Entrypointer:
         carries its code; the record says which."""
         failed = prev.failed_step or prev.name or os.path.dirname(self.opts.wait)
         code = prev.exit_code if prev.exit_code > 0 else 1
-        if prev.reason == p.REASON_SKIPPED and prev.message:
-            message = prev.message  # the same cause, said once by the first step it skipped
-        elif prev.reason == p.REASON_STOPPED:
-            # The pod is going away: the step before never ran, it did not fail.
-            message = f"skipped: step {failed!r} was {prev.message or 'stopped before the command started'}"
-        else:
-            message = f"skipped: step {failed!r} failed with exit code {code}"
+        message = skip_message(failed, prev.reason, prev.message, code)
         return self._record(code if self.opts.skip_fails else 0, p.REASON_SKIPPED, message, failed)
 
     def outcome_record(self, out: runner.Outcome) -> Record:

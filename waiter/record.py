@@ -28,6 +28,18 @@ def rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
 
 
+def skip_message(failed: str, reason: str, message: str, code: int) -> str:
+    """Why a step did not run, from the record of the step before it (`reason`, `message`,
+    `code`; `failed`: the step whose failure is the cause). The waiter's skip writes it; the
+    watcher says the same of a skipped container that has no record of its own."""
+    if reason == p.REASON_SKIPPED and message:
+        return message  # the same cause, said once by the first step it skipped
+    if reason == p.REASON_STOPPED:
+        # The pod is going away: the step before never ran, it did not fail.
+        return f"skipped: step {failed!r} was {message or 'stopped before the command started'}"
+    return f"skipped: step {failed!r} failed with exit code {code}"
+
+
 class Record(namedtuple("Record", "name exit_code reason started_at finished_at message failed_step",
                         defaults=("", ""))):
     """name, exit_code: int, reason (REASON_*), started_at/finished_at (RFC 3339), message,

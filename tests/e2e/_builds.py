@@ -119,7 +119,8 @@ def kpack_failed_build(env: Env, rec: Record) -> None:
     `activeDeadlineSeconds: 1` once `completion` has ended while a sidecar runs (here a proxy
     that refuses the quit), and takes such a pod with `completion` at exit 0 for a built
     image. The skipped `export` and `completion` exit with the failed step's code, so kpack
-    reads a failed build; the outcome names `build`."""
+    reads a failed build; the outcome names `build`, and `completion` (its own
+    terminationMessagePath, as kpack's: no record of the waiter's) as skipped."""
     ns = env.namespace("kpackfail")
     rec.namespaces.append(ns)
     # The controller: any object kind works for the kubelet and the garbage collector; kpack's Build is not served here.
@@ -134,6 +135,8 @@ def kpack_failed_build(env: Env, rec: Record) -> None:
         body = _build_pod(env, name, steps, annotations={p.ANNOTATION_MODE: mode, NO_QUIT: "true",
                                                          "sidecar.istio.io/inject": "true"})
         body["metadata"]["ownerReferences"] = [ref]
+        # kpack's completion writes its build metadata to a path of its own: the waiter leaves it alone.
+        body["spec"]["containers"][0]["terminationMessagePath"] = "/tmp/metadata"
         env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
         set_deadline = []
 
@@ -154,6 +157,10 @@ def kpack_failed_build(env: Env, rec: Record) -> None:
         assert verdict == "Failed", (verdict, obj["status"].get("reason"), codes)
         result = outcome(env.kube, ns, name)
         assert result["result"] == "Failed" and result.get("failed") == "build", result
+        # No record of the waiter's on completion: the watcher reads its skip from the order.
+        main = result["mains"][0]
+        assert (main["reason"], main.get("message")) == (p.REASON_SKIPPED, "skipped: step 'build' failed with exit "
+                                                                               "code 51"), main
         notes.append(f"{mode}: build 51, export and completion skipped with 51, pod {obj['status'].get('reason') or 'Failed'}"
                      f"{' after kpack-style deadline' if set_deadline else ''}, kpack reads {verdict}")
     rec.note("; ".join(notes))

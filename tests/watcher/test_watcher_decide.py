@@ -12,7 +12,7 @@ from tests.support.kubedouble import merge_patch, running, terminated, waiting
 from waiter import protocol as p
 from webhook.rewrite._command import run_command
 from webhook.watcher._decide import RECORD, URGENT, decide, format_time
-from webhook.watcher._podstate import layout
+from webhook.watcher._podstate import layout, read_runs
 from webhook.settings import WatcherSettings
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -192,6 +192,40 @@ def test_outcome_records_each_step_from_the_waiter_message() -> None:
     assert outcome["mains"][0]["reason"] == p.REASON_SKIPPED
     assert outcome["message"].startswith("build failed: Error (exit 3)")
     assert outcome["decidedAt"] == format_time(NOW)
+
+
+@pytest.mark.parametrize("code", [3, 0])  # --skip-fails (kpack's pod) or not
+def test_a_skipped_main_without_a_record_of_its_own_is_read_as_skipped(code) -> None:
+    """kpack's `completion` sets its own terminationMessagePath, so the waiter writes it no
+    record: after a failed step it can only have been skipped, and the outcome says so with
+    the waiter's words (not an `Error` of its own, nor a `Completed` that never ran)."""
+    message = "skipped: step 'build' failed with exit code 3"
+    pod = make_pod(ALL_DONE[:1] + [done("build", 3, p.REASON_ERROR, end=30), terminated("completion", code),
+                                   terminated("istio-proxy", 0)], annotations=READY)
+    outcome = decide(pod, NOW, W).actions[0].outcome
+    assert (outcome["failed"], outcome["mains"][0]["reason"], outcome["mains"][0]["exitCode"]) == \
+        ("build", p.REASON_SKIPPED, code)
+    assert outcome["mains"][0]["message"] == message
+    # Through a chain: a step the waiter recorded as skipped, then the main without a record.
+    pod = make_pod([done("fetch", 3, p.REASON_ERROR), terminated("build", code, message=json.dumps({
+        "name": "build", "exitCode": code, "reason": p.REASON_SKIPPED, "message": "skipped: step 'fetch' failed with "
+        "exit code 3"})), terminated("completion", code), terminated("istio-proxy", 0)], annotations=READY)
+    mains = decide(pod, NOW, W).actions[0].outcome["mains"]
+    assert (mains[0]["reason"], mains[0]["message"]) == (p.REASON_SKIPPED, "skipped: step 'fetch' failed with exit code 3")
+
+
+@pytest.mark.parametrize("change", ["ran", "on-failure", "signal", "other-code"])
+def test_a_main_without_a_record_is_read_as_skipped_only_where_it_can_have_been(change) -> None:
+    """Not after a step that succeeded, not under OnFailure (the waiter waits through a
+    failure there), not with a signal or a code no skip exits with."""
+    build = done("build", 0 if change == "ran" else 3, p.REASON_COMPLETED if change == "ran" else p.REASON_ERROR, end=30)
+    completion = terminated("completion", 9 if change == "other-code" else 0 if change == "ran" else 3)
+    if change == "signal":
+        completion["state"]["terminated"]["signal"] = 15
+    pod = make_pod(ALL_DONE[:1] + [build, completion, terminated("istio-proxy", 0)], annotations=READY)
+    if change == "on-failure":
+        pod["spec"]["restartPolicy"] = "OnFailure"
+    assert read_runs(pod, layout(pod))["completion"].reason in ("Completed", "Error")
 
 
 def test_oomkilled_outcome_names_the_step_and_marks_the_rest_not_run() -> None:

@@ -22,7 +22,7 @@ from waiter import protocol as p
 from ..rewrite import managed_as, removed_post_start, removed_startup_probes
 from ..settings import RewriteSettings
 from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, json_int, layout, parse_time,
-                       pod_ended, read_run, statuses)
+                       pod_ended, read_run, read_runs, statuses)
 
 
 class State(StrEnum):
@@ -171,6 +171,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
     outcome = _outcome(pod)
     entries = _outcome_entries(outcome)
     runs = {n: read_run(n, status_of.get(n)) for n in [*lay.sequence, *lay.mains, *lay.all_sidecars]}
+    runs.update(read_runs(pod, lay))  # a skipped step or main without a record of its own read as such
     ready_gate = ann.get(p.ANNOTATION_READY) == p.READY_TRUE
     sidecars_ready = all((status_of.get(n) or {}).get("ready") for n in lay.all_sidecars)
 

@@ -24,7 +24,7 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
-from ._podstate import MESSAGE_LIMIT, Layout, Run, json_int, layout, parse_time, pod_ended, read_run, statuses
+from ._podstate import MESSAGE_LIMIT, Layout, Run, json_int, layout, parse_time, pod_ended, read_runs, statuses
 
 # Outcome JSON (annotation initshift.io/outcome), documented in docs/watcher.md.
 SUCCEEDED = "Succeeded"
@@ -165,7 +165,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     ended = pod_ended(pod)
     lay = layout(pod)
     cs = ics = statuses(pod)  # names are unique across both lists
-    runs = {n: read_run(n, cs.get(n)) for n in lay.work}
+    runs = read_runs(pod, lay)
     running_sidecars = [n for n in lay.sidecars if _running(cs.get(n))]
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE

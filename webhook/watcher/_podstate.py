@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from waiter import protocol as p
+from waiter.record import skip_message
 
 from ..rewrite import classify, gate_of, is_restartable, managed_as
 from ..settings import RewriteSettings
@@ -237,6 +238,35 @@ def read_run(name: str, status: dict | None) -> Run:
         return run
     return Run(name, "terminated", code, kubelet_reason, t.get("startedAt"), t.get("finishedAt"),
                str(t.get("message") or ""), signal=signal)
+
+
+def read_runs(pod: Mapping, lay: Layout) -> dict[str, Run]:
+    """`read_run` of every step and main, with what the waiter did to one that has no
+    record of its own read from the order.
+
+    A container whose pod sets its own terminationMessagePath gets no record (that file is
+    its program's: kpack's `completion`, Tekton's steps), so the kubelet's report is all
+    there is. Under the waiter with restartPolicy Never, a step or main that ended after the
+    step it waits for failed was skipped: the waiter runs nothing after a failure (under
+    OnFailure it waits through one). It is read as the waiter's skip, with the message the
+    waiter would have written, when its report fits one: exit 0 or the failed step's code
+    (`--skip-fails`), no signal, a plain reason."""
+    status_of = statuses(pod)
+    runs = {n: read_run(n, status_of.get(n)) for n in lay.work}
+    if lay.strategy not in WAITER_RUN or (pod.get("spec") or {}).get("restartPolicy") != "Never":
+        return runs
+    waits_for = dict(zip(lay.steps[1:], lay.steps)) | {m: lay.steps[-1] for m in lay.mains if lay.steps}
+    for name in lay.work:
+        run, before = runs[name], runs.get(waits_for.get(name, ""))
+        if (before is None or run.recorded or run.state != "terminated" or before.state != "terminated"
+                or before.ok or before.reason == p.REASON_STOPPED or run.signal is not None
+                or run.reason not in _PLAIN_KUBELET_REASONS or run.exit_code not in (0, before.exit_code)
+                or name not in lay.waiter_run):
+            continue
+        code = before.exit_code if before.exit_code else 1
+        runs[name] = replace(run, reason=p.REASON_SKIPPED,
+                             message=skip_message(before.name, before.reason, before.message, code))
+    return runs
 
 
 def _waiter_record(message: Any) -> dict | None:
