@@ -51,11 +51,16 @@ def server() -> Iterator[Server]:
     env["INITSHIFT_KEEPALIVE_TIMEOUT_SECONDS"] = str(IDLE_SECONDS)
     proc = None
     try:
-        proc, port = h.serve_process(d, hostile.small_body(), env=env, preexec_fn=cgroup.enter)
+        proc, port = h.serve_process(d, hostile.small_body(), env=env, preexec_fn=cgroup.enter, log=d / "server.log")
         environ = dict(item.decode().split("=", 1) for item in Path(f"/proc/{proc.pid}/environ").read_bytes()
                        .split(b"\0") if b"=" in item)
         yield Server(port, int(environ["INITSHIFT_METRICS_PORT"]), d / "ca.crt", proc.pid, cgroup)
         assert proc.poll() is None
+        # No attack leaves a traceback in the log: an exception in a guard's callback is a
+        # guard that did not finish its work.
+        tracebacks = [line for line in (d / "server.log").read_text(errors="replace").splitlines()
+                      if "Traceback" in line or "Exception in callback" in line]
+        assert not tracebacks, tracebacks[:3]
     finally:
         if proc is not None:
             proc.terminate()

@@ -146,11 +146,13 @@ def review(pod: dict, **kw: Any) -> dict:
 
 
 def serve_process(directory: Path, body: bytes, *, tree: Path | None = None,
-                  env: dict[str, str] | None = None, preexec_fn: Any = None) -> tuple["subprocess.Popen", int]:
+                  env: dict[str, str] | None = None, preexec_fn: Any = None,
+                  log: Path | None = None) -> tuple["subprocess.Popen", int]:
     """`initshift serve` as a process (JSON logs on, as in production) with the certificates
     of `directory`, on a free port (metrics on another), once it answers and rewrites `body`;
     the benchmarks' server. `tree`: the checkout it runs from (default: this one); `env`:
-    more variables; `preexec_fn`: run in the child (resource limits)."""
+    more variables; `preexec_fn`: run in the child (resource limits); `log`: a file for its
+    standard output and error (default: dropped)."""
     import os
     import sys
     import time
@@ -167,8 +169,13 @@ def serve_process(directory: Path, body: bytes, *, tree: Path | None = None,
            "INITSHIFT_TLS_KEY": str(directory / store.TLS_KEY), **(env or {})}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child holds it
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve"], env=env, cwd=tree,
+                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+    finally:
+        if log is not None:
+            out.close()
     url, ctx = f"https://127.0.0.1:{port}", client_context(directory / store.CA_CERT)
     try:
         for _ in range(400):

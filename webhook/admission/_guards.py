@@ -383,7 +383,7 @@ def _reset_on_close(transport: Any) -> None:
     sock = transport.get_extra_info("socket")
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except (AttributeError, OSError):  # no socket (gone), or not a TCP one
+    except (AttributeError, OSError, ValueError):  # no socket (gone; uvloop's: a closed descriptor), not TCP
         pass
 
 
