@@ -101,7 +101,8 @@ class RewriteSettings:
         "INITSHIFT_NATIVE_REFRESH_SECONDS",
         "How often `auto` native-sidecar detection re-reads the apiserver and kubelet versions.", 300.0)
     image: str = _env("INITSHIFT_IMAGE", "Image of the injected `initshift-init` (hybrid: `initshift-copy`) "
-                      "container, which holds the waiter.", f"ghcr.io/initshift/initshift:{__version__}",
+                      "container, which holds the waiter: this version's image (the rewrite writes the flags its "
+                      "waiter reads).", f"ghcr.io/initshift/initshift:{__version__}",
                       image_ref=True)
     image_pull_policy: str = _env("INITSHIFT_IMAGE_PULL_POLICY", "pullPolicy of `initshift-init` and `initshift-copy`.",
                                   "IfNotPresent", **_choice("IfNotPresent", "Always", "Never"))
