@@ -1,6 +1,7 @@
 """The one reader of a managed pod's state: which container is what (`layout`), each
 container's status (`statuses`), and what a step or main did (`read_run`: the waiter's
-record in the termination message, else the kubelet's). Pure functions over pod JSON;
+record in the termination message, else the kubelet's; `read_runs`: every step's and
+main's, a skip without a record read from the order). Pure functions over pod JSON;
 the watcher's decisions and `initshift status`/`logs` read pods only through these.
 
 Three kinds of pods read the same way:
