@@ -74,8 +74,9 @@ def test_every_alert_has_a_runbook_entry():
 # --- the docs' kubectl commands name objects the install has -----------------------------------
 
 def _known_objects() -> set[tuple[str, str | None, str]]:
-    """(kind, namespace or None, name) of everything an install renders, in every flavour, and
-    of what the server creates itself (its certificate Secret, the watcher's Lease)."""
+    """(kind, namespace or None, name) of everything an install renders, in every flavour, of
+    what cert-manager creates from it (each Certificate's Secret), and of what the server
+    creates itself (its certificate Secret, the watcher's Lease)."""
     from tests.support.deploy_render import NAMESPACE, helm, kustomize
     from webhook.settings import Settings
 
@@ -84,6 +85,8 @@ def _known_objects() -> set[tuple[str, str | None, str]]:
                     kustomize(".", ["components/pod-monitor"]), helm(), helm({"certificates": {"mode": "cert-manager"}})):
         for o in objects:
             out.add((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]))
+            if o["kind"] == "Certificate":
+                out.add(("Secret", o["metadata"].get("namespace"), o["spec"]["secretName"]))
     s = Settings()
     out |= {("Secret", NAMESPACE, s.server.cert_secret), ("Lease", NAMESPACE, s.watcher.lease_name),
             ("Namespace", None, NAMESPACE)}
