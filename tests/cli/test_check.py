@@ -481,3 +481,39 @@ async def test_a_deployment_scaled_to_zero(kube: KubeDouble, tmp_path) -> None:
         code, out, _ = await check(*i.argv())
     assert "Deployment initshift-system/initshift: 0 of 0 replicas Ready" in marks(out)
     assert "Deployment initshift-system/initshift: 0 of 0 replicas Ready" not in failed(out)
+
+
+def _pod_patch_policy(namespace: str = "initshift-system") -> list[dict]:
+    """deploy/components/pod-patch-policy as kustomize renders it; `namespace`: the one its
+    expression names (another: a namespace move that did not patch it)."""
+    from tests.support.deploy_render import kustomize
+
+    objects = [o for o in kustomize(".", ["components/pod-patch-policy"])
+               if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    for o in objects:
+        for cond in o["spec"].get("matchConditions") or []:
+            cond["expression"] = cond["expression"].replace("initshift-system", namespace)
+    return objects
+
+
+async def test_the_pod_patch_policy_absent_present_or_naming_no_one(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check(*i.argv())
+        assert code == 0 and "✔ pod-patch policy: none (" in out, out
+        for obj in _pod_patch_policy():
+            kube.put("validatingadmissionpolicies" if obj["kind"].endswith("Policy") else
+                     "validatingadmissionpolicybindings", obj)
+        code, out, _ = await check(*i.argv())
+        title = f"pod-patch policy initshift-pod-patch narrows {inst.SA_USER}'s pod patches"
+        assert (code, f"✔ {title}\n" in out) == (0, True), out
+        # Moved to another namespace with kustomize, its expression left as it was.
+        policy, binding = _pod_patch_policy("ci-tools")
+        kube.put("validatingadmissionpolicies", policy)
+        code, out, _ = await check(*i.argv())
+        assert (code, failed(out)) == (1, [title]), out
+        assert "its matchConditions name another account (request.userInfo.username == " \
+               "'system:serviceaccount:ci-tools:initshift'), so it narrows no one" in out
+        kube.delete("validatingadmissionpolicybindings", None, binding["metadata"]["name"])
+        kube.put("validatingadmissionpolicies", _pod_patch_policy()[0])
+        code, out, _ = await check(*i.argv())
+        assert code == 1 and "no ValidatingAdmissionPolicyBinding with validationActions Deny names it" in out, out

@@ -18,7 +18,7 @@ from tests.support import deploy_render
 from tests.support.deploy_render import CHART
 
 from ._check import check_build
-from ._env import Env, Record, scenario
+from ._env import Env, Record, check_report, scenario
 from ._install import NAMESPACE, USER
 from ._kube import kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC, NO_QUIT
@@ -74,6 +74,9 @@ def pod_patch_policy(env: Env, rec: Record) -> None:
         # The apiserver loads policies through an informer: in force a moment later.
         wait_for(lambda: not as_initshift(env, *probe)[0], 30, "the policy in force", interval=0.5)
         denied(env, NOT_MANAGED, *probe)
+        # `initshift check` finds it and that it names initshift's ServiceAccount.
+        (line,) = [x for x in check_report(env, "-n", NAMESPACE)[1] if x["title"].startswith("pod-patch policy")]
+        assert line["ok"] and line["installed"] and f"narrows {USER}'s" in line["title"], line
         _builds_under_the_policy(env, rec, ns)
     finally:
         kubectl(env.admin, "delete", "--ignore-not-found", "-f", str(manifest), check=False)
@@ -152,6 +155,9 @@ def pod_patch_policy_unserved(env: Env, rec: Record) -> None:
     proc = kubectl(env.admin, "apply", "--dry-run=server", "-f", str(manifest), check=False)
     assert proc.returncode and "ValidatingAdmissionPolicy" in proc.stderr, (proc.returncode, proc.stderr)
     refused = proc.stderr[proc.stderr.find("no matches"):].strip().splitlines()[0]
+    # `initshift check` reads no policy where the API is not served, and says so without failing.
+    (line,) = [x for x in check_report(env, "-n", NAMESPACE)[1] if x["title"].startswith("pod-patch policy")]
+    assert line["ok"] and not line["installed"], line
     rec.note(f"helm: {said[said.index('rbac.podPatchPolicy needs'):].splitlines()[0]}; kubectl apply of the "
              f"component: {refused}")
 

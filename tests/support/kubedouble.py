@@ -158,6 +158,10 @@ RESOURCES = {r.key: r for r in [
              "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", namespaced=False),
     Resource("validatingwebhookconfigurations", "/apis/admissionregistration.k8s.io/v1",
              "validatingwebhookconfigurations", "ValidatingWebhookConfiguration", namespaced=False),
+    Resource("validatingadmissionpolicies", "/apis/admissionregistration.k8s.io/v1",
+             "validatingadmissionpolicies", "ValidatingAdmissionPolicy", namespaced=False),
+    Resource("validatingadmissionpolicybindings", "/apis/admissionregistration.k8s.io/v1",
+             "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", namespaced=False),
 ]}
 _BY_PATH = {(r.prefix, r.plural): r for r in RESOURCES.values()}
 

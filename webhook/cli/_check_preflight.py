@@ -335,6 +335,37 @@ def _node_versions_line(what: str, granted: bool) -> Line:
     return Line("rbac", True, f"{_NODE_VERSIONS_TITLE}: {what} not granted (warning)", _NODE_VERSIONS_RISK, data)
 
 
+POD_PATCH_SUFFIX = "-pod-patch"  # deploy/components/pod-patch-policy's initshift-pod-patch, Helm's FULLNAME-pod-patch
+
+
+async def _pod_patch_lines(api: KubeApi, target: Target) -> list[Line]:
+    """The opt-in policy narrowing the service account's pod `patch` (docs/install.md): absent
+    is fine; present, it must name that account and be bound to deny. A kustomize namespace
+    move that does not patch its expression leaves it naming no one, silently."""
+    s, user = "rbac", f"system:serviceaccount:{target.namespace}:{target.service_account}"
+    found = await api.list_admission_policies()
+    every, bindings = found if found is not None else ([], [])  # None: no such API (before 1.30)
+    policies = [v for v in every if v["metadata"]["name"].endswith(POD_PATCH_SUFFIX)]
+    if not policies:
+        return [Line(s, True, "pod-patch policy: none (the service account may patch any field of any pod; "
+                              "opt-in: components/pod-patch-policy, Helm rbac.podPatchPolicy, Kubernetes 1.30+)",
+                     data={"optional": "pod-patch policy", "installed": False})]
+    out = []
+    for policy in policies:
+        name = policy["metadata"]["name"]
+        expressions = [str(c.get("expression")) for c in (policy.get("spec") or {}).get("matchConditions") or []]
+        bound = [b["metadata"]["name"] for b in bindings if (b.get("spec") or {}).get("policyName") == name
+                 and "Deny" in ((b.get("spec") or {}).get("validationActions") or [])]
+        names_user = any(f"'{user}'" in e for e in expressions)
+        why = "" if names_user else (f"its matchConditions name another account ({'; '.join(expressions) or 'none'}), "
+                                     f"so it narrows no one: patch the name in (a kustomize namespace move does not)")
+        if not bound:
+            why = (why + "; " if why else "") + "no ValidatingAdmissionPolicyBinding with validationActions Deny "                                                 "names it, so nothing is denied"
+        out.append(Line(s, not why, f"pod-patch policy {name} narrows {user}'s pod patches", why,
+                        {"optional": "pod-patch policy", "installed": True, "policy": name, "bindings": bound}))
+    return out
+
+
 def _namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[_Injector]) -> list[Line]:
     s = "namespaces"
     if wh is None:
@@ -405,6 +436,9 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     except KubeError as e:
         report(Line("rbac", False, "ask the API what initshift's service account may do (SubjectAccessReview)",
                     f"{e.message}: you need create on subjectaccessreviews.authorization.k8s.io"))
+    for line in await _or_line(_pod_patch_lines(api, target), report, "rbac",
+                               "ValidatingAdmissionPolicies (the pod-patch policy)") or []:
+        report(line)
     injectors = await find_injectors(api, configs)
     namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces") or []
     opted = [ns["metadata"]["name"] for ns in namespaces if wh is not None and calls_for(wh, ns)]

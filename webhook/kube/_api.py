@@ -28,6 +28,8 @@ _AUTH = ["BearerToken"]
 _WATCH_SLACK_SECONDS = 30.0
 _REQUEST_TIMEOUT_SECONDS = 30.0
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+VAPB_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 
 
 async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
@@ -367,6 +369,18 @@ class KubeApi:
     async def list_webhook_configs(self) -> list[dict]:
         """Every MutatingWebhookConfiguration (the mesh injectors are among them)."""
         return list((await self.request("GET", MWC_PATH)).get("items") or [])
+
+    async def list_admission_policies(self) -> tuple[list[dict], list[dict]] | None:
+        """Every ValidatingAdmissionPolicy and ValidatingAdmissionPolicyBinding; None where the
+        apiserver does not serve admissionregistration.k8s.io/v1's (before Kubernetes 1.30)."""
+        try:
+            policies = await self.request("GET", VAP_PATH)
+            bindings = await self.request("GET", VAPB_PATH)
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
+        return list((policies or {}).get("items") or []), list((bindings or {}).get("items") or [])
 
     async def list_namespaces(self) -> list[dict]:
         return list((await self.request("GET", "/api/v1/namespaces")).get("items") or [])
