@@ -357,6 +357,23 @@ def test_failed_and_skipped_carry_their_messages_and_the_outcome_names_the_failu
     assert (proxy.state, proxy.exit_code, proxy.message) == ("stopped", 0, "stopped by quit")
 
 
+def test_a_skipped_main_with_no_record_of_its_own_shows_as_skipped() -> None:
+    """kpack's completion (its own terminationMessagePath: no record of the waiter's) after a
+    failed build step, exiting with the step's code (--skip-fails): skipped, not failed."""
+    steps = [done(n, 5 + 10 * i, 14 + 10 * i) for i, n in enumerate(KPACK_STEPS[:4])]
+    build = with_status(
+        pod("kpack-istio"), annotations={p.ANNOTATION_READY: p.READY_TRUE},
+        init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+        containers=[*steps, done("build", 45, 54, 51, p.REASON_ERROR, "exited with code 51"),
+                    done("export", 54, 54, 51, p.REASON_SKIPPED, "skipped: step 'build' failed with exit code 51",
+                         "build"),
+                    terminated("completion", 51, "Error", started_at=at(3), finished_at=at(55)),
+                    run("istio-proxy", 3)])
+    row = pv.pod_view(build, NOW).row("completion")
+    assert (row.state, row.exit_code, row.message) == \
+        (pv.State.SKIPPED, 51, "skipped: step 'build' failed with exit code 51")
+
+
 def test_a_native_pod_without_an_outcome_names_its_failed_container() -> None:
     """The watcher writes no outcome for a native pod: the failed step or main is read from
     the kubelet's statuses (`status -n` lists it beside the result)."""
