@@ -56,3 +56,18 @@ def test_ctrl_c_is_exit_130_without_a_traceback(monkeypatch, capsys, where):
         pytest.fail("KeyboardInterrupt left main")
     assert code == 130
     assert capsys.readouterr() == ("", "")
+
+
+def test_the_entry_point_imports_nothing_a_ctrl_c_would_interrupt_unguarded():
+    """What runs before main's guard (the console script's `from webhook.cli import main`)
+    stays small: the settings, logging and the commands' modules load inside it, where a
+    Ctrl-C is the shell's 130. It imported the settings there (a window of about 30 ms in
+    which Ctrl-C printed a traceback)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = ("import json, sys; from webhook.cli import main; "
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('webhook'))))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert json.loads(loaded) == ["webhook", "webhook.cli", "webhook.cli._exits", "webhook.cli._main", "webhook.errors"]

@@ -1,4 +1,4 @@
-"""What every command shares: one exit-code convention, one-line usage errors, the
+"""What every command shares: one exit-code convention (_exits.py), one-line usage errors, the
 connection flags, settings read once with a one-line error, and `CliError`."""
 
 from __future__ import annotations
@@ -10,12 +10,7 @@ from typing import Callable, NoReturn
 
 from ..errors import InitshiftError, os_reason
 from ..settings import Settings, SettingsError, name_problem
-
-# Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-# The shell's codes, 128 + the signal, as kubectl's and git's: Ctrl-C (SIGINT), and standard
-# output closed before everything was written (`| head`: SIGPIPE, which Python turns into an error).
-EXIT_INTERRUPTED, EXIT_OUTPUT_CLOSED = 130, 141
+from ._exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_USAGE  # noqa: F401 - shared
 
 
 class CliError(InitshiftError):

@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import __version__
 from ..errors import os_reason
-from ._common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_USAGE
+from ._exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_USAGE
 
 # name -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
