@@ -517,3 +517,13 @@ async def test_the_pod_patch_policy_absent_present_or_naming_no_one(kube: KubeDo
         kube.put("validatingadmissionpolicies", _pod_patch_policy()[0])
         code, out, _ = await check(*i.argv())
         assert code == 1 and "no ValidatingAdmissionPolicyBinding with validationActions Deny names it" in out, out
+
+
+async def test_the_pod_patch_policy_unreadable_is_a_warning(kube: KubeDouble, tmp_path) -> None:
+    """A viewer's role from before the policy cannot list it: a warning naming the grant, not a ✘."""
+    async with inst.healthy(kube, tmp_path) as i:
+        kube.fail_next("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", 403)
+        code, out, _ = await check(*i.argv())
+    assert (code, failed(out)) == (0, []), out
+    assert "✔ pod-patch policy: cannot be read (warning)\n    warning: " in out
+    assert "validatingadmissionpolicies and validatingadmissionpolicybindings" in out

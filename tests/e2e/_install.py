@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime as dt
 import os
 import ssl
 import sys
@@ -34,7 +35,7 @@ import yaml
 from tests.support import deploy_render
 from tests.support.k8s import Process, free_port, wait_for
 
-from ._kube import Kube, kubectl, token_kubeconfig
+from ._kube import Kube, kubectl, parse_time, token_kubeconfig
 
 NAMESPACE = deploy_render.NAMESPACE
 SERVICE_ACCOUNT = "initshift"
@@ -236,13 +237,16 @@ class Install:
         wait_for(lambda: bool(self.lease_holder(kube)), timeout, "the watcher's Lease held",
                  watch=[p for p in (self.watcher,) if p], interval=0.2)
 
-    def logs_forbidden(self) -> list[str]:
-        """Lines of the server's and watcher's logs that report a 403 (RBAC said no)."""
+    def logs_forbidden(self, since: dt.datetime | None = None) -> list[str]:
+        """Lines of the server's and watcher's logs that report a 403 (RBAC said no); `since`:
+        only those stamped then or later (a line without a readable stamp counts), so a
+        scenario is not blamed for an earlier one's (an apiserver restarting answers 403
+        until its authorizer has synced)."""
         out = []
         for proc in (self.server, self.watcher):
             if proc and proc.log.is_file():
                 out += [f"{proc.name}: {line}" for line in proc.log.read_text(errors="replace").splitlines()
-                        if "Forbidden" in line or "forbidden" in line]
+                        if ("Forbidden" in line or "forbidden" in line) and not _before(line, since)]
         return out
 
     def can_i(self) -> list[tuple[str, str, str, bool, bool]]:
@@ -279,3 +283,13 @@ def served_json(install: Install, path: str) -> dict:
         return json.loads(conn.getresponse().read())
     finally:
         conn.close()
+
+
+def _before(line: str, since: dt.datetime | None) -> bool:
+    """The JSON log line is stamped (`ts`) before `since`."""
+    if since is None:
+        return False
+    try:
+        return parse_time(json.loads(line)["ts"]) < since
+    except (ValueError, KeyError, TypeError):
+        return False

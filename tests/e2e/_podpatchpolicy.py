@@ -7,6 +7,7 @@ older clusters the chart refuses the value against the apiserver instead."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import helm_python
@@ -59,6 +60,7 @@ def denied(env: Env, words: str, *args: str) -> str:
 @scenario("pod-patch-policy", phase=2, applies=lambda env: env.minor >= SERVED_FROM)
 def pod_patch_policy(env: Env, rec: Record) -> None:
     """v1.30 and later (admissionregistration.k8s.io/v1): the pod-patch policy installed, the watcher's writes (the ready gate, outcomes, activeDeadlineSeconds) pass it; a label, an image, another annotation, a second outcome and an unmanaged pod are denied to initshift's ServiceAccount."""
+    started = dt.datetime.now(dt.timezone.utc)  # the 403s this scenario answers for come after
     ns = env.namespace("podpatch")
     rec.namespaces.append(ns)
     objects = policy_objects(env)
@@ -77,13 +79,13 @@ def pod_patch_policy(env: Env, rec: Record) -> None:
         # `initshift check` finds it and that it names initshift's ServiceAccount.
         (line,) = [x for x in check_report(env, "-n", NAMESPACE)[1] if x["title"].startswith("pod-patch policy")]
         assert line["ok"] and line["installed"] and f"narrows {USER}'s" in line["title"], line
-        _builds_under_the_policy(env, rec, ns)
+        _builds_under_the_policy(env, rec, ns, started)
     finally:
         kubectl(env.admin, "delete", "--ignore-not-found", "-f", str(manifest), check=False)
         wait_for(lambda: as_initshift(env, *probe)[0], 30, "the policy gone", interval=0.5)
 
 
-def _builds_under_the_policy(env: Env, rec: Record, ns: str) -> None:
+def _builds_under_the_policy(env: Env, rec: Record, ns: str, started: dt.datetime) -> None:
     pods = f"/api/v1/namespaces/{ns}/pods"
     names = ["fetch", "build"]
     # `auto`'s build: the outcome is the watcher's one write.
@@ -109,7 +111,7 @@ def _builds_under_the_policy(env: Env, rec: Record, ns: str) -> None:
     assert annotations(ended).get(p.ANNOTATION_READY) == p.READY_TRUE, annotations(ended)
     stopped = outcome(env.kube, ns, "ended")
     assert stopped["result"] == "Succeeded" and stopped["sidecarsStoppedBy"] == "deadline", stopped
-    forbidden = env.install.logs_forbidden()
+    forbidden = env.install.logs_forbidden(since=started)
     assert not forbidden, forbidden
     # As initshift's ServiceAccount, what the watcher never writes.
     label = denied(env, LABELS, "-n", ns, "label", "pod", "build", "e2e.initshift.io/x=1")

@@ -16,7 +16,8 @@ from ._kube import token_kubeconfig
 
 _READ = ["get", "list", "watch"]
 CLUSTER_RULES = [
-    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "verbs": _READ},
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations",
+     "validatingadmissionpolicies", "validatingadmissionpolicybindings"], "verbs": _READ},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": _READ},
     {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
 ]

@@ -343,7 +343,15 @@ async def _pod_patch_lines(api: KubeApi, target: Target) -> list[Line]:
     is fine; present, it must name that account and be bound to deny. A kustomize namespace
     move that does not patch its expression leaves it naming no one, silently."""
     s, user = "rbac", f"system:serviceaccount:{target.namespace}:{target.service_account}"
-    found = await api.list_admission_policies()
+    try:
+        found = await api.list_admission_policies()
+    except KubeError as e:
+        if e.status != 403:
+            raise
+        # Optional, and readable only with a grant older viewers' roles lack: a warning.
+        return [Line(s, True, "pod-patch policy: cannot be read (warning)",
+                     f"warning: {e.message} (your credentials need read access to validatingadmissionpolicies and "
+                     f"validatingadmissionpolicybindings)", {"optional": "pod-patch policy", "warning": True})]
     every, bindings = found if found is not None else ([], [])  # None: no such API (before 1.30)
     policies = [v for v in every if v["metadata"]["name"].endswith(POD_PATCH_SUFFIX)]
     if not policies:
