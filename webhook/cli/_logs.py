@@ -133,7 +133,8 @@ class _Streamer:
             return
         if row.state not in _NOTE_STATES:
             return
-        # A skipped step exits 0 (it never ran); its message names the step that failed.
+        # A skipped step never ran: its exit code (0, or the failed step's under --skip-fails) is
+        # not its own; its message names the step that failed.
         code = "" if row.exit_code is None or row.state == State.SKIPPED else f", exit code {row.exit_code}"
         detail = f": {row.message}" if row.message else ""
         self.err.write(f"{self.printer.prefix(name)} {row.state} ({row.reason or 'no reason'}{code}){detail}\n")
