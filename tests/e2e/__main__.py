@@ -104,7 +104,7 @@ def report(out: Outcome) -> None:
 
 def run_scenarios(env: Env, only: list[str], jobs: int) -> list[Outcome]:
     chosen = [s for s in SCENARIOS if s.applies(env) and (not only or s.name in only)]
-    skipped = [s.name for s in SCENARIOS if not s.applies(env) and (not only or s.name in only)]
+    skipped = [f"{s.name} (needs {s.needs})" for s in SCENARIOS if not s.applies(env) and (not only or s.name in only)]
     if skipped:
         say(f"not applicable here: {', '.join(skipped)}")
     outcomes: list[Outcome] = []
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.list:
         for sc in SCENARIOS:
-            say(f"{sc.name:<22} phase {sc.phase}  {sc.what}")
+            say(f"{sc.name:<22} phase {sc.phase}  {sc.what}{f' (needs {sc.needs})' if sc.needs else ''}")
         return 0
     unknown = set(args.only) - {s.name for s in SCENARIOS}
     if unknown:

@@ -15,7 +15,7 @@ from webhook.settings import Settings
 from tests.support.waiter_support import has_signal, parse_status
 
 from ._check import check_build, proxy_instant, proxy_stop, record_times
-from ._env import Env, Record, native_only, scenario, waiter_modes
+from ._env import Env, Record, native_only, own_cluster, scenario, waiter_modes
 from ._kube import KubeFailure, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
 from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
@@ -751,7 +751,8 @@ def limit_range(env: Env, rec: Record) -> None:
 
 
 def _pod_level_on(env: Env) -> bool:
-    return env.minor >= 34  # PodLevelResources: beta and on by default from 1.34
+    """PodLevelResources (beta and on by default from Kubernetes 1.34)"""
+    return env.minor >= 34
 
 
 @scenario("pod-level-resources", applies=_pod_level_on)
@@ -832,7 +833,7 @@ def resource_quota(env: Env, rec: Record) -> None:
              f"two steps: {managed(fits)}")
 
 
-@scenario("static-pod", applies=lambda env: env.cluster is not None)
+@scenario("static-pod", applies=own_cluster)
 def static_pod(env: Env, rec: Record) -> None:
     """A static pod in an opted-in namespace, with an init step and a proxy in its manifest:
     the kubelet runs the manifest, and the mirror pod the apiserver admits through the

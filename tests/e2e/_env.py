@@ -105,6 +105,11 @@ class Scenario:
     applies: Callable[[Env], bool]
     what: str
 
+    @property
+    def needs(self) -> str:
+        """What a cluster needs for it: its `applies` check's docstring ("" for every cluster)."""
+        return (self.applies.__doc__ or "").strip()
+
 
 SCENARIOS: list[Scenario] = []
 
@@ -117,7 +122,13 @@ def scenario(name: str, *, phase: int = 1, applies: Callable[[Env], bool] = lamb
 
 
 def native_only(env: Env) -> bool:
+    """native sidecars (Kubernetes 1.29 or newer)"""
     return env.native
+
+
+def own_cluster(env: Env) -> bool:
+    """a cluster this run starts (not one from KUBECONFIG)"""
+    return env.cluster is not None
 
 
 def waiter_modes(env: Env) -> list[str]:

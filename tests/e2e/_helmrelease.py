@@ -26,6 +26,7 @@ RELEASE = "initshift"
 
 
 def _applies(env: Env) -> bool:
+    """the Helm install, on a cluster this run starts, with its local registry"""
     return env.install.flavour == "helm" and env.cluster is not None and env.registry is not None
 
 

@@ -97,6 +97,7 @@ def local_registry(hosts_dir: Path) -> Iterator[LocalRegistry]:
 
 
 def _has_registry(env: Env) -> bool:
+    """the run's local registry (a cluster this run starts)"""
     return env.registry is not None
 
 
@@ -133,6 +134,7 @@ def entrypoint_lookup(env: Env, rec: Record) -> None:
 
 
 def _has_private_registry(env: Env) -> bool:
+    """the run's local registry and the Helm install's pull secrets"""
     return env.registry is not None and env.install.pull_secrets
 
 

@@ -47,6 +47,7 @@ POD_START_TIMEOUT = 180.0  # the image's pull (150 MB) and Python's start on a l
 
 
 def _applies(env: Env) -> bool:
+    """a cluster this run starts, with its local registry (the server's image)"""
     return env.cluster is not None and env.registry is not None
 
 

@@ -23,7 +23,7 @@ from waiter import protocol as p
 from ._check import check_build
 from concurrent.futures import ThreadPoolExecutor
 
-from ._env import Env, Record, check_report, initshift, native_only, scenario, waiter_modes
+from ._env import Env, Record, check_report, initshift, native_only, own_cluster, scenario, waiter_modes
 from ._install import NAMESPACE
 from ._kube import parse_time, wait_for
 from ._mesh import ISTIO_TRAFFIC, READY_AFTER
@@ -246,11 +246,7 @@ def watcher_killed(env: Env, rec: Record) -> None:
     rec.figure("kill -> outcome written", took, "s")
 
 
-def _throwaway(env: Env) -> bool:
-    return env.cluster is not None
-
-
-@scenario("kubelet-restarted", phase=2, applies=_throwaway)
+@scenario("kubelet-restarted", phase=2, applies=own_cluster)
 def kubelet_restarted(env: Env, rec: Record) -> None:
     """The node's kubelet restarted twice during a build (an upgrade, a configuration
     change), under each strategy whose steps the waiter runs: while step 0 waits for the
@@ -281,7 +277,7 @@ def kubelet_restarted(env: Env, rec: Record) -> None:
              f"{down:.1f} s); " + "; ".join(notes))
 
 
-@scenario("apiserver-restarted", phase=2, applies=_throwaway)
+@scenario("apiserver-restarted", phase=2, applies=own_cluster)
 def apiserver_restarted(env: Env, rec: Record) -> None:
     """kube-apiserver stopped while a build runs and started again at least 12 s later (a
     control-plane upgrade), under each strategy whose steps the waiter runs: the build runs
