@@ -2,8 +2,9 @@
 (deploy/components/pod-patch-policy, the chart's `rbac.podPatchPolicy`) on the real
 apiserver: the watcher's own writes pass it, and as initshift's ServiceAccount a label, an
 image, another annotation, a second outcome and a write to a pod initshift does not manage
-are denied with the policy's words. admissionregistration.k8s.io/v1 is served from 1.30; on
-older clusters the chart refuses the value against the apiserver instead."""
+are denied with the policy's words; on a ~1.5 MB pod its CEL stays inside the apiserver's
+runtime cost budget. admissionregistration.k8s.io/v1 is served from 1.30; on older clusters
+the chart refuses the value against the apiserver instead."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ OTHER_ANNOTATION = "initshift may change only its annotations initshift.io/ready
                    "and initshift.io/outcome, not "
 OUTCOME_ONCE = "initshift writes initshift.io/outcome once and may not change or remove it"
 DEADLINE = "initshift may set spec.activeDeadlineSeconds only to 1 (ending the pod)"
+# docs/install.md's large pod: 30 containers of 300 variables and 250 KB of annotations, 1.5 MB
+# of JSON, near the most etcd stores (its default request limit, 1.5 MiB: values of 130 bytes
+# make the pod too large for it); at this size the apiserver keeps no managedFields.
+BIG_CONTAINERS, BIG_VARIABLES, BIG_VALUE = 30, 300, 104
+BIG_SIZE = 1_500_000  # bytes of the pod's JSON as the apiserver returns it, at least
+BIG_ANNOTATIONS, BIG_ANNOTATION_COUNT = 250_000, 50  # bytes of keys and values (the apiserver's limit: 256 KiB)
 
 
 def policy_objects(env: Env) -> list[dict]:
@@ -51,6 +58,11 @@ def as_initshift(env: Env, *args: str) -> tuple[bool, str]:
     return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
 
 
+def allowed(env: Env, *args: str) -> None:
+    ok, said = as_initshift(env, *args)
+    assert ok, f"kubectl {' '.join(args)} as {USER}: {said}"
+
+
 def denied(env: Env, words: str, *args: str) -> str:
     ok, said = as_initshift(env, *args)
     assert not ok and "forbidden" in said.lower() and words in said, f"kubectl {' '.join(args)} as {USER}: {said}"
@@ -59,7 +71,7 @@ def denied(env: Env, words: str, *args: str) -> str:
 
 @scenario("pod-patch-policy", phase=2, applies=lambda env: env.minor >= SERVED_FROM)
 def pod_patch_policy(env: Env, rec: Record) -> None:
-    """v1.30 and later (admissionregistration.k8s.io/v1): the pod-patch policy installed, the watcher's writes (the ready gate, outcomes, activeDeadlineSeconds) pass it; a label, an image, another annotation, a second outcome and an unmanaged pod are denied to initshift's ServiceAccount."""
+    """v1.30 and later (admissionregistration.k8s.io/v1): the pod-patch policy installed, the watcher's writes (the ready gate, outcomes, activeDeadlineSeconds) pass it; a label, an image, another annotation, a second outcome and an unmanaged pod are denied to initshift's ServiceAccount; on a 1.5 MB pod its writes pass and an image is denied, the CEL inside the apiserver's cost budget."""
     started = dt.datetime.now(dt.timezone.utc)  # the 403s this scenario answers for come after
     ns = env.namespace("podpatch")
     rec.namespaces.append(ns)
@@ -80,6 +92,7 @@ def pod_patch_policy(env: Env, rec: Record) -> None:
         (line,) = [x for x in check_report(env, "-n", NAMESPACE)[1] if x["title"].startswith("pod-patch policy")]
         assert line["ok"] and line["installed"] and f"narrows {USER}'s" in line["title"], line
         _builds_under_the_policy(env, rec, ns, started)
+        _big_pod_under_the_policy(env, rec)
     finally:
         kubectl(env.admin, "delete", "--ignore-not-found", "-f", str(manifest), check=False)
         wait_for(lambda: as_initshift(env, *probe)[0], 30, "the policy gone", interval=0.5)
@@ -126,8 +139,7 @@ def _builds_under_the_policy(env: Env, rec: Record, ns: str, started: dt.datetim
     denied(env, NOT_MANAGED, "-n", ns, "patch", "pod", "other", "--type=merge", "-p",
            json.dumps({"spec": {"activeDeadlineSeconds": 1}}))
     # What it writes: an annotation of its own (a start-order pod's kind) is let through.
-    ok, said = as_initshift(env, "-n", ns, "annotate", "pod", "build", f"{p.ANNOTATION_READY_PREFIX}e2e=true")
-    assert ok, said
+    allowed(env, "-n", ns, "annotate", "pod", "build", f"{p.ANNOTATION_READY_PREFIX}e2e=true")
     assert annotations(env.kube.pod(ns, "build") or {}).get(f"{p.ANNOTATION_READY_PREFIX}e2e") == "true"
     # Nobody else is bound by it: the admin's label goes through.
     kubectl(env.admin, "-n", ns, "label", "pod", "build", "e2e.initshift.io/x=1")
@@ -136,6 +148,53 @@ def _builds_under_the_policy(env: Env, rec: Record, ns: str, started: dt.datetim
              f"under the policy, no 403 in the watcher's log")
     rec.details.append(f"label as initshift: {label.split('denied request: ', 1)[-1]}")
     rec.details.append(f"image as initshift: {image.split('denied request: ', 1)[-1]}")
+
+
+def big_pod(env: Env) -> dict:
+    """docs/install.md's large pod, labelled as the watcher's (waiter); a scheduling gate keeps
+    it from ever running: only its size matters here, to the policy's cost."""
+    variables = [{"name": f"E2E_VAR_{i:03d}", "value": "v" * BIG_VALUE} for i in range(BIG_VARIABLES)]
+    containers = [step(f"c{i:02d}", env.images.busybox, port=None, env=variables) for i in range(BIG_CONTAINERS)]
+    keys = [f"e2e.initshift.io/bulk-{i:02d}" for i in range(BIG_ANNOTATION_COUNT)]
+    each = BIG_ANNOTATIONS // BIG_ANNOTATION_COUNT
+    return pod("big", [], containers, annotations={k: "a" * (each - len(k)) for k in keys},
+               labels={p.LABEL_MANAGED: p.MODE_WAITER}, schedulingGates=[{"name": "e2e.initshift.io/never"}])
+
+
+def _big_pod_under_the_policy(env: Env, rec: Record) -> None:
+    """Each of the watcher's writes (webhook/watcher/_decide.py's merge patches) as initshift's
+    ServiceAccount on the large pod: let through, none refused for the CEL's cost; a refused
+    write is refused by its rule's message, not by the cost."""
+    # A namespace without initshift or a mesh: no webhook rewrites the pod, only its label makes it managed.
+    ns = env.namespace("podpatch-big", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    env.kube.create(f"/api/v1/namespaces/{ns}/pods", big_pod(env))
+    stored = env.kube.pod(ns, "big") or {}
+    size = len(json.dumps(stored, separators=(",", ":")))
+    assert size >= BIG_SIZE, size
+    result = {"result": "Succeeded", "failed": None, "message": "0 steps and 0 mains succeeded", "steps": [],
+              "mains": [], "sidecarsStoppedBy": "deadline", "decidedAt": "2026-01-01T00:00:00Z"}  # no news: no Event
+    patch = ("-n", ns, "patch", "pod", "big", "--type=merge", "-p")
+    # The ready gate, then a start-order container's.
+    allowed(env, *patch, json.dumps({"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}}))
+    allowed(env, *patch, json.dumps({"metadata": {"annotations": {f"{p.ANNOTATION_READY_PREFIX}c00": "true"}}}))
+    # The outcome with the deadline, in one patch conditional on the pod's resourceVersion.
+    rv = (env.kube.pod(ns, "big") or {})["metadata"]["resourceVersion"]
+    written = {p.ANNOTATION_OUTCOME: json.dumps(result, separators=(",", ":"))}
+    allowed(env, *patch, json.dumps({"metadata": {"annotations": written, "resourceVersion": rv},
+                                     "spec": {"activeDeadlineSeconds": 1}}))
+    # The containers' comparison, the one that reads the whole spec: the last container's image.
+    image = denied(env, CONTAINERS, "-n", ns, "set", "image", "pod/big",
+                   f"c{BIG_CONTAINERS - 1:02d}={env.images.curl}")
+    after = env.kube.pod(ns, "big") or {}
+    assert after["spec"].get("activeDeadlineSeconds") == 1, after["spec"].get("activeDeadlineSeconds")
+    assert json.loads(annotations(after)[p.ANNOTATION_OUTCOME]) == result, annotations(after)
+    assert annotations(after)[p.ANNOTATION_READY] == p.READY_TRUE, annotations(after)[p.ANNOTATION_READY]
+    rec.note(f"a {size / 1e6:.2f} MB pod ({size} bytes of JSON; {BIG_CONTAINERS} containers "
+             f"of {BIG_VARIABLES} variables, {BIG_ANNOTATIONS // 1000} KB of annotations): ready gate, "
+             f"ready-<container>, outcome with activeDeadlineSeconds 1 let through as {USER}, an image refused "
+             f"with the policy's words")
+    rec.details.append(f"image on the large pod as initshift: {image.split('denied request: ', 1)[-1]}")
 
 
 @scenario("pod-patch-unserved", applies=lambda env: env.minor < SERVED_FROM)
