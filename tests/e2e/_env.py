@@ -114,7 +114,11 @@ class Scenario:
 SCENARIOS: list[Scenario] = []
 
 
-def scenario(name: str, *, phase: int = 1, applies: Callable[[Env], bool] = lambda env: True):
+def any_cluster(env: Env) -> bool:
+    return True
+
+
+def scenario(name: str, *, phase: int = 1, applies: Callable[[Env], bool] = any_cluster):
     def register(fn: Callable[[Env, Record], None]) -> Callable[[Env, Record], None]:
         SCENARIOS.append(Scenario(name, fn, phase, applies, (fn.__doc__ or "").strip().splitlines()[0]))
         return fn

@@ -69,7 +69,17 @@ def denied(env: Env, words: str, *args: str) -> str:
     return said
 
 
-@scenario("pod-patch-policy", phase=2, applies=lambda env: env.minor >= SERVED_FROM)
+def _served(env: Env) -> bool:
+    """ValidatingAdmissionPolicy (Kubernetes 1.30 or newer)"""
+    return env.minor >= SERVED_FROM
+
+
+def _unserved(env: Env) -> bool:
+    """a cluster without ValidatingAdmissionPolicy (Kubernetes 1.29 or older)"""
+    return not _served(env)
+
+
+@scenario("pod-patch-policy", phase=2, applies=_served)
 def pod_patch_policy(env: Env, rec: Record) -> None:
     """v1.30 and later (admissionregistration.k8s.io/v1): the pod-patch policy installed, the watcher's writes (the ready gate, outcomes, activeDeadlineSeconds) pass it; a label, an image, another annotation, a second outcome and an unmanaged pod are denied to initshift's ServiceAccount; on a 1.5 MB pod its writes pass and an image is denied, the CEL inside the apiserver's cost budget."""
     started = dt.datetime.now(dt.timezone.utc)  # the 403s this scenario answers for come after
@@ -197,7 +207,7 @@ def _big_pod_under_the_policy(env: Env, rec: Record) -> None:
     rec.details.append(f"image on the large pod as initshift: {image.split('denied request: ', 1)[-1]}")
 
 
-@scenario("pod-patch-unserved", applies=lambda env: env.minor < SERVED_FROM)
+@scenario("pod-patch-unserved", applies=_unserved)
 def pod_patch_policy_unserved(env: Env, rec: Record) -> None:
     """Before v1.30 (no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy): the chart with rbac.podPatchPolicy=true fails against the apiserver naming the value; the component's objects are refused by the apiserver."""
     with helm_python.Config(kubeconfig_path=str(env.admin), namespace=NAMESPACE) as helm:

@@ -156,3 +156,13 @@ def test_the_testing_page_describes_every_scenario():
     described = {name for row in table.splitlines() if row.startswith("| `")
                  for name in re.findall(r"`([a-z0-9-]+)`", row.split(" | ", 1)[0])}
     assert described == {s.name for s in registered}
+
+
+def test_a_scenario_that_needs_something_says_what():
+    """A scenario some clusters skip says why in the run's line (`not applicable here: NAME
+    (needs ...)`) and in --list: its `applies` check's docstring."""
+    from tests.e2e import __main__  # noqa: F401 - importing the runner registers every scenario
+    from tests.e2e._env import SCENARIOS, any_cluster
+
+    assert [s.name for s in SCENARIOS if s.applies is not any_cluster and not s.needs] == []
+    assert [s.name for s in SCENARIOS if s.applies is any_cluster and s.needs] == []
