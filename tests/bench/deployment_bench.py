@@ -340,21 +340,6 @@ async def reviews(url: str, ctx: Any, body: bytes, count: int, connections: int 
     return out
 
 
-async def quiet(backend: wb.RealBackend, seconds: float) -> dict[str, int]:
-    """The watcher's writes once they have stopped (its Events go out at 20/s after the
-    outcomes, so a count read at the last outcome is short of them): none but the Lease's
-    for wb.QUIET s, or `seconds` passed."""
-    end, last = time.monotonic() + seconds, await backend.writes()
-    since = time.monotonic()
-    while time.monotonic() - since < wb.QUIET and time.monotonic() < end:
-        await asyncio.sleep(0.5)
-        now = await backend.writes()
-        if any(now[k] != last[k] for k in now if k != "lease"):
-            since = time.monotonic()
-        last = now
-    return last
-
-
 # --- a replica restarting with the burst in flight -------------------------------------------
 def written(pd: wb.Pod) -> float | None:
     """When the driver saw every write the pod is owed (its outcome, and the deadline of one
@@ -387,8 +372,8 @@ async def patch_codes(backend: wb.RealBackend) -> dict[str, int]:
     only): a PATCH past one per pod is a second outcome only if it was not refused (409:
     its resourceVersion was no longer the pod's)."""
     codes: collections.Counter[str] = collections.Counter()
-    for line in await backend._metrics():
-        if (m := wb._METRIC.match(line)) and (lb := wb._labels(m.group(1))).get("resource") == "pods" \
+    for line in await backend.metrics():
+        if (m := wb.METRIC.match(line)) and (lb := wb.labels(m.group(1))).get("resource") == "pods" \
                 and lb.get("verb") == "PATCH" and not lb.get("subresource"):
             codes[lb.get("code", "?")] += int(float(m.group(2)))
     return dict(sorted(codes.items()))
@@ -555,7 +540,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> None:
                     restart.hwm = hostile.memory_kb(server.proc.pid, "VmHWM") * 1024
                     sampler.phase = "settling"
                 creations = await reviewing
-                result.writes = await quiet(backend, SETTLE)  # the driver still watching: a late rewrite counts
+                result.writes = await wb.quiet(backend, time.monotonic() + SETTLE)  # the driver still watching: a late rewrite counts
                 if restart is not None:
                     restart.events, restart.patch_codes = await events_by_pod(api), await patch_codes(backend)
                 watch.cancel()

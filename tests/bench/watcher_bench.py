@@ -249,11 +249,11 @@ class Backend(Protocol):
         ...
 
 
-_METRIC = re.compile(r'^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$')
+METRIC = re.compile(r'^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$')
 _LONGRUNNING = re.compile(r'^apiserver_longrunning_requests\{([^}]*)\} ([0-9.e+]+)$')
 
 
-def _labels(text: str) -> dict[str, str]:
+def labels(text: str) -> dict[str, str]:
     return dict(re.findall(r'(\w+)="([^"]*)"', text))
 
 
@@ -287,7 +287,7 @@ class RealBackend:
             await asyncio.to_thread(self._cm.__exit__, None, None, None)
             self._cm = None
 
-    async def _metrics(self) -> list[str]:
+    async def metrics(self) -> list[str]:
         status, body = await asyncio.to_thread(self.plane.get, "/metrics", 30.0)
         if status != 200:
             raise SystemExit(f"GET /metrics: {status}")
@@ -295,11 +295,11 @@ class RealBackend:
 
     async def writes(self) -> dict[str, int]:
         counts = {"pod_patches": 0, "event_writes": 0, "pod_gets": 0, "lease": 0}
-        for line in await self._metrics():
-            m = _METRIC.match(line)
+        for line in await self.metrics():
+            m = METRIC.match(line)
             if not m:
                 continue
-            lb, n = _labels(m.group(1)), int(float(m.group(2)))
+            lb, n = labels(m.group(1)), int(float(m.group(2)))
             verb, resource, sub = lb.get("verb"), lb.get("resource"), lb.get("subresource", "")
             if resource == "pods" and sub == "" and verb == "PATCH":
                 counts["pod_patches"] += n  # the driver writes pods/status only
@@ -314,10 +314,10 @@ class RealBackend:
     async def watching(self, at_least: int = 2) -> bool:
         """At least `at_least` pods watches are open (2: the driver's and the watcher's)."""
         open_ = 0
-        for line in await self._metrics():
+        for line in await self.metrics():
             m = _LONGRUNNING.match(line)
             if m:
-                lb = _labels(m.group(1))
+                lb = labels(m.group(1))
                 if lb.get("resource") == "pods" and lb.get("verb") == "WATCH":
                     open_ += int(float(m.group(2)))
         return open_ >= at_least
@@ -368,6 +368,20 @@ class DoubleBackend:
 
     def cpu(self) -> dict[str, float]:
         return {}
+
+
+async def quiet(backend: RealBackend, deadline: float) -> dict[str, int]:
+    """The watcher's writes once they have stopped (its Events go out at 20/s after the
+    outcomes, so a count read at the last outcome is short of them): no pod write, Event or
+    GET for QUIET seconds (the Lease's renewals go on), or the loop's clock past `deadline`."""
+    last, since = await backend.writes(), time.monotonic()
+    while time.monotonic() - since < QUIET and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = await backend.writes()
+        if any(now[k] != last[k] for k in now if k != "lease"):
+            since = time.monotonic()
+        last = now
+    return last
 
 
 async def _retry(call: Callable[[], Any], seconds: float = 30.0) -> Any:
@@ -594,14 +608,7 @@ async def scenario(backend: Backend, s: Scenario, tree: Path, workdir: Path) -> 
         result.api_latency = driver.latency
         if watcher:
             await wait_for(lambda: all(pd.outcome_seen is not None for pd in pods if pd.stage == 4), SETTLE)
-        # Quiet: no pod write, Event or GET for QUIET seconds (the Lease's renewals go on).
-        last, quiet_since = await backend.writes(), time.monotonic()
-        while time.monotonic() - quiet_since < QUIET and time.monotonic() - start < result.seconds + 2 * SETTLE:
-            await asyncio.sleep(0.5)
-            now = await backend.writes()
-            if {k: v for k, v in now.items() if k != "lease"} != {k: v for k, v in last.items() if k != "lease"}:
-                quiet_since = time.monotonic()
-            last = now
+        last = await quiet(backend, start + result.seconds + 2 * SETTLE)
         end_cpu, end = backend.cpu(), time.monotonic()
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
