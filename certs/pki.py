@@ -78,9 +78,8 @@ def create_ca(common_name: str = "initshift-ca", days: int = CA_DAYS, now: dt.da
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-# RFC 1123 labels and host names, as Kubernetes checks them, with the wildcard a SAN may carry first.
+# RFC 1123 host names, as Kubernetes checks them, with the wildcard a SAN may carry first.
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-_DNS_LABEL = re.compile(_LABEL)
 _DNS_NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*")
 
 
@@ -92,13 +91,6 @@ def check_dns_name(name: str) -> str:
     if len(name) > 253 or not _DNS_NAME.fullmatch(name.lower()):
         raise PKIError(f"not a DNS name: {name!r} (letters, digits, '-' and '.'; labels of 1-63 characters)")
     return name.lower()
-
-
-def check_dns_label(name: str) -> str:
-    """`name` when it is one RFC 1123 label, as Kubernetes names Services and namespaces."""
-    if not _DNS_LABEL.fullmatch(name):
-        raise PKIError(f"not a DNS label: {name!r} (lower-case letters, digits and '-', 1-63 characters)")
-    return name
 
 
 def parse_ips(values: list[str] | tuple[str, ...]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:

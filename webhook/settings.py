@@ -67,7 +67,8 @@ def name_problem(value: str, kind: str) -> str | None:
     if k8snames.is_name(value, kind):
         return None
     return (f"expected a Kubernetes name ({kind}: lower-case letters, digits and '-'"
-            f"{', and dots' if kind == k8snames.DNS_SUBDOMAIN else ''}, at most "
+            f"{', and dots' if kind == k8snames.DNS_SUBDOMAIN else ''}"
+            f"{', a letter first' if kind == k8snames.DNS_1035_LABEL else ''}, at most "
             f"{k8snames.RULES[kind][1]} characters), got {value!r}")
 
 

@@ -136,6 +136,7 @@ def test_certs_create_writes_files(tmp_path, capsys):
     (["create", "--ip", "999.1.1.1"], 2),
     (["create", "--dns", "café.example"], 2),
     (["create", "--namespace", "Builds_1"], 2),
+    (["create", "--name", "1svc"], 2),  # a Service's name starts with a letter (RFC 1035), as INITSHIFT_SERVICE_NAME's
     (["create", "--days", "0"], 2),
     (["inject", "--ca-file", "missing.pem"], 2),
 ])

@@ -324,7 +324,7 @@ TABLE: dict[str, list[tuple[list[str], dict[str, str], int, str, bool]]] = {
         (["check", "--service-url", "https://127.0.0.1:99999"], {}, 2, "argument --service-url: expected https://",
          False),
         (["check", "--timeout", "-5"], {}, 2, "argument --timeout: must be a positive number of seconds", False),
-        (["check", "--smoke", "Builds_1"], {}, 2, "argument --smoke: not a namespace name: 'Builds_1'", False),
+        (["check", "--smoke", "Builds_1"], {}, 2, "argument --smoke: expected a Kubernetes name (RFC 1123 label", False),
         # what only --smoke reads is refused without it, not ignored (checked before anything connects)
         (["check", "--keep"], {"KUBECONFIG": "{d}/missing"}, 2, "--keep needs --smoke NAMESPACE", False),
         (["check", "--timeout", "5", "--image", "x", "--net-image", "y", "--net-url", "https://z"],

@@ -67,9 +67,11 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
                                    "(tls.crt, tls.key) to --out. A CA already there is kept and signs the new "
                                    "serving certificate, so the caBundle stays valid; --force replaces it.")
     c.add_argument("--out", type=path_arg, default="certs-out", help="directory for ca.crt, ca.key, tls.crt, tls.key")
-    c.add_argument("--name", type=_argument(pki.check_dns_label), default=srv.service_name,
+    # The rules INITSHIFT_SERVICE_NAME and INITSHIFT_NAMESPACE hold them to: a Service's name
+    # starts with a letter (RFC 1035), a namespace's may start with a digit (RFC 1123).
+    c.add_argument("--name", type=name_arg(k8snames.DNS_1035_LABEL), default=srv.service_name,
                    help="Service name (default: %(default)s)")
-    c.add_argument("--namespace", type=_argument(pki.check_dns_label), default=srv.namespace,
+    c.add_argument("--namespace", type=name_arg(k8snames.DNS_LABEL), default=srv.namespace,
                    help="Service namespace (default: %(default)s)")
     c.add_argument("--dns", action="append", type=_argument(pki.check_dns_name), default=[],
                    help="extra DNS name (repeatable)")

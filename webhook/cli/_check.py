@@ -20,7 +20,6 @@ import sys
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from certs.pki import PKIError, check_dns_label
 
 from .. import k8snames
 from ._check_preflight import preflight
@@ -55,14 +54,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _namespace(text: str) -> str:
-    try:
-        return check_dns_label(text)
-    except PKIError:
-        raise argparse.ArgumentTypeError(f"not a namespace name: {text!r} (lower-case letters, digits and '-', "
-                                         "1-63 characters)") from None
-
-
+_NAMESPACE = name_arg(k8snames.DNS_LABEL)
 _OBJECT_NAME = name_arg(k8snames.DNS_SUBDOMAIN)  # a name of an object initshift's install holds
 
 
@@ -93,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
                "certificate is verified for the Service's name either way. Exit codes: 0 all checks passed, 1 a "
                "check failed or the cluster cannot be reached, 2 usage.")
     add_kubeconfig_args(ap)
-    ap.add_argument("-n", "--namespace", type=_namespace, default=d.namespace,
+    ap.add_argument("-n", "--namespace", type=_NAMESPACE, default=d.namespace,
                     help=f"initshift's namespace (default {d.namespace})")
     ap.add_argument("--webhook-config", type=_OBJECT_NAME, default=d.webhook_config,
                     help="the MutatingWebhookConfiguration's name")
@@ -105,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "the Service's name where it resolves outside the cluster); the "
                                           "certificate is still verified for the Service's name")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
-    ap.add_argument("--smoke", metavar="NAMESPACE", type=_namespace,
+    ap.add_argument("--smoke", metavar="NAMESPACE", type=_NAMESPACE,
                     help="run a tiny build pod and a Job-shaped pod in this opted-in namespace")
     # Their defaults are SmokeOptions' (None: not given, which run() tells from given without --smoke).
     ap.add_argument("--keep", action="store_true", default=None, help="--smoke: keep the pods afterwards")
