@@ -1,7 +1,7 @@
 """Decide what the certificates should be now: create, renew, rotate the CA, or keep.
 
 Pure: it takes what exists (the CA and serving pair, the caBundle the apiserver trusts)
-and returns what should exist. The order of writes is the caller's (certs/manage.py):
+and returns what should exist. The order of writes is the caller's (webhook/admission/_certs.py):
 a bundle that gains a CA is injected before the new serving certificate is used; a
 bundle that loses one is injected after.
 
@@ -38,7 +38,7 @@ class Wanted:
     ca_days: int = pki.CA_DAYS
     cert_days: int = pki.CERT_DAYS
     # How long after the serving certificate was issued older CAs are still trusted: longer
-    # than the replicas' check period (certs/manage.py sets it from that period).
+    # than the replicas' check period (webhook/admission/_certs.py sets it from that period).
     prune_after: dt.timedelta = dt.timedelta(hours=2)
 
 
