@@ -372,10 +372,9 @@ async def patch_codes(backend: wb.RealBackend) -> dict[str, int]:
     only): a PATCH past one per pod is a second outcome only if it was not refused (409:
     its resourceVersion was no longer the pod's)."""
     codes: collections.Counter[str] = collections.Counter()
-    for line in await backend.metrics():
-        if (m := wb.METRIC.match(line)) and (lb := wb.labels(m.group(1))).get("resource") == "pods" \
-                and lb.get("verb") == "PATCH" and not lb.get("subresource"):
-            codes[lb.get("code", "?")] += int(float(m.group(2)))
+    for lb, n in await backend.requests():
+        if lb.get("resource") == "pods" and lb.get("verb") == "PATCH" and not lb.get("subresource"):
+            codes[lb.get("code", "?")] += n
     return dict(sorted(codes.items()))
 
 

@@ -249,11 +249,11 @@ class Backend(Protocol):
         ...
 
 
-METRIC = re.compile(r'^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$')
+_METRIC = re.compile(r'^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$')
 _LONGRUNNING = re.compile(r'^apiserver_longrunning_requests\{([^}]*)\} ([0-9.e+]+)$')
 
 
-def labels(text: str) -> dict[str, str]:
+def _labels(text: str) -> dict[str, str]:
     return dict(re.findall(r'(\w+)="([^"]*)"', text))
 
 
@@ -293,13 +293,14 @@ class RealBackend:
             raise SystemExit(f"GET /metrics: {status}")
         return body.decode().splitlines()
 
+    async def requests(self) -> list[tuple[dict[str, str], int]]:
+        """apiserver_request_total: each series' labels and count."""
+        return [(_labels(m.group(1)), int(float(m.group(2))))
+                for m in map(_METRIC.match, await self.metrics()) if m]
+
     async def writes(self) -> dict[str, int]:
         counts = {"pod_patches": 0, "event_writes": 0, "pod_gets": 0, "lease": 0}
-        for line in await self.metrics():
-            m = METRIC.match(line)
-            if not m:
-                continue
-            lb, n = labels(m.group(1)), int(float(m.group(2)))
+        for lb, n in await self.requests():
             verb, resource, sub = lb.get("verb"), lb.get("resource"), lb.get("subresource", "")
             if resource == "pods" and sub == "" and verb == "PATCH":
                 counts["pod_patches"] += n  # the driver writes pods/status only
@@ -317,7 +318,7 @@ class RealBackend:
         for line in await self.metrics():
             m = _LONGRUNNING.match(line)
             if m:
-                lb = labels(m.group(1))
+                lb = _labels(m.group(1))
                 if lb.get("resource") == "pods" and lb.get("verb") == "WATCH":
                     open_ += int(float(m.group(2)))
         return open_ >= at_least

@@ -20,7 +20,6 @@ import sys
 from typing import TextIO
 from urllib.parse import urlsplit
 
-
 from .. import k8snames
 from ._check_preflight import preflight
 from ._check_report import Line, Target
