@@ -4,6 +4,7 @@ surface (`__all__`), certs/ never imports the webhook, and the waiter stays stdl
 from __future__ import annotations
 
 import ast
+import re
 import importlib
 import sys
 from collections import defaultdict
@@ -109,3 +110,47 @@ def test_the_waiter_is_standard_library_only() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top in stdlib or top == "waiter" or path.name == "build.py", f"{path}: imports {name}"
+
+
+def _documented_imports() -> dict[str, set[str] | None]:
+    """docs/design.md's table of what each package imports from initshift: package -> its
+    units (None: "everything"). A row may name several packages (`webhook.settings`,
+    `logs`), each then given as `logs: ...` in a part of its own (`;`); a short name is a
+    webhook package unless it is a top-level one; a waiter module is named in full."""
+    def full(name: str) -> str:
+        return name if name.split(".")[0] in OURS else f"webhook.{name}"
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text.split("| package | imports from initshift |", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, set[str] | None] = {}
+    for row in table.strip().splitlines()[1:]:
+        _, packages, imports, _ = row.split("|")
+        names = [full(n) for n in re.findall(r"`([^`]+)`", packages)]
+        parts = imports.split(";") if len(names) > 1 else [imports]
+        for part in parts:
+            owner, _, listed = part.partition(":") if len(names) > 1 and ":" in part else ("", "", part)
+            units = None if listed.strip().startswith("everything") else \
+                {full(n) for n in re.findall(r"`([^`]+)`", listed)}
+            for name in names if not owner.strip() or listed.strip() == "nothing" else [full(owner.strip())]:
+                out[name] = units
+    return out
+
+
+def test_the_design_docs_import_table_is_what_the_code_imports() -> None:
+    actual: dict[str, set[str]] = defaultdict(set)
+    for module, targets in IMPORTS.items():
+        for target, _, _ in targets:
+            a, b = _unit(module), _unit(target)
+            if target == "waiter":  # `from waiter import protocol`: its module is counted
+                continue
+            if b == "waiter":
+                b = ".".join(target.split(".")[:2])  # the table names the waiter's modules
+            if a != b.split(".")[0] and a != b and b != "webhook":
+                actual[a].add(b)
+    documented = _documented_imports()
+    units = {_unit(m) for m in IMPORTS} - {"webhook"}
+    assert units <= set(documented), f"packages the table leaves out: {sorted(units - set(documented))}"
+    for package, listed in documented.items():
+        if listed is not None:
+            assert actual.get(package, set()) == listed, (
+                f"docs/design.md says {package} imports {sorted(listed)}; it imports {sorted(actual.get(package, ()))}")
