@@ -219,6 +219,48 @@ async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) 
     assert lines_of(err) == ["[git-clone] failed (Error, exit code 128)", "[build]     not-run (NotRun)"]
 
 
+def unpulled(name: str, reason: str = "ImagePullBackOff") -> dict:
+    """A container the kubelet cannot start: its image cannot be pulled."""
+    status = wait(name, reason)
+    status["state"]["waiting"]["message"] = 'Back-off pulling image "registry.invalid/tools:1"'
+    return status
+
+
+PULL_NOTE = '[place-scripts]  pending ({}): Back-off pulling image "registry.invalid/tools:1"'
+
+
+async def test_a_step_the_kubelet_cannot_start_is_noted(kube: KubeDouble, cfg: str) -> None:
+    """A step stuck in ImagePullBackOff has no log: the note says why, where nothing was said."""
+    kube.put_pod(with_status(pod("tekton", NAME, NS, rewritten=False),
+                             init=[init_done("prepare", 0, 1), unpulled("place-scripts"),
+                                   *[wait(n) for n in TEKTON[2:4]]],
+                             containers=[wait("step-report")], phase="Pending"))
+    kube.append_log(NS, NAME, "prepare", "prepared")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg)
+    assert (code, lines_of(out)) == (0, ["[prepare]        prepared"])
+    assert lines_of(err) == [PULL_NOTE.format("ImagePullBackOff")]
+
+
+async def test_follow_says_once_why_a_step_does_not_start(kube: KubeDouble, cfg: str) -> None:
+    """`-f` keeps waiting for a step the kubelet cannot start (the image may yet be pushed),
+    saying why on stderr once per reason, not once per status update."""
+    init = [init_done("prepare", 0, 1), unpulled("place-scripts", "ErrImagePull"), *[wait(n) for n in TEKTON[2:4]]]
+    kube.put_pod(with_status(pod("tekton", NAME, NS, rewritten=False), init=init, containers=[wait("step-report")],
+                             phase="Pending"))
+    err = io.StringIO()
+    task = asyncio.create_task(logs_cmd.run([NAME, "-f", "--kubeconfig", cfg], io.StringIO(), err))
+    await eventually(lambda: "ErrImagePull" in err.getvalue(), "the note on ErrImagePull")
+    for _ in range(2):  # the kubelet's back-off: the same reason again and again
+        init[1] = unpulled("place-scripts")
+        kube.set_container_statuses(NS, NAME, [wait("step-report")], init=init, phase="Pending")
+        await eventually(lambda: "ImagePullBackOff" in err.getvalue(), "the note on ImagePullBackOff")
+    kube.set_container_statuses(NS, NAME, [wait("step-report")], init=init, phase="Failed",
+                                reason="DeadlineExceeded")  # activeDeadlineSeconds ends it
+    code = await asyncio.wait_for(task, BOUND)
+    assert lines_of(err.getvalue())[:2] == [PULL_NOTE.format("ErrImagePull"), PULL_NOTE.format("ImagePullBackOff")]
+    assert code == 0 and "pending" not in "".join(lines_of(err.getvalue())[2:])
+
+
 async def test_follow_reports_a_deleted_pod(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[wait("git-clone", "ContainerCreating")],
                              containers=[wait("build")], phase="Pending"))

@@ -117,6 +117,7 @@ class _Streamer:
     def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO) -> None:
         self.api, self.namespace, self.pod_name = api, namespace, pod_name
         self.printer, self.err = printer, err
+        self._stuck_said: set[tuple[str, str]] = set()  # (container, reason): each said once
 
     async def dump(self, name: str, follow: bool = False) -> None:
         try:
@@ -126,10 +127,14 @@ class _Streamer:
             raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
 
     def note(self, pod: dict, name: str) -> None:
-        """After a container's log: say on stderr when it failed, was skipped or did not run."""
+        """After a container's log: say on stderr when it failed, was skipped or did not run, or
+        when the kubelet cannot start it (say_stuck)."""
         try:
             row = pod_view(pod, datetime.now(timezone.utc)).row(name)
         except (NotManaged, StopIteration):
+            return
+        if row.stuck:
+            self._say_stuck(row.name, row.reason, row.message)
             return
         if row.state not in _NOTE_STATES:
             return
@@ -140,9 +145,36 @@ class _Streamer:
         self.err.write(f"{self.printer.prefix(name)} {row.state} ({row.reason or 'no reason'}{code}){detail}\n")
         self.err.flush()
 
+    def _unsaid_stuck(self, pod: dict) -> list[tuple[str, str, str]]:
+        """(container, reason, message) of each container stuck that was not said yet."""
+        try:
+            rows = pod_view(pod, datetime.now(timezone.utc)).rows
+        except NotManaged:
+            return []
+        return [(r.name, r.reason, r.message) for r in rows if r.stuck and (r.name, r.reason) not in self._stuck_said]
+
+    def say_stuck(self, pod: dict) -> None:
+        """Say on stderr each container the kubelet cannot start (an image it cannot pull, a
+        Secret that is missing), once per reason: with nothing else said, `-f` waiting on it
+        (or a step waiting for its proxy) looks hung, and `logs` alone shows nothing."""
+        for stuck in self._unsaid_stuck(pod):
+            self._say_stuck(*stuck)
+
+    def _say_stuck(self, name: str, reason: str, message: str) -> None:
+        if (name, reason) in self._stuck_said:
+            return
+        self._stuck_said.add((name, reason))
+        detail = f": {message}" if message else ""
+        self.err.write(f"{self.printer.prefix(name)} {State.PENDING} ({reason}){detail}\n")
+        self.err.flush()
+
     async def follow(self, tracker: PodTracker, name: str) -> None:
         """Wait for the container to start, follow its log to the end, then note how it ended."""
-        pod = await tracker.wait(lambda p: has_started(p, name) or pod_ended(p))
+        while True:  # saying what the kubelet cannot start meanwhile; it may yet (a pushed image)
+            pod = await tracker.wait(lambda p: has_started(p, name) or pod_ended(p) or bool(self._unsaid_stuck(p)))
+            if has_started(pod, name) or pod_ended(pod):
+                break
+            self.say_stuck(pod)
         if not has_started(pod, name):
             self.note(pod, name)
             return
@@ -183,6 +215,7 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
             if has_started(pod, name):
                 await streamer.dump(name)
             streamer.note(pod, name)
+        streamer.say_stuck(pod)  # what holds them up outside the plan: the proxy, initshift-init
         return
     async with PodTracker(api, namespace, pod["metadata"]["name"], pod) as tracker:
         alongside = [asyncio.create_task(streamer.follow(tracker, n)) for n in plan.concurrent]

@@ -60,6 +60,12 @@ class _Row:
     restarts: int = 0
     ready: bool | None = None  # sidecars: the kubelet's readiness
 
+    @property
+    def stuck(self) -> bool:
+        """Not started for a reason of the kubelet's that is a problem (ImagePullBackOff,
+        CreateContainerConfigError), not one that only means "not yet"."""
+        return self.state == State.PENDING and self.reason not in _QUIET_WAITING
+
     def to_json(self) -> dict:
         return {"name": self.name, "kind": self.kind, "step": self.number, "state": str(self.state),
                 "waitingFor": self.waiting_for, "exitCode": self.exit_code, "reason": self.reason,
