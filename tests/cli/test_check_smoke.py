@@ -167,13 +167,16 @@ async def test_not_rewritten_where_a_mesh_injects_fails(kube: KubeDouble, tmp_pa
            "recorded)", "✔ deleted pod")
 
 
-@pytest.mark.parametrize("namespace, why", [("default", "namespace default is not opted in"),
-                                            ("nope", "namespace nope does not exist")])
+@pytest.mark.parametrize("namespace, why", [
+    ("default", "namespace default is not opted in: kubectl label namespace default initshift.io/enabled=true"),
+    # Labelling a namespace that does not exist fails: the hint creates it first.
+    ("nope", "namespace nope does not exist: name an opted-in one, or kubectl create namespace nope && "
+             "kubectl label namespace nope initshift.io/enabled=true (and your mesh's label)")])
 async def test_namespace_that_is_not_opted_in(kube: KubeDouble, tmp_path, namespace, why) -> None:
     async with inst.healthy(kube, tmp_path) as i:
         code, lines, out = await smoke(i, namespace)
     assert code == 1 and titles(lines) == [f"{namespace} is an opted-in namespace"]
-    assert f"{why}: kubectl label namespace {namespace} initshift.io/enabled=true" in out
+    assert f"\n    {why}\n" in out
     assert [x for x in kube.items("pods") if x["metadata"]["namespace"] != inst.NS] == []  # but initshift's own
 
 

@@ -332,10 +332,13 @@ async def smoke(api: KubeApi, namespace: str, target: Target, options: SmokeOpti
         return
     wh = pod_webhook(config) if config else None
     if ns is None or wh is None or not calls_for(wh, ns, {_SMOKE_LABEL: _SMOKE_NAME}):
-        why = f"namespace {namespace} does not exist" if ns is None else \
-            "there is no webhook configuration" if wh is None else f"namespace {namespace} is not opted in"
-        run.line(False, f"{namespace} is an opted-in namespace", f"{why}: kubectl label namespace {namespace} "
-                                                                 f"{p.LABEL_NAMESPACE_ENABLED}=true")
+        label = f"kubectl label namespace {namespace} {p.LABEL_NAMESPACE_ENABLED}=true"
+        # A namespace that does not exist cannot be labelled: create it first (or the name is a typo).
+        why = f"namespace {namespace} does not exist: name an opted-in one, or kubectl create namespace " \
+              f"{namespace} && {label} (and your mesh's label)" if ns is None else \
+            f"there is no webhook configuration: {label}" if wh is None else \
+            f"namespace {namespace} is not opted in: {label}"
+        run.line(False, f"{namespace} is an opted-in namespace", why)
         return
     injects = any(i.injects_in(ns) for i in await find_injectors(api, configs))
     for shape, make in ((BUILD, smoke_pod), (JOB, smoke_job_pod)):
