@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.fixtures import pods
 from tests.rewrite.test_job import check_native_job_pod
-from tests.rewrite.test_rewrite import EXPECTED as WAITER_EXPECTED, argv_after_separator, flag_values, names
+from tests.rewrite.test_rewrite import EXPECTED as WAITER_EXPECTED, argv_after_separator, flag_values, names, waiter_args
 from tests.support.podvalidate import assert_valid_pod
 from waiter import protocol as p
 from tests.support.patching import apply_patch
@@ -214,8 +214,8 @@ def test_kpack_layout_gate_and_resources():
     assert any("removed the startupProbe of 'istio-proxy'" in w for w in result.warnings)
     step0 = first_step(out)
     assert flag_values(step0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
-    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE], "the waiter's gate: probe, file as fallback"
-    assert p.READY_VOLUME in [v["name"] for v in spec["volumes"]]
+    assert flag_values(step0, p.FLAG_READY_FILE) == [], "the waiter's gate: the probe alone"
+    assert p.READY_VOLUME not in [v["name"] for v in spec["volumes"]]
     assert all(flag_values(c, p.FLAG_WAIT) == [p.completion_path(i - 1)]
                for i, c in enumerate(spec["containers"][1:]) if i), "each waits for the one before; the main for the last"
     assert pod_requests(spec) == pod_requests(src["spec"]), "preserve: the effective request is unchanged"
@@ -300,7 +300,7 @@ def test_sidecar_step0_cannot_probe_gets_a_startup_probe_instead():
     assert "startupProbe" not in by_name(out)["cache"]
     step0 = first_step(out)
     assert flag_values(step0, p.FLAG_PROBE) == ["tcp://127.0.0.1:6379"], "the one it can probe"
-    assert flag_values(step0, p.FLAG_READY_FILE) == [p.READY_FILE]
+    assert flag_values(step0, p.FLAG_READY_FILE) == []
     assert any("'istio-proxy' got a startupProbe" in w for w in result.warnings)
     check_hybrid_pod(pod, out)
     # Only sidecars step 0 cannot probe: the kubelet's start order is the whole gate.
@@ -348,7 +348,7 @@ def test_auto_picks_hybrid_native_or_waiter():
     on_failure["spec"]["restartPolicy"] = "OnFailure"
     result = rewrite(on_failure, AUTO, native_supported=True)
     assert result.strategy == p.MODE_HYBRID
-    assert all(p.FLAG_RETRY in c["args"] for c in result.pod["spec"]["containers"][1:])
+    assert all(p.FLAG_RETRY in waiter_args(c) for c in result.pod["spec"]["containers"][1:])
     ordered = copy.deepcopy(job)
     ordered["metadata"]["annotations"][p.ANNOTATION_START_ORDER] = "istio-proxy;build"
     result = rewrite(ordered, AUTO, native_supported=True)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.rewrite.test_rewrite import argv_after_separator, flag_values, names
+from tests.rewrite.test_rewrite import argv_after_separator, flag_values, names, waiter_args
 from tests.support.fixtures import pods
 from tests.support.patching import apply_patch
 from tests.support.podvalidate import NEWEST, assert_valid_pod
@@ -62,12 +62,14 @@ def check_waiter_job_pod(src: dict, out: dict, native: bool | None = None) -> No
         assert {k: v for k, v in c.items() if k not in ("command", "args", "volumeMounts")} == \
             {k: v for k, v in o.items() if k not in ("command", "args", "volumeMounts")}
         assert flag_values(c, p.FLAG_WAIT) == [], "no step to wait for"
-        assert flag_values(c, p.FLAG_READY_FILE) == [p.READY_FILE], "every main is gated"
-        assert flag_values(c, p.FLAG_PROBE) == [s for s in (_probe(x) for x in sidecars) if s]
+        probes = [_probe(x) for x in sidecars]
+        # Every main is gated: by the sidecars' probes when each has one, else the ready file.
+        assert flag_values(c, p.FLAG_PROBE) == (probes if all(probes) else [])
+        assert flag_values(c, p.FLAG_READY_FILE) == ([] if all(probes) else [p.READY_FILE])
         assert flag_values(c, p.FLAG_QUIT) == quits, "any main may be the last"
         assert flag_values(c, p.FLAG_MAINS) == [str(len(mains))]
         assert flag_values(c, p.FLAG_POST) == [p.completion_path(i)]
-        assert (p.FLAG_RETRY in c["args"]) == retry
+        assert (p.FLAG_RETRY in waiter_args(c)) == retry
     released = removed_post_start(out)
     for s in sidecars:
         s = quit_served(s)
@@ -163,11 +165,10 @@ def test_cronjob_under_istio_classic_layout():
     report = out["spec"]["containers"][0]
     assert report["args"] == [
         p.CMD_RUN, p.FLAG_NAME, "report", p.FLAG_POST, p.completion_path(0),
-        p.FLAG_READY_FILE, p.READY_FILE, p.FLAG_PROBE, "http://127.0.0.1:15021/healthz/ready",
+        p.FLAG_PROBE, "http://127.0.0.1:15021/healthz/ready",
         p.FLAG_QUIT, "http://127.0.0.1:15020/quitquitquit", p.FLAG_MAINS_DIR, p.MAINS_MOUNT, p.FLAG_MAINS, "1",
         p.ARGV_SEPARATOR, "sh", "-c", src["spec"]["containers"][0]["args"][0]]
-    assert [m["name"] for m in report["volumeMounts"]] == [p.BIN_VOLUME, p.run_volume(0), p.READY_VOLUME,
-                                                           p.MAINS_VOLUME]
+    assert [m["name"] for m in report["volumeMounts"]] == [p.BIN_VOLUME, p.run_volume(0), p.MAINS_VOLUME]
     writable = [m["name"] for m in report["volumeMounts"] if not m.get("readOnly")]
     assert writable == [p.run_volume(0), p.MAINS_VOLUME]
     assert names(out["spec"]["initContainers"]) == ["istio-init", p.INIT_CONTAINER_NAME]
@@ -186,8 +187,8 @@ def test_on_failure_and_several_mains():
     out = result.pod
     for name in ("report", "upload"):
         c = by_name(out)[name]
-        assert p.FLAG_RETRY in c["args"] and flag_values(c, p.FLAG_MAINS) == ["2"]
-        assert flag_values(c, p.FLAG_READY_FILE) == [p.READY_FILE]
+        assert p.FLAG_RETRY in waiter_args(c) and flag_values(c, p.FLAG_MAINS) == ["2"]
+        assert flag_values(c, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
     assert any("a main the kubelet restarts waits for the sidecars again" in w for w in result.warnings)
     assert not any("failed step" in w for w in result.warnings)
 

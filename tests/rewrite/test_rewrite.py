@@ -58,8 +58,13 @@ def argv_after_separator(c: dict) -> list[str]:
     return args[args.index(p.ARGV_SEPARATOR) + 1:]
 
 
+def waiter_args(c: dict) -> list[str]:
+    """The waiter's own flags: what comes before the user's argv (which may hold anything)."""
+    return c["args"][: c["args"].index(p.ARGV_SEPARATOR)]
+
+
 def flag_values(c: dict, flag: str) -> list[str]:
-    args = c["args"][: c["args"].index(p.ARGV_SEPARATOR)]
+    args = waiter_args(c)
     return [args[i + 1] for i, a in enumerate(args) if a == flag]
 
 
@@ -127,9 +132,9 @@ def test_kpack_layout():
         assert flag_values(c, p.FLAG_POST) == [p.completion_path(i)]
         if i == 0:
             assert flag_values(c, p.FLAG_WAIT) == []
-            assert flag_values(c, p.FLAG_READY_FILE) == [p.READY_FILE]
+            assert flag_values(c, p.FLAG_READY_FILE) == [], "the proxy's probe is the gate"
             assert flag_values(c, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
-            assert ours[p.READY_VOLUME]["readOnly"] is True
+            assert p.READY_VOLUME not in ours
         else:
             assert flag_values(c, p.FLAG_WAIT) == [p.completion_path(min(i - 1, 5))]
             assert flag_values(c, p.FLAG_READY_FILE) == []
@@ -142,8 +147,7 @@ def test_kpack_layout():
     assert spec["containers"][7] == src["spec"]["containers"][1], "the sidecar is untouched"
     vols = {v["name"]: v for v in spec["volumes"]}
     assert [v["name"] for v in spec["volumes"][: len(src["spec"]["volumes"])]] == names(src["spec"]["volumes"])
-    assert vols[p.READY_VOLUME]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == \
-        f"metadata.annotations['{p.ANNOTATION_READY}']"
+    assert p.READY_VOLUME not in vols
     assert all(p.run_volume(i) in vols for i in range(7))
 
 
@@ -233,13 +237,13 @@ def test_sidecar_injected_after_us_updates_only_gate_and_quit():
     assert second.changed and second.reason == "refreshed"
     assert_valid_pod(second.pod)
     new0 = second.pod["spec"]["containers"][0]
-    assert flag_values(new0, p.FLAG_READY_FILE) == [p.READY_FILE]
     assert flag_values(new0, p.FLAG_PROBE) == ["http://127.0.0.1:15021/healthz/ready"]
+    assert flag_values(new0, p.FLAG_READY_FILE) == [], "the probe is the gate"
     main = next(c for c in second.pod["spec"]["containers"] if c["name"] == "build")
     assert flag_values(main, p.FLAG_QUIT) == [p.DEFAULT_QUIT_ENDPOINTS["istio-proxy"]]
-    # Everything but step 0, the main's quit flags and the gate volume is as Istio left it.
+    # Everything but step 0 and the main's quit flags is as Istio left it.
     main_index = second.pod["spec"]["containers"].index(main)
-    allowed = ("/spec/containers/0", f"/spec/containers/{main_index}/args", "/spec/volumes")
+    allowed = ("/spec/containers/0", f"/spec/containers/{main_index}/args")
     ops = make_patch(injected, second.pod)
     assert ops and all(op["path"] in allowed or op["path"].startswith(tuple(a + "/" for a in allowed))
                        for op in ops), ops
@@ -349,7 +353,7 @@ def test_on_failure_gets_retry():
     pod["spec"]["restartPolicy"] = "OnFailure"
     result = rewrite(pod, ON)
     wrapped = [c for c in result.pod["spec"]["containers"] if c["name"] != "istio-proxy"]
-    assert all(p.FLAG_RETRY in c["args"] for c in wrapped)
+    assert all(p.FLAG_RETRY in waiter_args(c) for c in wrapped)
     assert any("OnFailure" in w for w in result.warnings)
 
 

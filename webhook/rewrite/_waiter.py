@@ -158,9 +158,9 @@ def loopback_probe(container: Mapping) -> str | None:
 
 
 def gate(sidecars: Sequence[Mapping], hybrid: bool = False) -> tuple[str | None, list[str]]:
-    """Step 0's gate, as (ready file, loopback probes): none without sidecars; the ready
-    file, and the probes when every sidecar has one (the waiter opens the gate on whichever
-    says ready first).
+    """Step 0's gate, as (ready file, loopback probes): none without sidecars; the probes
+    when every sidecar has one, else the ready file, the watcher's `initshift.io/ready`
+    (it writes that annotation only for a gate that reads it: a probe gate has no file).
 
     `hybrid`: a native sidecar without a loopback probe is left out: it holds every regular
     container back by the kubelet's start order (its startupProbe), which needs no watcher
@@ -170,7 +170,7 @@ def gate(sidecars: Sequence[Mapping], hybrid: bool = False) -> tuple[str | None,
     if not sidecars:
         return None, []
     probes = [loopback_probe(s) for s in sidecars]
-    return p.READY_FILE, [str(url) for url in probes] if all(probes) else []
+    return (None, [str(url) for url in probes]) if all(probes) else (p.READY_FILE, [])
 
 
 def _ready_volume() -> dict:
