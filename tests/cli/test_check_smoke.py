@@ -5,7 +5,9 @@ the pod's status, and the real watcher."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
+import json
 import re
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from tests.cli.test_check import failed
 from tests.support import docs
 from tests.support import install as inst
-from tests.support.kubedouble import KubeDouble
+from tests.support.kubedouble import KubeDouble, terminated
 from waiter import protocol as p
 from webhook.cli import _check as check_cmd
 from webhook.cli._check_smoke import SmokeOptions, smoke_pod
@@ -22,10 +24,11 @@ BOUND = 60.0  # the whole run; a bug fails instead of hanging
 
 
 async def smoke(i: inst.Install, namespace: str, *more: str, hold: str | None = None,
-                waiter_first: bool = False, forwarded: bool = False) -> tuple[int, list[str], str]:
+                waiter_first: bool = False, forwarded: bool = False,
+                kubelet_type: type[inst.Kubelet] = inst.Kubelet) -> tuple[int, list[str], str]:
     """Run the check with --smoke while a kubelet plays the pod; (exit code, smoke lines, output).
     `forwarded`: as from a workstation, the server reached through a port-forward (no --service-url)."""
-    kubelet = inst.Kubelet(i.kube, namespace, hold=hold, waiter_first=waiter_first)
+    kubelet = kubelet_type(i.kube, namespace, hold=hold, waiter_first=waiter_first)
     player = asyncio.ensure_future(kubelet.run())
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -165,6 +168,53 @@ async def test_not_rewritten_where_a_mesh_injects_fails(kube: KubeDouble, tmp_pa
     starts(lines, "✔ created pod", "✘ rewritten by initshift: not rewritten (no decision recorded)",
            "✔ deleted pod", "✔ created Job-shaped pod", "✘ rewritten by initshift: not rewritten (no decision "
            "recorded)", "✔ deleted pod")
+
+
+class NoDns(inst.Kubelet):
+    """The fetch fails as in a cluster without DNS: curl exits 6 and its log says why; the
+    waiter skips what follows; the pod ends Failed."""
+
+    failed = False
+
+    async def _steps(self, pod: dict) -> None:
+        ann = pod["metadata"]["annotations"]
+        steps, mains = json.loads(ann[p.ANNOTATION_STEPS]), json.loads(ann[p.ANNOTATION_MAINS])
+        net = steps[1] if steps else mains[0]
+        self.failed = False
+        for n in [*steps, *mains]:
+            at = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            record = {"name": n, "exitCode": 0, "reason": p.REASON_COMPLETED, "startedAt": at, "finishedAt": at,
+                      "message": ""}
+            if self.failed:
+                record |= {"reason": p.REASON_SKIPPED, "message": f"skipped: step '{net}' failed with exit code 6"}
+            elif n == net:
+                self.kube.append_log(self.namespace, self.name, n,
+                                     "curl: (6) Could not resolve host: kubernetes.default.svc")
+                self.kube.append_log(self.namespace, self.name, n, "waiter[step-1]: exited with code 6")
+                record |= {"exitCode": 6, "reason": "Error", "message": "exited with code 6"}
+                self.failed = True
+            await self.regular(terminated(n, record["exitCode"], message=json.dumps(record)))
+
+    async def regular(self, *entries: dict, phase: str | None = None) -> None:
+        await super().regular(*entries, phase="Failed" if phase == "Succeeded" and self.failed else phase)
+
+
+async def test_a_failed_fetch_says_why_before_the_pod_is_deleted(kube: KubeDouble, tmp_path) -> None:
+    """The pods are deleted after the run: the ✘ line holds the end of the failed container's
+    log (an exit code alone does not say why) and names --keep, not a command on a pod that
+    will be gone. The watcher's record of the failure is right, and not counted again."""
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, inst.BUILDS, kubelet_type=NoDns)
+    assert code == 1
+    why = ("its log ends: curl: (6) Could not resolve host: kubernetes.default.svc; it fetches "
+           "https://kubernetes.default.svc/version (--net-url); --keep keeps the pods to look into")
+    assert f"✘ steps in order: step-1 failed (exit 6)\n    exited with code 6; {why}\n" in out, out
+    assert f"\n✔ {p.ANNOTATION_OUTCOME}: Failed (step-1 failed: " in out, out
+    job = out.split("Job-shaped pod", 1)[1]
+    assert "\n✘ pod ended Failed (phase Failed); sidecar stopped by" in job, out
+    assert f"\n    exited with code 6; {why}\n" in job, out
+    assert "initshift status" not in out and "kubectl -n builds logs" not in out, out
+    assert kube.items("pods", inst.BUILDS) == []
 
 
 @pytest.mark.parametrize("namespace, why", [

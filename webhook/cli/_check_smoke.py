@@ -22,11 +22,11 @@ from waiter import protocol as p
 
 from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
-from ..watcher import WAITER_RUN, NotManaged, layout, parse_time, statuses
+from ..watcher import SIDECAR, WAITER_RUN, NotManaged, layout, parse_time, statuses
 from ._check_preflight import calls_for, find_injectors, pod_webhook
 from ._check_report import Line, Report, Target
 from ._podcli import CliError, PodTracker
-from ._podview import PodView, State, pod_view
+from ._podview import PodView, State, is_waiter_line, pod_view
 
 _SECTION = "smoke"
 _SMOKE_LABEL = "app.kubernetes.io/name"
@@ -34,6 +34,7 @@ _SMOKE_NAME = "initshift-smoke"
 STEPS = ("step-0", "step-1")
 MAIN = "main"
 _STARTED = (State.RUNNING, State.COMPLETED, State.FAILED)
+_TAIL_LINES = 3  # of a failed container's log, in its ✘ line
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,11 @@ class Shape:
     gated: str  # the container that must start only once the sidecars are Ready
     label: str  # that container in the lines ("step 0", "main")
     steps: tuple[str, ...]
+    net: str  # the container that fetches --net-url
 
 
-BUILD = Shape("pod", f"{_SMOKE_NAME}-", STEPS[0], "step 0", STEPS)
-JOB = Shape("Job-shaped pod", f"{_SMOKE_NAME}-job-", MAIN, "main", ())
+BUILD = Shape("pod", f"{_SMOKE_NAME}-", STEPS[0], "step 0", STEPS, STEPS[1])
+JOB = Shape("Job-shaped pod", f"{_SMOKE_NAME}-job-", MAIN, "main", (), MAIN)
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ class Run:
                                         in ("Succeeded", "Failed"))
                 phase = (done.get("status") or {}).get("phase")
                 self.line(phase == "Succeeded", f"pod ended {phase} (phase {phase})", "" if phase == "Succeeded"
-                          else f"kubectl -n {self.namespace} logs {name} -c {MAIN}", phase=phase)
+                          else await self._why(name, MAIN, "", shape), phase=phase)
                 return
             await self._follow(tracker, sidecars, strategy, shape)
 
@@ -252,8 +254,13 @@ class Run:
         view = _view(pod)
         assert view is not None
         self._gated(view, shape, sidecars, ready_then, sidecar_start)
+        failed = next((r for r in view.rows if r.kind != SIDECAR and r.state == State.FAILED), None)
+        why = await self._why(view.name, failed.name, failed.message or f"{failed.name} failed ({failed.reason}, "
+                              f"exit {failed.exit_code})", shape) if failed else ""
         if shape.steps:
-            self._steps(view)
+            self._steps(view, why)
+            if failed and failed.name in shape.steps:
+                why = ""  # said on the steps' line
         if strategy in WAITER_RUN:
             self.stage = "outcome recorded"
             pod = await self.until(tracker, "outcome recorded",
@@ -261,7 +268,34 @@ class Run:
                                                   .get(p.ANNOTATION_OUTCOME)))
             view = _view(pod)
             assert view is not None
-        self._ended(view, pod, strategy)
+        self._ended(view, pod, strategy, why)
+
+    def _look(self, pod: str, container: str | None = None) -> str:
+        """Where to look further: the pod while it is kept, else how to keep it."""
+        if not self.options.keep:
+            return "--keep keeps the pods to look into"
+        if container:
+            return f"kubectl -n {self.namespace} logs {pod} -c {container}"
+        return f"initshift status {pod} -n {self.namespace}"
+
+    async def _why(self, pod: str, container: str, message: str, shape: Shape) -> str:
+        """A failed step's or main's ✘ hint: its message, the last lines of its log, read now
+        (the pod is deleted next unless --keep, and an exit code alone rarely says why: curl's
+        6 is a name that did not resolve), what it fetches, and where to look further. The
+        log is read where the credentials allow it (`get` on pods/log is not among --smoke's
+        needs)."""
+        parts = [message] if message else []
+        try:
+            lines = [line.rstrip("\n") async for line in self.api.pod_log(self.namespace, pod, container,
+                                                                          tail_lines=4 * _TAIL_LINES)]
+        except KubeError:
+            lines = []
+        tail = [line for line in lines if line.strip() and not is_waiter_line(line)][-_TAIL_LINES:]
+        if tail:
+            parts.append(f"its log ends: {' | '.join(tail)}")
+        if container == shape.net:
+            parts.append(f"it fetches {self.options.net_url} (--net-url)")
+        return "; ".join([*parts, self._look(pod, container)])
 
     def _gated(self, view: PodView, shape: Shape, sidecars: list[str], ready_then: bool,
                sidecar_start: str | None) -> None:
@@ -276,7 +310,8 @@ class Run:
                       "" if ok else f"{shape.label} ran before its proxy was Ready: its network calls could fail",
                       latencySeconds=latency)
 
-    def _steps(self, view: PodView) -> None:
+    def _steps(self, view: PodView, why: str) -> None:
+        """`why`: the hint of the step that failed."""
         self.stage = "steps in order"
         rows = [view.row(n) for n in STEPS]
         failed = [r for r in rows if r.state != State.COMPLETED]
@@ -287,12 +322,13 @@ class Run:
             r = failed[0]
             self.line(False, f"steps in order: {r.name} {r.state}" + (f" (exit {r.exit_code})" if r.exit_code
                                                                       is not None else ""),
-                      r.message or f"kubectl -n {self.namespace} logs {view.name} -c {r.name}")
+                      why if r.state == State.FAILED else r.message or self._look(view.name, r.name))
         else:
             self.line(ordered, f"steps ran in order: {text}", "" if ordered else "a step started before the one "
                                                                                  "before it had finished")
 
-    def _ended(self, view: PodView, pod: dict, strategy: str | None) -> None:
+    def _ended(self, view: PodView, pod: dict, strategy: str | None, why: str) -> None:
+        """`why`: the hint of the main that failed (a step's is on the steps' line)."""
         self.stage = "pod ended"
         stopped = [r for r in view.rows if r.kind == "sidecar"]
         how = view.sidecars_stopped_by or ", ".join(
@@ -302,7 +338,7 @@ class Run:
         self.line(ok, f"pod ended {view.result} (phase {view.phase}" + (f", {view.pod_reason}" if view.pod_reason
                                                                           else "") + ")"
                   + (f"; sidecar stopped by {how}" if how else ""),
-                  "" if ok else view.message or f"initshift status {view.name} -n {self.namespace}",
+                  "" if ok else why or view.message or self._look(view.name),
                   result=view.result, phase=view.phase, sidecarsStoppedBy=how)
         self.stage = "outcome annotation"
         outcome = ((pod.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
@@ -311,10 +347,15 @@ class Run:
                 record = json.loads(outcome) if outcome else None
             except ValueError:
                 record = None
-            ok = isinstance(record, dict) and record.get("result") == "Succeeded"
-            summary = f"{record.get('result')} ({record.get('message')})" if isinstance(record, dict) else outcome
+            # The watcher's part is a record that says what the containers did: a step that failed
+            # recorded as Failed is right (the lines above count the failure itself).
+            result = record.get("result") if isinstance(record, dict) else None
+            failed = any(r.kind != SIDECAR and r.state == State.FAILED for r in view.rows)
+            ok = result == ("Failed" if failed else "Succeeded")
+            summary = f"{result} ({record.get('message')})" if isinstance(record, dict) else outcome
             self.line(ok, f"{p.ANNOTATION_OUTCOME}: {summary}", "" if ok else
-                      "the watcher did not record a success: check its Lease above", outcome=record)
+                      "the watcher recorded no outcome: check its Lease above" if record is None else
+                      "the watcher's record disagrees with how the containers ended: read its log", outcome=record)
         else:
             self.line(True, f"no {p.ANNOTATION_OUTCOME} needed: the kubelet orders native sidecars "
                             f"(the watcher records waiter and hybrid pods only)")
