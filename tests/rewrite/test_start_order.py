@@ -120,9 +120,8 @@ def test_any_annotation_is_applied_whole_or_denied(groups: list[list[str]]) -> N
 
 # --- the rewrite ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("policy", ["Always", "OnFailure", "Never"])
-def test_deployment_pod_gets_its_order(policy: str) -> None:
-    pod = web_pod("istio-proxy,cache;app", policy)
+def test_deployment_pod_gets_its_order() -> None:
+    pod = web_pod("istio-proxy,cache;app")
     out = ok(pod)
     c = by_name(out)
     assert c["istio-proxy"] == by_name(pod)["istio-proxy"], "a probed first-group container is left alone"
@@ -253,7 +252,20 @@ def test_a_first_group_with_other_containers_is_wrapped_not_made_native() -> Non
 def test_waiter_strategy_pods_are_denied_with_a_clear_message() -> None:
     pod = pods.catalogue()["job-istio"]
     pod["metadata"]["annotations"][p.ANNOTATION_START_ORDER] = "istio-proxy;build"
-    assert "cannot be combined with the waiter strategy" in denied(pod, native_supported=False)
+    assert "cannot be combined with the waiter strategy (this pod's init containers would become steps)" \
+        in denied(pod, native_supported=False)
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Never"])
+def test_a_jobs_pod_without_steps_is_denied_where_its_mains_are_the_waiters(policy: str) -> None:
+    """The waiter gates a Job's mains and its last main quits the proxy; the declared order
+    alone would gate them and quit nothing: the Job would never complete."""
+    pod = web_pod("istio-proxy;app,cache", policy)
+    message = denied(pod, native_supported=False)
+    assert "cannot be combined with the waiter strategy (this pod's mains would run under the waiter, whose " \
+           "last main quits the proxy); use initshift.io/mode=native" in message, message
+    native = by_name(ok(pod, native_supported=True))
+    assert native["istio-proxy"]["restartPolicy"] == "Always", "the kubelet stops it after the mains"
 
 
 def test_composes_with_the_native_strategy() -> None:

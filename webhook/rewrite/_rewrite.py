@@ -448,8 +448,6 @@ def _choose_for_mains(case: _Case, strategy: str) -> Plan:
     pod, cls = case.pod, case.cls
     if strategy == p.MODE_HYBRID:  # no step for the waiter: the native half is the whole rewrite
         return _choose_native(case)
-    if start_order.requested(pod):  # the declared order wraps these mains itself
-        return case.skip(Reason.NO_INIT_CONTAINERS, "no init container to move; admitted unchanged")
     if cls.sidecars:
         if not cls.mains:
             return case.skip(Reason.NO_MAINS, "every regular container is a sidecar: no main to gate; admitted "
@@ -505,10 +503,15 @@ def _plan(pod: dict, settings: Settings, native: bool | None, mode_from: str | N
 def _ordered(pod: dict, choice: Plan, settings: Settings, native: bool | None) -> Ordered:
     """Declared start order, composed after the native strategy."""
     if isinstance(choice, Rewritten) and choice.strategy in (p.MODE_WAITER, p.MODE_HYBRID):
+        # A run-to-completion pod's mains under the waiter: it gates them and its last main
+        # quits the proxy. The declared order alone would gate them too but quit nothing,
+        # leaving a Job's pod running after its mains; waiter run and start-after do not nest.
+        why = "this pod's init containers would become steps" if choice.cls.steps else \
+            "this pod's mains would run under the waiter, whose last main quits the proxy"
         raise RewriteError(
-            f"{p.ANNOTATION_START_ORDER} cannot be combined with the {choice.strategy} strategy (this pod's init "
-            f"containers would become steps); use {p.ANNOTATION_MODE}=native on a cluster with native sidecars, or "
-            f"remove the annotation", deny=True, reason=start_order.REASON)
+            f"{p.ANNOTATION_START_ORDER} cannot be combined with the {choice.strategy} strategy ({why}); use "
+            f"{p.ANNOTATION_MODE}=native on a cluster with native sidecars, or remove the annotation",
+            deny=True, reason=start_order.REASON)
     base, notes = pod, []
     if isinstance(choice, Rewritten):
         try:
