@@ -377,7 +377,7 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
     spec = pod.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
         return Unchanged(pod=pod, reason=Reason.INVALID, message="the object has no spec.containers; admitted unchanged")
-    if p.MIRROR_POD_ANNOTATION in mapping_at(pod, "metadata", "annotations"):
+    if _is_mirror(pod):
         return Unchanged(pod=pod, reason=Reason.MIRROR_POD, message="a static pod's mirror: the kubelet runs the pod "
                                                                    "from its manifest on the node, not from this "
                                                                    "object; admitted unchanged")
@@ -473,7 +473,9 @@ def plan(pod: dict, settings: Settings, *, native_supported: bool | None = None,
     problem = shape_problem(pod)
     if problem:
         return Unchanged(pod=pod, reason=Reason.INVALID, message=f"{problem}; admitted unchanged")
-    cleaned, forged = _without_watcher_state(pod) if settings.feature_gate else (pod, ())
+    # A mirror pod is left as it is, forged annotations included: it describes the static pod
+    # the kubelet runs from its manifest, which no change to this object reaches.
+    cleaned, forged = _without_watcher_state(pod) if settings.feature_gate and not _is_mirror(pod) else (pod, ())
     try:
         choice = _plan(cleaned, settings, native, mode_from)
         return dataclasses.replace(choice, forged=forged) if forged else choice
@@ -536,6 +538,10 @@ def rewrite(pod: dict, settings: Settings, *, images: Mapping[str, ImageEntrypoi
 
 def _is_watcher_state(key: str) -> bool:
     return key in (p.ANNOTATION_READY, p.ANNOTATION_OUTCOME) or key.startswith(p.ANNOTATION_READY_PREFIX)
+
+
+def _is_mirror(pod: Mapping) -> bool:
+    return p.MIRROR_POD_ANNOTATION in mapping_at(pod, "metadata", "annotations")
 
 
 def _without_watcher_state(pod: dict) -> tuple[dict, tuple[str, ...]]:
