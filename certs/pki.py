@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -225,16 +226,30 @@ def cert_problem(pem: bytes) -> str | None:
     return None
 
 
+def key_problem(pem: bytes) -> str | None:
+    """Why `pem` holds no unencrypted private key, in words (the library's message names a
+    web page and its parser's internals); None when it holds one."""
+    if not pem.strip():
+        return "the file is empty"
+    if b"PRIVATE KEY-----" not in pem:
+        if b"-----BEGIN CERTIFICATE-----" in pem:
+            return "it holds a certificate, not a private key"
+        return "no -----BEGIN ... PRIVATE KEY----- block"
+    try:
+        serialization.load_pem_private_key(pem, password=None)
+    except TypeError:  # the library's word for a key that needs a passphrase
+        return "a private key encrypted with a passphrase (initshift needs it unencrypted)"
+    except (ValueError, UnsupportedAlgorithm):
+        return "a PRIVATE KEY block that holds no key this machine's OpenSSL can read"
+    return None
+
+
 def _load_key(pem: bytes) -> _SigningKey:
     try:
         key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError) as e:
-        raise PKIError(f"not an unencrypted PEM private key: {_one_line(e)}") from None
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise PKIError(f"not an unencrypted PEM private key: {key_problem(pem)}") from None
     return key  # type: ignore[return-value]
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
 
 
 def cert_pem(cert: x509.Certificate) -> bytes:

@@ -53,17 +53,22 @@ def test_an_encrypted_key_is_said_to_be_encrypted_and_never_asks_for_a_passphras
     # OpenSSL prompts on the terminal without a password callback; stdin is pytest's, so a
     # prompt would hang or fail rather than refuse.
     assert _refused(pki / "tls.crt", tmp_path / "enc.key").endswith(
-        f"{tmp_path / 'enc.key'} holds a private key encrypted with a passphrase: initshift needs it unencrypted")
+        f"{tmp_path / 'enc.key'}: a private key encrypted with a passphrase (initshift needs it unencrypted)")
 
 
-@pytest.mark.parametrize("content", [b"not a key\n", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"])
-def test_a_file_holding_no_key_is_said_to(pki, tmp_path, content):
+@pytest.mark.parametrize("content, why", [
+    (b"not a key\n", "no -----BEGIN ... PRIVATE KEY----- block"),
+    (b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+     "a PRIVATE KEY block that holds no key this machine's OpenSSL can read"),
+])
+def test_a_file_holding_no_key_is_said_to(pki, tmp_path, content, why):
     (tmp_path / "junk.key").write_bytes(content)
-    assert _refused(pki / "tls.crt", tmp_path / "junk.key").endswith(f"{tmp_path / 'junk.key'} holds no PEM private key")
+    assert _refused(pki / "tls.crt", tmp_path / "junk.key").endswith(f"{tmp_path / 'junk.key'}: {why}")
 
 
 def test_the_certificate_given_as_the_key_holds_no_key(pki):
-    assert _refused(pki / "tls.crt", pki / "tls.crt").endswith(f"{pki / 'tls.crt'} holds no PEM private key")
+    assert _refused(pki / "tls.crt", pki / "tls.crt").endswith(
+        f"{pki / 'tls.crt'}: it holds a certificate, not a private key")
 
 
 def test_the_key_given_as_the_certificate_holds_no_certificate(pki):

@@ -225,12 +225,35 @@ def test_certs_create_refuses_a_ca_that_cannot_sign(tmp_path):
         "expired": ((tmp_path / "expired.crt", tmp_path / "expired.key"), "CN=expired expired on"),
         "another key": ((own / "ca.crt", own / "tls.key"), "the key does not belong to the certificate CN=initshift-ca"),
         "not PEM": ((own / "ca.key", own / "ca.key"), "not a PEM certificate bundle: no -----BEGIN CERTIFICATE----- block"),
+        "a certificate as the key": ((own / "ca.crt", own / "ca.crt"),
+                                     "not an unencrypted PEM private key: it holds a certificate, not a private key"),
     }
     for name, ((crt, key), words) in cases.items():
         code, out, err = create("--out", str(tmp_path / name), "--ca-cert", str(crt), "--ca-key", str(key))
         assert code == 2 and out == "" and err.count("\n") == 1, (name, code, err)
         assert err.startswith(f"initshift certs create: --ca-cert {crt} --ca-key {key}: ") and words in err, err
         assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("pem, why", [
+    (b"", "the file is empty"),
+    (b"junk\n", "no -----BEGIN ... PRIVATE KEY----- block"),
+    (b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+     "a PRIVATE KEY block that holds no key this machine's OpenSSL can read"),
+])
+def test_a_key_problem_is_said_in_words(pem: bytes, why: str) -> None:
+    assert pki.key_problem(pem) == why
+    with pytest.raises(pki.PKIError) as e:
+        pki.check_ca(pki.KeyPair(pki.create_ca("ca").cert_pem, pem))
+    assert str(e.value) == f"not an unencrypted PEM private key: {why}", "no web page, no parser's internals"
+
+
+def test_an_encrypted_key_is_said_to_be(tmp_path) -> None:
+    openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-aes256", "-pass", "pass:secret",
+            "-out", "enc.key", cwd=tmp_path)
+    assert pki.key_problem((tmp_path / "enc.key").read_bytes()) == \
+        "a private key encrypted with a passphrase (initshift needs it unencrypted)"
+    assert pki.key_problem(pki.create_ca("ca").key_pem) is None
 
 
 def test_certs_create_again_keeps_the_ca_and_replaces_it_only_with_force(tmp_path):

@@ -17,7 +17,6 @@ import os
 import ssl
 
 from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from certs import pki
@@ -110,19 +109,15 @@ def _why(error: Exception, cert: str, key: str) -> str:
         return f"{cert} holds no PEM certificate"
     except OSError as e:  # replaced since OpenSSL read it
         return f"{cert}: {os_reason(e)}"
-    encrypted = f"{key} holds a private key encrypted with a passphrase: initshift needs it unencrypted"
-    if isinstance(error, _Encrypted):
-        return encrypted
     try:
         with open(key, "rb") as f:
-            private = serialization.load_pem_private_key(f.read(), password=None)
-    except TypeError:  # cryptography's word for a key that needs a passphrase
-        return encrypted
-    except (ValueError, UnsupportedAlgorithm):
-        return f"{key} holds no PEM private key"
+            pem = f.read()
     except OSError as e:
         return f"{key}: {os_reason(e)}"
-    if leaf.public_key() != private.public_key():
+    problem = pki.key_problem(pem)  # an encrypted key's among them (_Encrypted)
+    if problem:
+        return f"{key}: {problem}"
+    if leaf.public_key() != serialization.load_pem_private_key(pem, password=None).public_key():
         return "the key does not belong to the certificate"
     # The pair matches and OpenSSL still refuses it: its security level (a small RSA key, a
     # weak signature digest), in words rather than its `[SSL: ...] (_ssl.c:N)` text.
