@@ -411,7 +411,10 @@ def test_a_kept_init_container_after_a_step_is_warned_about_only_where_it_moves_
 
 def test_hybrid_refuses_what_it_cannot_handle():
     always = hybrid(CATALOGUE["deployment-istio"])
-    assert always.reason == "restart-policy" and "mode=native" in always.warnings[0]
+    assert always.reason == "restart-policy" and "mode=native handles it" in always.warnings[0]
+    lacking = rewrite(CATALOGUE["deployment-istio"], HYBRID, native_supported=False)
+    assert lacking.reason == "restart-policy" and "mode=native" not in lacking.warnings[0], "native is refused there"
+    assert "native sidecars would, but the cluster does not run native sidecars" in lacking.warnings[0]
     refused = rewrite(CATALOGUE["job-istio"], HYBRID, native_supported=False)
     assert refused.reason == "native-unsupported" and "1.29" in refused.warnings[0]
     unknown = rewrite(CATALOGUE["job-istio"], HYBRID, native_supported=None)

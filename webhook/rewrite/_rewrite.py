@@ -404,8 +404,12 @@ def _choose(pod: dict, settings: Settings, native: bool | None, mode_from: str |
         # A long-running pod without init containers: nothing for any strategy to move.
         return case.skip(Reason.NO_INIT_CONTAINERS, "no init container needs the sidecars; admitted unchanged")
     if policy not in _RUN_TO_COMPLETION:
-        why = f"; native sidecars would, but {_no_native(native)}" if mode == p.MODE_AUTO else \
-            f"; {p.ANNOTATION_MODE}=native handles it" if strategy == p.MODE_HYBRID else ""
+        if mode == p.MODE_AUTO or (strategy == p.MODE_HYBRID and native is False):
+            why = f"; native sidecars would, but {_no_native(native)}"
+        elif strategy == p.MODE_HYBRID:  # native asked for by name runs where support is unknown
+            why = f"; {p.ANNOTATION_MODE}=native handles it"
+        else:
+            why = ""
         return case.skip(Reason.RESTART_POLICY, f"restartPolicy {policy}: the {strategy} strategy runs steps only in "
                                                 f"run-to-completion pods (Never or OnFailure){why}; admitted unchanged")
     if not cls.steps:
