@@ -93,6 +93,18 @@ async def test_no_configuration(kube: KubeDouble, tmp_path) -> None:
     assert "no configuration: pods are never sent to initshift. Install it: kubectl apply -k deploy/" in out
 
 
+async def test_a_namespace_that_does_not_exist_ends_the_check(kube: KubeDouble, tmp_path) -> None:
+    """-n with a typo: one ✘ naming where the configuration sends pods, not a ✘ per fact about
+    a namespace that is not there (one of them advice to change the webhook's selector)."""
+    async with inst.healthy(kube, tmp_path) as i:
+        code, out, _ = await check(*i.argv("-n", "initshift-sytem"))
+    assert code == 1 and list(marks(out)) == ["can reach the Kubernetes API (v1.30.2)",
+                                              "initshift's namespace initshift-sytem exists"], out
+    assert ("\n    -n names the namespace initshift is installed in (default initshift-system); "
+            "MutatingWebhookConfiguration initshift-webhook sends pods to Service initshift-system/initshift: "
+            "-n initshift-system\n") in out
+
+
 async def test_ca_bundle_that_does_not_verify(kube: KubeDouble, tmp_path) -> None:
     async with inst.healthy(kube, tmp_path) as i:
         mwc = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")

@@ -177,6 +177,30 @@ async def _check_api(api: KubeApi, report: Report) -> bool:
     return True
 
 
+async def _check_namespace(api: KubeApi, target: Target, report: Report) -> bool:
+    """initshift's namespace (-n) exists. Where it does not (a typo, an install elsewhere) every
+    line after would be a ✘ about that namespace, one of them advice to change the webhook's
+    selector: the check ends here, as `linkerd check` does, naming where the configuration
+    sends pods."""
+    try:
+        await api.request("GET", f"/api/v1/namespaces/{target.namespace}")
+        return True
+    except KubeError as e:
+        if not e.not_found:
+            return True  # unreadable (403): the checks after it say what they can
+    hint = f"-n names the namespace initshift is installed in (default {Target.defaults().namespace})"
+    try:
+        config = await api.get_webhook_config(target.webhook_config)
+    except KubeError:
+        config = None
+    service = ((pod_webhook(config) or {}).get("clientConfig") or {}).get("service") if config else None
+    if service and service.get("namespace"):
+        hint += (f"; MutatingWebhookConfiguration {target.webhook_config} sends pods to Service "
+                 f"{service['namespace']}/{service.get('name')}: -n {service['namespace']}")
+    report(Line("kubernetes-api", False, f"initshift's namespace {target.namespace} exists", hint))
+    return False
+
+
 def _configuration_lines(config: dict, wh: dict, target: Target, budget: float) -> list[Line]:
     """What the configuration must hold, as deploy/ ships it."""
     s = "webhook-configuration"
@@ -409,6 +433,8 @@ def _injector_lines(injectors: list[_Injector], config_name: str | None) -> list
 async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     """Every preflight line, in order, through `report`."""
     if not await _check_api(api, report):
+        return
+    if not await _check_namespace(api, target, report):
         return
     now = dt.datetime.now(dt.timezone.utc)
     s = "webhook-configuration"
