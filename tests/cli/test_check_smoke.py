@@ -15,7 +15,7 @@ import pytest
 from tests.cli.test_check import failed
 from tests.support import docs
 from tests.support import install as inst
-from tests.support.kubedouble import KubeDouble, terminated
+from tests.support.kubedouble import KubeDouble, running, terminated
 from waiter import protocol as p
 from webhook.cli import _check as check_cmd
 from webhook.cli._check_smoke import SmokeOptions, smoke_pod
@@ -158,6 +158,33 @@ async def test_stuck_stage_is_named_and_the_pod_deleted(kube: KubeDouble, tmp_pa
     hint = out.split("at stage: sidecar Ready\n", 1)[1].splitlines()[0]
     assert all(text in hint for text in said), hint
     assert kube.items("pods", inst.BUILDS) == []
+
+
+class Unpulled(inst.Kubelet):
+    """The proxy runs Ready; the containers of one image are never pulled (an air-gapped
+    cluster without busybox)."""
+
+    image = "registry.invalid/busybox:1"
+
+    async def _waiter(self, pod: dict) -> None:
+        await self._inits_in_order(pod)
+        await self.regular(*[
+            {"name": c["name"], "ready": False, "restartCount": 0, "image": c["image"],
+             "state": {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{c["image"]}"'}}}
+            for c in pod["spec"]["containers"] if c["image"] == self.image], phase="Pending")
+        await self.regular(running(p.ISTIO_PROXY))
+
+
+async def test_a_smoke_image_the_nodes_cannot_pull_names_its_flag(kube: KubeDouble, tmp_path) -> None:
+    async with inst.healthy(kube, tmp_path) as i:
+        code, lines, out = await smoke(i, inst.BUILDS, "--timeout", "3", "--image", Unpulled.image,
+                                       kubelet_type=Unpulled)
+    assert code == 1
+    starts(lines, "✔ created pod", "✔ rewritten by initshift (strategy waiter)", "✔ sidecar istio-proxy Ready",
+           "✘ timed out after 3s at stage: step 0 started", "✔ deleted pod builds/initshift-smoke-")
+    assert out.split("at stage: step 0 started\n", 1)[1].splitlines()[0].endswith(
+        f"; the nodes cannot pull {Unpulled.image} (ImagePullBackOff): give --image an image they can pull "
+        f"(from your registry or mirror)"), out
 
 
 async def test_not_rewritten_where_a_mesh_injects_fails(kube: KubeDouble, tmp_path) -> None:

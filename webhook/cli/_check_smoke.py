@@ -116,26 +116,38 @@ def _view(pod: dict) -> PodView | None:
         return None
 
 
-def _where(pod: dict) -> str:
+def _where(pod: dict, options: SmokeOptions) -> str:
     """What each container is doing: the text of a stuck line."""
     view = _view(pod)
     phase = (pod.get("status") or {}).get("phase") or "Pending"
     if view is None:
-        return f"pod phase {phase}" + _unpulled(pod)
+        return f"pod phase {phase}" + _unpulled(pod, options)
     rows = [f"{r.name}: {r.state}" + (f" ({r.reason})" if r.reason else "") for r in view.rows
             if r.state not in (State.COMPLETED,)]
-    return (f"pod phase {phase}; " + ", ".join(rows) if rows else f"pod phase {phase}") + _unpulled(pod)
+    return (f"pod phase {phase}; " + ", ".join(rows) if rows else f"pod phase {phase}") + _unpulled(pod, options)
 
 
-def _unpulled(pod: dict) -> str:
-    """What to do when the node cannot pull initshift's own image into the pod."""
+_PULL_FAILED = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+
+
+def _unpulled(pod: dict, options: SmokeOptions) -> str:
+    """What to do when the node cannot pull initshift's own image, or one of the smoke's
+    (busybox and curl from Docker Hub, which an air-gapped cluster or a mirror-only one lacks)."""
     st = statuses(pod)
     for name in (p.INIT_CONTAINER_NAME, p.COPY_CONTAINER_NAME):
         waiting = ((st.get(name) or {}).get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+        if waiting.get("reason") in _PULL_FAILED:
             return (f"; {name} cannot pull initshift's image ({waiting['reason']}): where the nodes need a pull "
                     f"secret for it, create one in this namespace and name it in INITSHIFT_IMAGE_PULL_SECRETS "
                     f"(docs/install.md#a-private-registry)")
+    flags = {options.net_image: "--net-image", options.image: "--image"}  # --image's when they are the same
+    spec = pod.get("spec") or {}
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        waiting = ((st.get(c.get("name")) or {}).get("state") or {}).get("waiting") or {}
+        flag = flags.get(c.get("image"))
+        if flag and waiting.get("reason") in _PULL_FAILED:
+            return (f"; the nodes cannot pull {c['image']} ({waiting['reason']}): give {flag} an image they "
+                    f"can pull (from your registry or mirror)")
     return ""
 
 
@@ -237,7 +249,8 @@ class Run:
             pod = await self.until(tracker, "sidecar Ready", lambda q: sidecars_ready(q) or ended(q))
             if not sidecars_ready(pod):
                 if not (waiter_gate and (pod.get("status") or {}).get("phase") == "Succeeded"):
-                    self.line(False, f"sidecar {', '.join(sidecars)} Ready: the pod ended first", _where(pod))
+                    self.line(False, f"sidecar {', '.join(sidecars)} Ready: the pod ended first",
+                              _where(pod, self.options))
                     return
                 self.line(True, f"sidecar {', '.join(sidecars)} Ready by {shape.label}'s loopback probe (the pod "
                                 f"ended before the kubelet's probe reported it)", sidecars=sidecars)
@@ -406,7 +419,7 @@ async def _one(run: Run, shape: Shape, spec: dict, injects: bool) -> bool:
     except _Stuck as e:
         going_on = False
         current = await _current(api, namespace, name)
-        run.line(False, f"timed out after {options.timeout:g}s at stage: {e}", _where(current) if current else
+        run.line(False, f"timed out after {options.timeout:g}s at stage: {e}", _where(current, options) if current else
                  "the pod is gone", stuck=str(e))
     except CliError as e:
         run.line(False, f"follow pod {namespace}/{name}", str(e))
