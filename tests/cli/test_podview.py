@@ -490,3 +490,15 @@ def test_any_status_gives_a_view_or_not_managed(fixture, rewritten, names, state
     for row in view.rows:
         pv.state_text(row, view)
     json.dumps(view.to_json())
+
+
+def test_a_container_waiting_to_restart_has_its_last_runs_log() -> None:
+    """CrashLoopBackOff: waiting, not started, yet the kubelet serves its last run's log (as
+    `kubectl logs` shows it; seen on v1.34.9): `initshift logs` printed nothing for it."""
+    looping = wait("prepare", "CrashLoopBackOff")
+    looping["lastState"] = terminated("prepare", 2)["state"]
+    crashing = with_status(pod("tekton", rewritten=False), init=[looping], containers=[wait("step-report")],
+                           phase="Pending")
+    assert pv.has_log(crashing, "prepare") and not pv.has_started(crashing, "prepare")
+    assert not pv.has_log(crashing, "step-report")  # never ran: no log (the kubelet's 400)
+    assert pv.has_log(kpack_running(), "analyze") and pv.has_log(kpack_running(), "prepare")

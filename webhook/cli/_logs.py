@@ -26,7 +26,7 @@ from ..watcher import NotManaged, pod_ended
 from ._common import Parser
 from ._podcli import (RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod,
                       use_colour)
-from ._podview import State, has_started, has_terminated, is_waiter_line, log_plan, pod_view
+from ._podview import State, has_log, has_started, has_terminated, is_waiter_line, log_plan, pod_view
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 # The kubelet's time of a log line (`timestamps=true`): RFC 3339 with up to nanoseconds.
@@ -212,7 +212,7 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
     streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
-            if has_started(pod, name):
+            if has_log(pod, name):
                 await streamer.dump(name)
             streamer.note(pod, name)
         streamer.say_stuck(pod)  # what holds them up outside the plan: the proxy, initshift-init

@@ -152,6 +152,13 @@ def has_started(pod: Mapping, name: str) -> bool:
     return _started(statuses(pod).get(name))
 
 
+def has_log(pod: Mapping, name: str) -> bool:
+    """The kubelet has a log of the container: it started, or it ran before and waits to be
+    restarted (CrashLoopBackOff: the log is its last run's, as `kubectl logs` shows it)."""
+    status = statuses(pod).get(name) or {}
+    return _started(status) or "terminated" in (status.get("lastState") or {})
+
+
 def has_terminated(pod: Mapping, name: str) -> bool:
     return "terminated" in ((statuses(pod).get(name) or {}).get("state") or {})
 
