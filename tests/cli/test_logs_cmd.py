@@ -11,6 +11,7 @@ import pytest
 from tests.support.kubedouble import KubeDouble, terminated
 from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
 from tests.cli.test_status_cmd import BOUND, Tty, eventually
+from waiter import protocol as p
 from webhook.cli import _logs as logs_cmd
 from webhook.kube._api import KubeError
 
@@ -216,7 +217,8 @@ async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) 
                                 phase="Failed")
     code, text, err = await asyncio.wait_for(task, BOUND)
     assert code == 0 and lines_of(text) == ["[git-clone] fatal: repository not found"]
-    assert lines_of(err) == ["[git-clone] failed (Error, exit code 128)", "[build]     not-run (NotRun)"]
+    # "not run", as `initshift status` says it (not the JSON slug "not-run")
+    assert lines_of(err) == ["[git-clone] failed (Error, exit code 128)", "[build]     not run (NotRun)"]
 
 
 def unpulled(name: str, reason: str = "ImagePullBackOff") -> dict:
@@ -259,6 +261,22 @@ async def test_follow_says_once_why_a_step_does_not_start(kube: KubeDouble, cfg:
     code = await asyncio.wait_for(task, BOUND)
     assert lines_of(err.getvalue())[:2] == [PULL_NOTE.format("ErrImagePull"), PULL_NOTE.format("ImagePullBackOff")]
     assert code == 0 and "pending" not in "".join(lines_of(err.getvalue())[2:])
+
+
+async def test_a_step_the_pods_end_stopped_is_noted_without_the_waiters_exit_code(kube: KubeDouble, cfg: str) -> None:
+    """The pod was deleted while step 1 ran: the waiter of the next one records `Stopped` and
+    exits 143 (SIGTERM), which is not the step's; the note says it did not run."""
+    stopped = with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1),
+                                                             init_done("initshift-init", 1, 2)],
+                          containers=[done("git-clone", 3, 5, 143, "Error", "killed by SIGTERM"),
+                                      done("build", 5, 5, 143, p.REASON_STOPPED,
+                                           "stopped by SIGTERM before the command started"),
+                                      run("istio-proxy", 3)], phase="Failed")
+    kube.put_pod(stopped)
+    code, _, err = await logs(NAME, "--kubeconfig", cfg)
+    assert code == 0 and lines_of(err) == [
+        "[git-clone] failed (Error, exit code 143): killed by SIGTERM",
+        "[build]     not run (Stopped): stopped by SIGTERM before the command started"]
 
 
 async def test_follow_reports_a_deleted_pod(kube: KubeDouble, cfg: str) -> None:

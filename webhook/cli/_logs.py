@@ -26,7 +26,8 @@ from ..watcher import NotManaged, pod_ended
 from ._common import Parser
 from ._podcli import (RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod,
                       use_colour)
-from ._podview import State, has_log, has_started, has_terminated, is_waiter_line, log_plan, pod_view
+from ._podview import (State, has_log, has_started, has_terminated, is_waiter_line, log_plan, pod_view,
+                       state_text)
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 # The kubelet's time of a log line (`timestamps=true`): RFC 3339 with up to nanoseconds.
@@ -130,7 +131,8 @@ class _Streamer:
         """After a container's log: say on stderr when it failed, was skipped or did not run, or
         when the kubelet cannot start it (say_stuck)."""
         try:
-            row = pod_view(pod, datetime.now(timezone.utc)).row(name)
+            view = pod_view(pod, datetime.now(timezone.utc))
+            row = view.row(name)
         except (NotManaged, StopIteration):
             return
         if row.stuck:
@@ -139,10 +141,14 @@ class _Streamer:
         if row.state not in _NOTE_STATES:
             return
         # A skipped step never ran: its exit code (0, or the failed step's under --skip-fails) is
-        # not its own; its message names the step that failed.
-        code = "" if row.exit_code is None or row.state == State.SKIPPED else f", exit code {row.exit_code}"
+        # not its own, nor is that of one the pod's end stopped before it ran (the waiter's 143
+        # for SIGTERM); the message says why.
+        own = row.exit_code is not None and row.state not in (State.SKIPPED, State.NOT_STARTED)
+        code = f", exit code {row.exit_code}" if own else ""
         detail = f": {row.message}" if row.message else ""
-        self.err.write(f"{self.printer.prefix(name)} {row.state} ({row.reason or 'no reason'}{code}){detail}\n")
+        # The state as `initshift status` words it ("not run"), not its JSON slug.
+        self.err.write(f"{self.printer.prefix(name)} {state_text(row, view)} ({row.reason or 'no reason'}{code})"
+                       f"{detail}\n")
         self.err.flush()
 
     def _unsaid_stuck(self, pod: dict) -> list[tuple[str, str, str]]:
