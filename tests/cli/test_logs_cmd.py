@@ -306,12 +306,19 @@ async def test_one_line_errors(kube: KubeDouble, cfg: str, setup, message: str) 
     assert (code, out, err) == (1, "", message)
 
 
-@pytest.mark.parametrize("ref", ["deploy/foo", "job/", "job/foo/bar"])
+@pytest.mark.parametrize("ref", ["deploy/foo", "job/", "job/foo/bar", "job/a?b"])
 async def test_a_pod_argument_of_another_form_is_a_usage_error(tmp_path, capsys, ref: str) -> None:
     """Exit 2 before any cluster access (the kubeconfig named does not exist); the words: test_status_cmd."""
     code, out, err = await logs(ref, "--kubeconfig", str(tmp_path / "missing"))
     assert (code, out, err) == (2, "", "")  # argparse's line goes to sys.stderr
     assert capsys.readouterr().err.startswith(f"initshift logs: argument POD: {ref}: ")
+
+
+@pytest.mark.parametrize("argv", [["..", "-n", "builds"], ["build-1", "-n", ".."]])
+async def test_a_name_that_would_address_another_object_is_a_usage_error(tmp_path, capsys, argv: list[str]) -> None:
+    code, out, err = await logs(*argv, "--kubeconfig", str(tmp_path / "missing"))
+    assert (code, out, err) == (2, "", "")
+    assert "expected a Kubernetes name" in capsys.readouterr().err
 
 
 async def test_prefixes_are_coloured_on_a_terminal(kube: KubeDouble, cfg: str,

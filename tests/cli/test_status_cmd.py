@@ -361,18 +361,38 @@ async def test_a_404_page_that_is_not_the_apis_is_said_as_it_came(tmp_path) -> N
         await runner.cleanup()
 
 
+SUBDOMAIN = ("expected a Kubernetes name (RFC 1123 subdomain: lower-case letters, digits and '-', and dots, at most "
+             "253 characters)")
+
+
 @pytest.mark.parametrize("ref, message", [
     ("deployment/web", "deployment/web: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, not deployment/"),
     ("job/", "job/: no name after the /"),
     ("job/foo/bar", "job/foo/bar: a resource/name may not have more than one slash"),
     ("/foo", "/foo: no kind before the /"),
     ("", "an empty name"),
+    # Names that would address another object: `..` read the Namespace as the pod, `?` began a query.
+    ("..", f"{SUBDOMAIN}, got '..'"),
+    ("build-1?watch=1", f"{SUBDOMAIN}, got 'build-1?watch=1'"),
+    ("job/a?b", f"job/a?b: {SUBDOMAIN}, got 'a?b'"),
+    ("Build-1", f"{SUBDOMAIN}, got 'Build-1'"),
 ])
 async def test_a_pod_argument_of_another_form_is_a_usage_error(tmp_path, capsys, ref: str, message: str) -> None:
     """Said before any cluster access: the kubeconfig named does not even exist."""
     code, out, err = await status(ref, "--kubeconfig", str(tmp_path / "missing"))
     assert (code, out, err) == (2, "", "")  # argparse's line goes to sys.stderr
     assert capsys.readouterr().err == f"initshift status: argument POD: {message} (see --help)\n"
+
+
+@pytest.mark.parametrize("argv", [["-n", ".."], ["build-1", "-n", ".."], ["build-1", "-n", "builds?x=1"],
+                                  ["-n", ""], ["-A", "-n", "Builds"]])
+async def test_a_namespace_that_is_no_name_is_a_usage_error(tmp_path, capsys, argv: list[str]) -> None:
+    """As every -n is held (check, watch, review): `-n ..` listed the pods of every namespace."""
+    code, out, err = await status(*argv, "--kubeconfig", str(tmp_path / "missing"))
+    assert (code, out, err) == (2, "", "")
+    assert capsys.readouterr().err == (f"initshift status: argument -n/--namespace: expected a Kubernetes name (RFC "
+                                       f"1123 label: lower-case letters, digits and '-', at most 63 characters), got "
+                                       f"{argv[argv.index('-n') + 1]!r} (see --help)\n")
 
 
 @pytest.mark.parametrize("setup, message", [

@@ -12,9 +12,11 @@ import asyncio
 import os
 from typing import AsyncIterator, Awaitable, Callable, TextIO
 
+from .. import k8snames
 from ..kube import KubeApi, KubeError, StreamCut
+from ..settings import name_problem
 from ..watcher import NotManaged, layout
-from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, say_logged
+from ._common import EXIT_ERROR, EXIT_OK, CliError, add_kubeconfig_args, name_arg, say_logged
 
 # What a command does once it has a client, the namespace and the pod it was asked about.
 _PodCommand = Callable[[KubeApi, str, dict, argparse.Namespace], Awaitable[None]]
@@ -40,6 +42,11 @@ def pod_ref(text: str) -> str:
     if slash and kind.lower() not in (*_POD_TYPES, *_JOB_TYPES, *_CRONJOB_TYPES):
         raise argparse.ArgumentTypeError(f"{text}: a pod's name (or pod/NAME), job/NAME or cronjob/NAME, "
                                          f"not {kind}/")
+    # The name goes into the request's path: `..` or `a?b` would ask for another object
+    # (`..` read the namespace as the pod), as kubectl refuses them.
+    problem = name_problem(name if slash else text, k8snames.DNS_SUBDOMAIN)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}" if slash else problem)
     return text
 
 
@@ -48,7 +55,9 @@ def add_connection_args(ap: argparse.ArgumentParser, *, optional: str = "") -> N
     ap.add_argument("pod", metavar="POD", nargs="?" if optional else None, type=pod_ref,
                     help="the pod's name (or pod/NAME), job/NAME: the Job's newest pod, or "
                          "cronjob/NAME: that of the CronJob's newest Job" + (f"; {optional}" if optional else ""))
-    ap.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's, or default)")
+    # Held to the namespace rule as every -n is: `-n ..` listed the pods of every namespace.
+    ap.add_argument("-n", "--namespace", type=name_arg(k8snames.DNS_LABEL),
+                    help="the pod's namespace (default: the kubeconfig context's, or default)")
     add_kubeconfig_args(ap)
 
 
