@@ -90,6 +90,30 @@ def test_unchanged_pod_warns_and_check_exit_code():
     assert apply_patch(pods.catalogue()["job"], json.loads(patch.stdout)) == yaml.safe_load(out.stdout)
 
 
+def test_the_servers_protected_namespaces_are_left_as_the_server_leaves_them(tmp_path):
+    """kube-system and initshift's own namespace (INITSHIFT_NAMESPACE): the server never mutates
+    a pod there; mutate says so and prints it unchanged, as it does a pod left unchanged."""
+    env = {**os.environ, "INITSHIFT_NAMESPACE": "platform"}
+    src = pods.catalogue()["job-istio"]
+    for namespace in ("kube-system", "platform"):
+        pod = {**src, "metadata": {**src["metadata"], "namespace": namespace}}
+        out = run("-", "-o", "json", stdin=json.dumps(pod), env=env)
+        assert out.returncode == 0 and json.loads(out.stdout) == pod, out.stderr
+        assert out.stderr == f"warning: initshift: namespace {namespace!r} is never mutated\n"
+        assert run("-", "--check", stdin=json.dumps(pod), env=env).returncode == 1
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "1", "namespace": "platform", "object": src}}
+    out = run("-", "-o", "patch", stdin=json.dumps(review), env=env)
+    assert out.returncode == 0 and json.loads(out.stdout) == [], out.stderr
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "kube-system"},
+                  "spec": {"template": {"metadata": {}, "spec": pods.catalogue()["deployment-istio"]["spec"]}}}
+    both = run("-", "-o", "json", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [deployment, src]}),
+               env=env)
+    assert both.returncode == 0 and "Deployment/d: initshift: namespace 'kube-system' is never mutated" in both.stderr
+    assert json.loads(both.stdout)["items"][1]["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER, \
+        "a pod elsewhere in the same manifest is rewritten"
+
+
 def test_denied_and_bad_input(tmp_path):
     pod = pods.catalogue()["job-istio"]
     del pod["spec"]["initContainers"][1]["command"]

@@ -17,7 +17,7 @@ _EXPORTS = {
     "CompanionStopped": "_https", "HttpsServer": "_https", "ListenError": "_https", "bind": "_https",
     "run_loop": "_https", "unbracketed": "_https",
     "API_V1": "_review", "API_V1BETA1": "_review", "KIND": "_review", "BadReview": "_review",
-    "Review": "_review", "parse_review": "_review", "response": "_review",
+    "Review": "_review", "parse_review": "_review", "protected": "_review", "response": "_review",
     "make_patch": "_patch",
     "TLSError": "_tls", "CertReloader": "_tls",
     "ensure_certificates": "_certs", "keep_certificates_fresh": "_certs", "ensure_local_certificates": "_certs",
@@ -27,7 +27,7 @@ _EXPORTS = {
 __all__ = ["API_V1", "API_V1BETA1", "BadReview", "CertReloader", "CompanionStopped", "HttpsServer", "KIND", "ListenError",
            "MUTATE_PATH", "NativeSupport", "Review", "TLSError", "bind", "create_app", "detect_native_support",
            "ensure_certificates", "ensure_local_certificates", "keep_certificates_fresh", "make_patch",
-           "parse_review", "response", "run_loop", "unbracketed"]
+           "parse_review", "protected", "response", "run_loop", "unbracketed"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 
@@ -46,5 +46,5 @@ if TYPE_CHECKING:
     from ._cluster import NativeSupport, detect_native_support
     from ._https import CompanionStopped, HttpsServer, ListenError, bind, run_loop, unbracketed
     from ._patch import make_patch
-    from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, response
+    from ._review import API_V1, API_V1BETA1, KIND, BadReview, Review, parse_review, protected, response
     from ._tls import CertReloader, TLSError

@@ -92,7 +92,6 @@ class Reviewer:
                  quotas: "ResourceQuotas | None" = None, namespaces: "Namespaces | None" = None) -> None:
         self.settings, self.resolver, self.native_supported = settings, resolver, native_supported
         self.views: tuple["NamespaceView | None", ...] = (limit_ranges, quotas, namespaces)
-        self.protected = frozenset((*admission.ALWAYS_PROTECTED, settings.server.namespace))
 
     def parse(self, body: bytes) -> Review:
         """The body as a review (BadReview propagates); a large one builds its objects in
@@ -147,8 +146,8 @@ class Reviewer:
         """A decision without the rewrite, or the rewrite's plan and the image lookups it needs."""
         if not review.is_pod_create:
             return Answer(admission.response(review), "allowed", "not-pod-create")
-        if review.pod_namespace in self.protected:
-            why = f"initshift: namespace {review.pod_namespace!r} is never mutated"
+        why = admission.protected(review.pod_namespace, self.settings.server.namespace)
+        if why:
             return Answer(admission.response(review, warnings=[why]), "allowed", "protected-namespace", "skipped")
         pod_plan = plan(review.obj, self.settings, native_supported=self.native_supported())
         return pod_plan, (pod_plan.lookups() if self.resolver is not None else [])

@@ -25,6 +25,14 @@ KIND = "AdmissionReview"
 ALWAYS_PROTECTED = ("kube-system",)
 
 
+def protected(namespace: str, own_namespace: str) -> str | None:
+    """Why a pod in `namespace` is never mutated, for its warning (the webhook's own
+    namespace, INITSHIFT_NAMESPACE, is `own_namespace`); None for any other namespace."""
+    if namespace in ALWAYS_PROTECTED or namespace == own_namespace:
+        return f"initshift: namespace {namespace!r} is never mutated"
+    return None
+
+
 class BadReview(InitshiftError, ValueError):
     """The body is not an AdmissionReview the server can answer; message is one line."""
 

@@ -22,7 +22,7 @@ from typing import Any
 from waiter import protocol as p
 
 from .. import k8snames
-from ..admission import make_patch
+from ..admission import make_patch, protected
 from ._common import EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, path_arg, say_logged
 from ._podio import (InputError, PodInput, dump, label_of, passed_through_note, read_manifests, read_objects,
                      source_name, write_stdout)
@@ -212,12 +212,17 @@ def _run(args: argparse.Namespace) -> int:
         settings = settings.replace(feature_gate=True)
     if args.mode:
         settings = settings.replace(rewrite=dataclasses.replace(settings.rewrite, mode=args.mode))
+    # The server's rule first: a pod in kube-system or initshift's own namespace is never mutated.
+    shielded = [protected(o.namespace, settings.server.namespace) for o in pods]
+    planned = [o for o, why in zip(pods, shielded) if not why]
     plans = [plan(o.pod, settings, native_supported=True if args.native_sidecars else None,
-                  mode_from="--mode" if args.mode else None) for o in pods]
-    found = _resolve([o.pod for o in pods], plans, settings, args) if args.resolve else [(None, None)] * len(pods)
-    results = [the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
-                                quotas=quotas, namespace=namespace)
-               for the_plan, (images, lookup_error) in zip(plans, found)]  # in the pods' order
+                  mode_from="--mode" if args.mode else None) for o in planned]
+    found = _resolve([o.pod for o in planned], plans, settings, args) if args.resolve else [(None, None)] * len(planned)
+    rewritten = iter([the_plan.rewrite(images=images, lookup_error=lookup_error, limit_ranges=limit_ranges,
+                                       quotas=quotas, namespace=namespace)
+                      for the_plan, (images, lookup_error) in zip(plans, found)])
+    results = [RewriteResult(pod=o.pod, warnings=[why]) if why else next(rewritten)
+               for o, why in zip(pods, shielded)]  # in the pods' order
     pairs, denied, unchanged = _said(objects, results)
     if denied:  # half a manifest must not go on to `kubectl apply`
         return _EXIT_DENIED

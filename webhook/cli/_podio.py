@@ -76,6 +76,17 @@ class PodInput:
         return out
 
     @property
+    def namespace(self) -> str:
+        """The namespace the server would see the pod in: the review's, else the object's
+        ("" when the manifest leaves it to `kubectl apply -n`)."""
+        request = (self.review or {}).get("request")
+        for source in ((request or {}).get("namespace") if isinstance(request, dict) else None,
+                       (self.document.get("metadata") or {}).get("namespace")):
+            if isinstance(source, str) and source:
+                return source
+        return ""
+
+    @property
     def label(self) -> str:
         """`Kind/name` of what was read (the pod's, for a review), as kubectl names objects."""
         return label_of(self.workload if self.workload is not None else {**self.pod, "kind": "Pod"})
