@@ -244,6 +244,15 @@ async def test_unreachable_api(tmp_path) -> None:
     assert code == 1 and failed(out) == ["can reach the Kubernetes API"]
 
 
+async def test_credentials_the_api_refuses(kube: KubeDouble, tmp_path) -> None:
+    """401: the API was reached (not 'can reach ... check the network'); said as status and logs say it."""
+    cfg = inst.write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+    kube.fail_next("/version", 401, message="Unauthorized")
+    code, out, _ = await check("--kubeconfig", cfg)
+    assert code == 1 and failed(out) == ["the Kubernetes API accepts your credentials"], out
+    assert "\n    the API server did not accept your credentials (Unauthorized); check the kubeconfig\n" in out
+
+
 async def test_linkerd_injector_and_where_it_injects(kube: KubeDouble, tmp_path) -> None:
     svc = {"name": "linkerd-proxy-injector", "namespace": "linkerd", "path": "/", "port": 443}
     kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "linkerd-proxy-injector-webhook-config"},

@@ -29,6 +29,7 @@ from ._check_deployment import deployment_lines
 from ._check_report import Line, Report, Target
 from ._check_forward import in_cluster, service_pod
 from ._check_tls import Served, direct, forwarded, probe
+from ._podcli import unreached
 
 _API_TIMEOUT_MAX_SECONDS = 30  # the apiserver's limit for timeoutSeconds
 _CERT_MANAGER_INJECT = "cert-manager.io/inject-ca-from"
@@ -169,8 +170,11 @@ async def _check_api(api: KubeApi, report: Report) -> bool:
     try:
         version = await api.get_version()
     except KubeError as e:
-        report(Line("kubernetes-api", False, "can reach the Kubernetes API",
-                    f"{e.message}; check the kubeconfig, the context and the network"))
+        if e.status == 401:  # reached, and it refused the credentials: in status's and logs' words
+            report(Line("kubernetes-api", False, "the Kubernetes API accepts your credentials", str(unreached(e))))
+        else:
+            report(Line("kubernetes-api", False, "can reach the Kubernetes API",
+                        f"{e.message}; check the kubeconfig, the context and the network"))
         return False
     report(Line("kubernetes-api", True, f"can reach the Kubernetes API ({version.get('gitVersion', '?')})",
                 data={"version": version.get("gitVersion")}))
