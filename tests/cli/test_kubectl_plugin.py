@@ -91,3 +91,10 @@ def test_kubectl_passes_the_exit_code_and_the_one_line_error(kubectl: str, tmp_p
     assert out.stderr.splitlines() == [f"initshift status: kubeconfig {tmp_path / 'missing'}: no such file"]
     usage = run(kubectl, "initshift", "logs", tmp_path=tmp_path)
     assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1
+
+
+def test_kubectl_refuses_its_flags_before_the_plugins_name(kubectl: str, tmp_path: Path):
+    """docs/cli.md: the cluster is named after `initshift`; kubectl's -n before it never reaches the plugin."""
+    out = run(kubectl, "-n", "builds", "initshift", "status", "build-1", tmp_path=tmp_path)
+    assert out.returncode == 1 and "flags cannot be placed before plugin name: -n" in out.stderr, out.stderr
+    assert "flags cannot be placed before plugin name: -n" in docs.section(docs.page("cli.md"), "kubectl initshift")
