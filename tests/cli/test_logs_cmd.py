@@ -341,3 +341,16 @@ async def test_pod_log_before_the_container_starts_is_the_kubelets_400(kube: Kub
             async for _ in api.pod_log(NS, NAME, "git-clone"):
                 pass
     assert e.value.status == 400 and "is waiting to start: ContainerCreating" in e.value.message
+
+
+async def test_a_container_waiting_to_restart_shows_its_last_runs_log(kube: KubeDouble, cfg: str) -> None:
+    """CrashLoopBackOff: the kubelet serves the last run's log (seen on v1.34.9), and so does
+    `initshift logs`, as `kubectl logs` does; then it says why the step is not running."""
+    looping = wait("prepare", "CrashLoopBackOff")
+    looping["lastState"] = terminated("prepare", 2)["state"]
+    kube.put_pod(with_status(pod("tekton", NAME, NS, rewritten=False), init=[looping],
+                             containers=[wait("step-report")], phase="Pending"))
+    kube.append_log(NS, NAME, "prepare", "prepare: no such repository")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg)
+    assert (code, lines_of(out)) == (0, ["[prepare]        prepare: no such repository"]), err
+    assert lines_of(err) == ["[prepare]        pending (CrashLoopBackOff)"]

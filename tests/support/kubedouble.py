@@ -29,7 +29,8 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   written only through `/status` (which may change labels and annotations too, as the
   apiserver's status strategy allows) or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
-  "waiting to start" before the container runs, a follow ends when it terminates;
+  "waiting to start" before the container first runs, the last run's of one waiting to be
+  restarted, a follow ends when it terminates;
   `timestamps=true` starts each line with its time, `sinceTime` keeps those from that
   second on);
   `/portforward?ports=N` over a WebSocket as the kubelet serves it (`v4.channel.k8s.io`);
@@ -1047,7 +1048,10 @@ class KubeDouble:
         if container not in names:
             raise ApiError(400, f"container {container} is not valid for pod {name}")
         state = _container_state(pod, container)
-        if "running" not in state and "terminated" not in state:  # as the kubelet: no log before a start
+        # As the kubelet: no log before a first start; one waiting to be restarted
+        # (CrashLoopBackOff) shows its last run's (seen on v1.34.9).
+        if "running" not in state and "terminated" not in state and "terminated" not in _container_state(
+                pod, container, "lastState"):
             reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
             raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
         key = (namespace, name, container)
@@ -1093,11 +1097,11 @@ def _flag(value: str | None) -> bool:
     return (value or "").lower() in ("1", "t", "true")
 
 
-def _container_state(pod: dict, container: str) -> dict:
+def _container_state(pod: dict, container: str, which: str = "state") -> dict:
     status = pod.get("status") or {}
     for s in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
         if s.get("name") == container:
-            return s.get("state") or {}
+            return s.get(which) or {}
     return {}
 
 
