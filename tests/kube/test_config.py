@@ -166,9 +166,9 @@ def test_bad_kubeconfigs(tmp_path):
     with pytest.raises(KubeConfigError, match="not YAML"):
         resolve(str(bad), environ={}, home=tmp_path)
     cfg = kubeconfig(tmp_path / "nocurrent", current=None)
-    with pytest.raises(KubeConfigError, match="no current-context"):
+    with pytest.raises(KubeConfigError, match=r"no current-context \(pass --context; its contexts: 'a'\)$"):
         resolve(str(cfg), environ={}, home=tmp_path)
-    with pytest.raises(KubeConfigError, match="context 'x' not found"):
+    with pytest.raises(KubeConfigError, match=r"context 'x' not found \(its contexts: 'a'\)$"):
         resolve(str(cfg), "x", environ={}, home=tmp_path)
 
 

@@ -230,11 +230,14 @@ def resolve(kubeconfig: str | None = None, context: str | None = None, *,
     if any(merged[key] for key in _NAMED) or context:
         name = context or merged.get("current-context")
         where = os.pathsep.join(str(p) for p, _ in found) or os.pathsep.join(str(p) for p in paths)
+        # Which contexts there are, said where one is missing: what `kubectl config
+        # get-contexts` would be run for next.
+        names = ", ".join(repr(c["name"]) for c in merged["contexts"]) or "none"
         if not name:
-            raise KubeConfigError(f"kubeconfig {where}: no current-context (pass --context)")
+            raise KubeConfigError(f"kubeconfig {where}: no current-context (pass --context; its contexts: {names})")
         ctx = _named(merged["contexts"], name)
         if ctx is None:
-            raise KubeConfigError(f"kubeconfig {where}: context {name!r} not found")
+            raise KubeConfigError(f"kubeconfig {where}: context {name!r} not found (its contexts: {names})")
         body = ctx.get("context") or {}
         _check_context(merged, f"kubeconfig {where}: context {name!r}", body)
         namespace = str(body.get("namespace") or "default")
