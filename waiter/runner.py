@@ -53,22 +53,74 @@ def launch(argv: list[bytes], env: dict[bytes, bytes], start: Callable[[bytes], 
     if not argv or not argv[0]:
         raise WaiterError("empty command", p.EXIT_NOT_FOUND)
     saved: OSError | None = None
+    failed = b""
     for path in exec_candidates(argv[0], env):
         try:
             return start(path)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isfile(path):
                 saved = saved or exc
                 continue
-            saved = exc
+            saved, failed = exc, path
+            # A file that is there but whose exec fails ENOENT (its #! interpreter or ELF
+            # loader is missing) is the one runc would have picked: the search ends there.
             if exc.errno != errno.EACCES:
                 break
     name = os.fsdecode(argv[0])
     err = saved.errno if saved and saved.errno else errno.ENOENT
-    if err in (errno.ENOENT, errno.ENOTDIR):
+    if not failed:
         where = "" if b"/" in argv[0] else " in PATH"
         raise WaiterError(f"{name}: command not found{where}", p.EXIT_NOT_FOUND)
-    raise WaiterError(f"{name}: cannot execute: {os.strerror(err).lower()}", p.EXIT_CANNOT_EXEC)
+    if failed != argv[0]:
+        name = f"{name} ({os.fsdecode(failed)})"
+    raise WaiterError(f"{name}: cannot execute: {_why(failed, err)}", p.EXIT_CANNOT_EXEC)
+
+
+def _why(path: bytes, err: int) -> str:
+    """Why a file that exists could not be executed, in the words a user can act on: execve
+    says ENOENT when the program's interpreter (`#!`) or dynamic loader (PT_INTERP, e.g. a
+    glibc program in a musl image) is missing, and EACCES for a directory."""
+    if err == errno.EACCES and os.path.isdir(path):
+        return "is a directory"
+    if err != errno.ENOENT:
+        return os.strerror(err).lower()
+    interpreter = b""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+            if head.startswith(b"#!"):
+                words = head[2:].split(b"\n", 1)[0].split()
+                interpreter = words[0] if words else b""
+            elif head.startswith(b"\x7fELF"):
+                interpreter = _elf_interpreter(f, head)
+    except (OSError, ValueError, IndexError):
+        pass
+    if interpreter:
+        return f"its interpreter {os.fsdecode(interpreter)} was not found"
+    return "its interpreter or loader was not found"
+
+
+def _elf_interpreter(f, head: bytes) -> bytes:
+    """The PT_INTERP path of an ELF file (b"" when there is none)."""
+    import struct  # the error path only
+
+    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    if wide:
+        phoff, = struct.unpack_from(order + "Q", head, 0x20)
+        entsize, count = struct.unpack_from(order + "HH", head, 0x36)
+    else:
+        phoff, = struct.unpack_from(order + "I", head, 0x1C)
+        entsize, count = struct.unpack_from(order + "HH", head, 0x2A)
+    f.seek(phoff)
+    table = f.read(entsize * min(count, 64))
+    for i in range(len(table) // entsize if entsize else 0):
+        entry = table[i * entsize:(i + 1) * entsize]
+        if struct.unpack_from(order + "I", entry, 0)[0] != 3:  # PT_INTERP
+            continue
+        offset, size = struct.unpack_from(order + ("Q16xQ" if wide else "I8xI"), entry, 8 if wide else 4)
+        f.seek(offset)
+        return f.read(min(size, 4096)).split(b"\0", 1)[0]
+    return b""
 
 
 def spawn(argv: list[bytes], env: dict[bytes, bytes]) -> int:

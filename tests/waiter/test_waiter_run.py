@@ -4,6 +4,7 @@ timeouts, restarts, exec errors, argv and environment pass-through."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -260,6 +261,37 @@ def test_not_executable_is_permission_denied(tmp_path: Path) -> None:
     assert res.returncode == p.EXIT_CANNOT_EXEC
     assert "cannot execute: permission denied" in res.stderr.decode()
     assert len(res.stderr.decode().strip().splitlines()) == 1
+
+
+def test_a_program_whose_interpreter_is_missing_is_named_so(tmp_path: Path) -> None:
+    """execve fails ENOENT for a file that is there when its `#!` interpreter or its ELF
+    loader is missing (a bash script or a glibc program in an alpine image): the user reads
+    that, not "command not found" for a file they can see; and, as runc's PATH lookup
+    would, the search stops at that file instead of running a later one of the same name."""
+    bindir, later = tmp_path / "bin", tmp_path / "later"
+    bindir.mkdir()
+    later.mkdir()
+    (bindir / "tool").write_text("#!/no/such/bash -e\nexit 0\n")
+    (later / "tool").write_text("#!/bin/sh\nexit 0\n")
+    loaderless = bindir / "loaderless"
+    shutil.copy("/bin/true", loaderless)
+    subprocess.run(["patchelf", "--set-interpreter", "/no/such/ld.so", str(loaderless)], check=True)
+    for path in (bindir / "tool", later / "tool", loaderless):
+        path.chmod(0o755)
+    res = run(tmp_path / DONE, argv=["tool"], env=waiter_env(PATH=f"{bindir}:{later}"))
+    assert res.returncode == p.EXIT_CANNOT_EXEC
+    assert res.stderr.decode().strip() == \
+        f"waiter: tool ({bindir}/tool): cannot execute: its interpreter /no/such/bash was not found"
+    assert record(tmp_path / DONE)[p.RECORD_EXIT_CODE] == p.EXIT_CANNOT_EXEC
+    (tmp_path / DONE).unlink()
+    res = run(tmp_path / DONE, argv=[str(loaderless)])
+    assert res.returncode == p.EXIT_CANNOT_EXEC
+    assert res.stderr.decode().strip() == \
+        f"waiter: {loaderless}: cannot execute: its interpreter /no/such/ld.so was not found"
+    (tmp_path / DONE).unlink()
+    res = run(tmp_path / DONE, argv=[str(later)])
+    assert res.returncode == p.EXIT_CANNOT_EXEC
+    assert res.stderr.decode().strip() == f"waiter: {later}: cannot execute: is a directory"
 
 
 def test_command_is_looked_up_in_the_containers_path(tmp_path: Path) -> None:
