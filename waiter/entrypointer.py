@@ -93,14 +93,17 @@ class Entrypointer:
 
     def finish(self, rec: Record, *, post_completion: bool = True) -> int:
         opts = self.opts
-        post.write_termination_message(opts.termination_log, rec, explicit=opts.termination_log_explicit)
+        wrote = post.write_termination_message(opts.termination_log, rec, explicit=opts.termination_log_explicit)
         code = rec.exit_code
         if post_completion:
             try:
                 post.write_completion(opts.post, rec)
             except OSError as exc:
-                log.say(f"cannot write completion file {opts.post}: {exc.strerror}")
+                log.say(f"cannot write completion file {opts.post}: {exc.strerror} "
+                        f"({rec.reason}, exit code {rec.exit_code}); the steps after this one cannot start")
                 code = code or p.EXIT_USAGE
+                if wrote:
+                    post.retract_termination_message(opts.termination_log)
         # Under --retry a failed container is restarted: its sidecars must stay up for it.
         if rec.ok or not opts.retry:
             if opts.mains_dir:

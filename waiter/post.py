@@ -43,34 +43,47 @@ def _write_in_place(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def write_termination_message(path: str, record: Record, *, explicit: bool) -> None:
+def write_termination_message(path: str, record: Record, *, explicit: bool) -> bool:
     """Leave a message the user's program wrote; else write the record.
 
     The kubelet bind-mounts the file (default /dev/termination-log), so rename onto it fails
     (EBUSY) and /dev is usually not writable: then the single write in place is the fallback.
     Outside Kubernetes the default path does not exist and nothing is written, unless the
-    path was given explicitly.
+    path was given explicitly. True when the record was written.
     """
     try:
         if os.path.getsize(path) > 0:
-            return
+            return False
     except FileNotFoundError:
         if not explicit:
-            return
+            return False
     except OSError:
         pass
     data = record.to_json()
     try:
         write_atomic(path, data)
-        return
+        return True
     except OSError as exc:
         if exc.errno not in (errno.EBUSY, errno.EACCES, errno.EPERM, errno.EROFS, errno.EXDEV):
             log.say(f"cannot write termination message {path}: {exc.strerror}")
-            return
+            return False
     try:
         _write_in_place(path, data)
+        return True
     except OSError as exc:
         log.say(f"cannot write termination message {path}: {exc.strerror}")
+        return False
+
+
+def retract_termination_message(path: str) -> None:
+    """Empty the termination message this waiter wrote: its completion file could not be
+    written, so the record must not tell the watcher the step finished as recorded (the
+    steps after it would wait for ever); without one the watcher takes the container as
+    broken and ends the pod, naming it."""
+    try:
+        os.truncate(path, 0)
+    except OSError as exc:
+        log.say(f"cannot empty termination message {path}: {exc.strerror}")
 
 
 def write_completion(path: str, record: Record) -> None:

@@ -364,6 +364,31 @@ def test_missing_separator_and_post(tmp_path: Path) -> None:
     assert res.stderr.decode().strip() == "waiter: --post FILE is required"
 
 
+def test_a_record_that_cannot_be_written_leaves_no_termination_message(tmp_path: Path) -> None:
+    """The command ran (exit 0) but its completion file cannot be written (here its run
+    volume is gone; a full or read-only one alike): the steps after it would wait for ever.
+    The termination message must not say `Completed` then, or the watcher reads the step as
+    done: the waiter empties the one it wrote and exits 125, so the watcher takes the
+    container as broken and ends the pod at once, naming it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = tmp_path / "termination-log"
+    log.touch()  # the kubelet creates it empty
+    res = run(run_dir / DONE, p.FLAG_NAME, "fetch", p.FLAG_TERMINATION_LOG, str(log),
+              argv=["rm", "-r", str(run_dir)])
+    assert res.returncode == p.EXIT_USAGE
+    assert res.stderr.decode().strip() == (
+        f"waiter[fetch]: cannot write completion file {run_dir / DONE}: No such file or directory "
+        "(Completed, exit code 0); the steps after this one cannot start")
+    assert log.read_bytes() == b""
+    # A termination message the program wrote itself stays, as always.
+    run_dir.mkdir()
+    res = run(run_dir / DONE, p.FLAG_TERMINATION_LOG, str(log),
+              argv=["sh", "-c", f'printf mine > {log}; rm -r "$0"', str(run_dir)])
+    assert res.returncode == p.EXIT_USAGE
+    assert log.read_bytes() == b"mine"
+
+
 def test_argv_map_picks_this_platform(tmp_path: Path) -> None:
     from waiter.argvmap import platform_keys
 
