@@ -45,10 +45,10 @@ async def test_a_certificate_the_kubeconfig_does_not_trust(tmp_path: Path) -> No
 async def not_an_apiserver() -> AsyncIterator[dict]:
     """A plain HTTP server answering each request with `answer["raw"]` (a proxy, a load
     balancer's error page)."""
-    answer = {"raw": b""}
+    answer: dict = {"raw": b"", "requests": []}
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
+        answer["requests"].append((await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0].decode())
         writer.write(answer["raw"])
         await writer.drain()
         writer.close()
@@ -92,3 +92,36 @@ async def test_an_error_page_is_one_line(not_an_apiserver: dict) -> None:
 async def test_a_server_that_closes_without_answering(not_an_apiserver: dict) -> None:
     err = await error_of(not_an_apiserver["url"])  # raw b"": closed after the request
     assert err.status == 0 and err.message == "GET /version: the server closed the connection"
+
+
+NOT_FOUND = (b'{"kind":"Status","apiVersion":"v1","status":"Failure","message":"not found","reason":"NotFound",'
+             b'"code":404}')
+
+
+@pytest.mark.parametrize("namespace, name", [("builds", ".."), ("..", "x"), ("builds", "a/b"), ("a/b", "x"),
+                                             ("builds", "50%"), ("builds", ""), ("", "x"), ("builds", ".")])
+async def test_a_name_that_would_name_another_path_is_refused_unsent(not_an_apiserver: dict, namespace: str,
+                                                                     name: str) -> None:
+    async with KubeApi.for_host(not_an_apiserver["url"]) as api:
+        for call in (api.get_pod, api.delete_pod, api.get_secret, api.get_lease):
+            with pytest.raises(KubeError) as err:
+                await call(namespace, name)
+            assert (err.value.status, err.value.reason) == (400, "Invalid")
+            assert "is not a name the API takes in a request path" in err.value.message
+    assert not_an_apiserver["requests"] == []
+
+
+async def test_a_name_is_one_path_segment(not_an_apiserver: dict) -> None:
+    """What a name holds besides the path's own separators stays in its segment: a `?` does
+    not start a query, a `#` no fragment, `..` inside a name is no parent."""
+    not_an_apiserver["raw"] = (b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                               b"Connection: close\r\n\r\n%s" % (len(NOT_FOUND), NOT_FOUND))
+    async with KubeApi.for_host(not_an_apiserver["url"]) as api:
+        assert await api.get_secret("builds", "a?b") is None
+        assert await api.get_namespace("x#y") is None
+        assert await api.get_service_account("a..b", "c d") is None
+    assert not_an_apiserver["requests"] == [
+        "GET /api/v1/namespaces/builds/secrets/a%3Fb HTTP/1.1",
+        "GET /api/v1/namespaces/x%23y HTTP/1.1",
+        "GET /api/v1/namespaces/a..b/serviceaccounts/c%20d HTTP/1.1",
+    ]

@@ -14,6 +14,7 @@ import asyncio
 import json
 from http import HTTPStatus
 from typing import Any, AsyncIterator
+from urllib.parse import quote
 
 import aiohttp
 from kubernetes_asyncio import client as k8s
@@ -27,9 +28,10 @@ _AUTH = ["BearerToken"]
 # connection is noticed; the client gives it this much extra before giving up.
 _WATCH_SLACK_SECONDS = 30.0
 _REQUEST_TIMEOUT_SECONDS = 30.0
-MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-VAPB_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+ADMISSION = "apis/admissionregistration.k8s.io/v1"
+VAP_PATH = f"/{ADMISSION}/validatingadmissionpolicies"
+VAPB_PATH = f"/{ADMISSION}/validatingadmissionpolicybindings"
+_LEASES = "apis/coordination.k8s.io/v1"
 
 
 async def _lines(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
@@ -68,12 +70,28 @@ def _transport_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _core_path(plural: str, namespace: str | None) -> str:
-    return f"/api/v1/namespaces/{namespace}/{plural}" if namespace else f"/api/v1/{plural}"
+def _seg(name: str) -> str:
+    """A name or namespace as one segment of a request path. As client-go's
+    (IsValidPathSegmentName), one that would name another path is refused before any request
+    (empty, `.`, `..`, holding `/` or `%`: the apiserver routes on the decoded path); the rest
+    is percent-encoded, so a `?` or `#` stays part of the name."""
+    if name in ("", ".", "..") or "/" in name or "%" in name:
+        raise KubeError(400, f"{name!r} is not a name the API takes in a request path", "Invalid")
+    return quote(name, safe="")
+
+
+def object_path(plural: str, namespace: str | None, name: str | None = None, api: str = "api/v1") -> str:
+    """The path of a collection (`name` None) or of one object. `namespace` None: a
+    cluster-scoped kind, or every namespace's collection ("" too, as client-go's NamespaceAll);
+    an object of a namespaced kind needs its namespace."""
+    every = namespace is None or (namespace == "" and name is None)
+    base = f"/{api}/{plural}" if every else f"/{api}/namespaces/{_seg(namespace)}/{plural}"  # type: ignore[arg-type]
+    return f"{base}/{_seg(name)}" if name is not None else base
 
 
 class KubeError(InitshiftError):
-    """An API call failed. `status` is the HTTP status, 0 when the server was unreachable."""
+    """An API call failed. `status` is the HTTP status, 0 when the server was unreachable
+    (400 also for a name refused before sending, as the apiserver would refuse it)."""
 
     def __init__(self, status: int, message: str, reason: str = "") -> None:
         super().__init__(f"{status} {reason}: {message}".strip() if status else message)
@@ -229,10 +247,6 @@ class KubeApi:
             raise
 
     # --- pods ---------------------------------------------------------------------------
-    @staticmethod
-    def _pods_path(namespace: str | None) -> str:
-        return _core_path("pods", namespace)
-
     async def list_pages(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
                          field_selector: str | None = None,
                          limit: int = 500) -> AsyncIterator[tuple[list[dict], str]]:
@@ -241,7 +255,7 @@ class KubeApi:
         resourceVersion of the list); a continue token that expired is a 410 KubeError."""
         token: str | None = None
         while True:
-            body = await self.request("GET", _core_path(plural, namespace), query={
+            body = await self.request("GET", object_path(plural, namespace), query={
                 "labelSelector": label_selector, "fieldSelector": field_selector,
                 "limit": str(limit) if limit else None, "continue": token})
             meta = body.get("metadata") or {}
@@ -253,7 +267,7 @@ class KubeApi:
     async def list_pods(self, namespace: str | None = None, *,
                         label_selector: str | None = None) -> tuple[list[dict], str]:
         """(pods, list resourceVersion). `namespace=None` lists every namespace."""
-        body = await self.request("GET", self._pods_path(namespace), query={"labelSelector": label_selector})
+        body = await self.request("GET", object_path("pods", namespace), query={"labelSelector": label_selector})
         return list(body.get("items") or []), str(body.get("metadata", {}).get("resourceVersion", ""))
 
     async def watch_pods(self, namespace: str | None = None, *, label_selector: str | None = None,
@@ -276,7 +290,7 @@ class KubeApi:
                  "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_seconds))}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=timeout_seconds + _WATCH_SLACK_SECONDS)
-        resp = await self._open("GET", _core_path(plural, namespace), query=query, timeout=timeout)
+        resp = await self._open("GET", object_path(plural, namespace), query=query, timeout=timeout)
         try:
             async for line in _lines(resp, "watch"):
                 if not line.strip():
@@ -294,7 +308,7 @@ class KubeApi:
             resp.close()
 
     async def get_pod(self, namespace: str, name: str) -> dict:
-        return await self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return await self.request("GET", object_path("pods", namespace, name))
 
     async def pod_log(self, namespace: str, name: str, container: str, *, follow: bool = False,
                       tail_lines: int | None = None, timestamps: bool = False,
@@ -309,7 +323,7 @@ class KubeApi:
                  "timestamps": "true" if timestamps else None, "sinceTime": since_time}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=None if follow else _REQUEST_TIMEOUT_SECONDS)
-        resp = await self._open("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query=query,
+        resp = await self._open("GET", object_path("pods", namespace, name) + "/log", query=query,
                                 timeout=timeout, accept="*/*")
         try:
             async for line in _lines(resp, "log stream"):
@@ -320,31 +334,26 @@ class KubeApi:
     async def patch_pod(self, namespace: str, name: str, patch: dict) -> dict:
         """JSON merge patch (RFC 7386). A `metadata.resourceVersion` in the patch makes it
         conditional: the apiserver answers 409 when the pod changed since."""
-        return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+        return await self.request("PATCH", object_path("pods", namespace, name),
                                   body=patch, content_type=_MERGE_PATCH)
 
     # --- events -------------------------------------------------------------------------
     async def create_event(self, namespace: str, event: dict) -> dict:
         """A core/v1 Event (what `kubectl describe` shows). An Event with a fixed
         `metadata.name` that exists already is a 409 (AlreadyExists) KubeError."""
-        return await self.request("POST", _core_path("events", namespace), body=event)
+        return await self.request("POST", object_path("events", namespace), body=event)
 
     # --- leases -------------------------------------------------------------------------
-    @staticmethod
-    def _lease_path(namespace: str, name: str | None = None) -> str:
-        base = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-        return f"{base}/{name}" if name else base
-
     async def get_lease(self, namespace: str, name: str) -> dict | None:
         """The Lease, or None when it does not exist."""
-        return await self._get_or_none(self._lease_path(namespace, name))
+        return await self._get_or_none(object_path("leases", namespace, name, api=_LEASES))
 
     async def create_lease(self, namespace: str, lease: dict) -> dict:
-        return await self.request("POST", self._lease_path(namespace), body=lease)
+        return await self.request("POST", object_path("leases", namespace, api=_LEASES), body=lease)
 
     async def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
         """PUT; the lease's metadata.resourceVersion makes it fail with 409 when stale."""
-        return await self.request("PUT", self._lease_path(namespace, name), body=lease)
+        return await self.request("PUT", object_path("leases", namespace, name, api=_LEASES), body=lease)
 
     # --- what `initshift check` reads and creates (the user's credentials, never the server's) ---
     async def get_version(self) -> dict:
@@ -352,23 +361,24 @@ class KubeApi:
         return await self.request("GET", "/version")
 
     async def create_pod(self, namespace: str, pod: dict) -> dict:
-        return await self.request("POST", self._pods_path(namespace), body=pod)
+        return await self.request("POST", object_path("pods", namespace), body=pod)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """Delete the pod; one that is already gone is not an error."""
         try:
-            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            await self.request("DELETE", object_path("pods", namespace, name))
         except KubeError as e:
             if not e.not_found:
                 raise
 
     async def get_webhook_config(self, name: str) -> dict | None:
         """A MutatingWebhookConfiguration, or None when it does not exist."""
-        return await self._get_or_none(f"{MWC_PATH}/{name}")
+        return await self._get_or_none(object_path("mutatingwebhookconfigurations", None, name, api=ADMISSION))
 
     async def list_webhook_configs(self) -> list[dict]:
         """Every MutatingWebhookConfiguration (the mesh injectors are among them)."""
-        return list((await self.request("GET", MWC_PATH)).get("items") or [])
+        return list((await self.request("GET", object_path("mutatingwebhookconfigurations", None, api=ADMISSION)))
+                    .get("items") or [])
 
     async def list_admission_policies(self) -> tuple[list[dict], list[dict]] | None:
         """Every ValidatingAdmissionPolicy and ValidatingAdmissionPolicyBinding; None where the
@@ -382,34 +392,40 @@ class KubeApi:
             raise
         return list((policies or {}).get("items") or []), list((bindings or {}).get("items") or [])
 
+    async def get_namespace(self, name: str) -> dict | None:
+        return await self._get_or_none(object_path("namespaces", None, name))
+
     async def list_namespaces(self) -> list[dict]:
         return list((await self.request("GET", "/api/v1/namespaces")).get("items") or [])
 
     async def get_service(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/services/{name}")
+        return await self._get_or_none(object_path("services", namespace, name))
 
     async def get_deployment(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+        return await self._get_or_none(object_path("deployments", namespace, name, api="apis/apps/v1"))
 
     async def get_job(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
+        return await self._get_or_none(object_path("jobs", namespace, name, api="apis/batch/v1"))
 
     async def get_cronjob(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/{name}")
+        return await self._get_or_none(object_path("cronjobs", namespace, name, api="apis/batch/v1"))
 
     async def list_jobs(self, namespace: str) -> list[dict]:
-        body = await self.request("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs")
+        body = await self.request("GET", object_path("jobs", namespace, api="apis/batch/v1"))
         return list((body or {}).get("items") or [])
 
     async def get_configmap(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+        return await self._get_or_none(object_path("configmaps", namespace, name))
 
     async def list_services(self, namespace: str) -> list[dict]:
-        body = await self.request("GET", f"/api/v1/namespaces/{namespace}/services")
+        body = await self.request("GET", object_path("services", namespace))
         return list((body or {}).get("items") or [])
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
-        return await self._get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        return await self._get_or_none(object_path("secrets", namespace, name))
+
+    async def get_service_account(self, namespace: str, name: str) -> dict | None:
+        return await self._get_or_none(object_path("serviceaccounts", namespace, name))
 
     async def review_access(self, user: str, groups: list[str], attributes: dict) -> tuple[bool, str]:
         """(allowed, the authorizer's reason) for `user` doing what `attributes` (a

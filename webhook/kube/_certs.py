@@ -9,7 +9,7 @@ import base64
 
 from cryptography import x509
 
-from ._api import MWC_PATH, KubeApi, KubeError
+from ._api import ADMISSION, KubeApi, KubeError, object_path
 
 from certs import pki, store
 
@@ -19,8 +19,11 @@ __all__ = ["read_secret", "read_secret_versioned", "write_secret", "read_ca_bund
 
 
 def _secrets(namespace: str, name: str | None = None) -> str:
-    base = f"/api/v1/namespaces/{namespace}/secrets"
-    return f"{base}/{name}" if name else base
+    return object_path("secrets", namespace, name)
+
+
+def _webhook_config(name: str) -> str:
+    return object_path("mutatingwebhookconfigurations", None, name, api=ADMISSION)
 
 
 async def read_secret_versioned(api: KubeApi, namespace: str, name: str) -> tuple[dict[str, str] | None, str]:
@@ -86,7 +89,7 @@ def _bundle_of(webhook: dict) -> bytes:
 
 async def read_ca_bundle(api: KubeApi, name: str) -> list[x509.Certificate]:
     """Every CA the configuration's webhooks trust today (empty if it has none yet)."""
-    mwc = await api.request("GET", f"{MWC_PATH}/{name}")
+    mwc = await api.request("GET", _webhook_config(name))
     out: list[x509.Certificate] = []
     for wh in (mwc or {}).get("webhooks") or []:
         try:
@@ -103,7 +106,7 @@ async def inject_ca_bundle(api: KubeApi, name: str, bundle_pem: bytes) -> int:
     """
     encoded = base64.b64encode(bundle_pem).decode()
     for _ in range(_CONFLICT_RETRIES):
-        mwc = await api.request("GET", f"{MWC_PATH}/{name}")
+        mwc = await api.request("GET", _webhook_config(name))
         hooks = (mwc or {}).get("webhooks") or []
         if not hooks:
             raise KubeError(0, f"MutatingWebhookConfiguration {name} has no webhooks")
@@ -116,7 +119,7 @@ async def inject_ca_bundle(api: KubeApi, name: str, bundle_pem: bytes) -> int:
         if not changed:
             return 0
         try:
-            await api.request("PUT", f"{MWC_PATH}/{name}", body=mwc)
+            await api.request("PUT", _webhook_config(name), body=mwc)
             return changed
         except KubeError as e:
             if not e.conflict:  # someone else wrote in between: read again

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Callable
 
-from ..kube import KubeApi, KubeError
+from ..kube import KubeApi
 
 # Each object read is kept this long: a build's reviews, one per pod and often many at once,
 # read the same Secrets and ServiceAccount. A changed or deleted Secret is seen within it.
@@ -49,14 +49,8 @@ class KubeSecretsSource:
         kept = self._cache.get(key)
         if kept is not None and kept[0] > self._clock():
             return kept[1]
-        path = f"/api/v1/namespaces/{namespace}/{kind}/{name}"
         api = await self._client()
-        try:
-            found = await api.request("GET", path)
-        except KubeError as e:
-            if not e.not_found:
-                raise
-            found = None
+        found = await (api.get_secret if kind == "secrets" else api.get_service_account)(namespace, name)
         self._cache.pop(key, None)
         self._cache[key] = (self._clock() + CACHE_SECONDS, found)
         while len(self._cache) > self._cache_size:
