@@ -23,7 +23,7 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         try:
-            os.write(fd, data)
+            _write_all(fd, data)
         finally:
             os.close(fd)
         os.rename(tmp, path)
@@ -38,9 +38,17 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
 def _write_in_place(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, data)
+        _write_all(fd, data)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """A short write (a file size limit, RLIMIT_FSIZE; a volume filling up) is continued,
+    so it ends in an error (EFBIG, ENOSPC) rather than a cut record renamed into place."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def write_termination_message(path: str, record: Record, *, explicit: bool) -> bool:

@@ -389,6 +389,23 @@ def test_a_record_that_cannot_be_written_leaves_no_termination_message(tmp_path:
     assert log.read_bytes() == b"mine"
 
 
+def test_a_short_write_never_leaves_a_cut_record(tmp_path: Path) -> None:
+    """Under a file size limit (RLIMIT_FSIZE, e.g. `docker run --ulimit fsize`) the write of
+    the record came back short and the cut JSON was renamed into place: the step exited 0,
+    and the next one read it as unreadable and skipped, naming this step as failed."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    proc = start(tmp_path / DONE, p.FLAG_NAME, "a-step-whose-record-is-longer", argv=["true"],
+                 preexec_fn=limit)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == p.EXIT_USAGE, err
+    assert "cannot write completion file" in err.decode() and "File too large" in err.decode()
+    assert not (tmp_path / DONE).exists()
+
+
 def test_argv_map_picks_this_platform(tmp_path: Path) -> None:
     from waiter.argvmap import platform_keys
 
