@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 
 import pytest
 
 from tests.support.expansion import expand_all
 from tests.support.fixtures import pods
 from tests.support.podvalidate import assert_valid_pod
+from waiter import flags as waiter_flags
 from waiter import protocol as p
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
 from tests.support.patching import apply_patch
@@ -849,3 +851,33 @@ def test_skips_fail_where_a_controller_other_than_a_job_reads_the_codes(mode, ow
     assert result.changed, result.warnings
     assert _skip_flags(result.pod) == {fails}
     assert rewrite(result.pod, with_settings(mode=mode), native_supported=True).pod == result.pod
+
+
+@pytest.mark.parametrize("native_supported", [False, True], ids=["waiter", "hybrid"])
+def test_fallback_to_logs_on_error_keeps_the_kubelets_file_empty(native_supported: bool):
+    # The kubelet makes a failed container's log tail its termination message only where
+    # the file is empty: the waiter's record there hid a failing step's own words (seen on
+    # v1.34.9: `{"exitCode": 2, ... "message": "exited with code 2"}` where the pod without
+    # initshift showed the step's last log line). Such a container's record goes to its
+    # own run dir; the others' stays the kubelet's file, and a path the pod sets is left
+    # to its program, as before.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    clone = pod["spec"]["initContainers"][1]
+    clone["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    pod["spec"]["initContainers"].append({"name": "test", "image": "busybox:1.36", "command": ["make", "test"],
+                                          "terminationMessagePolicy": "File"})
+    main = pod["spec"]["containers"][0]
+    main |= {"terminationMessagePolicy": "FallbackToLogsOnError", "terminationMessagePath": "/tmp/result"}
+    settings = with_settings(mode=p.MODE_HYBRID if native_supported else p.MODE_WAITER)
+    out = rewrite(pod, settings, native_supported=native_supported).pod
+    wrapped = {c["name"]: c for c in out["spec"]["containers"] if c["name"] in ("git-clone", "test", "build")}
+    logs = {name: flag_values(c, p.FLAG_TERMINATION_LOG) for name, c in wrapped.items()}
+    assert logs["test"] == [] and logs["build"] == []
+    [own] = logs["git-clone"]
+    writable = {m["mountPath"] for m in wrapped["git-clone"]["volumeMounts"] if not m.get("readOnly")}
+    assert posixpath.dirname(own) in writable and posixpath.dirname(own) == posixpath.dirname(
+        flag_values(wrapped["git-clone"], p.FLAG_POST)[0]), "its own run dir, writable by it alone"
+    pairs, _ = waiter_flags.split(wrapped["git-clone"]["args"][1:], waiter_flags.RUN)  # as the waiter reads it
+    assert (p.FLAG_TERMINATION_LOG, own) in pairs
+    assert rewrite(out, settings, native_supported=native_supported).pod == out
+    assert_valid_pod(out)

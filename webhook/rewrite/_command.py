@@ -38,7 +38,8 @@ def _argv_map(value: dict | None) -> list[str]:
 def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None = None, ready_file: str | None = None,
                 probes: Sequence[str] = (), timeout: int = 0, retry: bool = False, skip_fails: bool = False,
                 quits: Sequence[str] = (),
-                mains_dir: str | None = None, mains: int = 0, argv_map: dict | None = None) -> list[str]:
+                mains_dir: str | None = None, mains: int = 0, termination_log: str | None = None,
+                argv_map: dict | None = None) -> list[str]:
     """`waiter run ...` as the container's `args` (the `command` is the waiter itself)."""
     args = [p.CMD_RUN, p.FLAG_NAME, name, p.FLAG_POST, post]
     if wait:
@@ -57,6 +58,8 @@ def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None =
         args += _flag(p.FLAG_QUIT, url)
     if mains_dir and mains:
         args += [p.FLAG_MAINS_DIR, mains_dir, p.FLAG_MAINS, str(mains)]
+    if termination_log:
+        args += [p.FLAG_TERMINATION_LOG, termination_log]
     return [*args, *_argv_map(argv_map), p.ARGV_SEPARATOR, *argv]
 
 

@@ -214,6 +214,29 @@ class _Chain:
         return self.is_main(index) or (self.n_mains == 0 and index == self.n_steps - 1)
 
 
+# Where the waiter writes its record in a container whose termination message is its log's
+# tail when it fails (_own_termination_log): its own run dir, which nothing reads it from.
+OWN_TERMINATION_LOG = "termination-log"
+
+
+def _own_termination_log(container: Mapping, index: int) -> str | None:
+    """The waiter's `--termination-log` for the container wrapped at `index`: None (the
+    kubelet's file) but for a container with `terminationMessagePolicy:
+    FallbackToLogsOnError` at the default path, whose record goes to its own run dir.
+
+    The kubelet makes a failed container's log tail its termination message only where the
+    file is empty, so the waiter's record there replaced a failing step's own last words
+    (`{"exitCode": 2, ..., "message": "exited with code 2"}` where `kubectl describe` and
+    `initshift status` showed the error without initshift). The watcher reads such a
+    container from the kubelet's report, as one whose pod sets its own path; a message the
+    program writes to /dev/termination-log itself is still the kubelet's to show."""
+    if container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return None
+    if container.get("terminationMessagePath") not in (None, p.DEFAULT_TERMINATION_LOG):
+        return None  # the waiter writes none there anyway
+    return f"{p.run_mount(index)}/{OWN_TERMINATION_LOG}"
+
+
 def wrap(container: Mapping, index: int, chain: _Chain,
          argv: list[str] | None, argv_map: Mapping[str, list[str]] | None) -> dict:
     """The container run by the waiter at position `index` of the execution order."""
@@ -237,10 +260,12 @@ def wrap(container: Mapping, index: int, chain: _Chain,
         timeout=0 if main else chain.step_timeout, retry=chain.retry, skip_fails=chain.skip_fails,
         quits=chain.quit_urls if chain.quits(index) else (),
         mains_dir=p.MAINS_MOUNT if main else None, mains=chain.n_mains if main else 0,
-        # No --termination-log: a terminationMessagePath the pod sets is its program's, in
-        # the format its reader expects (Tekton's steps: a JSON array of results, which the
-        # waiter's record of a skipped step would break). The waiter writes its record only
-        # to the default path, which the kubelet creates only when the pod sets none.
+        # A terminationMessagePath the pod sets is its program's, in the format its reader
+        # expects (Tekton's steps: a JSON array of results, which the waiter's record of a
+        # skipped step would break): the waiter writes its record only to the default path,
+        # which the kubelet creates only when the pod sets none. See _own_termination_log
+        # for the one container whose default path gets no record either.
+        termination_log=_own_termination_log(container, index),
         argv_map=None if argv_map is None else dict(argv_map))
     out["volumeMounts"] = mounts
     return out
