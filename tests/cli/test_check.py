@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from tests.support import https_helpers as h
 from tests.support import install as inst
 from tests.support.kubedouble import KubeDouble
 from webhook.cli import _check as check_cmd
@@ -242,6 +243,18 @@ async def test_unreachable_api(tmp_path) -> None:
     cfg = inst.write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
     code, out, _ = await check("--kubeconfig", cfg)
     assert code == 1 and failed(out) == ["can reach the Kubernetes API"]
+
+
+async def test_an_api_certificate_the_kubeconfig_does_not_trust(tmp_path) -> None:
+    """One advice, the certificate's: not also 'check the kubeconfig, the context and the network'."""
+    h.make_certs(tmp_path)
+    with h.running(h.settings_for(tmp_path)) as server:  # initshift's own server, its own CA
+        cfg = inst.write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{server.port}")
+        code, out, _ = await check("--kubeconfig", cfg)
+    assert code == 1 and failed(out) == ["can reach the Kubernetes API"]
+    hint = next(line for line in out.splitlines() if "not trusted" in line)
+    assert hint.endswith("is not trusted (unable to get local issuer certificate): check the kubeconfig's cluster CA")
+    assert hint.count("check ") == 1
 
 
 async def test_credentials_the_api_refuses(kube: KubeDouble, tmp_path) -> None:

@@ -172,9 +172,9 @@ async def _check_api(api: KubeApi, report: Report) -> bool:
     except KubeError as e:
         if e.status == 401:  # reached, and it refused the credentials: in status's and logs' words
             report(Line("kubernetes-api", False, "the Kubernetes API accepts your credentials", str(unreached(e))))
-        else:
-            report(Line("kubernetes-api", False, "can reach the Kubernetes API",
-                        f"{e.message}; check the kubeconfig, the context and the network"))
+        else:  # one advice: the error's own where it has one (an untrusted certificate: the cluster CA)
+            advice = "" if ": check " in e.message else "; check the kubeconfig, the context and the network"
+            report(Line("kubernetes-api", False, "can reach the Kubernetes API", e.message + advice))
         return False
     report(Line("kubernetes-api", True, f"can reach the Kubernetes API ({version.get('gitVersion', '?')})",
                 data={"version": version.get("gitVersion")}))
