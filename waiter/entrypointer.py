@@ -52,6 +52,7 @@ class Entrypointer:
     def wait_predecessor(self) -> Record | None:
         """The previous step's record once it is final for us; None when interrupted."""
         path = self.opts.wait
+        said = ""
         with DirWatch([os.path.dirname(path) or "."], [os.path.basename(path)]) as watch:
             while not self.interrupted():
                 try:
@@ -59,6 +60,9 @@ class Entrypointer:
                 except ValueError as exc:
                     rec = Record("", p.EXIT_USAGE, p.REASON_WAITER_ERROR, "", "",
                                  f"unreadable record {path}: {exc}")
+                    if rec.message != said:  # the skip's own message only names the code
+                        said = rec.message
+                        log.say(said)
                 # With --retry a failed predecessor is retried by the kubelet: keep waiting.
                 if rec is not None and (rec.ok or not self.opts.retry):
                     return rec

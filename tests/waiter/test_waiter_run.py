@@ -406,6 +406,17 @@ def test_a_short_write_never_leaves_a_cut_record(tmp_path: Path) -> None:
     assert not (tmp_path / DONE).exists()
 
 
+def test_an_unreadable_predecessor_record_is_named(tmp_path: Path) -> None:
+    """A predecessor's record that is not one makes this step skip; its log said only that
+    the step before "failed with exit code 125", which it may not have: the reason is shown."""
+    d0, d1 = step_dirs(tmp_path, 2)
+    (d0 / DONE).write_bytes(b"not a record")
+    res = run(d1 / DONE, p.FLAG_WAIT, str(d0 / DONE), argv=["true"])
+    assert res.returncode == 0
+    assert f"unreadable record {d0 / DONE}: not JSON" in res.stderr.decode()
+    assert record(d1 / DONE)[p.RECORD_REASON] == p.REASON_SKIPPED
+
+
 def test_argv_map_picks_this_platform(tmp_path: Path) -> None:
     from waiter.argvmap import platform_keys
 
