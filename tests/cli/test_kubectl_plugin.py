@@ -74,6 +74,11 @@ def test_kubectl_finds_and_runs_the_plugin(kubectl: str, tmp_path: Path):
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: kubectl initshift [--version] COMMAND")
     assert all(f"  {c}" in helped.stdout for c in ("status", "logs", "check", "mutate"))
+    for command in ("status", "logs", "check", "mutate", "serve"):  # each command's usage as typed
+        helped = run(kubectl, "initshift", command, "--help", tmp_path=tmp_path)
+        assert helped.returncode == 0 and helped.stdout.startswith(f"usage: kubectl initshift {command} "), helped
+    usage = run(kubectl, "initshift", "logs", tmp_path=tmp_path)
+    assert usage.stderr.startswith("kubectl initshift logs: "), usage.stderr
 
 
 def test_kubectl_initshift_mutate_prints_what_initshift_mutate_prints(kubectl: str, tmp_path: Path):

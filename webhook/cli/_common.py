@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from ..errors import InitshiftError, os_reason
 from ..settings import Settings, SettingsError, name_problem
 from ._exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_USAGE  # noqa: F401 - shared
+from ._invoked import invoked_as
 
 
 class CliError(InitshiftError):
@@ -43,7 +44,13 @@ def say_logged() -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a usage error as one stderr line (argparse prints the whole usage)."""
+    """argparse with a usage error as one stderr line (argparse prints the whole usage), and
+    the usage in the words the user typed (`kubectl initshift status ...` under kubectl)."""
+
+    def __init__(self, *args: Any, prog: str | None = None, **kwargs: Any) -> None:
+        if prog is not None and prog.startswith("initshift "):
+            prog = invoked_as() + prog[len("initshift"):]
+        super().__init__(*args, prog=prog, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")

@@ -16,6 +16,7 @@ from typing import Callable
 from .. import __version__
 from ..errors import os_reason
 from ._exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_USAGE
+from ._invoked import invoked_as
 
 # name -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,22 +31,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("webhook.cli._check", "verify the install (webhook, certificate, watcher, RBAC, meshes); --smoke runs a pod"),
 }
 
-PLUGIN = "kubectl-initshift"  # the same entry point as a kubectl plugin (`kubectl initshift ...`)
-
-
-def _prog() -> str:
-    return "kubectl initshift" if os.path.basename(sys.argv[0]) == PLUGIN else "initshift"
-
-
 def _usage() -> str:
-    return f"usage: {_prog()} [--version] COMMAND [ARGS...]"
+    return f"usage: {invoked_as()} [--version] COMMAND [ARGS...]"
 
 
 def _help() -> str:
     width = max(len(n) for n in COMMANDS)
     lines = [_usage(), "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", f"`{_prog()} COMMAND --help` (or `{_prog()} help COMMAND`) describes one command."]
+    lines += ["", f"`{invoked_as()} COMMAND --help` (or `{invoked_as()} help COMMAND`) describes one command."]
     return "\n".join(lines)
 
 
@@ -56,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: list[str]) -> int:
     if not args:
-        print(f"initshift: missing command ({_usage()}; see {_prog()} --help)", file=sys.stderr)
+        print(f"initshift: missing command ({_usage()}; see {invoked_as()} --help)", file=sys.stderr)
         return EXIT_USAGE
     if args[0] == "help" and args[1:]:  # `initshift help mutate`, as git and kubectl read it
         args = [args[1], "--help"]
