@@ -881,3 +881,33 @@ def test_fallback_to_logs_on_error_keeps_the_kubelets_file_empty(native_supporte
     assert (p.FLAG_TERMINATION_LOG, own) in pairs
     assert rewrite(out, settings, native_supported=native_supported).pod == out
     assert_valid_pod(out)
+
+
+@pytest.mark.parametrize("native_supported", [False, True], ids=["waiter", "hybrid"])
+def test_a_steps_env_that_reads_its_own_request_gets_the_request_as_admitted(native_supported: bool):
+    # The kubelet gives `resourceFieldRef: requests.*` the container's request as it runs:
+    # once the steps run side by side that is their share of the budget (seen on v1.34.9:
+    # a step's 300m read as 0 under `preserve`). The value it would give the step as
+    # admitted is written instead; limits, which the rewrite keeps, are left to the kubelet.
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    ref = lambda resource, **kw: {"valueFrom": {"resourceFieldRef": {"resource": resource, **kw}}}  # noqa: E731
+    clone = pod["spec"]["initContainers"][1]
+    clone["resources"] = {"requests": {"cpu": "300m", "memory": "100Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    clone["env"] = [{"name": "CPU_MILLIS", **ref("requests.cpu", divisor="1m")},
+                    {"name": "CPUS", **ref("requests.cpu", divisor="1")},
+                    {"name": "MEM_MI", **ref("requests.memory", divisor="1Mi", containerName="git-clone")},
+                    {"name": "DISK", **ref("requests.ephemeral-storage")},
+                    {"name": "CPU_LIMIT", **ref("limits.cpu")},
+                    {"name": "BUILD_CPU", **ref("requests.cpu", containerName="build")},
+                    {"name": "WORKERS", "value": "$(CPU_MILLIS)"}]
+    pod["spec"]["initContainers"].append({"name": "test", "image": "busybox:1.36", "command": ["make", "test"],
+                                          "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}})
+    settings = with_settings(mode=p.MODE_HYBRID if native_supported else p.MODE_WAITER)
+    out = rewrite(pod, settings, native_supported=native_supported).pod
+    step = next(c for c in out["spec"]["containers"] if c["name"] == "git-clone")
+    assert step["resources"]["requests"] != clone["resources"]["requests"], "the step's request is the budget's now"
+    assert step["env"] == [{"name": "CPU_MILLIS", "value": "300"}, {"name": "CPUS", "value": "1"},
+                           {"name": "MEM_MI", "value": "100"}, {"name": "DISK", "value": "0"},
+                           clone["env"][4], clone["env"][5], clone["env"][6]]
+    assert rewrite(out, settings, native_supported=native_supported).pod == out
+    assert_valid_pod(out)

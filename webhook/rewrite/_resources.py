@@ -19,6 +19,7 @@ proportionally (`divide`), or as they were (`keep`).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Mapping, Sequence
@@ -363,4 +364,47 @@ def apply_requests(container: dict, new: Mapping[str, str]) -> dict:
         return container
     out = dict(container)
     submap(out, "resources", "requests").update(new)
+    return out
+
+
+_REQUEST_FIELD = "requests."
+
+
+def _own_request_ref(container: Mapping, var: object) -> Mapping | None:
+    """The `resourceFieldRef` of an env var that reads this container's own request."""
+    if not isinstance(var, Mapping):
+        return None
+    ref = (var.get("valueFrom") or {}).get("resourceFieldRef") if isinstance(var.get("valueFrom"), Mapping) else None
+    if not isinstance(ref, Mapping) or not str(ref.get("resource") or "").startswith(_REQUEST_FIELD):
+        return None
+    return ref if ref.get("containerName") in (None, "", container.get("name")) else None
+
+
+def _kubelet_request_value(requests: Amounts, ref: Mapping) -> str:
+    """What the kubelet gives an env var that reads a request: the request (0 where unset)
+    over the divisor, rounded up (ExtractContainerResourceValue: milli-units for cpu, units
+    for the rest, as float64)."""
+    resource = str(ref["resource"])[len(_REQUEST_FIELD):]
+    divisor = parse(ref.get("divisor") or "1", resource)
+    return str(math.ceil(float(requests.get(resource, ZERO)) / float(divisor or 1)))
+
+
+def pin_request_refs(container: Mapping) -> Mapping:
+    """The step with each env var that reads its own request (`valueFrom.resourceFieldRef`,
+    `requests.*`) set to the value the kubelet gives it from the request as admitted.
+
+    A step's request is the pod's budget once the steps run side by side (`preserve` gives
+    most of them 0, `divide` a share, a mesh's proxy arriving later takes some back), so the
+    kubelet would hand such a variable the budget, not the step's own request: a build that
+    sizes its workers from `requests.cpu` or its heap from `requests.memory` (seen on
+    v1.34.9: 300m read as 0) would run otherwise than without initshift. Limits are kept,
+    so a variable that reads one is left to the kubelet. Applied once, where a step is first
+    wrapped: a rewritten step holds no such reference any more."""
+    env = container.get("env")
+    if not isinstance(env, list) or not any(_own_request_ref(container, var) for var in env):
+        return container
+    requests = container_amounts(container)[0]
+    out = dict(container)
+    out["env"] = [{"name": var["name"], "value": _kubelet_request_value(requests, ref)}
+                  if (ref := _own_request_ref(container, var)) is not None else var for var in env]
     return out

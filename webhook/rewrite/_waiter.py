@@ -39,7 +39,7 @@ from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, nee
 from ._quantity import format_quantity
 from ._quit import open_quit, quit_url, refused_note
 from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, effective, growth_of,
-    is_restartable, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
+    is_restartable, pin_request_refs, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import mapping_at, submap
@@ -520,7 +520,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     if plan.problem:
         raise RewriteError(plan.problem, reason=Reason.RESOURCES)
     warnings += plan.warnings
-    steps = [apply_requests(s, new) for s, new in zip(cls.steps, plan.step_requests)]
+    steps = [apply_requests(pin_request_refs(s), new) for s, new in zip(cls.steps, plan.step_requests)]
 
     annotations = mapping_at(pod, "metadata", "annotations")
     chain = _chain(settings, pod, len(steps), len(cls.mains),
