@@ -34,6 +34,13 @@ def istio_job_yaml() -> str:
     return yaml.safe_dump(pods.catalogue()["job-istio"])
 
 
+def test_a_workloads_diff_is_labelled_with_its_kind_and_name(tmp_path):
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+               "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": pods.catalogue()["job-istio"]}}}}
+    diff = run("-", "-o", "diff", stdin=yaml.safe_dump(cronjob))
+    assert diff.returncode == 0 and diff.stdout.startswith("--- CronJob/nightly\n+++ CronJob/nightly (initshift)\n")
+
+
 def test_yaml_json_patch_and_diff_outputs():
     src = pods.catalogue()["job-istio"]
     out = run("-", stdin=istio_job_yaml())
@@ -45,7 +52,8 @@ def test_yaml_json_patch_and_diff_outputs():
     patch = run("-", "-o", "patch", stdin=istio_job_yaml())
     assert apply_patch(src, json.loads(patch.stdout)) == pod
     diff = run("-", "-o", "diff", stdin=istio_job_yaml())
-    assert diff.stdout.startswith("--- pod\n+++ pod (initshift)\n") and "+  - name: initshift-init" in diff.stdout
+    label = "Pod/site-build-"  # Kind/name (here the generateName), as kubectl names objects
+    assert diff.stdout.startswith(f"--- {label}\n+++ {label} (initshift)\n") and "+  - name: initshift-init" in diff.stdout
 
 
 def test_admission_review_input(tmp_path):

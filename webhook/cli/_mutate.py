@@ -252,7 +252,7 @@ def _said(objects: list[PodInput | dict], results: list[RewriteResult]) -> tuple
             print(f"denied: {said}{result.denied}", file=sys.stderr)
             denied = True
         unchanged |= not result.changed
-        pairs.append((obj.label if len(objects) > 1 else "pod", obj.document, obj.put(result.pod, rewritten=result.changed)))
+        pairs.append((obj.label, obj.document, obj.put(result.pod, rewritten=result.changed)))
     return pairs, denied, unchanged
 
 
