@@ -146,7 +146,9 @@ class Entrypointer:
                 rec = self.skip(prev)
                 log.say(rec.message)
                 return self.finish(rec)
-        if not Gate(opts.ready_file or None, opts.probes).wait(self.interrupted, self.box):
+        # A signal that came while the gate's last probe or the predecessor's record was being
+        # read is still queued: the command must not start only to be sent it.
+        if not Gate(opts.ready_file or None, opts.probes).wait(self.interrupted, self.box) or self.interrupted():
             return self.stopped()
         try:
             out = runner.run(opts.argv, child_environment(), self.box, opts.timeout)

@@ -107,6 +107,31 @@ def test_probes_gate_opens_when_every_probe_passes(tmp_path: Path, server: Serve
     proc.stderr.close()
 
 
+def test_a_sigterm_during_the_passing_probe_does_not_start_the_command(tmp_path: Path) -> None:
+    """The pod is stopped while step 0's probe that passes is in flight: the SIGTERM was
+    queued, the gate opened, and the command started only to be sent it at once (recorded
+    as the step's own failure, `killed by SIGTERM`, or it ran). It is `Stopped` instead."""
+    from tests.support.waiter_support import has_signal, proc_status
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    marker = tmp_path / "ran"
+    proc = start(tmp_path / DONE, p.FLAG_PROBE, f"http://127.0.0.1:{listener.getsockname()[1]}/ready",
+                 argv=["touch", str(marker)])
+    conn, _ = listener.accept()
+    conn.recv(4096)  # the probe's request: the waiter now waits for the answer
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_for(lambda: not any(has_signal(proc_status(proc.pid), field, signal.SIGTERM)
+                             for field in ("SigPnd", "ShdPnd")), "the SIGTERM to be delivered")
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    conn.close()
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert record(tmp_path / DONE)[p.RECORD_REASON] == p.REASON_STOPPED
+    assert not marker.exists()
+    listener.close()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
 def test_the_gate_opens_on_the_first_probe_that_passes(tmp_path: Path, server: Server) -> None:
     """The probe turning ready is seen by the next probe, which opens the gate: the step
     starts after exactly one successful probe, and no probe follows."""
