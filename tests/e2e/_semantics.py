@@ -1,0 +1,108 @@
+"""What a user sees of a pod, with and without initshift: the same pod run in a namespace
+initshift does not serve (the kubelet's own semantics) and under each strategy the waiter
+runs, compared field by field where initshift promised to keep them."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from waiter import protocol as p
+
+from ._env import Env, Record, scenario, waiter_modes
+from ._pods import log_lines, managed, outcome, pod, step, terminated, wait_end
+
+_FAILURE = "compile: error: undefined symbol main"
+
+
+def _each(env: Env, rec: Record, short: str, build) -> dict[str, dict]:
+    """The pod `build(name)` made once in a namespace without initshift ("kubelet") and
+    once per waiter strategy in an opted-in one under the Istio-like mesh; each ended."""
+    plain = env.namespace(f"{short}-plain", mesh=None, opted=False)
+    opted = env.namespace(short)
+    rec.namespaces += [plain, opted]
+    runs = {"kubelet": (plain, build(f"{short}-kubelet"))}
+    for mode in waiter_modes(env):
+        obj = build(f"{short}-{mode}")
+        obj["metadata"]["annotations"][p.ANNOTATION_MODE] = mode
+        runs[mode] = (opted, obj)
+    for ns, obj in runs.values():
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", obj)
+    with ThreadPoolExecutor(len(runs)) as pool:
+        ended = dict(zip(runs, pool.map(lambda r: wait_end(env.kube, r[0], r[1]["metadata"]["name"]), runs.values())))
+    for mode, obj in ended.items():
+        if mode != "kubelet":
+            assert managed(obj) == mode, f"{mode}: the pod was not rewritten ({managed(obj)})"
+    return {mode: {"ns": runs[mode][0], "pod": obj} for mode, obj in ended.items()}
+
+
+@scenario("termination-fallback")
+def termination_fallback(env: Env, rec: Record) -> None:
+    """A step with `terminationMessagePolicy: FallbackToLogsOnError` that fails: its
+    termination message is its log's last line under the waiter and hybrid as without
+    initshift (it was the waiter's JSON record), a step of that policy that succeeds has
+    none, as without initshift, and the outcome names the failure in the step's words."""
+    def build(name: str) -> dict:
+        fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+        return pod(name, [step("prepare", env.images.busybox, port=None, **fallback),
+                          {"name": "compile", "image": env.images.busybox, "imagePullPolicy": "IfNotPresent",
+                           "command": ["sh", "-c", f'echo "{_FAILURE}"; exit 2'], **fallback}],
+                   [step("package", env.images.busybox, port=None)])
+
+    seen = _each(env, rec, "tmsg", build)
+    kubelet = terminated(seen["kubelet"]["pod"], "compile")
+    assert kubelet and kubelet["exitCode"] == 2, kubelet
+    assert kubelet.get("message") == f"{_FAILURE}\n", f"the kubelet's own fallback: {kubelet}"
+    assert not (terminated(seen["kubelet"]["pod"], "prepare") or {}).get("message")
+    for mode in waiter_modes(env):
+        obj = seen[mode]["pod"]
+        ran = terminated(obj, "compile")
+        assert ran and ran["exitCode"] == 2, f"{mode}: {ran}"
+        assert ran.get("message") == kubelet["message"], f"{mode}: {ran.get('message')!r}, the kubelet's " \
+                                                         f"{kubelet['message']!r}"
+        assert not (terminated(obj, "prepare") or {}).get("message"), f"{mode}: {terminated(obj, 'prepare')}"
+        said = outcome(env.kube, seen[mode]["ns"], obj["metadata"]["name"])
+        assert said["result"] == "Failed" and said["failed"] == "compile" and _FAILURE in said["message"], said
+    rec.note(f"compile's message {kubelet['message'].strip()!r} under {', '.join(waiter_modes(env))} as without "
+             f"initshift; the outcome quotes it")
+
+
+@scenario("request-env")
+def request_env(env: Env, rec: Record) -> None:
+    """Steps whose variables read their own requests and limits (`resourceFieldRef`): under
+    the waiter and hybrid each prints what it prints without initshift, though the steps
+    now run with their share of the pod's budget (`preserve`: 0 for all but one)."""
+    refs = {"REQ_CPU": ("requests.cpu", "1m"), "REQ_MEM": ("requests.memory", "1Mi"),
+            "LIM_CPU": ("limits.cpu", "1m"), "LIM_MEM": ("limits.memory", "1Mi")}
+    env_vars = [{"name": n, "valueFrom": {"resourceFieldRef": {"resource": r, "divisor": d}}}
+                for n, (r, d) in refs.items()]
+    line = " ".join(f"{n}=${n}" for n in refs)
+
+    def st(name: str, cpu: str, memory: str) -> dict:
+        return step(name, env.images.busybox, port=None, extra=f'echo "{name} {line}"; ', env=env_vars,
+                    resources={"requests": {"cpu": cpu, "memory": memory},
+                               "limits": {"cpu": "500m", "memory": "256Mi"}})
+
+    def build(name: str) -> dict:
+        return pod(name, [st("fetch", "100m", "32Mi"), st("compile", "300m", "128Mi")], [st("package", "50m", "16Mi")])
+
+    seen = _each(env, rec, "reqenv", build)
+
+    def printed(mode: str) -> dict[str, str]:
+        obj = seen[mode]["pod"]
+        assert obj["status"]["phase"] == "Succeeded", f"{mode}: {obj['status'].get('phase')}"
+        out = {}
+        for c in ("fetch", "compile", "package"):
+            lines = [x.text for x in log_lines(env.kube, seen[mode]["ns"], obj["metadata"]["name"], c)
+                     if x.text.startswith(f"{c} REQ_")]
+            assert len(lines) == 1, f"{mode}/{c}: {lines}"
+            out[c] = lines[0]
+        return out
+
+    kubelet = printed("kubelet")
+    assert kubelet["fetch"] == "fetch REQ_CPU=100 REQ_MEM=32 LIM_CPU=500 LIM_MEM=256", kubelet
+    for mode in waiter_modes(env):
+        assert printed(mode) == kubelet, f"{mode}: {printed(mode)}, without initshift {kubelet}"
+        fetch = next(c for c in seen[mode]["pod"]["spec"]["containers"] if c["name"] == "fetch")
+        assert fetch["resources"]["requests"]["cpu"] != "100m", "the step's request is the budget's share"
+    rec.note(f"each step printed what it prints without initshift under {', '.join(waiter_modes(env))} "
+             f"({kubelet['fetch']})")
