@@ -21,8 +21,8 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as, removed_post_start, removed_startup_probes
 from ..settings import RewriteSettings
-from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, SIDECAR, STEP, WAITER_RUN, Run, json_int, layout, parse_time,
-                       pod_ended, read_run, read_runs, statuses)
+from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, QUIET_WAITING, SIDECAR, STEP, WAITER_RUN, Run, json_int, layout,
+                       parse_time, pod_ended, read_run, read_runs, statuses)
 
 
 class State(StrEnum):
@@ -38,9 +38,6 @@ class State(StrEnum):
     NOT_STARTED = "not-run"  # the pod ended before it ran
     STOPPED = "stopped"  # a sidecar that has ended (how: reason, exit code, outcome's stoppedBy)
 
-# Kubelet waiting reasons that only mean "not yet": anything else (ImagePullBackOff,
-# CreateContainerConfigError, ...) is a problem worth showing as the row's reason.
-_QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
 _WAITER_LINE = re.compile(rf"^{re.escape(p.WAITER_LOG_PREFIX)}(\[[^\]\n]*\])?: ")
 
 
@@ -64,7 +61,7 @@ class _Row:
     def stuck(self) -> bool:
         """Not started for a reason of the kubelet's that is a problem (ImagePullBackOff,
         CreateContainerConfigError), not one that only means "not yet"."""
-        return self.state == State.PENDING and self.reason not in _QUIET_WAITING
+        return self.state == State.PENDING and self.reason not in QUIET_WAITING
 
     def to_json(self) -> dict:
         return {"name": self.name, "kind": self.kind, "step": self.number, "state": str(self.state),
@@ -235,7 +232,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
             return _Row(**base, state=State.RUNNING, started_at=started, duration=_seconds(started, now))
         if run.state == "running":
             return _Row(**base, state=State.RUNNING, started_at=run.started_at, duration=_seconds(run.started_at, now))
-        if waiting_reason not in _QUIET_WAITING:
+        if waiting_reason not in QUIET_WAITING:
             return _Row(**base, state=State.PENDING, reason=waiting_reason, message=str(waiting.get("message") or ""))
         if not prev_done:
             return _Row(**base, state=State.WAITING_STEP, waiting_for=prev)

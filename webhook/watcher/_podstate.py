@@ -38,6 +38,9 @@ _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message ha
 _PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
 MESSAGE_LIMIT = 1024
 ENDED_PHASES = ("Succeeded", "Failed")  # a pod in either phase runs nothing any more
+# The kubelet's waiting reasons that only mean "not yet"; any other (ImagePullBackOff,
+# CreateContainerConfigError, ...) says it cannot create the container as it is.
+QUIET_WAITING = ("", "ContainerCreating", "PodInitializing")
 
 
 class NotManaged(InitshiftError, ValueError):
@@ -184,10 +187,17 @@ class Run:
     recorded: bool = False  # the waiter wrote its termination message (it completed its work)
     signal: int | None = None  # the kubelet's terminated.signal, when it reported one
     waiter: dict | None = None  # the waiter's own record, when the kubelet's report was taken over it
+    waiting: str = ""  # the kubelet's reason while waiting (ContainerCreating, ImagePullBackOff...)
 
     @property
     def ok(self) -> bool:
         return self.state == "terminated" and self.exit_code == 0 and self.reason == p.REASON_COMPLETED
+
+    @property
+    def cannot_start(self) -> bool:
+        """Waiting for a reason that is a problem, not "not yet": its image cannot be pulled,
+        a ConfigMap or Secret its env names is missing; the kubelet retries on its backoff."""
+        return self.state == "waiting" and self.waiting not in QUIET_WAITING
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"name": self.name, "exitCode": self.exit_code,
@@ -217,7 +227,8 @@ def read_run(name: str, status: dict | None) -> Run:
     if "terminated" not in state:
         started = (state.get("running") or {}).get("startedAt")
         kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
-        return Run(name, kind, started_at=started)
+        waiting = state.get("waiting") if isinstance(state.get("waiting"), dict) else {}
+        return Run(name, kind, started_at=started, waiting=str(waiting.get("reason") or ""))
     t = state["terminated"] or {}
     code = t.get("exitCode")
     code = json_int(code)
