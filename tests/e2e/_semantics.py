@@ -106,3 +106,29 @@ def request_env(env: Env, rec: Record) -> None:
         assert fetch["resources"]["requests"]["cpu"] != "100m", "the step's request is the budget's share"
     rec.note(f"each step printed what it prints without initshift under {', '.join(waiter_modes(env))} "
              f"({kubelet['fetch']})")
+
+
+@scenario("failed-then-uncreatable")
+def failed_then_uncreatable(env: Env, rec: Record) -> None:
+    """A step fails before a step whose container the kubelet cannot create (an image the
+    node does not have, `imagePullPolicy: Never`: ErrImageNeverPull). Without initshift the
+    pod ends Failed at once, the later init containers never created; under the waiter and
+    hybrid that container never runs to skip, and the watcher ends the pod, its outcome
+    naming both."""
+    def build(name: str) -> dict:
+        return pod(name, [step("fetch", env.images.busybox, port=None, exit_code=3),
+                          {"name": "compile", "image": "initshift.invalid/absent:1", "imagePullPolicy": "Never",
+                           "command": ["sh", "-c", "echo compile"]},
+                          step("package", env.images.busybox, port=None)],
+                   [step("report", env.images.busybox, port=None)])
+
+    seen = _each(env, rec, "uncreatable", build)
+    assert seen["kubelet"]["pod"]["status"]["phase"] == "Failed", seen["kubelet"]["pod"]["status"]
+    for mode in waiter_modes(env):
+        obj = seen[mode]["pod"]
+        assert obj["status"]["phase"] == "Failed", f"{mode}: {obj['status']}"
+        said = outcome(env.kube, seen[mode]["ns"], obj["metadata"]["name"])
+        assert said["result"] == "Failed" and said["failed"] == "fetch", f"{mode}: {said}"
+        assert said["message"].endswith("compile cannot start (ErrImageNeverPull)"), f"{mode}: {said['message']}"
+    rec.note(f"ended Failed under {', '.join(waiter_modes(env))} as without initshift; the outcome: "
+             f"{said['message']!r}")

@@ -113,19 +113,21 @@ CASES = [
                                            done("completion", 2, p.REASON_SKIPPED), terminated("istio-proxy", 0)],
                                           annotations=READY),
      ["outcome"], {"result": "Failed", "failed": "build", "sidecarsStoppedBy": "quit"}),
+    # The ones after a container that cannot start wait for its record for ever.
     ("step-failed-later-step-cannot-start", make_pod([done("fetch", 2, p.REASON_ERROR), waiting("build", "ImagePullBackOff"),
-                                                      done("completion", 2, p.REASON_SKIPPED), running("istio-proxy")],
+                                                      running("completion"), running("istio-proxy")],
                                                      annotations=READY),
      ["outcome+end"], {"result": "Failed", "failed": "fetch", "sidecarsStoppedBy": "deadline"}),
     ("step-failed-later-main-cannot-start", make_pod([done("fetch", 2, p.REASON_ERROR), done("build", 2, p.REASON_SKIPPED),
                                                       waiting("completion", "CreateContainerConfigError"),
                                                       terminated("istio-proxy", 0)], annotations=READY),
      ["outcome+end"], {"result": "Failed", "failed": "fetch"}),
-    # Not yet: one after the failure still being created (it will run, and skip); a step that
+    # Not yet: one between the failure and it still to run (it will, and skip); a step that
     # cannot start before any failure waits as the kubelet's init container would.
-    ("step-failed-later-still-creating", make_pod([done("fetch", 2, p.REASON_ERROR), waiting("build", "ImagePullBackOff"),
-                                                   waiting("completion"), running("istio-proxy")], annotations=READY),
-     [], None),
+    ("step-failed-one-still-to-skip", make_pod([done("fetch", 2, p.REASON_ERROR), waiting("build"),
+                                                waiting("test", "ImagePullBackOff"), running("completion"),
+                                                running("istio-proxy")], steps=("fetch", "build", "test"),
+                                               annotations=READY), [], None),
     ("step-cannot-start-before-a-failure", make_pod([done("fetch"), waiting("build", "ImagePullBackOff"),
                                                      running("completion"), running("istio-proxy")], annotations=READY),
      [], None),
@@ -247,12 +249,13 @@ def test_a_main_without_a_record_is_read_as_skipped_only_where_it_can_have_been(
 def test_a_step_that_cannot_start_after_a_failure_ends_the_pod_naming_both() -> None:
     """Without initshift the pod ends Failed at once; here the step that cannot be created
     would never run to skip, and the pod would run on with its proxy."""
-    pod = make_pod([done("fetch", 2, p.REASON_ERROR), waiting("build", "ErrImagePull"),
-                    done("completion", 2, p.REASON_SKIPPED), running("istio-proxy")], annotations=READY)
+    pod = make_pod([done("fetch", 2, p.REASON_ERROR), waiting("build", "ErrImagePull"), running("completion"),
+                    running("istio-proxy")], annotations=READY)
     (action,) = decide(pod, NOW, W).actions
     assert action.patch["spec"] == {"activeDeadlineSeconds": 1}
     assert action.outcome["message"] == "fetch failed: Error (exit 2): fetch exited 2; build cannot start (ErrImagePull)"
     assert [s["reason"] for s in action.outcome["steps"]] == [p.REASON_ERROR, "NotRun"]
+    assert [m["reason"] for m in action.outcome["mains"]] == ["NotRun"]
     retried = make_pod(pod["status"]["containerStatuses"], annotations=READY)
     retried["spec"]["restartPolicy"] = "OnFailure"  # the kubelet runs fetch again: not final
     assert decide(retried, NOW, W).actions == []

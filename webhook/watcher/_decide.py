@@ -218,15 +218,15 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
                                                 deadline_set).actions, None, latency, gate_open)
 
-    # A step that failed for good: what comes after it only skips, but a container the kubelet
-    # cannot create (its image, a ConfigMap its env names) never runs to skip, and the pod
-    # would never end. Without initshift it ends Failed at once, its later init containers
-    # never created.
+    # A step that failed for good: what comes after it only skips, each on its predecessor's
+    # record, but a container the kubelet cannot create (its image, a ConfigMap its env names)
+    # never runs to skip, and every one after it waits for ever. Without initshift the pod
+    # ends Failed at once, its later init containers never created.
     first_failed = next((runs[n] for n in lay.steps if runs[n].state == "terminated" and not runs[n].ok), None)
     if first_failed is not None and not retried and not ended:
         later = [runs[n] for n in order[order.index(first_failed.name) + 1:]]
         blocked = next((r for r in later if r.cannot_start), None)
-        if blocked is not None and all(r.state == "terminated" or r.cannot_start for r in later):
+        if blocked is not None and all(r.state == "terminated" for r in later[:later.index(blocked)]):
             msg = f"{first_failed.name} failed: {first_failed.summary()}; {blocked.name} cannot start ({blocked.waiting})"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, first_failed.name, msg, now, settings,
                                                 deadline_set).actions, None, latency, gate_open)
