@@ -33,19 +33,27 @@ def _initial_environment() -> dict[bytes, bytes]:
     return env
 
 
-def scrub(env: dict[bytes, bytes], frozen: bool) -> dict[bytes, bytes]:
-    """Remove what the freezer added and restore what it changed."""
+def scrub(env: dict[bytes, bytes], frozen: bool, bundle: bytes = b"") -> dict[bytes, bytes]:
+    """Remove what the freezer added and restore what it changed (`bundle`: the folder the
+    bootloader put on LD_LIBRARY_PATH)."""
     if not frozen:
         return dict(env)
     exact = {name.encode() for name in p.FREEZER_ENV_EXACT}
     prefixes = tuple(prefix.encode() for prefix in p.FREEZER_ENV_PREFIXES)
     out = {k: v for k, v in env.items() if k not in exact and not k.startswith(prefixes)}
-    if LIBRARY_PATH_ORIG in env:
+    # The bootloader saves an LD_LIBRARY_PATH it found in LD_LIBRARY_PATH_ORIG and puts its
+    # own folder before it; with none, its folder alone, and an LD_LIBRARY_PATH_ORIG there
+    # is the container's own (kept).
+    if LIBRARY_PATH_ORIG in env and env.get(LIBRARY_PATH) != bundle:
         out[LIBRARY_PATH] = env[LIBRARY_PATH_ORIG]
     else:
         out.pop(LIBRARY_PATH, None)
+        if LIBRARY_PATH_ORIG in env:
+            out[LIBRARY_PATH_ORIG] = env[LIBRARY_PATH_ORIG]
     return out
 
 
 def child_environment() -> dict[bytes, bytes]:
-    return scrub(_initial_environment(), frozen=bool(getattr(sys, "frozen", False)))
+    bundle = getattr(sys, "_MEIPASS", "")
+    return scrub(_initial_environment(), frozen=bool(getattr(sys, "frozen", False)),
+                 bundle=os.fsencode(bundle) if bundle else b"")
