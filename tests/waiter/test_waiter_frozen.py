@@ -136,23 +136,28 @@ def test_unset_library_path_stays_unset(tmp_path: Path, bundle: Path) -> None:
     assert names - {"PWD", "SHLVL"} == {"PATH"}
 
 
+def env_of_step(root: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment a step's command sees, the frozen waiter started with `env` in `root`
+    as a pod's PID 1 (its own PID namespace, /proc mounted); the shell's PWD and SHLVL aside."""
+    script = f'{MOUNT} -t proc proc "$1/proc" && exec {CHROOT} "$@"'
+    res = subprocess.run([UNSHARE, "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", script,
+                          "sh", str(root), *waiter_run(f"{WORK}/0", argv=["sh", "-c", f"env > {WORK}/env"])],
+                         env=env, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = dict(line.split("=", 1) for line in (root / "work" / "env").read_text().splitlines())
+    got.pop("PWD", None)
+    got.pop("SHLVL", None)
+    return got
+
 def test_a_containers_own_library_path_orig_stays_as_it_is(tmp_path: Path, bundle: Path) -> None:
     """LD_LIBRARY_PATH_ORIG is where the bootloader saves an LD_LIBRARY_PATH it found: one
     the container sets itself, without an LD_LIBRARY_PATH, came to the command as its
     LD_LIBRARY_PATH, and vanished. With /proc, as in a pod."""
     root = make_root(tmp_path, bundle, busybox=True)
     (root / "proc").mkdir()
-    script = f'{MOUNT} -t proc proc "$1/proc" && exec {CHROOT} "$@"'
     for env in ({"PATH": "/bin", "LD_LIBRARY_PATH_ORIG": "/user/orig"},
                 {"PATH": "/bin", "LD_LIBRARY_PATH": "/custom/lib"}):
-        res = subprocess.run([UNSHARE, "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", script,
-                              "sh", str(root), *waiter_run(f"{WORK}/0", argv=["sh", "-c", f"env > {WORK}/env"])],
-                             env=env, capture_output=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        got = dict(line.split("=", 1) for line in (root / "work" / "env").read_text().splitlines())
-        got.pop("PWD", None)
-        got.pop("SHLVL", None)
-        assert got == env
+        assert env_of_step(root, env) == env
         (root / "work" / "0").unlink()
 
 
@@ -169,16 +174,8 @@ def test_images_library_path_does_not_reach_the_bundles_loader(tmp_path: Path, b
     shutil.copy(libz, foreign / "libc.so.6")
     subprocess.run(["patchelf", "--set-soname", "libc.so.6", str(foreign / "libc.so.6")], check=True)
     (root / "proc").mkdir()
-    script = f'{MOUNT} -t proc proc "$1/proc" && exec {CHROOT} "$@"'
     env = {"PATH": "/bin", "LD_LIBRARY_PATH": "/custom/lib"}
-    res = subprocess.run([UNSHARE, "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", script,
-                          "sh", str(root), *waiter_run(f"{WORK}/0", argv=["sh", "-c", f"env > {WORK}/env"])],
-                         env=env, capture_output=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    got = dict(line.split("=", 1) for line in (root / "work" / "env").read_text().splitlines())
-    got.pop("PWD", None)
-    got.pop("SHLVL", None)
-    assert got == env
+    assert env_of_step(root, env) == env
 
 
 def test_frozen_forwards_sigterm_and_exits_with_the_childs_code(tmp_path: Path, bundle: Path) -> None:
