@@ -160,17 +160,37 @@ async def test_expired_certificate(kube: KubeDouble, tmp_path) -> None:
 
 
 async def test_lease_not_renewed(kube: KubeDouble, tmp_path) -> None:
+    """Held by a replica whose pod is still there: its watcher is stuck."""
     async with inst.healthy(kube, tmp_path) as i:
         pass  # the watcher stopped and released the Lease; the server stopped too: start another
     lease = kube.get("leases", inst.NS, "initshift-watcher")
-    lease["spec"].update(holderIdentity="initshift-0", renewTime="2026-01-01T00:00:00.000000Z")
+    # The identity is the holder's hostname, its pod's name, and a suffix.
+    lease["spec"].update(holderIdentity="initshift-7d9c5b-0-1a2b3c", renewTime="2026-01-01T00:00:00.000000Z")
     kube.put("leases", lease)
     with inst.server(tmp_path / "pki") as srv:
         code, out, _ = await check("--kubeconfig", i.kubeconfig, "--service-url", inst.h.base_url(srv))
     bad = failed(out)
     assert code == 1 and len(bad) == 1 and bad[0].startswith(
-        "watcher Lease initshift-system/initshift-watcher held by initshift-0, last renewed "), out
-    assert "(duration 3s)" in bad[0] and "not renewed within its duration" in out
+        "watcher Lease initshift-system/initshift-watcher held by initshift-7d9c5b-0-1a2b3c, last renewed "), out
+    assert "(duration 3s)" in bad[0] and "not renewed within its duration: the watcher is stuck or gone" in out
+
+
+async def test_lease_of_a_gone_pod(kube: KubeDouble, tmp_path) -> None:
+    """Held by a pod that is gone (its leader killed, or a previous install's Lease left) while
+    other replicas are Ready: a handover, which they finish within the Lease's duration (seen
+    on v1.34.9 after a reinstall, and after the leader was killed), not a stuck watcher."""
+    async with inst.healthy(kube, tmp_path) as i:
+        pass
+    lease = kube.get("leases", inst.NS, "initshift-watcher")
+    lease["spec"].update(holderIdentity="initshift-6c8f9d-q2x7w-8de2db", renewTime="2026-01-01T00:00:00.000000Z")
+    kube.put("leases", lease)
+    with inst.server(tmp_path / "pki") as srv:
+        code, out, _ = await check("--kubeconfig", i.kubeconfig, "--service-url", inst.h.base_url(srv))
+    assert code == 1 and len(failed(out)) == 1 and failed(out)[0].startswith(
+        "watcher Lease initshift-system/initshift-watcher held by initshift-6c8f9d-q2x7w-8de2db, last renewed "), out
+    assert "its holder's pod initshift-6c8f9d-q2x7w is gone" in out and "a handover, not a stuck watcher" in out
+    assert "Ready replica(s) initshift-7d9c5b-0, initshift-7d9c5b-1 take the Lease" in out
+    assert "the watcher is stuck" not in out
 
 
 async def test_lease_released(kube: KubeDouble, tmp_path) -> None:

@@ -25,7 +25,7 @@ from ..kube import (ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Acc
                     server_access)
 from ..settings import Settings
 from ..watcher import parse_time
-from ._check_deployment import deployment_lines
+from ._check_deployment import deployment_lines, ready_condition
 from ._check_report import Line, Report, Target
 from ._check_forward import in_cluster, service_pod
 from ._check_tls import Served, direct, forwarded, probe
@@ -288,7 +288,24 @@ def _server_lines(served: Served, now: dt.datetime) -> list[Line]:
     return out
 
 
-def _lease_line(lease: dict | None, target: Target, now: dt.datetime) -> Line:
+async def _overdue_lease_pods(api: KubeApi, target: Target, lease: dict | None,
+                              now: dt.datetime) -> list[dict] | None:
+    """The pods of initshift's namespace where the Lease is held and overdue (None otherwise,
+    or where they cannot be read: the line then says what it said without them)."""
+    spec = (lease or {}).get("spec") or {}
+    renewed = parse_time(spec.get("renewTime"))
+    if not spec.get("holderIdentity") or renewed is None or \
+            (now - renewed).total_seconds() <= float(spec.get("leaseDurationSeconds") or 0):
+        return None
+    try:
+        return (await api.list_pods(target.namespace))[0]
+    except KubeError:
+        return None
+
+
+def _lease_line(lease: dict | None, target: Target, now: dt.datetime,
+                pods: list[dict] | None = None) -> Line:
+    """`pods`: those of initshift's namespace, read when the Lease is overdue (None: unread)."""
     s, where = "watcher", f"{target.namespace}/{target.lease}"
     if lease is None:
         return Line(s, False, f"watcher Lease {where} exists",
@@ -303,11 +320,23 @@ def _lease_line(lease: dict | None, target: Target, now: dt.datetime) -> Line:
         return Line(s, False, f"watcher Lease {where} held by {holder} was renewed", "it has no renewTime")
     age = (now - renewed).total_seconds()
     if age > duration:
-        return Line(s, False, f"watcher Lease {where} held by {holder}, last renewed {age:.0f}s ago "
-                              f"(duration {duration:g}s)",
+        title = f"watcher Lease {where} held by {holder}, last renewed {age:.0f}s ago (duration {duration:g}s)"
+        data = {"holder": holder, "renewedSecondsAgo": round(age, 1)}
+        # The identity is the holder's hostname (its pod's name) and a suffix of its own.
+        holder_pod = holder.rsplit("-", 1)[0]
+        live = sorted(x["metadata"]["name"] for x in pods or () if ready_condition(x)
+                      and not x["metadata"].get("deletionTimestamp") and x["metadata"]["name"] != holder_pod)
+        gone = pods is not None and not any(x["metadata"]["name"] == holder_pod for x in pods)
+        if gone and live:
+            return Line(s, False, title,
+                        f"its holder's pod {holder_pod} is gone (killed, evicted, or a previous install's, whose "
+                        f"Lease was left): a handover, not a stuck watcher. Ready replica(s) {', '.join(live)} "
+                        f"take the Lease once they have seen it unchanged for {duration:g}s, and meanwhile act on "
+                        f"every write overdue by a few seconds; run check again in {duration:g}s, and read their "
+                        f"log if it still says so (kubectl -n {target.namespace} logs deploy/initshift)", data)
+        return Line(s, False, title,
                     "not renewed within its duration: the watcher is stuck or gone; pods wait for "
-                    f"{p.ANNOTATION_READY} (kubectl -n {target.namespace} logs deploy/initshift)",
-                    {"holder": holder, "renewedSecondsAgo": round(age, 1)})
+                    f"{p.ANNOTATION_READY} (kubectl -n {target.namespace} logs deploy/initshift)", data)
     return Line(s, True, f"watcher Lease {where} held by {holder}, renewed {max(age, 0):.0f}s ago",
                 data={"holder": holder, "renewedSecondsAgo": round(max(age, 0), 1)})
 
@@ -462,7 +491,8 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
             report(line)
         await _server(api, wh, target, now, report)
     try:
-        report(_lease_line(await api.get_lease(target.namespace, target.lease), target, now))
+        lease = await api.get_lease(target.namespace, target.lease)
+        report(_lease_line(lease, target, now, await _overdue_lease_pods(api, target, lease, now)))
     except KubeError as e:
         report(Line("watcher", False, f"read the watcher Lease {target.namespace}/{target.lease}", e.message))
     needed = {ALWAYS} | ({SELF_MANAGED_CERTS} if config is not None and
