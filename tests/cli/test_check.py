@@ -581,3 +581,22 @@ async def test_the_pod_patch_policy_unreadable_is_a_warning(kube: KubeDouble, tm
     assert (code, failed(out)) == (0, []), out
     assert "✔ pod-patch policy: cannot be read (warning)\n    warning: " in out
     assert "validatingadmissionpolicies and validatingadmissionpolicybindings" in out
+
+
+async def test_namespaces_a_changed_selector_leaves_out(kube: KubeDouble, tmp_path) -> None:
+    """`helm upgrade --set webhook.namespaceSelector.matchLabels.team=builds` (Helm merges it
+    into the default's matchLabels): namespaces labelled initshift.io/enabled=true alone are no
+    longer selected and their pods are created unchanged (seen on v1.34.9). The check named no
+    namespace and told to label them initshift.io/enabled=true, which they already were."""
+    kube.put("namespaces", {"metadata": {"name": "ci", "labels": {"initshift.io/enabled": "true", "team": "builds"}}})
+    async with inst.healthy(kube, tmp_path) as i:
+        config = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")
+        config["webhooks"][0]["namespaceSelector"]["matchLabels"]["team"] = "builds"
+        kube.put("mutatingwebhookconfigurations", config)
+        # kube-system with the label too: never selected, on purpose (a line of its own says so)
+        kube.put("namespaces", {"metadata": {"name": "kube-system", "labels": {"initshift.io/enabled": "true"}}})
+        code, out, _ = await check(*i.argv())
+    assert code == 1 and failed(out) == ["namespaces labelled initshift.io/enabled=true that the namespaceSelector "
+                                         "does not select: builds (lacks team=builds), plain (lacks team=builds)"], out
+    assert "Opt them in (kubectl label namespace NAME initshift.io/enabled=true team=builds)" in out
+    assert "✔ opted-in namespaces: ci (no mesh injects)" in out

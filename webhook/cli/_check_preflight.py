@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Awaitable
@@ -430,20 +431,42 @@ async def _pod_patch_lines(api: KubeApi, target: Target) -> list[Line]:
     return out
 
 
-def _namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[_Injector]) -> list[Line]:
+def _namespace_lines(namespaces: list[dict], wh: dict | None, injectors: list[_Injector],
+                     excluded: tuple[str, ...] = ()) -> list[Line]:
+    """`excluded`: the namespaces the selector must never select (initshift's, kube-system),
+    whose opt-in label is no one's mistake here."""
     s = "namespaces"
     if wh is None:
         return []
+    # What opts a namespace in is the configuration's namespaceSelector: its matchLabels all
+    # (Helm merges a value's matchLabels into the default's, so a new label is one more).
+    wanted = {str(k): str(v) for k, v in ((wh.get("namespaceSelector") or {}).get("matchLabels") or {}).items()}
+    label = "kubectl label namespace NAME " + (" ".join(f"{k}={v}" for k, v in wanted.items())
+                                              or f"{p.LABEL_NAMESPACE_ENABLED}=true")
     opted = [ns for ns in namespaces if calls_for(wh, ns)]
+    out: list[Line] = []
+    # Labelled to opt in, as the docs say, and yet not selected: a selector changed under them.
+    stranded = [ns for ns in namespaces if _labels(ns).get(p.LABEL_NAMESPACE_ENABLED) == "true"
+                and ns not in opted and ns["metadata"]["name"] not in excluded]
+    if stranded:
+        def lacks(ns: dict) -> str:
+            missing = [f"{k}={v}" for k, v in wanted.items() if _labels(ns).get(k) != v]
+            return f"{ns['metadata']['name']} (lacks {', '.join(missing)})" if missing else ns["metadata"]["name"]
+        out.append(Line(s, False, f"namespaces labelled {p.LABEL_NAMESPACE_ENABLED}=true that the namespaceSelector "
+                                  f"does not select: {', '.join(lacks(ns) for ns in stranded)}",
+                        "their pods are created unchanged: the webhook configuration's namespaceSelector "
+                        f"{json.dumps(wh.get('namespaceSelector') or {}, sort_keys=True)} asks for more (a Helm "
+                        f"value's matchLabels are merged into the default's). Opt them in ({label}) or take "
+                        f"the label away ({p.LABEL_NAMESPACE_ENABLED}-)",
+                        {"namespaces": [ns["metadata"]["name"] for ns in stranded]}))
     if not opted:
-        return [Line(s, True, "no namespace is opted in yet",
-                     f"kubectl label namespace NAME {p.LABEL_NAMESPACE_ENABLED}=true")]
+        return [Line(s, True, "no namespace is opted in yet", label), *out]
     def meshes(ns: dict) -> str:
         found = sorted({i.mesh for i in injectors if i.injects_in(ns)})
         return f" ({', '.join(found)} injects)" if found else " (no mesh injects)"
     names = [f"{ns['metadata']['name']}{meshes(ns)}" for ns in opted]
     return [Line(s, True, f"opted-in namespaces: {', '.join(names)}",
-                 data={"namespaces": [ns["metadata"]["name"] for ns in opted]})]
+                 data={"namespaces": [ns["metadata"]["name"] for ns in opted]}), *out]
 
 
 def _injector_lines(injectors: list[_Injector], config_name: str | None) -> list[Line]:
@@ -512,7 +535,7 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     by_service = wh is not None and bool((wh.get("clientConfig") or {}).get("service"))
     for line in await deployment_lines(api, target, opted, by_service):
         report(line)
-    for line in _namespace_lines(namespaces, wh, injectors) + _injector_lines(injectors, config and
+    for line in _namespace_lines(namespaces, wh, injectors, (target.namespace, *_ALWAYS_EXCLUDED)) + _injector_lines(injectors, config and
                                                                              target.webhook_config):
         report(line)
 
