@@ -12,12 +12,16 @@ import asyncio
 import datetime as dt
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..settings import Settings
 
 from .. import kube, metrics
 from ..errors import os_reason
 from certs import pki, rotation, store
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 log = logging.getLogger("initshift.certs")
 _RENEW_CHECK_SECONDS = 3600.0
@@ -37,10 +41,13 @@ async def ensure_certificates(settings: Settings, api: kube.KubeApi, *, ips: tup
     """Bring Secret, caBundle and local files to the plan; returns what was done."""
     srv = settings.server
     want = wanted(settings, ips)
+    # CAs this call made and trusted, whose Secret another replica wrote first: their keys die
+    # with this call, nothing is ever served from them, and they leave the bundle at once.
+    lost: list["x509.Certificate"] = []
     for _ in range(3):
         secret, version = await kube.read_secret_versioned(api, srv.namespace, srv.cert_secret)
         have = store.material_from_secret(secret)
-        trusted = await kube.read_ca_bundle(api, srv.webhook_config)
+        trusted = [ca for ca in await kube.read_ca_bundle(api, srv.webhook_config) if ca not in lost]
         plan = rotation.plan(have, trusted, want, now)
         # Trust first: the apiserver must accept a new certificate before anyone serves it.
         await kube.inject_ca_bundle(api, srv.webhook_config, plan.bundle_pem)
@@ -49,6 +56,8 @@ async def ensure_certificates(settings: Settings, api: kube.KubeApi, *, ips: tup
             if not await kube.write_secret(api, srv.namespace, srv.cert_secret, data,
                                            create_only=have.ca is None and have.serving is None,
                                            resource_version=version):
+                if plan.ca.cert not in trusted:
+                    lost.append(plan.ca.cert)
                 continue  # another replica wrote it first: adopt theirs (and count nothing)
             metrics.CERT_ROTATIONS.labels("serving").inc()
             if plan.action in ("created", "ca-rotated"):
