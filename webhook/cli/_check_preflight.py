@@ -535,8 +535,9 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     by_service = wh is not None and bool((wh.get("clientConfig") or {}).get("service"))
     for line in await deployment_lines(api, target, opted, by_service):
         report(line)
-    for line in _namespace_lines(namespaces, wh, injectors, (target.namespace, *_ALWAYS_EXCLUDED)) + _injector_lines(injectors, config and
-                                                                             target.webhook_config):
+    excluded = (target.namespace, *_ALWAYS_EXCLUDED)
+    for line in _namespace_lines(namespaces, wh, injectors, excluded) + \
+            _injector_lines(injectors, config and target.webhook_config):
         report(line)
 
 
