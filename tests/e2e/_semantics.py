@@ -61,7 +61,12 @@ def termination_fallback(env: Env, rec: Record) -> None:
                                                          f"{kubelet['message']!r}"
         assert not (terminated(obj, "prepare") or {}).get("message"), f"{mode}: {terminated(obj, 'prepare')}"
         said = outcome(env.kube, seen[mode]["ns"], obj["metadata"]["name"])
-        assert said["result"] == "Failed" and said["failed"] == "compile" and _FAILURE in said["message"], said
+        assert said["result"] == "Failed" and said["failed"] == "compile", said
+        # A failure as the program's, not a waiter that never completed: what follows skips
+        # and the pod ends as its containers do, not by the watcher's deadline.
+        assert said["message"].startswith(f"compile failed: Error (exit 2): {_FAILURE}"), said["message"]
+        assert [m["reason"] for m in said["mains"]] == [p.REASON_SKIPPED], said["mains"]
+        assert obj["status"].get("reason") != "DeadlineExceeded", f"{mode}: {obj['status']}"
     rec.note(f"compile's message {kubelet['message'].strip()!r} under {', '.join(waiter_modes(env))} as without "
              f"initshift; the outcome quotes it")
 

@@ -246,6 +246,36 @@ def test_a_main_without_a_record_is_read_as_skipped_only_where_it_can_have_been(
     assert read_runs(pod, layout(pod))["completion"].reason in ("Completed", "Error")
 
 
+@pytest.mark.parametrize("own", [{"terminationMessagePath": "/tekton/termination"},
+                                 {"terminationMessagePolicy": "FallbackToLogsOnError", "args": ["--termination-log"]}])
+def test_a_step_that_leaves_no_record_by_design_fails_and_those_after_it_skip(own: dict) -> None:
+    """A step whose termination message is not the waiter's record by design (its own path;
+    FallbackToLogsOnError, whose record the waiter writes elsewhere) fails as a program does:
+    the pod is not ended at once as one whose waiter never completed; those after it skip
+    in milliseconds, and only if they have not after a grace is it ended."""
+    def pod(finished_ago: float, later: dict) -> dict:
+        obj = make_pod([terminated("fetch", 2, "Error", message="compile: error", finished_at=ago(finished_ago)),
+                        later, running("completion"), running("istio-proxy")], annotations=READY)
+        fetch = obj["spec"]["containers"][0]
+        args = own.get("args")
+        fetch.update({k: v for k, v in own.items() if k != "args"})
+        if args:
+            sep = fetch["args"].index(p.ARGV_SEPARATOR)
+            fetch["args"][sep:sep] = [*args, "/initshift/run/0/termination-log"]
+        return obj
+
+    waiting_one = decide(pod(2, running("build")), NOW, W)
+    assert waiting_one.actions == [] and 7.5 < waiting_one.requeue_after <= 8.0
+    skipped = decide(pod(2, done("build", 2, p.REASON_SKIPPED)), NOW, W)
+    assert kinds_of(skipped) == []  # the mains still to skip: the normal path
+    (end,) = decide(pod(30, running("build")), NOW, W).actions
+    assert end.ends and end.outcome["failed"] == "fetch"
+    assert end.outcome["message"] == "fetch failed: Error (exit 2): compile: error; what follows it did not end within 10s"
+    plain = make_pod([terminated("fetch", 2, "Error", finished_at=ago(2)), running("build"), running("completion"),
+                      running("istio-proxy")], annotations=READY)  # its record expected: the waiter never completed
+    assert decide(plain, NOW, W).actions[0].ends
+
+
 def test_a_step_that_cannot_start_after_a_failure_ends_the_pod_naming_both() -> None:
     """Without initshift the pod ends Failed at once; here the step that cannot be created
     would never run to skip, and the pod would run on with its proxy."""

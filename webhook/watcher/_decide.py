@@ -85,6 +85,10 @@ class Decision:
         return min((a.priority for a in self.actions), default=None)
 
 
+# How long the steps after a failed one that leaves no record by design may take to skip.
+_SKIP_GRACE_SECONDS = 10.0
+
+
 def format_time(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -215,6 +219,16 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         if r.state == "terminated" and not r.recorded and not r.ok and not retried and \
                 any(runs[later].state != "terminated" for later in order[i + 1:]) and not ended:
             msg = f"{name} terminated without completing: {r.summary()}"
+            if name in lay.unrecorded:
+                # No record by design: its waiter most likely did complete, and those after
+                # it skip within milliseconds, the kubelet reporting them within a second or
+                # two. Only if they have not after _SKIP_GRACE_SECONDS will nothing finish it.
+                finished = parse_time(r.finished_at)
+                left = _SKIP_GRACE_SECONDS - (now - finished).total_seconds() if finished else 0.0
+                if left > 0:
+                    requeue = left if requeue is None else min(requeue, left)
+                    continue
+                msg = f"{name} failed: {r.summary()}; what follows it did not end within {_SKIP_GRACE_SECONDS:g}s"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
                                                 deadline_set).actions, None, latency, gate_open)
 

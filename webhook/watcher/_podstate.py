@@ -93,6 +93,10 @@ class Layout:
     # reads its downward-API file and has no loopback probe to check the sidecars itself.
     # The one rule for "the watcher writes the ready annotation": only for such pods.
     ready_readers: frozenset[str] = frozenset()
+    # Waiter-run containers whose termination message is not the waiter's record by design: the
+    # pod sets its own terminationMessagePath (the program's), or the waiter writes its record
+    # elsewhere (`--termination-log`: FallbackToLogsOnError). Their reports are the kubelet's.
+    unrecorded: frozenset[str] = frozenset()
 
     @property
     def reads_ready(self) -> bool:
@@ -140,7 +144,9 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
         copier = [n for n in names if n == p.COPY_CONTAINER_NAME and n not in steps and n not in mains]
         sidecars = [n for n in names if n not in steps and n not in mains and n not in copier]
         first = sequential + copier  # hybrid's copier is the init containers' last word: step 0 follows it
-        return Layout(strategy, first, steps, mains, sidecars, native, first + steps, in_init, waiter_run, readers)
+        unrecorded = frozenset(c["name"] for c in regular if c["name"] in waiter_run and _records_elsewhere(c))
+        return Layout(strategy, first, steps, mains, sidecars, native, first + steps, in_init, waiter_run, readers,
+                      unrecorded)
     if strategy is None and not sequential:
         label = managed_as(pod)
         why = f"{p.LABEL_MANAGED} is {label!r}, a long-running pod" if label else f"{p.LABEL_MANAGED} is not set"
@@ -153,6 +159,14 @@ def layout(pod: Mapping, settings: RewriteSettings | None = None) -> Layout:
     mains = [n for n in names if n not in sidecars and n not in native]
     return Layout(strategy, [n for n in sequential if n not in steps], steps, mains, sidecars, native,
                   sequential, in_init, waiter_run)
+
+
+def _records_elsewhere(container: Mapping) -> bool:
+    if container.get("terminationMessagePath") not in (None, p.DEFAULT_TERMINATION_LOG):
+        return True
+    args = container.get("args") if isinstance(container.get("args"), list) else []
+    flags = args[:args.index(p.ARGV_SEPARATOR)] if p.ARGV_SEPARATOR in args else args
+    return p.FLAG_TERMINATION_LOG in flags
 
 
 def _reads_ready(container: Mapping) -> bool:
