@@ -70,4 +70,5 @@ def test_the_entry_point_imports_nothing_a_ctrl_c_would_interrupt_unguarded():
     probe = ("import json, sys; from webhook.cli import main; "
              "print(json.dumps(sorted(m for m in sys.modules if m.startswith('webhook'))))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert json.loads(loaded) == ["webhook", "webhook.cli", "webhook.cli._exits", "webhook.cli._main", "webhook.errors"]
+    assert json.loads(loaded) == ["webhook", "webhook.cli", "webhook.cli._exits", "webhook.cli._invoked",
+                                  "webhook.cli._main", "webhook.errors"]
