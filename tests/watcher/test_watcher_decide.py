@@ -11,7 +11,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 from tests.support.kubedouble import merge_patch, running, terminated, waiting
 from waiter import protocol as p
 from webhook.rewrite._command import run_command
-from webhook.watcher._decide import RECORD, URGENT, decide, format_time
+from webhook.watcher._decide import RECORD, URGENT, decide, format_time, slim_pod
 from webhook.watcher._podstate import layout, read_runs
 from webhook.settings import WatcherSettings
 
@@ -266,6 +266,7 @@ def test_a_step_that_leaves_no_record_by_design_fails_and_those_after_it_skip(ow
 
     waiting_one = decide(pod(2, running("build")), NOW, W)
     assert waiting_one.actions == [] and 7.5 < waiting_one.requeue_after <= 8.0
+    assert decide(slim_pod(pod(2, running("build"))), NOW, W) == waiting_one  # what the watcher keeps of it
     skipped = decide(pod(2, done("build", 2, p.REASON_SKIPPED)), NOW, W)
     assert kinds_of(skipped) == []  # the mains still to skip: the normal path
     (end,) = decide(pod(30, running("build")), NOW, W).actions

@@ -119,6 +119,8 @@ def slim_pod(pod: dict) -> dict:
                 entry["command"] = c["command"][:1]  # only whether the waiter runs it
             if isinstance(c.get("args"), list):
                 entry["args"] = _gate_args(c["args"])
+            if "terminationMessagePath" in c:  # (with --termination-log: `Layout.unrecorded` reads it)
+                entry["terminationMessagePath"] = c["terminationMessagePath"]
             containers.append(entry)
     slim_spec: dict[str, Any] = {
         "containers": containers,
@@ -142,13 +144,14 @@ def slim_pod(pod: dict) -> dict:
 
 
 def _gate_args(args: list) -> list:
-    """The waiter's subcommand and its gate flags (what `Layout.ready_readers` reads), not
-    the rest of its command line nor the user's argv."""
+    """The waiter's subcommand, its gate flags (what `Layout.ready_readers` reads) and where
+    it writes its record (`Layout.unrecorded`), not the rest of its command line nor the
+    user's argv."""
     out = args[:1]
     for i in range(1, len(args) - 1):
         if args[i] == p.ARGV_SEPARATOR:
             break
-        if args[i] in (p.FLAG_READY_FILE, p.FLAG_PROBE):
+        if args[i] in (p.FLAG_READY_FILE, p.FLAG_PROBE, p.FLAG_TERMINATION_LOG):
             out += args[i:i + 2]
     return [*out, p.ARGV_SEPARATOR]
 
