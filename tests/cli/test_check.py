@@ -40,6 +40,10 @@ async def test_healthy_install_passes(kube: KubeDouble, tmp_path) -> None:
     for expected in ["can reach the Kubernetes API (v1.30.2)",
                      "MutatingWebhookConfiguration initshift-webhook exists (webhook pods.initshift.io)",
                      "sideEffects: None", "reinvocationPolicy: IfNeeded",
+                     "failurePolicy: Ignore (while no replica answers, pods of opted-in namespaces are created "
+                     "without the rewrite)",
+                     "PodDisruptionBudget initshift-system/initshift: a node drain may evict 1 of 2 Ready replicas "
+                     "at a time",
                      "timeoutSeconds: 5 (above the 4s registry lookup budget)",
                      "namespaceSelector never selects initshift-system or kube-system",
                      "Service initshift-system/initshift exists",
@@ -326,7 +330,7 @@ async def test_linkerd_native_as_its_config_says(kube: KubeDouble, values: str, 
 
 
 def test_label_selectors_as_the_apiserver_reads_them() -> None:
-    from webhook.cli._check_preflight import selects
+    from webhook.cli._check_report import selects
 
     sel = {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "NotIn", "values": ["x"]},
                                                            {"key": "c", "operator": "DoesNotExist"}]}
@@ -535,6 +539,55 @@ async def test_a_deployment_scaled_to_zero(kube: KubeDouble, tmp_path) -> None:
         code, out, _ = await check(*i.argv())
     assert "Deployment initshift-system/initshift: 0 of 0 replicas Ready" in marks(out)
     assert "Deployment initshift-system/initshift: 0 of 0 replicas Ready" not in failed(out)
+
+
+async def test_failure_policy_says_what_a_pod_meets_while_no_replica_answers(kube: KubeDouble, tmp_path) -> None:
+    """Fail (also the API's default when unset) refuses pods while no replica answers: the
+    configuration's line says so, and so do the replicas' lines when none is Ready."""
+    async with inst.healthy(kube, tmp_path) as i:
+        mwc = kube.get("mutatingwebhookconfigurations", None, "initshift-webhook")
+        del mwc["webhooks"][0]["failurePolicy"]
+        kube.put("mutatingwebhookconfigurations", mwc)
+        for n in range(2):
+            kube.delete("pods", inst.NS, f"initshift-7d9c5b-{n}")
+        code, out, _ = await check(*i.argv())
+    assert "failurePolicy: Fail (while no replica answers, pods of opted-in namespaces are refused)" in marks(out)
+    assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: 0 of 2 replicas Ready"]
+    assert "no replica answers: pods of opted-in namespaces are refused" in out
+
+
+async def test_a_disruption_budget_that_blocks_every_drain_is_a_warning(kube: KubeDouble, tmp_path) -> None:
+    """One replica under `minAvailable: 1` (the disruption controller's count: none allowed):
+    a drain of its node waits for ever. A warning naming the fix, never a failure; nothing
+    said of a budget the controller has not counted yet, nor while a replica is not Ready
+    (that line fails instead)."""
+    title = ("PodDisruptionBudget initshift-system/initshift allows no eviction: 1 Ready, 1 wanted, minAvailable 1 "
+             "(warning)")
+    async with inst.healthy(kube, tmp_path) as i:
+        deployment = kube.get("deployments", inst.NS, "initshift")
+        deployment["spec"]["replicas"] = 1
+        kube.put("deployments", deployment)
+        kube.delete("pods", inst.NS, "initshift-7d9c5b-1")
+        pdb = kube.get("poddisruptionbudgets", inst.NS, "initshift")
+        kube.put("poddisruptionbudgets", inst.budget(pdb, healthy=1))
+        code, out, _ = await check(*i.argv())
+        assert code == 0 and marks(out).get(title) == "✔", out
+        assert "`kubectl drain` of a node running initshift waits until it times out: run more replicas (kubectl -n " \
+               "initshift-system scale deployment initshift --replicas=2), or delete the budget" in out
+        stale = inst.budget(pdb, healthy=1)
+        stale["metadata"]["generation"] = 2  # edited since the controller last counted
+        kube.put("poddisruptionbudgets", stale)
+        code, out, _ = await check(*i.argv())
+        assert code == 0 and not [t for t in marks(out) if t.startswith("PodDisruptionBudget")], out
+        kube.put("poddisruptionbudgets", inst.budget(pdb, healthy=0, expected=1))
+        kube.put("pods", inst.replica(deployment, "initshift-7d9c5b-0", ready=False))
+        code, out, _ = await check(*i.argv())
+        assert failed(out) == ["Deployment initshift-system/initshift: 0 of 1 replicas Ready"]
+        assert not [t for t in marks(out) if t.startswith("PodDisruptionBudget")], out
+        kube.put("pods", inst.replica(deployment, "initshift-7d9c5b-0", ready=True))
+        kube.fail_next(f"/apis/policy/v1/namespaces/{inst.NS}/poddisruptionbudgets", 403)
+        code, out, _ = await check(*i.argv())
+    assert code == 0 and marks(out).get("PodDisruptionBudgets: cannot be read (warning)") == "✔", out
 
 
 def _pod_patch_policy(namespace: str = "initshift-system") -> list[dict]:

@@ -124,6 +124,8 @@ INSTALLS = {
     "helm-custom": Install(lambda: helm(CUSTOM_VALUES, namespace="platform"), self_managed=False,
                            node_versions=False, pull_secrets=True, failure_policy="Fail", replicas=3,
                            namespace="platform", feature_gate=False, has_namespace_object=False),
+    # One replica: no budget, which would block every node drain.
+    "helm-one-replica": Install(lambda: helm({"replicas": 1}), replicas=1, pdb=False, has_namespace_object=False),
     "helm-self-managed+registry": Install(lambda: helm({"registry": {"lookup": True, "pullSecrets": True}}),
                                           pull_secrets=True, has_namespace_object=False),
     "kustomize-default+monitoring": Install(lambda: kustomize(".", [MONITORING])),

@@ -29,7 +29,7 @@ Responder = Callable[[str, str, dict], tuple[int, Any]]
 NOT_USED_BY_THE_SERVER = {"pod_log", "create_pod", "delete_pod", "get_webhook_config", "list_webhook_configs",
                           "list_namespaces", "get_service", "get_deployment", "get_configmap", "review_access", "get_version",
                           "get_job", "get_cronjob", "list_jobs", "list_services", "list_admission_policies",
-                          "get_namespace"}
+                          "get_namespace", "list_pod_disruption_budgets"}
 
 
 class _Resp:

@@ -119,6 +119,17 @@ def replica(deployment: dict, name: str, *, ready: bool, **container_status: Any
             "spec": deployment["spec"]["template"]["spec"], "status": status}
 
 
+def budget(pdb: dict, *, healthy: int, expected: int | None = None) -> dict:
+    """A PodDisruptionBudget with the status the disruption controller writes for `healthy`
+    Ready pods of `expected` (its minAvailable an integer, as deploy/'s)."""
+    expected = healthy if expected is None else expected
+    desired = int(pdb["spec"]["minAvailable"])
+    meta = {**pdb["metadata"], "generation": 1}
+    return {**pdb, "metadata": meta, "status": {
+        "observedGeneration": 1, "expectedPods": expected, "currentHealthy": healthy, "desiredHealthy": desired,
+        "disruptionsAllowed": max(0, healthy - desired)}}
+
+
 def put_install(kube: KubeDouble, ca_pem: bytes) -> None:
     """Every object of the default install the check reads, the caBundle set to `ca_pem`."""
     r = rendered()
@@ -133,6 +144,7 @@ def put_install(kube: KubeDouble, ca_pem: bytes) -> None:
     deployment = r.one("Deployment")
     for i in range(deployment["spec"]["replicas"]):  # its replicas, Ready (the server in the tests runs beside)
         kube.put("pods", replica(deployment, f"initshift-7d9c5b-{i}", ready=True))
+    kube.put("poddisruptionbudgets", budget(r.one("PodDisruptionBudget"), healthy=deployment["spec"]["replicas"]))
     kube.grant(SA_USER, grants(r))
     kube.put("namespaces", {"metadata": {"name": "kube-system"}})
     kube.put("namespaces", {"metadata": {"name": "default"}})

@@ -151,6 +151,7 @@ RESOURCES = {r.key: r for r in [
     Resource("deployments", "/apis/apps/v1", "deployments", "Deployment"),
     Resource("jobs", "/apis/batch/v1", "jobs", "Job"),
     Resource("cronjobs", "/apis/batch/v1", "cronjobs", "CronJob"),
+    Resource("poddisruptionbudgets", "/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget"),
     Resource("namespaces", "/api/v1", "namespaces", "Namespace", namespaced=False),
     Resource("nodes", "/api/v1", "nodes", "Node", namespaced=False),
     Resource("events.k8s.io", "/apis/events.k8s.io/v1", "events", "Event"),

@@ -11,9 +11,16 @@ from typing import Iterable, Mapping
 from ..kube import KubeApi, KubeError
 from ..registry import credentials_for
 from ..settings import Settings, SettingsError
-from ._check_report import Line, Target
+from ._check_report import Line, Target, selects
 
 _SERVER_CONTAINER = "initshift"  # the Deployment's container (deploy/ and the chart)
+
+
+def unanswered(failure_policy: str | None) -> str:
+    """What the apiserver does with a pod of an opted-in namespace while no replica answers."""
+    return {"Ignore": "pods of opted-in namespaces are created without the rewrite",
+            "Fail": "pods of opted-in namespaces are refused"}.get(
+        str(failure_policy), "pods of opted-in namespaces are created unchanged (failurePolicy Ignore) or refused (Fail)")
 
 
 def service_variables(services: Iterable[Mapping]) -> dict[str, str]:
@@ -62,9 +69,11 @@ def server_environment(deployment: dict, services: Iterable[Mapping]) -> dict[st
     return env
 
 
-async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_service: bool) -> list[Line]:
-    """The Deployment's settings as the server will read them, and the Secrets the rewrite
-    names for initshift's image in each opted-in namespace."""
+async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_service: bool,
+                           failure_policy: str | None = None) -> list[Line]:
+    """The Deployment's settings as the server will read them, its replicas, the disruption
+    budget over them, and the Secrets the rewrite names for initshift's image in each
+    opted-in namespace. `failure_policy`: the webhook's (None: no configuration)."""
     s, where = "deployment", f"{target.namespace}/{target.deployment}"
     try:
         deployment = await api.get_deployment(target.namespace, target.deployment)
@@ -84,15 +93,19 @@ async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_se
                      f"{e}: the server exits at start with this error; fix the variable in the Deployment "
                      f"(the chart: its value)")]
     image = settings.rewrite.image
+    replicas = await _replicas_line(api, target, deployment, by_service, failure_policy)
     out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
-                data={"image": image}), await _replicas_line(api, target, deployment, by_service)]
+                data={"image": image}), replicas]
+    if replicas.ok and replicas.data.get("ready"):  # else the replicas' line says what is wrong
+        out += await _budget_lines(api, target, deployment)
     names = settings.rewrite.image_pull_secrets
     if names and opted:
         out.append(await _pull_secrets_line(api, image, names, opted))
     return out
 
 
-async def _replicas_line(api: KubeApi, target: Target, deployment: dict, by_service: bool) -> Line:
+async def _replicas_line(api: KubeApi, target: Target, deployment: dict, by_service: bool,
+                         failure_policy: str | None) -> Line:
     """Every replica Ready, or what each other pod of the Deployment is doing in the kubelet's
     words: why it waits, how it last ended (the server's last line: the Deployment asks for
     FallbackToLogsOnError)."""
@@ -112,14 +125,52 @@ async def _replicas_line(api: KubeApi, target: Target, deployment: dict, by_serv
     title = f"Deployment {where}: {ready} of {wanted} replicas Ready"
     if not wanted and by_service:
         return Line(s, False, f"Deployment {where}: scaled to 0 replicas",
-                    f"the webhook configuration calls the Service, which then has no endpoint: pods of the opted-in "
-                    f"namespaces are admitted unchanged (failurePolicy Ignore) or refused (Fail); kubectl -n "
-                    f"{namespace} scale deployment {target.deployment} --replicas=2")
+                    f"the webhook configuration calls the Service, which then has no endpoint: "
+                    f"{unanswered(failure_policy)}; kubectl -n {namespace} scale deployment {target.deployment} "
+                    f"--replicas=2")
     if ready >= wanted and not trouble:
         return Line(s, True, title, data={"replicas": wanted, "ready": ready})
     hint = "; ".join(f"pod {name}: {why}" for name, why in sorted(trouble.items())) or \
         f"no pod: kubectl -n {namespace} describe deployment {target.deployment} (a quota, admission, scheduling)"
+    if not ready and by_service:
+        hint += f"; no replica answers: {unanswered(failure_policy)}"
     return Line(s, False, title, hint, {"replicas": wanted, "ready": ready, "pods": trouble})
+
+
+async def _budget_lines(api: KubeApi, target: Target, deployment: dict) -> list[Line]:
+    """Each PodDisruptionBudget over the Deployment's pods, by the disruption controller's own
+    count (its status): how many replicas a node drain may evict. One that allows none while
+    every replica is Ready (one replica, `minAvailable: 1`) blocks `kubectl drain` of a node
+    running initshift until the drain times out: a warning, the cluster's admin's call."""
+    s, namespace = "deployment", target.namespace
+    labels = ((deployment.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
+    try:
+        budgets = await api.list_pod_disruption_budgets(namespace)
+    except KubeError as e:
+        return [Line(s, True, "PodDisruptionBudgets: cannot be read (warning)",
+                     f"warning: {e.message} (your credentials need list on poddisruptionbudgets in {namespace})",
+                     {"warning": True})]
+    out = []
+    for budget in budgets:
+        spec, status = budget.get("spec") or {}, budget.get("status") or {}
+        # A null selector selects no pod; a status older than the spec is not the budget's yet.
+        if spec.get("selector") is None or not selects(spec["selector"], labels) or \
+                "disruptionsAllowed" not in status or \
+                status.get("observedGeneration", 0) < budget["metadata"].get("generation", 0):
+            continue
+        where, allowed = f"{namespace}/{budget['metadata']['name']}", int(status["disruptionsAllowed"])
+        rule = "".join(f", {k} {spec[k]}" for k in ("minAvailable", "maxUnavailable") if k in spec)
+        data = {"budget": budget["metadata"]["name"], "disruptionsAllowed": allowed}
+        if allowed:
+            out.append(Line(s, True, f"PodDisruptionBudget {where}: a node drain may evict {allowed} of "
+                                     f"{status.get('currentHealthy', '?')} Ready replicas at a time", data=data))
+            continue
+        out.append(Line(s, True, f"PodDisruptionBudget {where} allows no eviction: {status.get('currentHealthy', '?')} "
+                                 f"Ready, {status.get('desiredHealthy', '?')} wanted{rule} (warning)",
+                        f"warning: `kubectl drain` of a node running initshift waits until it times out: run more "
+                        f"replicas (kubectl -n {namespace} scale deployment {target.deployment} --replicas=2), or "
+                        f"delete the budget (the chart makes none for one replica)", {**data, "warning": True}))
+    return out
 
 
 def ready_condition(pod: dict) -> dict | None:

@@ -26,8 +26,8 @@ from ..kube import (ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Acc
                     server_access)
 from ..settings import Settings
 from ..watcher import parse_time
-from ._check_deployment import deployment_lines, ready_condition
-from ._check_report import Line, Report, Target
+from ._check_deployment import deployment_lines, ready_condition, unanswered
+from ._check_report import Line, Report, Target, selects
 from ._check_forward import in_cluster, service_pod
 from ._check_tls import Served, direct, forwarded, probe
 from ._podcli import unreached
@@ -42,26 +42,6 @@ _LINKERD = re.compile(r"(^|\.)linkerd-proxy-injector\.linkerd\.io$")
 ISTIO, LINKERD = "Istio", "Linkerd"
 _ISTIO_NATIVE_ENV = "ENABLE_NATIVE_SIDECARS"  # istiod's switch for native sidecars
 _LINKERD_CONFIG = "linkerd-config"  # its `values` hold proxy.nativeSidecar
-
-
-# --- label selectors, as the apiserver evaluates them -------------------------------------------
-def selects(selector: dict | None, labels: dict) -> bool:
-    """A metav1.LabelSelector against labels (an empty selector selects everything)."""
-    selector = selector or {}
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        present = key in labels
-        if op == "In" and not (present and labels[key] in values):
-            return False
-        if op == "NotIn" and present and labels[key] in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
 
 
 def _labels(obj: dict) -> dict:
@@ -217,6 +197,11 @@ def _configuration_lines(config: dict, wh: dict, target: Target, budget: float) 
     out.append(Line(s, again == "IfNeeded", f"reinvocationPolicy: {again}",
                     "" if again == "IfNeeded" else "set reinvocationPolicy: IfNeeded, so initshift sees the pod "
                                                    "again after the mesh injected its proxy"))
+    # admissionregistration.k8s.io/v1's default is Fail. Either is a choice (docs/install.md):
+    # the line says what it means while no replica answers.
+    policy = wh.get("failurePolicy") or "Fail"
+    out.append(Line(s, True, f"failurePolicy: {policy} (while no replica answers, {unanswered(policy)})",
+                    data={"failurePolicy": policy}))
     timeout = wh.get("timeoutSeconds", 10)
     fits = isinstance(timeout, int) and budget < timeout <= _API_TIMEOUT_MAX_SECONDS
     out.append(Line(s, fits, f"timeoutSeconds: {timeout} (above the {budget:g}s registry lookup budget)",
@@ -533,7 +518,8 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces") or []
     opted = [ns["metadata"]["name"] for ns in namespaces if wh is not None and calls_for(wh, ns)]
     by_service = wh is not None and bool((wh.get("clientConfig") or {}).get("service"))
-    for line in await deployment_lines(api, target, opted, by_service):
+    policy = (wh.get("failurePolicy") or "Fail") if wh is not None else None
+    for line in await deployment_lines(api, target, opted, by_service, policy):
         report(line)
     excluded = (target.namespace, *_ALWAYS_EXCLUDED)
     for line in _namespace_lines(namespaces, wh, injectors, excluded) + \

@@ -1,4 +1,5 @@
-"""`initshift check`'s vocabulary: what is checked (`Target`) and a line of the report (`Line`)."""
+"""`initshift check`'s vocabulary: what is checked (`Target`), a line of the report (`Line`),
+and label selectors as the apiserver evaluates them (`selects`)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ class Target:
 
 
 Report = Callable[[Line], None]
+
+
+def selects(selector: dict | None, labels: dict) -> bool:
+    """A metav1.LabelSelector against labels (an empty selector selects everything)."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True

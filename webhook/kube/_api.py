@@ -414,6 +414,10 @@ class KubeApi:
         body = await self.request("GET", object_path("jobs", namespace, api="apis/batch/v1"))
         return list((body or {}).get("items") or [])
 
+    async def list_pod_disruption_budgets(self, namespace: str) -> list[dict]:
+        body = await self.request("GET", object_path("poddisruptionbudgets", namespace, api="apis/policy/v1"))
+        return list((body or {}).get("items") or [])
+
     async def get_configmap(self, namespace: str, name: str) -> dict | None:
         return await self._get_or_none(object_path("configmaps", namespace, name))
 
