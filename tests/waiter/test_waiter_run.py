@@ -548,3 +548,41 @@ def test_a_program_on_a_terminal_gets_it(tmp_path: Path) -> None:
     shown, code = on_terminal(tmp_path, "", [], argv=["no-such-command-here"])
     assert code == p.EXIT_NOT_FOUND and b"command not found" in shown, (shown, code)
     assert record(tmp_path / DONE)[p.RECORD_EXIT_CODE] == p.EXIT_NOT_FOUND
+
+
+FILL_NON_BLOCKING = """
+import fcntl, os
+fcntl.fcntl(2, fcntl.F_SETFL, fcntl.fcntl(2, fcntl.F_GETFL) | os.O_NONBLOCK)
+try:
+    while True:
+        os.write(2, b"x" * 4095 + b"\\n")
+except BlockingIOError:
+    pass
+"""
+
+
+def test_a_line_after_a_command_that_left_stderr_non_blocking_and_full(tmp_path: Path) -> None:
+    """node sets O_NONBLOCK on its stdio pipes, which the waiter shares with it: its line after
+    the command (here: another main still runs) met a full pipe, EAGAIN, and was lost. It is
+    written once the container's log reader has room, whole, after every byte of the command's."""
+    mains = tmp_path / "mains"
+    mains.mkdir()
+    proc = start(tmp_path / DONE, p.FLAG_NAME, "main", p.FLAG_QUIT, "http://127.0.0.1:1/quitquitquit",
+                 p.FLAG_MAINS_DIR, str(mains), p.FLAG_MAINS, "2", argv=[PYTHON, "-c", FILL_NON_BLOCKING])
+    # Nothing is read until the waiter has met the full pipe: after its record in the mains'
+    # directory it only says a line, so it has either exited (the line lost) or waits to write.
+    wait_for(lambda: (mains / "main").exists() and (proc.poll() is not None or _sleeps_in(proc.pid, "poll_schedule")),
+             "the waiter to meet the full pipe")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    said = err.decode().split("\n")
+    assert set(said[:-2]) == {"x" * 4095}
+    assert said[-2] == "waiter[main]: other containers still running: leaving the sidecars to the last one"
+
+
+def _sleeps_in(pid: int, function: str) -> bool:
+    """The process sleeps in that kernel function (its wchan, which may carry a suffix)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().startswith(function)
+    except OSError:
+        return False
