@@ -40,6 +40,9 @@ def parse(text: str) -> dict[str, list[str]]:
     for key, argv in table.items():
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
             raise UsageError(f"--argv-map entry {key!r} must be a non-empty list of strings")
+        # JSON can spell a NUL (\u0000), which no exec can carry: said here, not at the spawn.
+        if any("\0" in a for a in argv):
+            raise UsageError(f"--argv-map entry {key!r} holds a NUL character, which no program's argv can carry")
     return table
 
 

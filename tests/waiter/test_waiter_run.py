@@ -346,6 +346,9 @@ def test_bad_flags_fail_with_one_line_and_a_record(tmp_path: Path) -> None:
     ([p.FLAG_QUIT, "tcp://127.0.0.1:1"], "--quit 'tcp://127.0.0.1:1': scheme must be one of http, https"),
     ([p.FLAG_WAIT, "/no/such/dir/done"], "--wait /no/such/dir/done: directory does not exist"),
     ([p.FLAG_ARGV_MAP, "[1]"], '--argv-map must be a non-empty JSON object {"os/arch": [argv...]}'),
+    # an image's CMD can spell a NUL in its JSON: was "internal error: ValueError: embedded null byte"
+    ([p.FLAG_ARGV_MAP, '{"linux/amd64": ["/bin/echo", "a\\u0000b"]}'],
+     "--argv-map entry 'linux/amd64' holds a NUL character, which no program's argv can carry"),
 ])
 def test_bad_values_are_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
     res = run(tmp_path / DONE, *flags, argv=[] if p.FLAG_ARGV_MAP in flags else ["true"])
