@@ -29,10 +29,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # would sit where the frozen importer looks for the `waiter` package, and shadow it.
 CONTENTS = "_internal"
 ENTRY = "from waiter.cli import run\nrun()\n"
-# A runtime hook: PyInstaller runs it after its bootstrap and before ENTRY, whose imports
-# (`signal` and `enum` among them) take ~10 ms before `hold_terminating` in cli.run; a
-# SIGTERM to a PID 1 without a handler that comes meanwhile is lost (docs/waiter.md).
-HOLD_HOOK = "initshift_hold_signals"
 # Stdlib the waiter never imports: keeps the bundle small and the archive quick to open.
 # `inspect` must stay out: once collected, PyInstaller's runtime hook for it imports inspect and
 # zipfile (ast, dis, tokenize, pathlib, shutil, threading...) at every start, ~15 ms of each
@@ -97,32 +93,18 @@ def _ldd(path: str) -> tuple[dict[str, str], str | None]:
     return libs, loader
 
 
-def hold_hook() -> str:
-    """HOLD_HOOK's code: signals.TERMINATING blocked through the built-in `_signal`, by name
-    (their numbers differ between architectures), without importing `signal` or `enum`."""
-    import signal
-
-    from .signals import TERMINATING
-
-    names = ", ".join(f"_signal.{signal.Signals(sig).name}" for sig in sorted(TERMINATING))
-    return f"import _signal\n_signal.pthread_sigmask(_signal.SIG_BLOCK, {{{names}}})\n"
-
-
 def freeze(work: str) -> str:
     """Run PyInstaller; return the onedir folder."""
     entry = os.path.join(work, "initshift_waiter_entry.py")
     with open(entry, "w") as f:
         f.write(ENTRY)
-    hook = os.path.join(work, f"{HOLD_HOOK}.py")
-    with open(hook, "w") as f:
-        f.write(hold_hook())
     cmd = [sys.executable, "-m", "PyInstaller", "--onedir", "--noconfirm", "--log-level", "WARN",
            "--name", p.WAITER_EXE_NAME, "--contents-directory", CONTENTS, "--strip", "--noupx",
            "--distpath", os.path.join(work, "dist"), "--workpath", os.path.join(work, "work"),
            # Not --debug noarchive: loose .pyc files save ~2 ms of each cold start but make
            # `waiter init` copy 232 files instead of 19 (+40 ms of CPU, once per pod, before
            # any step can start).
-           "--specpath", work, "--paths", ROOT, "--collect-submodules", "waiter", "--runtime-hook", hook]
+           "--specpath", work, "--paths", ROOT, "--collect-submodules", "waiter"]
     for mod in EXCLUDES:
         cmd += ["--exclude-module", mod]
     _run(cmd + [entry], cwd=work)

@@ -50,9 +50,7 @@ def run() -> None:
     teardown (~5 ms of CPU, module by module) would run just after the completion record is
     written, on the core the next step wakes up on: the waiter holds nothing that needs it
     (files are closed where they are written), so only the standard streams are flushed."""
-    # A SIGTERM in the start waits for the command's handlers (signals.py); the frozen
-    # build's runtime hook blocked them earlier still (build.HOLD_HOOK), this is for source.
-    hold_terminating()
+    hold_terminating()  # a SIGTERM in the start waits for the command's handlers (signals.py)
     code = main()
     for stream in (sys.stdout, sys.stderr):
         if stream is None:  # started with that descriptor closed

@@ -384,18 +384,3 @@ def test_no_runtime_hook_runs_at_start(bundle: Path) -> None:
     names = list(CArchiveReader(str(bundle / p.WAITER_EXE_NAME)).toc)  # a dict by name (6.5 and on)
     assert "initshift_waiter_entry" in names  # the archive was read
     assert [name for name in names if name.startswith("pyi_rth_")] == []
-
-
-def test_the_terminating_signals_are_blocked_before_the_waiters_imports(bundle: Path) -> None:
-    """A SIGTERM to a container's PID 1 that has no handler is lost (pid_namespaces(7)); the
-    waiter's entry blocked them only after importing cli, protocol and signal (with enum),
-    ~10 ms of a start. The first script after PyInstaller's bootstrap now blocks them, with
-    the built-in `_signal` alone."""
-    from PyInstaller.archive.readers import CArchiveReader
-
-    from waiter import build
-
-    toc = CArchiveReader(str(bundle / p.WAITER_EXE_NAME)).toc
-    scripts = [name for name, entry in toc.items() if entry[-1] == "s"]  # run in this order
-    assert scripts == ["pyiboot01_bootstrap", build.HOLD_HOOK, "initshift_waiter_entry"]
-    assert build.hold_hook().splitlines()[0] == "import _signal"
