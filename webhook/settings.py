@@ -130,7 +130,8 @@ class RewriteSettings:
                                  "preserve", **_choice("preserve", "divide", "keep"))
     on_unresolved: str = _env(
         "INITSHIFT_ON_UNRESOLVED",
-        "A step without `command` whose entrypoint cannot be found, where the strategy needs it: `deny` the pod "
+        "A step without `command` whose entrypoint cannot be found (or, differing by platform, is over one exec "
+        "argument's 128 KiB), where the strategy needs it: `deny` the pod "
         "or `admit` it unchanged (`auto` gives such a pod native where the cluster runs native sidecars).",
         "deny", **_choice("deny", "admit"))
     step_timeout_seconds: int = _env("INITSHIFT_STEP_TIMEOUT_SECONDS",

@@ -388,6 +388,36 @@ def test_step_without_command_uses_resolved_image():
     assert rewrite(rewrite(pod, ON, images=multi).pod, ON).changed is False
 
 
+def test_per_platform_words_over_one_exec_argument_are_not_given_to_the_waiter():
+    """An image whose CMD differs by platform goes to the waiter as one `--argv-map` argument;
+    over Linux's 131,071 bytes the exec starting the waiter fails and the container never
+    starts, where without initshift each word is its own argument and it runs. Decided as an
+    unknown ENTRYPOINT: denied, or admitted unchanged saying why; right at the limit (the
+    kubelet's $$ counted as the $ the waiter gets) it is rewritten."""
+    pod = copy.deepcopy(CATALOGUE["job-istio"])
+    step = pod["spec"]["initContainers"][1]
+    del step["command"], step["args"]
+
+    def images(script: str) -> dict:
+        return {"alpine/git:2.45.2": ImageEntrypoints({
+            "linux/amd64": ImageConfig(("sh", "-c"), (script,)), "linux/arm64/v8": ImageConfig(("/bin/sh", "-c"), (script,))})}
+
+    # The map without the scripts: {"linux/amd64":["sh","-c",""],"linux/arm64/v8":["/bin/sh","-c",""]}
+    frame = len('{"linux/amd64":["sh","-c",""],"linux/arm64/v8":["/bin/sh","-c",""]}')
+    fits = "$" * ((131071 - frame) // 2)  # written $$ in `args`, each a $ for the waiter
+    out = rewrite(pod, with_settings(on_unresolved="admit"), images=images(fits))
+    assert out.changed and out.reason == "rewritten", out.warnings
+    arg = flag_values(out.pod["spec"]["containers"][0], p.FLAG_ARGV_MAP)[0]
+    assert len(arg.replace("$$", "$").encode()) == 131071 - (131071 - frame) % 2
+    assert rewrite(pod, ON, images=images(fits + "$$")).denied  # a byte or two over
+    over = images("é" * 11000)  # 22,000 characters, each \u00e9 (six bytes) in the JSON
+    denied = rewrite(pod, ON, images=over)
+    assert denied.denied and "'git-clone' (image 'alpine/git:2.45.2': " in denied.denied
+    assert "over the 131,071 bytes Linux allows one" in denied.denied and "set `command` (and `args`)" in denied.denied
+    admitted = rewrite(pod, with_settings(on_unresolved="admit"), images=over)
+    assert not admitted.changed and admitted.reason == "unresolved-entrypoint", admitted.warnings
+
+
 def test_reserved_names_are_refused():
     pod = copy.deepcopy(CATALOGUE["job-istio"])
     pod["spec"]["volumes"].append({"name": p.BIN_VOLUME, "emptyDir": {}})

@@ -31,8 +31,19 @@ def _flag(flag: str, value: str) -> list[str]:
     return [flag, escape_expansion(value) if flag in _TEXT_FLAGS else value]
 
 
+# The longest one argument of an exec may be (Linux's MAX_ARG_STRLEN, 32 pages of 4 KiB,
+# less its NUL): an --argv-map over it makes the exec that starts the waiter fail, and the
+# container never starts ("argument list too long").
+MAX_ARG_BYTES = 32 * 4096 - 1
+
+
 def _argv_map(value: dict | None) -> list[str]:
     return [] if value is None else [p.FLAG_ARGV_MAP, json.dumps(value, separators=(",", ":"), sort_keys=True)]
+
+
+def argv_map_bytes(value: dict) -> int:
+    """The bytes of `--argv-map`'s value as the waiter's exec gets it (the kubelet reduces $$)."""
+    return len(reduce_expansion(_argv_map(value)[1]).encode())
 
 
 def run_command(*, name: str, post: str, argv: Sequence[str], wait: str | None = None, ready_file: str | None = None,

@@ -31,7 +31,7 @@ from waiter import protocol as p
 
 from . import _hold as hold
 from ._classify import Classification, managed_as, mark_managed, sidecar_names
-from ._command import Argv, gate_of, gate_probes, read_argv, run_command
+from ._command import MAX_ARG_BYTES, Argv, argv_map_bytes, gate_of, gate_probes, read_argv, run_command
 from ._errors import RewriteError
 from ._reasons import Reason
 from ._strategy import Built
@@ -365,18 +365,28 @@ def _argv_for(c: Mapping, images: Mapping[str, ImageEntrypoints]) -> tuple[list[
 def argvs_of(containers: Sequence[Mapping], images: Mapping[str, ImageEntrypoints],
              known: Mapping[str, Argv] | None = None) -> dict[str, Argv]:
     """Each container's argv for the waiter (`known`: read back from a wrapped container);
-    RewriteError naming every container whose image's ENTRYPOINT is unknown."""
+    RewriteError naming every container whose image's ENTRYPOINT is unknown, or whose
+    per-platform words the waiter cannot be given (over one exec argument's limit: the
+    container would never start, where without initshift it runs)."""
     out: dict[str, Argv] = {}
-    missing = []
+    missing, too_long = [], []
     for c in containers:
         argv, argv_map = (known or {}).get(c["name"]) or _argv_for(c, images)
         if argv is None:
             missing.append(f"{c.get('name')!r} (image {c.get('image')!r})")
+        elif argv_map is not None and (size := argv_map_bytes(argv_map)) > MAX_ARG_BYTES:
+            too_long.append(f"{c.get('name')!r} (image {c.get('image')!r}: {size:,} bytes)")
         out[c["name"]] = (argv or [], argv_map)
     if missing:
         raise RewriteError(f"containers without `command` need their image's ENTRYPOINT, which is not known: "
                          f"{', '.join(missing)}; set `command` on them (or turn on registry lookup)",
                          reason=Reason.UNRESOLVED_ENTRYPOINT)
+    if too_long:
+        # The same decision as an unknown ENTRYPOINT: on_unresolved, and auto's native fallback.
+        raise RewriteError(f"containers without `command` whose image's ENTRYPOINT and CMD differ by platform, "
+                           f"which the waiter gets as one argument, over the {MAX_ARG_BYTES:,} bytes Linux allows "
+                           f"one: {', '.join(too_long)}; set `command` (and `args`) on them",
+                           reason=Reason.UNRESOLVED_ENTRYPOINT)
     return out
 
 
