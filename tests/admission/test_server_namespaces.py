@@ -51,3 +51,26 @@ async def test_a_pod_whose_namespace_asks_a_mesh_for_a_proxy_waits_for_it_under_
     lists = sum(1 for r in kube.requests if r.method == "GET" and r.path == "/api/v1/namespaces"
                 and "metadata.name=builds" in str(r.query))
     assert lists == (0 if synced else 2) and live_lists(kube, "builds", "resourcequotas") == (0 if synced else 2)
+
+
+@pytest.mark.parametrize("synced", [True, False], ids=["informer", "live-list"])
+async def test_a_pod_without_a_sidecar_yet_is_told_its_namespaces_mesh_comes_later(kube, api, tmp_path, synced):
+    """The first review of a build pod in a namespace labelled for Istio, before Istio's
+    webhook (which runs after initshift's): admitted unchanged, saying the proxy comes and the
+    re-invoked review rewrites the pod; it said "no mesh injection requested" (the server read
+    the Namespace only for pods it rewrites)."""
+    ca = h.make_certs(tmp_path)
+    kube.put("namespaces", namespace({"istio-injection": "enabled"}))
+    ttl = {} if synced else {"ttl": 0.0}
+    namespaces = Namespaces(api, **ttl)
+    pod = copy.deepcopy(pods.catalogue()["job"])  # no proxy, no mesh annotation
+    async with serving(tmp_path, namespaces, run_view=synced) as url:
+        if synced:
+            await until(lambda: namespaces.known("builds"), "the view holds it")
+        first = await mutate(url, ca, pod)
+        elsewhere = await mutate(url, ca, pod, "plain")
+    assert apply_patch(pod, decode_patch(first))["metadata"]["annotations"][p.ANNOTATION_NOT_REWRITTEN] == "no-sidecar"
+    assert first["response"]["warnings"] == [
+        "initshift: no sidecar yet: the namespace asks a mesh for its proxy, injected after initshift's webhook; "
+        "the pod is rewritten when the apiserver re-invokes initshift after the mesh"]
+    assert elsewhere["response"]["warnings"][0].startswith("initshift: no sidecar and no mesh injection requested")

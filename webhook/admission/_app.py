@@ -110,9 +110,11 @@ class Reviewer:
         if isinstance(first, Answer):
             return review, first
         pod_plan, lookups = first
-        known: list[Any] = [[] for _ in self.views]
-        if pod_plan.reads_namespace_limits:  # None: only a live list can say (it never raises)
-            known = [[] if view is None else view.known(review.pod_namespace) for view in self.views]
+        # The views the plan reads (LimitRanges, quotas, the Namespace); None: only a live
+        # list can say (it never raises).
+        reads = (pod_plan.reads_namespace_limits, pod_plan.reads_namespace_limits, pod_plan.reads_namespace)
+        known: list[Any] = [[] if view is None or not read else view.known(review.pod_namespace)
+                            for view, read in zip(self.views, reads)]
         listings = [None if objs is not None else asyncio.ensure_future(view.lookup(review.pod_namespace))
                     for objs, view in zip(known, self.views)]
         images, lookup_error = None, None

@@ -75,6 +75,11 @@ class Plan(abc.ABC):
     # needs none read (the server then makes no live list for it).
     reads_namespace_limits: ClassVar[bool] = True
 
+    @property
+    def reads_namespace(self) -> bool:
+        """Whether `rewrite` reads the pod's Namespace: its labels may ask a mesh for a proxy."""
+        return self.reads_namespace_limits
+
     def lookups(self) -> list[Lookup]:
         """Images whose configuration the rewrite will need (containers without `command`)."""
         return []
@@ -139,6 +144,12 @@ class Unchanged(Plan):
 
     reason: Reason
     message: str
+
+    @property
+    def reads_namespace(self) -> bool:
+        # A pod without a sidecar whose Namespace asks a mesh for one: the warning says the
+        # proxy comes later (a first review in an Istio-labelled namespace, before its webhook).
+        return self.reason is Reason.NO_SIDECAR
 
     def _result(self, images: Mapping[str, ImageEntrypoints], lookup_error: str | None) -> RewriteResult:
         return RewriteResult(pod=self.pod, warnings=[_prefix(self.message)], reason=self.reason)
