@@ -835,9 +835,10 @@ def test_a_copy_without_initshifts_label_is_left_unchanged_saying_how_to_keep_it
     own = p.INIT_CONTAINER_NAME if mode == "waiter" else p.COPY_CONTAINER_NAME
     assert result.warnings == [f"initshift: the pod holds {own!r}, initshift's own container, but not its "
                                f"{p.LABEL_MANAGED} label: a copy of a pod initshift rewrote, made without its labels "
-                               f"(`kubectl debug --copy-to` drops them unless given --keep-labels --keep-annotations; "
-                               f"with those and the probes, --keep-readiness --keep-startup, a step whose command the "
-                               f"copy replaces runs in the step's place); admitted unchanged"]
+                               f"(`kubectl debug --copy-to` drops them unless given --keep-labels --keep-annotations, "
+                               f"which kubectl before v1.36 reads only with --profile=general; with those and the "
+                               f"probes, --keep-readiness --keep-startup, a step whose command the copy replaces runs "
+                               f"in the step's place); admitted unchanged"]
 
 
 def test_a_pod_naming_a_container_like_initshifts_own_is_told_the_name_is_reserved():

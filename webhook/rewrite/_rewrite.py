@@ -509,8 +509,9 @@ def _plan(pod: dict, settings: Settings, native: bool | None, mode_from: str | N
         return Unchanged(pod=pod, reason=Reason.RESERVED, message=(
             f"the pod holds {own!r}, initshift's own container, but not its {p.LABEL_MANAGED} label: a copy of a "
             f"pod initshift rewrote, made without its labels (`kubectl debug --copy-to` drops them unless given "
-            f"--keep-labels --keep-annotations; with those and the probes, --keep-readiness --keep-startup, a step "
-            f"whose command the copy replaces runs in the step's place); admitted unchanged"))
+            f"--keep-labels --keep-annotations, which kubectl before v1.36 reads only with --profile=general; with "
+            f"those and the probes, --keep-readiness --keep-startup, a step whose command the copy replaces runs in "
+            f"the step's place); admitted unchanged"))
     choice = _choose(pod, settings, native, mode_from)
     if start_order.requested(pod) and not (isinstance(choice, Unchanged) and choice.reason in FINAL):
         return _ordered(pod, choice, settings, native)
