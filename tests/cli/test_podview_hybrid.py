@@ -90,3 +90,29 @@ def test_a_start_order_pod_with_initshift_init_is_shown_as_managed_not_as_left_a
     pod["metadata"]["name"] = "web-1"
     header = render(pv.pod_view(pod, NOW), "table").splitlines()[0]
     assert header.endswith(f"managed by initshift ({p.MANAGED_START_ORDER})"), header
+
+
+def test_a_step_that_never_started_shows_no_start_and_no_duration():
+    # initshift-copy's image could not be pulled: the kubelet started the steps without the
+    # waiter (StartError), reporting the zero time (the Unix epoch) as their start.
+    from tests.support.kubedouble import start_error
+    pod = with_status(hybrid_pod(), phase="Pending", init=[*INITS, run("istio-proxy", 1)],
+                      containers=[wait(p.COPY_CONTAINER_NAME, "ImagePullBackOff"),
+                                  *[start_error(n, finished_at="2024-05-01T10:00:03Z") for n in KPACK_STEPS],
+                                  start_error("completion", finished_at="2024-05-01T10:00:04Z")])
+    view = pv.pod_view(pod, NOW)
+    rows = {r.name: r for r in view.rows}
+    assert rows[p.COPY_CONTAINER_NAME].state == pv.State.PENDING
+    assert rows[p.COPY_CONTAINER_NAME].reason == "ImagePullBackOff"
+    for name in [*KPACK_STEPS, "completion"]:
+        assert (rows[name].reason, rows[name].exit_code) == ("StartError", 128)
+        assert (rows[name].started_at, rows[name].duration) == (None, None), rows[name]
+    text = render(view, "table")
+    assert "00:00:00Z" not in text and "498913h" not in text, text
+    assert json.loads(render(view, "json"))["containers"][2]["startedAt"] is None
+
+
+def test_the_zero_time_is_no_start():
+    assert ps.ran_at("1970-01-01T00:00:00Z") is None and ps.ran_at("0001-01-01T00:00:00Z") is None
+    assert ps.ran_at(None) is None and ps.ran_at("garbage") is None
+    assert ps.ran_at("2024-05-01T10:00:03Z") == "2024-05-01T10:00:03Z"

@@ -4,12 +4,14 @@ runs, compared field by field where initshift promised to keep them."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from waiter import protocol as p
 
-from ._env import Env, Record, scenario, waiter_modes
-from ._pods import log_lines, managed, outcome, pod, step, terminated, wait_end
+from ._env import Env, Record, initshift, scenario, waiter_modes
+from ._kube import wait_for
+from ._pods import annotations, log_lines, managed, outcome, pod, statuses, step, terminated, wait_end
 
 _FAILURE = "compile: error: undefined symbol main"
 
@@ -137,3 +139,86 @@ def failed_then_uncreatable(env: Env, rec: Record) -> None:
         assert said["message"].endswith("compile cannot start (ErrImageNeverPull)"), f"{mode}: {said['message']}"
     rec.note(f"ended Failed under {', '.join(waiter_modes(env))} as without initshift; the outcome: "
              f"{said['message']!r}")
+
+
+_ABSENT = "initshift.invalid/absent:1"  # a registry that does not resolve: ErrImagePull, then ImagePullBackOff
+
+
+@scenario("unpullable-copy")
+def unpullable_copy(env: Env, rec: Record) -> None:
+    """initshift's own container (`initshift-copy` under hybrid, `initshift-init` under the
+    waiter) cannot be pulled, as on a node without the registry's credentials: the pod as the
+    webhook and the mesh admitted it (a server-side dry run), that image made unpullable,
+    created where no webhook touches it. Under hybrid the kubelet starts the steps and the
+    main anyway, each a StartError (exit 128, the waiter absent, its start the Unix epoch),
+    and the watcher ends the pod Failed, its outcome naming the step and initshift-copy; under
+    the waiter the pod waits at its init container, as without initshift."""
+    opted, plain = env.namespace("unpull"), env.namespace("unpull-plain", mesh=None, opted=False)
+    rec.namespaces += [opted, plain]
+
+    def build(name: str, mode: str | None) -> dict:
+        obj = pod(name, [step("fetch", env.images.busybox, port=None), step("compile", env.images.busybox, port=None)],
+                  [step("report", env.images.busybox, port=None)])
+        if mode is None:  # without initshift: an init container that cannot be pulled
+            obj["spec"]["initContainers"][1] |= {"image": _ABSENT}
+            return obj
+        obj["metadata"]["annotations"][p.ANNOTATION_MODE] = mode
+        admitted = env.kube.request("POST", f"/api/v1/namespaces/{opted}/pods", body=obj, params={"dryRun": "All"})
+        assert managed(admitted) == mode, f"{mode}: {managed(admitted)}"
+        own = p.COPY_CONTAINER_NAME if mode == p.MODE_HYBRID else "initshift-init"
+        found = [c for c in admitted["spec"].get("initContainers", []) + admitted["spec"]["containers"]
+                 if c["name"] == own]
+        assert found, f"{mode}: no {own}"
+        found[0] |= {"image": _ABSENT, "imagePullPolicy": "IfNotPresent"}
+        meta = {k: admitted["metadata"][k] for k in ("name", "labels", "annotations")}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": admitted["spec"]}
+
+    names = {"kubelet": "unpull-kubelet", **{m: f"unpull-{m}" for m in waiter_modes(env)}}
+    for mode, name in names.items():
+        env.kube.create(f"/api/v1/namespaces/{plain}/pods", build(name, None if mode == "kubelet" else mode))
+
+    def stuck(name: str, container: str) -> dict | None:
+        obj = env.kube.pod(plain, name)
+        waiting = (statuses(obj).get(container) or {}).get("state", {}).get("waiting") or {}
+        return obj if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") else None
+
+    kubelet = wait_for(lambda: stuck(names["kubelet"], "compile"), 90, "the kubelet's pull failure")
+    notes = [f"without initshift: {kubelet['status']['phase']}, compile {_waiting(kubelet, 'compile')}"]
+    if p.MODE_HYBRID in names:
+        name = names[p.MODE_HYBRID]
+        # What the kubelet does: the steps and the main attempted while the copier waits.
+        seen = wait_for(lambda: (lambda o: o if all(terminated(o, c) for c in ("fetch", "compile", "report"))
+                                 else None)(env.kube.pod(plain, name)), 90, "the steps' ends")
+        copier = f"{_waiting(seen, p.COPY_CONTAINER_NAME)} while the pod was {seen['status']['phase']}"
+        obj = wait_end(env.kube, plain, name, timeout=120)
+        said = outcome(env.kube, plain, name)
+        fetch = terminated(obj, "fetch") or {}
+        notes.append(f"hybrid: {obj['status']['phase']}/{obj['status'].get('reason')}, initshift-copy {copier}, "
+                     f"fetch {fetch.get('reason')} {fetch.get('exitCode')} startedAt {fetch.get('startedAt')}; "
+                     f"outcome {said['message']!r}, stopped by {said['sidecarsStoppedBy']}")
+        assert obj["status"]["phase"] == "Failed", obj["status"]
+        assert fetch.get("reason") == "StartError" and fetch.get("exitCode") == 128, fetch
+        assert said["result"] == "Failed" and said["failed"] == "fetch", said
+        assert f"; {p.COPY_CONTAINER_NAME} cannot start (" in said["message"], said["message"]
+        assert said["sidecarsStoppedBy"] == "deadline", said
+        assert all(s["startedAt"] is None for s in said["steps"] + said["mains"]), said
+        shown = initshift(env, "status", name, "-n", plain)
+        assert "00:00:00Z" not in shown.stdout and "498913h" not in shown.stdout, shown.stdout
+    if p.MODE_WAITER in names:
+        name = names[p.MODE_WAITER]
+        obj = wait_for(lambda: stuck(name, "initshift-init"), 90, "initshift-init's pull failure")
+        time.sleep(10)  # time for anything to run ahead of it (nothing should)
+        obj = env.kube.pod(plain, name)
+        assert obj["status"]["phase"] == kubelet["status"]["phase"] == "Pending", (obj["status"], kubelet["status"])
+        assert not any("terminated" in s["state"] or "running" in s["state"]
+                       for s in obj["status"].get("containerStatuses", [])), obj["status"]
+        assert p.ANNOTATION_OUTCOME not in annotations(obj), "the watcher waits out the sidecar timeout"
+        notes.append(f"waiter: {obj['status']['phase']}, initshift-init {_waiting(obj, 'initshift-init')}, "
+                     f"nothing else started (as without initshift)")
+    rec.note("; ".join(notes))
+
+
+def _waiting(obj: dict, container: str) -> str:
+    """The container's state as `kubectl describe` names it: "ImagePullBackOff", "terminated"."""
+    state = (statuses(obj).get(container) or {}).get("state") or {}
+    return str((state.get("waiting") or {}).get("reason") or next(iter(state), "no status"))

@@ -107,6 +107,22 @@ def terminated(name: str, exit_code: int = 0, reason: str | None = None, *, mess
             "state": {"terminated": t}}
 
 
+# What the kubelet (v1.34.9, containerd) reports for a container whose process could not be
+# started: exit 128, reason StartError, and the zero time (the Unix epoch) as its start.
+NEVER_STARTED = "1970-01-01T00:00:00Z"
+
+
+def start_error(name: str, message: str = "", *, finished_at: str | None = None, image: str = "image") -> dict:
+    """A container the runtime created but could not start (its command absent): the kubelet's
+    terminated state, as a real one reports it."""
+    out = terminated(name, 128, "StartError", started_at=NEVER_STARTED, finished_at=finished_at, image=image,
+                     message=message or 'failed to create containerd task: failed to create shim task: OCI runtime '
+                     'create failed: runc create failed: unable to start container process: error during container '
+                     'init: exec: "/initshift/bin/waiter/waiter": stat /initshift/bin/waiter/waiter: no such file '
+                     'or directory: unknown')
+    return out
+
+
 def waiting(name: str, reason: str = "ContainerCreating", *, image: str = "image") -> dict:
     return {"name": name, "ready": False, "started": False, "restartCount": 0, "image": image, "imageID": "",
             "state": {"waiting": {"reason": reason}}}

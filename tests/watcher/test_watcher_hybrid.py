@@ -5,12 +5,14 @@ without its waiter's record still ends the pod."""
 
 from __future__ import annotations
 
+import json
+
 from tests.support.clock import ManualClock
 from tests.support.fixtures.pods import catalogue
-from tests.support.kubedouble import KubeDouble, running, terminated
+from tests.support.kubedouble import NEVER_STARTED, KubeDouble, running, start_error, terminated, waiting
 from tests.watcher.test_watcher import (NS, annotation, deadline_patches, eventually, outcome, settings, settled,
                                         step_done, watcher)
-from tests.watcher.test_watcher_decide import NOW, W, ago, record
+from tests.watcher.test_watcher_decide import NOW, W, ago, make_pod, record
 from waiter import protocol as p
 from webhook.rewrite import rewrite
 from webhook.settings import Settings
@@ -80,3 +82,77 @@ async def test_a_step_killed_with_its_waiter_ends_the_hybrid_pod(kube: KubeDoubl
     got = outcome(kube, "h2")
     assert got["result"] == "Failed" and got["failed"] == "git-clone" and "OOMKilled" in got["message"]
     assert [m["reason"] for m in got["mains"]] == ["NotRun"]
+
+
+def unpulled_copy(pod: dict, reason: str = "ImagePullBackOff") -> dict:
+    """initshift-copy's image cannot be pulled (a node without the registry's credentials):
+    the kubelet starts the steps and mains anyway, and each fails to start without its waiter
+    (StartError, exit 128, the Unix epoch as its start, as v1.34.9 reports it); the native
+    proxy runs, and the pod stays Pending while the copier waits."""
+    pod["status"] = {"phase": "Pending", "startTime": ago(60),
+                     "initContainerStatuses": [terminated("istio-init", 0), running("istio-proxy")],
+                     "containerStatuses": [waiting(p.COPY_CONTAINER_NAME, reason),
+                                           start_error("git-clone", finished_at=ago(40)),
+                                           start_error("build", finished_at=ago(39))]}
+    return pod
+
+
+def test_steps_that_ran_without_their_copied_waiter_end_the_pod_at_once():
+    d = decide(unpulled_copy(hybrid_pod("h3")), NOW, W)
+    [action] = d.actions
+    assert action.ends and action.patch["spec"] == {"activeDeadlineSeconds": 1}, "outcome and end in one patch"
+    got = action.outcome
+    assert got["result"] == "Failed" and got["failed"] == "git-clone"
+    assert got["message"].startswith("git-clone failed: StartError (exit 128): failed to create containerd task")
+    assert got["message"].endswith(f"; {p.COPY_CONTAINER_NAME} cannot start (ImagePullBackOff)")
+    assert got["sidecarsStoppedBy"] == "deadline", "the proxy runs until the watcher ends the pod"
+    assert [(s["reason"], s["startedAt"]) for s in got["steps"] + got["mains"]] == [("StartError", None)] * 2, \
+        "the kubelet's zero time is no start"
+
+
+def test_a_hybrid_pod_whose_outcome_is_written_is_ended_while_its_copier_cannot_start():
+    # As an earlier watcher left it: the outcome written (stopped by "native"), nothing ended.
+    pod = unpulled_copy(hybrid_pod("h4"), "ErrImagePull")
+    pod["metadata"]["annotations"][p.ANNOTATION_OUTCOME] = "{}"
+    [action] = decide(pod, NOW, W).actions
+    assert action.kind == "end" and action.patch == {"spec": {"activeDeadlineSeconds": 1}}
+    assert action.message.startswith(f"{p.COPY_CONTAINER_NAME} cannot start (ErrImagePull)")
+
+
+def test_a_copier_that_runs_late_is_waited_for_as_a_sidecar_is():
+    pod = unpulled_copy(hybrid_pod("h5"))
+    pod["status"]["containerStatuses"][0] = running(p.COPY_CONTAINER_NAME)
+    pod["status"]["containerStatuses"][1:] = [start_error("git-clone", finished_at=ago(2)),
+                                              start_error("build", finished_at=ago(1))]
+    d = decide(pod, NOW, W)
+    assert d.actions == [] and d.requeue_after == 9.0, "the grace period, as for a running sidecar"
+    [action] = decide(pod, NOW.replace(second=9), W).actions
+    assert action.ends and action.outcome["sidecarsStoppedBy"] == "deadline"
+
+
+def test_under_on_failure_the_steps_are_restarted_once_the_copier_runs():
+    pod = unpulled_copy(hybrid_pod("h6"))
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    assert decide(pod, NOW, W).actions == [], "the kubelet restarts them: nothing is final"
+
+
+def test_a_waiter_pod_held_at_an_init_container_that_cannot_start_says_so_at_the_timeout():
+    pod = make_pod([waiting("fetch", "PodInitializing"), waiting("build", "PodInitializing"),
+                    waiting("completion", "PodInitializing"), waiting("istio-proxy", "PodInitializing")],
+                   phase="Pending", start=601, init_statuses=[waiting(p.INIT_CONTAINER_NAME, "ImagePullBackOff")])
+    [action] = decide(pod, NOW, W).actions
+    assert action.outcome["failed"] == "istio-proxy" and action.ends
+    assert action.outcome["message"] == \
+        f"sidecar istio-proxy not Ready after 600s: {p.INIT_CONTAINER_NAME} cannot start (ImagePullBackOff)"
+
+
+async def test_a_hybrid_pod_whose_copier_cannot_be_pulled_ends(kube: KubeDouble) -> None:
+    kube.put_pod(hybrid_pod("h7"))
+    async with watcher(kube, settings(grace_seconds=30.0)):
+        kube.set_container_statuses(NS, "h7", [waiting(p.COPY_CONTAINER_NAME, "ErrImagePull"),
+                                               start_error("git-clone"), start_error("build")],
+                                    init=[terminated("istio-init", 0), running("istio-proxy")], phase="Pending")
+        await eventually(lambda: kube.pod(NS, "h7")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
+    got = outcome(kube, "h7")
+    assert got["failed"] == "git-clone" and got["sidecarsStoppedBy"] == "deadline"
+    assert got["steps"][0]["startedAt"] is None and NEVER_STARTED not in json.dumps(got)

@@ -211,7 +211,9 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
                 # Killed while the waiter still held it: its command never ran.
                 return _Row(**base, state=State.NOT_STARTED, reason=NOT_RUN, message=run.message)
             started = run.started_at
-            if not run.recorded and name in lay.waiter_run:  # died without a record (OOMKilled)
+            # Died without a record (OOMKilled): its command ran after its predecessor. One
+            # that never started (StartError) has no start to place.
+            if started and not run.recorded and name in lay.waiter_run:
                 started = _later(started, runs[prev].finished_at if prev else None)
             return _Row(**base, state=_work_state(run, ok(name)), exit_code=run.exit_code,
                        reason=run.reason, message=run.message, started_at=started,

@@ -24,7 +24,8 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
-from ._podstate import MESSAGE_LIMIT, Layout, Run, json_int, layout, parse_time, pod_ended, read_runs, statuses
+from ._podstate import (MESSAGE_LIMIT, Layout, Run, json_int, layout, parse_time, pod_ended, ran_at, read_run,
+                        read_runs, statuses)
 
 # Outcome JSON (annotation initshift.io/outcome), documented in docs/watcher.md.
 SUCCEEDED = "Succeeded"
@@ -174,13 +175,18 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     cs = ics = statuses(pod)  # names are unique across both lists
     runs = read_runs(pod, lay)
     running_sidecars = [n for n in lay.sidecars if _running(cs.get(n))]
+    # Hybrid's initshift-copy is a regular container: while it has not ended (its image
+    # cannot be pulled: the kubelet ran the steps anyway, without their waiter) the pod
+    # cannot end, and the kubelet keeps the native proxy running, as a running sidecar would.
+    holding = running_sidecars + [n for n in lay.regular_inits if _running(cs.get(n))]
+    stuck = [r for r in (read_run(n, cs.get(n)) for n in lay.regular_inits) if r.cannot_start]
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
 
     if p.ANNOTATION_OUTCOME in ann:
         # The outcome is written once; what is left is ending a pod that is still running.
         blocked = any(r.state != "terminated" for r in runs.values())
-        return _end(lay, runs, running_sidecars, ended or deadline_set, blocked, now, settings, None)
+        return _end(lay, runs, holding, ended or deadline_set, blocked, now, settings, None, stuck)
 
     actions: list[Action] = []
     latency = None
@@ -210,6 +216,10 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         elif elapsed >= settings.sidecar_ready_timeout_seconds:
             names = unready or lay.sidecars + lay.native
             msg = f"sidecar {', '.join(names)} not Ready after {settings.sidecar_ready_timeout_seconds:g}s"
+            # What kept them from starting, when it is not theirs (initshift-init's image).
+            blocking = next((r for r in (read_run(n, cs.get(n)) for n in lay.inits) if r.cannot_start), None)
+            if blocking is not None:
+                msg += f": {blocking.name} cannot start ({blocking.waiting})"
             return _fail_now(pod, lay, runs, running_sidecars, names[0], msg, now, settings, deadline_set)
         else:
             requeue = settings.sidecar_ready_timeout_seconds - elapsed
@@ -264,8 +274,9 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
 
     # Every step and main has terminated: wait (up to the grace period) for the sidecars
     # to stop on their own, so the outcome can say how they stopped; then write it once.
-    left = _grace_left(runs, now, settings)
-    if running_sidecars and not ended and not deadline_set and left > 0:
+    # One that cannot start will not end in any grace period: the pod is ended at once.
+    left = 0.0 if stuck else _grace_left(runs, now, settings)
+    if holding and not ended and not deadline_set and left > 0:
         return Decision(actions, left, latency, gate_open)
     failed = next((r for r in (runs[n] for n in order) if not r.ok and r.reason not in _NOT_THEIR_OWN), None) \
         or next((r for r in (runs[n] for n in order) if not r.ok), None)
@@ -277,10 +288,12 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         why = _ended_why(status) if ended else ""
         if why:  # the kubelet stopped every container for a reason of the pod's (its own
             message += f" (the pod ended: {why})"  # deadline, an eviction): the waiter saw only the signal
-    end_now = bool(running_sidecars) and not ended and not deadline_set
+        if stuck:  # the steps ran without their waiter (StartError): this is why
+            message += f"; {stuck[0].name} cannot start ({stuck[0].waiting})"
+    end_now = bool(holding) and not ended and not deadline_set
     stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
-    actions.append(_outcome_action(meta, outcome, _sidecars_deadline(running_sidecars, settings) if end_now else None))
+    actions.append(_outcome_action(meta, outcome, _holders_deadline(holding, stuck, settings) if end_now else None))
     return Decision(actions, None, latency, gate_open)
 
 
@@ -300,7 +313,8 @@ def _report_left(pod: dict, runs: dict[str, Run], cs: dict[str, dict], now: date
     conditions = status.get("conditions") if isinstance(status.get("conditions"), list) else []
     times = [parse_time(status.get("startTime"))] + \
         [parse_time(c.get("lastTransitionTime")) for c in conditions if isinstance(c, dict)] + \
-        [parse_time(s["state"]["terminated"].get("finishedAt")) for s in cs.values() if "terminated" in s["state"]]
+        [parse_time(ran_at(s["state"]["terminated"].get("finishedAt")))
+         for s in cs.values() if "terminated" in s["state"]]
     known = [t for t in times if t]
     if not known:
         return 0.0
@@ -426,23 +440,24 @@ def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: li
     return Decision([_outcome_action(pod.get("metadata") or {}, outcome, end[0] if end else None)], None)
 
 
-def _end(lay: Layout, runs: dict[str, Run], running_sidecars: list[str], done: bool, blocked: bool,
-         now: datetime, settings: WatcherSettings, why: str | None) -> Decision:
+def _end(lay: Layout, runs: dict[str, Run], holding: list[str], done: bool, blocked: bool,
+         now: datetime, settings: WatcherSettings, why: str | None, stuck: list[Run] | None = None) -> Decision:
     """After the outcome: end a pod that would otherwise keep running.
 
-    Blocked work (a step or main that will never run) ends it at once; sidecars still
-    running end it once the grace period after the last step or main has passed.
+    Blocked work (a step or main that will never run) ends it at once, and so does a
+    container before the steps that cannot start (`stuck`); sidecars still running
+    (`holding`) end it once the grace period after the last step or main has passed.
     """
     if done:
         return Decision()
     if blocked:
         return Decision([_deadline_action(f"{why or 'steps cannot finish'}; ending the pod")])
-    if not running_sidecars:
+    if not holding:
         return Decision()
-    left = _grace_left(runs, now, settings)
+    left = 0.0 if stuck else _grace_left(runs, now, settings)
     if left > 0:
         return Decision(requeue_after=left)
-    return Decision([_sidecars_deadline(running_sidecars, settings)])
+    return Decision([_holders_deadline(holding, stuck or [], settings)])
 
 
 def _grace_left(runs: dict[str, Run], now: datetime, settings: WatcherSettings) -> float:
@@ -452,8 +467,11 @@ def _grace_left(runs: dict[str, Run], now: datetime, settings: WatcherSettings) 
     return settings.grace_seconds - (now - anchor).total_seconds()
 
 
-def _sidecars_deadline(running_sidecars: list[str], settings: WatcherSettings) -> Action:
-    return _deadline_action(f"sidecars {', '.join(running_sidecars)} still running "
+def _holders_deadline(holding: list[str], stuck: list[Run], settings: WatcherSettings) -> Action:
+    if stuck:
+        return _deadline_action(f"{stuck[0].name} cannot start ({stuck[0].waiting}) after the last step; "
+                                f"ending the pod")
+    return _deadline_action(f"sidecars {', '.join(holding)} still running "
                             f"{settings.grace_seconds:g}s after the last step; ending the pod")
 
 

@@ -57,6 +57,19 @@ def parse_time(value: Any) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+# The Unix epoch: what the kubelet reports as the start of a container that never started
+# (StartError: containerd's zero time), and of nothing that ran.
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def ran_at(value: Any) -> str | None:
+    """A container state's `startedAt`/`finishedAt` as the kubelet wrote it, or None when it
+    names no instant: absent, unreadable or the zero time (the Unix epoch, which the
+    kubelet reports for a container that never started). The one rule for "never started"."""
+    t = parse_time(value)
+    return value if t is not None and t > _EPOCH else None
+
+
 def json_int(value: Any) -> int | None:
     """A JSON integer field's value (JSON's true and false are not numbers here), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -105,6 +118,12 @@ class Layout:
     @property
     def work(self) -> list[str]:
         return self.steps + self.mains
+
+    @property
+    def regular_inits(self) -> list[str]:
+        """What runs before the steps as a regular container (hybrid's `initshift-copy`): the
+        kubelet starts the steps whether or not it ran, and ends the pod only after it."""
+        return [n for n in self.inits if n not in self.in_init]
 
     @property
     def all_sidecars(self) -> list[str]:
@@ -239,7 +258,7 @@ def read_run(name: str, status: dict | None) -> Run:
     if not isinstance(state, dict):  # only a malformed status lacks the object
         state = {}
     if "terminated" not in state:
-        started = (state.get("running") or {}).get("startedAt")
+        started = ran_at((state.get("running") or {}).get("startedAt"))
         kind = "running" if "running" in state else "waiting" if "waiting" in state else "unknown"
         waiting = state.get("waiting") if isinstance(state.get("waiting"), dict) else {}
         return Run(name, kind, started_at=started, waiting=str(waiting.get("reason") or ""))
@@ -251,7 +270,8 @@ def read_run(name: str, status: dict | None) -> Run:
     record = _waiter_record(t.get("message"))
     if record is not None:
         run = Run(name, "terminated", int(record["exitCode"]), str(record["reason"]),
-                  record.get("startedAt") or t.get("startedAt"), record.get("finishedAt") or t.get("finishedAt"),
+                  record.get("startedAt") or ran_at(t.get("startedAt")),
+                  record.get("finishedAt") or ran_at(t.get("finishedAt")),
                   str(record.get("message") or ""), recorded=True)
         # The waiter survives its child (an OOM kill hits the child) and writes its record,
         # but the kubelet knows why the container died: its reason wins, the record stays beside.
@@ -262,7 +282,7 @@ def read_run(name: str, status: dict | None) -> Run:
             return replace(run, exit_code=code if code is not None else run.exit_code,
                            reason=kubelet_reason or "Error", signal=signal, waiter=waiter)
         return run
-    return Run(name, "terminated", code, kubelet_reason, t.get("startedAt"), t.get("finishedAt"),
+    return Run(name, "terminated", code, kubelet_reason, ran_at(t.get("startedAt")), ran_at(t.get("finishedAt")),
                str(t.get("message") or ""), signal=signal)
 
 
