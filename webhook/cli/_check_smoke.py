@@ -22,7 +22,7 @@ from waiter import protocol as p
 
 from ..errors import InitshiftError
 from ..kube import KubeApi, KubeError
-from ..watcher import SIDECAR, WAITER_RUN, NotManaged, layout, parse_time, statuses
+from ..watcher import SIDECAR, WAITER_RUN, NotManaged, layout, parse_time, ran_at, statuses
 from ._check_preflight import calls_for, find_injectors, pod_webhook
 from ._check_report import Line, Report, Target
 from ._podcli import CliError, PodTracker
@@ -257,8 +257,8 @@ class Run:
             else:
                 self.line(True, f"sidecar {', '.join(sidecars)} Ready", sidecars=sidecars)
             states = [(statuses(pod).get(n) or {}).get("state") or {} for n in sidecars]
-            times = [(st.get("running") or st.get("terminated") or {}).get("startedAt") for st in states]
-            sidecar_start = min((t for t in times if parse_time(t)), key=parse_time, default=None)
+            times = [ran_at((st.get("running") or st.get("terminated") or {}).get("startedAt")) for st in states]
+            sidecar_start = min((t for t in times if t), key=parse_time, default=None)
         else:
             self.line(True, f"no sidecar in the pod: the {'steps need' if shape.steps else 'main needs'} no proxy")
         pod = await self.until(tracker, f"{shape.label} started", gated_started)
