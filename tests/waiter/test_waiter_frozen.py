@@ -384,3 +384,18 @@ def test_no_runtime_hook_runs_at_start(bundle: Path) -> None:
     names = list(CArchiveReader(str(bundle / p.WAITER_EXE_NAME)).toc)  # a dict by name (6.5 and on)
     assert "initshift_waiter_entry" in names  # the archive was read
     assert [name for name in names if name.startswith("pyi_rth_")] == []
+
+
+def test_the_bundle_holds_every_module_of_the_waiter(bundle: Path) -> None:
+    """The entry imports some modules only when a flag asks for them (`waiter.hold`): each
+    must be in the archive. Collected by importing `waiter`, they were left out where the
+    environment resolved another checkout's package (an editable install elsewhere), and a
+    rewritten pod's initshift-copy failed with `No module named 'waiter.hold'`."""
+    from PyInstaller.archive.readers import CArchiveReader
+
+    from waiter import build
+
+    pyz = CArchiveReader(str(bundle / p.WAITER_EXE_NAME)).open_embedded_archive("PYZ.pyz")
+    held = {name for name in pyz.toc if name == "waiter" or name.startswith("waiter.")}
+    assert "waiter.hold" in build.own_modules() and "waiter.build" not in build.own_modules()
+    assert held == set(build.own_modules())
