@@ -162,17 +162,23 @@ def _crash_seen_by_check(env: Env, deployment: str, selector: str, serving: set[
     return line["hint"]
 
 
-def _budget_as_counted(env: Env, lines: list[dict]) -> None:
-    """`check`'s line for the install's PodDisruptionBudget holds the disruption controller's
-    own count (its status, read again after the check); one replica has no budget."""
-    budgets = env.kube.get(f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets")["items"]
+def _counted_budgets(env: Env) -> list[dict]:
+    """The install's PodDisruptionBudgets once the disruption controller has counted each (its
+    status for the current generation); the chart makes none for one replica."""
+    def counted() -> tuple[list[dict]] | None:  # a tuple: no budget at all is an answer too
+        budgets = env.kube.get(f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets")["items"]
+        done = all("disruptionsAllowed" in (b.get("status") or {}) and
+                   b["status"].get("observedGeneration") == b["metadata"].get("generation") for b in budgets)
+        return (budgets,) if done else None
+    return wait_for(counted, 60, "the disruption controller's count of the install's budgets")[0]
+
+
+def _budget_as_counted(lines: list[dict], budgets: list[dict]) -> str:
+    """`check`'s line for each budget holds the controller's own count; what it said."""
     said = [x for x in lines if x["title"].startswith("PodDisruptionBudget ")]
-    counted = [b for b in budgets if "disruptionsAllowed" in (b.get("status") or {})
-               and b["status"].get("observedGeneration") == b["metadata"].get("generation")]
-    assert len(said) == len(counted), (said, budgets)
-    for line, budget in zip(said, counted):
-        assert (line["budget"], line["disruptionsAllowed"]) == (
-            budget["metadata"]["name"], budget["status"]["disruptionsAllowed"]), (line, budget["status"])
+    assert [(x["budget"], x["disruptionsAllowed"]) for x in said] == [
+        (b["metadata"]["name"], b["status"]["disruptionsAllowed"]) for b in budgets], (said, budgets)
+    return "; ".join(x["title"] for x in said) or "no PodDisruptionBudget"
 
 
 def _checked_from_a_workstation(env: Env, service: str, builds: str) -> str:
@@ -183,6 +189,7 @@ def _checked_from_a_workstation(env: Env, service: str, builds: str) -> str:
     port-forward svc/SERVICE PORT:443` and `--service-url https://127.0.0.1:PORT`. Every line
     ✔ every way; what each says of the server."""
     said = []
+    budgets = _counted_budgets(env)
     with viewer(env, builds) as config:
         for who, kubeconfig in (("", None), (" as the docs' least-privileged user", config)):
             code, lines = check_report(env, "-n", NAMESPACE, kubeconfig=kubeconfig)
@@ -190,10 +197,9 @@ def _checked_from_a_workstation(env: Env, service: str, builds: str) -> str:
             assert code == 0 and not failed, f"check{who} exited {code}: {failed}"
             server = [x["title"] for x in lines if x["section"] == "webhook-server"]
             assert any("through a port-forward" in t for t in server) and any("caBundle" in t for t in server), server
-            if not who:
-                _budget_as_counted(env, lines)
+            budget = "" if who else f"; {_budget_as_counted(lines, budgets)}"
             said.append(f"`initshift check` from outside the cluster{who}: {len(lines)} lines ✔"
-                        + ("" if who else f" ({'; '.join(server)})"))
+                        + ("" if who else f" ({'; '.join(server)}{budget})"))
     port = free_port()
     forward = subprocess.Popen([kubectl_path(), "--kubeconfig", str(env.admin), "-n", NAMESPACE, "port-forward",
                                 f"svc/{service}", f"{port}:443"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
