@@ -4,7 +4,8 @@
 interpreter did at start-up (e.g. C-locale coercion setting LC_CTYPE). The frozen
 bootloader re-execs itself with LD_LIBRARY_PATH pointing into the bundle (the original
 saved in LD_LIBRARY_PATH_ORIG) plus its own _PYI_* variables: those are undone here.
-What it overwrote or unset is gone (docs/waiter.md, *Environment*).
+A LD_LIBRARY_PATH that was set but empty is indistinguishable from unset after the
+bootloader, and comes back unset.
 """
 
 from __future__ import annotations
@@ -34,23 +35,21 @@ def _initial_environment() -> dict[bytes, bytes]:
 
 def scrub(env: dict[bytes, bytes], frozen: bool, bundle: bytes = b"") -> dict[bytes, bytes]:
     """Remove what the freezer added and restore what it changed (`bundle`: the folder the
-    bootloader put on LD_LIBRARY_PATH). `env` is in the block's order, which tells what the
-    bootloader added: glibc's setenv replaces a variable in place and appends a new one."""
+    bootloader put on LD_LIBRARY_PATH)."""
     if not frozen:
         return dict(env)
-    added = {name.encode() for name in p.FREEZER_ENV}
-    out = {k: v for k, v in env.items() if k not in added}
+    exact = {name.encode() for name in p.FREEZER_ENV_EXACT}
+    prefixes = tuple(prefix.encode() for prefix in p.FREEZER_ENV_PREFIXES)
+    out = {k: v for k, v in env.items() if k not in exact and not k.startswith(prefixes)}
     # The bootloader saves an LD_LIBRARY_PATH it found in LD_LIBRARY_PATH_ORIG and puts its
     # own folder before it; with none, its folder alone, and an LD_LIBRARY_PATH_ORIG there
     # is the container's own (kept).
     if LIBRARY_PATH_ORIG in env and env.get(LIBRARY_PATH) != bundle:
         out[LIBRARY_PATH] = env[LIBRARY_PATH_ORIG]
-        del out[LIBRARY_PATH_ORIG]
-    elif env.get(LIBRARY_PATH) == bundle:
-        if next(reversed(env)) == LIBRARY_PATH:  # appended: the container had none
-            del out[LIBRARY_PATH]
-        else:  # in place: it replaced the container's own empty one (the bootloader saves no "")
-            out[LIBRARY_PATH] = b""
+    else:
+        out.pop(LIBRARY_PATH, None)
+        if LIBRARY_PATH_ORIG in env:
+            out[LIBRARY_PATH_ORIG] = env[LIBRARY_PATH_ORIG]
     return out
 
 

@@ -236,8 +236,6 @@ EXIT_CANNOT_EXEC = 126  # found but not executable: permission denied, exec form
 EXIT_NOT_FOUND = 127  # command not found
 EXIT_SIGNAL_BASE = 128  # + signal number
 
-# The variables PyInstaller's bootloader sets before it restarts itself, which the waiter
-# removes before exec'ing the child (LD_LIBRARY_PATH and LD_LIBRARY_PATH_ORIG it also sets,
-# restored by waiter/env.py). Names only, no prefixes: a container's own _MEIPASS2 or
-# _PYI_OTHER is its own and reaches its command.
-FREEZER_ENV = ("_PYI_ARCHIVE_FILE", "_PYI_PARENT_PROCESS_LEVEL", "_PYI_LINUX_PROCESS_NAME")
+# Environment variables the freezer sets and the waiter scrubs before exec'ing the child.
+FREEZER_ENV_EXACT = ("LD_LIBRARY_PATH_ORIG",)
+FREEZER_ENV_PREFIXES = ("_PYI_", "_MEIPASS", "STATICX_")

@@ -56,17 +56,11 @@ def test_unreadable_records_are_value_errors(data: bytes) -> None:
 
 
 def test_scrub_restores_what_the_bootloader_changed() -> None:
-    """Blocks as the bootloader leaves them: a name it adds comes after the container's own."""
-    bootloader = {b"_PYI_ARCHIVE_FILE": b"/b/waiter", b"_PYI_PARENT_PROCESS_LEVEL": b"-1",
-                  b"_PYI_LINUX_PROCESS_NAME": b"waiter"}
-    saved = {b"PATH": b"/bin", b"LD_LIBRARY_PATH": b"/bundle:/orig", b"STATICX_PROG_PATH": b"y", **bootloader,
-             b"LD_LIBRARY_PATH_ORIG": b"/orig"}
-    assert env.scrub(saved, frozen=True, bundle=b"/bundle") == {
-        b"PATH": b"/bin", b"LD_LIBRARY_PATH": b"/orig", b"STATICX_PROG_PATH": b"y"}
-    unset = {b"PATH": b"/bin", b"_PYI_X": b"1", **bootloader, b"LD_LIBRARY_PATH": b"/bundle"}
-    assert env.scrub(unset, frozen=True, bundle=b"/bundle") == {b"PATH": b"/bin", b"_PYI_X": b"1"}
-    empty = {b"LD_LIBRARY_PATH": b"/bundle", b"PATH": b"/bin", **bootloader}
-    assert env.scrub(empty, frozen=True, bundle=b"/bundle") == {b"LD_LIBRARY_PATH": b"", b"PATH": b"/bin"}
+    frozen = {b"PATH": b"/bin", b"LD_LIBRARY_PATH": b"/bundle:/orig", b"LD_LIBRARY_PATH_ORIG": b"/orig",
+              b"_PYI_ARCHIVE_FILE": b"/x", b"_PYI_PARENT_PROCESS_LEVEL": b"1", b"STATICX_PROG_PATH": b"y"}
+    assert env.scrub(frozen, frozen=True) == {b"PATH": b"/bin", b"LD_LIBRARY_PATH": b"/orig"}
+    unset = {b"PATH": b"/bin", b"LD_LIBRARY_PATH": b"/bundle", b"_PYI_X": b"1"}
+    assert env.scrub(unset, frozen=True) == {b"PATH": b"/bin"}
     # From source nothing is touched: those variables are the user's own.
     assert env.scrub(unset, frozen=False) == unset
 
