@@ -16,6 +16,11 @@ from ._check_report import Line, Target, selects
 _SERVER_CONTAINER = "initshift"  # the Deployment's container (deploy/ and the chart)
 
 
+def failure_policy_of(webhook: Mapping) -> str:
+    """A webhook's failurePolicy; unset is admissionregistration.k8s.io/v1's default, Fail."""
+    return str(webhook.get("failurePolicy") or "Fail")
+
+
 def unanswered(failure_policy: str | None) -> str:
     """What the apiserver does with a pod of an opted-in namespace while no replica answers."""
     return {"Ignore": "pods of opted-in namespaces are created without the rewrite",

@@ -26,7 +26,7 @@ from ..kube import (ALWAYS, NODE_VERSIONS, PULL_SECRETS, SELF_MANAGED_CERTS, Acc
                     server_access)
 from ..settings import Settings
 from ..watcher import parse_time
-from ._check_deployment import deployment_lines, ready_condition, unanswered
+from ._check_deployment import deployment_lines, failure_policy_of, ready_condition, unanswered
 from ._check_report import Line, Report, Target, selects
 from ._check_forward import in_cluster, service_pod
 from ._check_tls import Served, direct, forwarded, probe
@@ -197,9 +197,8 @@ def _configuration_lines(config: dict, wh: dict, target: Target, budget: float) 
     out.append(Line(s, again == "IfNeeded", f"reinvocationPolicy: {again}",
                     "" if again == "IfNeeded" else "set reinvocationPolicy: IfNeeded, so initshift sees the pod "
                                                    "again after the mesh injected its proxy"))
-    # admissionregistration.k8s.io/v1's default is Fail. Either is a choice (docs/install.md):
-    # the line says what it means while no replica answers.
-    policy = wh.get("failurePolicy") or "Fail"
+    # Either is a choice (docs/install.md): the line says what it means while no replica answers.
+    policy = failure_policy_of(wh)
     out.append(Line(s, True, f"failurePolicy: {policy} (while no replica answers, {unanswered(policy)})",
                     data={"failurePolicy": policy}))
     timeout = wh.get("timeoutSeconds", 10)
@@ -518,7 +517,7 @@ async def preflight(api: KubeApi, target: Target, report: Report) -> None:
     namespaces = await _or_line(api.list_namespaces(), report, "namespaces", "namespaces") or []
     opted = [ns["metadata"]["name"] for ns in namespaces if wh is not None and calls_for(wh, ns)]
     by_service = wh is not None and bool((wh.get("clientConfig") or {}).get("service"))
-    policy = (wh.get("failurePolicy") or "Fail") if wh is not None else None
+    policy = failure_policy_of(wh) if wh is not None else None
     for line in await deployment_lines(api, target, opted, by_service, policy):
         report(line)
     excluded = (target.namespace, *_ALWAYS_EXCLUDED)

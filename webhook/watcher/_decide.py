@@ -179,7 +179,9 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     # cannot be pulled: the kubelet ran the steps anyway, without their waiter) the pod
     # cannot end, and the kubelet keeps the native proxy running, as a running sidecar would.
     holding = running_sidecars + [n for n in lay.regular_inits if _running(cs.get(n))]
-    stuck = [r for r in (read_run(n, cs.get(n)) for n in lay.regular_inits) if r.cannot_start]
+    # Our containers before the work that cannot start (their image cannot be pulled).
+    unstartable = [r for r in (read_run(n, cs.get(n)) for n in lay.inits) if r.cannot_start]
+    stuck = [r for r in unstartable if r.name in lay.regular_inits]
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
 
@@ -217,9 +219,8 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
             names = unready or lay.sidecars + lay.native
             msg = f"sidecar {', '.join(names)} not Ready after {settings.sidecar_ready_timeout_seconds:g}s"
             # What kept them from starting, when it is not theirs (initshift-init's image).
-            blocking = next((r for r in (read_run(n, cs.get(n)) for n in lay.inits) if r.cannot_start), None)
-            if blocking is not None:
-                msg += f": {blocking.name} cannot start ({blocking.waiting})"
+            if unstartable:
+                msg += f": {unstartable[0].name} cannot start ({unstartable[0].waiting})"
             return _fail_now(pod, lay, runs, running_sidecars, names[0], msg, now, settings, deadline_set)
         else:
             requeue = settings.sidecar_ready_timeout_seconds - elapsed
