@@ -200,6 +200,7 @@ def unpullable_copy(env: Env, rec: Record) -> None:
         assert fetch.get("reason") == "StartError" and fetch.get("exitCode") == 128, fetch
         assert said["result"] == "Failed" and said["failed"] == "fetch", said
         assert f"; {p.COPY_CONTAINER_NAME} cannot start (" in said["message"], said["message"]
+        assert "no such file or directory" in said["message"], "the runtime's why, at its message's end"
         assert said["sidecarsStoppedBy"] == "deadline", said
         assert all(s["startedAt"] is None for s in said["steps"] + said["mains"]), said
         shown = initshift(env, "status", name, "-n", plain)

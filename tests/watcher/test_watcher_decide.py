@@ -12,7 +12,7 @@ from tests.support.kubedouble import merge_patch, running, terminated, waiting
 from waiter import protocol as p
 from webhook.rewrite._command import run_command
 from webhook.watcher._decide import RECORD, URGENT, decide, format_time, slim_pod
-from webhook.watcher._podstate import layout, read_runs
+from webhook.watcher._podstate import clip, layout, read_runs
 from webhook.settings import WatcherSettings
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -528,6 +528,18 @@ def test_a_plain_kubelet_error_leaves_the_waiters_record_alone() -> None:
                    annotations=READY)
     build = next(a.outcome for a in decide(pod, NOW, W).actions if a.kind == "outcome")["steps"][1]
     assert build["reason"] == p.REASON_ERROR and "waiter" not in build and build["message"] == "killed by SIGKILL"
+
+
+@given(st.text(max_size=400), st.integers(2, 300))
+def test_a_clipped_message_keeps_its_start_and_its_end(text: str, limit: int) -> None:
+    got = clip(text, limit)
+    assert len(got) <= limit
+    if len(text) <= limit:
+        assert got == text
+    else:
+        assert len(got) == limit
+        assert any(got[i] == "…" and text.startswith(got[:i]) and text.endswith(got[i + 1:]) and i <= limit - 1 - i
+                   for i in range(limit)), "the start, a mark, the end (the longer part)"
 
 
 def test_a_success_record_wins_over_a_later_kill() -> None:

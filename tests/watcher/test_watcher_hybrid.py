@@ -104,7 +104,9 @@ def test_steps_that_ran_without_their_copied_waiter_end_the_pod_at_once():
     got = action.outcome
     assert got["result"] == "Failed" and got["failed"] == "git-clone"
     assert got["message"].startswith("git-clone failed: StartError (exit 128): failed to create containerd task")
-    assert got["message"].endswith(f"; {p.COPY_CONTAINER_NAME} cannot start (ImagePullBackOff)")
+    assert got["message"].endswith(": no such file or directory: unknown; "
+                                   f"{p.COPY_CONTAINER_NAME} cannot start (ImagePullBackOff)"), \
+        "the runtime's why, at the end of its message, is kept"
     assert got["sidecarsStoppedBy"] == "deadline", "the proxy runs until the watcher ends the pod"
     assert [(s["reason"], s["startedAt"]) for s in got["steps"] + got["mains"]] == [("StartError", None)] * 2, \
         "the kubelet's zero time is no start"

@@ -37,6 +37,7 @@ _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message ha
 # Evicted, ContainerCannotRun, ...) or a signal is news the outcome must name.
 _PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
 MESSAGE_LIMIT = 1024
+SUMMARY_LIMIT = 240  # a container's own message within the outcome's one-line message
 ENDED_PHASES = ("Succeeded", "Failed")  # a pod in either phase runs nothing any more
 # The kubelet's waiting reasons that only mean "not yet"; any other (ImagePullBackOff,
 # CreateContainerConfigError, ...) says it cannot create the container as it is.
@@ -250,7 +251,17 @@ class Run:
         text = f"{self.reason or 'unknown'} ({exit_part})"
         if self.waiter is not None:
             text += f"; the waiter recorded {self.waiter['reason']} (exit {self.waiter['exitCode']})"
-        return text + (f": {self.message[:200]}" if self.message else "")
+        return text + (f": {clip(self.message, SUMMARY_LIMIT)}" if self.message else "")
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` within `limit` characters, its middle dropped: a runtime's error leads with
+    where it failed and ends with why ("failed to create containerd task: ... stat
+    /initshift/bin/waiter/waiter: no such file or directory: unknown")."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 3
+    return f"{text[:head]}…{text[len(text) - (limit - 1 - head):]}"
 
 
 def read_run(name: str, status: dict | None) -> Run:
