@@ -559,7 +559,7 @@ async def test_failure_policy_says_what_a_pod_meets_while_no_replica_answers(kub
 async def test_a_disruption_budget_that_blocks_every_drain_is_a_warning(kube: KubeDouble, tmp_path) -> None:
     """One replica under `minAvailable: 1` (the disruption controller's count: none allowed):
     a drain of its node waits for ever. A warning naming the fix, never a failure; nothing
-    said of a budget the controller has not counted yet, nor while a replica is not Ready
+    said of a budget the controller has not counted yet, nor while no replica is Ready
     (that line fails instead)."""
     title = ("PodDisruptionBudget initshift-system/initshift allows no eviction: 1 Ready, 1 wanted, minAvailable 1 "
              "(warning)")
@@ -588,6 +588,30 @@ async def test_a_disruption_budget_that_blocks_every_drain_is_a_warning(kube: Ku
         kube.fail_next(f"/apis/policy/v1/namespaces/{inst.NS}/poddisruptionbudgets", 403)
         code, out, _ = await check(*i.argv())
     assert code == 0 and marks(out).get("PodDisruptionBudgets: cannot be read (warning)") == "✔", out
+
+
+async def test_a_drain_under_way_the_budget_says_why_it_waits(kube: KubeDouble, tmp_path) -> None:
+    """A node cordoned and drained (as on v1.34.9, e2e `second-day`): one replica evicted, its
+    replacement Pending (no node takes it), the other held by `minAvailable: 1`. The replicas'
+    line fails naming the Pending pod, and the budget's line says it allows no eviction and
+    why, without the one-replica advice to scale up (two are asked for already)."""
+    async with inst.healthy(kube, tmp_path) as i:
+        deployment = kube.get("deployments", inst.NS, "initshift")
+        kube.delete("pods", inst.NS, "initshift-7d9c5b-1")
+        pending = inst.replica(deployment, "initshift-7d9c5b-2", ready=False, state={"waiting": {}})
+        pending["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/1 nodes are available: 1 node(s) were unschedulable."}]}
+        kube.put("pods", pending)
+        pdb = kube.get("poddisruptionbudgets", inst.NS, "initshift")
+        kube.put("poddisruptionbudgets", inst.budget(pdb, healthy=1, expected=2))
+        code, out, _ = await check(*i.argv())
+    title = ("PodDisruptionBudget initshift-system/initshift allows no eviction: 1 Ready, 1 wanted, minAvailable 1 "
+             "(warning)")
+    assert code == 1 and failed(out) == ["Deployment initshift-system/initshift: 1 of 2 replicas Ready"], out
+    assert marks(out).get(title) == "✔", out
+    assert "a node drain evicts no more of initshift's replicas until the ones not Ready (above) are Ready" in out
+    assert "--replicas=2" not in out.split(title, 1)[1], out
 
 
 def _pod_patch_policy(namespace: str = "initshift-system") -> list[dict]:

@@ -101,8 +101,8 @@ async def deployment_lines(api: KubeApi, target: Target, opted: list[str], by_se
     replicas = await _replicas_line(api, target, deployment, by_service, failure_policy)
     out = [Line(s, True, f"Deployment {where}: its settings are valid (initshift's image {image})",
                 data={"image": image}), replicas]
-    if replicas.ok and replicas.data.get("ready"):  # else the replicas' line says what is wrong
-        out += await _budget_lines(api, target, deployment)
+    if replicas.data.get("ready"):  # during a drain too: a replica not Ready is why the drain waits
+        out += await _budget_lines(api, target, deployment, all_ready=replicas.ok)
     names = settings.rewrite.image_pull_secrets
     if names and opted:
         out.append(await _pull_secrets_line(api, image, names, opted))
@@ -142,11 +142,14 @@ async def _replicas_line(api: KubeApi, target: Target, deployment: dict, by_serv
     return Line(s, False, title, hint, {"replicas": wanted, "ready": ready, "pods": trouble})
 
 
-async def _budget_lines(api: KubeApi, target: Target, deployment: dict) -> list[Line]:
+async def _budget_lines(api: KubeApi, target: Target, deployment: dict, all_ready: bool = True) -> list[Line]:
     """Each PodDisruptionBudget over the Deployment's pods, by the disruption controller's own
     count (its status): how many replicas a node drain may evict. One that allows none while
     every replica is Ready (one replica, `minAvailable: 1`) blocks `kubectl drain` of a node
-    running initshift until the drain times out: a warning, the cluster's admin's call."""
+    running initshift until the drain times out: a warning, the cluster's admin's call. One
+    that allows none while a replica is not Ready (`all_ready` False: a drain under way, its
+    evicted replica's replacement not Ready yet, or Pending where no other node takes it) is
+    why a drain waits: said so, with no advice to add replicas."""
     s, namespace = "deployment", target.namespace
     labels = ((deployment.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
     try:
@@ -170,8 +173,15 @@ async def _budget_lines(api: KubeApi, target: Target, deployment: dict) -> list[
             out.append(Line(s, True, f"PodDisruptionBudget {where}: a node drain may evict {allowed} of "
                                      f"{status.get('currentHealthy', '?')} Ready replicas at a time", data=data))
             continue
-        out.append(Line(s, True, f"PodDisruptionBudget {where} allows no eviction: {status.get('currentHealthy', '?')} "
-                                 f"Ready, {status.get('desiredHealthy', '?')} wanted{rule} (warning)",
+        title = f"PodDisruptionBudget {where} allows no eviction: {status.get('currentHealthy', '?')} " \
+                f"Ready, {status.get('desiredHealthy', '?')} wanted{rule} (warning)"
+        if not all_ready:
+            out.append(Line(s, True, title, "warning: a node drain evicts no more of initshift's replicas until the "
+                                            "ones not Ready (above) are Ready; a replacement Pending on a cordoned "
+                                            "node, or where no other node can take it, never is, and the drain "
+                                            "waits until it times out", {**data, "warning": True}))
+            continue
+        out.append(Line(s, True, title,
                         f"warning: `kubectl drain` of a node running initshift waits until it times out: run more "
                         f"replicas (kubectl -n {namespace} scale deployment {target.deployment} --replicas=2), or "
                         f"delete the budget (the chart makes none for one replica)", {**data, "warning": True}))
