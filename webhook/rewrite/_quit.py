@@ -58,7 +58,7 @@ def _status_port_of(config: Any, load: Any) -> int | None:
 def _env_value(container: Mapping, name: str) -> Any:
     """The value of the container's variable `name` (the kubelet gives the last entry of a
     name the word); None where it has none."""
-    values = [e.get("value") for e in container.get("env") or [] if isinstance(e, Mapping) and e.get("name") == name]
+    values = [e.get("value") for e in container.get("env") or [] if isinstance(e, dict) and e.get("name") == name]
     return values[-1] if values else None
 
 
@@ -112,7 +112,7 @@ def open_quit(container: Mapping, annotations: Mapping) -> Mapping:
     if container.get("name") != p.LINKERD_PROXY or refuses_quit(annotations):
         return container
     env = list(container.get("env") or [])
-    named = [isinstance(e, Mapping) and e.get("name") == p.LINKERD_SHUTDOWN_ENV for e in env]
+    named = [isinstance(e, dict) and e.get("name") == p.LINKERD_SHUTDOWN_ENV for e in env]
     if any(named) and all(e == _ON for e, n in zip(env, named) if n):
         return container
     # Linkerd's own entry ("false") is replaced where it stands: the kubelet would give a
