@@ -86,15 +86,15 @@ async def eventually(check: Callable[[], object], what: str, timeout: float = BO
 
 
 def _caught_up(kube: KubeDouble, c: Controller, rv: int) -> bool:
-    """The pod informers have passed `rv`; the Event informers (no bookmarks: the apiserver
+    """The controller has decided on what it listed; the pod informers have passed `rv`; the Event informers (no bookmarks: the apiserver
     keeps no watch cache for Events) have seen the newest of the watcher's Events."""
     def seen(i: Any) -> int:
         if i.plural != "events":
             return rv
         return max((int(e["metadata"]["resourceVersion"]) for e in kube.items("events", i.namespace)
                     if (e.get("source") or {}).get("component") == COMPONENT), default=0)
-    return all(int(i.resource_version or 0) >= seen(i) for i in c.informers) and not len(c.queue) and \
-        not c.queue.busy and c.recorder.idle
+    return c.synced and all(int(i.resource_version or 0) >= seen(i) for i in c.informers) and \
+        not len(c.queue) and not c.queue.busy and c.recorder.idle
 
 
 async def settled(kube: KubeDouble, *controllers: Controller) -> None:
@@ -409,6 +409,27 @@ async def test_sidecar_never_ready_times_out(kube: KubeDouble) -> None:
     got = outcome(kube, "b8")
     assert got["result"] == "Failed" and got["failed"] == "istio-proxy" and "not Ready" in got["message"]
     assert annotation(kube, "b8", p.ANNOTATION_READY) is None
+
+
+async def test_a_watcher_started_while_step_0_runs_gives_the_sidecars_the_timeout_from_then(kube: KubeDouble) -> None:
+    """A restart (a rollout) while a probe-gated build's step 0 runs and its proxy is not
+    Ready, past the timeout from the pod's start: nothing on the pod says whether the gate
+    opened, so the build is not failed for it at once; a gate that never opens is failed a
+    whole timeout later."""
+    kube.put_pod(build_pod("b10", probed=True))
+    clock = ManualClock()
+    kube.set_container_statuses(NS, "b10", [running("istio-proxy", ready=False), running("fetch")], phase="Running",
+                                start_time=clock.stamp(-45.0))
+    async with watcher(kube, settings(sidecar_ready_timeout_seconds=30.0), clock=clock) as c:
+        await settled(kube, c)
+        assert kube.patches(NS, "b10") == [], "failed on the watcher's first sight"
+        clock.advance(25.0)
+        await settled(kube, c)
+        assert kube.patches(NS, "b10") == []
+        clock.advance(10.0)
+        await eventually(lambda: kube.pod(NS, "b10")["spec"].get("activeDeadlineSeconds") == 1, "the deadline")
+    got = outcome(kube, "b10")
+    assert got["result"] == "Failed" and got["failed"] == "istio-proxy" and "not Ready after 30s" in got["message"]
 
 
 async def test_a_probe_gated_pod_whose_proxy_turns_unready_later_is_not_failed(kube: KubeDouble) -> None:

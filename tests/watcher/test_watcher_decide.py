@@ -384,15 +384,19 @@ def test_the_gate_seen_open_is_not_failed_by_a_sidecar_that_turns_unready_later(
     assert kinds_of(decide(gated, NOW, W, gate_seen_open=True)) == ["ready"]
 
 
-def test_a_step_that_succeeded_shows_the_gate_opened_to_a_watcher_that_did_not_see_it() -> None:
-    """A watcher that restarted while a probe-gated pod's sidecar was not Ready: step 0's
-    success on the pod says the gate opened, so the pod is not failed; with only step 0
-    running (or failed) the pod says nothing and the timeout still applies."""
-    done_first = make_pod([running("istio-proxy", ready=False), done("fetch", end=400), running("build"),
-                           running("completion")], start=601, probes=PROBE)
-    first = decide(done_first, NOW, W)
-    assert first.actions == [] and first.gate_open
-    for fetch in (running("fetch"), done("fetch", 1, p.REASON_ERROR, end=400)):
+def test_a_command_the_waiter_started_shows_the_gate_opened_to_a_watcher_that_did_not_see_it() -> None:
+    """A watcher that restarted while a probe-gated pod's sidecar was not Ready: a step whose
+    command the waiter started (it succeeded, failed or timed out) passed the gate, so the
+    pod is not failed for its sidecar; a step that started none (skipped, stopped, the
+    waiter's own error) says nothing."""
+    for fetch in (done("fetch", end=400), done("fetch", 1, p.REASON_ERROR, end=400),
+                  done("fetch", 124, p.REASON_TIMED_OUT, end=400)):
+        pod = make_pod([running("istio-proxy", ready=False), fetch, running("build"), running("completion")],
+                       start=601, probes=PROBE)
+        first = decide(pod, NOW, W)
+        assert first.gate_open and "outcome+end" not in kinds_of(first), fetch
+    for fetch in (running("fetch"), done("fetch", 2, p.REASON_WAITER_ERROR, end=400),
+                  done("fetch", 143, p.REASON_STOPPED, end=400)):
         unknown = make_pod([running("istio-proxy", ready=False), fetch, running("build"), running("completion")],
                            start=601, probes=PROBE)
         assert not decide(unknown, NOW, W).gate_open
@@ -401,6 +405,25 @@ def test_a_step_that_succeeded_shows_the_gate_opened_to_a_watcher_that_did_not_s
     gated = make_pod([running("istio-proxy"), done("fetch", end=400), running("build"), running("completion")],
                      start=30)
     assert kinds_of(decide(gated, NOW, W)) == ["ready"]
+
+
+def test_a_watcher_that_came_while_step_0_ran_counts_the_sidecar_timeout_from_then() -> None:
+    """A probe-gated pod's gate leaves no mark while step 0 runs: a watcher that first saw
+    the pod after step 0 started (a restart, a rollout) gives the sidecars the whole timeout
+    from then, so a build whose proxy is not Ready at that moment is not failed for it; one
+    that saw the pod from its start, or whose step 0 has not started, counts from the start."""
+    pod = make_pod([running("istio-proxy", ready=False), running("fetch")], start=601, probes=PROBE)
+    later = decide(pod, NOW, W, watched_since=NOW - timedelta(seconds=10))
+    assert later.actions == [] and later.requeue_after == pytest.approx(590)
+    assert kinds_of(decide(pod, NOW + timedelta(seconds=590), W, watched_since=NOW - timedelta(seconds=10))) == \
+        ["outcome+end"], "a gate that never opened is failed a timeout after the watcher came"
+    for since in (None, NOW - timedelta(seconds=601), NOW - timedelta(seconds=700)):
+        assert kinds_of(decide(pod, NOW, W, watched_since=since)) == ["outcome+end"], since
+    not_started = make_pod([running("istio-proxy", ready=False), waiting("fetch")], start=601, probes=PROBE)
+    assert kinds_of(decide(not_started, NOW, W, watched_since=NOW)) == ["outcome+end"], "no gate opened yet"
+    # The ready annotation is the mark of a gate that reads it: its absence is news.
+    gated = make_pod([running("istio-proxy", ready=False), running("fetch")], start=601)
+    assert kinds_of(decide(gated, NOW, W, watched_since=NOW)) == ["outcome+end"]
 
 
 def test_the_ready_annotation_only_where_the_gate_reads_it() -> None:

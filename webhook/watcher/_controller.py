@@ -111,6 +111,11 @@ class Controller:
         self._timers: dict[Key, tuple[float, Timer]] = {}  # when to decide again, without any change
         self._due: dict[Key, tuple[tuple, float]] = {}  # a follower: what was due, since when
 
+    @property
+    def synced(self) -> bool:
+        """Every informer has listed and every pod listed then was decided on."""
+        return self._synced.is_set()
+
     # --- leadership ------------------------------------------------------------------------
     def set_leading(self, value: bool) -> None:
         """Gaining the Lease: everything due is done now, not after the takeover delay."""
@@ -187,8 +192,9 @@ class Controller:
 
     # --- deciding ----------------------------------------------------------------------------
     def _decide(self, key: Key, pod: dict) -> Decision:
-        seen = key in self.store.gate_open
-        decision = decide(pod, self.clock.now(), self.settings.watcher, gate_seen_open=seen)
+        seen, now = key in self.store.gate_open, self.clock.now()
+        decision = decide(pod, now, self.settings.watcher, gate_seen_open=seen,
+                          watched_since=self.store.first_seen.setdefault(key, now))
         if decision.gate_open and not seen:
             self.store.gate_open.add(key)
             if decision.ready_latency is not None and self.leading:  # (the sum over replicas counts it once)

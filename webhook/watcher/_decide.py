@@ -158,12 +158,13 @@ def _gate_args(args: list) -> list:
 
 
 # --- the decision --------------------------------------------------------------------------
-def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_open: bool = False) -> Decision:
+def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_open: bool = False,
+           watched_since: datetime | None = None) -> Decision:
     """`gate_seen_open`: the caller saw this pod's gate open before (every sidecar Ready
     while it ran), which the pod itself does not record when the watcher had nothing to
-    write for it (a gate of loopback probes) until a step or main has succeeded; a sidecar
-    that is not Ready later then does not fail the pod, as it does not once the ready
-    annotation is written."""
+    write for it (a gate of loopback probes) until a step or main has run its command; a
+    sidecar that is not Ready later then does not fail the pod, as it does not once the
+    ready annotation is written. `watched_since`: when the caller first saw the pod."""
     meta = pod.get("metadata") or {}
     if managed_as(pod) == p.MANAGED_START_ORDER:
         return _decide_start_order(pod)
@@ -192,13 +193,21 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
 
     actions: list[Action] = []
     latency = None
-    # A gate of loopback probes leaves no mark on the pod but this: a step or main that ran
-    # its command to success passed it (later ones run only after step 0). A watcher that
-    # restarted since, and so never saw the gate open, then still knows it did.
+    # A gate of loopback probes leaves no mark on the pod but this: a step or main whose
+    # command the waiter started passed it (later ones run only after step 0's success). A
+    # watcher that restarted since, and so never saw the gate open, then still knows it did.
+    probed = not lay.reads_ready
     gate_open = ann.get(p.ANNOTATION_READY) == p.READY_TRUE or \
-        (not lay.reads_ready and (gate_seen_open or any(r.ok for r in runs.values())))
+        (probed and (gate_seen_open or any(r.ran_command for r in runs.values())))
     started = parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp"))
     elapsed = (now - started).total_seconds() if started else 0.0
+    # While step 0 runs, such a gate may have opened before this watcher came (a restart, a
+    # rollout) with nothing on the pod to say so: the sidecars' timeout counts from when it
+    # first saw the pod, so a running build whose proxy is not Ready at that moment is not
+    # failed for it; one whose gate never opened is failed that much later.
+    waited = elapsed
+    if probed and watched_since is not None and lay.work and runs[lay.work[0]].state in ("running", "terminated"):
+        waited = min(elapsed, (now - watched_since).total_seconds())
     unready = [n for n in lay.sidecars if not (cs.get(n) or {}).get("ready")] + \
               [n for n in lay.native if not (ics.get(n) or {}).get("ready")]
     requeue: float | None = None
@@ -215,7 +224,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
                 what = f"sidecars {', '.join(sidecars)} Ready" if sidecars else "no sidecars"
                 actions.append(Action("ready", {"metadata": {"annotations": {p.ANNOTATION_READY: p.READY_TRUE}}},
                                       f"{what} after {elapsed:.1f}s; {_may_start(lay)}"))
-        elif elapsed >= settings.sidecar_ready_timeout_seconds:
+        elif waited >= settings.sidecar_ready_timeout_seconds:
             names = unready or lay.sidecars + lay.native
             msg = f"sidecar {', '.join(names)} not Ready after {settings.sidecar_ready_timeout_seconds:g}s"
             # What kept them from starting, when it is not theirs (initshift-init's image).
@@ -223,7 +232,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
                 msg += f": {unstartable[0].name} cannot start ({unstartable[0].waiting})"
             return _fail_now(pod, lay, runs, running_sidecars, names[0], msg, now, settings, deadline_set)
         else:
-            requeue = settings.sidecar_ready_timeout_seconds - elapsed
+            requeue = settings.sidecar_ready_timeout_seconds - waited
 
     order = lay.work
     # A step that died without its waiter's record (OOMKilled, killed, could not run)

@@ -36,6 +36,8 @@ _RECORD_KEYS = ("name", "exitCode", "reason")  # a waiter termination message ha
 # Kubelet reasons that say no more than the waiter's record does; any other (OOMKilled,
 # Evicted, ContainerCannotRun, ...) or a signal is news the outcome must name.
 _PLAIN_KUBELET_REASONS = ("", p.REASON_COMPLETED, "Error")
+# The waiter's reasons for a command it started (Skipped, Stopped and WaiterError start none).
+_COMMAND_RAN = (p.REASON_COMPLETED, p.REASON_ERROR, p.REASON_TIMED_OUT)
 MESSAGE_LIMIT = 1024
 SUMMARY_LIMIT = 240  # a container's own message within the outcome's one-line message
 ENDED_PHASES = ("Succeeded", "Failed")  # a pod in either phase runs nothing any more
@@ -226,6 +228,12 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.state == "terminated" and self.exit_code == 0 and self.reason == p.REASON_COMPLETED
+
+    @property
+    def ran_command(self) -> bool:
+        """The waiter recorded a command it started (its own record, whatever the kubelet
+        said after): only a command past the ready gate can have run."""
+        return self.recorded and (self.waiter or {}).get("reason", self.reason) in _COMMAND_RAN
 
     @property
     def cannot_start(self) -> bool:

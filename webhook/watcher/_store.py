@@ -10,6 +10,7 @@ in-flight gauges).
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Iterable
 
 from waiter import protocol as p
@@ -67,6 +68,7 @@ class PodStore:
         self.done: dict[Key, str] = {}  # need nothing more: key -> uid, until deleted
         self.ending: dict[Key, float] = {}  # dropped with an outcome, not ended yet: decidedAt
         self.gate_open: set[Key] = set()  # every sidecar seen Ready while the pod ran
+        self.first_seen: dict[Key, datetime] = {}  # when this watcher first decided on the pod
         self._stale: dict[Key, str] = {}  # a write got 409 on this resourceVersion: a newer one exists
 
     def __len__(self) -> int:
@@ -136,6 +138,7 @@ class PodStore:
         if decided is not None:  # outcome written, the kubelet has yet to end it: still in flight
             self.ending[key] = decided
         self.gate_open.discard(key)
+        self.first_seen.pop(key, None)
         self._stale.pop(key, None)
 
     def forget(self, key: Key) -> str:
@@ -145,6 +148,7 @@ class PodStore:
         self.done.pop(key, None)
         self.ending.pop(key, None)
         self.gate_open.discard(key)
+        self.first_seen.pop(key, None)
         self._stale.pop(key, None)
         return uid
 
