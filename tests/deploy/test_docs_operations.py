@@ -130,6 +130,7 @@ def test_the_kubectl_grammar_catches_the_old_uninstall():
     assert kubectl_args.named("kubectl -n x port-forward svc/initshift 8443:443 &")[0].kind == "Service"
     assert kubectl_args.named("kubectl label namespace builds initshift.io/enabled-")[0].name == "builds"
     assert kubectl_args.named("kubectl delete -k my-initshift/") == []
+    assert kubectl_args.named("kubectl drain node-1 --pod-selector app.kubernetes.io/name=initshift --timeout=60s") == []
     debug = kubectl_args.named("kubectl -n b debug fetch --copy-to=x --container=fetch -- sh -c 'ls /'")
     assert [(n.kind, n.namespace, n.name) for n in debug] == [("Pod", "b", "fetch")]
     with pytest.raises(kubectl_args.KubectlSyntaxError):

@@ -38,10 +38,13 @@ CLUSTER_SCOPED = {"Namespace", "MutatingWebhookConfiguration", "ClusterRole", "C
 # Flags that take a value (as `-x V`, `--xx V` or `--xx=V`); every other flag takes none.
 _VALUE_FLAGS = {"-n", "--namespace", "--context", "--kubeconfig", "-l", "--selector", "-o", "--output", "-c",
                 "--container", "-L", "--label-columns", "-f", "--filename", "-k", "--kustomize", "--tail",
-                "--field-selector", "--timeout", "--for", "--since"}
+                "--field-selector", "--timeout", "--for", "--since", "--pod-selector"}
 # Verbs whose positional arguments name objects, and how many words the verb has.
 _VERBS = {"get": 1, "delete": 1, "describe": 1, "label": 1, "annotate": 1, "logs": 1, "port-forward": 1,
-          "rollout": 2, "create": 1, "apply": 1, "wait": 1, "edit": 1, "patch": 1, "run": 1, "set": 2, "debug": 1}
+          "rollout": 2, "create": 1, "apply": 1, "wait": 1, "edit": 1, "patch": 1, "run": 1, "set": 2, "debug": 1,
+          "drain": 1, "cordon": 1, "uncordon": 1}
+# Verbs that name nodes of the reader's cluster, which no install has.
+_NODE_VERBS = {"drain", "cordon", "uncordon"}
 
 _PLUGINS = {"initshift", "plugin"}
 
@@ -120,8 +123,8 @@ def named(command: str) -> list[Named]:
         raise KubectlSyntaxError(f"{command}: unknown verb {args[:1]}")
     verb = " ".join(args[:_VERBS[args[0]]])
     rest = args[_VERBS[args[0]]:]
-    # files, a selector, a new pod (`run NAME`), or a verb named in prose
-    if verb in ("apply", "run") or None in positional or not rest:
+    # files, a selector, a new pod (`run NAME`), a node, or a verb named in prose
+    if verb in ("apply", "run") or verb in _NODE_VERBS or None in positional or not rest:
         return []
     if verb == "logs":
         rest = rest[:1] if "/" in rest[0] else ["pod", rest[0]]
