@@ -166,3 +166,18 @@ def test_a_scenario_that_needs_something_says_what():
 
     assert [s.name for s in SCENARIOS if s.applies is not any_cluster and not s.needs] == []
     assert [s.name for s in SCENARIOS if s.applies is any_cluster and s.needs] == []
+
+
+def test_a_free_port_is_outside_the_kernels_ephemeral_range_and_bindable():
+    """The kernel gives ports of its ephemeral range to outgoing connections' local ends: a
+    port drawn there can be taken before the caller binds it."""
+    import socket
+
+    from tests.support.k8s import _procs
+
+    low, high = _procs._ephemeral_ports()
+    for _ in range(20):
+        port = _procs.free_port()
+        assert not low <= port <= high, (port, low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))

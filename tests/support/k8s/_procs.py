@@ -4,6 +4,7 @@ group), output in a log file, stopped by pid; and waiting on conditions with a d
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,9 +18,31 @@ T = TypeVar("T")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local end of outgoing connections (and for bind to 0)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the kernel's pick); the caller binds it soon after."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port nothing listens on now, which the caller binds soon after. Drawn outside the
+    kernel's ephemeral range: a port the kernel picks there can become the local end of
+    some outgoing connection before the caller binds it (etcd once failed at start so,
+    `bind: address already in use`); drawn at random, so callers at once rarely meet."""
+    low, high = _ephemeral_ports()
+    ports = range(10000, low) if low > 11000 else range(high + 1, 65536)
+    for _ in range(100):
+        port = random.choice(ports)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # in use: another draw
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every draw taken: the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
 
