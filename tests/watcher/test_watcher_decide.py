@@ -318,6 +318,39 @@ def test_a_pod_its_own_deadline_ended_says_so_in_the_outcome() -> None:
     assert decide(pod, NOW, W).actions[0].outcome["message"] == "fetch failed: Error (exit 143): fetch exited 143"
 
 
+EVICTED = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+           "message": "Eviction API: evicting", "lastTransitionTime": "2024-05-01T11:59:50Z"}
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Running"])
+def test_an_evicted_pod_says_so_in_the_outcome(phase: str) -> None:
+    """A pod evicted (`kubectl drain`, the Eviction API) has no reason of its own: the
+    apiserver's DisruptionTarget condition says why the kubelet stopped every container (seen
+    on v1.34.9: the waiters' records said only "killed by SIGTERM"). Its containers can all
+    be reported ended while its phase is still Running."""
+    pod = make_pod([done("fetch", 143, p.REASON_ERROR), done("build", 143, p.REASON_STOPPED),
+                    done("completion", 143, p.REASON_STOPPED), terminated("istio-proxy", 0)],
+                   phase=phase, annotations=READY)
+    pod["status"]["conditions"] = [EVICTED, {"type": "Ready", "status": "False", "reason": "PodCompleted",
+                                             "lastTransitionTime": "2024-05-01T11:59:51Z"}]
+    outcome = decide(slim_pod(pod), NOW, W).actions[0].outcome  # from what the watcher keeps of it
+    assert (outcome["result"], outcome["failed"]) == ("Failed", "fetch")
+    assert outcome["message"] == ("fetch failed: Error (exit 143): fetch exited 143 (the pod ended: "
+                                  "EvictionByEvictionAPI: Eviction API: evicting)")
+    pod["status"]["conditions"] = [{**EVICTED, "status": "False"}]  # not (or no longer) disrupted
+    assert decide(pod, NOW, W).actions[0].outcome["message"] == "fetch failed: Error (exit 143): fetch exited 143"
+
+
+def test_an_evicted_pod_ended_before_its_steps_ran_names_the_eviction() -> None:
+    """Ended before every step ran (build never started): the eviction is why, not "pod Failed"."""
+    pod = make_pod([done("fetch", 143, p.REASON_ERROR, end=10), waiting("build"),
+                    done("completion", 143, p.REASON_STOPPED, end=10), terminated("istio-proxy", 137)],
+                   phase="Failed", annotations=READY)
+    pod["status"]["conditions"] = [EVICTED]
+    assert decide(slim_pod(pod), NOW, W).actions[0].outcome["message"] == \
+        "pod ended before fetch finished (EvictionByEvictionAPI: Eviction API: evicting)"
+
+
 def test_an_ended_pod_still_showing_a_step_running_waits_for_its_end() -> None:
     """The kubelet can publish a pod's terminal phase before the ends of the containers it
     then stops (seen on v1.34.9): the outcome waits for them, up to the pod's grace period

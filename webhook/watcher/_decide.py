@@ -103,6 +103,10 @@ def _running(status: dict | None) -> bool:
     return status is None or not _terminated(status)
 
 
+_CONDITION_TIME = ("type", "lastTransitionTime")
+_CONDITION_KEYS = {"DisruptionTarget": ("type", "status", "reason", "message", "lastTransitionTime")}
+
+
 def slim_pod(pod: dict) -> dict:
     """The part of a pod that `decide()` and `notices()` read (and the ready patch of
     start-order pods): what the watcher keeps of each pod in flight, a fraction of the whole."""
@@ -134,8 +138,9 @@ def slim_pod(pod: dict) -> dict:
         if key in spec:
             slim_spec[key] = spec[key]
     slim_status = {k: status[k] for k in ("phase", "reason", "message", "startTime") if k in status}
-    if isinstance(status.get("conditions"), list):  # (when each last changed: `_report_left` reads it)
-        slim_status["conditions"] = [{k: c[k] for k in ("type", "lastTransitionTime") if k in c}
+    if isinstance(status.get("conditions"), list):  # (when each last changed: `_report_left` reads it;
+        # and the whole of DisruptionTarget: the outcome of an evicted pod names it)
+        slim_status["conditions"] = [{k: c[k] for k in _CONDITION_KEYS.get(c.get("type"), _CONDITION_TIME) if k in c}
                                      for c in status["conditions"] if isinstance(c, dict)]
     for key in ("containerStatuses", "initContainerStatuses"):
         if key in status:
@@ -295,9 +300,12 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         message = f"{_counted(len(lay.steps), 'step')} and {mains} succeeded" if lay.steps else f"{mains} succeeded"
     else:
         message = f"{failed.name} failed: {failed.summary()}"
-        why = _ended_why(status) if ended else ""
-        if why:  # the kubelet stopped every container for a reason of the pod's (its own
-            message += f" (the pod ended: {why})"  # deadline, an eviction): the waiter saw only the signal
+        # The kubelet stopped every container for a reason of the pod's (its own deadline, an
+        # eviction): the waiter saw only the signal. An evicted pod's containers can all be
+        # reported ended before its phase.
+        why = _ended_why(status) if ended else _disrupted_why(status)
+        if why:
+            message += f" (the pod ended: {why})"
         if stuck:  # the steps ran without their waiter (StartError): this is why
             message += f"; {stuck[0].name} cannot start ({stuck[0].waiting})"
     end_now = bool(holding) and not ended and not deadline_set
@@ -332,8 +340,24 @@ def _report_left(pod: dict, runs: dict[str, Run], cs: dict[str, dict], now: date
 
 
 def _ended_why(status: dict) -> str:
-    """Why the kubelet ended the pod, in its words ("DeadlineExceeded: Pod was active ...")."""
-    return ": ".join(x for x in (status.get("reason"), status.get("message")) if x)
+    """Why the kubelet ended the pod, in its words ("DeadlineExceeded: Pod was active ..."),
+    else why the pod is being disrupted."""
+    return ": ".join(x for x in (status.get("reason"), status.get("message")) if isinstance(x, str) and x) \
+        or _disrupted_why(status)
+
+
+def _disrupted_why(status: dict) -> str:
+    """The pod's DisruptionTarget condition, which the apiserver sets as it deletes a pod
+    for an eviction ("EvictionByEvictionAPI: Eviction API: evicting": `kubectl drain`), a
+    preemption or a taint: the kubelet then stops every container, the pod's own reason
+    empty, and each waiter sees only the SIGTERM."""
+    conditions = status.get("conditions") if isinstance(status.get("conditions"), list) else []
+    target = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "DisruptionTarget"
+                   and c.get("status") == "True"), None)
+    if target is None:
+        return ""
+    return ": ".join(x for x in (target.get("reason"), target.get("message")) if isinstance(x, str) and x) \
+        or "DisruptionTarget"
 
 
 def _may_start(lay: Layout) -> str:
