@@ -6,6 +6,8 @@ the run's registry. Between them, the release's own Pods rewrite build pods by t
 
 from __future__ import annotations
 
+import time
+
 import helm_python
 
 from waiter import protocol as p
@@ -18,11 +20,14 @@ from ._images import server_image
 from ._install import NAMESPACE
 from ._kube import kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
-from ._pods import outcome, pod, step
+from ._pods import managed, outcome, pod, step, wait_end
+from ._secondday import _Builds, _Outcomes, _summary
 from ._serverpod import POD_START_TIMEOUT, REPOSITORY
 from ._uninstall import UNFINISHED, WAITED, left_in_cluster, left_in_namespace, names
 
 RELEASE = "initshift"
+PROXY = "envoy"  # a proxy name the chart's default sidecarNames lacks, given by helm upgrade
+PROXY_READY, PROXY_QUIT, PROXY_TRAFFIC = 9901, 9902, 10000
 
 
 def _applies(env: Env) -> bool:
@@ -46,6 +51,90 @@ def _images(env: Env) -> set[str]:
     return {c["image"] for x in env.kube.pods(NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
             if x["status"].get("phase") == "Running" and not x["metadata"].get("deletionTimestamp")
             for c in x["spec"]["containers"]}
+
+
+def _replica_sets(env: Env) -> dict[str, int]:
+    """The pod-template hash of each of the release's running Pods -> how many are Ready."""
+    hashes: dict[str, int] = {}
+    for x in env.kube.pods(NAMESPACE, f"app.kubernetes.io/instance={RELEASE}"):
+        if x["metadata"].get("deletionTimestamp") or x["status"].get("phase") != "Running":
+            continue
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in x["status"].get("conditions") or [])
+        key = x["metadata"]["labels"]["pod-template-hash"]
+        hashes[key] = hashes.get(key, 0) + ready
+    return hashes
+
+
+def _container(env: Env) -> dict:
+    deployment = env.kube.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _settings(env: Env, rec: Record, helm: helm_python.Config, values: dict, ns: str) -> str:
+    """`helm upgrade` of values other than the image: `replicas` 2 -> 3 (a scale, no
+    rollout), then back to 2 with a new proxy name in `sidecarNames` (its quit endpoint in
+    `quitEndpoints`) and other `resources` (a rollout) while build pods are created: every
+    one rewritten and Succeeded; a build pod carrying that proxy, admitted as written before,
+    is then rewritten with it as its sidecar and Succeeds."""
+    before = _replica_sets(env)
+    assert list(before.values()) == [2], before
+    values["replicas"] = 3
+    helm.upgrade(CHART, RELEASE, values, namespace=NAMESPACE, wait="watcher", timeout=int(POD_START_TIMEOUT))
+    scaled = wait_for(lambda: (x := _replica_sets(env)) == {k: 3 for k in before} and x or None, 60,
+                      "3 replicas Ready, same template")
+    resources = {"requests": {"cpu": "150m", "memory": "192Mi"}, "limits": {"memory": "512Mi"}}
+    values |= {"replicas": 2, "sidecarNames": ["istio-proxy", "linkerd-proxy", PROXY],
+               "quitEndpoints": {PROXY: f"http://127.0.0.1:{PROXY_QUIT}/quitquitquit"}, "resources": resources}
+    own = env.namespace("helm-own-proxy", mesh=None)
+    rec.namespaces.append(own)
+    own_pod = pod("own-proxy", [step("fetch", env.images.busybox, port=PROXY_TRAFFIC)],
+                  [step("completion", env.images.busybox, port=None), _own_proxy(env)])
+    # Before: PROXY is no sidecar of initshift's, the pod is admitted as written (its step,
+    # an init container, runs before the proxy: its call is refused).
+    env.kube.create(f"/api/v1/namespaces/{own}/pods", {**own_pod, "metadata": {
+        **own_pod["metadata"], "name": "own-proxy-before"}})
+    fail_open = env.kube.fail_open_count()
+    outcomes = _Outcomes(env, [ns])
+    try:
+        builds = _Builds(env, ns, "settings")
+        started = time.monotonic()
+        builds.during(lambda: helm.upgrade(CHART, RELEASE, values, namespace=NAMESPACE, wait="watcher",
+                                           timeout=int(POD_START_TIMEOUT)), every=1.5)
+        rolled = time.monotonic() - started
+        after = wait_for(lambda: (x := _replica_sets(env)) and len(x) == 1 and list(x.values()) == [2]
+                         and x or None, 90, "2 replicas Ready of one new template")
+        assert not set(after) & set(before), f"no rollout: {before} -> {after}"
+        container = _container(env)
+        assert container["resources"] == resources, container["resources"]
+        names = next(e["value"] for e in container["env"] if e["name"] == "INITSHIFT_SIDECAR_NAMES")
+        assert names == f"istio-proxy,linkerd-proxy,{PROXY}", names
+        pods = builds.ended(outcomes, timeout=180)
+        unchanged = [n for n, x in pods.items() if not managed(x)]
+        assert all(x["status"]["phase"] == "Succeeded" for x in pods.values() if managed(x)), _summary(pods)
+    finally:
+        outcomes.close()
+    fail_open = env.kube.fail_open_count() - fail_open
+    before_pod = wait_end(env.kube, own, "own-proxy-before")
+    assert (managed(before_pod), before_pod["status"]["phase"]) == (None, "Failed"), \
+        f"own-proxy-before: {managed(before_pod)} {before_pod['status']['phase']}"
+    env.kube.create(f"/api/v1/namespaces/{own}/pods", own_pod)
+    build = check_build(env, rec, own, "own-proxy", steps=["fetch"], proxy=PROXY, strategy=env.build_strategy)
+    result = outcome(env.kube, own, "own-proxy")
+    assert result["result"] == "Succeeded", result
+    return (f"helm upgrade replicas=3: {sum(scaled.values())} Ready, no rollout; replicas=2 with sidecarNames "
+            f"+{PROXY}, resources cpu 150m: rolled out in {rolled:.0f} s under {len(pods)} builds ({_summary(pods)}, "
+            f"{len(unchanged)} admitted unchanged, {fail_open} review failed open); a build with its own {PROXY}: "
+            f"before, admitted unchanged and Failed (its step's call refused), after, rewritten "
+            f"({managed(build.obj)}) and Succeeded")
+
+
+def _own_proxy(env: Env) -> dict:
+    """A proxy the build pod carries itself (no mesh injects it), named `PROXY`."""
+    return {"name": PROXY, "image": env.images.proxy, "imagePullPolicy": "IfNotPresent",
+            "args": ["--name", PROXY, "--ready-after", "1.5", "--ready", f"{PROXY_READY}:/ready",
+                     "--quit", f"{PROXY_QUIT}:/quitquitquit", "--traffic", str(PROXY_TRAFFIC)],
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": PROXY_READY}, "periodSeconds": 1}}
 
 
 @scenario("helm-release", phase=4, applies=_applies)
@@ -82,6 +171,7 @@ def helm_release(env: Env, rec: Record) -> None:
                                  ".value}").stdout
             assert deployment == "debug", f"the upgrade lost logLevel: {deployment!r}"
             second = _build(env, rec, ns, "build-2")
+            settings = _settings(env, rec, helm, values, ns)
             # The Helm uninstall, as docs/install.md writes it.
             kubectl(env.admin, "delete", "mutatingwebhookconfiguration", "initshift-webhook")
             assert not names(env, "pods", "-n", ns, "-l", WAITED, "--field-selector", UNFINISHED)
@@ -96,5 +186,5 @@ def helm_release(env: Env, rec: Record) -> None:
     leftovers = left_in_cluster(env)
     assert not leftovers, leftovers
     rec.note(f"helm install (Pods of {tag}): {first} build Succeeded; helm upgrade image.tag={tag}-next "
-             f"(revision 2, logLevel kept): {second} build Succeeded; helm uninstall left the Secret and the Lease "
-             f"the docs name, then nothing")
+             f"(revision 2, logLevel kept): {second} build Succeeded; {settings}; helm uninstall left the Secret "
+             f"and the Lease the docs name, then nothing")
