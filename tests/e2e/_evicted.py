@@ -145,6 +145,8 @@ def _ended(env: Env, watch: _Pods, ns: str, name: str, mode: str, since: float) 
     assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
     conditions = {c["type"]: c for c in obj["status"].get("conditions") or []}
     disruption = conditions.get("DisruptionTarget") or {}
+    assert disruption.get("status") == "True" and disruption.get("reason") == "EvictionByEvictionAPI", \
+        f"{name}: DisruptionTarget {disruption}"
     ends = {c: terminated(obj, c) or {} for c in statuses(obj)}
     proxy = ends.get("istio-proxy") or {}
     last = max((x.get("finishedAt") or "" for c, x in ends.items() if c not in ("istio-proxy", p.INIT_CONTAINER_NAME)),
@@ -158,14 +160,15 @@ def _ended(env: Env, watch: _Pods, ns: str, name: str, mode: str, since: float) 
            f"{proxy.get('finishedAt', '')[11:19]} (steps and main by {last[11:19]})"
     if mode == p.MODE_NATIVE:
         # The steps are the pod's own init containers: the shell as PID 1 ignores SIGTERM,
-        # as without initshift, and is SIGKILLed at the end of the grace period.
+        # as without initshift, and runs on until it ends (or the grace period does).
         return f"{said}, fetch exit {ends.get('fetch', {}).get('exitCode')}"
     assert not sigkilled(obj), f"{name}: SIGKILLed at the end of the grace period: {sigkilled(obj)}"
     assert ends["fetch"].get("exitCode") == 143, f"{name}: fetch ended {ends['fetch']}"
     values = watch.values(name)
     events = [e for e in env.kube.events(ns, name) if e.get("reason") in OUTCOME_EVENTS]
     assert len(values) <= 1, f"{name}: the outcome written {len(values)} times: {values}"
-    if not values:
+    if not values:  # a bare pod is deleted once its containers have stopped: the watcher may be late
+        assert not obj["metadata"].get("ownerReferences"), f"{name}: gone without an outcome, though its Job held it"
         return f"{said}; no outcome (gone first), {len(events)} outcome Event(s)"
     (result,) = values
     assert result["result"] == "Failed" and result.get("failed") == "fetch", f"{name}: outcome {result}"
