@@ -10,87 +10,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-
-import httpx
 
 from waiter import protocol as p
 
 from ._builds import sigkilled, wait_waiters
 from ._env import Env, Record, own_cluster, scenario, waiter_modes
 from ._jobs import _job_done
-from ._kube import Kube, kubectl, wait_for
+from ._kube import PodWatch, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import ENDED, first, log_lines, managed, outcome, pod, statuses, step, terminated
 
 GRACE = 20  # seconds: a container still running at its end is SIGKILLed (exit 137)
 NODE = "localhost"
 OUTCOME_EVENTS = ("StepsSucceeded", "StepsFailed")
-
-
-class _Pods:
-    """A watch of one namespace's pods: every value each pod's outcome annotation took, the
-    last state seen of each (a deleted pod's too) and when it was deleted."""
-
-    def __init__(self, env: Env, ns: str) -> None:
-        self.kube = Kube(env.admin)
-        self.ns = ns
-        self.outcomes: dict[str, set[str]] = {}
-        self.last: dict[str, dict] = {}
-        self.deleted: dict[str, float] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.errors: list[str] = []
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        version = "0"
-        while not self.stop.is_set():
-            try:
-                params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "5"}
-                with self.kube.http.stream("GET", f"/api/v1/namespaces/{self.ns}/pods", params=params,
-                                           timeout=httpx.Timeout(10, read=15)) as resp:
-                    if resp.status_code != 200:
-                        version = "0"
-                        raise ValueError(f"{resp.status_code} {resp.read()[:300]!r}")
-                    for line in resp.iter_lines():
-                        if not line:
-                            continue
-                        event = json.loads(line)
-                        obj = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            self.errors.append(f"watch: {obj.get('message')}")
-                            version = "0"
-                            break
-                        version = obj["metadata"].get("resourceVersion") or version
-                        name = obj["metadata"]["name"]
-                        value = (obj["metadata"].get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
-                        with self.lock:
-                            self.last[name] = obj
-                            if value:
-                                self.outcomes.setdefault(name, set()).add(value)
-                            if event.get("type") == "DELETED":
-                                self.deleted.setdefault(name, time.monotonic())
-            except Exception as exc:  # noqa: BLE001 - a watch that breaks is opened again
-                self.errors.append(f"watch: {type(exc).__name__}: {exc}")
-                if self.stop.wait(0.5):
-                    return
-
-    def values(self, name: str) -> list[dict]:
-        with self.lock:
-            return [json.loads(v) for v in sorted(self.outcomes.get(name, ()))]
-
-    def gone(self, name: str) -> tuple[float, dict] | None:
-        with self.lock:
-            return (self.deleted[name], self.last[name]) if name in self.deleted else None
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(20)
-        self.kube.close()
 
 
 def _template(env: Env, mode: str, sleep: float) -> dict:
@@ -136,11 +70,11 @@ def _evict(env: Env, ns: str, name: str) -> None:
         "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}})
 
 
-def _ended(env: Env, watch: _Pods, ns: str, name: str, mode: str, since: float) -> str:
+def _ended(env: Env, watch: PodWatch, ns: str, name: str, mode: str, since: float) -> str:
     """The evicted build stopped within its grace period (under the waiter-run strategies
     every container on its SIGTERM) and is gone; its outcome written at most once, naming
     the eviction. What it showed, for the note."""
-    took, obj = wait_for(lambda: watch.gone(name), 3 * GRACE + 30, f"{name} evicted and gone", interval=0.5)
+    took, obj = wait_for(lambda: watch.gone(ns, name), 3 * GRACE + 30, f"{name} evicted and gone", interval=0.5)
     took -= since
     assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
     conditions = {c["type"]: c for c in obj["status"].get("conditions") or []}
@@ -164,7 +98,7 @@ def _ended(env: Env, watch: _Pods, ns: str, name: str, mode: str, since: float) 
         return f"{said}, fetch exit {ends.get('fetch', {}).get('exitCode')}"
     assert not sigkilled(obj), f"{name}: SIGKILLed at the end of the grace period: {sigkilled(obj)}"
     assert ends["fetch"].get("exitCode") == 143, f"{name}: fetch ended {ends['fetch']}"
-    values = watch.values(name)
+    values = [json.loads(v) for v in sorted(watch.values(ns, name))]
     events = [e for e in env.kube.events(ns, name) if e.get("reason") in OUTCOME_EVENTS]
     assert len(values) <= 1, f"{name}: the outcome written {len(values)} times: {values}"
     if not values:  # a bare pod is deleted once its containers have stopped: the watcher may be late
@@ -177,7 +111,7 @@ def _ended(env: Env, watch: _Pods, ns: str, name: str, mode: str, since: float) 
     return f"{said}; outcome: {result['message']}"
 
 
-def _replaced(env: Env, watch: _Pods, ns: str, job: str, mode: str) -> str:
+def _replaced(env: Env, watch: PodWatch, ns: str, job: str, mode: str) -> str:
     """The Job Complete, its replacement pod rewritten under `mode` and Succeeded."""
     failed = (_job_done(env, ns, job).get("status") or {}).get("failed")
     pods = [x for x in _job_pods(env, ns, job) if x["status"].get("phase") in ENDED]
@@ -188,7 +122,7 @@ def _replaced(env: Env, watch: _Pods, ns: str, job: str, mode: str) -> str:
     if mode != p.MODE_NATIVE:
         result = outcome(env.kube, ns, name)
         assert result["result"] == "Succeeded", f"{name}: outcome {result}"
-        assert len(watch.values(name)) == 1, f"{name}: the outcome written {watch.values(name)}"
+        assert len(watch.values(ns, name)) == 1, f"{name}: the outcome written {watch.values(ns, name)}"
     return f"{job} Complete ({failed} failed attempt counted), replacement {name} {mode} Succeeded"
 
 
@@ -205,7 +139,7 @@ def evicted(env: Env, rec: Record) -> None:
     ns = env.namespace("evicted")
     rec.namespaces.append(ns)
     modes = [p.MODE_WAITER, *((p.MODE_NATIVE, p.MODE_HYBRID) if env.native else ())]
-    watch = _Pods(env, ns)
+    watch = PodWatch(env.admin, [ns], p.ANNOTATION_OUTCOME)
     try:
         # 1. The Eviction API on a Job's pod under each strategy, and on a bare pod under
         # each whose steps the waiter runs.

@@ -18,10 +18,10 @@ from ._check import check_build
 from ._env import Env, Record, scenario
 from ._images import server_image
 from ._install import NAMESPACE
-from ._kube import kubectl, wait_for
+from ._kube import PodWatch, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import managed, outcome, pod, step, wait_end
-from ._secondday import _Builds, _Outcomes, _summary
+from ._secondday import _Builds, _summary
 from ._serverpod import POD_START_TIMEOUT, REPOSITORY
 from ._uninstall import UNFINISHED, WAITED, left_in_cluster, left_in_namespace, names
 
@@ -95,7 +95,7 @@ def _settings(env: Env, rec: Record, helm: helm_python.Config, values: dict, ns:
     env.kube.create(f"/api/v1/namespaces/{own}/pods", {**own_pod, "metadata": {
         **own_pod["metadata"], "name": "own-proxy-before"}})
     fail_open = env.kube.fail_open_count()
-    outcomes = _Outcomes(env, [ns])
+    outcomes = PodWatch(env.admin, [ns], p.ANNOTATION_OUTCOME)
     try:
         builds = _Builds(env, ns, "settings")
         started = time.monotonic()

@@ -16,6 +16,7 @@ import re
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -165,6 +166,76 @@ class Kube:
         self.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
             "name": name, "labels": labels or {}, "annotations": annotations or {}}})
         return name
+
+
+class PodWatch:
+    """A watch of the pods of some namespaces, opened again whenever it breaks, keeping what a
+    poll can miss: every value each pod's outcome annotation took (a second write, even of
+    the same result, has another `decidedAt`), the last state seen of each pod (a deleted
+    one's too) and when it was deleted. Pods are named `namespace/name`."""
+
+    def __init__(self, kubeconfig: Path, namespaces: list[str], outcome_key: str) -> None:
+        self.kube, self.outcome_key = Kube(kubeconfig), outcome_key
+        self.outcomes: dict[str, set[str]] = {}
+        self.last: dict[str, dict] = {}
+        self.deleted: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._watch, args=(ns,), daemon=True) for ns in namespaces]
+        for t in self.threads:
+            t.start()
+
+    def _watch(self, ns: str) -> None:
+        version = "0"
+        while not self.stop.is_set():
+            try:
+                params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "5"}
+                with self.kube.http.stream("GET", f"/api/v1/namespaces/{ns}/pods", params=params,
+                                           timeout=httpx.Timeout(10, read=15)) as resp:
+                    if resp.status_code != 200:
+                        version = "0"
+                        raise ValueError(f"{resp.status_code} {resp.read()[:300]!r}")
+                    for line in resp.iter_lines():
+                        if line:
+                            version = self._seen(ns, json.loads(line), version)
+            except Exception as exc:  # noqa: BLE001 - a watch that breaks is opened again
+                self.errors.append(f"watch {ns}: {type(exc).__name__}: {exc}")
+                if self.stop.wait(0.5):
+                    return
+
+    def _seen(self, ns: str, event: dict, version: str) -> str:
+        """Record one event; the resourceVersion to watch on from."""
+        obj = event.get("object") or {}
+        if event.get("type") == "ERROR":  # (410 Gone: the version is too old) list again
+            raise ValueError(obj.get("message"))
+        meta = obj.get("metadata") or {}
+        key = f"{ns}/{meta['name']}"
+        value = (meta.get("annotations") or {}).get(self.outcome_key)
+        with self.lock:
+            self.last[key] = obj
+            if value:
+                self.outcomes.setdefault(key, set()).add(value)
+            if event.get("type") == "DELETED":
+                self.deleted.setdefault(key, time.monotonic())
+        return meta.get("resourceVersion") or version
+
+    def values(self, ns: str, name: str) -> set[str]:
+        """Every value the pod's outcome annotation took."""
+        with self.lock:
+            return set(self.outcomes.get(f"{ns}/{name}", ()))
+
+    def gone(self, ns: str, name: str) -> tuple[float, dict] | None:
+        """When the pod was deleted (time.monotonic) and its last state, once it is."""
+        with self.lock:
+            key = f"{ns}/{name}"
+            return (self.deleted[key], self.last[key]) if key in self.deleted else None
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(20)  # each watch ends within 5 s
+        self.kube.close()
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = POLL) -> T:

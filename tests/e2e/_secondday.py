@@ -16,14 +16,13 @@ import threading
 import time
 from typing import Callable
 
-import httpx
 
 from waiter import protocol as p
 
 from ._env import Env, Record, check_report, scenario
 from ._images import server_image
 from ._install import NAMESPACE
-from ._kube import Kube, kubectl, wait_for
+from ._kube import PodWatch, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import ENDED, managed, pod, step
 from ._serverpod import POD_START_TIMEOUT, REPOSITORY, _ready_pods, _shapes
@@ -34,61 +33,6 @@ OUTCOME_EVENTS = ("StepsSucceeded", "StepsFailed")
 def _applies(env: Env) -> bool:
     """a cluster this run starts, with its local registry (the server's image)"""
     return env.cluster is not None and env.registry is not None
-
-
-class _Outcomes:
-    """Every value each pod's outcome annotation took, from a watch of the namespaces (a
-    second write, even of the same result, has another `decidedAt`)."""
-
-    def __init__(self, env: Env, namespaces: list[str]) -> None:
-        self.kube = Kube(env.admin)
-        self.seen: dict[str, set[str]] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._watch, args=(ns,), daemon=True) for ns in namespaces]
-        for t in self.threads:
-            t.start()
-
-    def _watch(self, ns: str) -> None:
-        version = "0"
-        while not self.stop.is_set():
-            try:
-                params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "5"}
-                with self.kube.http.stream("GET", f"/api/v1/namespaces/{ns}/pods", params=params,
-                                           timeout=httpx.Timeout(10, read=15)) as resp:
-                    if resp.status_code != 200:
-                        self.errors.append(f"watch {ns}: {resp.status_code} {resp.read()[:300]!r}")
-                        version = "0"
-                        raise ValueError(resp.status_code)
-                    for line in resp.iter_lines():
-                        if not line:
-                            continue
-                        event = json.loads(line)
-                        obj = event.get("object") or {}
-                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                        if event.get("type") == "ERROR":
-                            self.errors.append(f"watch {ns}: {obj.get('message')}")
-                            version = "0"
-                            break
-                        value = ((obj.get("metadata") or {}).get("annotations") or {}).get(p.ANNOTATION_OUTCOME)
-                        if value and event.get("type") in ("ADDED", "MODIFIED"):
-                            with self.lock:
-                                self.seen.setdefault(f"{ns}/{obj['metadata']['name']}", set()).add(value)
-            except Exception as exc:  # noqa: BLE001 - a watch that breaks is opened again
-                self.errors.append(f"watch {ns}: {type(exc).__name__}: {exc}")
-                if self.stop.wait(0.5):
-                    return
-
-    def values(self, ns: str, name: str) -> set[str]:
-        with self.lock:
-            return set(self.seen.get(f"{ns}/{name}", ()))
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(20)  # each watch ends within 5 s
-        self.kube.close()
 
 
 class _Builds:
@@ -124,7 +68,7 @@ class _Builds:
             stop.set()
             t.join(30)
 
-    def ended(self, outcomes: _Outcomes, timeout: float = 120) -> dict[str, dict]:
+    def ended(self, outcomes: PodWatch, timeout: float = 120) -> dict[str, dict]:
         """Every build ended, each managed one with one outcome value and one outcome Event:
         name -> the pod."""
         kube = self.env.kube
@@ -223,7 +167,7 @@ def second_day(env: Env, rec: Record) -> None:
     ns = env.namespace("second-day")
     out_ns = env.namespace("second-day-out")
     rec.namespaces += [ns, out_ns]
-    outcomes = _Outcomes(env, [ns, out_ns])
+    outcomes = PodWatch(env.admin, [ns, out_ns], p.ANNOTATION_OUTCOME)
     notes: list[str] = []
     begun = time.monotonic()
 
