@@ -342,8 +342,7 @@ def _report_left(pod: dict, runs: dict[str, Run], cs: dict[str, dict], now: date
 def _ended_why(status: dict) -> str:
     """Why the kubelet ended the pod, in its words ("DeadlineExceeded: Pod was active ..."),
     else why the pod is being disrupted."""
-    return ": ".join(x for x in (status.get("reason"), status.get("message")) if isinstance(x, str) and x) \
-        or _disrupted_why(status)
+    return _reason_and_message(status) or _disrupted_why(status)
 
 
 def _disrupted_why(status: dict) -> str:
@@ -356,8 +355,12 @@ def _disrupted_why(status: dict) -> str:
                    and c.get("status") == "True"), None)
     if target is None:
         return ""
-    return ": ".join(x for x in (target.get("reason"), target.get("message")) if isinstance(x, str) and x) \
-        or "DisruptionTarget"
+    return _reason_and_message(target) or "DisruptionTarget"
+
+
+def _reason_and_message(obj: dict) -> str:
+    """`reason: message` of a status or a condition, each where it is a string."""
+    return ": ".join(x for x in (obj.get("reason"), obj.get("message")) if isinstance(x, str) and x)
 
 
 def _may_start(lay: Layout) -> str:
