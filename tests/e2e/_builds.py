@@ -317,6 +317,7 @@ def cancelled_build(env: Env, rec: Record) -> None:
             env.kube.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
             obj = wait_for(lambda: stopped(name), 3 * CANCEL_GRACE, f"{name}'s containers to stop")
             took = time.monotonic() - began
+            result = outcome(env.kube, ns, name)  # (the finalizer holds the pod until it is written)
         finally:
             env.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"finalizers": None}})
         assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
@@ -330,8 +331,14 @@ def cancelled_build(env: Env, rec: Record) -> None:
             (p.REASON_STOPPED, 143), (p.REASON_SKIPPED, 0)), f"{mode}: compile, waiting its turn, ended {ends['compile']}"
         assert ends["fetch"].get("exitCode") == 143, f"{mode}: fetch ended {ends['fetch']}"
         assert obj["status"].get("phase") != "Succeeded", f"{mode}: a cancelled build's pod Succeeded"
+        # The outcome says the pod was deleted, and that the deletion stopped the proxy (hybrid's
+        # native one: the kubelet, after the steps, as ever).
+        assert (result["result"], result.get("failed")) == ("Failed", "fetch"), f"{mode}: outcome {result}"
+        assert "(the pod was deleted at " in result["message"], f"{mode}: outcome {result}"
+        assert result["sidecarsStoppedBy"] == ("native" if mode == p.MODE_HYBRID else "deletion"), \
+            f"{mode}: outcome {result}"
         return f"{mode}: every container stopped on SIGTERM in {took:.1f} s (grace {CANCEL_GRACE} s); compile " \
-               f"{record.get('reason')}"
+               f"{record.get('reason')}; outcome: {result['message']}, sidecars stopped by {result['sidecarsStoppedBy']}"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(cancelled, modes)))

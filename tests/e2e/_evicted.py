@@ -107,8 +107,10 @@ def _ended(env: Env, watch: PodWatch, ns: str, name: str, mode: str, since: floa
     (result,) = values
     assert result["result"] == "Failed" and result.get("failed") == "fetch", f"{name}: outcome {result}"
     assert "Evict" in result.get("message", ""), f"{name}: the outcome does not name the eviction: {result}"
+    # The kubelet's SIGTERM stopped the proxy (a native one: the kubelet, after the steps, as ever).
+    assert result["sidecarsStoppedBy"] == ("native" if mode == p.MODE_HYBRID else "deletion"), f"{name}: {result}"
     assert len(events) == 1, f"{name}: outcome Events {[(e['reason'], e.get('count')) for e in events]}"
-    return f"{said}; outcome: {result['message']}"
+    return f"{said}; outcome: {result['message']}, sidecars stopped by {result['sidecarsStoppedBy']}"
 
 
 def _replaced(env: Env, watch: PodWatch, ns: str, job: str, mode: str) -> str:

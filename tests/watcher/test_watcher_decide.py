@@ -351,6 +351,81 @@ def test_an_evicted_pod_ended_before_its_steps_ran_names_the_eviction() -> None:
         "pod ended before fetch finished (EvictionByEvictionAPI: Eviction API: evicting)"
 
 
+def deleting(pod: dict, asked: float, grace: int = 30) -> dict:
+    """`pod` with its deletion asked for `asked` seconds ago with `grace` seconds to stop, as
+    the apiserver records it (an eviction is one)."""
+    pod["metadata"].update(deletionTimestamp=format_time(NOW - timedelta(seconds=asked - grace)),
+                           deletionGracePeriodSeconds=grace)
+    return pod
+
+
+@pytest.mark.parametrize("phase", ["Running", "Failed"])
+def test_a_deleted_pod_says_so_and_that_its_deletion_stopped_the_sidecars(phase: str) -> None:
+    """A build deleted mid-step (`kubectl delete`, a cancelled CI run): the kubelet's SIGTERM
+    stops every container, the proxy too, and the waiters record only the signal (as seen
+    on v1.34.9). The outcome says when the pod was deleted and that the deletion, not the
+    last main's quit, stopped the sidecars."""
+    pod = deleting(make_pod([done("fetch", 143, p.REASON_ERROR, end=11), done("build", 143, p.REASON_STOPPED, end=11),
+                             done("completion", 143, p.REASON_STOPPED, end=11),
+                             terminated("istio-proxy", 0, finished_at=ago(11))], phase=phase, annotations=READY),
+                   asked=12)
+    decision = decide(slim_pod(pod), NOW, W)  # from what the watcher keeps of it
+    assert [a.kind for a in decision.actions] == ["outcome"] and not decision.actions[0].ends
+    outcome = decision.actions[0].outcome
+    assert (outcome["result"], outcome["failed"], outcome["sidecarsStoppedBy"]) == ("Failed", "fetch", "deletion")
+    assert outcome["message"] == "fetch failed: Error (exit 143): fetch exited 143 (the pod was deleted at " \
+                                 "2024-05-01T11:59:48Z)"
+    # Evicted: deleted too, the condition says why.
+    pod["status"]["conditions"] = [EVICTED]
+    outcome = decide(slim_pod(pod), NOW, W).actions[0].outcome
+    assert outcome["sidecarsStoppedBy"] == "deletion" and outcome["message"].endswith(
+        "(the pod ended: EvictionByEvictionAPI: Eviction API: evicting)")
+    # Hybrid's native proxy: the kubelet stops it after the regular containers, as ever.
+    native = deleting(make_pod([done("fetch", 143, p.REASON_ERROR, end=11), done("build", 143, p.REASON_STOPPED),
+                                done("completion", 143, p.REASON_STOPPED)], sidecars=(), native=("istio-proxy",),
+                               init_statuses=[terminated("istio-proxy", 0, finished_at=ago(10))], phase=phase,
+                               annotations=READY), asked=12)
+    assert decide(native, NOW, W).actions[0].outcome["sidecarsStoppedBy"] == "native"
+
+
+def test_a_build_that_ended_before_its_pod_was_deleted_is_told_as_it_ended() -> None:
+    """The steps failed and the proxy quit on their own, then the pod was deleted before the
+    outcome was written (a watcher catching up): neither is the deletion's doing."""
+    pod = deleting(make_pod([done("fetch", 2, p.REASON_ERROR, end=20), done("build", 0, p.REASON_SKIPPED, end=20),
+                             done("completion", 0, p.REASON_SKIPPED, end=19),
+                             terminated("istio-proxy", 0, finished_at=ago(19))], annotations=READY), asked=12)
+    outcome = decide(pod, NOW, W).actions[0].outcome
+    assert (outcome["sidecarsStoppedBy"], outcome["message"]) == ("quit", "fetch failed: Error (exit 2): fetch exited 2")
+
+
+def test_a_pod_being_deleted_is_never_given_a_deadline() -> None:
+    """The kubelet is ending a pod being deleted within its grace period: a deadline would add
+    nothing but a wrong `sidecarsStoppedBy: deadline` (a proxy draining on its SIGTERM)."""
+    draining = [done("fetch", 143, p.REASON_ERROR, end=15), done("build", 143, p.REASON_STOPPED, end=15),
+                done("completion", 143, p.REASON_STOPPED, end=15), running("istio-proxy", started_at=ago(50))]
+    decision = decide(deleting(make_pod(draining, annotations=READY), asked=16), NOW, W)  # past the grace
+    assert [(a.kind, a.ends) for a in decision.actions] == [("outcome", False)]
+    assert decision.actions[0].outcome["sidecarsStoppedBy"] == "deletion"
+    # Not deleted: the watcher ends it.
+    assert decide(make_pod(draining, annotations=READY), NOW, W).actions[0].ends
+    # The outcome written before: nothing more.
+    assert decide(deleting(make_pod(draining, annotations=OUTCOME), asked=16), NOW, W).actions == []
+    # A sidecar never Ready when the deletion came: failed at its timeout, the pod left to the kubelet.
+    unready = [running("fetch", started_at=ago(50)), waiting("build"), waiting("completion"),
+               running("istio-proxy", ready=False, started_at=ago(50))]
+    late = decide(deleting(make_pod(unready, start=700), asked=5), NOW, W)
+    assert [(a.kind, a.ends) for a in late.actions] == [("outcome", False)]
+    assert late.actions[0].outcome["sidecarsStoppedBy"] == "deletion"
+
+
+def test_a_deleted_pod_ended_before_its_steps_ran_names_the_deletion() -> None:
+    pod = deleting(make_pod([done("fetch", 143, p.REASON_ERROR, end=10), waiting("build"),
+                             done("completion", 143, p.REASON_STOPPED, end=10), terminated("istio-proxy", 0)],
+                            phase="Failed", annotations=READY), asked=12)
+    outcome = decide(slim_pod(pod), NOW, W).actions[0].outcome
+    assert outcome["message"] == "pod ended before fetch finished (the pod was deleted at 2024-05-01T11:59:48Z)"
+
+
 def test_an_ended_pod_still_showing_a_step_running_waits_for_its_end() -> None:
     """The kubelet can publish a pod's terminal phase before the ends of the containers it
     then stops (seen on v1.34.9): the outcome waits for them, up to the pod's grace period
@@ -498,8 +573,8 @@ def _status(name: str, state: str, end: float) -> dict:
 @given(states=st.lists(_STATE, min_size=4, max_size=4), sidecar=st.sampled_from(["ready", "unready", "gone", "none"]),
        phase=st.sampled_from(["Pending", "Running", "Failed", "Succeeded"]),
        end=st.floats(min_value=0, max_value=30), start=st.floats(min_value=0, max_value=700),
-       ready=st.booleans(), probes=st.booleans(), seen=st.booleans())
-def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready, probes, seen) -> None:
+       ready=st.booleans(), probes=st.booleans(), seen=st.booleans(), deleted=st.booleans())
+def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready, probes, seen, deleted) -> None:
     names = ["a", "b", "c", "m"]
     statuses = [_status(n, s, end) for n, s in zip(names, states)]
     sidecars = () if sidecar == "none" else ("istio-proxy",)
@@ -508,8 +583,11 @@ def test_decisions_are_idempotent(states, sidecar, phase, end, start, ready, pro
                          "gone": terminated("istio-proxy", 0)}[sidecar])
     pod = make_pod(statuses, phase=phase, steps=names[:3], mains=("m",), sidecars=sidecars, start=start,
                    annotations=READY if ready else None, probes=PROBE if probes else ())
+    if deleted:
+        deleting(pod, asked=end + 1)
     first = decide(pod, NOW, W, gate_seen_open=seen)
     kinds = [a.kind for a in first.actions]
+    assert not (deleted and any(a.ends for a in first.actions)), "a pod being deleted given a deadline"
     # At most one patch per kind, and never more than the gate and the outcome (the deadline
     # comes inside the outcome's patch).
     assert len(kinds) == len(set(kinds)) and "end" not in kinds and len(kinds) <= 2

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from waiter import protocol as p
@@ -34,6 +34,7 @@ _STOPPED_QUIT = "quit"  # the sidecars exited before the watcher had to act (the
 _STOPPED_DEADLINE = "deadline"  # the watcher set activeDeadlineSeconds
 _STOPPED_NATIVE = "native"  # only native sidecars: the kubelet stops them
 _STOPPED_NONE = "none"  # no sidecars
+_STOPPED_DELETION = "deletion"  # the pod was deleted (an eviction is one): the kubelet stopped them
 # Waiter records of runs that did not fail for their own reason: an earlier one did, or the pod ended.
 _NOT_THEIR_OWN = (p.REASON_SKIPPED, p.REASON_STOPPED)
 
@@ -112,8 +113,8 @@ def slim_pod(pod: dict) -> dict:
     start-order pods): what the watcher keeps of each pod in flight, a fraction of the whole."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     prefix = f"{p.GROUP}/"
-    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-                 if k in meta}
+    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
+                                      "deletionTimestamp", "deletionGracePeriodSeconds") if k in meta}
     slim_meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k == p.LABEL_MANAGED}
     slim_meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(prefix)}
     containers = []
@@ -190,11 +191,14 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     stuck = [r for r in unstartable if r.name in lay.regular_inits]
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
+    # A pod being deleted (or evicted) is being ended by the kubelet: never given a deadline.
+    deleted = _deletion_asked(meta)
 
     if p.ANNOTATION_OUTCOME in ann:
         # The outcome is written once; what is left is ending a pod that is still running.
         blocked = any(r.state != "terminated" for r in runs.values())
-        return _end(lay, runs, holding, ended or deadline_set, blocked, now, settings, None, stuck)
+        return _end(lay, runs, holding, ended or deadline_set or deleted is not None, blocked, now, settings,
+                    None, stuck)
 
     actions: list[Action] = []
     latency = None
@@ -279,9 +283,10 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         if left > 0:  # the kubelet has yet to report how a container it stopped ended
             return Decision(actions, left, latency, gate_open)
         first = next(r for r in (runs[n] for n in order) if r.state != "terminated" or not r.ok)
-        why = _ended_why(status) or f"pod {phase}"
+        why = _ended_why(status) or (_deleted_at(deleted) if deleted is not None else f"pod {phase}")
         outcome = _outcome(lay, runs, first.name, f"pod ended before {first.name} finished ({why})", now,
-                           _STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded" else _stopped(lay, None))
+                           _STOPPED_DEADLINE if status.get("reason") == "DeadlineExceeded"
+                           else _stopped(lay, None, cs, deleted))
         return Decision(actions + [_outcome_action(meta, outcome)], None, latency, gate_open)
 
     if not all_done:
@@ -306,10 +311,12 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         why = _ended_why(status) if ended else _disrupted_why(status)
         if why:
             message += f" (the pod ended: {why})"
+        elif deleted is not None and _since(failed.finished_at, deleted):  # (a failure of its own, then deleted: not)
+            message += f" ({_deleted_at(deleted)})"
         if stuck:  # the steps ran without their waiter (StartError): this is why
             message += f"; {stuck[0].name} cannot start ({stuck[0].waiting})"
-    end_now = bool(holding) and not ended and not deadline_set
-    stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status)
+    end_now = bool(holding) and not ended and not deadline_set and deleted is None
+    stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status, cs, deleted)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
     actions.append(_outcome_action(meta, outcome, _holders_deadline(holding, stuck, settings) if end_now else None))
     return Decision(actions, None, latency, gate_open)
@@ -377,12 +384,38 @@ def _decide_start_order(pod: dict) -> Decision:
         else Decision()
 
 
-def _stopped(lay: Layout, status: dict | None) -> str:
+def _stopped(lay: Layout, status: dict | None, cs: dict[str, dict], deleted: datetime | None) -> str:
     if status is not None and status.get("reason") == "DeadlineExceeded" and lay.sidecars:
         return _STOPPED_DEADLINE
     if lay.sidecars:
+        # Running when the pod's deletion was asked for: the kubelet's SIGTERM stops them.
+        if deleted is not None and any(_since(_finished(cs.get(n)), deleted) for n in lay.sidecars):
+            return _STOPPED_DELETION
         return _STOPPED_QUIT
     return _STOPPED_NATIVE if lay.native else _STOPPED_NONE
+
+
+def _deletion_asked(meta: dict) -> datetime | None:
+    """When the pod's deletion was asked for (an eviction is one), None if it was not: its
+    `deletionTimestamp` less the grace period it was given (the apiserver sets both)."""
+    at = parse_time(meta.get("deletionTimestamp"))
+    return at - timedelta(seconds=json_int(meta.get("deletionGracePeriodSeconds")) or 0) if at else None
+
+
+def _deleted_at(at: datetime) -> str:
+    return f"the pod was deleted at {format_time(at)}"
+
+
+def _finished(status: dict | None) -> str | None:
+    terminated = ((status or {}).get("state") or {}).get("terminated")
+    return ran_at(terminated.get("finishedAt")) if isinstance(terminated, dict) else None
+
+
+def _since(finished: str | None, at: datetime) -> bool:
+    """A container still running (`finished` None), or one that ended no earlier than `at`
+    (to the second, as the kubelet and the apiserver write both)."""
+    t = parse_time(finished)
+    return t is None or t >= at
 
 
 def _last_finish(runs: Any) -> datetime | None:
@@ -469,12 +502,14 @@ def _deadline_action(message: str) -> Action:
 def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: list[str], failed: str,
               message: str, now: datetime, settings: WatcherSettings, deadline_set: bool) -> Decision:
     """A Failed outcome naming `failed`, then the pod ended at once (nothing will finish it)."""
-    status = pod.get("status") or {}
-    ended = pod_ended(pod)
-    stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended else _stopped(lay, status)
+    status, meta = pod.get("status") or {}, pod.get("metadata") or {}
+    ended, deleted = pod_ended(pod), _deletion_asked(meta)
+    stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended and deleted is None \
+        else _stopped(lay, status, statuses(pod), deleted)
     outcome = _outcome(lay, runs, failed, message, now, stopped)
-    end = _end(lay, runs, running_sidecars, ended or deadline_set, True, now, settings, None).actions
-    return Decision([_outcome_action(pod.get("metadata") or {}, outcome, end[0] if end else None)], None)
+    end = _end(lay, runs, running_sidecars, ended or deadline_set or deleted is not None, True, now, settings,
+               None).actions
+    return Decision([_outcome_action(meta, outcome, end[0] if end else None)], None)
 
 
 def _end(lay: Layout, runs: dict[str, Run], holding: list[str], done: bool, blocked: bool,
