@@ -17,7 +17,7 @@ from waiter import protocol as p
 
 from ._builds import sigkilled, wait_waiters
 from ._env import Env, Record, own_cluster, scenario, waiter_modes
-from ._jobs import _job_done
+from ._jobs import job_done
 from ._kube import PodWatch, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import ENDED, first, log_lines, managed, outcome, pod, statuses, step, terminated
@@ -115,7 +115,7 @@ def _ended(env: Env, watch: PodWatch, ns: str, name: str, mode: str, since: floa
 
 def _replaced(env: Env, watch: PodWatch, ns: str, job: str, mode: str) -> str:
     """The Job Complete, its replacement pod rewritten under `mode` and Succeeded."""
-    failed = (_job_done(env, ns, job).get("status") or {}).get("failed")
+    failed = (job_done(env, ns, job).get("status") or {}).get("failed")
     pods = [x for x in _job_pods(env, ns, job) if x["status"].get("phase") in ENDED]
     last = pods[-1]
     name = last["metadata"]["name"]

@@ -21,7 +21,7 @@ from ._install import NAMESPACE
 from ._kube import PodWatch, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import managed, outcome, pod, step, wait_end
-from ._secondday import _Builds, _summary
+from ._secondday import Builds, summary
 from ._serverpod import POD_START_TIMEOUT, REPOSITORY
 from ._uninstall import UNFINISHED, WAITED, left_in_cluster, left_in_namespace, names
 
@@ -97,7 +97,7 @@ def _settings(env: Env, rec: Record, helm: helm_python.Config, values: dict, ns:
     fail_open = env.kube.fail_open_count()
     outcomes = PodWatch(env.admin, [ns], p.ANNOTATION_OUTCOME)
     try:
-        builds = _Builds(env, ns, "settings")
+        builds = Builds(env, ns, "settings")
         started = time.monotonic()
         builds.during(lambda: helm.upgrade(CHART, RELEASE, values, namespace=NAMESPACE, wait="watcher",
                                            timeout=int(POD_START_TIMEOUT)), every=1.5)
@@ -111,7 +111,7 @@ def _settings(env: Env, rec: Record, helm: helm_python.Config, values: dict, ns:
         assert names == f"istio-proxy,linkerd-proxy,{PROXY}", names
         pods = builds.ended(outcomes, timeout=180)
         unchanged = [n for n, x in pods.items() if not managed(x)]
-        assert all(x["status"]["phase"] == "Succeeded" for x in pods.values() if managed(x)), _summary(pods)
+        assert all(x["status"]["phase"] == "Succeeded" for x in pods.values() if managed(x)), summary(pods)
     finally:
         outcomes.close()
     fail_open = env.kube.fail_open_count() - fail_open
@@ -123,7 +123,7 @@ def _settings(env: Env, rec: Record, helm: helm_python.Config, values: dict, ns:
     result = outcome(env.kube, own, "own-proxy")
     assert result["result"] == "Succeeded", result
     return (f"helm upgrade replicas=3: {sum(scaled.values())} Ready, no rollout; replicas=2 with sidecarNames "
-            f"+{PROXY}, resources cpu 150m: rolled out in {rolled:.0f} s under {len(pods)} builds ({_summary(pods)}, "
+            f"+{PROXY}, resources cpu 150m: rolled out in {rolled:.0f} s under {len(pods)} builds ({summary(pods)}, "
             f"{len(unchanged)} admitted unchanged, {fail_open} review failed open); a build with its own {PROXY}: "
             f"before, admitted unchanged and Failed (its step's call refused), after, rewritten "
             f"({managed(build.obj)}) and Succeeded")

@@ -21,7 +21,7 @@ from ._tools import initshift
 JOB_TIMEOUT = 240.0
 
 
-def _job_done(env: Env, ns: str, name: str) -> dict:
+def job_done(env: Env, ns: str, name: str) -> dict:
     def finished() -> dict | None:
         job = env.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{name}") or {}
         conditions = {c["type"]: c["status"] for c in (job.get("status") or {}).get("conditions") or []}
@@ -54,7 +54,7 @@ def job_git_clone(env: Env, rec: Record) -> None:
                "containers": [build], "volumes": [{"name": "workspace", "emptyDir": {}}]}}}}
     started = time.monotonic()
     env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
-    _job_done(env, ns, "clone-build")
+    job_done(env, ns, "clone-build")
     took = time.monotonic() - started
     obj = _job_pod(env, ns, "clone-build")
     name = obj["metadata"]["name"]
@@ -85,7 +85,7 @@ def linkerd_job(env: Env, rec: Record) -> None:
                 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [main]}}}})
     said, names = [], {}
     for job_name, port in admin.items():
-        _job_done(env, ns, job_name)
+        job_done(env, ns, job_name)
         obj = _job_pod(env, ns, job_name)
         name = names[job_name] = obj["metadata"]["name"]
         built = check_build(env, rec, ns, name, steps=[], proxy="linkerd-proxy", strategy=p.MODE_WAITER)
@@ -124,7 +124,7 @@ def istio_status_port(env: Env, rec: Record) -> None:
                 "metadata": {"annotations": {p.ANNOTATION_MODE: p.MODE_WAITER, **annotations}},
                 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [main]}}}})
     for job_name, (port, _) in moved.items():
-        _job_done(env, ns, job_name)
+        job_done(env, ns, job_name)
         obj = _job_pod(env, ns, job_name)
         name = obj["metadata"]["name"]
         built = check_build(env, rec, ns, name, steps=[], proxy=p.ISTIO_PROXY, strategy=p.MODE_WAITER)
@@ -195,7 +195,7 @@ def cronjob(env: Env, rec: Record) -> None:
     name = job["metadata"]["name"]
     env.kube.patch(f"/apis/batch/v1/namespaces/{ns}/cronjobs/nightly-report", {"spec": {"suspend": True}})
     seen = time.monotonic()
-    _job_done(env, ns, name)
+    job_done(env, ns, name)
     took = time.monotonic() - seen
     obj = _job_pod(env, ns, name)
     pod_name = obj["metadata"]["name"]
@@ -251,7 +251,7 @@ def job_on_failure(env: Env, rec: Record) -> None:
                          "volumes": [{"name": "workspace", "emptyDir": {}}]}}}})
 
     def checked(mode: str) -> str:
-        _job_done(env, ns, f"retry-{mode}")
+        job_done(env, ns, f"retry-{mode}")
         obj = _job_pod(env, ns, f"retry-{mode}")
         name = obj["metadata"]["name"]
         built = check_build(env, rec, ns, name, steps=["clone", "build"], proxy="istio-proxy",

@@ -25,7 +25,7 @@ from ._install import NAMESPACE
 from ._kube import PodWatch, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC
 from ._pods import ENDED, managed, pod, step
-from ._serverpod import POD_START_TIMEOUT, REPOSITORY, _ready_pods, _shapes
+from ._serverpod import POD_START_TIMEOUT, REPOSITORY, ready_pods, shapes
 
 OUTCOME_EVENTS = ("StepsSucceeded", "StepsFailed")
 
@@ -35,7 +35,7 @@ def _applies(env: Env) -> bool:
     return env.cluster is not None and env.registry is not None
 
 
-class _Builds:
+class Builds:
     """Build pods created now and then, each with a step that calls through the proxy and
     sleeps, and a main."""
 
@@ -95,7 +95,7 @@ class _Builds:
         return pods
 
 
-def _summary(pods: dict[str, dict]) -> str:
+def summary(pods: dict[str, dict]) -> str:
     counts: dict[str, int] = {}
     for obj in pods.values():
         key = f"{managed(obj) or 'unchanged'} {obj['status']['phase']}"
@@ -144,7 +144,7 @@ def second_day(env: Env, rec: Record) -> None:
     for t in (tag, f"{tag}-next"):
         env.registry.push(image, REPOSITORY, t)
     ref = f"{env.registry.host}/{REPOSITORY}:{tag}"
-    shape = _shapes(env, ref)[0]
+    shape = shapes(env, ref)[0]
     rendered = shape.objects
     original = {o["kind"]: o for o in env.install.objects if o["kind"] in ("Deployment", "Service")}
     config = next(o for o in env.install.objects if o["kind"] == "MutatingWebhookConfiguration")["metadata"]["name"]
@@ -161,7 +161,7 @@ def second_day(env: Env, rec: Record) -> None:
                 "-f", str(manifest))
 
     def ready(exclude: set[str] = frozenset()) -> list[dict] | None:
-        pods = [x for x in _ready_pods(env, selector) if x["metadata"]["name"] not in exclude]
+        pods = [x for x in ready_pods(env, selector) if x["metadata"]["name"] not in exclude]
         return pods if len(pods) == shape.replicas else None
 
     ns = env.namespace("second-day")
@@ -191,7 +191,7 @@ def second_day(env: Env, rec: Record) -> None:
         # 1. The upgrade: a new tag and another strategy (a setting the chart turns into
         # INITSHIFT_MODE), applied while builds are created; one created after the rollout
         # has the new setting.
-        builds = _Builds(env, ns, "upgrade")
+        builds = Builds(env, ns, "upgrade")
         before = _lease(env)
         old = {x["metadata"]["name"] for x in ready() or []}
         next_ref = f"{env.registry.host}/{REPOSITORY}:{tag}-next"
@@ -215,17 +215,17 @@ def second_day(env: Env, rec: Record) -> None:
         assert managed(pods[last]) == p.MODE_WAITER, f"{last} after the upgrade: {managed(pods[last])}"
         # Under failurePolicy Ignore a rollout can let a rare pod through unchanged
         # (docs/install.md, Upgrade): it ends as without initshift; every rewritten one succeeds.
-        assert all(x["status"]["phase"] == "Succeeded" for x in pods.values() if managed(x)), _summary(pods)
+        assert all(x["status"]["phase"] == "Succeeded" for x in pods.values() if managed(x)), summary(pods)
         after = _lease(env)
         transitions = (after["spec"].get("leaseTransitions") or 0) - (before["spec"].get("leaseTransitions") or 0)
         note(f"upgrade to {tag}-next and strategy waiter in {rolled:.1f} s under {len(pods) - 1} builds, "
-                     f"one after: {_summary(pods)}, each outcome once; Lease moved {transitions} time(s), now "
+                     f"one after: {summary(pods)}, each outcome once; Lease moved {transitions} time(s), now "
                      f"{leader}")
 
         # 2. The node cordoned and drained of initshift's Pods, behind the budget: one replica
         # evicted, its replacement Pending (the one node is cordoned), the other kept by the
         # budget until the drain times out.
-        builds = _Builds(env, ns, "drain")
+        builds = Builds(env, ns, "drain")
         builds.create(sleep=4)
         kubectl(env.admin, "cordon", node)
         try:
@@ -249,11 +249,11 @@ def second_day(env: Env, rec: Record) -> None:
         finally:
             kubectl(env.admin, "uncordon", node)
         pods = builds.ended(outcomes)
-        note(f"{len(pods)} builds across the drain: {_summary(pods)}, each outcome once")
+        note(f"{len(pods)} builds across the drain: {summary(pods)}, each outcome once")
 
         # 3. The leading Pod deleted while builds run (the drain's replacement starting).
         leader = wait_for(lambda: _leading_pod(env, selector), 30, "a Pod's watcher leading")
-        builds = _Builds(env, ns, "leader")
+        builds = Builds(env, ns, "leader")
         for _ in range(3):
             builds.create(sleep=3)
         time.sleep(2)
@@ -265,10 +265,10 @@ def second_day(env: Env, rec: Record) -> None:
         builds.create(sleep=0)
         pods = builds.ended(outcomes)
         note(f"leader {leader} deleted: {taker} leading {took:.1f} s later; {len(pods)} builds: "
-                     f"{_summary(pods)}, each outcome once")
+                     f"{summary(pods)}, each outcome once")
 
         # 4. A namespace opted out while a build runs there, then in again.
-        builds = _Builds(env, out_ns, "optout")
+        builds = Builds(env, out_ns, "optout")
         running = builds.create(sleep=3)
         wait_for(lambda: managed(env.kube.pod(out_ns, running) or {}), 30, "the build rewritten")
         kubectl(env.admin, "label", "namespace", out_ns, f"{p.LABEL_NAMESPACE_ENABLED}-")

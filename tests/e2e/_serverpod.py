@@ -73,7 +73,7 @@ def _served(objects: list[dict]) -> dict[str, dict]:
     return {o["kind"]: o for o in objects if o["kind"] in ("Deployment", "Service")}
 
 
-def _shapes(env: Env, image: str) -> list[_Shape]:
+def shapes(env: Env, image: str) -> list[_Shape]:
     """The install's Deployment as shipped on the pod network; with Helm, then the chart's
     `hostNetwork: true`."""
     assert env.cluster is not None
@@ -222,7 +222,7 @@ def _checked_from_a_workstation(env: Env, service: str, builds: str) -> str:
         forward.wait(10)
 
 
-def _ready_pods(env: Env, selector: str) -> list[dict]:
+def ready_pods(env: Env, selector: str) -> list[dict]:
     out = []
     for obj in env.kube.pods(NAMESPACE, selector):
         conditions = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
@@ -245,7 +245,7 @@ def server_pod(env: Env, rec: Record) -> None:
     env.registry.push(image, REPOSITORY, tag)
     ref = f"{env.registry.host}/{REPOSITORY}:{tag}"
     rec.note(f"{image.ref.split('/')[-1]} ({REPOSITORY}:{tag}): "
-             + "; ".join(_serve(env, rec, shape, ref) for shape in _shapes(env, ref)))
+             + "; ".join(_serve(env, rec, shape, ref) for shape in shapes(env, ref)))
 
 
 def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
@@ -284,7 +284,7 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             x.get("msg") == "leading" and x.get("identity") == holder for x in server_log(name))), None)
 
     def all_ready(old: set[str]) -> list[dict] | None:
-        ready = [x for x in _ready_pods(env, selector) if x["metadata"]["name"] not in old]
+        ready = [x for x in ready_pods(env, selector) if x["metadata"]["name"] not in old]
         return ready if len(ready) == shape.replicas else None
 
     if shape.host_network:  # it leaves the restricted Pod Security Standard (docs/install.md, Helm values)
@@ -391,7 +391,7 @@ def _serve(env: Env, rec: Record, shape: _Shape, ref: str) -> str:
             assert second["result"] == "Succeeded", second
             handover += f"; the leader deleted, {taker}'s watcher leading {took:.1f} s later (the leader kept the " \
                        f"Lease through its preStop sleep), a build meanwhile {second['result']}"
-        memory = [env.cluster.pod_memory(x["metadata"]["uid"]) for x in _ready_pods(env, selector)]
+        memory = [env.cluster.pod_memory(x["metadata"]["uid"]) for x in ready_pods(env, selector)]
         handover += "; memory (working set, peak): " + ", ".join(
             f"{m[0] / 2**20:.0f}/{m[1] / 2**20:.0f} MiB" if m else "not found" for m in memory)
         if not shape.host_network:
