@@ -218,6 +218,24 @@ async def test_deadline_exceeded_pod_reads_as_succeeded(kube: KubeDouble, cfg: s
     assert "istio-proxy: stopped by deadline" in out
 
 
+async def test_a_pod_being_deleted_reads_as_terminating(kube: KubeDouble, cfg: str) -> None:
+    """A cancelled build while the kubelet stops it: as `kubectl get` says it, Terminating,
+    with when the deletion was asked for (its deletionTimestamp less its grace period)."""
+    running = kpack_running()
+    running["metadata"].update(deletionTimestamp="2024-05-01T10:05:20Z", deletionGracePeriodSeconds=20)
+    kube.put_pod(running)
+    code, out, _ = await status("build-1", "--kubeconfig", cfg)
+    assert code == 0 and "Phase:   Running, Terminating (deleted at 10:05:00Z)\n" in out
+    one = json.loads((await status("build-1", "-o", "json", "--kubeconfig", cfg))[1])
+    assert one["deletedAt"] == "2024-05-01T10:05:00Z"
+    code, out, _ = await status("--kubeconfig", cfg)
+    assert out.splitlines()[1].split()[:4] == ["build-1", "waiter", "1/6", "Terminating"]
+    del running["metadata"]["deletionTimestamp"]
+    kube.put_pod(running)
+    one = json.loads((await status("build-1", "-o", "json", "--kubeconfig", cfg))[1])
+    assert one["deletedAt"] is None and one["phase"] == "Running"
+
+
 async def test_never_rewritten_pod_shows_its_init_containers(kube: KubeDouble, cfg: str) -> None:
     plain = with_status(pod("job", rewritten=False), init=[init_done("git-clone", 0, 4, 128)],
                         containers=[wait("build")], phase="Failed")

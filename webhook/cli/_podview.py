@@ -21,8 +21,8 @@ from waiter import protocol as p
 
 from ..rewrite import managed_as, removed_post_start, removed_startup_probes
 from ..settings import RewriteSettings
-from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, QUIET_WAITING, SIDECAR, STEP, WAITER_RUN, Run, json_int, layout,
-                       parse_time, pod_ended, read_run, read_runs, statuses)
+from ..watcher import (ENDED_PHASES, MAIN, NOT_RUN, QUIET_WAITING, SIDECAR, STEP, WAITER_RUN, Run, deletion_asked,
+                       json_int, layout, parse_time, pod_ended, read_run, read_runs, statuses)
 
 
 class State(StrEnum):
@@ -90,6 +90,7 @@ class PodView:
     startup_probes_removed: tuple[str, ...] = ()
     post_start_removed: tuple[str, ...] = ()
     managed: str | None = None  # the initshift.io/managed label (start-order pods have no strategy)
+    deleted_at: datetime | None = None  # when its deletion was asked for: the pod is Terminating
 
     @property
     def ended(self) -> bool:
@@ -104,6 +105,7 @@ class PodView:
                 "failed": self.failed, "sidecarsStoppedBy": self.sidecars_stopped_by, "ready": self.ready,
                 "notRewritten": self.not_rewritten, "startupProbesRemoved": list(self.startup_probes_removed),
                 "postStartRemoved": list(self.post_start_removed),
+                "deletedAt": self.deleted_at.strftime("%Y-%m-%dT%H:%M:%SZ") if self.deleted_at else None,
                 "containers": [r.to_json() for r in self.rows]}
 
 
@@ -260,7 +262,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None,
         startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else (),
         post_start_removed=tuple(removed_post_start(pod)) if lay.strategy in (p.MODE_WAITER, p.MODE_HYBRID) else (),
-        managed=managed_as(pod))
+        managed=managed_as(pod), deleted_at=deletion_asked(pod))
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:

@@ -83,6 +83,8 @@ def _summary(view: PodView, colour: bool) -> list[str]:
     result_colour = {SUCCEEDED: "32", FAILED: "31"}.get(view.result, "")
     result = paint(view.result, result_colour, colour) + (f": {view.message}" if view.message else "")
     phase = view.phase + (f" ({view.pod_reason})" if view.pod_reason else "")
+    if view.deleted_at:  # as kubectl says it; the kubelet is stopping every container
+        phase += f", Terminating (deleted at {view.deleted_at.astimezone(timezone.utc):%H:%M:%SZ})"
     lines = [f"Pod:     {view.namespace}/{view.name}, {strategy}", f"Result:  {result}", f"Phase:   {phase}"]
     if view.sidecars_stopped_by:
         lines[-1] += f"; sidecars stopped by {view.sidecars_stopped_by}"

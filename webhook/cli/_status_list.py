@@ -38,6 +38,8 @@ def _stands(view: PodView) -> str:
     """Where a pod stands: its result once it ended, else its first step or main not done."""
     if view.ended:
         return view.result + (f" ({view.failed} failed)" if view.failed else "")
+    if view.deleted_at:  # as kubectl says it
+        return "Terminating"
     for r in view.rows:
         if r.kind not in (STEP, MAIN) or r.state == State.COMPLETED:
             continue

@@ -7,9 +7,10 @@ from ._controller import Controller, WatcherStopped, run_watcher
 from ._recorder import COMPONENT
 from ._decide import FAILED, SUCCEEDED
 from ._podstate import (ENDED_PHASES, INIT, MAIN, NOT_RUN, QUIET_WAITING, SIDECAR, STEP, WAITER_RUN, Layout, NotManaged,
-                        Run, layout, json_int, parse_time, pod_ended, ran_at, read_run, read_runs,
+                        Run, deletion_asked, layout, json_int, parse_time, pod_ended, ran_at, read_run, read_runs,
                         statuses)
 
 __all__ = ["COMPONENT", "Controller", "ENDED_PHASES", "FAILED", "INIT", "MAIN", "NOT_RUN", "Layout", "NotManaged",
-           "QUIET_WAITING", "Run", "SIDECAR", "STEP", "SUCCEEDED", "WAITER_RUN", "WatcherStopped", "json_int", "layout",
+           "QUIET_WAITING", "Run", "SIDECAR", "STEP", "SUCCEEDED", "WAITER_RUN", "WatcherStopped", "deletion_asked",
+           "json_int", "layout",
            "parse_time", "pod_ended", "ran_at", "read_run", "read_runs", "run_watcher", "statuses"]

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from waiter import protocol as p
 
 from ..rewrite import managed_as
 from ..settings import WatcherSettings
-from ._podstate import (MESSAGE_LIMIT, Layout, Run, json_int, layout, parse_time, pod_ended, ran_at, read_run,
-                        read_runs, statuses)
+from ._podstate import (MESSAGE_LIMIT, Layout, Run, deletion_asked, json_int, layout, parse_time, pod_ended, ran_at,
+                        read_run, read_runs, statuses)
 
 # Outcome JSON (annotation initshift.io/outcome), documented in docs/watcher.md.
 SUCCEEDED = "Succeeded"
@@ -192,7 +192,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
     # A pod being deleted (or evicted) is being ended by the kubelet: never given a deadline.
-    deleted = _deletion_asked(meta)
+    deleted = deletion_asked(pod)
 
     if p.ANNOTATION_OUTCOME in ann:
         # The outcome is written once; what is left is ending a pod that is still running.
@@ -395,13 +395,6 @@ def _stopped(lay: Layout, status: dict | None, cs: dict[str, dict], deleted: dat
     return _STOPPED_NATIVE if lay.native else _STOPPED_NONE
 
 
-def _deletion_asked(meta: dict) -> datetime | None:
-    """When the pod's deletion was asked for (an eviction is one), None if it was not: its
-    `deletionTimestamp` less the grace period it was given (the apiserver sets both)."""
-    at = parse_time(meta.get("deletionTimestamp"))
-    return at - timedelta(seconds=json_int(meta.get("deletionGracePeriodSeconds")) or 0) if at else None
-
-
 def _deleted_at(at: datetime) -> str:
     return f"the pod was deleted at {format_time(at)}"
 
@@ -503,7 +496,7 @@ def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: li
               message: str, now: datetime, settings: WatcherSettings, deadline_set: bool) -> Decision:
     """A Failed outcome naming `failed`, then the pod ended at once (nothing will finish it)."""
     status, meta = pod.get("status") or {}, pod.get("metadata") or {}
-    ended, deleted = pod_ended(pod), _deletion_asked(meta)
+    ended, deleted = pod_ended(pod), deletion_asked(pod)
     stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended and deleted is None \
         else _stopped(lay, status, statuses(pod), deleted)
     outcome = _outcome(lay, runs, failed, message, now, stopped)

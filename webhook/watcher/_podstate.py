@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from waiter import protocol as p
@@ -82,6 +82,15 @@ def pod_ended(pod: Mapping) -> bool:
     """The pod has ended: the kubelet runs none of its containers any more."""
     status = pod.get("status")
     return isinstance(status, dict) and status.get("phase") in ENDED_PHASES
+
+
+def deletion_asked(pod: Mapping) -> datetime | None:
+    """When the pod's deletion was asked for (an eviction is one: the kubelet is stopping
+    every container), None if it was not: its `deletionTimestamp` less the grace period it
+    was given (the apiserver sets both)."""
+    meta = pod.get("metadata") or {}
+    at = parse_time(meta.get("deletionTimestamp"))
+    return at - timedelta(seconds=json_int(meta.get("deletionGracePeriodSeconds")) or 0) if at else None
 
 
 def _json_list(value: Any) -> list[str] | None:
