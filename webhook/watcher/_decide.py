@@ -389,7 +389,7 @@ def _stopped(lay: Layout, status: dict | None, cs: dict[str, dict], deleted: dat
         return _STOPPED_DEADLINE
     if lay.sidecars:
         # Running when the pod's deletion was asked for: the kubelet's SIGTERM stops them.
-        if deleted is not None and any(_since(_finished(cs.get(n)), deleted) for n in lay.sidecars):
+        if deleted is not None and any(_since(read_run(n, cs.get(n)).finished_at, deleted) for n in lay.sidecars):
             return _STOPPED_DELETION
         return _STOPPED_QUIT
     return _STOPPED_NATIVE if lay.native else _STOPPED_NONE
@@ -397,11 +397,6 @@ def _stopped(lay: Layout, status: dict | None, cs: dict[str, dict], deleted: dat
 
 def _deleted_at(at: datetime) -> str:
     return f"the pod was deleted at {format_time(at)}"
-
-
-def _finished(status: dict | None) -> str | None:
-    terminated = ((status or {}).get("state") or {}).get("terminated")
-    return ran_at(terminated.get("finishedAt")) if isinstance(terminated, dict) else None
 
 
 def _since(finished: str | None, at: datetime) -> bool:
