@@ -15,7 +15,7 @@ from webhook.settings import Settings
 from tests.support.waiter_support import has_signal, parse_status
 
 from ._check import check_build, proxy_instant, proxy_stop, record_times
-from ._env import Env, Record, native_only, own_cluster, scenario, waiter_modes
+from ._env import Env, Record, initshift, native_only, own_cluster, scenario, waiter_modes
 from ._kube import KubeFailure, kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_TRAFFIC, NO_QUIT
 from ._pods import annotations, container_names, first, log_lines, managed, ms, outcome, pod, statuses, step, \
@@ -318,6 +318,7 @@ def cancelled_build(env: Env, rec: Record) -> None:
             obj = wait_for(lambda: stopped(name), 3 * CANCEL_GRACE, f"{name}'s containers to stop")
             took = time.monotonic() - began
             result = outcome(env.kube, ns, name)  # (the finalizer holds the pod until it is written)
+            shown = initshift(env, "status", name, "-n", ns)  # as a user sees it meanwhile
         finally:
             env.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", {"metadata": {"finalizers": None}})
         assert managed(obj) == mode, f"{name} managed by {managed(obj)!r}"
@@ -337,6 +338,8 @@ def cancelled_build(env: Env, rec: Record) -> None:
         assert "(the pod was deleted at " in result["message"], f"{mode}: outcome {result}"
         assert result["sidecarsStoppedBy"] == ("native" if mode == p.MODE_HYBRID else "deletion"), \
             f"{mode}: outcome {result}"
+        phase = next((x for x in shown.stdout.splitlines() if x.startswith("Phase:")), shown.stdout + shown.stderr)
+        assert shown.returncode == 0 and ", Terminating (deleted at " in phase, f"{mode}: initshift status: {phase}"
         return f"{mode}: every container stopped on SIGTERM in {took:.1f} s (grace {CANCEL_GRACE} s); compile " \
                f"{record.get('reason')}; outcome: {result['message']}, sidecars stopped by {result['sidecarsStoppedBy']}"
 
