@@ -193,12 +193,12 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
     # A pod being deleted (or evicted) is being ended by the kubelet: never given a deadline.
     deleted = deletion_asked(pod)
+    ending = ended or deadline_set or deleted is not None  # nothing for the watcher to end
 
     if p.ANNOTATION_OUTCOME in ann:
         # The outcome is written once; what is left is ending a pod that is still running.
         blocked = any(r.state != "terminated" for r in runs.values())
-        return _end(lay, runs, holding, ended or deadline_set or deleted is not None, blocked, now, settings,
-                    None, stuck)
+        return _end(lay, runs, holding, ending, blocked, now, settings, None, stuck)
 
     actions: list[Action] = []
     latency = None
@@ -315,7 +315,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
             message += f" ({_deleted_at(deleted)})"
         if stuck:  # the steps ran without their waiter (StartError): this is why
             message += f"; {stuck[0].name} cannot start ({stuck[0].waiting})"
-    end_now = bool(holding) and not ended and not deadline_set and deleted is None
+    end_now = bool(holding) and not ending
     stopped = _STOPPED_DEADLINE if end_now else _stopped(lay, status, cs, deleted)
     outcome = _outcome(lay, runs, failed.name if failed else None, message, now, stopped)
     actions.append(_outcome_action(meta, outcome, _holders_deadline(holding, stuck, settings) if end_now else None))
