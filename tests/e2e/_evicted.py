@@ -1,7 +1,7 @@
 """Builds evicted mid-step, as a node drain evicts them: through the Eviction API
 (`pods/eviction`, what `kubectl drain` does per pod), a Job's pod and a bare pod under each
-strategy, then one `kubectl drain` of the node without `--pod-selector` while a Job's build
-and a bare build run. Each evicted build stops within its grace period (the waiter-run
+strategy, then `kubectl drain` of the node without `--pod-selector` while a bare build runs
+(refused, for want of flags), and with both flags once a Job's build runs too. Each evicted build stops within its grace period (the waiter-run
 steps on the kubelet's SIGTERM, none SIGKILLed), its outcome is written at most once and
 names the eviction, and each Job's replacement pod is rewritten and Succeeds, the Job
 Complete."""
@@ -36,8 +36,9 @@ def _template(env: Env, mode: str, sleep: float) -> dict:
                annotations={p.ANNOTATION_MODE: mode}, terminationGracePeriodSeconds=GRACE)
 
 
-def _job(env: Env, ns: str, name: str, mode: str) -> None:
-    body = _template(env, mode, sleep=8)
+def _job(env: Env, ns: str, name: str, mode: str, sleep: float = 8) -> None:
+    """A Job of the build: its first step works `sleep` seconds (the replacement pod too)."""
+    body = _template(env, mode, sleep=sleep)
     env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {"backoffLimit": 2, "template": {"metadata": {"annotations": body["metadata"]["annotations"]},
@@ -170,24 +171,27 @@ def evicted(env: Env, rec: Record) -> None:
                                                                     for m in waiter_modes(env)]
             rec.details += [f.result() for f in done]
 
-        # 2. `kubectl drain` of the node, no --pod-selector, while a Job's build and a bare
-        # build run: refused without --force (the bare pod) and --delete-emptydir-data (the
-        # waiter's emptyDir), nothing evicted; then with both, every pod evicted.
+        # 2. `kubectl drain` of the node, no --pod-selector, while a bare build runs: refused
+        # without --force (the bare pod) and --delete-emptydir-data (the waiter's emptyDir),
+        # nothing evicted; then, the node uncordoned and a Job's build started too, with both
+        # flags, every pod evicted. (The Job's pod comes after the refusals: its step would
+        # otherwise end while they run on a loaded machine, before any eviction.)
         mode = env.build_strategy
-        _job(env, ns, "job-drain", mode)
         _bare(env, ns, "bare-drain", mode)
-        job_pod = wait_for(lambda: (x := _job_pods(env, ns, "job-drain")) and x[0]["metadata"]["name"], 60,
-                           "job-drain's pod")
-        for name in (job_pod, "bare-drain"):
-            _in_step(env, ns, name, mode)
+        _in_step(env, ns, "bare-drain", mode)
         try:
             refused = kubectl(env.admin, "drain", NODE, "--ignore-daemonsets", "--timeout=30s", check=False)
             assert refused.returncode and "(use --delete-emptydir-data to override)" in refused.stderr, refused
             bare = kubectl(env.admin, "drain", NODE, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s",
                            check=False)
             assert bare.returncode and "(use --force to override)" in bare.stderr, bare
-            assert all((env.kube.pod(ns, x) or {}).get("status", {}).get("phase") == "Running"
-                       for x in (job_pod, "bare-drain")), "a refused drain evicted a build"
+            assert (env.kube.pod(ns, "bare-drain") or {}).get("status", {}).get("phase") == "Running", \
+                "a refused drain evicted a build"
+            kubectl(env.admin, "uncordon", NODE)  # a refused drain leaves the node cordoned
+            _job(env, ns, "job-drain", mode, sleep=15)
+            job_pod = wait_for(lambda: (x := _job_pods(env, ns, "job-drain")) and x[0]["metadata"]["name"], 60,
+                               "job-drain's pod")
+            _in_step(env, ns, job_pod, mode)
             since = time.monotonic()
             drained = kubectl(env.admin, "drain", NODE, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
                               "--timeout=120s", check=False)
