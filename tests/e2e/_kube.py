@@ -96,7 +96,10 @@ class Kube:
     # --- REST ---------------------------------------------------------------------------
 
     def request(self, method: str, path: str, *, body: Any = None, params: dict | None = None,
-                content_type: str = "application/json", allow: tuple[int, ...] = ()) -> Any:
+                content_type: str = "application/json", allow: tuple[int, ...] = (),
+                warnings: list[str] | None = None) -> Any:
+        """The answer's JSON (or text); `warnings` gets the answer's `Warning` headers' texts
+        (admission webhooks' warnings among them)."""
         kwargs: dict[str, Any] = {"params": params}
         if body is not None:
             kwargs["content"] = body if isinstance(body, (bytes, str)) else json.dumps(body)
@@ -109,6 +112,8 @@ class Kube:
                 if attempt == 4:
                     raise KubeFailure(f"{method} {path}: {exc}") from None
                 time.sleep(0.5)
+        if warnings is not None:
+            warnings += [_warning_text(w) for w in resp.headers.get_list("warning")]
         if resp.status_code in allow:
             return None
         if resp.status_code >= 400:
@@ -236,6 +241,16 @@ class PodWatch:
         for t in self.threads:
             t.join(20)  # each watch ends within 5 s
         self.kube.close()
+
+
+_WARNING = re.compile(r'^\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def _warning_text(header: str) -> str:
+    """A `Warning` header's text (RFC 7234: `299 - "text"`, the text's quotes and
+    backslashes escaped); the header as it came if it is not that."""
+    m = _WARNING.match(header)
+    return re.sub(r"\\(.)", r"\1", m.group(1)) if m else header
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = POLL) -> T:

@@ -25,7 +25,7 @@ from ._quantity import QuantityError, format_quantity, parse
 from ._resources import Amounts, effective, pod_level, pod_limits, pod_requests, qos_class
 from ._shape import mapping_at
 
-__all__ = ["charges_resources", "exceeded"]
+__all__ = ["charges", "charges_resources", "exceeded"]
 
 # What a quota's key charges a pod: (requests or limits, resource). `cpu` and `memory` are
 # the old names of `requests.cpu` and `requests.memory` (and of ephemeral-storage's).
@@ -57,7 +57,7 @@ def _amounts(values: object) -> Amounts:
     return out
 
 
-def _usage(spec: Mapping) -> dict[str, Amounts]:
+def charges(spec: Mapping) -> dict[str, Amounts]:
     """The pod's requests and limits as the quota charges them (resource.PodRequests,
     PodLimits: the pod-level amounts where set, the overhead added)."""
     requests, limits = pod_level(spec)
@@ -117,14 +117,14 @@ def exceeded(before: Mapping, after: Mapping, quotas: Sequence[Mapping]) -> list
     the apiserver words each refusal. A quota whose status the quota controller has not
     filled yet refuses every pod, rewritten or not: it is not one the rewrite breaks."""
     old_spec, new_spec = mapping_at(before, "spec"), mapping_at(after, "spec")
-    charges: tuple[dict[str, Amounts], dict[str, Amounts]] | None = None  # computed once a quota needs them
+    both: tuple[dict[str, Amounts], dict[str, Amounts]] | None = None  # computed once a quota needs them
     out = []
     for quota in quotas:
         status = mapping_at(quota, "status")
         hard, used = _amounts(status.get("hard")), _amounts(status.get("used"))
         if not any(map(_charged, hard)) or not _matches(quota, old_spec):
             continue
-        old, new = charges = charges or (_usage(old_spec), _usage(new_spec))
+        old, new = both = both or (charges(old_spec), charges(new_spec))
         over = []
         for key in sorted(hard):
             charged = _charged(key)
