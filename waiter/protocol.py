@@ -31,6 +31,10 @@ ANNOTATION_STARTUP_PROBES_REMOVED = f"{GROUP}/startup-probes-removed"
 # written (waiter, hybrid): JSON {container: postStart}: the same for a mesh proxy's postStart hook
 # that only waits for its readiness (Linkerd's linkerd-await, Istio's `pilot-agent wait`)
 ANNOTATION_POST_START_REMOVED = f"{GROUP}/post-start-removed"
+# written (waiter, hybrid; native where it asks the mesh for a native proxy): JSON {resource:
+# quantity}: the effective request of the pod as admitted; a re-invoked review weighs the
+# sidecars injected since against it
+ANNOTATION_BUDGET = f"{GROUP}/budget"
 
 MODE_DISABLED = "disabled"
 MODE_WAITER = "waiter"

@@ -16,6 +16,7 @@ from waiter import protocol as p
 from webhook.rewrite._entrypoint import ImageConfig, ImageEntrypoints
 from tests.support.patching import apply_patch
 from webhook.admission._patch import make_patch
+from webhook.rewrite._quantity import format_quantity
 from webhook.rewrite._resources import pod_requests
 from webhook.rewrite._rewrite import plan, rewrite
 from webhook.settings import RewriteSettings, Settings
@@ -277,6 +278,70 @@ def test_a_proxy_injected_after_us_is_taken_from_the_steps_budget(mode: str, pol
     else:
         assert total == mesh_only, (total, mesh_only)
     assert rewrite(refreshed.pod, settings, native_supported=True).pod == refreshed.pod  # taken back once
+
+
+@pytest.mark.parametrize("mode", ["waiter", "hybrid"])
+@pytest.mark.parametrize("policy", ["preserve", "divide", "keep"])
+@pytest.mark.parametrize("variant", ["classic", "native"])
+def test_a_second_proxy_injected_after_us_is_taken_from_the_steps_budget(mode: str, policy: str, variant: str) -> None:
+    # A pod with Linkerd's proxy, rewritten, then given Istio's by its namespace's label (the
+    # mesh's webhook runs after initshift's): the budget the rewrite recorded has the new
+    # proxy's request taken back from the steps, so the pod's effective request is the one
+    # the meshes alone give it (first seen by e2e never-refused on v1.34.9: +10m, +16Mi).
+    settings = Settings(feature_gate=True, rewrite=RewriteSettings(mode=mode, resources_policy=policy))
+    pod = copy.deepcopy(CATALOGUE["kpack-linkerd"])
+    mesh_only = pod_requests(pods.inject_istio(pod)["spec"])  # the classic proxy Istio injects unasked
+    first = rewrite(pod, settings, native_supported=True)
+    assert first.changed, first.warnings
+    assert json.loads(first.pod["metadata"]["annotations"][p.ANNOTATION_BUDGET]) == {"cpu": "1", "memory": "2Gi"}
+    refreshed = rewrite(pods.inject_istio(first.pod, variant), settings, native_supported=True)
+    assert refreshed.reason == "refreshed", refreshed.warnings
+    assert_valid_pod(refreshed.pod)
+    total = pod_requests(refreshed.pod["spec"])
+    if policy == "keep":
+        assert total["cpu"] > mesh_only["cpu"]
+    else:
+        assert total == mesh_only, (total, mesh_only)
+    assert rewrite(refreshed.pod, settings, native_supported=True).pod == refreshed.pod  # taken back once
+
+
+def test_a_native_proxy_asked_for_says_what_it_adds_when_it_arrives() -> None:
+    # Native, a pod without a proxy: initshift asks the mesh for a native one and records the
+    # budget; re-invoked once it came, it says what the proxy beside every init container
+    # adds beyond the classic proxy the mesh alone would give (first seen by e2e never-refused
+    # on v1.34.9: +16Mi, unsaid).
+    settings = Settings(feature_gate=True, rewrite=RewriteSettings(mode="native"))
+    kpack = copy.deepcopy(CATALOGUE["kpack"])
+    kpack["metadata"].setdefault("annotations", {})[p.ISTIO_INJECT_ANNOTATION] = "true"
+    first = rewrite(kpack, settings, native_supported=True)
+    assert first.changed and p.ANNOTATION_BUDGET in first.pod["metadata"]["annotations"], first.warnings
+    mesh_only = pod_requests(pods.inject_istio(kpack)["spec"])
+    injected = pods.inject_istio(first.pod, "native")
+    grown = pod_requests(injected["spec"])
+    assert grown["cpu"] > mesh_only["cpu"], (grown, mesh_only)  # the proxy beside the largest step
+    again = rewrite(injected, settings, native_supported=True)
+    assert not again.changed and again.pod == injected
+    said = [w for w in again.warnings if "effective request grows" in w]
+    assert said and f"cpu={format_quantity(grown['cpu'], 'cpu')}" in said[0] \
+        and f"cpu={format_quantity(mesh_only['cpu'], 'cpu')}" in said[0], again.warnings
+    # A proxy that adds nothing beyond the classic one is not warned about.
+    quiet = copy.deepcopy(injected)
+    for c in quiet["spec"]["initContainers"]:
+        if c["name"] == "istio-proxy":
+            c["resources"] = {}
+    assert not [w for w in rewrite(quiet, settings, native_supported=True).warnings if "grows" in w]
+
+
+def test_a_pod_rewritten_without_a_budget_record_keeps_the_older_rule() -> None:
+    # A pod an initshift that recorded no budget rewrote: a sidecar it had is not weighed
+    # again (only a pod that had none gives the steps' requests back, by step 0's gate).
+    once = rewrite(CATALOGUE["kpack-linkerd"], ON).pod
+    del once["metadata"]["annotations"][p.ANNOTATION_BUDGET]
+    injected = pods.inject_istio(once)
+    refreshed = rewrite(injected, ON).pod
+    steps = set(json.loads(once["metadata"]["annotations"][p.ANNOTATION_STEPS]))
+    assert [c.get("resources") for c in refreshed["spec"]["containers"] if c["name"] in steps] == \
+        [c.get("resources") for c in injected["spec"]["containers"] if c["name"] in steps]
 
 
 def test_sidecars_present_at_the_rewrite_are_not_taken_back_again() -> None:

@@ -130,6 +130,27 @@ def test_effective_requests_never_grow(pod, policy):
 
 
 @PROPERTY
+@given(build_pod(), st.sampled_from(["preserve", "divide"]))
+def test_a_second_proxy_injected_later_is_weighed_against_the_budget(pod, policy):
+    # A pod with Linkerd's proxy, rewritten, then given Istio's by a webhook that runs after
+    # initshift's: the pod's effective request is at most the one the meshes alone give it,
+    # and a second re-invocation changes nothing. (A native one grows the init phase beside
+    # initshift-init too, which the steps cannot give back: test_rewrite.py has that case.)
+    if any(c["name"] in ("istio-proxy", "linkerd-proxy") for c in pod["spec"]["containers"]):
+        return
+    with_linkerd = pods.inject_linkerd(pod)
+    once = rewrite(with_linkerd, SETTINGS[policy])
+    if not once.changed:
+        return
+    refreshed = rewrite(pods.inject_istio(once.pod), SETTINGS[policy]).pod
+    assert_valid_pod(refreshed)
+    mesh_only = pod_requests(pods.inject_istio(with_linkerd)["spec"])
+    assert all(v <= mesh_only.get(r, 0) for r, v in pod_requests(refreshed["spec"]).items() if v), \
+        (pod_requests(refreshed["spec"]), mesh_only)
+    assert rewrite(refreshed, SETTINGS[policy]).pod == refreshed
+
+
+@PROPERTY
 @given(build_pod())
 def test_idempotent_also_after_a_sidecar_is_injected(pod):
     once = rewrite(pod, SETTINGS["preserve"]).pod

@@ -48,7 +48,7 @@ from . import _hold as hold, _native as native, _waiter as waiter
 from ._classify import Classification, classify, native_proxies, sidecar_names
 from ._entrypoint import ImageEntrypoints
 from ._errors import RewriteError
-from ._resources import is_restartable
+from ._resources import is_restartable, recorded_budget
 from ._shape import mapping_at
 from ._strategy import Built
 from ..settings import RewriteSettings
@@ -88,9 +88,11 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
     late = [c for c in spec.get("containers") or [] if c.get("name") in known and c.get("name") not in work]
     if late:  # after the last init container (before `initshift-init` in a pod an earlier initshift admitted)
         anchor = [c for c in spec.get("initContainers") or [] if c.get("name") == p.INIT_CONTAINER_NAME]
-        # Injected after the rewrite, so left out of the steps' budget: taken back from it.
-        spec = {**spec, "containers": waiter.give_back_to_sidecars(spec.get("containers") or [], names[0], late,
-                                                                    settings)}
+        if recorded_budget(pod) is None:
+            # Injected after the rewrite, so left out of the steps' budget: taken back from it
+            # (with a budget recorded, the waiter's refresh weighs every sidecar against it).
+            spec = {**spec, "containers": waiter.give_back_to_sidecars(spec.get("containers") or [], names[0], late,
+                                                                        settings)}
         pod = native.place_sidecars({**pod, "spec": spec}, late, anchor, settings, _never).pod
     out, _ = _settle_startup(waiter.refresh(pod, settings), settings, [str(c["name"]) for c in late],
                              hold.removed_startup_probes(pod), hold.removed_post_start(pod))

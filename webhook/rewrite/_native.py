@@ -33,7 +33,7 @@ from ._classify import Classification, managed_as, mark_managed, mesh_init_names
 from ._entrypoint import ImageEntrypoints
 from ._reasons import Reason
 from ._strategy import Built
-from ._resources import growth_warning
+from ._resources import growth_of, growth_warning, mesh_alone, pod_level, pod_requests, record_budget, recorded_budget
 from ..settings import RewriteSettings
 from ._shape import submap
 
@@ -181,11 +181,27 @@ def ask_native_injection(pod: dict) -> list[str]:
 
 
 def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
-    """The pod annotated so the mesh injects its proxy as a native sidecar itself."""
+    """The pod annotated so the mesh injects its proxy as a native sidecar itself, with its
+    budget recorded (re-invoked, `injected_growth` says what that proxy adds)."""
     out = dict(pod)
     warnings = ask_native_injection(out)
     mark_managed(out, p.MODE_NATIVE)
+    record_budget(out, pod.get("spec") or {})
     return out, warnings
+
+
+def injected_growth(pod: Mapping) -> str | None:
+    """Re-invoked, the pod whose mesh injected the native proxy initshift asked for: a warning
+    where that proxy, beside every init container, grows the pod's effective request beyond
+    the one the mesh alone (a classic proxy) would give it."""
+    budget = recorded_budget(pod)
+    spec = pod.get("spec") or {}
+    if budget is None or pod_level(spec)[0]:  # (a pod-level request stays the pod's request)
+        return None
+    alone = mesh_alone(spec, set(), budget)
+    return growth_of(alone, pod_requests(spec),
+                     "the proxy the mesh injected as a native sidecar, as initshift asked, runs beside every init "
+                     "container (a classic one would not)")
 
 
 def build(pod: Mapping, cls: Classification, settings: RewriteSettings, images: Mapping[str, ImageEntrypoints],

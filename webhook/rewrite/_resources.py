@@ -19,10 +19,13 @@ proportionally (`divide`), or as they were (`keep`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Mapping, Sequence
+
+from waiter import protocol as p
 
 from ._quantity import ZERO, QuantityError, format_quantity, parse
 from ._shape import submap
@@ -254,6 +257,42 @@ def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
     a pod-level request does not)."""
     level = pod_level(before)[0]
     return growth_of(effective(pod_requests(before), level), effective(pod_requests(after), level), why)
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=...) would build one per call
+
+
+def record_budget(pod: dict, spec: Mapping) -> None:
+    """Record in `pod` (a copy the caller owns) the effective request of `spec`, the pod as
+    admitted (ANNOTATION_BUDGET): what a re-invoked review weighs sidecars injected since
+    against (`mesh_alone`)."""
+    budget = effective(pod_requests(spec), pod_level(spec)[0])
+    submap(pod, "metadata", "annotations")[p.ANNOTATION_BUDGET] = _COMPACT.encode(
+        {r: format_quantity(v, r) for r, v in sorted(budget.items())})
+
+
+def recorded_budget(pod: Mapping) -> Amounts | None:
+    """The budget a rewrite recorded (record_budget); None where there is none (a pod an
+    initshift that recorded none rewrote) or it does not read."""
+    meta = pod.get("metadata")
+    text = (meta.get("annotations") or {}).get(p.ANNOTATION_BUDGET) if isinstance(meta, Mapping) else None
+    try:
+        recorded = json.loads(text) if isinstance(text, str) else None
+        return {str(r): parse(v, str(r)) for r, v in recorded.items()} if isinstance(recorded, dict) else None
+    except (ValueError, QuantityError):
+        return None
+
+
+def mesh_alone(spec: Mapping, steps: frozenset[str] | set[str], budget: Amounts, own: Collection[str] = ()) -> Amounts:
+    """The effective request the mesh alone would give the pod of `spec`, per resource:
+    max(budget, what its containers other than `steps` and initshift's `own` ask side by
+    side, native sidecars among them). `budget` is the pod's effective request as admitted,
+    the larger of its init phase (where the steps were) and its regular one; a sidecar the
+    mesh injected since runs beside the regular containers, so it adds to that phase."""
+    others = add(sum_requests(c for c in spec.get("containers") or [] if c.get("name") not in steps
+                              and c.get("name") not in own),
+                 restartable_sum(spec.get("initContainers") or []))
+    return {r: max(budget.get(r, 0), others.get(r, 0)) for r in {*budget, *others}}
 
 
 def growth_of(old_total: Amounts, new_total: Mapping[str, int], why: str) -> str | None:

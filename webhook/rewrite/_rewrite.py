@@ -375,7 +375,9 @@ def _choose_native(case: _Case, notes: Sequence[str] = ()) -> Plan:
         return case.go(p.MODE_NATIVE, notes)
     proxies = case.proxies
     if managed and (proxies or not has_mesh_marker(pod)):
-        return case.skip(Reason.UNCHANGED, "the pod is already set up for native sidecars; nothing to do")
+        grown = native_strategy.injected_growth(pod)
+        return case.skip(Reason.UNCHANGED, "the pod is already set up for native sidecars; nothing to do"
+                         + (f" ({grown})" if grown else ""))
     if proxies:
         return case.skip(Reason.ALREADY_NATIVE, f"the proxy {proxies[0]!r} already runs as a native sidecar; "
                                                 f"admitted unchanged")

@@ -39,7 +39,8 @@ from ._entrypoint import ImageEntrypoints, argv_by_platform, effective_argv, nee
 from ._quantity import format_quantity
 from ._quit import open_quit, quit_url, refused_note
 from ._resources import (Amounts, Read, ReadOnce, add, apply_requests, container_amounts, effective, growth_of,
-    is_restartable, pin_request_refs, plan_steps, pod_level, requests_and_qos, restartable_sum, sum_requests, take_back)
+    is_restartable, mesh_alone, pin_request_refs, plan_steps, pod_level, record_budget, recorded_budget, requests_and_qos,
+    restartable_sum, sum_requests, take_back)
 from ..settings import RewriteSettings
 from ._podcheck import MAX_OBJECT_BYTES
 from ._shape import mapping_at, submap
@@ -564,7 +565,7 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), chain.ready_file is not None,
                                    bool(cls.mains))
     with_pull_secrets(new_spec, settings)
-    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how)
+    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how, origin_spec)
 
     new_total, new_qos = requests_and_qos(new_spec, read)
     level = pod_level(origin_spec)[0]  # a pod-level request stays the pod's request
@@ -592,11 +593,28 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
 _COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=...) would build one per call
 
 
-def _mark(pod: dict, steps: list[str], mains: list[str], how: str) -> None:
+def _mark(pod: dict, steps: list[str], mains: list[str], how: str, origin_spec: Mapping) -> None:
     mark_managed(pod, how)
     annotations = submap(pod, "metadata", "annotations")
     annotations[p.ANNOTATION_STEPS] = _COMPACT.encode(steps)
     annotations[p.ANNOTATION_MAINS] = _COMPACT.encode(mains)
+    record_budget(pod, origin_spec)
+
+
+def give_back_beyond(spec: Mapping, steps: Sequence[str], budget: Amounts, settings: RewriteSettings) -> list[Mapping]:
+    """The regular containers of `spec` with what their phase holds beyond the effective
+    request the mesh alone would give the pod (_resources.mesh_alone) taken back from the
+    steps, which the rewrite gave what the pod reserved (`preserve`, `divide`; `keep` lets
+    the pod grow)."""
+    containers = spec.get("containers") or []
+    if settings.resources_policy == "keep":
+        return list(containers)
+    names = set(steps)
+    # The regular phase (where the steps now run, beside every native sidecar) back within
+    # that; an init phase that a native sidecar grows the steps cannot give back to.
+    regular = add(sum_requests(containers), restartable_sum(spec.get("initContainers") or []))
+    target = mesh_alone(spec, names, budget, OWN_CONTAINERS)
+    return take_back(containers, names, {r: v - target.get(r, 0) for r, v in regular.items() if v > target.get(r, 0)})
 
 
 def managed_names(pod: Mapping) -> tuple[list[str], list[str]] | None:
@@ -681,9 +699,15 @@ def refresh(pod: Mapping, settings: RewriteSettings) -> dict:
                                 if c.get("name") not in index and c.get("name") not in OWN_CONTAINERS])
     if problems:
         raise RewriteError(f"{problems[0]}", deny=True, reason=Reason.RESERVED)
-    if regular_sidecars and steps and managed_as(pod) == p.MODE_WAITER and gate_of(by_name[steps[0]]) == (None, ()):
-        # Step 0 has no gate: the pod had no sidecar when it was rewritten, and these came
-        # after (the mesh's webhook ran after initshift's). Its steps' budget left them out.
+    budget = recorded_budget(pod)
+    if budget is not None and not pod_level(spec)[0]:
+        # Sidecars injected since the rewrite (the mesh's webhook runs after initshift's)
+        # were left out of the steps' budget. (Pod-level requests: the pod's request stays
+        # theirs, and _podlevel.py fits the containers within it.)
+        containers = give_back_beyond(spec, steps, budget, settings)
+    elif regular_sidecars and steps and managed_as(pod) == p.MODE_WAITER and gate_of(by_name[steps[0]]) == (None, ()):
+        # No budget recorded (an earlier initshift's pod) and step 0 has no gate: the pod had
+        # no sidecar when it was rewritten, and these came after. Its steps' budget left them out.
         containers = give_back_to_sidecars(containers, steps, regular_sidecars, settings)
     natives = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     annotations = mapping_at(pod, "metadata", "annotations")
