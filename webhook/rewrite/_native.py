@@ -33,7 +33,7 @@ from ._classify import Classification, managed_as, mark_managed, mesh_init_names
 from ._entrypoint import ImageEntrypoints
 from ._reasons import Reason
 from ._strategy import Built
-from ._resources import growth_of, growth_warning, mesh_alone, pod_level, pod_requests, record_budget, recorded_budget
+from ._resources import effective, growth_of, growth_warning, mesh_alone, pod_level, pod_requests, record_budget, recorded_budget
 from ..settings import RewriteSettings
 from ._shape import submap
 
@@ -186,7 +186,8 @@ def request_native_injection(pod: Mapping) -> tuple[dict, list[str]]:
     out = dict(pod)
     warnings = ask_native_injection(out)
     mark_managed(out, p.MODE_NATIVE)
-    record_budget(out, pod.get("spec") or {})
+    spec = pod.get("spec") or {}
+    record_budget(out, effective(pod_requests(spec), pod_level(spec)[0]))
     return out, warnings
 
 

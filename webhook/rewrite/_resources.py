@@ -262,11 +262,10 @@ def growth_warning(before: Mapping, after: Mapping, why: str) -> str | None:
 _COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=...) would build one per call
 
 
-def record_budget(pod: dict, spec: Mapping) -> None:
-    """Record in `pod` (a copy the caller owns) the effective request of `spec`, the pod as
+def record_budget(pod: dict, budget: Mapping[str, int]) -> None:
+    """Record in `pod` (a copy the caller owns) `budget`, the effective request of the pod as
     admitted (ANNOTATION_BUDGET): what a re-invoked review weighs sidecars injected since
     against (`mesh_alone`)."""
-    budget = effective(pod_requests(spec), pod_level(spec)[0])
     submap(pod, "metadata", "annotations")[p.ANNOTATION_BUDGET] = _COMPACT.encode(
         {r: format_quantity(v, r) for r, v in sorted(budget.items())})
 

@@ -565,10 +565,10 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
     new_spec["volumes"] = _volumes(spec, len(wrapped_steps) + len(cls.mains), chain.ready_file is not None,
                                    bool(cls.mains))
     with_pull_secrets(new_spec, settings)
-    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how, origin_spec)
+    level = pod_level(origin_spec)[0]  # a pod-level request stays the pod's request
+    _mark(out, [c["name"] for c in cls.steps], [c["name"] for c in cls.mains], how, effective(old_total, level))
 
     new_total, new_qos = requests_and_qos(new_spec, read)
-    level = pod_level(origin_spec)[0]  # a pod-level request stays the pod's request
     grown = growth_of(effective(old_total, level), effective(new_total, level), f"policy {settings.resources_policy}")
     if grown:
         warnings.append(grown)
@@ -593,12 +593,12 @@ def wrap_pod(pod: Mapping, cls: Classification, settings: RewriteSettings,
 _COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=...) would build one per call
 
 
-def _mark(pod: dict, steps: list[str], mains: list[str], how: str, origin_spec: Mapping) -> None:
+def _mark(pod: dict, steps: list[str], mains: list[str], how: str, budget: Amounts) -> None:
     mark_managed(pod, how)
     annotations = submap(pod, "metadata", "annotations")
     annotations[p.ANNOTATION_STEPS] = _COMPACT.encode(steps)
     annotations[p.ANNOTATION_MAINS] = _COMPACT.encode(mains)
-    record_budget(pod, origin_spec)
+    record_budget(pod, budget)
 
 
 def give_back_beyond(spec: Mapping, steps: Sequence[str], budget: Amounts, settings: RewriteSettings) -> list[Mapping]:
