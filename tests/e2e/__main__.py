@@ -33,7 +33,7 @@ from tests.support.k8s import Cluster, ClusterError, cluster
 
 # Imported for what they do: each registers its scenarios.
 from . import _admitted, _builds, _helmrelease, _jobs, _keepalive, _lookup, _serverpod, _timing, _tools, _uninstall  # noqa: F401
-from . import _podpatchpolicy, _reapply, _secondday, _semantics  # noqa: F401
+from . import _double, _podpatchpolicy, _reapply, _secondday, _semantics  # noqa: F401
 from . import _evicted  # noqa: F401
 from . import _images
 from ._env import SCENARIOS, Env, Record, Scenario

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timedelta, timezone
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -511,3 +512,51 @@ async def test_metadata_is_validated_as_the_apiserver_does(kube: KubeDouble, htt
                                "status": {"phase": "Running"}}, MERGE)
     assert status == 200 and body["metadata"]["annotations"]["via"] == "status"
     assert body["status"]["phase"] == "Running" and "nodeName" not in body["spec"]
+
+
+async def test_pods_are_deleted_gracefully_as_the_apiserver_does(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """The rules a real kube-apiserver v1.34.9 showed (a pod bound to a node, grace 20):
+    a delete marks it (`deletionTimestamp` now + grace, to the second); a shorter grace moves
+    the mark by the difference; with grace 0 a pod a finalizer holds is marked *now* (the
+    time it was asked at is lost: the kubelet's last delete does this) and goes when its
+    last finalizer is removed; a pod no finalizer holds goes at grace 0."""
+    def bound(name: str, finalizers: list[str] | None = None) -> dict:
+        body = pod(name)
+        body["metadata"]["finalizers"] = finalizers or []
+        body["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)
+        return kube.put_pod(body)
+
+    def mark(name: str) -> tuple[str | None, int | None]:
+        meta = (kube.get("pods", "ns", name) or {"metadata": {"gone": True}})["metadata"]
+        return meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
+
+    asked = datetime(2026, 12, 1, 18, 10, 52, 400000, tzinfo=timezone.utc)
+    bound("held", ["example.com/hold"])
+    kube.delete_pod("ns", "held", at=asked)
+    assert mark("held") == ("2026-12-01T18:11:12Z", 20)
+    kube.delete_pod("ns", "held", 30, at=asked + timedelta(seconds=2))  # longer: no change
+    assert mark("held") == ("2026-12-01T18:11:12Z", 20)
+    kube.delete_pod("ns", "held", 5, at=asked + timedelta(seconds=2))
+    assert mark("held") == ("2026-12-01T18:10:57Z", 5)
+    kube.delete_pod("ns", "held", 0, at=asked + timedelta(seconds=3))  # the kubelet's last delete
+    assert mark("held") == ("2026-12-01T18:10:55Z", 0)
+    kube.delete_pod("ns", "held", 0, at=asked + timedelta(seconds=9))  # already marked earlier: kept
+    assert mark("held") == ("2026-12-01T18:10:55Z", 0)
+    status, _ = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/held", {"metadata": {"finalizers": None}}, MERGE)
+    assert status == 200 and kube.get("pods", "ns", "held") is None, "its last finalizer gone, it goes"
+    # Through the API: a DELETE's gracePeriodSeconds (query or DeleteOptions); no finalizer:
+    # marked, then gone at grace 0.
+    bound("free")
+    status, answer = await call(http, "DELETE", "/api/v1/namespaces/ns/pods/free", {"gracePeriodSeconds": 10})
+    assert status == 200 and answer["metadata"]["deletionGracePeriodSeconds"] == 10
+    status, _ = await call(http, "DELETE", "/api/v1/namespaces/ns/pods/free", gracePeriodSeconds="0")
+    assert status == 200 and kube.get("pods", "ns", "free") is None
+    # Removing a finalizer while a grace period runs does not delete it; a pod nothing runs
+    # (not bound, or ended) goes at once.
+    bound("pending-grace", ["example.com/hold"])
+    kube.delete_pod("ns", "pending-grace")
+    await call(http, "PATCH", "/api/v1/namespaces/ns/pods/pending-grace", {"metadata": {"finalizers": None}}, MERGE)
+    assert mark("pending-grace")[1] == 20
+    kube.put_pod(pod("unbound"))
+    kube.delete_pod("ns", "unbound")
+    assert kube.get("pods", "ns", "unbound") is None

@@ -17,7 +17,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 - create (409 AlreadyExists, `generateName`), get, PUT (409 on a stale
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
-  a patch carrying metadata.resourceVersion is conditional (409 when stale); delete;
+  a patch carrying metadata.resourceVersion is conditional (409 when stale); delete (pods
+  gracefully, as `delete_pod()`: a running pod is marked with `deletionTimestamp` and goes
+  when its grace is 0 and no finalizer holds it; an object marked with grace 0 goes when
+  an update removes its last finalizer);
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -77,7 +80,7 @@ import re
 import string
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import jsonpatch
@@ -87,7 +90,15 @@ __all__ = ["KubeDouble", "RequestRecord", "running", "terminated", "waiting", "m
 
 
 def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339(datetime.now(timezone.utc))
+
+
+def _rfc3339(at: datetime) -> str:
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_rfc3339(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
 
 
 # --- container status builders (what the kubelet writes) ---------------------------------
@@ -551,6 +562,51 @@ class KubeDouble:
         old = self._objects[resource].pop(key)
         self._emit(res, "DELETED", self._bump(copy.deepcopy(old)), old)
 
+    def merge(self, resource: str, namespace: str | None, name: str, patch: dict) -> dict:
+        """A merge patch applied as a PATCH request is (the update rules), without the request."""
+        res = RESOURCES[resource]
+        key = (namespace or "" if res.namespaced else "", name)
+        return self._patch(res, key, self._objects[resource][key], patch, "application/merge-patch+json", None)
+
+    def delete_pod(self, namespace: str, name: str, grace: int | None = None, *, at: datetime | None = None) -> dict:
+        """Delete a pod as the apiserver does (`DELETE` with `gracePeriodSeconds`; `at`: when it
+        is received, default now), the rules seen on v1.34.9. A pod the kubelet runs (scheduled,
+        not ended) is only marked: `deletionTimestamp` `at` + `grace` (default its
+        `terminationGracePeriodSeconds`, else 30), to the second, and the grace; a later delete may
+        only shorten it (the timestamp moves by the difference). With no grace left (the kubelet's
+        last delete, or `grace` 0), a pod no finalizer holds is removed (DELETED); one a
+        finalizer holds gets `deletionTimestamp` `at` unless it is earlier already, and grace 0,
+        and goes when its last finalizer is removed. Returns the pod as the answer shows it."""
+        key = (namespace, name)
+        current = self._objects["pods"][key]
+        meta, spec = current["metadata"], current.get("spec") or {}
+        when = (at or datetime.now(timezone.utc)).replace(microsecond=0)
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+        if not spec.get("nodeName") or (current.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            grace = 0  # nothing runs it: no grace period to wait out
+        pending = meta.get("deletionGracePeriodSeconds")
+        if "deletionTimestamp" in meta and pending:  # only a shorter grace period changes it
+            if grace >= pending:
+                return copy.deepcopy(current)
+            if grace > 0:
+                asked = _parse_rfc3339(meta["deletionTimestamp"]) - timedelta(seconds=pending)
+                return self._store(RESOURCES["pods"], key, {**current, "metadata": {
+                    **meta, "deletionTimestamp": _rfc3339(asked + timedelta(seconds=grace)),
+                    "deletionGracePeriodSeconds": grace}}, current)
+        elif "deletionTimestamp" not in meta and grace > 0:
+            return self._store(RESOURCES["pods"], key, {**current, "metadata": {
+                **meta, "deletionTimestamp": _rfc3339(when + timedelta(seconds=grace)),
+                "deletionGracePeriodSeconds": grace}}, current)
+        if not meta.get("finalizers"):
+            self.delete("pods", namespace, name)
+            return copy.deepcopy(current)
+        marked = meta.get("deletionTimestamp")
+        if marked is None or _parse_rfc3339(marked) > when:
+            marked = _rfc3339(when)
+        updated = {**current, "metadata": {**meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": 0}}
+        return copy.deepcopy(current) if updated == current else self._store(RESOURCES["pods"], key, updated, current)
+
     def set_container_statuses(self, namespace: str, name: str, containers: list[dict] | None = None, *,
                                init: list[dict] | None = None, phase: str | None = None,
                                reason: str | None = None, message: str | None = None,
@@ -789,6 +845,11 @@ class KubeDouble:
         if method == "GET":
             return web.json_response(current)
         if method == "DELETE":
+            if res.key == "pods":
+                grace = request.query.get("gracePeriodSeconds")
+                if grace is None and isinstance(body, dict):
+                    grace = body.get("gracePeriodSeconds")
+                return web.json_response(self.delete_pod(namespace or "", name, None if grace is None else int(grace)))
             self.delete(res.key, namespace, name)
             return web.json_response(current)
         if method == "PUT":
@@ -974,6 +1035,10 @@ class KubeDouble:
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         if updated == current:  # a no-op update does not bump the resourceVersion
             return copy.deepcopy(current)
+        if current["metadata"].get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
+            self._objects[res.key].pop(key)  # its last finalizer gone: deleted, as it was asked to be
+            self._emit(res, "DELETED", self._bump(updated), current)
+            return copy.deepcopy(updated)
         return self._store(res, key, updated, current)
 
     # --- watch ----------------------------------------------------------------------------------------

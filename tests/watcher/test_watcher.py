@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any, AsyncIterator, Callable
 
 import pytest
@@ -391,6 +392,39 @@ async def test_an_ended_pod_gets_its_outcome_from_the_kubelets_last_word(kube: K
         clock.advance(36.0)
         got = await eventually(lambda: outcome(kube, "d2"), "d2's outcome, the wait over")
         assert [s["reason"] for s in got["steps"]] == ["NotRun", "NotRun"] and got["failed"] == "fetch"
+
+
+async def test_a_build_deleted_mid_step_is_dated_by_the_first_delete_a_finalizer_outlives(kube: KubeDouble) -> None:
+    """A cancelled build whose pod a finalizer holds (a Job's `job-tracking`): the kubelet
+    stops every container on the deletion, then deletes the pod again with no grace, which
+    moves its `deletionTimestamp` to that moment (the double does as v1.34.9 does). A watcher
+    that decides only after that (here its first outcome write is refused) still says the
+    deletion stopped the build, dated by the first delete it saw."""
+    body = build_pod("x1")
+    body["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    body["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)
+    kube.put_pod(body)
+    clock = ManualClock()
+    async with watcher(kube, settings(), clock=clock) as c:
+        kube.set_container_statuses(NS, "x1", [running("istio-proxy"), running("fetch"), running("build"),
+                                               running("completion")], phase="Running", start_time=clock.stamp())
+        await eventually(lambda: annotation(kube, "x1", p.ANNOTATION_READY), "the ready gate")
+        asked = clock.now()
+        kube.delete_pod(NS, "x1", at=asked)
+        await settled(kube, c)
+        kube.fail_next(f"/api/v1/namespaces/{NS}/pods/x1", 409, method="PATCH")
+        refused = len([r for r in kube.requests if r.status == 409])
+        kube.set_container_statuses(NS, "x1", [
+            step_done("fetch", 143, p.REASON_ERROR, at=clock.stamp(2)),
+            step_done("build", 143, p.REASON_STOPPED, at=clock.stamp(2)),
+            step_done("completion", 143, p.REASON_STOPPED, at=clock.stamp(2)),
+            terminated("istio-proxy", 0, finished_at=clock.stamp(2))])
+        await eventually(lambda: len([r for r in kube.requests if r.status == 409]) > refused, "the refused write")
+        kube.delete_pod(NS, "x1", 0, at=asked + timedelta(seconds=4))  # the kubelet's last delete
+        assert kube.pod(NS, "x1")["metadata"]["deletionGracePeriodSeconds"] == 0
+        got = await eventually(lambda: outcome(kube, "x1"), "the outcome")
+        assert (got["failed"], got["sidecarsStoppedBy"]) == ("fetch", "deletion"), got
+        assert got["message"].endswith(f"(the pod was deleted at {asked.strftime('%Y-%m-%dT%H:%M:%SZ')})"), got
 
 
 async def test_sidecar_never_ready_times_out(kube: KubeDouble) -> None:

@@ -388,6 +388,27 @@ def test_a_deleted_pod_says_so_and_that_its_deletion_stopped_the_sidecars(phase:
     assert decide(native, NOW, W).actions[0].outcome["sidecarsStoppedBy"] == "native"
 
 
+def test_a_deletion_is_dated_by_its_first_ask_when_a_finalizer_holds_the_pod() -> None:
+    """A pod a finalizer holds (a Job's), deleted mid-step: once every container has stopped,
+    the kubelet deletes it again with no grace, and the apiserver moves `deletionTimestamp`
+    to that moment (grace 0, seen on v1.34.9), after the steps' ends. The watcher that saw
+    the first deletion dates it so (`deletion_seen`); the pod alone no longer can."""
+    ends = [done("fetch", 143, p.REASON_ERROR, end=11), done("build", 143, p.REASON_STOPPED, end=11),
+            done("completion", 143, p.REASON_STOPPED, end=11), terminated("istio-proxy", 0, finished_at=ago(11))]
+    pod = deleting(make_pod(ends, phase="Failed", annotations=READY), asked=9, grace=0)  # the kubelet's delete
+    first = NOW - timedelta(seconds=12)
+    outcome = decide(slim_pod(pod), NOW, W, deletion_seen=first).actions[0].outcome
+    assert (outcome["sidecarsStoppedBy"], outcome["message"]) == (
+        "deletion", "fetch failed: Error (exit 143): fetch exited 143 (the pod was deleted at 2024-05-01T11:59:48Z)")
+    # The earlier of the two is the ask: a sighting later than the pod's own does not move it.
+    later = decide(slim_pod(deleting(make_pod(ends, phase="Failed", annotations=READY), asked=12)), NOW, W,
+                   deletion_seen=NOW - timedelta(seconds=5)).actions[0].outcome
+    assert later["message"].endswith("(the pod was deleted at 2024-05-01T11:59:48Z)")
+    # Unseen (a watcher started after the kubelet's delete): told as the pod shows it.
+    alone = decide(slim_pod(pod), NOW, W).actions[0].outcome
+    assert (alone["sidecarsStoppedBy"], alone["message"]) == ("quit", "fetch failed: Error (exit 143): fetch exited 143")
+
+
 def test_a_build_that_ended_before_its_pod_was_deleted_is_told_as_it_ended() -> None:
     """The steps failed and the proxy quit on their own, then the pod was deleted before the
     outcome was written (a watcher catching up): neither is the deletion's doing."""

@@ -194,7 +194,8 @@ class Controller:
     def _decide(self, key: Key, pod: dict) -> Decision:
         seen, now = key in self.store.gate_open, self.clock.now()
         decision = decide(pod, now, self.settings.watcher, gate_seen_open=seen,
-                          watched_since=self.store.first_seen.setdefault(key, now))
+                          watched_since=self.store.first_seen.setdefault(key, now),
+                          deletion_seen=self.store.deletion.get(key))
         if decision.gate_open and not seen:
             self.store.gate_open.add(key)
             if decision.ready_latency is not None and self.leading:  # (the sum over replicas counts it once)

@@ -165,12 +165,13 @@ def _gate_args(args: list) -> list:
 
 # --- the decision --------------------------------------------------------------------------
 def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_open: bool = False,
-           watched_since: datetime | None = None) -> Decision:
+           watched_since: datetime | None = None, deletion_seen: datetime | None = None) -> Decision:
     """`gate_seen_open`: the caller saw this pod's gate open before (every sidecar Ready
     while it ran), which the pod itself does not record when the watcher had nothing to
     write for it (a gate of loopback probes) until a step or main has run its command; a
     sidecar that is not Ready later then does not fail the pod, as it does not once the
-    ready annotation is written. `watched_since`: when the caller first saw the pod."""
+    ready annotation is written. `watched_since`: when the caller first saw the pod.
+    `deletion_seen`: the earliest deletion the caller saw asked for it (`deletion_asked`)."""
     meta = pod.get("metadata") or {}
     if managed_as(pod) == p.MANAGED_START_ORDER:
         return _decide_start_order(pod)
@@ -192,7 +193,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
     deadline_set = isinstance((pod.get("spec") or {}).get("activeDeadlineSeconds"), int) and \
         pod["spec"]["activeDeadlineSeconds"] <= _DEADLINE
     # A pod being deleted (or evicted) is being ended by the kubelet: never given a deadline.
-    deleted = deletion_asked(pod)
+    deleted = deletion_asked(pod, deletion_seen)
     ending = ended or deadline_set or deleted is not None  # nothing for the watcher to end
 
     if p.ANNOTATION_OUTCOME in ann:
@@ -239,7 +240,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
             # What kept them from starting, when it is not theirs (initshift-init's image).
             if unstartable:
                 msg += f": {unstartable[0].name} cannot start ({unstartable[0].waiting})"
-            return _fail_now(pod, lay, runs, running_sidecars, names[0], msg, now, settings, deadline_set)
+            return _fail_now(pod, lay, runs, running_sidecars, names[0], msg, now, settings, deadline_set, deleted)
         else:
             requeue = settings.sidecar_ready_timeout_seconds - waited
 
@@ -262,7 +263,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
                     continue
                 msg = f"{name} failed: {r.summary()}; what follows it did not end within {_SKIP_GRACE_SECONDS:g}s"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, name, msg, now, settings,
-                                                deadline_set).actions, None, latency, gate_open)
+                                                deadline_set, deleted).actions, None, latency, gate_open)
 
     # A step that failed for good: what comes after it only skips, each on its predecessor's
     # record, but a container the kubelet cannot create (its image, a ConfigMap its env names)
@@ -275,7 +276,7 @@ def decide(pod: dict, now: datetime, settings: WatcherSettings, *, gate_seen_ope
         if blocked is not None and all(r.state == "terminated" for r in later[:later.index(blocked)]):
             msg = f"{first_failed.name} failed: {first_failed.summary()}; {blocked.name} cannot start ({blocked.waiting})"
             return Decision(actions + _fail_now(pod, lay, runs, running_sidecars, first_failed.name, msg, now, settings,
-                                                deadline_set).actions, None, latency, gate_open)
+                                                deadline_set, deleted).actions, None, latency, gate_open)
 
     if ended and not all_done:
         # The pod ended around unfinished work (evicted, the user's own deadline, deleted node).
@@ -488,10 +489,11 @@ def _deadline_action(message: str) -> Action:
 
 
 def _fail_now(pod: dict, lay: Layout, runs: dict[str, Run], running_sidecars: list[str], failed: str,
-              message: str, now: datetime, settings: WatcherSettings, deadline_set: bool) -> Decision:
+              message: str, now: datetime, settings: WatcherSettings, deadline_set: bool,
+              deleted: datetime | None) -> Decision:
     """A Failed outcome naming `failed`, then the pod ended at once (nothing will finish it)."""
     status, meta = pod.get("status") or {}, pod.get("metadata") or {}
-    ended, deleted = pod_ended(pod), deletion_asked(pod)
+    ended = pod_ended(pod)
     stopped = _STOPPED_DEADLINE if (lay.sidecars or lay.native) and not ended and deleted is None \
         else _stopped(lay, status, statuses(pod), deleted)
     outcome = _outcome(lay, runs, failed, message, now, stopped)

@@ -84,13 +84,19 @@ def pod_ended(pod: Mapping) -> bool:
     return isinstance(status, dict) and status.get("phase") in ENDED_PHASES
 
 
-def deletion_asked(pod: Mapping) -> datetime | None:
+def deletion_asked(pod: Mapping, seen: datetime | None = None) -> datetime | None:
     """When the pod's deletion was asked for (an eviction is one: the kubelet is stopping
     every container), None if it was not: its `deletionTimestamp` less the grace period it
-    was given (the apiserver sets both)."""
+    was given (the apiserver sets both), or `seen`, an earlier one the caller saw, if any.
+
+    A pod a finalizer holds (a Job's pods carry `batch.kubernetes.io/job-tracking`) loses
+    the time it was asked at: once its containers have stopped, the kubelet deletes it again
+    with no grace, and the apiserver then sets `deletionTimestamp` to that moment, grace 0
+    (seen on v1.34.9). Only a watcher that saw the first deletion still knows it."""
     meta = pod.get("metadata") or {}
     at = parse_time(meta.get("deletionTimestamp"))
-    return at - timedelta(seconds=json_int(meta.get("deletionGracePeriodSeconds")) or 0) if at else None
+    asked = at - timedelta(seconds=json_int(meta.get("deletionGracePeriodSeconds")) or 0) if at else None
+    return asked if seen is None or asked is None else min(asked, seen)
 
 
 def _json_list(value: Any) -> list[str] | None:

@@ -18,7 +18,7 @@ from waiter import protocol as p
 from ..kube import rv_of
 from ..rewrite import managed_as
 from ._decide import slim_pod
-from ._podstate import WAITER_RUN, parse_time, pod_ended
+from ._podstate import WAITER_RUN, deletion_asked, parse_time, pod_ended
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -69,6 +69,9 @@ class PodStore:
         self.ending: dict[Key, float] = {}  # dropped with an outcome, not ended yet: decidedAt
         self.gate_open: set[Key] = set()  # every sidecar seen Ready while the pod ran
         self.first_seen: dict[Key, datetime] = {}  # when this watcher first decided on the pod
+        # The earliest deletion seen asked for the pod: the kubelet's last delete of a pod a
+        # finalizer holds moves its deletionTimestamp to that moment (`deletion_asked`).
+        self.deletion: dict[Key, datetime] = {}
         self._stale: dict[Key, str] = {}  # a write got 409 on this resourceVersion: a newer one exists
 
     def __len__(self) -> int:
@@ -112,6 +115,9 @@ class PodStore:
             current = None
         if newer(slim, current):
             self.pods[key] = slim
+            asked = deletion_asked(slim, self.deletion.get(key))
+            if asked is not None:
+                self.deletion[key] = asked
             if self._stale.get(key) not in (None, rv_of(slim)):
                 del self._stale[key]
 
@@ -139,6 +145,7 @@ class PodStore:
             self.ending[key] = decided
         self.gate_open.discard(key)
         self.first_seen.pop(key, None)
+        self.deletion.pop(key, None)
         self._stale.pop(key, None)
 
     def forget(self, key: Key) -> str:
@@ -149,6 +156,7 @@ class PodStore:
         self.ending.pop(key, None)
         self.gate_open.discard(key)
         self.first_seen.pop(key, None)
+        self.deletion.pop(key, None)
         self._stale.pop(key, None)
         return uid
 
