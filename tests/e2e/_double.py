@@ -4,8 +4,13 @@ here on every version the e2e runs, by sending the same requests to both."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Any, Callable
+
+import httpx
 
 from tests.support.kubedouble import KubeDouble
 
@@ -87,3 +92,104 @@ def double_deletion(env: Env, rec: Record) -> None:
     same("pending", "finalizer removed in its grace", unhold("pending"))
     same("pending", "deleted with grace 0", delete("pending", 0))
     rec.note("the apiserver and the double agree: " + "; ".join(said))
+
+
+MERGE, JSON_PATCH = "application/merge-patch+json", "application/json-patch+json"
+_CURRENT, _STALE = "<current>", "<stale>"  # a patch's metadata.resourceVersion, filled in per server
+
+# (what, subresource, content type, body), sent in this order to one pod on each server.
+_UPDATES: list[tuple[str, str, str, Any]] = [
+    ("an annotation added", "", MERGE, {"metadata": {"annotations": {"e2e.initshift.io/a": "1"}}}),
+    ("the same patch again (nothing changes)", "", MERGE, {"metadata": {"annotations": {"e2e.initshift.io/a": "1"}}}),
+    ("a patch on a stale resourceVersion", "", MERGE,
+     {"metadata": {"resourceVersion": _STALE, "annotations": {"e2e.initshift.io/b": "1"}}}),
+    ("a patch on the current resourceVersion", "", MERGE,
+     {"metadata": {"resourceVersion": _CURRENT, "annotations": {"e2e.initshift.io/b": "1"}}}),
+    ("activeDeadlineSeconds set", "", MERGE, {"spec": {"activeDeadlineSeconds": 100}}),
+    ("activeDeadlineSeconds raised", "", MERGE, {"spec": {"activeDeadlineSeconds": 200}}),
+    ("activeDeadlineSeconds lowered", "", MERGE, {"spec": {"activeDeadlineSeconds": 50}}),
+    ("activeDeadlineSeconds 0", "", MERGE, {"spec": {"activeDeadlineSeconds": 0}}),
+    ("an image changed", "", JSON_PATCH, [{"op": "replace", "path": "/spec/containers/0/image", "value": "other:1"}]),
+    ("restartPolicy changed", "", MERGE, {"spec": {"restartPolicy": "Never"}}),
+    ("a label value ending in '-'", "", MERGE, {"metadata": {"labels": {"e2e.initshift.io/l": "a-"}}}),
+    ("an annotation key with a space", "", MERGE, {"metadata": {"annotations": {"e2e initshift": "1"}}}),
+    ("annotations over 256 KiB", "", MERGE, {"metadata": {"annotations": {"e2e.initshift.io/big": "x" * 262144}}}),
+    ("a JSON patch whose test fails", "", JSON_PATCH, [{"op": "test", "path": "/metadata/name", "value": "other"}]),
+    ("/status with an annotation, a spec change and a message", "/status", MERGE,
+     {"metadata": {"annotations": {"e2e.initshift.io/c": "1"}}, "spec": {"activeDeadlineSeconds": 10},
+      "status": {"message": "from the status"}}),
+    ("a spec change with a status change", "", MERGE,
+     {"spec": {"activeDeadlineSeconds": 40}, "status": {"message": "from the pod"}}),
+]
+
+
+def _seen(pod: dict) -> dict:
+    """What the double's rules decide, of a pod an update answered with."""
+    meta, spec = pod["metadata"], pod["spec"]
+    return {"annotations": {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("e2e")},
+            "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith("e2e")},
+            "activeDeadlineSeconds": spec.get("activeDeadlineSeconds"), "image": spec["containers"][0]["image"],
+            "restartPolicy": spec.get("restartPolicy"), "message": (pod.get("status") or {}).get("message")}
+
+
+class _Served:
+    """The double served over HTTP from a thread of its own (the e2e harness is synchronous)."""
+
+    def __init__(self) -> None:
+        self.double = KubeDouble()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.double.start(), self._loop).result(30)
+        self.http = httpx.Client(base_url=self.double.url, timeout=30.0)
+
+    def close(self) -> None:
+        self.http.close()
+        asyncio.run_coroutine_threadsafe(self.double.stop(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()
+
+
+def _answer(http: httpx.Client, method: str, path: str, body: Any, ctype: str) -> tuple[int, dict]:
+    resp = http.request(method, path, content=json.dumps(body), headers={"Content-Type": ctype})
+    return resp.status_code, resp.json() if "json" in resp.headers.get("content-type", "") else {}
+
+
+@scenario("double-updates")
+def double_updates(env: Env, rec: Record) -> None:
+    """The pod update rules the watcher's tests rely on, as the double models them, against
+    the apiserver: the same patches to the same pod on both (merge and JSON patches, a
+    stale and a current resourceVersion, `activeDeadlineSeconds` set, raised, lowered, 0,
+    other spec fields, invalid labels and annotations, `/status`) get the same status code
+    and, where they succeed, leave the same fields and move the resourceVersion alike
+    (not at all when nothing changed)."""
+    ns = env.namespace("dupd", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    body = {"metadata": {"name": "updated", "namespace": ns},
+            "spec": {"nodeName": _NOWHERE, "containers": [{"name": "c", "image": env.images.busybox}]}}
+    served = _Served()
+    try:
+        real = env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+        served.double.put_pod(real)
+        path = f"/api/v1/namespaces/{ns}/pods/updated"
+        sides = {"apiserver": env.kube.http, "double": served.http}
+        versions = {side: [_answer(http, "GET", path, None, MERGE)[1]["metadata"]["resourceVersion"]]
+                    for side, http in sides.items()}
+        agreed = []
+        for what, sub, ctype, patch in _UPDATES:
+            got = {}
+            for side, http in sides.items():
+                text = json.dumps(patch).replace(_CURRENT, versions[side][-1]).replace(_STALE, versions[side][0])
+                code, obj = _answer(http, "PATCH", path + sub, json.loads(text), ctype)
+                moved = None
+                if code == 200:
+                    rv = obj["metadata"]["resourceVersion"]
+                    moved = rv != versions[side][-1]
+                    versions[side].append(rv)
+                got[side] = (code, moved, _seen(obj) if code == 200 else None)
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+    finally:
+        served.close()
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed))

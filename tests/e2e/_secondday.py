@@ -43,13 +43,22 @@ class Builds:
         self.env, self.ns, self.prefix = env, ns, prefix
         self.names: list[str] = []
 
+    def _body(self, name: str, sleep: float, exit_code: int = 0) -> dict:
+        return pod(name, [step("fetch", self.env.images.busybox, port=ISTIO_TRAFFIC, sleep=sleep, exit_code=exit_code)],
+                   [step("completion", self.env.images.busybox, port=None)])
+
     def create(self, sleep: float = 3, exit_code: int = 0) -> str:
         name = f"{self.prefix}-{len(self.names)}"
-        self.env.kube.create(f"/api/v1/namespaces/{self.ns}/pods", pod(
-            name, [step("fetch", self.env.images.busybox, port=ISTIO_TRAFFIC, sleep=sleep, exit_code=exit_code)],
-            [step("completion", self.env.images.busybox, port=None)]))
+        self.env.kube.create(f"/api/v1/namespaces/{self.ns}/pods", self._body(name, sleep, exit_code))
         self.names.append(name)
         return name
+
+    def admitted_as(self) -> str | None:
+        """How a build created now would be admitted (a server-side dry run): its strategy,
+        or None when unchanged. The apiserver reads a namespace's labels for the webhook's
+        `namespaceSelector` from its informer: a label change reaches it a moment later."""
+        return managed(self.env.kube.request("POST", f"/api/v1/namespaces/{self.ns}/pods",
+                                             body=self._body(f"{self.prefix}-probe", 0), params={"dryRun": "All"}))
 
     def during(self, action: Callable[[], object], every: float = 1.0) -> object:
         """`action()` while a build is created every `every` seconds; its result."""
@@ -272,10 +281,10 @@ def second_day(env: Env, rec: Record) -> None:
         running = builds.create(sleep=3)
         wait_for(lambda: managed(env.kube.pod(out_ns, running) or {}), 30, "the build rewritten")
         kubectl(env.admin, "label", "namespace", out_ns, f"{p.LABEL_NAMESPACE_ENABLED}-")
-        time.sleep(1)
+        wait_for(lambda: builds.admitted_as() is None, 30, "the opt-out in force")
         outside = builds.create(sleep=0)
         kubectl(env.admin, "label", "namespace", out_ns, f"{p.LABEL_NAMESPACE_ENABLED}=true")
-        time.sleep(1)
+        wait_for(lambda: builds.admitted_as() == p.MODE_WAITER, 30, "the opt-in in force")
         inside = builds.create(sleep=0)
         pods = builds.ended(outcomes)
         assert (managed(pods[running]), pods[running]["status"]["phase"]) == (p.MODE_WAITER, "Succeeded")
