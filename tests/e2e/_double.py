@@ -193,3 +193,44 @@ def double_updates(env: Env, rec: Record) -> None:
     finally:
         served.close()
     rec.note("the apiserver and the double agree: " + "; ".join(agreed))
+
+
+@scenario("double-events")
+def double_events(env: Env, rec: Record) -> None:
+    """Event creation as the double validates it, against the apiserver: a core/v1 Event
+    shaped as the watcher's (one fixed name per pod and action), created twice (409: how
+    the watcher never records one twice), with names the apiserver takes though they are
+    no DNS subdomain (capitals, a space, 300 characters) and ones it refuses (`%`, `..`),
+    and with an `involvedObject.namespace` other than its own or empty, gets the same
+    status code."""
+    ns = env.namespace("devt", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    served = _Served()
+
+    def event(name: str, involved_ns: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": involved_ns, "name": "build-1"},
+                "reason": "StepsSucceeded", "message": "Succeeded", "type": "Normal",
+                "source": {"component": "initshift-watcher"}, "reportingComponent": "initshift.io/watcher",
+                "reportingInstance": "e2e", "action": "outcome", "firstTimestamp": "2026-12-01T10:00:00Z",
+                "lastTimestamp": "2026-12-01T10:00:00Z", "count": 1}
+
+    cases = [("the watcher's Event", event("build-1.0123456789ab", ns)),
+             ("the same again", event("build-1.0123456789ab", ns)),
+             ("a name with capitals", event("Build-1.0123456789ab", ns)),
+             ("a name with a space", event("build 1.0123456789ab", ns)),
+             ("a name of 300 characters", event("b" * 300, ns)),
+             ("a name with '%'", event("build%1", ns)),
+             ("the name '..'", event("..", ns)),
+             ("another namespace's pod", event("build-1.abcdef012345", "default")),
+             ("no involvedObject namespace", event("build-1.abcdef012346", ""))]
+    agreed = []
+    try:
+        for what, body in cases:
+            got = {side: _answer(http, "POST", f"/api/v1/namespaces/{ns}/events", body, "application/json")[0]
+                   for side, http in (("apiserver", env.kube.http), ("double", served.http))}
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double']}")
+    finally:
+        served.close()
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed))

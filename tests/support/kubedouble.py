@@ -25,8 +25,9 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
   `generateName` used as a label value, with its trailing "-");
-- events: the name must be a DNS subdomain and `involvedObject.namespace` the event's
-  own namespace (422), as the apiserver validates them;
+- core/v1 events: the name only a path segment (not `.` or `..`, no `/` or `%`: v1.34.9
+  and v1.28.15 take capitals, spaces and 300 characters) and `involvedObject.namespace`
+  the event's own namespace (422), as the apiserver validates them (e2e `double-events`);
 - pods: updates may change metadata, container images and `spec.activeDeadlineSeconds`
   (only set when unset, or lowered, > 0) and nothing else in spec (422); status is
   written only through `/status` (which may change labels and annotations too, as the
@@ -1245,9 +1246,10 @@ def _check_metadata(kind: str, meta: dict) -> None:
 def _check_event(event: dict, namespace: str) -> None:
     """What the apiserver's Event validation refuses (the parts a client can get wrong)."""
     name = event["metadata"]["name"]
-    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-        raise ApiError(422, f'Event "{name}" is invalid: metadata.name: Invalid value: "{name}": a lowercase '
-                            f"RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")
+    wrong = f"may not be '{name}'" if name in (".", "..") else \
+        next((f"may not contain '{c}'" for c in "/%" if c in name), None)  # (ValidatePathSegmentName)
+    if wrong:
+        raise ApiError(422, f'Event "{name}" is invalid: metadata.name: Invalid value: "{name}": {wrong}')
     involved = (event.get("involvedObject") or {}).get("namespace") or ""
     # An empty involvedObject.namespace is accepted only in "default" (old clients).
     if involved != namespace and not (involved == "" and namespace in ("", "default")):
