@@ -563,3 +563,25 @@ async def test_pods_are_deleted_gracefully_as_the_apiserver_does(kube: KubeDoubl
     kube.put_pod(pod("unbound"))
     kube.delete_pod("ns", "unbound")
     assert kube.get("pods", "ns", "unbound") is None
+
+
+async def test_a_deleted_pod_is_marked_then_deleted_in_the_watch(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """As a watch of v1.34.9 and v1.28.15 shows it (e2e double-watch): a delete with no
+    grace left writes the mark first (MODIFIED, grace 0), then the DELETED event; a pod a
+    finalizer held goes when the finalizer is removed, its DELETED event the object as it
+    was, finalizer and all."""
+    rv = str(kube.resource_version)
+    kube.put_pod(pod("free"))
+    held = pod("held")
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    kube.put_pod(held)
+    await call(http, "DELETE", "/api/v1/namespaces/ns/pods/free")
+    await call(http, "DELETE", "/api/v1/namespaces/ns/pods/held")
+    await call(http, "PATCH", "/api/v1/namespaces/ns/pods/held", {"metadata": {"finalizers": None}}, MERGE)
+    async with http.get("/api/v1/pods", params={"watch": "true", "resourceVersion": rv}) as r:
+        events = await _read_events(r, 6)
+    assert [(e["type"], e["object"]["metadata"]["name"], e["object"]["metadata"].get("deletionGracePeriodSeconds"),
+             e["object"]["metadata"].get("finalizers")) for e in events] == [
+        ("ADDED", "free", None, None), ("ADDED", "held", None, ["example.com/hold"]),
+        ("MODIFIED", "free", 0, None), ("DELETED", "free", 0, None),
+        ("MODIFIED", "held", 0, ["example.com/hold"]), ("DELETED", "held", 0, ["example.com/hold"])]

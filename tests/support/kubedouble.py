@@ -18,9 +18,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
   a patch carrying metadata.resourceVersion is conditional (409 when stale); delete (pods
-  gracefully, as `delete_pod()`: a running pod is marked with `deletionTimestamp` and goes
-  when its grace is 0 and no finalizer holds it; an object marked with grace 0 goes when
-  an update removes its last finalizer);
+  gracefully, as `delete_pod()`: a running pod is marked with `deletionTimestamp`; with no
+  grace left it is marked with grace 0 (MODIFIED), then goes (DELETED) unless a finalizer
+  holds it; an object marked with grace 0 goes when an update removes its last finalizer,
+  its DELETED event the object as it was; e2e `double-deletion`, `double-watch`);
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -575,9 +576,9 @@ class KubeDouble:
         not ended) is only marked: `deletionTimestamp` `at` + `grace` (default its
         `terminationGracePeriodSeconds`, else 30), to the second, and the grace; a later delete may
         only shorten it (the timestamp moves by the difference). With no grace left (the kubelet's
-        last delete, or `grace` 0), a pod no finalizer holds is removed (DELETED); one a
-        finalizer holds gets `deletionTimestamp` `at` unless it is earlier already, and grace 0,
-        and goes when its last finalizer is removed. Returns the pod as the answer shows it."""
+        last delete, or `grace` 0) it is marked `deletionTimestamp` `at` unless it is earlier
+        already, and grace 0 (MODIFIED), then removed (DELETED) unless a finalizer holds it; a
+        held one goes when its last finalizer is removed. Returns the pod as the answer shows it."""
         key = (namespace, name)
         current = self._objects["pods"][key]
         meta, spec = current["metadata"], current.get("spec") or {}
@@ -599,14 +600,16 @@ class KubeDouble:
             return self._store(RESOURCES["pods"], key, {**current, "metadata": {
                 **meta, "deletionTimestamp": _rfc3339(when + timedelta(seconds=grace)),
                 "deletionGracePeriodSeconds": grace}}, current)
-        if not meta.get("finalizers"):
-            self.delete("pods", namespace, name)
-            return copy.deepcopy(current)
+        # No grace left: marked first (a MODIFIED event, as the apiserver writes it), then
+        # removed unless a finalizer holds it.
         marked = meta.get("deletionTimestamp")
         if marked is None or _parse_rfc3339(marked) > when:
             marked = _rfc3339(when)
         updated = {**current, "metadata": {**meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": 0}}
-        return copy.deepcopy(current) if updated == current else self._store(RESOURCES["pods"], key, updated, current)
+        answer = copy.deepcopy(current) if updated == current else self._store(RESOURCES["pods"], key, updated, current)
+        if not meta.get("finalizers"):
+            self.delete("pods", namespace, name)
+        return answer
 
     def set_container_statuses(self, namespace: str, name: str, containers: list[dict] | None = None, *,
                                init: list[dict] | None = None, phase: str | None = None,
@@ -1037,8 +1040,9 @@ class KubeDouble:
         if updated == current:  # a no-op update does not bump the resourceVersion
             return copy.deepcopy(current)
         if current["metadata"].get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
-            self._objects[res.key].pop(key)  # its last finalizer gone: deleted, as it was asked to be
-            self._emit(res, "DELETED", self._bump(updated), current)
+            # Its last finalizer gone: deleted, as it was asked to be. The update is not
+            # stored: the DELETED event carries the object as it was, finalizers and all.
+            self.delete(res.key, key[0] or None, key[1])
             return copy.deepcopy(updated)
         return self._store(res, key, updated, current)
 
