@@ -493,6 +493,38 @@ async def test_watch_ends_with_a_message_when_the_pod_is_deleted(kube: KubeDoubl
     assert json.loads(out)["name"] == "build-1"
 
 
+async def test_watch_keeps_the_first_deletion_time_the_kubelets_last_delete_moves(kube: KubeDouble,
+                                                                                   cfg: str) -> None:
+    """A cancelled build whose pod a finalizer holds: the kubelet's last delete moves its
+    deletionTimestamp (as v1.34.9 does); `-w` keeps saying when the deletion was asked for."""
+    running = kpack_running()
+    running["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    running["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)
+    kube.put_pod(running)
+    out = io.StringIO()
+    task = asyncio.create_task(status("build-1", "-w", "-o", "json", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: kube.open_watches, "the watch")
+
+    def drawn() -> list[str | None]:
+        text, decoder, docs, at = out.getvalue(), json.JSONDecoder(), [], 0
+        while text[at:].strip():
+            doc, at = decoder.raw_decode(text, len(text) - len(text[at:].lstrip()))
+            docs.append(doc["deletedAt"])
+        return docs
+
+    asked = datetime(2024, 5, 1, 10, 5, 0, tzinfo=timezone.utc)
+    kube.delete_pod("builds", "build-1", at=asked)
+    await eventually(lambda: drawn()[-1], "the deletion drawn")
+    kube.set_container_statuses("builds", "build-1", [terminated("istio-proxy", 0)])  # (the kubelet stopping it)
+    kube.delete_pod("builds", "build-1", 0, at=asked + timedelta(seconds=7))  # the kubelet's, once it stopped all
+    assert kube.pod("builds", "build-1")["metadata"]["deletionTimestamp"] == "2024-05-01T10:05:07Z"
+    await eventually(lambda: len(drawn()) >= 3, "the kubelet's delete drawn")
+    kube.merge("pods", "builds", "build-1", {"metadata": {"finalizers": None}})
+    code, _, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (1, "initshift status: pod builds/build-1 was deleted\n")
+    assert drawn() == [None, "2024-05-01T10:05:00Z", "2024-05-01T10:05:00Z"], drawn()
+
+
 def test_the_installed_command_prints_one_line_and_no_traceback(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "webhook.cli", "status", "x", "--kubeconfig",
                            str(tmp_path / "missing")], capture_output=True, text=True, timeout=60)

@@ -171,8 +171,11 @@ def _work_state(run: Run, done_ok: bool) -> str:
     return State.COMPLETED if done_ok else State.FAILED
 
 
-def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = None) -> PodView:
-    """The pod as `initshift status` shows it. Raises NotManaged (see `_podstate.layout`)."""
+def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = None, *,
+             deletion_seen: datetime | None = None) -> PodView:
+    """The pod as `initshift status` shows it. Raises NotManaged (see `_podstate.layout`).
+    `deletion_seen`: when an earlier version of the pod said its deletion was asked for
+    (`-w`: the kubelet's last delete of a pod a finalizer holds moves the pod's own)."""
     lay = layout(pod, settings)
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}
@@ -262,7 +265,7 @@ def pod_view(pod: Mapping, now: datetime, settings: RewriteSettings | None = Non
         and ann.get(p.ANNOTATION_NOT_REWRITTEN) else None,
         startup_probes_removed=tuple(removed_startup_probes(pod)) if lay.strategy == p.MODE_HYBRID else (),
         post_start_removed=tuple(removed_post_start(pod)) if lay.strategy in (p.MODE_WAITER, p.MODE_HYBRID) else (),
-        managed=managed_as(pod), deleted_at=deletion_asked(pod))
+        managed=managed_as(pod), deleted_at=deletion_asked(pod, deletion_seen))
 
 
 def _sidecar_row(name: str, run: Run, st: dict, now: datetime, stopped_by: Any) -> _Row:

@@ -164,7 +164,7 @@ async def _watch(tracker: PodTracker, args: argparse.Namespace, out: TextIO) -> 
             timeout = left if timeout is None else min(timeout, left)
         changed = await tracker.changed(seen, timeout)
         seen = tracker.version
-        view = pod_view(tracker.pod, datetime.now(timezone.utc))
+        view = pod_view(tracker.pod, datetime.now(timezone.utc), deletion_seen=view.deleted_at)
         if redraw or (changed and _fingerprint(view, args.output) != shown):
             show(view)
             shown = _fingerprint(view, args.output)
