@@ -10,7 +10,10 @@ from tests.support.kubedouble import KubeDouble
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[KubeDouble]:
-    """A fresh in-process Kubernetes API double, stopped after the test."""
-    async with KubeDouble() as double:
+async def kube(request: pytest.FixtureRequest) -> AsyncIterator[KubeDouble]:
+    """A fresh in-process Kubernetes API double, stopped after the test. Its version is the
+    double's default unless a test names one: `@pytest.mark.parametrize("kube", ["v1.34.9"],
+    indirect=True)`."""
+    version = getattr(request, "param", None)
+    async with (KubeDouble(version=version) if version else KubeDouble()) as double:
         yield double

@@ -493,10 +493,12 @@ async def test_watch_ends_with_a_message_when_the_pod_is_deleted(kube: KubeDoubl
     assert json.loads(out)["name"] == "build-1"
 
 
+@pytest.mark.parametrize("kube", ["v1.34.9"], indirect=True)
 async def test_watch_keeps_the_first_deletion_time_the_kubelets_last_delete_moves(kube: KubeDouble,
                                                                                    cfg: str) -> None:
     """A cancelled build whose pod a finalizer holds: the kubelet's last delete moves its
-    deletionTimestamp (as v1.34.9 does); `-w` keeps saying when the deletion was asked for."""
+    deletionTimestamp (kubernetes#122646: the double as v1.34.9); `-w` keeps saying when the
+    deletion was asked for."""
     running = kpack_running()
     running["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
     running["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)

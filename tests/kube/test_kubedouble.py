@@ -517,49 +517,59 @@ async def test_metadata_is_validated_as_the_apiserver_does(kube: KubeDouble, htt
     assert body["status"]["phase"] == "Running" and "nodeName" not in body["spec"]
 
 
-async def test_pods_are_deleted_gracefully_as_the_apiserver_does(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
-    """The rules a real kube-apiserver v1.34.9 showed (a pod bound to a node, grace 20):
-    a delete marks it (`deletionTimestamp` now + grace, to the second); a shorter grace moves
-    the mark by the difference; with grace 0 a pod a finalizer holds is marked *now* (the
-    time it was asked at is lost: the kubelet's last delete does this) and goes when its
-    last finalizer is removed; a pod no finalizer holds goes at grace 0."""
-    def bound(name: str, finalizers: list[str] | None = None) -> dict:
-        body = pod(name)
-        body["metadata"]["finalizers"] = finalizers or []
-        body["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)
-        return kube.put_pod(body)
+def bound(kube: KubeDouble, name: str, finalizers: list[str] | None = None) -> dict:
+    """A pod scheduled to a node (so deleted gracefully), grace 20."""
+    body = pod(name)
+    body["metadata"]["finalizers"] = finalizers or []
+    body["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)
+    return kube.put_pod(body)
 
-    def mark(name: str) -> tuple[str | None, int | None]:
-        meta = (kube.get("pods", "ns", name) or {"metadata": {"gone": True}})["metadata"]
-        return meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
 
+def mark(kube: KubeDouble, name: str) -> tuple[str | None, int | None]:
+    meta = (kube.get("pods", "ns", name) or {"metadata": {"gone": True}})["metadata"]
+    return meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
+
+
+@pytest.mark.parametrize("version, last", [("v1.28.15", "2026-12-01T18:10:52Z"), ("v1.34.9", "2026-12-01T18:10:55Z")])
+def test_a_pods_deletion_mark_moves_as_the_apiservers_version_moves_it(version: str, last: str) -> None:
+    """The rules real kube-apiservers showed (e2e double-deletion; a pod bound to a node, grace
+    20): a delete marks it (`deletionTimestamp` now + grace, to the second); a shorter grace
+    moves the mark by the difference, which with kubernetes#122646 (v1.33) never moves it
+    before now: the kubelet's last delete (grace 0) leaves v1.28.15's mark at the time the
+    deletion was asked for and sets v1.34.9's to its own time; a later one keeps it."""
+    kube = KubeDouble(version=version)
     asked = datetime(2026, 12, 1, 18, 10, 52, 400000, tzinfo=timezone.utc)
-    bound("held", ["example.com/hold"])
+    bound(kube, "held", ["example.com/hold"])
     kube.delete_pod("ns", "held", at=asked)
-    assert mark("held") == ("2026-12-01T18:11:12Z", 20)
+    assert mark(kube, "held") == ("2026-12-01T18:11:12Z", 20)
     kube.delete_pod("ns", "held", 30, at=asked + timedelta(seconds=2))  # longer: no change
-    assert mark("held") == ("2026-12-01T18:11:12Z", 20)
+    assert mark(kube, "held") == ("2026-12-01T18:11:12Z", 20)
     kube.delete_pod("ns", "held", 5, at=asked + timedelta(seconds=2))
-    assert mark("held") == ("2026-12-01T18:10:57Z", 5)
+    assert mark(kube, "held") == ("2026-12-01T18:10:57Z", 5)
     kube.delete_pod("ns", "held", 0, at=asked + timedelta(seconds=3))  # the kubelet's last delete
-    assert mark("held") == ("2026-12-01T18:10:55Z", 0)
+    assert mark(kube, "held") == (last, 0)
     kube.delete_pod("ns", "held", 0, at=asked + timedelta(seconds=9))  # already marked earlier: kept
-    assert mark("held") == ("2026-12-01T18:10:55Z", 0)
-    status, _ = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/held", {"metadata": {"finalizers": None}}, MERGE)
-    assert status == 200 and kube.get("pods", "ns", "held") is None, "its last finalizer gone, it goes"
+    kube.delete_pod("ns", "held", 30, at=asked + timedelta(seconds=9))  # (no grace left: none is given back)
+    assert mark(kube, "held") == (last, 0)
+    kube.merge("pods", "ns", "held", {"metadata": {"finalizers": None}})
+    assert kube.get("pods", "ns", "held") is None, "its last finalizer gone, it goes"
+
+
+async def test_pods_are_deleted_gracefully_as_the_apiserver_does(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """Through the API, the same rules (`gracePeriodSeconds` in the query or DeleteOptions)."""
     # Through the API: a DELETE's gracePeriodSeconds (query or DeleteOptions); no finalizer:
     # marked, then gone at grace 0.
-    bound("free")
+    bound(kube, "free")
     status, answer = await call(http, "DELETE", "/api/v1/namespaces/ns/pods/free", {"gracePeriodSeconds": 10})
     assert status == 200 and answer["metadata"]["deletionGracePeriodSeconds"] == 10
     status, _ = await call(http, "DELETE", "/api/v1/namespaces/ns/pods/free", gracePeriodSeconds="0")
     assert status == 200 and kube.get("pods", "ns", "free") is None
     # Removing a finalizer while a grace period runs does not delete it; a pod nothing runs
     # (not bound, or ended) goes at once.
-    bound("pending-grace", ["example.com/hold"])
+    bound(kube, "pending-grace", ["example.com/hold"])
     kube.delete_pod("ns", "pending-grace")
     await call(http, "PATCH", "/api/v1/namespaces/ns/pods/pending-grace", {"metadata": {"finalizers": None}}, MERGE)
-    assert mark("pending-grace")[1] == 20
+    assert mark(kube, "pending-grace")[1] == 20
     kube.put_pod(pod("unbound"))
     kube.delete_pod("ns", "unbound")
     assert kube.get("pods", "ns", "unbound") is None

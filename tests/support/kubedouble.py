@@ -572,11 +572,14 @@ class KubeDouble:
 
     def delete_pod(self, namespace: str, name: str, grace: int | None = None, *, at: datetime | None = None) -> dict:
         """Delete a pod as the apiserver does (`DELETE` with `gracePeriodSeconds`; `at`: when it
-        is received, default now), the rules seen on v1.34.9. A pod the kubelet runs (scheduled,
-        not ended) is only marked: `deletionTimestamp` `at` + `grace` (default its
-        `terminationGracePeriodSeconds`, else 30), to the second, and the grace; a later delete may
-        only shorten it (the timestamp moves by the difference). With no grace left (the kubelet's
-        last delete, or `grace` 0) it is marked `deletionTimestamp` `at` unless it is earlier
+        is received, default now), as seen on v1.28.15 and v1.34.9. A pod the kubelet runs
+        (scheduled, not ended) is only marked: `deletionTimestamp` `at` + `grace` (default its
+        `terminationGracePeriodSeconds`, else 30), to the second, and the grace. A later delete
+        may only shorten it: the mark moves by the difference, and with kubernetes#122646 never
+        before `at` (v1.34.9 marks the kubelet's last delete with its own time, v1.28.15 with
+        the time the deletion was asked for; the double assumes it from v1.33, the release it
+        was merged for, which no test here checked). With no grace left (the kubelet's last
+        delete, or `grace` 0) it is marked `deletionTimestamp` `at` unless it is earlier
         already, and grace 0 (MODIFIED), then removed (DELETED) unless a finalizer holds it; a
         held one goes when its last finalizer is removed. Returns the pod as the answer shows it."""
         key = (namespace, name)
@@ -587,22 +590,21 @@ class KubeDouble:
             grace = spec.get("terminationGracePeriodSeconds", 30)
         if not spec.get("nodeName") or (current.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             grace = 0  # nothing runs it: no grace period to wait out
-        pending = meta.get("deletionGracePeriodSeconds")
-        if "deletionTimestamp" in meta and pending:  # only a shorter grace period changes it
+        pending, marked = meta.get("deletionGracePeriodSeconds"), meta.get("deletionTimestamp")
+        if marked is not None and not pending:
+            grace = 0  # marked with no grace left already: only its finalizers hold it
+        elif marked is not None:  # only a shorter grace period changes it
             if grace >= pending:
                 return copy.deepcopy(current)
-            if grace > 0:
-                asked = _parse_rfc3339(meta["deletionTimestamp"]) - timedelta(seconds=pending)
-                return self._store(RESOURCES["pods"], key, {**current, "metadata": {
-                    **meta, "deletionTimestamp": _rfc3339(asked + timedelta(seconds=grace)),
-                    "deletionGracePeriodSeconds": grace}}, current)
-        elif "deletionTimestamp" not in meta and grace > 0:
+            shortened = _parse_rfc3339(marked) - timedelta(seconds=pending - grace)
+            marked = _rfc3339(max(shortened, when) if self._minor >= 33 else shortened)
+        elif marked is None and grace > 0:
+            marked = _rfc3339(when + timedelta(seconds=grace))
+        if grace > 0:
             return self._store(RESOURCES["pods"], key, {**current, "metadata": {
-                **meta, "deletionTimestamp": _rfc3339(when + timedelta(seconds=grace)),
-                "deletionGracePeriodSeconds": grace}}, current)
+                **meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": grace}}, current)
         # No grace left: marked first (a MODIFIED event, as the apiserver writes it), then
         # removed unless a finalizer holds it.
-        marked = meta.get("deletionTimestamp")
         if marked is None or _parse_rfc3339(marked) > when:
             marked = _rfc3339(when)
         updated = {**current, "metadata": {**meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": 0}}
@@ -610,6 +612,10 @@ class KubeDouble:
         if not meta.get("finalizers"):
             self.delete("pods", namespace, name)
         return answer
+
+    @property
+    def _minor(self) -> int:
+        return int(self.version["minor"])
 
     def set_container_statuses(self, namespace: str, name: str, containers: list[dict] | None = None, *,
                                init: list[dict] | None = None, phase: str | None = None,

@@ -394,12 +394,13 @@ async def test_an_ended_pod_gets_its_outcome_from_the_kubelets_last_word(kube: K
         assert [s["reason"] for s in got["steps"]] == ["NotRun", "NotRun"] and got["failed"] == "fetch"
 
 
+@pytest.mark.parametrize("kube", ["v1.34.9"], indirect=True)
 async def test_a_build_deleted_mid_step_is_dated_by_the_first_delete_a_finalizer_outlives(kube: KubeDouble) -> None:
     """A cancelled build whose pod a finalizer holds (a Job's `job-tracking`): the kubelet
     stops every container on the deletion, then deletes the pod again with no grace, which
-    moves its `deletionTimestamp` to that moment (the double does as v1.34.9 does). A watcher
-    that decides only after that (here its first outcome write is refused) still says the
-    deletion stopped the build, dated by the first delete it saw."""
+    moves its `deletionTimestamp` to that moment (kubernetes#122646: the double as v1.34.9).
+    A watcher that decides only after that (here its first outcome write is refused) still
+    says the deletion stopped the build, dated by the first delete it saw."""
     body = build_pod("x1")
     body["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
     body["spec"].update(nodeName="node-a", terminationGracePeriodSeconds=20)

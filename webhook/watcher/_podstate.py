@@ -91,8 +91,9 @@ def deletion_asked(pod: Mapping, seen: datetime | None = None) -> datetime | Non
 
     A pod a finalizer holds (a Job's pods carry `batch.kubernetes.io/job-tracking`) loses
     the time it was asked at: once its containers have stopped, the kubelet deletes it again
-    with no grace, and the apiserver then sets `deletionTimestamp` to that moment, grace 0
-    (seen on v1.34.9). Only a watcher that saw the first deletion still knows it."""
+    with no grace, and an apiserver with kubernetes#122646 (v1.34.9 has it, v1.28.15 keeps
+    the time asked) then sets `deletionTimestamp` to that moment, grace 0.
+    Only a watcher that saw the first deletion still knows it."""
     meta = pod.get("metadata") or {}
     at = parse_time(meta.get("deletionTimestamp"))
     asked = at - timedelta(seconds=json_int(meta.get("deletionGracePeriodSeconds")) or 0) if at else None
