@@ -534,7 +534,7 @@ def mark(kube: KubeDouble, name: str) -> tuple[str | None, int | None]:
 def test_a_pods_deletion_mark_moves_as_the_apiservers_version_moves_it(version: str, last: str) -> None:
     """The rules real kube-apiservers showed (e2e double-deletion; a pod bound to a node, grace
     20): a delete marks it (`deletionTimestamp` now + grace, to the second); a shorter grace
-    moves the mark by the difference, which with kubernetes#122646 (v1.33) never moves it
+    moves the mark by the difference, which with kubernetes#122646 never moves it
     before now: the kubelet's last delete (grace 0) leaves v1.28.15's mark at the time the
     deletion was asked for and sets v1.34.9's to its own time; a later one keeps it."""
     kube = KubeDouble(version=version)

@@ -577,8 +577,8 @@ class KubeDouble:
         `terminationGracePeriodSeconds`, else 30), to the second, and the grace. A later delete
         may only shorten it: the mark moves by the difference, and with kubernetes#122646 never
         before `at` (v1.34.9 marks the kubelet's last delete with its own time, v1.28.15 with
-        the time the deletion was asked for; the double assumes it from v1.33, the release it
-        was merged for, which no test here checked). With no grace left (the kubelet's last
+        the time the deletion was asked for; the double assumes it from v1.33, which no test
+        here checked). With no grace left (the kubelet's last
         delete, or `grace` 0) it is marked `deletionTimestamp` `at` unless it is earlier
         already, and grace 0 (MODIFIED), then removed (DELETED) unless a finalizer holds it; a
         held one goes when its last finalizer is removed. Returns the pod as the answer shows it."""
