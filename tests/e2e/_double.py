@@ -263,8 +263,11 @@ def double_watch(env: Env, rec: Record) -> None:
     base = f"/api/v1/namespaces/{ns}/pods"
 
     def body(name: str, label: str, finalizers: tuple[str, ...] = ()) -> dict:
+        # Never scheduled (no scheduler by that name): no kubelet changes it, and each delete is
+        # one at once, as the double's of a pod without a node.
         return {"metadata": {"name": name, "labels": {_WATCHED: label}, "finalizers": list(finalizers)},
-                "spec": {"containers": [{"name": "c", "image": env.images.busybox}]}}
+                "spec": {"schedulerName": "initshift-e2e-no-such-scheduler",
+                         "containers": [{"name": "c", "image": env.images.busybox}]}}
 
     def labelled(label: str) -> dict:
         return {"metadata": {"labels": {_WATCHED: label}}}
