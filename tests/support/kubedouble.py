@@ -598,7 +598,7 @@ class KubeDouble:
                 return copy.deepcopy(current)
             shortened = _parse_rfc3339(marked) - timedelta(seconds=pending - grace)
             marked = _rfc3339(max(shortened, when) if self._minor >= 33 else shortened)
-        elif marked is None and grace > 0:
+        elif grace > 0:
             marked = _rfc3339(when + timedelta(seconds=grace))
         if grace > 0:
             return self._store(RESOURCES["pods"], key, {**current, "metadata": {

@@ -143,10 +143,7 @@ class PodStore:
         decided = ending_since(pod)
         if decided is not None:  # outcome written, the kubelet has yet to end it: still in flight
             self.ending[key] = decided
-        self.gate_open.discard(key)
-        self.first_seen.pop(key, None)
-        self.deletion.pop(key, None)
-        self._stale.pop(key, None)
+        self._forget_seen(key)
 
     def forget(self, key: Key) -> str:
         """The pod is gone (deleted, or no longer listed); returns its uid."""
@@ -154,11 +151,15 @@ class PodStore:
         uid = uid_of(pod) or self.done.get(key, "")
         self.done.pop(key, None)
         self.ending.pop(key, None)
+        self._forget_seen(key)
+        return uid
+
+    def _forget_seen(self, key: Key) -> None:
+        """What was remembered of the pod beside its copy."""
         self.gate_open.discard(key)
         self.first_seen.pop(key, None)
         self.deletion.pop(key, None)
         self._stale.pop(key, None)
-        return uid
 
     # A 409 says the pod changed since the resourceVersion a write was conditional on; until
     # the watch brings the newer version, the stored one must not be decided on again.
