@@ -8,11 +8,13 @@ import asyncio
 import json
 import threading
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import httpx
 
 from tests.support.kubedouble import KubeDouble
+from webhook.kube import KubeApi
+from webhook.watcher._leader import LeaderElector
 
 from ._env import Env, Record, scenario
 
@@ -298,10 +300,188 @@ def double_watch(env: Env, rec: Record) -> None:
                       "timeoutSeconds": "2"}
             with http.stream("GET", base, params=params, timeout=30.0) as resp:
                 events = [json.loads(line) for line in resp.iter_lines() if line]
-            # (finalizers: an empty list the apiserver leaves out, the double keeps)
-            seen[side] = [(e["type"], m["name"], m.get("deletionGracePeriodSeconds"), m.get("finalizers") or None)
+            seen[side] = [(e["type"], m["name"], m.get("deletionGracePeriodSeconds"), m.get("finalizers"))
                           for e in events for m in (e["object"]["metadata"],)]
     finally:
         served.close()
     assert seen["apiserver"] == seen["double"], seen
     rec.note(f"the apiserver and the double agree: {', '.join(f'{e[0]} {e[1]}' for e in seen['double'])}")
+
+
+_AS_GOT = "<as got>"  # a PUT of the Lease as a GET returned it
+
+# (what, method, the Lease's name in the path (None: POST), body), in this order on each server; a
+# body's resourceVersion may be _CURRENT or _STALE (of the Lease "l"), its spec a MicroTime.
+_LEASE_STEPS: list[tuple[str, str, str | None, Any]] = [
+    ("created", "POST", None, {"metadata": {"name": "l"}, "spec": {
+        "holderIdentity": "a", "leaseDurationSeconds": 15, "acquireTime": "2026-12-01T10:00:00.123456+01:00",
+        "renewTime": "2026-12-01T10:00:00,654321Z", "leaseTransitions": 0, "e2eUnknown": 1, "preferredHolder": None}}),
+    ("created again", "POST", None, {"metadata": {"name": "l"}, "spec": {}}),
+    ("created with a resourceVersion", "POST", None, {"metadata": {"name": "m", "resourceVersion": "7"}}),
+    ("created with a duration of 0", "POST", None, {"metadata": {"name": "n"}, "spec": {"leaseDurationSeconds": 0}}),
+    ("created with -1 transitions", "POST", None, {"metadata": {"name": "n"}, "spec": {"leaseTransitions": -1}}),
+    ("a renewTime without its fraction", "POST", None,
+     {"metadata": {"name": "n"}, "spec": {"renewTime": "2026-12-01T10:00:00Z"}}),
+    ("a renewTime in milliseconds", "POST", None,
+     {"metadata": {"name": "n"}, "spec": {"renewTime": "2026-12-01T10:00:00.123Z"}}),
+    ("a duration as a string", "POST", None, {"metadata": {"name": "n"}, "spec": {"leaseDurationSeconds": "3"}}),
+    ("a duration of 1.5", "POST", None, {"metadata": {"name": "n"}, "spec": {"leaseDurationSeconds": 1.5}}),
+    ("a duration over int32", "POST", None, {"metadata": {"name": "n"}, "spec": {"leaseDurationSeconds": 2**31}}),
+    ("replaced without a resourceVersion", "PUT", "l", {"metadata": {"name": "l"}, "spec": {"holderIdentity": "b"}}),
+    ("replaced on the current resourceVersion", "PUT", "l",
+     {"metadata": {"name": "l", "resourceVersion": _CURRENT}, "spec": {"holderIdentity": "b", "leaseTransitions": 1}}),
+    ("replaced on a stale resourceVersion", "PUT", "l",
+     {"metadata": {"name": "l", "resourceVersion": _STALE}, "spec": {"holderIdentity": "c"}}),
+    ("replaced by itself (nothing changes)", "PUT", "l", _AS_GOT),
+    ("replaced under another name", "PUT", "l", {"metadata": {"name": "o", "resourceVersion": _CURRENT}}),
+    ("replaced without a name", "PUT", "l", {"metadata": {"resourceVersion": _CURRENT}}),
+    ("replaced with another namespace", "PUT", "l",
+     {"metadata": {"name": "l", "namespace": "default", "resourceVersion": _CURRENT}}),
+    ("replaced with a duration of 0", "PUT", "l",
+     {"metadata": {"name": "l", "resourceVersion": _CURRENT}, "spec": {"leaseDurationSeconds": 0}}),
+    ("replaced invalid on a stale resourceVersion", "PUT", "l",
+     {"metadata": {"name": "l", "resourceVersion": _STALE}, "spec": {"leaseDurationSeconds": 0}}),
+    ("replaced on resourceVersion 'abc'", "PUT", "l", {"metadata": {"name": "l", "resourceVersion": "abc"}}),
+    ("one that does not exist replaced", "PUT", "p", {"metadata": {"name": "p", "resourceVersion": "3"},
+                                                       "spec": {"holderIdentity": "p"}}),
+]
+
+
+@scenario("double-leases")
+def double_leases(env: Env, rec: Record) -> None:
+    """Lease writes as the double models them, against the apiserver (the watcher's leader
+    election rests on them): the same creates and replaces on both (an existing name, a
+    resourceVersion on create, invalid durations and transitions, MicroTimes the apiserver
+    cannot decode and ones it normalizes, wrong types, a PUT without a resourceVersion, on
+    a stale and the current one, of the object as it is, under another name or namespace,
+    of one that does not exist) get the same status code and, where they succeed, the same
+    spec, and move the resourceVersion alike. Then the watcher's own LeaderElector, two
+    replicas on a clock of their own, acquires, renews, is refused, takes over, releases
+    and acquires again on both, with the same answers and the same Lease left."""
+    ns = env.namespace("dlease", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    served = _Served()
+    agreed = []
+    try:
+        sides = {"apiserver": env.kube.http, "double": served.http}
+        versions: dict[str, list[str]] = {side: [] for side in sides}
+        for what, method, name, body in _LEASE_STEPS:
+            got = {}
+            for side, http in sides.items():
+                path = base if name is None else f"{base}/{name}"
+                if body == _AS_GOT:
+                    sent = _answer(http, "GET", path, None, "application/json")[1]
+                else:
+                    known = versions[side] or ["1"]
+                    sent = json.loads(json.dumps(body).replace(_CURRENT, known[-1]).replace(_STALE, known[0]))
+                code, obj = _answer(http, method, path, sent, "application/json")
+                moved = None
+                if code < 300 and obj["metadata"]["name"] == "l":
+                    rv = obj["metadata"]["resourceVersion"]
+                    moved = bool(versions[side]) and rv != versions[side][-1]
+                    versions[side].append(rv)
+                got[side] = (code, moved, obj.get("spec") if code < 300 else None)
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+        elected = {"apiserver": asyncio.run(_elections(lambda: KubeApi.from_config(str(env.admin)), ns)),
+                   "double": asyncio.run(_elections(lambda: _at(served.double.url), ns))}
+    finally:
+        served.close()
+    assert elected["apiserver"] == elected["double"], elected
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed) +
+             f"; elections {elected['double'][0]}, leaving {elected['double'][1]}")
+
+
+async def _at(url: str) -> KubeApi:
+    return KubeApi.for_host(url)
+
+
+async def _elections(connect: Callable[[], Awaitable[KubeApi]], ns: str) -> tuple[list[bool], dict]:
+    """Two replicas' LeaderElector on one Lease, on a clock the steps move: what each
+    attempt answered, and the Lease's holder, duration and transitions at the end."""
+    now = [0.0]
+    api = await connect()
+    try:
+        a, b = (LeaderElector(api, ns, "elected", who, 15.0, clock=lambda: now[0]) for who in ("a", "b"))
+        answers = [await a.try_acquire_or_renew(),  # created
+                   await a.try_acquire_or_renew(),  # renewed on the Lease as a last wrote it
+                   await b.try_acquire_or_renew()]  # held by a, seen now: refused
+        now[0] += 16.0  # a has not renewed within the Lease's duration
+        answers += [await b.try_acquire_or_renew(),  # taken over
+                    await a.try_acquire_or_renew()]  # its own hold ran out: it reads b's, refused
+        await b.release()
+        answers.append(await a.try_acquire_or_renew())  # released: a takes it at once
+        spec = (await api.get_lease(ns, "elected") or {}).get("spec") or {}
+    finally:
+        await api.close()
+    return answers, {k: spec.get(k) for k in ("holderIdentity", "leaseDurationSeconds", "leaseTransitions")}
+
+
+# (what, query, the step whose continue token it sends, or None), in this order on each server's
+# five Leases l0..l4, labelled odd=0/1; before the steps marked "after changes", l9 is created and l0
+# deleted on both.
+_LIST_STEPS: list[tuple[str, dict[str, str], int | None]] = [
+    ("a page of 2", {"limit": "2"}, None),
+    ("its next page", {"limit": "2"}, 0),
+    ("its next page again (a token is reusable)", {"limit": "2"}, 0),
+    ("the rest, without a limit", {}, 0),
+    ("a continue with a selector of its own", {"labelSelector": "odd=1"}, 0),
+    ("a page of 5 of 5", {"limit": "5"}, None),
+    ("a page of 4 of 5", {"limit": "4"}, None),
+    ("a page of 2 of odd=1", {"labelSelector": "odd=1", "limit": "2"}, None),
+    ("its next page (empty: l4 followed)", {"labelSelector": "odd=1", "limit": "2"}, 7),
+    ("a page of 3 of odd=0", {"labelSelector": "odd=0", "limit": "3"}, None),
+    ("a page of 2 with a field selector", {"fieldSelector": "metadata.name!=l1", "limit": "2"}, None),
+    ("its next page", {"fieldSelector": "metadata.name!=l1", "limit": "2"}, 10),
+    ("a page of 1 matching nothing", {"labelSelector": "odd=7", "limit": "1"}, None),
+    ("limit 0", {"limit": "0"}, None),
+    ("limit -1", {"limit": "-1"}, None),
+    ("limit 'abc'", {"limit": "abc"}, None),
+    ("a continue token that is not one", {"limit": "2", "continue": "garbage"}, None),
+    ("a continue with a resourceVersion", {"limit": "2", "resourceVersion": "1"}, 0),
+    ("after changes: the first page's next page", {"limit": "2"}, 0),
+    ("after changes: a page of 2", {"limit": "2"}, None),
+]
+_CHANGED_AT = 18
+
+
+@scenario("double-lists")
+def double_lists(env: Env, rec: Record) -> None:
+    """Paged lists as the double serves them, against the apiserver (the watcher's informers
+    list page by page, with selectors): the same lists of the same Leases on both give the
+    same status code, names, continue token or none, and remainingItemCount: a page ends
+    at `limit` matches, a token comes whenever any object follows (the last page of a
+    selector may be empty), is reusable and reads the first page's snapshot after changes,
+    takes the selector it is sent with; no remainingItemCount under a selector."""
+    ns = env.namespace("dlist", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    served = _Served()
+    seen: dict[str, list[tuple]] = {}
+    try:
+        for side, http in (("apiserver", env.kube.http), ("double", served.http)):
+            for i in range(5):
+                lease = {"metadata": {"name": f"l{i}", "labels": {"odd": str(i % 2)}}, "spec": {}}
+                assert _answer(http, "POST", base, lease, "application/json")[0] == 201
+            tokens: dict[int, str] = {}
+            seen[side] = []
+            for step, (what, query, continued) in enumerate(_LIST_STEPS):
+                if step == _CHANGED_AT:
+                    assert _answer(http, "POST", base, {"metadata": {"name": "l9"}}, "application/json")[0] == 201
+                    assert _answer(http, "DELETE", f"{base}/l0", None, "application/json")[0] == 200
+                params = dict(query)
+                if continued is not None:
+                    params["continue"] = tokens[continued]
+                resp = http.get(base, params=params)
+                body = resp.json()
+                meta = body.get("metadata") or {}
+                if meta.get("continue"):
+                    tokens[step] = meta["continue"]
+                names = [o["metadata"]["name"] for o in body.get("items") or []]
+                seen[side].append((what, resp.status_code, names, "continue" in meta, meta.get("remainingItemCount")))
+    finally:
+        served.close()
+    for real, model in zip(seen["apiserver"], seen["double"]):
+        assert real == model, f"apiserver {real}, double {model}"
+    rec.note("the apiserver and the double agree: " + "; ".join(f"{s[0]} {s[1]} {s[2]}" for s in seen["double"]))

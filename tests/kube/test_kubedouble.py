@@ -396,6 +396,11 @@ async def test_paged_lists_come_from_one_snapshot(kube: KubeDouble, http: aiohtt
     kube.compact()  # etcd compacted the snapshot's revision
     status, body = await call(http, "GET", "/api/v1/pods", limit="2", **{"continue": again["metadata"]["continue"]})
     assert status == 410 and "too old" in body["message"]
+    status, body = await call(http, "GET", "/api/v1/pods", limit="2", resourceVersion="1",
+                              **{"continue": first["metadata"]["continue"]})
+    assert status == 400 and "not allowed when using continue" in body["message"]
+    assert (await call(http, "GET", "/api/v1/pods", limit="two"))[0] == 400
+    assert (await call(http, "GET", "/api/v1/pods", **{"continue": "garbage"}))[0] == 400
     api = kube.kube_api()
     try:
         pages = [(len(items), rv) async for items, rv in api.list_pages("pods", "ns", limit=4)]
@@ -448,7 +453,7 @@ async def test_outages_reset_requests_and_watches(kube: KubeDouble, http: aiohtt
                 pass
     await asyncio.sleep(0.45)
     assert (await call(http, "GET", "/api/v1/namespaces/ns/pods/o"))[0] == 200
-    assert kube.pod("ns", "o")["metadata"]["labels"] == {}  # the write never landed
+    assert "labels" not in kube.pod("ns", "o")["metadata"]  # the write never landed (none: not even empty)
 
 
 async def test_a_silenced_client_reaches_nothing(kube: KubeDouble) -> None:
@@ -595,3 +600,63 @@ async def test_a_deleted_pod_is_marked_then_deleted_in_the_watch(kube: KubeDoubl
         ("ADDED", "free", None, None), ("ADDED", "held", None, ["example.com/hold"]),
         ("MODIFIED", "free", 0, None), ("DELETED", "free", 0, None),
         ("MODIFIED", "held", 0, ["example.com/hold"]), ("DELETED", "held", 0, ["example.com/hold"])]
+
+
+async def test_pages_end_at_the_limit_as_etcds_store_pages(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """As e2e `double-lists` found on v1.34.9 and v1.28.15: a token is reusable; with a
+    selector, a page ends at `limit` matches and a token comes whenever anything follows,
+    so the last page may be empty, and no remainingItemCount; a continue applies the
+    selector it is sent with; objects come in the order of their storage keys."""
+    for i in range(5):
+        kube.put_pod(pod(f"p{i}", labels={"odd": str(i % 2)}))
+    names = lambda body: [o["metadata"]["name"] for o in body["items"]]  # noqa: E731
+    _, first = await call(http, "GET", "/api/v1/namespaces/ns/pods", limit="2")
+    token = first["metadata"]["continue"]
+    for _ in range(2):
+        _, again = await call(http, "GET", "/api/v1/namespaces/ns/pods", limit="2", **{"continue": token})
+        assert names(again) == ["p2", "p3"] and again["metadata"]["remainingItemCount"] == 1
+    _, rest = await call(http, "GET", "/api/v1/namespaces/ns/pods", **{"continue": token})
+    assert names(rest) == ["p2", "p3", "p4"] and "continue" not in rest["metadata"]
+    _, odd = await call(http, "GET", "/api/v1/namespaces/ns/pods", labelSelector="odd=1", **{"continue": token})
+    assert names(odd) == ["p3"]
+    _, page = await call(http, "GET", "/api/v1/namespaces/ns/pods", labelSelector="odd=1", limit="2")
+    assert names(page) == ["p1", "p3"] and "remainingItemCount" not in page["metadata"]
+    _, last = await call(http, "GET", "/api/v1/namespaces/ns/pods", labelSelector="odd=1", limit="2",
+                         **{"continue": page["metadata"]["continue"]})
+    assert names(last) == [] and "continue" not in last["metadata"]
+    _, whole = await call(http, "GET", "/api/v1/namespaces/ns/pods", labelSelector="odd=0", limit="3")
+    assert names(whole) == ["p0", "p2", "p4"] and "continue" not in whole["metadata"]
+    status, _ = await call(http, "GET", "/api/v1/namespaces/other/pods", **{"continue": token})
+    assert status == 400  # another collection's token
+    kube.put_pod(pod("x", ns="a-b"))
+    kube.put_pod(pod("x", ns="a"))
+    _, everywhere = await call(http, "GET", "/api/v1/pods")
+    assert [o["metadata"]["namespace"] for o in everywhere["items"]][:2] == ["a-b", "a"]  # "a-b/x" < "a/x"
+
+
+async def test_leases_are_decoded_and_updated_as_the_apiserver_does(kube: KubeDouble,
+                                                                     http: aiohttp.ClientSession) -> None:
+    """As e2e `double-leases` found on v1.34.9 and v1.28.15."""
+    leases = "/apis/coordination.k8s.io/v1/namespaces/sys/leases"
+    spec = {"holderIdentity": "a", "leaseDurationSeconds": 15, "renewTime": "2026-12-01T10:00:00.123456+01:00",
+            "bogus": 1, "acquireTime": None}
+    status, lease = await call(http, "POST", leases, {"metadata": {"name": "l", "labels": {}}, "spec": spec})
+    assert status == 201 and "labels" not in lease["metadata"]
+    assert lease["spec"] == {"holderIdentity": "a", "leaseDurationSeconds": 15,
+                             "renewTime": "2026-12-01T09:00:00.123456Z"}
+    refused = [({"renewTime": "2026-12-01T10:00:00Z"}, 400), ({"renewTime": "2026-12-01T10:00:00.123Z"}, 400),
+               ({"leaseDurationSeconds": "3"}, 400), ({"leaseDurationSeconds": 2**31}, 400),
+               ({"leaseDurationSeconds": 0}, 422), ({"leaseTransitions": -1}, 422)]
+    for i, (bad, code) in enumerate(refused):
+        assert (await call(http, "POST", leases, {"metadata": {"name": f"bad{i}"}, "spec": bad}))[0] == code, bad
+    assert (await call(http, "POST", leases, {"metadata": {"name": "m", "resourceVersion": "7"}}))[0] == 500
+    unconditional = {"metadata": {"name": "l"}, "spec": {"holderIdentity": "b"}}
+    status, body = await call(http, "PUT", f"{leases}/l", unconditional)
+    assert status == 422 and "must be specified for an update" in body["message"]
+    assert (await call(http, "PUT", f"{leases}/l", {**lease, "metadata": {**lease["metadata"], "name": "o"}}))[0] == 400
+    assert (await call(http, "PUT", f"{leases}/l", {**lease, "metadata": {}}))[0] == 400
+    status, same = await call(http, "PUT", f"{leases}/l", lease)
+    assert status == 200 and same["metadata"]["resourceVersion"] == lease["metadata"]["resourceVersion"]
+    status, created = await call(http, "PUT", f"{leases}/new", {"metadata": {"name": "new", "resourceVersion": "3"}})
+    assert status == 201 and created["metadata"]["name"] == "new"
+    assert (await call(http, "PUT", "/api/v1/namespaces/ns/pods/none", pod("none")))[0] == 404

@@ -5,8 +5,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 - a global, increasing resourceVersion; lists carry it, objects carry theirs;
 - list with `labelSelector` (`=`, `==`, `!=`, `in`, `notin`, exists, `!key`) and simple
   `fieldSelector` (`a.b=v`, `a.b!=v`; on events `source` means `source.component`), across
-  namespaces or in one; `limit`/`continue` pages served from one snapshot (a token older
-  than the retained history gets 410);
+  namespaces or in one, in the order of their storage keys; `limit`/`continue` pages as
+  the apiserver's etcd store pages them (`_list`; e2e `double-lists`), from the first
+  page's snapshot (a token older than the retained history or the kept snapshots gets
+  410); a list's `resourceVersion` is not modelled (every list is a consistent read);
 - watch (`?watch=true&resourceVersion=N`): replays retained history after N, then
   streams ADDED/MODIFIED/DELETED lines; N older than the retained window gets an ERROR
   event with a 410 `Status`; `timeoutSeconds` ends the stream; no N (or "0") starts with
@@ -14,8 +16,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   (only `metadata.resourceVersion`) every `bookmark_seconds` and on `send_bookmarks()`,
   except on events: the apiserver keeps no watch cache for them (its default
   `--watch-cache-sizes`), so their watches are etcd's and get no bookmarks;
-- create (409 AlreadyExists, `generateName`), get, PUT (409 on a stale
-  metadata.resourceVersion), PATCH with `application/merge-patch+json` (RFC 7386: null
+- create (409 AlreadyExists, `generateName`; 500 with a resourceVersion), get, PUT (409
+  on a stale metadata.resourceVersion; its name and namespace the URL's, 400; a Lease
+  must carry a resourceVersion, 422, and one that does not exist is created: `_put`),
+  PATCH with `application/merge-patch+json` (RFC 7386: null
   deletes) or `application/json-patch+json`; strategic merge patch is refused with 415;
   a patch carrying metadata.resourceVersion is conditional (409 when stale); delete (pods
   gracefully, as `delete_pod()`: a running pod is marked with `deletionTimestamp`; with no
@@ -41,6 +45,9 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   `/portforward?ports=N` over a WebSocket as the kubelet serves it (`v4.channel.k8s.io`);
 - a node list as a Table (server-side printing, `Accept: ...;as=Table;...`, with
   `includeObject`), as `kubectl get nodes` reads it;
+- Leases decoded and validated as the apiserver does (`_decode_lease`, `_check_lease`; e2e
+  `double-leases`); empty labels, annotations, finalizers and ownerReferences are left out of
+  what is stored, as the apiserver leaves them out;
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
   secrets, serviceaccounts, configmaps, services, limitranges, resourcequotas, apps/v1 deployments,
   mutating/validating webhook configurations, `GET /version`;
@@ -75,6 +82,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import copy
 import json
 import random
@@ -167,6 +175,12 @@ class Resource:
     def api_version(self) -> str:
         return "v1" if self.prefix == "/api/v1" else self.prefix[len("/apis/"):]
 
+    @property
+    def qualified(self) -> str:
+        """How the apiserver names the resource in its messages: `pods`, `leases.coordination.k8s.io`."""
+        group = self.api_version.rpartition("/")[0]
+        return f"{self.plural}.{group}" if group else self.plural
+
 
 RESOURCES = {r.key: r for r in [
     Resource("pods", "/api/v1", "pods", "Pod"),
@@ -195,6 +209,13 @@ RESOURCES = {r.key: r for r in [
              "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", namespaced=False),
 ]}
 _BY_PATH = {(r.prefix, r.plural): r for r in RESOURCES.values()}
+
+# The apiserver's update rules that differ by resource (its registry's strategies), as
+# probed on v1.34.9 and v1.28.15; only what was probed is listed.
+_CREATE_ON_UPDATE = {"leases"}  # a PUT of one that does not exist creates it
+_CONDITIONAL_UPDATES_ONLY = {"leases"}  # a PUT without metadata.resourceVersion is refused (422)
+_OMITTED_WHEN_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")
+SNAPSHOTS = 64  # paged lists whose pages are kept; an older one's continue token gets 410
 
 _REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
             409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
@@ -389,7 +410,8 @@ class KubeDouble:
         self.bookmark_seconds = 60.0  # the apiserver sends a bookmark about once a minute
         self._outage_until = 0.0
         self._outage_blip = False
-        self._continues: dict[str, tuple[int, list[dict]]] = {}
+        # (resource, namespace, resourceVersion) -> the objects a paged list's pages come from
+        self._snapshots: dict[tuple[str, str | None, int], list[dict]] = {}
         self._silenced: list[tuple[str, str | None]] = []
         self.pod_ports: dict[tuple[str, str, int], int] = {}  # (namespace, pod, port) -> local port
 
@@ -555,8 +577,9 @@ class KubeDouble:
         return pod
 
     def items(self, resource: str, namespace: str | None = None) -> list[dict]:
-        return [copy.deepcopy(o) for (ns, _), o in sorted(self._objects[resource].items())
-                if namespace is None or ns == namespace]
+        """The objects in the apiserver's order: by their storage key (`namespace/name`)."""
+        return [copy.deepcopy(o) for o in sorted(self._objects[resource].values(), key=_storage_key)
+                if namespace is None or (o.get("metadata") or {}).get("namespace", "") == namespace]
 
     def delete(self, resource: str, namespace: str | None, name: str) -> None:
         res = RESOURCES[resource]
@@ -714,6 +737,9 @@ class KubeDouble:
         return obj
 
     def _store(self, res: Resource, key: tuple[str, str], obj: dict, old: dict | None) -> dict:
+        meta = obj.setdefault("metadata", {})
+        for empty in [k for k in _OMITTED_WHEN_EMPTY if k in meta and not meta[k]]:
+            del meta[empty]  # Go's omitempty: the apiserver never returns them empty
         self._bump(obj)
         self._objects[res.key][key] = obj
         self._emit(res, "MODIFIED" if old else "ADDED", obj, old)
@@ -850,8 +876,10 @@ class KubeDouble:
         if sub not in (None, "status"):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         current = self._objects[res.key].get(key)
+        if method == "PUT":
+            return self._put(res, namespace, key, current, body, sub)
         if current is None:
-            raise ApiError(404, f'{res.plural} "{name}" not found')
+            raise ApiError(404, f'{res.qualified} "{name}" not found')
         if method == "GET":
             return web.json_response(current)
         if method == "DELETE":
@@ -862,10 +890,6 @@ class KubeDouble:
                 return web.json_response(self.delete_pod(namespace or "", name, None if grace is None else int(grace)))
             self.delete(res.key, namespace, name)
             return web.json_response(current)
-        if method == "PUT":
-            if not isinstance(body, dict):
-                raise ApiError(400, "the request body must be a JSON object")
-            return web.json_response(self._update(res, key, current, copy.deepcopy(body), sub, body))
         if method == "PATCH":
             return web.json_response(self._patch(res, key, current, body, ctype, sub))
         raise ApiError(405, f"{method} is not supported")
@@ -938,34 +962,69 @@ class KubeDouble:
         return out
 
     def _list(self, res: Resource, namespace: str | None, query: Any) -> dict:
+        """A list, paged as the apiserver's etcd store pages it (e2e `double-lists`): a page
+        ends at `limit` matches; a continue token (reusable) says where the next starts in
+        the snapshot of the first page's resourceVersion, and comes whenever an object of
+        the collection, matching or not, follows the page (so the last page may be empty);
+        `remainingItemCount` only when no selector filters. A list's own resourceVersion
+        is not modelled: every list is a consistent read."""
+        limit = query.get("limit") or "0"
+        if not re.fullmatch(r"-?[0-9]+", limit):
+            raise ApiError(400, f'strconv.ParseInt: parsing "{limit}": invalid syntax')
+        labels = label_matcher(query.get("labelSelector"))
+        fields = field_matcher(query.get("fieldSelector"), res.key)
         token = query.get("continue")
         if token:
-            if token not in self._continues:
-                raise ApiError(400, "continue key is not valid")
-            rv, items = self._continues.pop(token)
-            if rv < self._compacted:  # etcd compacted the snapshot the pages come from
+            if query.get("resourceVersion"):
+                raise ApiError(400, "specifying resource version is not allowed when using continue")
+            rv, after = self._continued(token, res, namespace)
+            snapshot = self._snapshots.get((res.key, namespace, rv))
+            if snapshot is None or rv < self._compacted:  # etcd compacted the snapshot the pages come from
                 raise ApiError(410, "The provided continue parameter is too old to display a consistent list "
                                     "result. You can start a new list without the continue parameter.")
         else:
-            labels = label_matcher(query.get("labelSelector"))
-            fields = field_matcher(query.get("fieldSelector"), res.key)
-            rv = self._rv
-            items = [o for o in self.items(res.key, namespace)
-                     if labels((o.get("metadata") or {}).get("labels")) and fields(o)]
+            rv, after, snapshot = self._rv, "", self.items(res.key, namespace)
+        start = bisect.bisect_right([_storage_key(o) for o in snapshot], after) if after else 0
+        items: list[dict] = []
+        end = len(snapshot)
+        for i in range(start, len(snapshot)):
+            obj = snapshot[i]
+            if labels((obj.get("metadata") or {}).get("labels")) and fields(obj):
+                items.append(obj)
+                if len(items) == int(limit):
+                    end = i + 1
+                    break
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        limit = query.get("limit", "")
-        if limit.isdigit() and 0 < int(limit) < len(items):
-            items, rest = items[: int(limit)], items[int(limit):]
-            token = base64.urlsafe_b64encode(json.dumps([rv, len(self._continues), random.random()]).encode()).decode()
-            self._continues[token] = (rv, rest)
-            meta["continue"] = token
-            meta["remainingItemCount"] = len(rest)
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": items}
+        if end < len(snapshot):
+            self._snapshots[(res.key, namespace, rv)] = snapshot
+            while len(self._snapshots) > SNAPSHOTS:
+                del self._snapshots[next(iter(self._snapshots))]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                {"rv": rv, "start": _storage_key(snapshot[end - 1]), "list": [res.key, namespace]}).encode()).decode()
+            if not query.get("labelSelector") and not query.get("fieldSelector"):
+                meta["remainingItemCount"] = len(snapshot) - end
+        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta,
+                "items": [copy.deepcopy(o) for o in items]}
 
-    def _create(self, res: Resource, namespace: str | None, body: Any) -> dict:
+    @staticmethod
+    def _continued(token: str, res: Resource, namespace: str | None) -> tuple[int, str]:
+        """(resourceVersion, the storage key the page before ended at) of a continue token."""
+        try:
+            decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+            rv, after, listed = int(decoded["rv"]), str(decoded["start"]), decoded["list"]
+        except (ValueError, TypeError, KeyError) as e:
+            raise ApiError(400, f"invalid continue token: continue key is not valid: {e}") from None
+        if listed != [res.key, namespace]:
+            raise ApiError(400, "invalid continue token: continue key is not valid: another collection's")
+        return rv, after
+
+    def _create(self, res: Resource, namespace: str | None, body: Any, *, on_update: bool = False) -> dict:
+        """POST, or a PUT that creates (`on_update`: its resourceVersion is ignored)."""
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         obj = copy.deepcopy(body)
+        if res.key == "leases":
+            _decode_lease(obj)
         meta = obj.setdefault("metadata", {})
         if res.namespaced:
             if meta.get("namespace") not in (None, namespace):
@@ -982,8 +1041,12 @@ class KubeDouble:
             _check_event(obj, namespace or "")
         if res.key == "limitranges":
             _check_limit_range(obj)
+        if res.key == "leases":
+            _check_lease(obj)
+        if _resource_version(meta) and not on_update:  # (etcd's store refuses it, before it looks)
+            raise ApiError(500, "resourceVersion should not be set on objects to be created")
         if key in self._objects[res.key]:
-            raise ApiError(409, f'{res.plural} "{meta["name"]}" already exists', "AlreadyExists")
+            raise ApiError(409, f'{res.qualified} "{meta["name"]}" already exists', "AlreadyExists")
         meta.pop("resourceVersion", None)
         meta["uid"] = _uid()
         meta["creationTimestamp"] = now_rfc3339()
@@ -993,6 +1056,38 @@ class KubeDouble:
         if res.key == "namespaces":
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         return self._store(res, key, obj, None)
+
+    def _put(self, res: Resource, namespace: str | None, key: tuple[str, str], current: dict | None, body: Any,
+             sub: str | None) -> web.Response:
+        """PUT as the apiserver's handler and store take it (e2e `double-leases`): the body
+        decoded, its name and namespace those of the URL (400); a Lease that does not exist
+        is created (201); else the update, whose resourceVersion a Lease must carry (422)."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        body = copy.deepcopy(body)
+        if res.key == "leases":
+            _decode_lease(body)
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        if not meta.get("name"):
+            raise ApiError(400, f"the name of the object ({key[1]} based on URL) was undeterminable: "
+                                f"name must be provided")
+        if meta["name"] != key[1]:
+            raise ApiError(400, f"the name of the object ({meta['name']}) does not match the name on the URL "
+                                f"({key[1]})")
+        if res.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the "
+                                "request")
+        rv = str(meta.get("resourceVersion") or "")
+        if rv and not rv.isdigit():
+            raise ApiError(500, f'strconv.ParseUint: parsing "{rv}": invalid syntax')
+        if current is None:
+            if res.key in _CREATE_ON_UPDATE and sub is None:
+                return web.json_response(self._create(res, namespace, body, on_update=True), status=201)
+            raise ApiError(404, f'{res.qualified} "{key[1]}" not found')
+        if not rv and res.key in _CONDITIONAL_UPDATES_ONLY:
+            raise ApiError(422, f'{res.qualified} "{key[1]}" is invalid: '
+                                f"metadata.resourceVersion: Invalid value: 0: must be specified for an update")
+        return web.json_response(self._update(res, key, current, body, sub, body))
 
     def _patch(self, res: Resource, key: tuple[str, str], current: dict, body: Any, ctype: str,
                sub: str | None) -> dict:
@@ -1022,7 +1117,7 @@ class KubeDouble:
         meta = updated.setdefault("metadata", {})
         rv = meta.get("resourceVersion")
         if rv and str(rv) != current["metadata"]["resourceVersion"]:
-            raise ApiError(409, f'Operation cannot be fulfilled on {res.plural} "{key[1]}": the object has been '
+            raise ApiError(409, f'Operation cannot be fulfilled on {res.qualified} "{key[1]}": the object has been '
                                 f"modified; please apply your changes to the latest version and try again")
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
@@ -1040,6 +1135,9 @@ class KubeDouble:
             updated = {**current, "status": updated.get("status")}
         elif res.key == "limitranges":
             _check_limit_range(updated)
+        elif res.key == "leases":
+            _decode_lease(updated)
+            _check_lease(updated)
         _check_metadata(res.kind, updated["metadata"])
         meta = updated["metadata"] = dict(updated["metadata"])
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
@@ -1183,6 +1281,65 @@ class KubeDouble:
         except (ConnectionError, asyncio.CancelledError):
             pass
         return resp
+
+
+def _resource_version(meta: dict) -> int:
+    """metadata.resourceVersion as the store reads it: 0 when unset (or not a number, on create)."""
+    rv = str(meta.get("resourceVersion") or "")
+    return int(rv) if rv.isdigit() else 0
+
+
+_MICRO_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})[.,](\d{6})(Z|[+-]\d{2}:\d{2})")
+_LEASE_FIELDS = {"holderIdentity": str, "leaseDurationSeconds": int, "acquireTime": datetime,
+                 "renewTime": datetime, "leaseTransitions": int}
+
+
+def _decode_lease(obj: dict) -> None:
+    """A Lease's spec as the apiserver decodes it (400 when it cannot): its fields of their
+    types (int32, MicroTime: six fraction digits, then `Z` or an offset, stored in UTC),
+    null and unknown fields dropped (e2e `double-leases`)."""
+    spec = obj.get("spec")
+    if spec is None:
+        return
+
+    def refuse(why: str) -> ApiError:
+        return ApiError(400, f'Lease in version "v1" cannot be handled as a Lease: {why}')
+
+    if not isinstance(spec, dict):
+        raise refuse("json: cannot unmarshal into Go struct field Lease.spec of type v1.LeaseSpec")
+    decoded = {}
+    for name, value in spec.items():
+        kind = _LEASE_FIELDS.get(name)
+        if kind is None or value is None:
+            continue
+        if kind is int and (type(value) is not int or not -2**31 <= value < 2**31):
+            raise refuse(f"json: cannot unmarshal {value!r} into Go struct field LeaseSpec.spec.{name} of type int32")
+        if kind is str and not isinstance(value, str):
+            raise refuse(f"json: cannot unmarshal {value!r} into Go struct field LeaseSpec.spec.{name} of type string")
+        if kind is datetime:
+            m = _MICRO_TIME.fullmatch(value) if isinstance(value, str) else None
+            if m is None:
+                raise refuse(f'parsing time "{value}" as "2006-01-02T15:04:05.000000Z07:00"')
+            at = datetime.fromisoformat(f"{m[1]}.{m[2]}{'+00:00' if m[3] == 'Z' else m[3]}")
+            value = at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        decoded[name] = value
+    obj["spec"] = decoded
+
+
+def _check_lease(obj: dict) -> None:
+    """What the apiserver's Lease validation refuses (422)."""
+    spec, name = obj.get("spec") or {}, obj["metadata"]["name"]
+    for field_name, least, what in (("leaseDurationSeconds", 1, "greater than 0"),
+                                    ("leaseTransitions", 0, "greater than or equal to 0")):
+        if spec.get(field_name) is not None and spec[field_name] < least:
+            raise ApiError(422, f'Lease.coordination.k8s.io "{name}" is invalid: spec.{field_name}: Invalid value: '
+                                f"{spec[field_name]}: must be {what}")
+
+
+def _storage_key(obj: dict) -> str:
+    """Where etcd keeps an object, below its resource's prefix: lists come in this order."""
+    meta = obj.get("metadata") or {}
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
 
 
 def _flag(value: str | None) -> bool:
