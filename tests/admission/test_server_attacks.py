@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -38,11 +37,11 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cgroup = hostile.MemoryCgroup.create(deployment_memory_limit(), f"initshift-attacks-{os.getpid()}")
     if cgroup is None:
         pytest.skip("no writable memory cgroup here (cgroup v1 or v2 under this process's own)")
-    d = Path(tempfile.mkdtemp(prefix="initshift-attacks-"))
+    d = tmp_path_factory.mktemp("attacks")  # (pytest keeps the last runs' server.log, as every tmp_path)
     h.make_certs(d)
     env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_")}
     # Production defaults but the idle deadline (120 s, above the apiserver's 90): answered
