@@ -620,6 +620,8 @@ class KubeDouble:
             if grace >= pending:
                 return copy.deepcopy(current)
             shortened = _parse_rfc3339(marked) - timedelta(seconds=pending - grace)
+            # kubernetes#122646: never before now. v1.34.9 has it, v1.28.15 not; its review
+            # (January 2025) puts its merge in v1.33's cycle.
             marked = _rfc3339(max(shortened, when) if self._minor >= 33 else shortened)
         elif grace > 0:
             marked = _rfc3339(when + timedelta(seconds=grace))
