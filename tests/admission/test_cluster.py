@@ -122,6 +122,19 @@ def test_default_strategy_follows_mode_and_feature_gate():
     assert cluster.default_strategy(settings(mode="hybrid"), None) == p.MODE_HYBRID
 
 
+def test_the_start_up_line_says_why_no_pod_is_rewritten(caplog):
+    with caplog.at_level(logging.INFO, logger="initshift.cluster"):
+        NativeSupport(Settings(rewrite=RewriteSettings(native_sidecars="false")))
+        NativeSupport(settings(mode="disabled", native_sidecars="false"))
+        NativeSupport(settings(native_sidecars="false"))
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].endswith("default strategy disabled (SUPPORT_INJECTED_SIDECARS is not true: every pod is "
+                            "admitted unchanged)"), said
+    assert said[1].endswith("default strategy disabled (INITSHIFT_MODE=disabled: only a pod's own "
+                            "initshift.io/mode has it rewritten)"), said
+    assert said[2].endswith("default strategy waiter"), said
+
+
 async def test_metrics_follow_the_decision():
     def value(name: str, **labels: str) -> float | None:
         return metrics.REGISTRY.get_sample_value(name, labels)

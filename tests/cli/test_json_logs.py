@@ -58,7 +58,7 @@ def test_serve_writes_only_json_lines(tmp_path: Path) -> None:
     detection says so once; a setting of a removed mechanism is named, and a misspelled one."""
     make_certs(tmp_path / "tls")
     env = _env(tmp_path, INITSHIFT_WORKERS="2", INITSHIFT_FAILURE_MOD="deny", INITSHIFT_TLS_CERT=str(tmp_path / "tls" / "tls.crt"),
-               INITSHIFT_TLS_KEY=str(tmp_path / "tls" / "tls.key"))
+               INITSHIFT_TLS_KEY=str(tmp_path / "tls" / "tls.key"), SUPPORT_INJECTED_SIDECARS="true")
     records, _ = run_until(["serve"], env, "Started server process")
     text = _messages(records)
     assert sum(m.startswith("Started server process") for m in text) == 1, text
@@ -69,6 +69,20 @@ def test_serve_writes_only_json_lines(tmp_path: Path) -> None:
                for m, r in zip(text, records)), text
     assert any(m.endswith("did you mean INITSHIFT_FAILURE_MODE?") and r["level"] == "warning"
                for m, r in zip(text, records)), text
+
+
+def test_serve_without_the_feature_gate_says_why_no_pod_is_rewritten(tmp_path: Path) -> None:
+    """A server started without SUPPORT_INJECTED_SIDECARS said only "default strategy
+    disabled", and warned of what a missing cluster would cost a rewrite that never comes."""
+    make_certs(tmp_path / "tls")
+    env = _env(tmp_path, INITSHIFT_TLS_CERT=str(tmp_path / "tls" / "tls.crt"),
+               INITSHIFT_TLS_KEY=str(tmp_path / "tls" / "tls.key"))
+    env.pop("SUPPORT_INJECTED_SIDECARS", None)
+    records, _ = run_until(["serve"], env, "Started server process")
+    text = _messages(records)
+    assert any(m.endswith("default strategy disabled (SUPPORT_INJECTED_SIDECARS is not true: every pod is admitted "
+                          "unchanged)") for m in text), text
+    assert not any("no API access" in r["msg"] for r in records if r["level"] == "warning"), text
 
 
 def test_dev_server_logs_json_and_prints_its_banner_on_stdout(tmp_path: Path) -> None:

@@ -80,6 +80,16 @@ def default_strategy(settings: Settings, supported: bool | None) -> str:
     return mode
 
 
+def _disabled_why(settings: Settings) -> str:
+    """Why no pod is rewritten by default, for the start-up line (a server started by hand
+    without the gate said only "disabled"); empty when pods are."""
+    if not settings.feature_gate:
+        return f" ({p.FEATURE_GATE_ENV} is not true: every pod is admitted unchanged)"
+    if settings.rewrite.mode == p.MODE_DISABLED:
+        return f" ({p.ENV_PREFIX}MODE=disabled: only a pod's own {p.ANNOTATION_MODE} has it rewritten)"
+    return ""
+
+
 class NativeSupport:
     """The server's answer to "native sidecars?", kept fresh.
 
@@ -144,9 +154,9 @@ class NativeSupport:
         for name in (p.MODE_WAITER, p.MODE_NATIVE, p.MODE_HYBRID, p.MODE_DISABLED):
             _ACTIVE.labels(name).set(1 if name == strategy else 0)
         if not quiet:
-            log.info("native sidecars: %s (%s); default strategy %s",
+            log.info("native sidecars: %s (%s); default strategy %s%s",
                      {True: "supported", False: "not supported", None: "unknown"}[supported], self.detected.why,
-                     strategy, extra={"native_sidecars": self.setting, "strategy": strategy})
+                     strategy, _disabled_why(self.settings), extra={"native_sidecars": self.setting, "strategy": strategy})
 
 
 async def detect_native_support(settings: Settings, api: KubeApi | None = None, *,

@@ -132,9 +132,10 @@ async def _connect(settings: Settings, *, watch: bool, named: bool) -> tuple["Ku
             raise CliError(str(e)) from None
         # `make run` on a laptop: the rewrite works without the cluster
         auto = "; native sidecars: auto falls back to waiter" if settings.rewrite.native_sidecars == "auto" else ""
-        logging.getLogger("initshift.server").warning(
-            "no API access (%s): LimitRanges, ResourceQuotas and namespaces are not read, so a namespace's "
-            "LimitRange or quota may refuse a rewritten pod%s", e, auto)
+        if settings.feature_gate:  # (without it no pod is rewritten: the start-up line says so)
+            logging.getLogger("initshift.server").warning(
+                "no API access (%s): LimitRanges, ResourceQuotas and namespaces are not read, so a namespace's "
+                "LimitRange or quota may refuse a rewritten pod%s", e, auto)
         return None, str(e)
 
 
