@@ -419,8 +419,9 @@ async def _elections(connect: Callable[[], Awaitable[KubeApi]], ns: str) -> tupl
 
 
 # (what, query, the step whose continue token it sends, or None), in this order on each server's
-# five Leases l0..l4, labelled odd=0/1; before the steps marked "after changes", l9 is created and l0
-# deleted on both.
+# five Leases l0..l4 of one namespace, labelled odd=0/1; before the steps marked "after changes", l9
+# is created and l0 deleted on both; those marked "across namespaces" list every namespace's Leases
+# of the run (the same five in a second namespace, whose name is the first's and "-b").
 _LIST_STEPS: list[tuple[str, dict[str, str], int | None]] = [
     ("a page of 2", {"limit": "2"}, None),
     ("its next page", {"limit": "2"}, 0),
@@ -442,8 +443,12 @@ _LIST_STEPS: list[tuple[str, dict[str, str], int | None]] = [
     ("a continue with a resourceVersion", {"limit": "2", "resourceVersion": "1"}, 0),
     ("after changes: the first page's next page", {"limit": "2"}, 0),
     ("after changes: a page of 2", {"limit": "2"}, None),
+    ("across namespaces: a page of 3", {"limit": "3"}, None),
+    ("across namespaces: its next page", {"limit": "3"}, 20),
+    ("across namespaces: the rest", {}, 21),
 ]
-_CHANGED_AT = 18
+_CHANGED_AT, _ACROSS_FROM = 18, 20
+_LISTED = "e2e.initshift.io/listed"
 
 
 @scenario("double-lists")
@@ -453,32 +458,40 @@ def double_lists(env: Env, rec: Record) -> None:
     same status code, names, continue token or none, and remainingItemCount: a page ends
     at `limit` matches, a token comes whenever any object follows (the last page of a
     selector may be empty), is reusable and reads the first page's snapshot after changes,
-    takes the selector it is sent with; no remainingItemCount under a selector."""
+    takes the selector it is sent with; no remainingItemCount under a selector; across
+    namespaces, in the order of their storage keys (`NS-b/l0` before `NS/l0`)."""
     ns = env.namespace("dlist", mesh=None, opted=False)
-    rec.namespaces.append(ns)
+    other = env.namespace("dlist", mesh=None, opted=False, suffix="-b")
+    rec.namespaces += [ns, other]
     base = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
     served = _Served()
     seen: dict[str, list[tuple]] = {}
     try:
         for side, http in (("apiserver", env.kube.http), ("double", served.http)):
-            for i in range(5):
-                lease = {"metadata": {"name": f"l{i}", "labels": {"odd": str(i % 2)}}, "spec": {}}
-                assert _answer(http, "POST", base, lease, "application/json")[0] == 201
+            for where in (ns, other):
+                for i in range(5):
+                    lease = {"metadata": {"name": f"l{i}", "labels": {"odd": str(i % 2), _LISTED: env.run}}}
+                    code, _ = _answer(http, "POST", f"/apis/coordination.k8s.io/v1/namespaces/{where}/leases", lease,
+                                      "application/json")
+                    assert code == 201, f"{side}: {where}/l{i}: {code}"
             tokens: dict[int, str] = {}
             seen[side] = []
             for step, (what, query, continued) in enumerate(_LIST_STEPS):
                 if step == _CHANGED_AT:
                     assert _answer(http, "POST", base, {"metadata": {"name": "l9"}}, "application/json")[0] == 201
                     assert _answer(http, "DELETE", f"{base}/l0", None, "application/json")[0] == 200
-                params = dict(query)
+                params, path = dict(query), base
+                if step >= _ACROSS_FROM:
+                    params["labelSelector"], path = f"{_LISTED}={env.run}", "/apis/coordination.k8s.io/v1/leases"
                 if continued is not None:
                     params["continue"] = tokens[continued]
-                resp = http.get(base, params=params)
+                resp = http.get(path, params=params)
                 body = resp.json()
                 meta = body.get("metadata") or {}
                 if meta.get("continue"):
                     tokens[step] = meta["continue"]
-                names = [o["metadata"]["name"] for o in body.get("items") or []]
+                names = [f"{o['metadata']['namespace']}/{o['metadata']['name']}" if step >= _ACROSS_FROM
+                         else o["metadata"]["name"] for o in body.get("items") or []]
                 seen[side].append((what, resp.status_code, names, "continue" in meta, meta.get("remainingItemCount")))
     finally:
         served.close()

@@ -53,9 +53,11 @@ class Env:
         return p.MODE_NATIVE if self.native else p.MODE_WAITER
 
     def namespace(self, short: str, *, mesh: str | None = "istio", opted: bool = True, native_mesh: bool = False,
-                  labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> str:
-        """A namespace of this run: opted in to initshift, with a mesh injecting (or not)."""
-        name = f"e2e-{short}-{self.run}"
+                  labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+                  suffix: str = "") -> str:
+        """A namespace of this run: opted in to initshift, with a mesh injecting (or not).
+        `suffix` follows the run's id (a name that starts with another's)."""
+        name = f"e2e-{short}-{self.run}{suffix}"
         all_labels = {**(labels or {}), RUN_LABEL: self.run}
         all_annotations = dict(annotations or {})
         if opted:
