@@ -1005,8 +1005,8 @@ class KubeDouble:
                 {"rv": rv, "start": _storage_key(snapshot[end - 1]), "list": [res.key, namespace]}).encode()).decode()
             if not query.get("labelSelector") and not query.get("fieldSelector"):
                 meta["remainingItemCount"] = len(snapshot) - end
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta,
-                "items": [copy.deepcopy(o) for o in items]}
+        # (the snapshot's objects are copies already, and the answer is only serialized)
+        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta, "items": items}
 
     @staticmethod
     def _continued(token: str, res: Resource, namespace: str | None) -> tuple[int, str]:
@@ -1089,7 +1089,7 @@ class KubeDouble:
         if not rv and res.key in _CONDITIONAL_UPDATES_ONLY:
             raise ApiError(422, f'{res.qualified} "{key[1]}" is invalid: '
                                 f"metadata.resourceVersion: Invalid value: 0: must be specified for an update")
-        return web.json_response(self._update(res, key, current, body, sub, body))
+        return web.json_response(self._update(res, key, current, body, sub))
 
     def _patch(self, res: Resource, key: tuple[str, str], current: dict, body: Any, ctype: str,
                sub: str | None) -> dict:
@@ -1112,10 +1112,9 @@ class KubeDouble:
                                 f"include: application/json-patch+json, application/merge-patch+json ({ctype})")
         if precondition is None:  # unconditional: compare to the current version
             updated.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
-        return self._update(res, key, current, updated, sub, None)
+        return self._update(res, key, current, updated, sub)
 
-    def _update(self, res: Resource, key: tuple[str, str], current: dict, updated: dict, sub: str | None,
-                put_body: dict | None) -> dict:
+    def _update(self, res: Resource, key: tuple[str, str], current: dict, updated: dict, sub: str | None) -> dict:
         meta = updated.setdefault("metadata", {})
         rv = meta.get("resourceVersion")
         if rv and str(rv) != current["metadata"]["resourceVersion"]:
