@@ -19,6 +19,7 @@ from webhook.watcher._leader import LeaderElector
 from ._env import Env, Record, scenario
 
 _HOLD = "example.com/hold"
+_NS = "<namespace>"  # a body's namespace, filled in per scenario
 
 
 def _nowhere(ns: str) -> str:
@@ -213,7 +214,8 @@ def double_events(env: Env, rec: Record) -> None:
     the watcher never records one twice), with names the apiserver takes though they are
     no DNS subdomain (capitals, a space, 300 characters) and ones it refuses (`%`, `..`),
     and with an `involvedObject.namespace` other than its own or empty, gets the same
-    status code."""
+    status code; so does an events.k8s.io/v1 Event, with its `regarding` namespace and
+    without (validated as one type, the same rule)."""
     ns = env.namespace("devt", mesh=None, opted=False)
     rec.namespaces.append(ns)
     served = _Served()
@@ -226,6 +228,13 @@ def double_events(env: Env, rec: Record) -> None:
                 "reportingInstance": "e2e", "action": "outcome", "firstTimestamp": "2026-12-01T10:00:00Z",
                 "lastTimestamp": "2026-12-01T10:00:00Z", "count": 1}
 
+    def new_event(name: str, regarding_ns: str) -> dict:
+        return {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
+                "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": regarding_ns, "name": "build-1"},
+                "reason": "StepsSucceeded", "note": "Succeeded", "type": "Normal", "action": "outcome",
+                "eventTime": "2026-12-01T10:00:00.000000Z", "reportingController": "initshift.io/watcher",
+                "reportingInstance": "e2e"}
+
     cases = [("the watcher's Event", event("build-1.0123456789ab", ns)),
              ("the same again", event("build-1.0123456789ab", ns)),
              ("a name with capitals", event("Build-1.0123456789ab", ns)),
@@ -234,11 +243,14 @@ def double_events(env: Env, rec: Record) -> None:
              ("a name with '%'", event("build%1", ns)),
              ("the name '..'", event("..", ns)),
              ("another namespace's pod", event("build-1.abcdef012345", "default")),
-             ("no involvedObject namespace", event("build-1.abcdef012346", ""))]
+             ("no involvedObject namespace", event("build-1.abcdef012346", "")),
+             ("an events.k8s.io/v1 Event", new_event("build-1.abcdef012347", ns)),
+             ("an events.k8s.io/v1 Event about no namespace's pod", new_event("build-1.abcdef012348", ""))]
     agreed = []
     try:
         for what, body in cases:
-            got = {side: _answer(http, "POST", f"/api/v1/namespaces/{ns}/events", body, "application/json")[0]
+            api = "apis/events.k8s.io/v1" if "regarding" in body else "api/v1"
+            got = {side: _answer(http, "POST", f"/{api}/namespaces/{ns}/events", body, "application/json")[0]
                    for side, http in (("apiserver", env.kube.http), ("double", served.http))}
             assert got["apiserver"] == got["double"], f"{what}: {got}"
             agreed.append(f"{what} {got['double']}")
@@ -498,3 +510,60 @@ def double_lists(env: Env, rec: Record) -> None:
     for real, model in zip(seen["apiserver"], seen["double"]):
         assert real == model, f"apiserver {real}, double {model}"
     rec.note("the apiserver and the double agree: " + "; ".join(f"{s[0]} {s[1]} {s[2]}" for s in seen["double"]))
+
+
+# (resource's path below the namespace, a body to create): what `double-deletes` deletes.
+_DELETED: list[tuple[str, dict]] = [
+    ("api/v1/configmaps", {"metadata": {"name": "d"}}),
+    ("api/v1/secrets", {"metadata": {"name": "d"}}),
+    ("api/v1/serviceaccounts", {"metadata": {"name": "d"}}),
+    ("api/v1/services", {"metadata": {"name": "d"}, "spec": {"ports": [{"port": 80}]}}),
+    ("api/v1/limitranges", {"metadata": {"name": "d"}, "spec": {"limits": [{"type": "Container", "max": {"cpu": "1"}}]}}),
+    ("api/v1/resourcequotas", {"metadata": {"name": "d"}, "spec": {"hard": {"pods": "10"}}}),
+    ("api/v1/events", {"metadata": {"name": "d"}, "involvedObject": {"kind": "Pod", "name": "p", "namespace": _NS},
+                       "reason": "R"}),
+    ("apis/events.k8s.io/v1/events", {"metadata": {"name": "d"}, "regarding": {"kind": "Pod", "name": "p", "namespace": _NS},
+                                      "reason": "R", "action": "A", "eventTime": "2026-12-01T10:00:00.000000Z",
+                                      "reportingController": "initshift.io/e2e", "reportingInstance": "e2e",
+                                      "type": "Normal"}),
+    ("apis/coordination.k8s.io/v1/leases", {"metadata": {"name": "d"}}),
+    ("apis/apps/v1/deployments", {"metadata": {"name": "d"}, "spec": {
+        "replicas": 0, "selector": {"matchLabels": {"e2e": "d"}},
+        "template": {"metadata": {"labels": {"e2e": "d"}}, "spec": {"containers": [{"name": "c", "image": "none"}]}}}}),
+    ("apis/batch/v1/cronjobs", {"metadata": {"name": "d"}, "spec": {"schedule": "0 0 1 1 *", "suspend": True,
+                                "jobTemplate": {"spec": {"template": {"spec": {
+                                    "restartPolicy": "Never", "containers": [{"name": "c", "image": "none"}]}}}}}}),
+    ("apis/policy/v1/poddisruptionbudgets", {"metadata": {"name": "d"}, "spec": {
+        "minAvailable": 1, "selector": {"matchLabels": {"e2e": "d"}}}}),
+]
+
+
+@scenario("double-deletes")
+def double_deletes(env: Env, rec: Record) -> None:
+    """DELETE's answer as the double gives it, against the apiserver: for each namespaced
+    resource the double serves but pods (`double-deletion`), Jobs and namespaces (whose
+    deletion waits for a controller), an object created then deleted answers 200 with the
+    object (ServiceAccounts, Services, ResourceQuotas) or a `Status` of Success naming it
+    (name, group, kind, its uid), on both; deleted again, 404 on both."""
+    ns = env.namespace("ddel", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    served = _Served()
+    agreed = []
+    try:
+        for path, body in _DELETED:
+            body = json.loads(json.dumps(body).replace(_NS, ns))
+            got = {}
+            for side, http in (("apiserver", env.kube.http), ("double", served.http)):
+                collection = f"/{path.rpartition('/')[0]}/namespaces/{ns}/{path.rpartition('/')[2]}"
+                code, created = _answer(http, "POST", collection, body, "application/json")
+                assert code == 201, f"{side}: {path}: {code} {created}"
+                code, answer = _answer(http, "DELETE", f"{collection}/d", None, "application/json")
+                details = dict(answer.get("details") or {})
+                uid = details.pop("uid", None)
+                again, _ = _answer(http, "DELETE", f"{collection}/d", None, "application/json")
+                got[side] = (code, answer.get("kind"), details, uid == created["metadata"]["uid"] if uid else None, again)
+            assert got["apiserver"] == got["double"], f"{path}: {got}"
+            agreed.append(f"{path} {got['double'][0]} {got['double'][1]}, again {got['double'][4]}")
+    finally:
+        served.close()
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed))

@@ -218,6 +218,8 @@ async def test_events_leases_and_cluster_objects(kube: KubeDouble, http: aiohttp
           "reason": "R"}
     assert (await call(http, "POST", "/api/v1/namespaces/ns/events", ev))[0] == 201
     new = {"metadata": {"name": "e.2"}, "regarding": {"kind": "Pod", "name": "e"}, "reason": "S"}
+    assert (await call(http, "POST", "/apis/events.k8s.io/v1/namespaces/ns/events", new))[0] == 422  # no namespace
+    new["regarding"]["namespace"] = "ns"
     assert (await call(http, "POST", "/apis/events.k8s.io/v1/namespaces/ns/events", new))[0] == 201
     assert [e["reason"] for e in kube.events_for("ns", "e")] == ["R", "S"]
     leases = "/apis/coordination.k8s.io/v1/namespaces/sys/leases"
@@ -660,3 +662,18 @@ async def test_leases_are_decoded_and_updated_as_the_apiserver_does(kube: KubeDo
     status, created = await call(http, "PUT", f"{leases}/new", {"metadata": {"name": "new", "resourceVersion": "3"}})
     assert status == 201 and created["metadata"]["name"] == "new"
     assert (await call(http, "PUT", "/api/v1/namespaces/ns/pods/none", pod("none")))[0] == 404
+
+
+async def test_a_delete_answers_the_object_or_a_status_as_the_apiserver_does(kube: KubeDouble,
+                                                                             http: aiohttp.ClientSession) -> None:
+    """As e2e `double-deletes` found on v1.34.9 and v1.28.15."""
+    for path, kind in (("/api/v1/namespaces/ns/serviceaccounts", "ServiceAccount"), ("/api/v1/namespaces/ns/configmaps",
+                       "Status"), ("/apis/coordination.k8s.io/v1/namespaces/ns/leases", "Status")):
+        _, created = await call(http, "POST", path, {"metadata": {"name": "d"}})
+        status, answer = await call(http, "DELETE", f"{path}/d")
+        assert status == 200 and answer["kind"] == kind
+        if kind == "Status":
+            group = "coordination.k8s.io" if "leases" in path else None
+            assert answer["details"] == {"name": "d", **({"group": group} if group else {}),
+                                         "kind": path.rpartition("/")[2], "uid": created["metadata"]["uid"]}
+        assert (await call(http, "DELETE", f"{path}/d"))[0] == 404

@@ -25,7 +25,11 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   gracefully, as `delete_pod()`: a running pod is marked with `deletionTimestamp`; with no
   grace left it is marked with grace 0 (MODIFIED), then goes (DELETED) unless a finalizer
   holds it; an object marked with grace 0 goes when an update removes its last finalizer,
-  its DELETED event the object as it was; e2e `double-deletion`, `double-watch`);
+  its DELETED event the object as it was; e2e `double-deletion`, `double-watch`); a
+  DELETE answers the object for some resources, a `Status` for the others (e2e
+  `double-deletes`); a Job (orphaned by default: its `orphan` finalizer is the garbage
+  collector's) and a namespace (Terminating until the namespace controller is done) are
+  deleted at once, not modelled;
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -214,6 +218,8 @@ _BY_PATH = {(r.prefix, r.plural): r for r in RESOURCES.values()}
 # probed on v1.34.9 and v1.28.15; only what was probed is listed.
 _CREATE_ON_UPDATE = {"leases"}  # a PUT of one that does not exist creates it
 _CONDITIONAL_UPDATES_ONLY = {"leases"}  # a PUT without metadata.resourceVersion is refused (422)
+# A DELETE answers the object deleted for these (and pods), a `Status` of Success for the rest.
+_DELETE_ANSWERS_OBJECT = {"serviceaccounts", "services", "resourcequotas", "jobs", "namespaces"}
 _OMITTED_WHEN_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")
 SNAPSHOTS = 64  # paged lists whose pages are kept; an older one's continue token gets 410
 
@@ -891,7 +897,12 @@ class KubeDouble:
                     grace = body.get("gracePeriodSeconds")
                 return web.json_response(self.delete_pod(namespace or "", name, None if grace is None else int(grace)))
             self.delete(res.key, namespace, name)
-            return web.json_response(current)
+            if res.key in _DELETE_ANSWERS_OBJECT:
+                return web.json_response(current)
+            group = res.api_version.rpartition("/")[0]
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                      "details": {"name": name, **({"group": group} if group else {}),
+                                                  "kind": res.plural, "uid": current["metadata"]["uid"]}})
         if method == "PATCH":
             return web.json_response(self._patch(res, key, current, body, ctype, sub))
         raise ApiError(405, f"{method} is not supported")
@@ -1039,7 +1050,7 @@ class KubeDouble:
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
         _check_metadata(res.kind, meta)
-        if res.key == "events":
+        if res.key in ("events", "events.k8s.io"):
             _check_event(obj, namespace or "")
         if res.key == "limitranges":
             _check_limit_range(obj)
@@ -1418,7 +1429,8 @@ def _check_event(event: dict, namespace: str) -> None:
         next((f"may not contain '{c}'" for c in "/%" if c in name), None)  # (ValidatePathSegmentName)
     if wrong:
         raise ApiError(422, f'Event "{name}" is invalid: metadata.name: Invalid value: "{name}": {wrong}')
-    involved = (event.get("involvedObject") or {}).get("namespace") or ""
+    # (events.k8s.io/v1's `regarding` is the same field: the apiserver validates both as one type)
+    involved = (event.get("involvedObject") or event.get("regarding") or {}).get("namespace") or ""
     # An empty involvedObject.namespace is accepted only in "default" (old clients).
     if involved != namespace and not (involved == "" and namespace in ("", "default")):
         raise ApiError(422, f'Event "{name}" is invalid: involvedObject.namespace: Invalid value: "{involved}": '
