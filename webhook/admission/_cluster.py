@@ -73,7 +73,7 @@ def default_strategy(settings: Settings, supported: bool | None) -> str:
     """The strategy a build pod (run to completion) without `initshift.io/mode` gets; under
     `auto` a long-running pod gets native where a build pod gets hybrid."""
     mode = settings.rewrite.mode
-    if not settings.feature_gate or mode == p.MODE_DISABLED:
+    if _disabled_why(settings):
         return p.MODE_DISABLED
     if mode == p.MODE_AUTO:
         return p.MODE_HYBRID if resolve_support(settings.rewrite.native_sidecars, supported) else p.MODE_WAITER
