@@ -217,7 +217,8 @@ def test_metrics_port_off_and_in_use(pki):
     try:
         settings = h.settings_for(pki, metrics_port=busy.getsockname()[1])
         server = h.HttpsServer(settings, sock=bind(), graceful_seconds=1)
-        with pytest.raises(ListenError, match=r"\(INITSHIFT_METRICS_PORT\): address already in use"):
+        with pytest.raises(ListenError, match=r"\(INITSHIFT_METRICS_PORT\): address already in use; give the "
+                                              r"metrics another port, or 0 to turn them off$"):
             server.listen()
         server.sock.close()
     finally:

@@ -150,7 +150,8 @@ class HttpsServer:
             self.sock = _listen(srv.host, srv.port, host_setting, "INITSHIFT_PORT or --port")
         if self._metrics_wanted is not None and self.metrics_sock is None:
             self.metrics_sock = _listen(metrics_host, self._metrics_wanted, metrics_host_setting,
-                                        "INITSHIFT_METRICS_PORT")
+                                        "INITSHIFT_METRICS_PORT", port_hint="give the metrics another port, or 0 to "
+                                                                            "turn them off")
         self.front.doors[self.port] = self.door
         if self.metrics_sock is not None:
             self.front.doors[self.metrics_sock.getsockname()[1]] = self.metrics_door
@@ -289,7 +290,9 @@ _HOST_ERRORS = {errno.EADDRNOTAVAIL: "no interface of this machine has that addr
 _PORT_ERRORS = {errno.EADDRINUSE, errno.EACCES}
 
 
-def _listen(host: str, port: int, host_setting: str, port_setting: str) -> socket.socket:
+def _listen(host: str, port: int, host_setting: str, port_setting: str, port_hint: str = "") -> socket.socket:
+    """`bind`, or a ListenError naming the setting to change; `port_hint`: what to do about a
+    port in use or denied (said after the reason)."""
     try:
         return bind(host, port)
     except OSError as e:
@@ -303,6 +306,7 @@ def _listen(host: str, port: int, host_setting: str, port_setting: str) -> socke
             # EACCES: a port below 1024 without CAP_NET_BIND_SERVICE.
             setting, why = port_setting, os_reason(e) + (" (a port below 1024 needs privileges)"
                                                          if e.errno == errno.EACCES and 0 < port < 1024 else "")
+            why += f"; {port_hint}" if port_hint else ""
         else:
             setting, why = f"{host_setting}; {port_setting}", os_reason(e)
         raise ListenError(f"cannot listen on {where} ({setting}): {why}") from None
