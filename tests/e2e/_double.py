@@ -567,3 +567,93 @@ def double_deletes(env: Env, rec: Record) -> None:
     finally:
         served.close()
     rec.note("the apiserver and the double agree: " + "; ".join(agreed))
+
+
+def _deletion(code: int, answer: dict, own: dict[str, str]) -> tuple:
+    """What a DELETE or an update answered, comparable across the two: the status, the kind,
+    the reason and message (the object's own uid and resourceVersion in it replaced), the
+    finalizers, whether it is marked, its grace, and a Status's details (no uid)."""
+    meta = answer.get("metadata") or {}
+    message = answer.get("message") or ""
+    for value, placeholder in ((own.get("uid"), "<uid>"), (own.get("rv"), "<rv>")):
+        if value:
+            message = message.replace(f"({value})", f"({placeholder})")
+    details = {k: v for k, v in (answer.get("details") or {}).items() if k not in ("uid", "causes")}
+    return (code, answer.get("kind"), answer.get("reason"), message, meta.get("finalizers"),
+            "deletionTimestamp" in meta, meta.get("deletionGracePeriodSeconds"), details)
+
+
+@scenario("double-delete-options")
+def double_delete_options(env: Env, rec: Record) -> None:
+    """A DELETE's options as the double takes them, against the apiserver: a propagationPolicy
+    that is none of the three, or beside orphanDependents, is 422 before the object is
+    looked up; `preconditions` that do not match are 409 (the UID's first); `dryRun=All`
+    answers as a delete would and changes nothing; a Job's default policy is Orphan, its
+    answer the Job marked with the garbage collector's `orphan` finalizer, Foreground's
+    `foregroundDeletion`; an object a finalizer of its own holds is marked and answered, a
+    second delete leaves it as it was, an update may not add a finalizer to it (422), and
+    it goes when its last finalizer is removed. Each step goes to both; every answer and
+    what a GET then finds agree. Nothing compared depends on the cluster's garbage
+    collector, which the double does not run: its finalizers are only answered."""
+    ns = env.namespace("ddopt", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    core, batch = f"/api/v1/namespaces/{ns}", f"/apis/batch/v1/namespaces/{ns}"
+    job = {"spec": {"suspend": True, "template": {"spec": {  # suspended: the Job controller makes no pod
+        "restartPolicy": "Never", "containers": [{"name": "c", "image": env.images.busybox}]}}}}
+    creates = {
+        f"{core}/configmaps/c1": {"metadata": {"name": "c1", "finalizers": [_HOLD]}},
+        f"{batch}/jobs/j1": {"metadata": {"name": "j1"}, **job},
+        f"{batch}/jobs/j2": {"metadata": {"name": "j2", "finalizers": [_HOLD]}, **job},
+        f"{core}/pods/p1": {"metadata": {"name": "p1"}, "spec": {
+            "nodeName": _nowhere(ns), "terminationGracePeriodSeconds": 20,
+            "containers": [{"name": "c", "image": env.images.busybox}]}},
+    }
+    c1, j1, j2, p1 = creates
+    # (what, method, path, body, content type)
+    steps: list[tuple[str, str, str, Any, str]] = [
+        ("an unknown policy", "DELETE", f"{core}/configmaps/none", {"propagationPolicy": "Nope"}, "application/json"),
+        ("a policy and orphanDependents", "DELETE", f"{core}/configmaps/none",
+         {"propagationPolicy": "Orphan", "orphanDependents": True}, "application/json"),
+        ("nothing there", "DELETE", f"{core}/configmaps/none", None, "application/json"),
+        ("another uid", "DELETE", c1, {"preconditions": {"uid": "x", "resourceVersion": "1"}}, "application/json"),
+        ("another resourceVersion", "DELETE", c1, {"preconditions": {"resourceVersion": "1"}}, "application/json"),
+        ("a dry run", "DELETE", f"{c1}?dryRun=All", None, "application/json"),
+        ("after the dry run", "GET", c1, None, "application/json"),
+        ("held by its finalizer", "DELETE", c1, None, "application/json"),
+        ("deleted again", "DELETE", c1, {"propagationPolicy": "Background"}, "application/json"),
+        ("a finalizer added", "PATCH", c1, {"metadata": {"finalizers": [_HOLD, "example.com/new"]}}, MERGE),
+        ("its finalizer removed", "PATCH", c1, {"metadata": {"finalizers": None}}, MERGE),
+        ("gone", "GET", c1, None, "application/json"),
+        ("a Job's dry run", "DELETE", f"{j1}?dryRun=All", None, "application/json"),
+        ("a Job's dry run in the background", "DELETE", f"{j1}?dryRun=All&propagationPolicy=Background", None,
+         "application/json"),
+        ("after the dry runs", "GET", j1, None, "application/json"),
+        ("a Job's uid", "DELETE", j1, {"preconditions": {"uid": "x"}}, "application/json"),
+        ("a Job by default", "DELETE", j1, None, "application/json"),
+        ("a held Job in the foreground", "DELETE", j2, {"propagationPolicy": "Foreground"}, "application/json"),
+        ("a pod's uid", "DELETE", p1, {"preconditions": {"uid": "x"}}, "application/json"),
+        ("a pod's dry run", "DELETE", f"{p1}?dryRun=All", None, "application/json"),
+        ("after the pod's dry run", "GET", p1, None, "application/json"),
+        ("a pod orphaned", "DELETE", p1, {"propagationPolicy": "Orphan", "gracePeriodSeconds": 0}, "application/json"),
+    ]
+    served = _Served()
+    sides = {"apiserver": env.kube.http, "double": served.http}
+    own: dict[str, dict[str, dict[str, str]]] = {side: {} for side in sides}
+    agreed = []
+    try:
+        for path, body in creates.items():
+            for side, http in sides.items():
+                code, made = _answer(http, "POST", path.rpartition("/")[0], body, "application/json")
+                assert code == 201, f"{side}: {path}: {code} {made}"
+                own[side][path] = {"uid": made["metadata"]["uid"], "rv": made["metadata"]["resourceVersion"]}
+        for what, method, path, body, ctype in steps:
+            got = {side: _deletion(*_answer(http, method, path, body, ctype), own[side].get(path.partition("?")[0], {}))
+                   for side, http in sides.items()}
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+    finally:
+        for path in (j1, j2, p1):  # the cluster's garbage collector may have taken theirs already
+            env.kube.http.request("PATCH", path, content=json.dumps({"metadata": {"finalizers": None}}),
+                                  headers={"Content-Type": MERGE})
+        served.close()
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed))

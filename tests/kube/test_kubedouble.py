@@ -604,6 +604,79 @@ async def test_a_deleted_pod_is_marked_then_deleted_in_the_watch(kube: KubeDoubl
         ("MODIFIED", "held", 0, ["example.com/hold"]), ("DELETED", "held", 0, ["example.com/hold"])]
 
 
+CM, JOBS = "/api/v1/namespaces/ns/configmaps", "/apis/batch/v1/namespaces/ns/jobs"
+_JOB = {"spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never",
+                                                        "containers": [{"name": "c", "image": "busybox"}]}}}}
+
+
+async def test_delete_options_are_read_before_the_object_is_looked_up(http: aiohttp.ClientSession) -> None:
+    """As e2e `double-delete-options` found on v1.34.9 and v1.28.15: an unknown policy, or
+    one beside orphanDependents, is 422 whether or not the object exists; then 404, whose
+    Status names it; a body's options are read, not the query's."""
+    status, body = await call(http, "DELETE", f"{CM}/none", {"propagationPolicy": "Nope"})
+    assert (status, body["details"]) == (422, {"group": "meta.k8s.io", "kind": "DeleteOptions"})
+    assert body["message"] == ('DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Unsupported value: '
+                               '"Nope": supported values: "Foreground", "Background", "Orphan", "nil"')
+    status, body = await call(http, "DELETE", f"{CM}/none", {"propagationPolicy": "Orphan", "orphanDependents": True})
+    assert status == 422 and body["message"].endswith("orphanDependents and deletionPropagation cannot be both set")
+    status, body = await call(http, "DELETE", f"{CM}/none", propagationPolicy="Nope")
+    assert status == 422
+    status, body = await call(http, "DELETE", f"{CM}/none", {}, propagationPolicy="Nope")  # a body: the query unread
+    assert (status, body["details"]) == (404, {"name": "none", "kind": "configmaps"})
+
+
+async def test_a_deletes_preconditions_and_dry_run(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """`preconditions` that do not match are 409, the UID's before the resourceVersion's; a
+    dry run answers as the delete would (marked, or a Status) and changes nothing."""
+    _, job = await call(http, "POST", JOBS, {"metadata": {"name": "j"}, **_JOB})
+    uid, rv = job["metadata"]["uid"], job["metadata"]["resourceVersion"]
+    status, body = await call(http, "DELETE", f"{JOBS}/j", {"preconditions": {"uid": "x", "resourceVersion": "1"}})
+    assert (status, body["details"]) == (409, {"name": "j", "group": "batch", "kind": "Job"})
+    assert body["message"] == (f'Operation cannot be fulfilled on Job.batch "j": the UID in the precondition (x) does '
+                               f"not match the UID in record ({uid}). The object might have been deleted and then "
+                               f"recreated")
+    status, body = await call(http, "DELETE", f"{JOBS}/j", {"preconditions": {"uid": uid, "resourceVersion": "1"}})
+    assert status == 409 and f"the ResourceVersion in the precondition (1) does not match the ResourceVersion in " \
+                              f"record ({rv}). The object might have been modified" in body["message"]
+    status, body = await call(http, "DELETE", f"{JOBS}/j", dryRun="All")
+    assert status == 200 and body["metadata"]["finalizers"] == ["orphan"] and body["metadata"]["resourceVersion"] == rv
+    status, body = await call(http, "DELETE", f"{JOBS}/j", dryRun="All", propagationPolicy="Background")
+    assert (status, body["kind"], body["details"]["uid"]) == (200, "Status", uid)
+    kube.put_pod(pod("p"))
+    status, body = await call(http, "DELETE", "/api/v1/namespaces/ns/pods/p", dryRun="All")
+    assert status == 200 and body["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert kube.get("jobs", "ns", "j") == job and "deletionTimestamp" not in kube.get("pods", "ns", "p")["metadata"]
+
+
+async def test_finalizers_hold_a_deleted_object_as_no_garbage_collector_runs(kube: KubeDouble,
+                                                                             http: aiohttp.ClientSession) -> None:
+    """A Job's default policy is Orphan: marked (grace 0) with the collector's finalizer,
+    which a later delete swaps for its policy's (none for Background: then it goes); a
+    ConfigMap held by a finalizer of its own is marked and answered, a second delete changes
+    nothing, no finalizer may be added to it, and it goes with its last finalizer."""
+    await call(http, "POST", JOBS, {"metadata": {"name": "j"}, **_JOB})
+    status, body = await call(http, "DELETE", f"{JOBS}/j")
+    meta = body["metadata"]
+    assert (status, body["kind"], meta["finalizers"], meta["deletionGracePeriodSeconds"]) == (200, "Job", ["orphan"], 0)
+    _, again = await call(http, "DELETE", f"{JOBS}/j", {"propagationPolicy": "Orphan"})
+    assert again == body, "the same policy again: unchanged, not even its resourceVersion"
+    _, body = await call(http, "DELETE", f"{JOBS}/j", {"propagationPolicy": "Foreground"})
+    assert body["metadata"]["finalizers"] == ["foregroundDeletion"]
+    status, body = await call(http, "DELETE", f"{JOBS}/j", {"propagationPolicy": "Background"})
+    assert (status, body["kind"]) == (200, "Status") and kube.get("jobs", "ns", "j") is None
+    await call(http, "POST", CM, {"metadata": {"name": "c", "finalizers": ["example.com/hold"]}})
+    status, body = await call(http, "DELETE", f"{CM}/c")
+    assert (status, body["kind"], body["metadata"]["finalizers"]) == (200, "ConfigMap", ["example.com/hold"])
+    assert (await call(http, "DELETE", f"{CM}/c"))[1] == body
+    status, refused = await call(http, "PATCH", f"{CM}/c", {"metadata": {"finalizers": ["example.com/hold", "b"]}},
+                                 MERGE)
+    assert (status, refused["message"]) == (422, 'ConfigMap "c" is invalid: metadata.finalizers: Forbidden: no new '
+                                                 'finalizers can be added if the object is being deleted, found new '
+                                                 'finalizers []string{"b"}')
+    status, _ = await call(http, "PATCH", f"{CM}/c", {"metadata": {"finalizers": None}}, MERGE)
+    assert status == 200 and kube.get("configmaps", "ns", "c") is None
+
+
 async def test_pages_end_at_the_limit_as_etcds_store_pages(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
     """As e2e `double-lists` found on v1.34.9 and v1.28.15: a token is reusable; with a
     selector, a page ends at `limit` matches and a token comes whenever anything follows,

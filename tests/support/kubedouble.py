@@ -27,9 +27,13 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   holds it; an object marked with grace 0 goes when an update removes its last finalizer,
   its DELETED event the object as it was; e2e `double-deletion`, `double-watch`); a
   DELETE answers the object for some resources, a `Status` for the others (e2e
-  `double-deletes`); a Job (orphaned by default: its `orphan` finalizer is the garbage
-  collector's) and a namespace (Terminating until the namespace controller is done) are
-  deleted at once, not modelled;
+  `double-deletes`); its options (`DeleteOptions`: a body's, else the query's) as the
+  apiserver takes them, with no garbage collector running (as without
+  kube-controller-manager): `propagationPolicy` Orphan (a Job's default) or Foreground
+  leaves the collector's finalizer on the object, marked and kept until an update removes
+  it, `preconditions` (409), `dryRun=All` (e2e `double-delete-options`); an update may not
+  add a finalizer to an object being deleted (422); a namespace (Terminating until the
+  namespace controller is done) is deleted at once, not modelled;
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -95,7 +99,7 @@ import string
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Mapping
 
 import jsonpatch
 from aiohttp import web
@@ -180,10 +184,19 @@ class Resource:
         return "v1" if self.prefix == "/api/v1" else self.prefix[len("/apis/"):]
 
     @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
     def qualified(self) -> str:
         """How the apiserver names the resource in its messages: `pods`, `leases.coordination.k8s.io`."""
-        group = self.api_version.rpartition("/")[0]
-        return f"{self.plural}.{group}" if group else self.plural
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def qualified_kind(self) -> str:
+        """How the apiserver names an object's kind in validation and precondition messages:
+        `Pod`, `Job.batch`."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
 
 
 RESOURCES = {r.key: r for r in [
@@ -219,7 +232,12 @@ _BY_PATH = {(r.prefix, r.plural): r for r in RESOURCES.values()}
 _CREATE_ON_UPDATE = {"leases"}  # a PUT of one that does not exist creates it
 _CONDITIONAL_UPDATES_ONLY = {"leases"}  # a PUT without metadata.resourceVersion is refused (422)
 # A DELETE answers the object deleted for these (and pods), a `Status` of Success for the rest.
-_DELETE_ANSWERS_OBJECT = {"serviceaccounts", "services", "resourcequotas", "jobs", "namespaces"}
+_DELETE_ANSWERS_OBJECT = {"serviceaccounts", "services", "resourcequotas", "namespaces"}
+# What a DELETE's propagationPolicy leaves on the object for the garbage collector (none:
+# Background, deleted at once unless other finalizers hold it); batch/v1 Jobs default to
+# Orphan, every other resource served here to Background.
+_GC_FINALIZERS = {"Orphan": "orphan", "Foreground": "foregroundDeletion", "Background": None}
+_ORPHANED_BY_DEFAULT = {"jobs"}
 _OMITTED_WHEN_EMPTY = ("labels", "annotations", "finalizers", "ownerReferences")
 SNAPSHOTS = 64  # paged lists whose pages are kept; an older one's continue token gets 410
 
@@ -229,14 +247,78 @@ _REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotF
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, message: str, reason: str | None = None) -> None:
+    """An error answer; `details`: its Status's (name, group, kind), where modelled."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.reason = code, message, reason or _REASONS.get(code, "Unknown")
+        self.details = details
 
 
-def status_body(code: int, message: str, reason: str | None = None) -> dict:
+def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason or _REASONS.get(code, "Unknown"), "code": code}
+            "reason": reason or _REASONS.get(code, "Unknown"), **({"details": details} if details else {}), "code": code}
+
+
+def _details(name: str, group: str, kind: str) -> dict:
+    """A Status's details as the apiserver writes them (no group for the core API)."""
+    return {"name": name, **({"group": group} if group else {}), "kind": kind}
+
+
+@dataclass
+class DeleteOptions:
+    """A DELETE's options (its body's DeleteOptions, else its query), as the apiserver reads
+    and validates them before it looks the object up (v1.28.15 and v1.34.9). A `dryRun`
+    other than `All` is not validated here (its message's format differs by version)."""
+
+    policy: str | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    dry_run: bool = False
+    grace: int | None = None
+
+    @classmethod
+    def read(cls, query: Mapping[str, str], body: Any) -> "DeleteOptions":
+        given: Mapping[str, Any] = body if isinstance(body, dict) else query  # a body: the query is ignored
+        policy, orphan = given.get("propagationPolicy"), given.get("orphanDependents")
+        invalid = 'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: '
+        details = {"group": "meta.k8s.io", "kind": "DeleteOptions"}
+        if policy is not None and policy not in _GC_FINALIZERS:
+            raise ApiError(422, f'{invalid}Unsupported value: "{policy}": supported values: "Foreground", '
+                                f'"Background", "Orphan", "nil"', details=details)
+        if policy is not None and orphan is not None:
+            raise ApiError(422, f'{invalid}Invalid value: "{policy}": orphanDependents and deletionPropagation '
+                                f"cannot be both set", details=details)
+        if orphan is not None:  # the deprecated field: true orphans, false is Background
+            policy = "Orphan" if _flag(str(orphan)) else "Background"
+        dry = given.get("dryRun")
+        dry_run = "All" in (dry if isinstance(dry, list) else [dry])
+        grace = given.get("gracePeriodSeconds")
+        preconditions = body.get("preconditions") or {} if isinstance(body, dict) else {}
+        return cls(policy, preconditions.get("uid"), preconditions.get("resourceVersion"), dry_run,
+                   None if grace is None else int(grace))
+
+    def check(self, res: Resource, current: dict) -> None:
+        """The preconditions against the stored object (409), the UID's first."""
+        meta = current["metadata"]
+        prefix = f'Operation cannot be fulfilled on {res.qualified_kind} "{meta["name"]}": the '
+        details = _details(meta["name"], res.group, res.kind)
+        if self.uid is not None and self.uid != meta.get("uid"):
+            raise ApiError(409, f"{prefix}UID in the precondition ({self.uid}) does not match the UID in record "
+                                f"({meta.get('uid')}). The object might have been deleted and then recreated",
+                           details=details)
+        if self.resource_version is not None and self.resource_version != meta.get("resourceVersion"):
+            raise ApiError(409, f"{prefix}ResourceVersion in the precondition ({self.resource_version}) does not "
+                                f"match the ResourceVersion in record ({meta.get('resourceVersion')}). The object "
+                                f"might have been modified", details=details)
+
+    def finalizers(self, res: Resource, meta: Mapping) -> list[str]:
+        """The object's finalizers once this delete is taken: the garbage collector's one for
+        the policy in place of any it had, after the others."""
+        policy = self.policy or ("Orphan" if res.key in _ORPHANED_BY_DEFAULT else "Background")
+        kept = [f for f in meta.get("finalizers") or [] if f not in _GC_FINALIZERS.values()]
+        gc = _GC_FINALIZERS[policy]
+        return kept + [gc] if gc else kept
 
 
 # --- selectors -------------------------------------------------------------------------------
@@ -588,10 +670,33 @@ class KubeDouble:
                 if namespace is None or (o.get("metadata") or {}).get("namespace", "") == namespace]
 
     def delete(self, resource: str, namespace: str | None, name: str) -> None:
+        """The object gone at once (DELETED), whatever holds it: for tests' own set-up."""
         res = RESOURCES[resource]
         key = (namespace or "" if res.namespaced else "", name)
         old = self._objects[resource].pop(key)
         self._emit(res, "DELETED", self._bump(copy.deepcopy(old)), old)
+
+    def _delete(self, res: Resource, key: tuple[str, str], current: dict, options: DeleteOptions) -> dict:
+        """A DELETE of anything but a pod, as the apiserver takes it (without a garbage
+        collector, as one with no kube-controller-manager): an object some finalizer holds,
+        the garbage collector's for the policy included, is marked (`deletionTimestamp` now,
+        grace 0) and answered; a later delete only swaps that collector's finalizer for the
+        new policy's. One nothing holds goes, answered with itself or a `Status`. A dry run
+        answers the same and changes nothing."""
+        meta = current["metadata"]
+        finalizers = options.finalizers(res, meta)
+        if finalizers:
+            marked = {**current, "metadata": {**meta, "deletionTimestamp": meta.get("deletionTimestamp") or now_rfc3339(),
+                                              "deletionGracePeriodSeconds": 0, "finalizers": finalizers}}
+            if marked == current or options.dry_run:
+                return copy.deepcopy(marked)
+            return self._store(res, key, marked, current)
+        if not options.dry_run:
+            self.delete(res.key, key[0] or None, key[1])
+        if res.key in _DELETE_ANSWERS_OBJECT:
+            return copy.deepcopy(current)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {**_details(key[1], res.group, res.plural), "uid": meta["uid"]}}
 
     def merge(self, resource: str, namespace: str | None, name: str, patch: dict) -> dict:
         """A merge patch applied as a PATCH request is (the update rules), without the request."""
@@ -599,7 +704,8 @@ class KubeDouble:
         key = (namespace or "" if res.namespaced else "", name)
         return self._patch(res, key, self._objects[resource][key], patch, "application/merge-patch+json", None)
 
-    def delete_pod(self, namespace: str, name: str, grace: int | None = None, *, at: datetime | None = None) -> dict:
+    def delete_pod(self, namespace: str, name: str, grace: int | None = None, *, at: datetime | None = None,
+                   options: DeleteOptions | None = None) -> dict:
         """Delete a pod as the apiserver does (`DELETE` with `gracePeriodSeconds`; `at`: when it
         is received, default now), as seen on v1.28.15 and v1.34.9. A pod the kubelet runs
         (scheduled, not ended) is only marked: `deletionTimestamp` `at` + `grace` (default its
@@ -610,10 +716,16 @@ class KubeDouble:
         here checked). With no grace left (the kubelet's last
         delete, or `grace` 0) it is marked `deletionTimestamp` `at` unless it is earlier
         already, and grace 0 (MODIFIED), then removed (DELETED) unless a finalizer holds it; a
-        held one goes when its last finalizer is removed. Returns the pod as the answer shows it."""
+        held one goes when its last finalizer is removed. A DELETE request's `options` give it
+        the garbage collector's finalizer for their policy (as `_delete`); a dry run answers
+        the same and changes nothing. Returns the pod as the answer shows it."""
         key = (namespace, name)
         current = self._objects["pods"][key]
         meta, spec = current["metadata"], current.get("spec") or {}
+        dry = options is not None and options.dry_run
+        if options is not None:
+            finalizers = options.finalizers(RESOURCES["pods"], meta)
+            meta = {**{k: v for k, v in meta.items() if k != "finalizers"}, **({"finalizers": finalizers} if finalizers else {})}
         when = (at or datetime.now(timezone.utc)).replace(microsecond=0)
         if grace is None:
             grace = spec.get("terminationGracePeriodSeconds", 30)
@@ -622,9 +734,11 @@ class KubeDouble:
         pending, marked = meta.get("deletionGracePeriodSeconds"), meta.get("deletionTimestamp")
         if marked is not None and not pending:
             grace = 0  # marked with no grace left already: only its finalizers hold it
-        elif marked is not None:  # only a shorter grace period changes it
+        elif marked is not None:  # only a shorter grace period changes it (and the finalizers)
             if grace >= pending:
-                return copy.deepcopy(current)
+                updated = {**current, "metadata": meta}
+                return copy.deepcopy(updated) if dry or updated == current else \
+                    self._store(RESOURCES["pods"], key, updated, current)
             shortened = _parse_rfc3339(marked) - timedelta(seconds=pending - grace)
             # kubernetes#122646: never before now. v1.34.9 has it, v1.28.15 not; its review
             # (January 2025) puts its merge in v1.33's cycle.
@@ -632,13 +746,15 @@ class KubeDouble:
         elif grace > 0:
             marked = _rfc3339(when + timedelta(seconds=grace))
         if grace > 0:
-            return self._store(RESOURCES["pods"], key, {**current, "metadata": {
-                **meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": grace}}, current)
+            updated = {**current, "metadata": {**meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": grace}}
+            return copy.deepcopy(updated) if dry else self._store(RESOURCES["pods"], key, updated, current)
         # No grace left: marked first (a MODIFIED event, as the apiserver writes it), then
         # removed unless a finalizer holds it.
         if marked is None or _parse_rfc3339(marked) > when:
             marked = _rfc3339(when)
         updated = {**current, "metadata": {**meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": 0}}
+        if dry:
+            return copy.deepcopy(updated)
         answer = copy.deepcopy(current) if updated == current else self._store(RESOURCES["pods"], key, updated, current)
         if not meta.get("finalizers"):
             self.delete("pods", namespace, name)
@@ -834,7 +950,7 @@ class KubeDouble:
         except ApiError as e:
             record.status = e.code
             record.finished = time.monotonic()
-            return web.json_response(status_body(e.code, e.message, e.reason), status=e.code)
+            return web.json_response(status_body(e.code, e.message, e.reason, e.details), status=e.code)
 
     async def _route(self, request: web.Request, body: Any, ctype: str, is_watch: bool,
                      raw: bytes) -> web.StreamResponse:
@@ -886,23 +1002,16 @@ class KubeDouble:
         current = self._objects[res.key].get(key)
         if method == "PUT":
             return self._put(res, namespace, key, current, body, sub)
+        options = DeleteOptions.read(request.query, body) if method == "DELETE" else None  # checked first
         if current is None:
-            raise ApiError(404, f'{res.qualified} "{name}" not found')
+            raise ApiError(404, f'{res.qualified} "{name}" not found', details=_details(name, res.group, res.plural))
         if method == "GET":
             return web.json_response(current)
-        if method == "DELETE":
+        if options is not None:
+            options.check(res, current)
             if res.key == "pods":
-                grace = request.query.get("gracePeriodSeconds")
-                if grace is None and isinstance(body, dict):
-                    grace = body.get("gracePeriodSeconds")
-                return web.json_response(self.delete_pod(namespace or "", name, None if grace is None else int(grace)))
-            self.delete(res.key, namespace, name)
-            if res.key in _DELETE_ANSWERS_OBJECT:
-                return web.json_response(current)
-            group = res.api_version.rpartition("/")[0]
-            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                      "details": {"name": name, **({"group": group} if group else {}),
-                                                  "kind": res.plural, "uid": current["metadata"]["uid"]}})
+                return web.json_response(self.delete_pod(namespace or "", name, options.grace, options=options))
+            return web.json_response(self._delete(res, key, current, options))
         if method == "PATCH":
             return web.json_response(self._patch(res, key, current, body, ctype, sub))
         raise ApiError(405, f"{method} is not supported")
@@ -1049,7 +1158,7 @@ class KubeDouble:
                 raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
-        _check_metadata(res.kind, meta)
+        _check_metadata(res.qualified_kind, meta)
         if res.key in ("events", "events.k8s.io"):
             _check_event(obj, namespace or "")
         if res.key == "limitranges":
@@ -1150,7 +1259,15 @@ class KubeDouble:
         elif res.key == "leases":
             _decode_lease(updated)
             _check_lease(updated)
-        _check_metadata(res.kind, updated["metadata"])
+        _check_metadata(res.qualified_kind, updated["metadata"])
+        if current["metadata"].get("deletionTimestamp"):
+            had = current["metadata"].get("finalizers") or []
+            added = [f for f in updated["metadata"].get("finalizers") or [] if f not in had]
+            if added:
+                raise ApiError(422, f'{res.qualified_kind} "{key[1]}" is invalid: metadata.finalizers: Forbidden: no new '
+                                    f"finalizers can be added if the object is being deleted, found new finalizers "
+                                    f"[]string{{{', '.join(json.dumps(f) for f in added)}}}",
+                               details=_details(key[1], res.group, res.kind))
         meta = updated["metadata"] = dict(updated["metadata"])
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         if updated == current:  # a no-op update does not bump the resourceVersion
