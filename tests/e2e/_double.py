@@ -657,3 +657,55 @@ def double_delete_options(env: Env, rec: Record) -> None:
                                   headers={"Content-Type": MERGE})
         served.close()
     rec.note("the apiserver and the double agree: " + "; ".join(agreed))
+
+
+@scenario("double-namespaces")
+def double_namespaces(env: Env, rec: Record) -> None:
+    """A namespace's deletion as the double models it (no namespace controller runs beside
+    it), against the apiserver: deleted, it answers 200 with itself Terminating (its
+    `deletionTimestamp` set, `spec.finalizers` kept), and so again; a ConfigMap or an Event
+    created in it then is refused (403, the NamespaceLifecycle's message), an update of an
+    object in it is not. The apiserver's namespace controller is held back meanwhile by a
+    ConfigMap a finalizer of this scenario holds, removed at the end."""
+    ns = env.namespace("dns", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    served = _Served()
+    sides = {"apiserver": env.kube.http, "double": served.http}
+    base = f"/api/v1/namespaces/{ns}"
+    held = {"metadata": {"name": "held", "finalizers": [_HOLD]}}
+
+    def ns_state(code: int, answer: dict) -> tuple:
+        meta = answer.get("metadata") or {}
+        return (code, answer.get("kind"), (answer.get("status") or {}).get("phase"),
+                (answer.get("spec") or {}).get("finalizers"), "deletionTimestamp" in meta,
+                meta.get("deletionGracePeriodSeconds"), meta.get("finalizers"))
+
+    try:
+        code, made = _answer(served.http, "POST", "/api/v1/namespaces", {"metadata": {"name": ns}}, "application/json")
+        assert code == 201, made
+        for side, http in sides.items():
+            code, made = _answer(http, "POST", f"{base}/configmaps", held, "application/json")
+            assert code == 201, f"{side}: {code} {made}"
+        steps: list[tuple[str, str, str, Any, str, Callable[[int, dict], tuple]]] = [
+            ("the namespace", "GET", base, None, "application/json", ns_state),
+            ("deleted", "DELETE", base, None, "application/json", ns_state),
+            ("deleted again", "DELETE", base, None, "application/json", ns_state),
+            ("after", "GET", base, None, "application/json", ns_state),
+            ("a ConfigMap created in it", "POST", f"{base}/configmaps", {"metadata": {"name": "new"}},
+             "application/json", lambda code, answer: _deletion(code, answer, {})),
+            ("an Event created in it", "POST", f"{base}/events", {
+                "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns},
+                "reason": "R"}, "application/json", lambda code, answer: _deletion(code, answer, {})),
+            ("an update in it", "PATCH", f"{base}/configmaps/held", {"data": {"k": "v"}}, MERGE,
+             lambda code, answer: (code, answer.get("data"))),
+        ]
+        agreed = []
+        for what, method, path, body, ctype, view in steps:
+            got = {side: view(*_answer(http, method, path, body, ctype)) for side, http in sides.items()}
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+        rec.note("the apiserver and the double agree: " + "; ".join(agreed))
+    finally:
+        env.kube.http.request("PATCH", f"{base}/configmaps/held", content=json.dumps({"metadata": {"finalizers": None}}),
+                              headers={"Content-Type": MERGE})
+        served.close()

@@ -677,6 +677,30 @@ async def test_finalizers_hold_a_deleted_object_as_no_garbage_collector_runs(kub
     assert status == 200 and kube.get("configmaps", "ns", "c") is None
 
 
+async def test_a_deleted_namespace_is_terminating_and_takes_nothing_new(kube: KubeDouble,
+                                                                       http: aiohttp.ClientSession) -> None:
+    """As e2e `double-namespaces` found on v1.34.9 and v1.28.15 (no namespace controller
+    runs beside the double): a namespace is created Active with the `kubernetes` finalizer;
+    deleted, it is answered and stays Terminating; nothing can be created in it (403), an
+    object in it can still be updated. A namespace that is no object takes anything."""
+    status, made = await call(http, "POST", "/api/v1/namespaces", {"metadata": {"name": "gone"}})
+    assert (status, made["status"], made["spec"]) == (201, {"phase": "Active"}, {"finalizers": ["kubernetes"]})
+    await call(http, "POST", "/api/v1/namespaces/gone/configmaps", {"metadata": {"name": "a"}})
+    for _ in range(2):
+        status, body = await call(http, "DELETE", "/api/v1/namespaces/gone")
+        assert (status, body["kind"], body["status"]["phase"]) == (200, "Namespace", "Terminating")
+        assert "deletionTimestamp" in body["metadata"] and body["spec"]["finalizers"] == ["kubernetes"]
+    assert kube.get("namespaces", None, "gone")["status"]["phase"] == "Terminating"
+    status, body = await call(http, "POST", "/api/v1/namespaces/gone/events", {"metadata": {"name": "e"}})
+    assert (status, body["reason"], body["details"]) == (403, "Forbidden", {"name": "e", "kind": "events"})
+    assert body["message"] == ('events "e" is forbidden: unable to create new content in namespace gone because it '
+                               'is being terminated')
+    status, _ = await call(http, "PATCH", "/api/v1/namespaces/gone/configmaps/a", {"data": {"k": "v"}}, MERGE)
+    assert status == 200
+    status, _ = await call(http, "POST", "/api/v1/namespaces/never-made/configmaps", {"metadata": {"name": "a"}})
+    assert status == 201
+
+
 async def test_pages_end_at_the_limit_as_etcds_store_pages(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
     """As e2e `double-lists` found on v1.34.9 and v1.28.15: a token is reusable; with a
     selector, a page ends at `limit` matches and a token comes whenever anything follows,

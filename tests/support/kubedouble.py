@@ -32,8 +32,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   kube-controller-manager): `propagationPolicy` Orphan (a Job's default) or Foreground
   leaves the collector's finalizer on the object, marked and kept until an update removes
   it, `preconditions` (409), `dryRun=All` (e2e `double-delete-options`); an update may not
-  add a finalizer to an object being deleted (422); a namespace (Terminating until the
-  namespace controller is done) is deleted at once, not modelled;
+  add a finalizer to an object being deleted (422); a namespace is created Active with the
+  `kubernetes` finalizer and, deleted, stays Terminating (no namespace controller runs
+  either), refusing new objects (403) (e2e `double-namespaces`); a namespace the tests
+  never made is no object, and takes anything;
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -685,6 +687,15 @@ class KubeDouble:
         answers the same and changes nothing."""
         meta = current["metadata"]
         finalizers = options.finalizers(res, meta)
+        if res.key == "namespaces" and (current.get("spec") or {}).get("finalizers"):
+            # Terminating until the namespace controller (not run here) has emptied it and
+            # removed its spec's finalizers; nothing new may be created in it meanwhile.
+            marked = {**current, "metadata": {**meta, "deletionTimestamp": meta.get("deletionTimestamp") or now_rfc3339()},
+                      "status": {**(current.get("status") or {}), "phase": "Terminating"}}
+            if finalizers:
+                marked["metadata"]["finalizers"] = finalizers
+            return copy.deepcopy(marked) if marked == current or options.dry_run else \
+                self._store(res, key, marked, current)
         if finalizers:
             marked = {**current, "metadata": {**meta, "deletionTimestamp": meta.get("deletionTimestamp") or now_rfc3339(),
                                               "deletionGracePeriodSeconds": 0, "finalizers": finalizers}}
@@ -1158,6 +1169,13 @@ class KubeDouble:
                 raise ApiError(422, f"{res.kind}: metadata.name: Required value: name or generateName is required")
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
+        home = self._objects["namespaces"].get(("", namespace or ""))
+        if res.namespaced and home is not None and "deletionTimestamp" in home["metadata"]:
+            # NamespaceLifecycle, before any validation (a namespace the tests never made is no
+            # object here, and takes anything).
+            raise ApiError(403, f'{res.qualified} "{meta["name"]}" is forbidden: unable to create new content in '
+                                f"namespace {namespace} because it is being terminated",
+                           details=_details(meta["name"], res.group, res.plural))
         _check_metadata(res.qualified_kind, meta)
         if res.key in ("events", "events.k8s.io"):
             _check_event(obj, namespace or "")
@@ -1177,6 +1195,8 @@ class KubeDouble:
             obj["status"] = {"phase": "Pending"}
         if res.key == "namespaces":
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+            obj["spec"] = {"finalizers": ["kubernetes"], **(obj.get("spec") or {})}
+            obj["status"] = {"phase": "Active"}
         return self._store(res, key, obj, None)
 
     def _put(self, res: Resource, namespace: str | None, key: tuple[str, str], current: dict | None, body: Any,
