@@ -706,6 +706,6 @@ def double_namespaces(env: Env, rec: Record) -> None:
             agreed.append(f"{what} {got['double'][0]}")
         rec.note("the apiserver and the double agree: " + "; ".join(agreed))
     finally:
-        env.kube.http.request("PATCH", f"{base}/configmaps/held", content=json.dumps({"metadata": {"finalizers": None}}),
-                              headers={"Content-Type": MERGE})
+        env.kube.http.request("PATCH", f"{base}/configmaps/held", headers={"Content-Type": MERGE},
+                              content=json.dumps({"metadata": {"finalizers": None}}))
         served.close()

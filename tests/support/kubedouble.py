@@ -259,7 +259,14 @@ class ApiError(Exception):
 
 def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason or _REASONS.get(code, "Unknown"), **({"details": details} if details else {}), "code": code}
+            "reason": reason or _REASONS.get(code, "Unknown"), **({"details": details} if details else {}),
+            "code": code}
+
+
+def _with_finalizers(meta: Mapping, finalizers: list[str]) -> dict:
+    """`meta` with these finalizers (none: no key, as the apiserver leaves it out)."""
+    kept = {k: v for k, v in meta.items() if k != "finalizers"}
+    return {**kept, "finalizers": finalizers} if finalizers else kept
 
 
 def _details(name: str, group: str, kind: str) -> dict:
@@ -687,18 +694,15 @@ class KubeDouble:
         answers the same and changes nothing."""
         meta = current["metadata"]
         finalizers = options.finalizers(res, meta)
-        if res.key == "namespaces" and (current.get("spec") or {}).get("finalizers"):
-            # Terminating until the namespace controller (not run here) has emptied it and
-            # removed its spec's finalizers; nothing new may be created in it meanwhile.
-            marked = {**current, "metadata": {**meta, "deletionTimestamp": meta.get("deletionTimestamp") or now_rfc3339()},
-                      "status": {**(current.get("status") or {}), "phase": "Terminating"}}
-            if finalizers:
-                marked["metadata"]["finalizers"] = finalizers
-            return copy.deepcopy(marked) if marked == current or options.dry_run else \
-                self._store(res, key, marked, current)
-        if finalizers:
-            marked = {**current, "metadata": {**meta, "deletionTimestamp": meta.get("deletionTimestamp") or now_rfc3339(),
-                                              "deletionGracePeriodSeconds": 0, "finalizers": finalizers}}
+        # A namespace stays Terminating until the namespace controller (not run here) has
+        # emptied it and removed its spec's finalizers; nothing new is created in it meanwhile.
+        terminating = res.key == "namespaces" and bool((current.get("spec") or {}).get("finalizers"))
+        if finalizers or terminating:
+            mark = {"deletionTimestamp": meta.get("deletionTimestamp") or now_rfc3339(),
+                    **({} if terminating else {"deletionGracePeriodSeconds": 0})}
+            marked = {**current, "metadata": {**_with_finalizers(meta, finalizers), **mark}}
+            if terminating:
+                marked["status"] = {**(current.get("status") or {}), "phase": "Terminating"}
             if marked == current or options.dry_run:
                 return copy.deepcopy(marked)
             return self._store(res, key, marked, current)
@@ -735,8 +739,7 @@ class KubeDouble:
         meta, spec = current["metadata"], current.get("spec") or {}
         dry = options is not None and options.dry_run
         if options is not None:
-            finalizers = options.finalizers(RESOURCES["pods"], meta)
-            meta = {**{k: v for k, v in meta.items() if k != "finalizers"}, **({"finalizers": finalizers} if finalizers else {})}
+            meta = _with_finalizers(meta, options.finalizers(RESOURCES["pods"], meta))
         when = (at or datetime.now(timezone.utc)).replace(microsecond=0)
         if grace is None:
             grace = spec.get("terminationGracePeriodSeconds", 30)
@@ -757,7 +760,8 @@ class KubeDouble:
         elif grace > 0:
             marked = _rfc3339(when + timedelta(seconds=grace))
         if grace > 0:
-            updated = {**current, "metadata": {**meta, "deletionTimestamp": marked, "deletionGracePeriodSeconds": grace}}
+            updated = {**current, "metadata": {**meta, "deletionTimestamp": marked,
+                                               "deletionGracePeriodSeconds": grace}}
             return copy.deepcopy(updated) if dry else self._store(RESOURCES["pods"], key, updated, current)
         # No grace left: marked first (a MODIFIED event, as the apiserver writes it), then
         # removed unless a finalizer holds it.
@@ -1284,8 +1288,9 @@ class KubeDouble:
             had = current["metadata"].get("finalizers") or []
             added = [f for f in updated["metadata"].get("finalizers") or [] if f not in had]
             if added:
-                raise ApiError(422, f'{res.qualified_kind} "{key[1]}" is invalid: metadata.finalizers: Forbidden: no new '
-                                    f"finalizers can be added if the object is being deleted, found new finalizers "
+                raise ApiError(422, f'{res.qualified_kind} "{key[1]}" is invalid: metadata.finalizers: Forbidden: '
+                                    f"no new finalizers can be added if the object is being deleted, found new "
+                                    f"finalizers "
                                     f"[]string{{{', '.join(json.dumps(f) for f in added)}}}",
                                details=_details(key[1], res.group, res.kind))
         meta = updated["metadata"] = dict(updated["metadata"])
