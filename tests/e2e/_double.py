@@ -569,13 +569,13 @@ def double_deletes(env: Env, rec: Record) -> None:
     rec.note("the apiserver and the double agree: " + "; ".join(agreed))
 
 
-def _deletion(code: int, answer: dict, own: dict[str, str]) -> tuple:
+def _deletion(code: int, answer: dict, own: dict[str, str] | None = None) -> tuple:
     """What a DELETE or an update answered, comparable across the two: the status, the kind,
     the reason and message (the object's own uid and resourceVersion in it replaced), the
     finalizers, whether it is marked, its grace, and a Status's details (no uid)."""
     meta = answer.get("metadata") or {}
     message = answer.get("message") or ""
-    for value, placeholder in ((own.get("uid"), "<uid>"), (own.get("rv"), "<rv>")):
+    for value, placeholder in (((own or {}).get("uid"), "<uid>"), ((own or {}).get("rv"), "<rv>")):
         if value:
             message = message.replace(f"({value})", f"({placeholder})")
     details = {k: v for k, v in (answer.get("details") or {}).items() if k not in ("uid", "causes")}
@@ -692,10 +692,10 @@ def double_namespaces(env: Env, rec: Record) -> None:
             ("deleted again", "DELETE", base, None, "application/json", ns_state),
             ("after", "GET", base, None, "application/json", ns_state),
             ("a ConfigMap created in it", "POST", f"{base}/configmaps", {"metadata": {"name": "new"}},
-             "application/json", lambda code, answer: _deletion(code, answer, {})),
+             "application/json", _deletion),
             ("an Event created in it", "POST", f"{base}/events", {
                 "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns},
-                "reason": "R"}, "application/json", lambda code, answer: _deletion(code, answer, {})),
+                "reason": "R"}, "application/json", _deletion),
             ("an update in it", "PATCH", f"{base}/configmaps/held", {"data": {"k": "v"}}, MERGE,
              lambda code, answer: (code, answer.get("data"))),
         ]

@@ -303,7 +303,7 @@ class DeleteOptions:
         dry = given.get("dryRun")
         dry_run = "All" in (dry if isinstance(dry, list) else [dry])
         grace = given.get("gracePeriodSeconds")
-        preconditions = body.get("preconditions") or {} if isinstance(body, dict) else {}
+        preconditions = (body.get("preconditions") or {}) if isinstance(body, dict) else {}
         return cls(policy, preconditions.get("uid"), preconditions.get("resourceVersion"), dry_run,
                    None if grace is None else int(grace))
 

@@ -144,14 +144,12 @@ class HttpsServer:
             # Checked before binding: the kernel would only say "address already in use", as
             # if something else held the port.
             raise ListenError(f"cannot listen on port {webhook_port} for metrics (INITSHIFT_METRICS_PORT): it is the "
-                              f"HTTPS server's port (INITSHIFT_PORT or --port) too; give the metrics another port, "
-                              f"or 0 to turn them off")
+                              f"HTTPS server's port (INITSHIFT_PORT or --port) too; {_METRICS_PORT_HINT}")
         if self.sock is None:
             self.sock = _listen(srv.host, srv.port, host_setting, "INITSHIFT_PORT or --port")
         if self._metrics_wanted is not None and self.metrics_sock is None:
             self.metrics_sock = _listen(metrics_host, self._metrics_wanted, metrics_host_setting,
-                                        "INITSHIFT_METRICS_PORT", port_hint="give the metrics another port, or 0 to "
-                                                                            "turn them off")
+                                        "INITSHIFT_METRICS_PORT", port_hint=_METRICS_PORT_HINT)
         self.front.doors[self.port] = self.door
         if self.metrics_sock is not None:
             self.front.doors[self.metrics_sock.getsockname()[1]] = self.metrics_door
@@ -288,6 +286,7 @@ _HOST_ERRORS = {errno.EADDRNOTAVAIL: "no interface of this machine has that addr
                 errno.EAFNOSUPPORT: "this machine has no IPv6",
                 errno.EINVAL: "not an address this machine can listen on"}
 _PORT_ERRORS = {errno.EADDRINUSE, errno.EACCES}
+_METRICS_PORT_HINT = "give the metrics another port, or 0 to turn them off"
 
 
 def _listen(host: str, port: int, host_setting: str, port_setting: str, port_hint: str = "") -> socket.socket:
