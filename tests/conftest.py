@@ -6,14 +6,17 @@ from typing import AsyncIterator
 
 import pytest
 
-from tests.support.kubedouble import KubeDouble
+from tests.support.kubedouble import SYSTEM_NAMESPACES, KubeDouble
+from webhook.settings import ServerSettings
 
 
 @pytest.fixture
 async def kube(request: pytest.FixtureRequest) -> AsyncIterator[KubeDouble]:
-    """A fresh in-process Kubernetes API double, stopped after the test. Its version is the
-    double's default unless a test names one: `@pytest.mark.parametrize("kube", ["v1.34.9"],
+    """A fresh in-process Kubernetes API double, stopped after the test: a new cluster's
+    namespaces and initshift's own (as the install makes it). Its version is the double's
+    default unless a test names one: `@pytest.mark.parametrize("kube", ["v1.34.9"],
     indirect=True)`."""
     version = getattr(request, "param", None)
-    async with (KubeDouble(version=version) if version else KubeDouble()) as double:
+    namespaces = (*SYSTEM_NAMESPACES, ServerSettings().namespace)
+    async with KubeDouble(namespaces=namespaces, **({"version": version} if version else {})) as double:
         yield double

@@ -89,6 +89,7 @@ async def test_a_pod_in_a_namespace_with_a_limit_range_passes_it(kube, api, tmp_
         assert before["metadata"]["labels"][p.LABEL_MANAGED] == p.MODE_WAITER
         assert violations(before), "without a LimitRange the rewrite writes requests of 0: nothing to test"
         # Created after start: the watch brings it, and the review reads it without I/O.
+        kube.make_namespace("builds")
         await api.request("POST", "/api/v1/namespaces/builds/limitranges", body=LIMIT_RANGE)
         await until(lambda: view.known("builds") is not None, "the watch brought the LimitRange")
         answer = await mutate(url, ca, pod)

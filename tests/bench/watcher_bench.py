@@ -63,7 +63,7 @@ from typing import Any, Callable, Protocol
 
 from tests.bench._machine import Steal, describe
 from tests.support.fixtures.pods import catalogue
-from tests.support.kubedouble import KubeDouble, running, terminated, waiting
+from tests.support.kubedouble import SYSTEM_NAMESPACES, KubeDouble, running, terminated, waiting
 from tests.support.podstatus import write_kubeconfig as double_kubeconfig
 from waiter import protocol as p
 import aiohttp
@@ -335,7 +335,9 @@ class DoubleBackend:
         self.kube: KubeDouble | None = None
 
     async def start(self, scenario: Scenario) -> Client:
-        self.kube = await KubeDouble(history_limit=50000).start()
+        # The namespaces the real backend makes (start() there), beside a new cluster's.
+        namespaces = (*SYSTEM_NAMESPACES, NS, "initshift-system")
+        self.kube = await KubeDouble(history_limit=50000, namespaces=namespaces).start()
         self.kube.write_latency = SLOW_WRITE_LATENCY if scenario.slow else DOUBLE_WRITE_LATENCY
         lo, hi = self.kube.write_latency
         self.label = f"the in-process API double (writes take {lo * 1000:.0f}-{hi * 1000:.0f} ms)"

@@ -22,11 +22,12 @@ from webhook.cli import _certs as cli
 from webhook.kube import _certs as kube
 from webhook.admission import _certs as manage
 from certs import pki, rotation, store
-from tests.support.kubedouble import KubeDouble
+from tests.support.kubedouble import SYSTEM_NAMESPACES, KubeDouble
 from webhook.settings import ServerSettings, Settings
 
 DAY = dt.timedelta(days=1)
 NAMES = tuple(pki.service_dns_names("initshift", "initshift-system"))
+INSTALLED = (*SYSTEM_NAMESPACES, "initshift-system")  # a cluster's namespaces, initshift's made by the install
 WANT = rotation.Wanted(NAMES, ("10.0.0.7",))
 
 
@@ -336,7 +337,7 @@ def test_certs_create_writes_nothing_when_the_secret_has_no_cluster_to_go_to(tmp
 
 async def test_inject_warns_about_a_certificate_that_is_not_a_ca(tmp_path, capsys):
     """tls.crt given for ca.crt: injected (a pinned self-signed leaf is legitimate), with a warning."""
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         cfg = kubeconfig(double, tmp_path / "kubeconfig")
         assert await asyncio.to_thread(cli.main, ["create", "--out", str(tmp_path)]) == 0
@@ -353,7 +354,7 @@ async def test_inject_warns_about_a_certificate_that_is_not_a_ca(tmp_path, capsy
 
 
 async def test_cli_create_secret_and_inject(tmp_path):
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         cfg = kubeconfig(double, tmp_path / "kubeconfig")
         out = tmp_path / "out"
@@ -402,7 +403,7 @@ async def test_cli_create_secret_replaces_a_self_managed_secret_whole(tmp_path, 
 @contextlib.asynccontextmanager
 async def self_managed(tmp_path) -> AsyncIterator[KubeDouble]:
     """The API double after a self-managed server made its Secret and injected its CA."""
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         async with double.kube_api() as api:
             await manage.ensure_certificates(managed_settings(tmp_path), api)
@@ -416,7 +417,7 @@ def managed_settings(tmp_path) -> Settings:
 
 async def test_self_management_creates_renews_rotates_and_prunes(tmp_path):
     settings = managed_settings(tmp_path)
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         api = double.kube_api()
         async with api:
@@ -452,7 +453,7 @@ async def test_self_management_creates_renews_rotates_and_prunes(tmp_path):
 
 async def test_trust_is_injected_before_the_new_certificate_is_stored(tmp_path):
     settings = managed_settings(tmp_path)
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         async with double.kube_api() as api:
             await manage.ensure_certificates(settings, api)
@@ -463,7 +464,7 @@ async def test_trust_is_injected_before_the_new_certificate_is_stored(tmp_path):
 
 async def test_a_secret_created_by_another_replica_is_adopted(tmp_path):
     settings = managed_settings(tmp_path)
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         theirs = rotation.plan(rotation.Material(), [], manage.wanted(settings))
         double.fail_next("/api/v1/namespaces/initshift-system/secrets/initshift-tls", 404, method="GET")
@@ -509,7 +510,7 @@ async def test_serve_self_managed_starts_with_certificates_it_made(tmp_path):
     port, metrics_port = sock.getsockname()[1], metrics_sock.getsockname()[1]
     sock.close()
     metrics_sock.close()
-    async with KubeDouble() as double:
+    async with KubeDouble(namespaces=INSTALLED) as double:
         double.put("mutatingwebhookconfigurations", webhook_config())
         env = {k: v for k, v in os.environ.items() if not k.startswith("INITSHIFT_")}
         env.update(KUBECONFIG=kubeconfig(double, tmp_path / "kubeconfig"), INITSHIFT_SELF_MANAGED_CERTS="true",

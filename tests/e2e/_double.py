@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from tests.support.kubedouble import KubeDouble
+from tests.support.kubedouble import SYSTEM_NAMESPACES, KubeDouble
 from webhook.kube import KubeApi
 from webhook.watcher._leader import LeaderElector
 
@@ -52,7 +52,7 @@ def double_deletion(env: Env, rec: Record) -> None:
     deletionTimestamp to that moment."""
     ns = env.namespace("double", mesh=None, opted=False)
     rec.namespaces.append(ns)
-    double = KubeDouble(version=f"v1.{env.minor}.0")  # (a rule changed between the two)
+    double = KubeDouble(version=f"v1.{env.minor}.0", namespaces=(*SYSTEM_NAMESPACES, ns))  # (a rule changed)
     base = f"/api/v1/namespaces/{ns}/pods"
     said: list[str] = []
 
@@ -145,8 +145,9 @@ def _seen(pod: dict) -> dict:
 class _Served:
     """The double served over HTTP from a thread of its own (the e2e harness is synchronous)."""
 
-    def __init__(self) -> None:
-        self.double = KubeDouble()
+    def __init__(self, *namespaces: str) -> None:
+        """`namespaces`: those the run made, which the double has too (beside a new cluster's)."""
+        self.double = KubeDouble(namespaces=(*SYSTEM_NAMESPACES, *namespaces))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -179,7 +180,7 @@ def double_updates(env: Env, rec: Record) -> None:
     rec.namespaces.append(ns)
     body = {"metadata": {"name": "updated", "namespace": ns},
             "spec": {"nodeName": _nowhere(ns), "containers": [{"name": "c", "image": env.images.busybox}]}}
-    served = _Served()
+    served = _Served(ns)
     try:
         real = env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
         served.double.put_pod(real)
@@ -218,7 +219,7 @@ def double_events(env: Env, rec: Record) -> None:
     without (validated as one type, the same rule)."""
     ns = env.namespace("devt", mesh=None, opted=False)
     rec.namespaces.append(ns)
-    served = _Served()
+    served = _Served(ns)
 
     def event(name: str, involved_ns: str) -> dict:
         return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
@@ -300,7 +301,7 @@ def double_watch(env: Env, rec: Record) -> None:
         ("DELETE", f"{base}/c", None, "application/json"),
         ("PATCH", f"{base}/c", {"metadata": {"finalizers": None}}, MERGE),
     ]
-    served = _Served()
+    served = _Served(ns)
     seen: dict[str, list[tuple]] = {}
     try:
         for side, http in (("apiserver", env.kube.http), ("double", served.http)):
@@ -373,7 +374,7 @@ def double_leases(env: Env, rec: Record) -> None:
     ns = env.namespace("dlease", mesh=None, opted=False)
     rec.namespaces.append(ns)
     base = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
-    served = _Served()
+    served = _Served(ns)
     agreed = []
     try:
         sides = {"apiserver": env.kube.http, "double": served.http}
@@ -476,7 +477,7 @@ def double_lists(env: Env, rec: Record) -> None:
     other = env.namespace("dlist", mesh=None, opted=False, suffix="-b")
     rec.namespaces += [ns, other]
     base = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
-    served = _Served()
+    served = _Served(ns, other)
     seen: dict[str, list[tuple]] = {}
     try:
         for side, http in (("apiserver", env.kube.http), ("double", served.http)):
@@ -547,7 +548,7 @@ def double_deletes(env: Env, rec: Record) -> None:
     (name, group, kind, its uid), on both; deleted again, 404 on both."""
     ns = env.namespace("ddel", mesh=None, opted=False)
     rec.namespaces.append(ns)
-    served = _Served()
+    served = _Served(ns)
     agreed = []
     try:
         for path, body in _DELETED:
@@ -636,7 +637,7 @@ def double_delete_options(env: Env, rec: Record) -> None:
         ("after the pod's dry run", "GET", p1, None, "application/json"),
         ("a pod orphaned", "DELETE", p1, {"propagationPolicy": "Orphan", "gracePeriodSeconds": 0}, "application/json"),
     ]
-    served = _Served()
+    served = _Served(ns)
     sides = {"apiserver": env.kube.http, "double": served.http}
     own: dict[str, dict[str, dict[str, str]]] = {side: {} for side in sides}
     agreed = []
@@ -665,13 +666,15 @@ def double_namespaces(env: Env, rec: Record) -> None:
     it), against the apiserver: deleted, it answers 200 with itself Terminating (its
     `deletionTimestamp` set, `spec.finalizers` kept), and so again; a ConfigMap or an Event
     created in it then is refused (403, the NamespaceLifecycle's message), an update of an
-    object in it is not. The apiserver's namespace controller is held back meanwhile by a
+    object in it is not. In a namespace never made, a create is 404 naming the namespace
+    (an invalid object's too), and so is a Lease's PUT (which creates), while a ConfigMap's
+    PUT is its own 404. The apiserver's namespace controller is held back meanwhile by a
     ConfigMap a finalizer of this scenario holds, removed at the end."""
     ns = env.namespace("dns", mesh=None, opted=False)
     rec.namespaces.append(ns)
     served = _Served()
     sides = {"apiserver": env.kube.http, "double": served.http}
-    base = f"/api/v1/namespaces/{ns}"
+    base, never = f"/api/v1/namespaces/{ns}", f"/api/v1/namespaces/{ns}-never"
     held = {"metadata": {"name": "held", "finalizers": [_HOLD]}}
 
     def ns_state(code: int, answer: dict) -> tuple:
@@ -698,6 +701,14 @@ def double_namespaces(env: Env, rec: Record) -> None:
                 "reason": "R"}, "application/json", _deletion),
             ("an update in it", "PATCH", f"{base}/configmaps/held", {"data": {"k": "v"}}, MERGE,
              lambda code, answer: (code, answer.get("data"))),
+            ("a ConfigMap created in a namespace never made", "POST", f"{never}/configmaps",
+             {"metadata": {"name": "new"}}, "application/json", _deletion),
+            ("an invalid one", "POST", f"{never}/configmaps", {"metadata": {"name": "New_"}}, "application/json",
+             _deletion),
+            ("a Lease put there", "PUT", f"/apis/coordination.k8s.io/v1/namespaces/{ns}-never/leases/l",
+             {"metadata": {"name": "l"}, "spec": {}}, "application/json", _deletion),
+            ("a ConfigMap put there", "PUT", f"{never}/configmaps/new", {"metadata": {"name": "new"}},
+             "application/json", _deletion),
         ]
         agreed = []
         for what, method, path, body, ctype, view in steps:

@@ -62,6 +62,7 @@ async def test_the_watch_brings_a_limit_range_created_after_start(kube, api):
     stop, task = await running(view)
     assert [o["metadata"]["name"] for o in view.known("builds")] == ["old"]
     assert view.known("other") is None  # nothing held there and nothing looked up: only a live list can say
+    kube.make_namespace("other")
     created = await api.request("POST", "/api/v1/namespaces/other/limitranges", body=limit_range("new", "other", "50m"))
     await until(lambda: view.known("other") is not None, "the watch delivered the new LimitRange")
     held = view.known("other")
@@ -165,6 +166,7 @@ async def test_without_api_access_nothing_is_read():
 async def test_the_double_validates_limit_ranges_as_the_apiserver_does(kube, api):
     from webhook.kube import KubeError
 
+    kube.make_namespace("builds")
     path = "/api/v1/namespaces/builds/limitranges"
     bad = limit_range("bad", "builds")
     bad["spec"]["limits"][0]["min"]["cpu"] = "3"  # above max

@@ -34,8 +34,10 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   it, `preconditions` (409), `dryRun=All` (e2e `double-delete-options`); an update may not
   add a finalizer to an object being deleted (422); a namespace is created Active with the
   `kubernetes` finalizer and, deleted, stays Terminating (no namespace controller runs
-  either), refusing new objects (403) (e2e `double-namespaces`); a namespace the tests
-  never made is no object, and takes anything;
+  either), refusing new objects (403); a new cluster's namespaces exist from the start
+  (`namespaces=` names them), and one that does not exist takes no new object (404, a
+  Lease's creating PUT too), while one a test put an object in exists (e2e
+  `double-namespaces`);
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -101,12 +103,13 @@ import string
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import jsonpatch
 from aiohttp import web
 
-__all__ = ["KubeDouble", "RequestRecord", "running", "terminated", "waiting", "merge_patch", "now_rfc3339"]
+__all__ = ["KubeDouble", "RequestRecord", "SYSTEM_NAMESPACES", "running", "terminated", "waiting", "merge_patch",
+           "now_rfc3339"]
 
 
 def now_rfc3339() -> str:
@@ -272,6 +275,11 @@ def _with_finalizers(meta: Mapping, finalizers: list[str]) -> dict:
 def _details(name: str, group: str, kind: str) -> dict:
     """A Status's details as the apiserver writes them (no group for the core API)."""
     return {"name": name, **({"group": group} if group else {}), "kind": kind}
+
+
+def _missing(res: Resource, name: str) -> ApiError:
+    """The apiserver's 404 for an object that does not exist (a GET, PATCH, PUT or DELETE)."""
+    return ApiError(404, f'{res.qualified} "{name}" not found', details=_details(name, res.group, res.plural))
 
 
 @dataclass
@@ -476,10 +484,17 @@ _DROP, _END, _BOOKMARK = "drop", "end", "bookmark"
 _UNCACHED = ("events", "events.k8s.io")  # no watch cache in the apiserver: no bookmarks
 
 
+# What a new cluster holds (the apiserver makes them at start-up).
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
 class KubeDouble:
     """The API double. `await start()` (or `async with`), then use `.url`."""
 
-    def __init__(self, *, history_limit: int = 1000, version: str = "v1.30.2") -> None:
+    def __init__(self, *, history_limit: int = 1000, version: str = "v1.30.2",
+                 namespaces: Iterable[str] = SYSTEM_NAMESPACES) -> None:
+        """`namespaces`: those that exist from the start, made as the API makes them (a new
+        cluster's by default)."""
         self.history_limit = history_limit
         # Every field the generated VersionInfo model requires.
         self.version = {"major": version.lstrip("v").split(".")[0], "minor": version.split(".")[1],
@@ -488,6 +503,8 @@ class KubeDouble:
                         "platform": "linux/amd64"}
         self.requests: list[RequestRecord] = []
         self._objects: dict[str, dict[tuple[str, str], dict]] = {k: {} for k in RESOURCES}
+        # Namespaces an object was ever stored in: they exist, made or not (NamespaceLifecycle).
+        self._inhabited: set[str] = set()
         self._rv = 100
         self._history: list[_Change] = []
         self._compacted = self._rv  # watches from below this resourceVersion get 410
@@ -511,6 +528,8 @@ class KubeDouble:
         self._snapshots: dict[tuple[str, str | None, int], list[dict]] = {}
         self._silenced: list[tuple[str, str | None]] = []
         self.pod_ports: dict[tuple[str, str, int], int] = {}  # (namespace, pod, port) -> local port
+        for name in namespaces:
+            self.make_namespace(name)
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> "KubeDouble":
@@ -657,6 +676,10 @@ class KubeDouble:
 
     def put_pod(self, pod: dict) -> dict:
         return self.put("pods", pod)
+
+    def make_namespace(self, name: str) -> dict:
+        """A namespace as the API creates it (Active, the `kubernetes` finalizer)."""
+        return self._create(RESOURCES["namespaces"], None, {"metadata": {"name": name}})
 
     def put_node(self, name: str, kubelet_version: str = "v1.30.2", labels: dict | None = None) -> dict:
         return self.put("nodes", {"metadata": {"name": name, "labels": labels or {}},
@@ -881,6 +904,8 @@ class KubeDouble:
             del meta[empty]  # Go's omitempty: the apiserver never returns them empty
         self._bump(obj)
         self._objects[res.key][key] = obj
+        if res.namespaced:
+            self._inhabited.add(key[0])
         self._emit(res, "MODIFIED" if old else "ADDED", obj, old)
         return copy.deepcopy(obj)
 
@@ -1019,7 +1044,7 @@ class KubeDouble:
             return self._put(res, namespace, key, current, body, sub)
         options = DeleteOptions.read(request.query, body) if method == "DELETE" else None  # checked first
         if current is None:
-            raise ApiError(404, f'{res.qualified} "{name}" not found', details=_details(name, res.group, res.plural))
+            raise _missing(res, name)
         if method == "GET":
             return web.json_response(current)
         if options is not None:
@@ -1037,7 +1062,7 @@ class KubeDouble:
         both channels, the bytes on channel 0, and on channel 1 the kubelet's error when nothing
         listens there (what `pod_ports` does not map to a local port)."""
         if (namespace, name) not in self._objects["pods"]:
-            raise ApiError(404, f'pods "{name}" not found')
+            raise _missing(RESOURCES["pods"], name)
         port = request.query.get("ports", "")
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ApiError(400, f"invalid port {port!r}: one port is forwarded per connection")
@@ -1174,9 +1199,12 @@ class KubeDouble:
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
         home = self._objects["namespaces"].get(("", namespace or ""))
+        if res.namespaced and home is None and namespace not in self._inhabited:
+            # NamespaceLifecycle, before any validation; a create on update (a Lease's PUT) too.
+            raise ApiError(404, f'namespaces "{namespace}" not found', "NotFound",
+                           details=_details(namespace or "", "", "namespaces"))
         if res.namespaced and home is not None and "deletionTimestamp" in home["metadata"]:
-            # NamespaceLifecycle, before any validation (a namespace the tests never made is no
-            # object here, and takes anything).
+            # NamespaceLifecycle, before any validation.
             raise ApiError(403, f'{res.qualified} "{meta["name"]}" is forbidden: unable to create new content in '
                                 f"namespace {namespace} because it is being terminated",
                            details=_details(meta["name"], res.group, res.plural))
@@ -1229,7 +1257,7 @@ class KubeDouble:
         if current is None:
             if res.key in _CREATE_ON_UPDATE and sub is None:
                 return web.json_response(self._create(res, namespace, body, on_update=True), status=201)
-            raise ApiError(404, f'{res.qualified} "{key[1]}" not found')
+            raise _missing(res, key[1])
         if not rv and res.key in _CONDITIONAL_UPDATES_ONLY:
             raise ApiError(422, f'{res.qualified} "{key[1]}" is invalid: '
                                 f"metadata.resourceVersion: Invalid value: 0: must be specified for an update")
@@ -1382,7 +1410,7 @@ class KubeDouble:
     async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
         pod = self._objects["pods"].get((namespace, name))
         if pod is None:
-            raise ApiError(404, f'pods "{name}" not found')
+            raise _missing(RESOURCES["pods"], name)
         names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []] + \
                 [c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []]
         container = request.query.get("container")

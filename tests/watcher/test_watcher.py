@@ -671,6 +671,7 @@ async def test_the_holder_renews_with_one_put_and_reads_a_lease_changed_under_it
     held by another, not taken."""
     from webhook.watcher._leader import LeaderElector
 
+    kube.make_namespace(NS)
     api = kube.kube_api("elector")
     elector = LeaderElector(api, NS, "lease", "me", lease_seconds=3.0, retry_seconds=0.1)
     calls = lambda method: [r for r in kube.requests if r.method == method and "/leases" in r.path]  # noqa: E731
