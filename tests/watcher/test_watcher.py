@@ -699,6 +699,36 @@ async def test_the_holder_renews_with_one_put_and_reads_a_lease_changed_under_it
         await api.close()
 
 
+async def test_a_lease_namespace_that_does_not_exist_is_named_with_the_fix_once_a_minute(
+        kube: KubeDouble, caplog: pytest.LogCaptureFixture) -> None:
+    """`initshift watch` run by hand where initshift's namespace is not: the apiserver's 404 on
+    the Lease's create (e2e `double-namespaces`) says what to do; the same warning comes again
+    only a minute later, not at every retry; once the namespace exists, the Lease is taken."""
+    from webhook.watcher._leader import WARN_AGAIN_SECONDS, LeaderElector
+
+    clock = ManualClock()
+    api = kube.kube_api("elector")
+    elector = LeaderElector(api, "typo", "lease", "me", lease_seconds=3.0, clock=clock.monotonic)
+    warnings = lambda: [r.getMessage() for r in caplog.records if r.name == "initshift.leader"]  # noqa: E731
+    try:
+        with caplog.at_level("WARNING", logger="initshift.leader"):
+            for _ in range(3):
+                assert not await elector.try_acquire_or_renew()
+                clock.advance(1.0)
+            assert warnings() == ['lease typo/lease: 404 NotFound: namespaces "typo" not found: the Lease is kept in '
+                                  "initshift's namespace (INITSHIFT_NAMESPACE): create it or name the right one, or "
+                                  "run one watcher alone without a Lease (--no-leader-election, "
+                                  "INITSHIFT_LEADER_ELECTION=false)"]
+            clock.advance(WARN_AGAIN_SECONDS)
+            assert not await elector.try_acquire_or_renew()
+            assert len(warnings()) == 2
+            kube.make_namespace("typo")
+            assert await elector.try_acquire_or_renew()
+            assert kube.get("leases", "typo", "lease")["spec"]["holderIdentity"] == "me"
+    finally:
+        await api.close()
+
+
 async def test_start_order_pods_get_per_container_ready_annotations(kube: KubeDouble) -> None:
     key = f"{p.ANNOTATION_READY_PREFIX}cache"
     kube.put_pod({"metadata": {"name": "app", "namespace": NS, "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},

@@ -31,6 +31,12 @@ from ._metrics import API_ERRORS, LEADER
 
 log = logging.getLogger("initshift.leader")
 
+WARN_AGAIN_SECONDS = 60.0  # the same failure is logged again at most this often (API_ERRORS counts each)
+# A Lease's create is 404 (NotFound) only when its namespace does not exist: `initshift watch` run
+# by hand against a cluster without initshift's namespace, or with another INITSHIFT_NAMESPACE.
+NO_NAMESPACE = ("the Lease is kept in initshift's namespace (INITSHIFT_NAMESPACE): create it or name the right one, "
+                "or run one watcher alone without a Lease (--no-leader-election, INITSHIFT_LEADER_ELECTION=false)")
+
 
 def _micro_time() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -49,6 +55,7 @@ class LeaderElector:
         self._observed: tuple | None = None
         self._observed_at = 0.0
         self._held: tuple[dict, float] | None = None  # the Lease as our last write left it, and when
+        self._warned: tuple[str, float] | None = None  # the last warning logged, and when
         self.leading = False
 
     async def try_acquire_or_renew(self) -> bool:
@@ -63,7 +70,12 @@ class LeaderElector:
         try:
             lease = await self.api.get_lease(self.namespace, self.name)
             if lease is None:
-                return self._hold(await self.api.create_lease(self.namespace, self._lease(None, {})))
+                try:
+                    return self._hold(await self.api.create_lease(self.namespace, self._lease(None, {})))
+                except KubeError as e:
+                    if e.not_found:
+                        raise KubeError(e.status, f"{e.message}: {NO_NAMESPACE}", e.reason) from None
+                    raise
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
             seen = (holder, spec.get("renewTime"), (lease.get("metadata") or {}).get("resourceVersion"))
@@ -76,8 +88,16 @@ class LeaderElector:
         except KubeError as e:
             if not e.conflict:  # a conflict is another candidate winning the race: not an error
                 API_ERRORS.labels("lease", str(e.status)).inc()
-                log.warning("lease %s/%s: %s", self.namespace, self.name, e)
+                self._warn(f"lease {self.namespace}/{self.name}: {e}")
             return False
+
+    def _warn(self, text: str) -> None:
+        """Log `text`, unless it was the last warning, logged less than WARN_AGAIN_SECONDS ago:
+        a failure that lasts (an outage, a missing namespace) is not one line per retry."""
+        now = self._clock()
+        if self._warned is None or self._warned[0] != text or now - self._warned[1] >= WARN_AGAIN_SECONDS:
+            self._warned = (text, now)
+            log.warning(text)
 
     def _hold(self, written: dict) -> bool:
         self._held = (written, self._clock())
