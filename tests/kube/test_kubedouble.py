@@ -712,7 +712,8 @@ async def test_a_namespace_that_does_not_exist_takes_nothing(kube: KubeDouble, h
     """As e2e `double-namespaces` found on v1.34.9 and v1.28.15: a create in a namespace
     that does not exist is 404, the namespace named, before any validation; so is a Lease's
     PUT, which creates; a PUT of a ConfigMap there is its own 404 (ConfigMaps are not
-    created by a PUT). A namespace an object was put in by a test exists."""
+    created by a PUT). An object a test puts there makes the namespace, as no object lives
+    outside one."""
     missing = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                "message": 'namespaces "never-made" not found', "reason": "NotFound",
                "details": {"name": "never-made", "kind": "namespaces"}, "code": 404}
@@ -724,6 +725,7 @@ async def test_a_namespace_that_does_not_exist_takes_nothing(kube: KubeDouble, h
     status, body = await call(http, "PUT", f"{configmaps}/a", {"metadata": {"name": "a"}})
     assert (status, body["message"]) == (404, 'configmaps "a" not found')
     kube.put("configmaps", {"metadata": {"name": "seed", "namespace": "never-made"}})
+    assert kube.get("namespaces", None, "never-made")["status"] == {"phase": "Active"}
     assert (await call(http, "POST", configmaps, {"metadata": {"name": "a"}}))[0] == 201
 
 

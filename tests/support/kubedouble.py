@@ -35,9 +35,8 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   add a finalizer to an object being deleted (422); a namespace is created Active with the
   `kubernetes` finalizer and, deleted, stays Terminating (no namespace controller runs
   either), refusing new objects (403); a new cluster's namespaces exist from the start
-  (`namespaces=` names them), and one that does not exist takes no new object (404, a
-  Lease's creating PUT too), while one a test put an object in exists (e2e
-  `double-namespaces`);
+  (`namespaces=` names them), one that does not exist takes no new object (404, a Lease's
+  creating PUT too), and an object `put()` in one makes it (e2e `double-namespaces`);
 - object metadata as the apiserver validates it, on create and every update: label and
   annotation keys are qualified names, label values at most 63 characters of their
   alphabet, annotations at most 256 KiB together (422; a real apiserver refused a
@@ -503,8 +502,6 @@ class KubeDouble:
                         "platform": "linux/amd64"}
         self.requests: list[RequestRecord] = []
         self._objects: dict[str, dict[tuple[str, str], dict]] = {k: {} for k in RESOURCES}
-        # Namespaces an object was ever stored in: they exist, made or not (NamespaceLifecycle).
-        self._inhabited: set[str] = set()
         self._rv = 100
         self._history: list[_Change] = []
         self._compacted = self._rv  # watches from below this resourceVersion get 410
@@ -672,6 +669,8 @@ class KubeDouble:
             obj.setdefault("status", {"phase": "Pending"})
         if resource == "namespaces":  # the apiserver labels every namespace with its name
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        elif res.namespaced and ("", key[0]) not in self._objects["namespaces"]:
+            self.make_namespace(key[0])  # no object lives outside a namespace
         return self._store(res, key, obj, old)
 
     def put_pod(self, pod: dict) -> dict:
@@ -904,8 +903,6 @@ class KubeDouble:
             del meta[empty]  # Go's omitempty: the apiserver never returns them empty
         self._bump(obj)
         self._objects[res.key][key] = obj
-        if res.namespaced:
-            self._inhabited.add(key[0])
         self._emit(res, "MODIFIED" if old else "ADDED", obj, old)
         return copy.deepcopy(obj)
 
@@ -1199,7 +1196,7 @@ class KubeDouble:
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         key = (namespace or "" if res.namespaced else "", meta["name"])
         home = self._objects["namespaces"].get(("", namespace or ""))
-        if res.namespaced and home is None and namespace not in self._inhabited:
+        if res.namespaced and home is None:
             # NamespaceLifecycle, before any validation; a create on update (a Lease's PUT) too.
             raise ApiError(404, f'namespaces "{namespace}" not found', "NotFound",
                            details=_details(namespace or "", "", "namespaces"))

@@ -729,6 +729,31 @@ async def test_a_lease_namespace_that_does_not_exist_is_named_with_the_fix_once_
         await api.close()
 
 
+async def test_a_watched_namespace_that_does_not_exist_is_named_once(kube: KubeDouble,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """INITSHIFT_WATCH_NAMESPACES (or -n) naming a namespace that does not exist watches
+    nothing there until it is made, which the watcher says at start-up, once per such name;
+    one that cannot list namespaces (a user's own RBAC) says nothing."""
+    from webhook.watcher._controller import _say_missing_namespaces
+
+    kube.put_pod(build_pod("b1"))  # its namespace, NS, exists
+    said = lambda: [r.getMessage() for r in caplog.records if r.name == "initshift.watcher"]  # noqa: E731
+    with caplog.at_level("WARNING", logger="initshift.watcher"):
+        async with watcher(kube, settings(namespaces=(NS, "buils"))) as c:
+            await eventually(lambda: said(), "the warning")
+            await settled(kube, c)
+        assert said() == ['watched namespace "buils" does not exist: its pods are seen once it is made '
+                          "(INITSHIFT_WATCH_NAMESPACES, or initshift watch -n)"]
+        caplog.clear()
+        api = kube.kube_api("no-namespaces")
+        try:
+            kube.fail_next("/api/v1/namespaces", 403, method="GET")
+            await _say_missing_namespaces(api, ("buils",))
+        finally:
+            await api.close()
+        assert said() == []
+
+
 async def test_start_order_pods_get_per_container_ready_annotations(kube: KubeDouble) -> None:
     key = f"{p.ANNOTATION_READY_PREFIX}cache"
     kube.put_pod({"metadata": {"name": "app", "namespace": NS, "labels": {p.LABEL_MANAGED: p.MANAGED_START_ORDER},

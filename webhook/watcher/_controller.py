@@ -394,6 +394,23 @@ def _default_identity() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
 
+async def _say_missing_namespaces(api: KubeApi, names: tuple[str, ...]) -> None:
+    """Warn, once at start-up, of each namespace watched that does not exist: a typo in
+    INITSHIFT_WATCH_NAMESPACES or -n would watch nothing, silently (the apiserver answers a
+    watch of a namespace that does not exist, empty). Any error says nothing: a user's own
+    RBAC may not list namespaces, and the watcher's informers report an API that is not there."""
+    for name in names:
+        try:
+            pages = api.list_pages("namespaces", field_selector=f"metadata.name={name}", limit=1)
+            async with contextlib.aclosing(pages):
+                items, _ = await anext(pages)
+        except KubeError:
+            return
+        if not items:
+            log.warning(f'watched namespace "{name}" does not exist: its pods are seen once it is made '
+                        f"(INITSHIFT_WATCH_NAMESPACES, or initshift watch -n)")
+
+
 async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, api: KubeApi | None = None,
                       identity: str | None = None, controller: Controller | None = None) -> None:
     """Run the watcher until `stop` is set (forever when None). Without `api`, connects
@@ -413,6 +430,7 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
     controller.leading = not w.leader_election
     work = asyncio.ensure_future(controller.run())
     stopped = asyncio.ensure_future(stop.wait())
+    named = asyncio.ensure_future(_say_missing_namespaces(api, w.namespaces))
     tasks: list[asyncio.Future[Any]] = [work, stopped]
     if not w.leader_election:
         LEADER.set(1)  # without election this replica acts: it is the leader
@@ -432,6 +450,7 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
         if not stop.is_set():
             _ended(work, next(t for t in tasks if t.done() and t is not stopped))
     finally:
+        named.cancel()
         stop.set()  # the elector releases the Lease on its way out
         for task in tasks:
             if task is not work and not task.done():
