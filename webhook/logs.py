@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import jsontext
+
+REPEAT_SECONDS = 60.0  # a warning that stays the same is logged again at most this often
 
 _REVIEW_LOGGER = logging.getLogger("initshift.review")
 # uvicorn adds `color_message` (ANSI-coloured duplicate of msg) to its records.
@@ -58,3 +60,21 @@ def log_review(*, uid: str, namespace: str, name: str, kind: str, operation: str
         "uid": uid, "namespace": namespace, "pod": name, "kind": kind, "operation": operation,
         "decision": decision, "reason": reason, "dry_run": dry_run, "duration_ms": round(duration * 1000, 3),
     })
+
+
+class Repeats:
+    """Which of a retry loop's warnings to log: one that changed, at once; the same one
+    again at most every `seconds`. A failure that lasts (an outage, a missing namespace or
+    grant) is then not one line per retry; the loop's metrics still count each."""
+
+    def __init__(self, seconds: float = REPEAT_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self._clock = seconds, clock
+        self._last: tuple[str, float] | None = None
+
+    def new(self, text: str) -> bool:
+        """Whether to log `text` now (and, if so, it is remembered as logged)."""
+        now = self._clock()
+        if self._last is not None and self._last[0] == text and now - self._last[1] < self.seconds:
+            return False
+        self._last = (text, now)
+        return True

@@ -1,11 +1,16 @@
-"""The informer (client-go's reflector) against the API double, and the backoff it retries with."""
+"""The informer (client-go's reflector) against the API double, the backoff it retries with and
+how its warnings repeat."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from tests.support.clock import ManualClock
 from tests.support.kubedouble import KubeDouble
 from webhook.kube import Backoff, Informer
+from webhook.logs import REPEAT_SECONDS, Repeats
 
 BOUND = 20.0  # no single wait may take longer: a bug fails instead of hanging
 SOURCE = "initshift"  # the Events' source.component the informer selects
@@ -56,3 +61,35 @@ async def test_an_event_informer_resumes_from_now_after_a_410_never_re_listing(k
     queries = [r.query for r in kube.requests if r.path == "/api/v1/namespaces/ci/events" and "watch" not in r.query]
     assert [(q.get("fieldSelector"), q.get("limit")) for q in queries] == [
         (f"source={SOURCE}", "500"), (None, "1"), (None, "1")], queries
+
+
+async def test_a_lasting_failure_is_logged_once_a_minute_and_counted_at_every_retry(
+        kube: KubeDouble, caplog: pytest.LogCaptureFixture) -> None:
+    """A list refused again and again (RBAC without the grant, an outage) is retried with
+    backoff and counted each time, but its warning comes when it changes, not per retry."""
+    api = kube.kube_api("informer")
+    errors: list[int] = []
+    kube.fail_next("/api/v1/namespaces/ci/pods", 403, times=6, method="GET", message='pods is forbidden')
+    informer = Informer(api, "pods", "ci", on_list=lambda ns, items: None, on_event=lambda kind, obj: None,
+                        on_error=lambda e: errors.append(e.status), backoff_initial=0.01)
+    with caplog.at_level("WARNING", logger="initshift.informer"):
+        task = asyncio.ensure_future(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), BOUND)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await api.close()
+    assert errors == [403] * 6
+    said = [r.getMessage() for r in caplog.records if r.name == "initshift.informer"]
+    assert len(said) == 1 and said[0].endswith("403 Forbidden: pods is forbidden"), said
+
+
+def test_repeats_says_a_warning_when_it_changes_and_the_same_one_once_a_minute() -> None:
+    clock = ManualClock()
+    repeats = Repeats(clock=clock.monotonic)
+    assert [repeats.new("a"), repeats.new("a"), repeats.new("b"), repeats.new("a")] == [True, False, True, True]
+    clock.advance(REPEAT_SECONDS - 1)
+    assert not repeats.new("a")
+    clock.advance(1)
+    assert repeats.new("a") and not repeats.new("a")

@@ -704,7 +704,8 @@ async def test_a_lease_namespace_that_does_not_exist_is_named_with_the_fix_once_
     """`initshift watch` run by hand where initshift's namespace is not: the apiserver's 404 on
     the Lease's create (e2e `double-namespaces`) says what to do; the same warning comes again
     only a minute later, not at every retry; once the namespace exists, the Lease is taken."""
-    from webhook.watcher._leader import WARN_AGAIN_SECONDS, LeaderElector
+    from webhook.logs import REPEAT_SECONDS
+    from webhook.watcher._leader import LeaderElector
 
     clock = ManualClock()
     api = kube.kube_api("elector")
@@ -719,7 +720,7 @@ async def test_a_lease_namespace_that_does_not_exist_is_named_with_the_fix_once_
                                   "initshift's namespace (INITSHIFT_NAMESPACE): create it or name the right one, or "
                                   "run one watcher alone without a Lease (--no-leader-election, "
                                   "INITSHIFT_LEADER_ELECTION=false)"]
-            clock.advance(WARN_AGAIN_SECONDS)
+            clock.advance(REPEAT_SECONDS)
             assert not await elector.try_acquire_or_renew()
             assert len(warnings()) == 2
             kube.make_namespace("typo")

@@ -26,6 +26,7 @@ import random
 import time
 from typing import Callable
 
+from ..logs import Repeats
 from ._api import KubeApi, KubeError
 
 log = logging.getLogger("initshift.informer")
@@ -74,6 +75,7 @@ class Informer:
         self.page_size, self.resync_seconds, self.backoff_initial = page_size, resync_seconds, backoff_initial
         self.relist_on_gone = relist_on_gone
         self.log = log if logs else _quiet
+        self._warnings = Repeats()  # a lasting failure: once a minute (`on_error` counts each)
         self.resource_version = ""  # the newest one delivered (a list's, an event's, a bookmark's)
         self.synced = asyncio.Event()  # the first list has been delivered
 
@@ -137,7 +139,8 @@ class Informer:
                         resume_from_now = True
                     continue
                 delay = backoff.next()
-                self.log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra=where)
+                if self._warnings.new(str(e)):
+                    self.log.warning("watch failed, retrying in %.1fs: %s", delay, e, extra=where)
                 await asyncio.sleep(delay)
             except Exception:  # a bug or an unexpected payload: keep watching, after a pause
                 delay = backoff.next()

@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
 from ..kube import KubeApi, KubeError
+from ..logs import Repeats
 from ._metrics import API_ERRORS, LEADER
 
 log = logging.getLogger("initshift.leader")
 
-WARN_AGAIN_SECONDS = 60.0  # the same failure is logged again at most this often (API_ERRORS counts each)
 # A Lease's create is 404 (NotFound) only when its namespace does not exist: `initshift watch` run
 # by hand against a cluster without initshift's namespace, or with another INITSHIFT_NAMESPACE.
 NO_NAMESPACE = ("the Lease is kept in initshift's namespace (INITSHIFT_NAMESPACE): create it or name the right one, "
@@ -55,7 +55,7 @@ class LeaderElector:
         self._observed: tuple | None = None
         self._observed_at = 0.0
         self._held: tuple[dict, float] | None = None  # the Lease as our last write left it, and when
-        self._warned: tuple[str, float] | None = None  # the last warning logged, and when
+        self._warnings = Repeats(clock=clock)  # a lasting failure: once a minute (API_ERRORS counts each)
         self.leading = False
 
     async def try_acquire_or_renew(self) -> bool:
@@ -88,16 +88,10 @@ class LeaderElector:
         except KubeError as e:
             if not e.conflict:  # a conflict is another candidate winning the race: not an error
                 API_ERRORS.labels("lease", str(e.status)).inc()
-                self._warn(f"lease {self.namespace}/{self.name}: {e}")
+                text = f"lease {self.namespace}/{self.name}: {e}"
+                if self._warnings.new(text):
+                    log.warning(text)
             return False
-
-    def _warn(self, text: str) -> None:
-        """Log `text`, unless it was the last warning, logged less than WARN_AGAIN_SECONDS ago:
-        a failure that lasts (an outage, a missing namespace) is not one line per retry."""
-        now = self._clock()
-        if self._warned is None or self._warned[0] != text or now - self._warned[1] >= WARN_AGAIN_SECONDS:
-            self._warned = (text, now)
-            log.warning(text)
 
     def _hold(self, written: dict) -> bool:
         self._held = (written, self._clock())
