@@ -458,7 +458,7 @@ async def run_watcher(settings: Settings, stop: asyncio.Event | None = None, *, 
                     await asyncio.wait_for(asyncio.shield(task), w.renew_seconds + 1)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, named, return_exceptions=True)
         if not w.leader_election:
             LEADER.set(0)
         if own:
