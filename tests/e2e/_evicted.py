@@ -174,8 +174,9 @@ def evicted(env: Env, rec: Record) -> None:
         # 2. `kubectl drain` of the node, no --pod-selector, while a bare build runs: refused
         # without --force (the bare pod) and --delete-emptydir-data (the waiter's emptyDir),
         # nothing evicted; then, the node uncordoned and a Job's build started too, with both
-        # flags, every pod evicted. (The Job's pod comes after the refusals: its step would
-        # otherwise end while they run on a loaded machine, before any eviction.)
+        # flags, every pod evicted. (The Job's pod comes after the refusals, and its step
+        # works 45 s: on a loaded machine, with other scenarios' pods on the node, a drain took
+        # 21.9 s and a 15 s step ended before its eviction reached it.)
         mode = env.build_strategy
         _bare(env, ns, "bare-drain", mode)
         _in_step(env, ns, "bare-drain", mode)
@@ -188,7 +189,7 @@ def evicted(env: Env, rec: Record) -> None:
             assert (env.kube.pod(ns, "bare-drain") or {}).get("status", {}).get("phase") == "Running", \
                 "a refused drain evicted a build"
             kubectl(env.admin, "uncordon", NODE)  # a refused drain leaves the node cordoned
-            _job(env, ns, "job-drain", mode, sleep=15)
+            _job(env, ns, "job-drain", mode, sleep=45)
             job_pod = wait_for(lambda: (x := _job_pods(env, ns, "job-drain")) and x[0]["metadata"]["name"], 60,
                                "job-drain's pod")
             _in_step(env, ns, job_pod, mode)
