@@ -67,15 +67,12 @@ class LeaderElector:
                                                                self._lease(lease, lease.get("spec") or {})))
             except KubeError:  # changed after all, or an API blip: read it, as every other replica does
                 self._held = None
+        creating = False
         try:
             lease = await self.api.get_lease(self.namespace, self.name)
             if lease is None:
-                try:
-                    return self._hold(await self.api.create_lease(self.namespace, self._lease(None, {})))
-                except KubeError as e:
-                    if e.not_found:
-                        raise KubeError(e.status, f"{e.message}: {NO_NAMESPACE}", e.reason) from None
-                    raise
+                creating = True
+                return self._hold(await self.api.create_lease(self.namespace, self._lease(None, {})))
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity") or ""
             seen = (holder, spec.get("renewTime"), (lease.get("metadata") or {}).get("resourceVersion"))
@@ -88,7 +85,8 @@ class LeaderElector:
         except KubeError as e:
             if not e.conflict:  # a conflict is another candidate winning the race: not an error
                 API_ERRORS.labels("lease", str(e.status)).inc()
-                text = f"lease {self.namespace}/{self.name}: {e}"
+                advice = f": {NO_NAMESPACE}" if creating and e.not_found else ""
+                text = f"lease {self.namespace}/{self.name}: {e}{advice}"
                 if self._warnings.new(text):
                     log.warning(text)
             return False
