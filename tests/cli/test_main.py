@@ -60,9 +60,10 @@ def test_ctrl_c_is_exit_130_without_a_traceback(monkeypatch, capsys, where):
 
 def test_the_entry_point_imports_nothing_a_ctrl_c_would_interrupt_unguarded():
     """What runs before main's guard (the console script's `from webhook.cli import main`)
-    stays small: the settings, logging and the commands' modules load inside it, where a
-    Ctrl-C is the shell's 130. It imported the settings there (a window of about 30 ms in
-    which Ctrl-C printed a traceback)."""
+    is the package alone: the command table, settings, logging and the commands' modules
+    load inside it, where a Ctrl-C is the shell's 130. It imported the settings there once
+    (a window of about 30 ms in which Ctrl-C printed a traceback), then the command table
+    (a few ms)."""
     import json
     import subprocess
     import sys
@@ -70,5 +71,23 @@ def test_the_entry_point_imports_nothing_a_ctrl_c_would_interrupt_unguarded():
     probe = ("import json, sys; from webhook.cli import main; "
              "print(json.dumps(sorted(m for m in sys.modules if m.startswith('webhook'))))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert json.loads(loaded) == ["webhook", "webhook.cli", "webhook.cli._exits", "webhook.cli._invoked",
-                                  "webhook.cli._main", "webhook.errors"]
+    assert json.loads(loaded) == ["webhook", "webhook.cli"]
+
+
+def test_ctrl_c_while_the_command_line_imports_is_130():
+    """A Ctrl-C landing in the command table's imports, which the console script's call
+    makes: 130, nothing printed."""
+    import subprocess
+    import sys
+
+    script = (
+        "import signal, sys\n"
+        "class InterruptAtImport:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'webhook.cli._main':\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "sys.meta_path.insert(0, InterruptAtImport())\n"
+        "from webhook.cli import main\n"
+        "sys.exit(main(['--version']))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
