@@ -62,7 +62,7 @@ async def not_an_apiserver() -> AsyncIterator[dict]:
 async def test_an_empty_answer_that_is_no_status(not_an_apiserver: dict) -> None:
     not_an_apiserver["raw"] = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     err = await error_of(not_an_apiserver["url"])
-    assert (err.status, err.message) == (404, "HTTP 404 (Not Found) with an empty body")
+    assert (err.status, err.message, str(err)) == (404, "Not Found (an empty body)", "404: Not Found (an empty body)")
     assert not err.not_found  # not the apiserver's: no object is said to be missing
 
 

@@ -88,8 +88,7 @@ def api_error(e: KubeError, namespace: str, name: str, what: str = "read pod") -
         return CliError(f"{what.rsplit(' ', 1)[-1]} {name} not found in namespace {namespace}")
     if e.status == 403:
         return CliError(f"no permission to {what} {namespace}/{name}: {e.message}")
-    said = f"cannot {what} {namespace}/{name}: {e.status} {e.reason}: {e.message}".replace(" : ", ": ")
-    return unreached(e) or CliError(said)
+    return unreached(e) or CliError(f"cannot {what} {namespace}/{name}: {e}")
 
 
 async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:

@@ -94,7 +94,8 @@ class KubeError(InitshiftError):
     (400 also for a name refused before sending, as the apiserver would refuse it)."""
 
     def __init__(self, status: int, message: str, reason: str = "") -> None:
-        super().__init__(f"{status} {reason}: {message}".strip() if status else message)
+        # "404 NotFound: pods \"x\" not found"; "404: ..." from a server that sent no Status
+        super().__init__(f"{' '.join(filter(None, (str(status), reason)))}: {message}" if status else message)
         self.status = status
         self.reason = reason
         self.message = message
@@ -126,7 +127,7 @@ def _status_error(status: int, text: str) -> KubeError:
         # Not the apiserver's Status (a proxy's or load balancer's page): its text, on one line.
         line = " ".join(text.split())
         return KubeError(status, (line[:300] + "..." if len(line) > 300 else line)
-                         or f"HTTP {status} ({_phrase(status)}) with an empty body")
+                         or f"{_phrase(status)} (an empty body)")
     if isinstance(body, dict):  # a reason only from a Status: `not_found` goes by it
         reason = str(body.get("reason") or "") if body.get("kind") == "Status" else ""
         return KubeError(status, str(body.get("message") or text[:500]), reason)
