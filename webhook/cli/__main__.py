@@ -2,6 +2,6 @@
 
 import sys
 
-from ._main import main
+from . import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
-"""The exit codes every command shares, alone in a module: `initshift` imports it before
-anything heavy, so a Ctrl-C while the rest imports is answered with its code, not a traceback."""
+"""The exit codes every command shares, alone in a module that imports nothing: the
+command table's guard answers a Ctrl-C with its code while the rest imports, not a traceback."""
 
 # Every command: 0 done, 1 the cluster, a file or the server failed at run time, 2 usage or bad input.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
