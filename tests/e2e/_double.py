@@ -720,3 +720,99 @@ def double_namespaces(env: Env, rec: Record) -> None:
         env.kube.http.request("PATCH", f"{base}/configmaps/held", headers={"Content-Type": MERGE},
                               content=json.dumps({"metadata": {"finalizers": None}}))
         served.close()
+
+
+# Secret values the apiserver decodes with Go's base64 (the double ports its decoder).
+_SECRET_VALUES = ("YWI=", "YWJjZGV=", "YWJj\nZGVm", "YQ==\n", "", "YQ", "YQ=", "Y===", "YQ==YQ==", "YWJjZA", "YW Jj",
+                  "YWJjZA=", "abc=d", "Y", "YWJjZ", "é")
+
+
+@scenario("double-secrets")
+def double_secrets(env: Env, rec: Record) -> None:
+    """Secrets as the double decodes and validates them, against the apiserver (self-managed
+    certificates and pull secrets are Secrets): each value of `_SECRET_VALUES` decoded as Go
+    decodes base64 (stored the same, or refused 400 at the same byte), `stringData` merged,
+    the type defaulted; a type's required keys, bad keys, the size limit, a patch that drops
+    a required key, changes the type, undecodable values in a patch (422) and an immutable
+    Secret's data; the same status code, and the same message where it does not quote Go's
+    JSON parser or the whole object; initshift's own Secret write (`write_secret`: create,
+    409, conditional JSON patch with a current and a stale resourceVersion) too."""
+    ns = env.namespace("dsec", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    served = _Served(ns)
+    sides = {"apiserver": env.kube.http, "double": served.http}
+    base, json_ct = f"/api/v1/namespaces/{ns}/secrets", "application/json"
+    tls = {"tls.crt": "Yw==", "tls.key": "aw=="}
+
+    def secret(name: str, data: dict | None = None, kind: str | None = None, **more: Any) -> dict:
+        return {"metadata": {"name": name}, **({"data": data} if data is not None else {}),
+                **({"type": kind} if kind is not None else {}), **more}
+
+    def stored(code: int, answer: dict) -> tuple:
+        return code, answer.get("type"), answer.get("data"), "stringData" in answer
+
+    def said(code: int, answer: dict) -> tuple:
+        return code, answer.get("message") if code >= 400 else None
+
+    def coded(code: int, answer: dict) -> tuple:
+        return (code,)
+
+    steps: list[tuple[str, str, str, Any, str, Callable[[int, dict], tuple]]] = [
+        (f"value {value!r}", "POST", base, secret(f"v{i}", {"a": value}), json_ct,
+         stored if i < 5 else said) for i, value in enumerate(_SECRET_VALUES)]
+    steps += [
+        ("stringData", "POST", base, secret("s", {"k": "eA==", "j": "eQ=="}, stringData={"k": "plain"}), json_ct,
+         stored),
+        ("no type", "POST", base, secret("o", {}), json_ct, stored),
+        ("tls without keys", "POST", base, secret("t0", {}, "kubernetes.io/tls"), json_ct, said),
+        ("tls without its key", "POST", base, secret("t0", {"tls.crt": "Yw=="}, "kubernetes.io/tls"), json_ct, said),
+        ("basic-auth with neither", "POST", base, secret("b", {}, "kubernetes.io/basic-auth"), json_ct, said),
+        ("basic-auth with a password", "POST", base, secret("b", {"password": "cA=="}, "kubernetes.io/basic-auth"),
+         json_ct, stored),
+        ("ssh-auth without its key", "POST", base, secret("h", {}, "kubernetes.io/ssh-auth"), json_ct, said),
+        ("a service account token without its account", "POST", base,
+         secret("a", {}, "kubernetes.io/service-account-token"), json_ct, said),
+        ("a pull secret of an array", "POST", base,
+         secret("d", {".dockerconfigjson": "WzFd"}, "kubernetes.io/dockerconfigjson"), json_ct, said),
+        ("a pull secret that is no JSON", "POST", base,
+         secret("d", {".dockerconfigjson": "bm9wZQ=="}, "kubernetes.io/dockerconfigjson"), json_ct, coded),
+        ("a pull secret", "POST", base,
+         secret("d", {".dockerconfigjson": "eyJhdXRocyI6e319"}, "kubernetes.io/dockerconfigjson"), json_ct, stored),
+        ("a key '.'", "POST", base, secret("k", {".": ""}), json_ct, said),
+        ("a key 'a/b'", "POST", base, secret("k", {"a/b": ""}), json_ct, said),
+        ("over 1 MiB", "POST", base, secret("k", {"a": "eHh4" * 349526}), json_ct, coded),
+        # initshift's write_secret, as the self-managed certificates write theirs
+        ("the serving Secret", "POST", base, secret("t", tls, "kubernetes.io/tls"), json_ct, stored),
+        ("again", "POST", base, secret("t", tls, "kubernetes.io/tls"), json_ct, said),
+        ("its data replaced, at its resourceVersion", "PATCH", f"{base}/t",
+         [{"op": "add", "path": "/data", "value": {**tls, "ca.crt": "YQ=="}},
+          {"op": "add", "path": "/metadata/resourceVersion", "value": _CURRENT}], JSON_PATCH, stored),
+        ("at a stale one", "PATCH", f"{base}/t", [{"op": "add", "path": "/data", "value": tls},
+                                                  {"op": "add", "path": "/metadata/resourceVersion",
+                                                   "value": _STALE}], JSON_PATCH, said),
+        ("its key dropped", "PATCH", f"{base}/t", [{"op": "remove", "path": "/data/tls.key"}], JSON_PATCH, said),
+        ("its type changed", "PATCH", f"{base}/t", {"type": "Opaque"}, MERGE, said),
+        ("a value no base64", "PATCH", f"{base}/t", {"data": {"tls.crt": "ab!c"}}, MERGE, coded),
+        ("an immutable Secret", "POST", base, secret("i", {"a": "eA=="}, immutable=True), json_ct, stored),
+        ("its data changed", "PATCH", f"{base}/i", {"data": {"a": "eQ=="}}, MERGE, said),
+        ("made mutable", "PATCH", f"{base}/i", {"immutable": False}, MERGE, said),
+    ]
+    versions: dict[str, list[str]] = {side: [] for side in sides}
+    agreed = []
+    try:
+        for what, method, path, body, ctype, view in steps:
+            got = {}
+            for side, http in sides.items():
+                text = json.dumps(body)
+                if versions[side]:
+                    text = text.replace(_CURRENT, versions[side][-1]).replace(_STALE, versions[side][0])
+                code, answer = _answer(http, method, path, json.loads(text), ctype)
+                if path.endswith("/t") or (code == 201 and answer["metadata"]["name"] == "t"):
+                    if code in (200, 201):
+                        versions[side].append(answer["metadata"]["resourceVersion"])
+                got[side] = view(code, answer)
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+    finally:
+        served.close()
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed))

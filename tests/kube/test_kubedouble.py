@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from datetime import datetime, timedelta, timezone
 from typing import Any, AsyncIterator
@@ -16,6 +17,7 @@ from tests.support.kubedouble import KubeDouble, label_matcher, merge_patch, run
 from webhook.kube._api import KubeError
 
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 BOUND = 10.0
 
 
@@ -120,7 +122,7 @@ async def test_merge_patch_semantics(kube: KubeDouble, http: aiohttp.ClientSessi
     assert status == 415
     status, body = await call(http, "PATCH", "/api/v1/namespaces/ns/pods/m",
                               [{"op": "add", "path": "/metadata/labels", "value": {"j": "p"}}],
-                              "application/json-patch+json")
+                              JSON_PATCH)
     assert status == 200 and body["metadata"]["labels"] == {"j": "p"}
 
 
@@ -248,7 +250,7 @@ async def test_events_leases_and_cluster_objects(kube: KubeDouble, http: aiohttp
     kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "w"}, "webhooks": [{"name": "x"}]})
     mwc = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/w"
     status, body = await call(http, "PATCH", mwc, [{"op": "add", "path": "/webhooks/0/clientConfig",
-                                                    "value": {"caBundle": "Q0E="}}], "application/json-patch+json")
+                                                    "value": {"caBundle": "Q0E="}}], JSON_PATCH)
     assert status == 200 and body["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
     status, version = await call(http, "GET", "/version")
     assert status == 200 and version["gitVersion"] == "v1.30.2" and version["minor"] == "30"
@@ -802,3 +804,67 @@ async def test_a_delete_answers_the_object_or_a_status_as_the_apiserver_does(kub
             assert answer["details"] == {"name": "d", **({"group": group} if group else {}),
                                          "kind": path.rpartition("/")[2], "uid": created["metadata"]["uid"]}
         assert (await call(http, "DELETE", f"{path}/d"))[0] == 404
+
+
+# Go's base64 as the apiserver decoded these Secret values (v1.34.9): the stored value, or
+# the byte offset of its "illegal base64 data at input byte N".
+_BASE64_AS_DECODED = {"YWI=": "YWI=", "YWJjZGV=": "YWJjZGU=", "YWJj\nZGVm": "YWJjZGVm", "YQ==\n": "YQ==", "": "",
+                      "YQ": 0, "YQ=": 3, "Y===": 1, "YQ==YQ==": 4, "YWJjZA": 4, "YW Jj": 2, "YWJjZA=": 7,
+                      "abc=d": 4, "Y": 0, "YWJjZ": 4}
+
+
+async def test_secret_values_are_decoded_as_the_apiservers_go_decodes_them(kube: KubeDouble,
+                                                                           http: aiohttp.ClientSession) -> None:
+    """As e2e `double-secrets` found on v1.34.9: line ends skipped, padding required, trailing
+    bits dropped; a create's undecodable value is a 400 naming its offset, a patch's a 422."""
+    secrets = "/api/v1/namespaces/ns/secrets"
+    for i, (value, want) in enumerate(_BASE64_AS_DECODED.items()):
+        status, body = await call(http, "POST", secrets, {"metadata": {"name": f"b{i}"}, "data": {"a": value}})
+        if isinstance(want, int):
+            assert (status, body["message"]) == (400, 'Secret in version "v1" cannot be handled as a Secret: '
+                                                      f"illegal base64 data at input byte {want}"), value
+        else:
+            assert (status, body.get("data", {}).get("a", "")) == (201, want), value
+    status, body = await call(http, "PATCH", f"{secrets}/b0", {"data": {"a": "ab!c"}}, MERGE)
+    assert status == 422 and body["message"].endswith("illegal base64 data at input byte 2")
+    status, body = await call(http, "POST", secrets, {"metadata": {"name": "s"}, "stringData": {"k": "plain"},
+                                                      "data": {"k": "eA==", "j": "eQ=="}})
+    assert (status, body["type"], body["data"]) == (201, "Opaque", {"k": "cGxhaW4=", "j": "eQ=="})
+    assert "stringData" not in body
+
+
+async def test_secrets_are_validated_as_the_apiserver_does(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """As e2e `double-secrets` found on v1.34.9 and v1.28.15: a type's required keys, data
+    keys, the total size, `type` and an immutable Secret's data never changing."""
+    secrets, tls = "/api/v1/namespaces/ns/secrets", {"tls.crt": "Yw==", "tls.key": "aw=="}
+
+    async def refused(method: str, path: str, body: Any, ctype: str = "application/json") -> str:
+        status, answer = await call(http, method, path, body, ctype)
+        assert status == 422, answer
+        return answer["message"]
+
+    assert await refused("POST", secrets, {"metadata": {"name": "t"}, "type": "kubernetes.io/tls"}) == \
+        'Secret "t" is invalid: [data[tls.crt]: Required value, data[tls.key]: Required value]'
+    assert await refused("POST", secrets, {"metadata": {"name": "k"}, "data": {".": ""}}) == \
+        """Secret "k" is invalid: data[.]: Invalid value: ".": must not be '.'"""
+    assert "regex used for validation is '[-._a-zA-Z0-9]+'" in \
+        await refused("POST", secrets, {"metadata": {"name": "k"}, "data": {"a/b": ""}})
+    big = base64.b64encode(b"x" * (1024 * 1024 + 1)).decode()
+    assert await refused("POST", secrets, {"metadata": {"name": "k"}, "data": {"a": big}}) == \
+        'Secret "k" is invalid: data: Too long: may not be more than 1048576 bytes'
+    assert await refused("POST", secrets, {"metadata": {"name": "b"}, "type": "kubernetes.io/basic-auth"}) == \
+        'Secret "b" is invalid: [data[username]: Required value, data[password]: Required value]'
+    assert "cannot unmarshal array" in await refused("POST", secrets, {
+        "metadata": {"name": "d"}, "type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": "WzFd"}})
+    status, _ = await call(http, "POST", secrets, {"metadata": {"name": "t"}, "type": "kubernetes.io/tls", "data": tls})
+    assert status == 201
+    assert await refused("PATCH", f"{secrets}/t", [{"op": "remove", "path": "/data/tls.key"}], JSON_PATCH) == \
+        'Secret "t" is invalid: data[tls.key]: Required value'
+    assert await refused("PATCH", f"{secrets}/t", {"type": "Opaque"}, MERGE) == \
+        'Secret "t" is invalid: type: Invalid value: "Opaque": field is immutable'
+    status, _ = await call(http, "POST", secrets, {"metadata": {"name": "i"}, "immutable": True, "data": {"a": "eA=="}})
+    assert status == 201
+    assert await refused("PATCH", f"{secrets}/i", {"data": {"a": "eQ=="}}, MERGE) == \
+        'Secret "i" is invalid: data: Forbidden: field is immutable when `immutable` is set'
+    assert await refused("PATCH", f"{secrets}/i", {"immutable": False}, MERGE) == \
+        'Secret "i" is invalid: immutable: Forbidden: field is immutable when `immutable` is set'

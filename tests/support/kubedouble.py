@@ -62,6 +62,11 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
 - core/v1 and events.k8s.io/v1 events, coordination.k8s.io/v1 leases, nodes, namespaces,
   secrets, serviceaccounts, configmaps, services, limitranges, resourcequotas, apps/v1 deployments,
   mutating/validating webhook configurations, `GET /version`;
+- secrets: decoded as the apiserver decodes them (`_decode_secret`: values as Go's base64
+  reads them, stored re-encoded, 400 at the byte offset Go names, 422 from a patch;
+  `stringData` merged into `data`; `type` defaulted to Opaque) and validated (`_check_secret`:
+  data keys, 1 MiB, each type's required keys, `type` and an immutable Secret's data fixed;
+  422; e2e `double-secrets`);
 - limitranges: validated as the apiserver does on create and update (422): each limit has a
   type, no type twice, no `default`/`defaultRequest` for type Pod, quantities that parse,
   per resource min <= defaultRequest <= default <= max (its messages), maxLimitRequestRatio >= 1;
@@ -1184,6 +1189,8 @@ class KubeDouble:
         obj = copy.deepcopy(body)
         if res.key == "leases":
             _decode_lease(obj)
+        if res.key == "secrets":
+            _decode_secret(obj, _undecodable("Secret"))
         meta = obj.setdefault("metadata", {})
         if res.namespaced:
             if meta.get("namespace") not in (None, namespace):
@@ -1212,6 +1219,8 @@ class KubeDouble:
             _check_limit_range(obj)
         if res.key == "leases":
             _check_lease(obj)
+        if res.key == "secrets":
+            _check_secret(obj)
         if _resource_version(meta) and not on_update:  # (etcd's store refuses it, before it looks)
             raise ApiError(500, "resourceVersion should not be set on objects to be created")
         if key in self._objects[res.key]:
@@ -1238,6 +1247,8 @@ class KubeDouble:
         body = copy.deepcopy(body)
         if res.key == "leases":
             _decode_lease(body)
+        if res.key == "secrets":
+            _decode_secret(body, _undecodable("Secret"))
         meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         if not meta.get("name"):
             raise ApiError(400, f"the name of the object ({key[1]} based on URL) was undeterminable: "
@@ -1279,6 +1290,10 @@ class KubeDouble:
         else:
             raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
                                 f"include: application/json-patch+json, application/merge-patch+json ({ctype})")
+        if res.key == "secrets":  # the patched object is decoded: what it cannot be is the patch's fault
+            _decode_secret(updated, lambda why: ApiError(
+                422, f' "" is invalid: patch: Invalid value: {json.dumps(json.dumps(updated, separators=(",", ":")))}: '
+                     f"{why}"))
         if precondition is None:  # unconditional: compare to the current version
             updated.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
         return self._update(res, key, current, updated, sub)
@@ -1308,6 +1323,8 @@ class KubeDouble:
         elif res.key == "leases":
             _decode_lease(updated)
             _check_lease(updated)
+        elif res.key == "secrets":
+            _check_secret(updated, current)
         _check_metadata(res.qualified_kind, updated["metadata"])
         if current["metadata"].get("deletionTimestamp"):
             had = current["metadata"].get("finalizers") or []
@@ -1710,5 +1727,137 @@ def _check_limit_range(obj: dict) -> None:
                 invalid(f"[{i}].maxLimitRequestRatio[{resource}]", f'Invalid value: "{ratio}": ratio {ratio} is '
                                                                    f'greater than max/min = {have["max"] / have["min"]:f}')
     if errors:
-        raise ApiError(422, f'LimitRange "{name}" is invalid: '
-                            + (errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"))
+        raise _invalid("LimitRange", name, errors)
+
+
+def _invalid(kind: str, name: str, errors: list[str]) -> ApiError:
+    """The apiserver's 422 for a validation's field errors: one alone, several in brackets."""
+    return ApiError(422, f'{kind} "{name}" is invalid: ' + (errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"))
+
+
+# A Secret's data as the apiserver decodes it: encoding/json reads a []byte with Go's
+# base64.StdEncoding (padding required, line ends skipped, trailing bits ignored).
+_BASE64 = {c: i for i, c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+_SECRET_MAX_BYTES = 1024 * 1024  # core.MaxSecretSize: the values' decoded bytes together
+_CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+# ValidateSecret's keys a type requires (basic-auth: username or password, apart).
+_SECRET_KEYS = {"kubernetes.io/tls": ("tls.crt", "tls.key"), "kubernetes.io/dockerconfigjson": (".dockerconfigjson",),
+                "kubernetes.io/dockercfg": (".dockercfg",), "kubernetes.io/ssh-auth": ("ssh-privatekey",)}
+
+
+def _go_base64(text: str) -> bytes:
+    """`text` decoded as Go's base64.StdEncoding decodes it (its decodeQuantum, one 4-character
+    quantum at a time); ValueError(offset) where Go reports "illegal base64 data at input
+    byte N" (e2e `double-secrets` compares the offsets)."""
+    src, si, out = text.encode(), 0, bytearray()
+    while True:
+        quantum: list[int] = []
+        while len(quantum) < 4:
+            if si == len(src):
+                if not quantum:
+                    return bytes(out)
+                raise ValueError(si - len(quantum))  # padding is required
+            c = src[si]
+            si += 1
+            if c in _BASE64:
+                quantum.append(_BASE64[c])
+                continue
+            if c in b"\r\n":
+                continue
+            if c != ord("=") or len(quantum) < 2:
+                raise ValueError(si - 1)
+            if len(quantum) == 2:  # "==" is due: the second, past line ends
+                while si < len(src) and src[si] in b"\r\n":
+                    si += 1
+                if si == len(src):
+                    raise ValueError(len(src))
+                if src[si] != ord("="):
+                    raise ValueError(si - 1)
+                si += 1
+            while si < len(src) and src[si] in b"\r\n":
+                si += 1
+            if si < len(src):  # something after the padding
+                raise ValueError(si)
+            break
+        value = 0
+        for sextet in quantum + [0] * (4 - len(quantum)):
+            value = value << 6 | sextet
+        out += value.to_bytes(3, "big")[:len(quantum) - 1]
+        if len(quantum) < 4:
+            return bytes(out)
+
+
+def _undecodable(kind: str) -> Any:
+    """The 400 of a create's or PUT's body the apiserver cannot decode."""
+    return lambda why: ApiError(400, f'{kind} in version "v1" cannot be handled as a {kind}: {why}')
+
+
+def _decode_secret(obj: dict, refuse: Any) -> None:
+    """A Secret as the apiserver decodes it and stores it: `data` base64 (`refuse(why)` when a
+    value is not), stored as the decoded bytes encode again; `stringData` merged into it
+    and not kept; `type` "Opaque" when unset or empty."""
+    decoded: dict[str, bytes] = {}
+    for key, value in (obj.get("data") or {}).items():
+        try:
+            decoded[key] = _go_base64(value) if isinstance(value, str) else b""
+        except ValueError as e:
+            raise refuse(f"illegal base64 data at input byte {e.args[0]}") from None
+    for key, value in (obj.pop("stringData", None) or {}).items():
+        decoded[key] = str(value).encode()
+    obj.pop("data", None)
+    if decoded:
+        obj["data"] = {key: base64.b64encode(value).decode() for key, value in decoded.items()}
+    obj["type"] = obj.get("type") or "Opaque"
+
+
+def _config_key_errors(key: str) -> list[str]:
+    """validation.IsConfigMapKey: what is wrong with a Secret's or ConfigMap's data key."""
+    errors = ["must be no more than 253 characters"] if len(key) > 253 else []
+    if not _CONFIG_KEY.fullmatch(key):
+        errors.append("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. "
+                      "'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')")
+    if key in (".", ".."):
+        errors.append(f"must not be '{key}'")
+    elif key.startswith(".."):
+        errors.append("must not start with '..'")
+    return errors
+
+
+def _check_secret(obj: dict, current: dict | None = None) -> None:
+    """ValidateSecret (on update ValidateSecretUpdate first: `type` and an `immutable`
+    Secret's data never change) as v1.34.9 words it (e2e `double-secrets`): 422 with every
+    error."""
+    data, kind = obj.get("data") or {}, obj.get("type")
+    errors: list[str] = []
+    if current is not None:
+        if kind != current.get("type"):
+            errors.append(f'type: Invalid value: "{kind}": field is immutable')
+        if current.get("immutable"):
+            if not obj.get("immutable"):
+                errors.append("immutable: Forbidden: field is immutable when `immutable` is set")
+            if data != (current.get("data") or {}):
+                errors.append("data: Forbidden: field is immutable when `immutable` is set")
+    errors += [f'data[{key}]: Invalid value: "{key}": {why}' for key in data for why in _config_key_errors(key)]
+    if sum(len(base64.b64decode(value)) for value in data.values()) > _SECRET_MAX_BYTES:
+        errors.append(f"data: Too long: may not be more than {_SECRET_MAX_BYTES} bytes")
+    required = ("username", "password") if kind == "kubernetes.io/basic-auth" and not {"username", "password"} & set(data) \
+        else _SECRET_KEYS.get(str(kind), ())
+    errors += [f"data[{key}]: Required value" for key in required if key not in data]
+    if kind in ("kubernetes.io/dockerconfigjson", "kubernetes.io/dockercfg"):
+        key = _SECRET_KEYS[kind][0]
+        why = None
+        try:  # (a syntax error in Python's words, not Go's)
+            config = json.loads(base64.b64decode(data[key])) if key in data else None
+        except ValueError as e:
+            why = str(e)
+        else:  # Go's json.Unmarshal into a map takes an object or null
+            if config is not None and not isinstance(config, dict):
+                json_type = {list: "array", str: "string", bool: "bool"}.get(type(config), "number")
+                why = f"json: cannot unmarshal {json_type} into Go value of type map[string]interface {{}}"
+        if why:
+            errors.append(f'data[{key}]: Invalid value: "<secret contents redacted>": {why}')
+    if kind == "kubernetes.io/service-account-token" and \
+            not ((obj.get("metadata") or {}).get("annotations") or {}).get("kubernetes.io/service-account.name"):
+        errors.append("metadata.annotations[kubernetes.io/service-account.name]: Required value")
+    if errors:
+        raise _invalid("Secret", obj["metadata"]["name"], errors)
