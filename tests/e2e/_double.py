@@ -816,3 +816,92 @@ def double_secrets(env: Env, rec: Record) -> None:
     finally:
         served.close()
     rec.note("the apiserver and the double agree: " + "; ".join(agreed))
+
+
+@scenario("double-webhook-configurations")
+def double_webhook_configurations(env: Env, rec: Record) -> None:
+    """Webhook configurations as the double decodes and validates them, against the
+    apiserver (initshift's certificates write the caBundle of its own): a caBundle decoded
+    as Go's base64 decodes it (stored re-encoded or left out when empty; an undecodable one
+    400 at the same byte), a PUT of the object as read leaving its resourceVersion, a stale
+    one 409; each webhook's name, one of url or service, sideEffects and
+    admissionReviewVersions (422, the same words); the same status code and message."""
+    served = _Served()
+    sides = {"apiserver": env.kube.http, "double": served.http}
+    prefix = f"e2e-{env.namespace('dwhc', mesh=None, opted=False)}"
+    base = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+    def hook(name: str = "pods.initshift.io", **change: Any) -> dict:
+        made = {"name": name, "clientConfig": {"service": {"namespace": "initshift-system", "name": "initshift",
+                                                           "path": "/mutate"}},
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Ignore",
+                # no object matches: the configuration is never called
+                "objectSelector": {"matchLabels": {"e2e.initshift.io/never": "true"}}}
+        made.update(change)
+        return {key: value for key, value in made.items() if value is not None}
+
+    def config(name: str, *hooks: dict) -> dict:
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": f"{prefix}-{name}"}, "webhooks": list(hooks)}
+
+    def said(code: int, answer: dict) -> tuple:
+        return code, answer.get("message") if code >= 400 else None
+
+    read: dict[str, dict] = {}
+
+    def with_bundle(side: str, bundle: str | None, version: str = "now") -> dict:
+        obj = json.loads(json.dumps(read[side][version]))
+        obj["webhooks"][0]["clientConfig"]["caBundle"] = bundle
+        return obj
+
+    agreed = []
+    try:
+        for side, http in sides.items():
+            code, obj = _answer(http, "POST", base, config("a", hook()), "application/json")
+            assert code == 201, f"{side}: {code} {obj}"
+            read[side] = {"first": obj, "now": obj}
+        puts: list[tuple[str, str | None]] = [("the object as read", "<keep>"), ("a caBundle", "Q0E="),
+                                              ("one with a line end", "Q0E=\n"), ("an empty one", ""),
+                                              ("one no base64", "Q0E"), ("one at a stale resourceVersion", "<stale>")]
+        for what, bundle in puts:
+            got = {}
+            for side, http in sides.items():
+                if bundle == "<keep>":
+                    body = read[side]["now"]
+                elif bundle == "<stale>":
+                    body = with_bundle(side, "Q0I=", "first")
+                else:
+                    body = with_bundle(side, bundle)
+                code, answer = _answer(http, "PUT", f"{base}/{prefix}-a", body, "application/json")
+                moved = None
+                if code == 200:
+                    moved = answer["metadata"]["resourceVersion"] != read[side]["now"]["metadata"]["resourceVersion"]
+                    read[side]["now"] = answer
+                    bundle_now = answer["webhooks"][0].get("clientConfig", {}).get("caBundle", "<none>")
+                    got[side] = (code, moved, bundle_now)
+                else:
+                    got[side] = said(code, answer)
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+        creates = [("no sideEffects", config("b", hook(sideEffects=None))),
+                   ("sideEffects Some", config("c", hook(sideEffects="Some"))),
+                   ("a name of two segments", config("d", hook("pods.initshift"))),
+                   ("a name with capitals", config("e", hook("Pods.initshift.io"))),
+                   ("a name twice", config("f", hook(), hook())),
+                   ("no url or service", config("g", hook(clientConfig={}))),
+                   ("a url and a service", config("h", hook(clientConfig={
+                       "url": "https://example.com/mutate",
+                       "service": {"namespace": "initshift-system", "name": "initshift"}}))),
+                   ("no admissionReviewVersions", config("i", hook(admissionReviewVersions=None))),
+                   ("two webhooks wrong", config("j", hook("one"), hook("two.initshift.io", sideEffects=None))),
+                   ("no webhooks", config("k"))]
+        for what, body in creates:
+            got = {side: said(*_answer(http, "POST", base, body, "application/json")) for side, http in sides.items()}
+            assert got["apiserver"] == got["double"], f"{what}: {got}"
+            agreed.append(f"{what} {got['double'][0]}")
+    finally:
+        served.close()
+        for name in "abcdefghijk":
+            env.kube.http.request("DELETE", f"{base}/{prefix}-{name}")
+    rec.note("the apiserver and the double agree: " + "; ".join(agreed))

@@ -247,10 +247,12 @@ async def test_events_leases_and_cluster_objects(kube: KubeDouble, http: aiohttp
     assert (await call(http, "GET", "/api/v1/namespaces/ns/secrets/s"))[1]["data"] == {"k": "dg=="}
     kube.put("serviceaccounts", {"metadata": {"name": "default", "namespace": "ns"}})
     assert (await call(http, "GET", "/api/v1/namespaces/ns/serviceaccounts/default"))[0] == 200
-    kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "w"}, "webhooks": [{"name": "x"}]})
+    kube.put("mutatingwebhookconfigurations", {"metadata": {"name": "w"}, "webhooks": [{
+        "name": "x.example.com", "clientConfig": {"url": "https://x.example.com"}, "sideEffects": "None",
+        "admissionReviewVersions": ["v1"]}]})
     mwc = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/w"
-    status, body = await call(http, "PATCH", mwc, [{"op": "add", "path": "/webhooks/0/clientConfig",
-                                                    "value": {"caBundle": "Q0E="}}], JSON_PATCH)
+    status, body = await call(http, "PATCH", mwc, [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle",
+                                                    "value": "Q0E="}], JSON_PATCH)
     assert status == 200 and body["webhooks"][0]["clientConfig"]["caBundle"] == "Q0E="
     status, version = await call(http, "GET", "/version")
     assert status == 200 and version["gitVersion"] == "v1.30.2" and version["minor"] == "30"
@@ -868,3 +870,28 @@ async def test_secrets_are_validated_as_the_apiserver_does(kube: KubeDouble, htt
         'Secret "i" is invalid: data: Forbidden: field is immutable when `immutable` is set'
     assert await refused("PATCH", f"{secrets}/i", {"immutable": False}, MERGE) == \
         'Secret "i" is invalid: immutable: Forbidden: field is immutable when `immutable` is set'
+
+
+async def test_webhook_configurations_are_decoded_and_validated_as_the_apiserver_does(
+        kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """As e2e `double-webhook-configurations` found on v1.34.9 and v1.28.15."""
+    base = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    hook = {"name": "pods.initshift.io", "clientConfig": {"service": {"namespace": "x", "name": "y"}},
+            "sideEffects": "None", "admissionReviewVersions": ["v1"]}
+    status, made = await call(http, "POST", base, {"metadata": {"name": "w"}, "webhooks": [hook]})
+    assert status == 201
+    made["webhooks"][0]["clientConfig"]["caBundle"] = "Q0E=\n"
+    status, put = await call(http, "PUT", f"{base}/w", made)
+    assert (status, put["webhooks"][0]["clientConfig"]["caBundle"]) == (200, "Q0E=")
+    put["webhooks"][0]["clientConfig"]["caBundle"] = "Q0E"
+    status, body = await call(http, "PUT", f"{base}/w", put)
+    assert (status, body["message"]) == (400, 'MutatingWebhookConfiguration in version "v1" cannot be handled as a '
+                                              "MutatingWebhookConfiguration: illegal base64 data at input byte 0")
+    wrong = [{**hook, "name": "pods.io", "sideEffects": None}, {**hook, "clientConfig": {}, "admissionReviewVersions": []}]
+    status, body = await call(http, "POST", base, {"metadata": {"name": "v"}, "webhooks": wrong})
+    assert (status, body["message"]) == (422, (
+        'MutatingWebhookConfiguration.admissionregistration.k8s.io "v" is invalid: [webhooks[0].name: Invalid value: '
+        '"pods.io": should be a domain with at least three segments separated by dots, webhooks[0].sideEffects: '
+        "Required value: must specify one of None, NoneOnDryRun, webhooks[1].clientConfig: Required value: exactly one "
+        "of url or service is required, webhooks[1].admissionReviewVersions: Required value: must specify one of v1, "
+        "v1beta1]"))

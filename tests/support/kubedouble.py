@@ -67,6 +67,9 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   `stringData` merged into `data`; `type` defaulted to Opaque) and validated (`_check_secret`:
   data keys, 1 MiB, each type's required keys, `type` and an immutable Secret's data fixed;
   422; e2e `double-secrets`);
+- mutating and validating webhook configurations: each `clientConfig.caBundle` decoded as a
+  Secret's values are, and each webhook validated (`_check_webhooks`: its name, one of url or
+  service, sideEffects, admissionReviewVersions; 422; e2e `double-webhook-configurations`);
 - limitranges: validated as the apiserver does on create and update (422): each limit has a
   type, no type twice, no `default`/`defaultRequest` for type Pod, quantities that parse,
   per resource min <= defaultRequest <= default <= max (its messages), maxLimitRequestRatio >= 1;
@@ -1191,6 +1194,8 @@ class KubeDouble:
             _decode_lease(obj)
         if res.key == "secrets":
             _decode_secret(obj, _undecodable("Secret"))
+        if res.key in _WEBHOOK_CONFIGURATIONS:
+            _decode_webhooks(obj, _undecodable(res.kind))
         meta = obj.setdefault("metadata", {})
         if res.namespaced:
             if meta.get("namespace") not in (None, namespace):
@@ -1221,6 +1226,8 @@ class KubeDouble:
             _check_lease(obj)
         if res.key == "secrets":
             _check_secret(obj)
+        if res.key in _WEBHOOK_CONFIGURATIONS:
+            _check_webhooks(res.qualified_kind, obj)
         if _resource_version(meta) and not on_update:  # (etcd's store refuses it, before it looks)
             raise ApiError(500, "resourceVersion should not be set on objects to be created")
         if key in self._objects[res.key]:
@@ -1249,6 +1256,8 @@ class KubeDouble:
             _decode_lease(body)
         if res.key == "secrets":
             _decode_secret(body, _undecodable("Secret"))
+        if res.key in _WEBHOOK_CONFIGURATIONS:
+            _decode_webhooks(body, _undecodable(res.kind))
         meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         if not meta.get("name"):
             raise ApiError(400, f"the name of the object ({key[1]} based on URL) was undeterminable: "
@@ -1290,10 +1299,13 @@ class KubeDouble:
         else:
             raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
                                 f"include: application/json-patch+json, application/merge-patch+json ({ctype})")
-        if res.key == "secrets":  # the patched object is decoded: what it cannot be is the patch's fault
-            _decode_secret(updated, lambda why: ApiError(
-                422, f' "" is invalid: patch: Invalid value: {json.dumps(json.dumps(updated, separators=(",", ":")))}: '
-                     f"{why}"))
+        # The patched object is decoded: what it cannot be is the patch's fault.
+        unpatchable = lambda why: ApiError(  # noqa: E731
+            422, f' "" is invalid: patch: Invalid value: {json.dumps(json.dumps(updated, separators=(",", ":")))}: {why}')
+        if res.key == "secrets":
+            _decode_secret(updated, unpatchable)
+        if res.key in _WEBHOOK_CONFIGURATIONS:
+            _decode_webhooks(updated, unpatchable)
         if precondition is None:  # unconditional: compare to the current version
             updated.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
         return self._update(res, key, current, updated, sub)
@@ -1325,6 +1337,8 @@ class KubeDouble:
             _check_lease(updated)
         elif res.key == "secrets":
             _check_secret(updated, current)
+        elif res.key in _WEBHOOK_CONFIGURATIONS:
+            _check_webhooks(res.qualified_kind, updated)
         _check_metadata(res.qualified_kind, updated["metadata"])
         if current["metadata"].get("deletionTimestamp"):
             had = current["metadata"].get("finalizers") or []
@@ -1821,6 +1835,59 @@ def _config_key_errors(key: str) -> list[str]:
     elif key.startswith(".."):
         errors.append("must not start with '..'")
     return errors
+
+
+_WEBHOOK_CONFIGURATIONS = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+_WEBHOOK_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _decode_webhooks(obj: dict, refuse: Any) -> None:
+    """A webhook configuration's `clientConfig.caBundle`s as the apiserver decodes them
+    ([]byte: Go's base64, `refuse(why)` when one is not) and stores them (re-encoded)."""
+    for hook in obj.get("webhooks") or []:
+        config = hook.get("clientConfig") if isinstance(hook, dict) else None
+        if isinstance(config, dict) and isinstance(config.get("caBundle"), str):
+            try:
+                bundle = _go_base64(config["caBundle"])
+            except ValueError as e:
+                raise refuse(f"illegal base64 data at input byte {e.args[0]}") from None
+            config["caBundle"] = base64.b64encode(bundle).decode()
+            if not bundle:
+                del config["caBundle"]
+
+
+def _check_webhooks(kind: str, obj: dict) -> None:
+    """ValidateMutatingWebhookConfiguration (and its validating twin) for admissionregistration
+    v1, the parts a client can get wrong, worded as v1.34.9 words them (e2e
+    `double-webhook-configurations`): each webhook's name (a unique domain of three
+    segments or more), one of url or service, sideEffects and admissionReviewVersions (422)."""
+    errors: list[str] = []
+    seen: set[str] = set()
+    for i, hook in enumerate(obj.get("webhooks") or []):
+        at, name = f"webhooks[{i}]", str(hook.get("name") or "")
+        if not _WEBHOOK_NAME.fullmatch(name) or len(name) > 253:
+            errors.append(f'{at}.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
+                          f"case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
+                          f"character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                          f"(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+        elif name.count(".") < 2:
+            errors.append(f'{at}.name: Invalid value: "{name}": should be a domain with at least three segments '
+                          f"separated by dots")
+        elif name in seen:
+            errors.append(f'{at}.name: Duplicate value: "{name}"')
+        seen.add(name)
+        config = hook.get("clientConfig") or {}
+        if ("url" in config) == ("service" in config):
+            errors.append(f"{at}.clientConfig: Required value: exactly one of url or service is required")
+        if hook.get("sideEffects") is None:
+            errors.append(f"{at}.sideEffects: Required value: must specify one of None, NoneOnDryRun")
+        elif hook["sideEffects"] not in ("None", "NoneOnDryRun"):
+            errors.append(f'{at}.sideEffects: Unsupported value: "{hook["sideEffects"]}": supported values: "None", '
+                          f'"NoneOnDryRun"')
+        if not hook.get("admissionReviewVersions"):
+            errors.append(f"{at}.admissionReviewVersions: Required value: must specify one of v1, v1beta1")
+    if errors:
+        raise _invalid(kind, obj["metadata"]["name"], errors)
 
 
 def _check_secret(obj: dict, current: dict | None = None) -> None:
