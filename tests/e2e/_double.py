@@ -727,6 +727,16 @@ _SECRET_VALUES = ("YWI=", "YWJjZGV=", "YWJj\nZGVm", "YQ==\n", "", "YQ", "YQ=", "
                   "YWJjZA=", "abc=d", "Y", "YWJjZ", "é")
 
 
+def _said(code: int, answer: dict) -> tuple:
+    """An answer's code, and an error's message."""
+    return code, answer.get("message") if code >= 400 else None
+
+
+def _coded(code: int, answer: dict) -> tuple:
+    """An answer's code alone (where the message quotes Go's JSON parser or the whole object)."""
+    return (code,)
+
+
 @scenario("double-secrets")
 def double_secrets(env: Env, rec: Record) -> None:
     """Secrets as the double decodes and validates them, against the apiserver (self-managed
@@ -751,51 +761,45 @@ def double_secrets(env: Env, rec: Record) -> None:
     def stored(code: int, answer: dict) -> tuple:
         return code, answer.get("type"), answer.get("data"), "stringData" in answer
 
-    def said(code: int, answer: dict) -> tuple:
-        return code, answer.get("message") if code >= 400 else None
-
-    def coded(code: int, answer: dict) -> tuple:
-        return (code,)
-
     steps: list[tuple[str, str, str, Any, str, Callable[[int, dict], tuple]]] = [
         (f"value {value!r}", "POST", base, secret(f"v{i}", {"a": value}), json_ct,
-         stored if i < 5 else said) for i, value in enumerate(_SECRET_VALUES)]
+         stored if i < 5 else _said) for i, value in enumerate(_SECRET_VALUES)]
     steps += [
         ("stringData", "POST", base, secret("s", {"k": "eA==", "j": "eQ=="}, stringData={"k": "plain"}), json_ct,
          stored),
         ("no type", "POST", base, secret("o", {}), json_ct, stored),
-        ("tls without keys", "POST", base, secret("t0", {}, "kubernetes.io/tls"), json_ct, said),
-        ("tls without its key", "POST", base, secret("t0", {"tls.crt": "Yw=="}, "kubernetes.io/tls"), json_ct, said),
-        ("basic-auth with neither", "POST", base, secret("b", {}, "kubernetes.io/basic-auth"), json_ct, said),
+        ("tls without keys", "POST", base, secret("t0", {}, "kubernetes.io/tls"), json_ct, _said),
+        ("tls without its key", "POST", base, secret("t0", {"tls.crt": "Yw=="}, "kubernetes.io/tls"), json_ct, _said),
+        ("basic-auth with neither", "POST", base, secret("b", {}, "kubernetes.io/basic-auth"), json_ct, _said),
         ("basic-auth with a password", "POST", base, secret("b", {"password": "cA=="}, "kubernetes.io/basic-auth"),
          json_ct, stored),
-        ("ssh-auth without its key", "POST", base, secret("h", {}, "kubernetes.io/ssh-auth"), json_ct, said),
+        ("ssh-auth without its key", "POST", base, secret("h", {}, "kubernetes.io/ssh-auth"), json_ct, _said),
         ("a service account token without its account", "POST", base,
-         secret("a", {}, "kubernetes.io/service-account-token"), json_ct, said),
+         secret("a", {}, "kubernetes.io/service-account-token"), json_ct, _said),
         ("a pull secret of an array", "POST", base,
-         secret("d", {".dockerconfigjson": "WzFd"}, "kubernetes.io/dockerconfigjson"), json_ct, said),
+         secret("d", {".dockerconfigjson": "WzFd"}, "kubernetes.io/dockerconfigjson"), json_ct, _said),
         ("a pull secret that is no JSON", "POST", base,
-         secret("d", {".dockerconfigjson": "bm9wZQ=="}, "kubernetes.io/dockerconfigjson"), json_ct, coded),
+         secret("d", {".dockerconfigjson": "bm9wZQ=="}, "kubernetes.io/dockerconfigjson"), json_ct, _coded),
         ("a pull secret", "POST", base,
          secret("d", {".dockerconfigjson": "eyJhdXRocyI6e319"}, "kubernetes.io/dockerconfigjson"), json_ct, stored),
-        ("a key '.'", "POST", base, secret("k", {".": ""}), json_ct, said),
-        ("a key 'a/b'", "POST", base, secret("k", {"a/b": ""}), json_ct, said),
-        ("over 1 MiB", "POST", base, secret("k", {"a": "eHh4" * 349526}), json_ct, coded),
+        ("a key '.'", "POST", base, secret("k", {".": ""}), json_ct, _said),
+        ("a key 'a/b'", "POST", base, secret("k", {"a/b": ""}), json_ct, _said),
+        ("over 1 MiB", "POST", base, secret("k", {"a": "eHh4" * 349526}), json_ct, _coded),
         # initshift's write_secret, as the self-managed certificates write theirs
         ("the serving Secret", "POST", base, secret("t", tls, "kubernetes.io/tls"), json_ct, stored),
-        ("again", "POST", base, secret("t", tls, "kubernetes.io/tls"), json_ct, said),
+        ("again", "POST", base, secret("t", tls, "kubernetes.io/tls"), json_ct, _said),
         ("its data replaced, at its resourceVersion", "PATCH", f"{base}/t",
          [{"op": "add", "path": "/data", "value": {**tls, "ca.crt": "YQ=="}},
           {"op": "add", "path": "/metadata/resourceVersion", "value": _CURRENT}], JSON_PATCH, stored),
         ("at a stale one", "PATCH", f"{base}/t", [{"op": "add", "path": "/data", "value": tls},
                                                   {"op": "add", "path": "/metadata/resourceVersion",
-                                                   "value": _STALE}], JSON_PATCH, said),
-        ("its key dropped", "PATCH", f"{base}/t", [{"op": "remove", "path": "/data/tls.key"}], JSON_PATCH, said),
-        ("its type changed", "PATCH", f"{base}/t", {"type": "Opaque"}, MERGE, said),
-        ("a value no base64", "PATCH", f"{base}/t", {"data": {"tls.crt": "ab!c"}}, MERGE, coded),
+                                                   "value": _STALE}], JSON_PATCH, _said),
+        ("its key dropped", "PATCH", f"{base}/t", [{"op": "remove", "path": "/data/tls.key"}], JSON_PATCH, _said),
+        ("its type changed", "PATCH", f"{base}/t", {"type": "Opaque"}, MERGE, _said),
+        ("a value no base64", "PATCH", f"{base}/t", {"data": {"tls.crt": "ab!c"}}, MERGE, _coded),
         ("an immutable Secret", "POST", base, secret("i", {"a": "eA=="}, immutable=True), json_ct, stored),
-        ("its data changed", "PATCH", f"{base}/i", {"data": {"a": "eQ=="}}, MERGE, said),
-        ("made mutable", "PATCH", f"{base}/i", {"immutable": False}, MERGE, said),
+        ("its data changed", "PATCH", f"{base}/i", {"data": {"a": "eQ=="}}, MERGE, _said),
+        ("made mutable", "PATCH", f"{base}/i", {"immutable": False}, MERGE, _said),
     ]
     versions: dict[str, list[str]] = {side: [] for side in sides}
     agreed = []
@@ -845,9 +849,6 @@ def double_webhook_configurations(env: Env, rec: Record) -> None:
         return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
                 "metadata": {"name": f"{prefix}-{name}"}, "webhooks": list(hooks)}
 
-    def said(code: int, answer: dict) -> tuple:
-        return code, answer.get("message") if code >= 400 else None
-
     read: dict[str, dict] = {}
 
     def with_bundle(side: str, bundle: str | None, version: str = "now") -> dict:
@@ -881,7 +882,7 @@ def double_webhook_configurations(env: Env, rec: Record) -> None:
                     bundle_now = answer["webhooks"][0].get("clientConfig", {}).get("caBundle", "<none>")
                     got[side] = (code, moved, bundle_now)
                 else:
-                    got[side] = said(code, answer)
+                    got[side] = _said(code, answer)
             assert got["apiserver"] == got["double"], f"{what}: {got}"
             agreed.append(f"{what} {got['double'][0]}")
         creates = [("no sideEffects", config("b", hook(sideEffects=None))),
@@ -897,7 +898,7 @@ def double_webhook_configurations(env: Env, rec: Record) -> None:
                    ("two webhooks wrong", config("j", hook("one"), hook("two.initshift.io", sideEffects=None))),
                    ("no webhooks", config("k"))]
         for what, body in creates:
-            got = {side: said(*_answer(http, "POST", base, body, "application/json")) for side, http in sides.items()}
+            got = {side: _said(*_answer(http, "POST", base, body, "application/json")) for side, http in sides.items()}
             assert got["apiserver"] == got["double"], f"{what}: {got}"
             agreed.append(f"{what} {got['double'][0]}")
     finally:

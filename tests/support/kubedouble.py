@@ -1801,6 +1801,14 @@ def _go_base64(text: str) -> bytes:
             return bytes(out)
 
 
+def _decoded(value: str, refuse: Any) -> bytes:
+    """A []byte field's JSON string as the apiserver decodes it; `refuse(why)` when it cannot."""
+    try:
+        return _go_base64(value)
+    except ValueError as e:
+        raise refuse(f"illegal base64 data at input byte {e.args[0]}") from None
+
+
 def _undecodable(kind: str) -> Any:
     """The 400 of a create's or PUT's body the apiserver cannot decode."""
     return lambda why: ApiError(400, f'{kind} in version "v1" cannot be handled as a {kind}: {why}')
@@ -1812,10 +1820,7 @@ def _decode_secret(obj: dict, refuse: Any) -> None:
     and not kept; `type` "Opaque" when unset or empty."""
     decoded: dict[str, bytes] = {}
     for key, value in (obj.get("data") or {}).items():
-        try:
-            decoded[key] = _go_base64(value) if isinstance(value, str) else b""
-        except ValueError as e:
-            raise refuse(f"illegal base64 data at input byte {e.args[0]}") from None
+        decoded[key] = _decoded(value, refuse) if isinstance(value, str) else b""
     for key, value in (obj.pop("stringData", None) or {}).items():
         decoded[key] = str(value).encode()
     obj.pop("data", None)
@@ -1847,10 +1852,7 @@ def _decode_webhooks(obj: dict, refuse: Any) -> None:
     for hook in obj.get("webhooks") or []:
         config = hook.get("clientConfig") if isinstance(hook, dict) else None
         if isinstance(config, dict) and isinstance(config.get("caBundle"), str):
-            try:
-                bundle = _go_base64(config["caBundle"])
-            except ValueError as e:
-                raise refuse(f"illegal base64 data at input byte {e.args[0]}") from None
+            bundle = _decoded(config["caBundle"], refuse)
             config["caBundle"] = base64.b64encode(bundle).decode()
             if not bundle:
                 del config["caBundle"]
