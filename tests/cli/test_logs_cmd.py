@@ -64,6 +64,29 @@ async def test_logs_in_step_order_with_prefixes_and_no_waiter_lines(kube: KubeDo
     assert lines_of(out)[0] == "[prepare]        prepare says hello"  # prefixes padded to the longest name
 
 
+async def test_timestamps_on_request_after_the_prefix(kube: KubeDouble, cfg: str) -> None:
+    """--timestamps: each line with the kubelet's time of it, after its container's prefix
+    (as `kubectl logs --prefix --timestamps`); the waiter's own lines still hidden. Without
+    it the kubelet is not asked for them."""
+    kube.put_pod(tekton_done())
+    kube.append_log(NS, NAME, "prepare", "waiter[prepare]: sidecars ready after 2.1s", at="2026-12-02T10:00:00.100000000Z")
+    kube.append_log(NS, NAME, "prepare", "copying entrypoint", at="2026-12-02T10:00:00.250000000Z")
+    kube.append_log(NS, NAME, "step-report", "12 passed", at="2026-12-02T10:00:41.000000000Z")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg, "--timestamps")
+    assert (code, err) == (0, "")
+    assert [line.split() for line in lines_of(out)] == [
+        ["[prepare]", "2026-12-02T10:00:00.250000000Z", "copying", "entrypoint"],
+        ["[step-report]", "2026-12-02T10:00:41.000000000Z", "12", "passed"]]
+    asked = [r.query for r in kube.requests if r.path.endswith(f"/pods/{NAME}/log")]
+    assert asked and all(q.get("timestamps") == "true" for q in asked)
+    kube.requests.clear()
+    code, out, err = await logs(NAME, "--kubeconfig", cfg)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1) for line in lines_of(out)] == [["[prepare]", "copying entrypoint"],
+                                                                ["[step-report]", "12 passed"]]
+    assert all("timestamps" not in r.query for r in kube.requests if r.path.endswith("/log"))
+
+
 async def test_a_job_names_its_pod(kube: KubeDouble, cfg: str) -> None:
     """`job/NAME` reads the Job's pod's logs (the newest, when it retried: `initshift status`'s tests)."""
     built = tekton_done()
@@ -175,11 +198,12 @@ async def test_follow_a_waiter_pod_step_by_step_with_the_sidecar_alongside(kube:
     assert [g[1] for g in got if g[0] == "[istio-proxy]"] == ["Envoy proxy is READY", "quitquitquit received"]
 
 
-async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble, cfg: str) -> None:
+@pytest.mark.parametrize("shown", [False, True], ids=["", "timestamps"])
+async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble, cfg: str, shown: bool) -> None:
     """A follow that breaks while the step runs (a proxy's idle timeout) is opened again from
     the second of the last line printed (`sinceTime`), and the kubelet's timestamps skip what
     was printed: no line lost or shown twice, lines of the same time included. The pod's
-    watch, broken with it, is watched again."""
+    watch, broken with it, is watched again. The times are shown with --timestamps only."""
     kube.put_pod(with_status(pod("job-istio", NAME, NS),
                              init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
                              containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)]))
@@ -188,7 +212,7 @@ async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble
     kube.append_log(NS, NAME, "git-clone", "two", at=same)
     kube.append_log(NS, NAME, "git-clone", "three", at=same)  # the same time as the one before
     out = io.StringIO()
-    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, *(["--timestamps"] if shown else []), out=out))
     await eventually(lambda: "three" in out.getvalue(), "the first lines")
     kube.cut_log_follows()
     kube.drop_watches()  # the pod's watch breaks too: taken up from its last resourceVersion
@@ -200,7 +224,10 @@ async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble
                                 phase="Succeeded")
     code, text, err = await asyncio.wait_for(task, BOUND)
     assert (code, err) == (0, "")
-    assert [line.split(None, 1)[1] for line in lines_of(text)] == ["one", "two", "three", "four", "five"]
+    stamps = ["2026-11-29T18:00:00.900000000Z", same, same, same, "2026-11-29T18:00:02.000000000Z"]
+    texts = ["one", "two", "three", "four", "five"]
+    assert [line.split(None, 1)[1] for line in lines_of(text)] == (
+        [f"{at} {t}" for at, t in zip(stamps, texts)] if shown else texts)
     follows = [r.query for r in kube.requests if r.path.endswith(f"/pods/{NAME}/log")
                and r.query.get("container") == "git-clone"]
     assert follows[0].get("sinceTime") is None and follows[1]["sinceTime"] == "2026-11-29T18:00:01Z"

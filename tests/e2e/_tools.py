@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -99,6 +100,14 @@ def status_and_logs(env: Env, rec: Record) -> None:
     for s in names:
         assert f"[{s}]" in out and f"{s} end" in out, out
     wait_end(env.kube, ns, "build")
+    # --timestamps: the kubelet's time of each line after its prefix; the steps' times in
+    # step order, as they ran (each step's lines end before the next step's begin).
+    stamped = initshift(env, "logs", "build", "-n", ns, "--timestamps", timeout=60)
+    assert stamped.returncode == 0, stamped.stderr
+    rows = [line.split(None, 2) for line in stamped.stdout.splitlines() if line.startswith("[")]
+    assert rows and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", r[1]) for r in rows), stamped.stdout
+    times = [r[1] for r in rows if r[0].strip("[]") in names]
+    assert times == sorted(times), f"logs --timestamps: the steps' lines out of time order:\n{stamped.stdout}"
     result = outcome(env.kube, ns, "build")
     status = initshift(env, "status", "build", "-n", ns, "-o", "json", timeout=60)
     assert status.returncode == 0, status.stderr
@@ -110,7 +119,7 @@ def status_and_logs(env: Env, rec: Record) -> None:
     listed = initshift(env, "status", "-n", ns, timeout=60).stdout.splitlines()
     strategy = managed(env.kube.get(f"/api/v1/namespaces/{ns}/pods/build"))
     assert len(listed) == 2 and listed[1].split()[:4] == ["build", strategy, "3/3", "Succeeded"], listed
-    rec.note(f"logs -f followed {', '.join(order)}; status: {table.splitlines()[1].strip() if table else ''}; "
+    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; status: {table.splitlines()[1].strip() if table else ''}; "
              f"the namespace's list: {' '.join(listed[1].split())}")
 
 

@@ -6,7 +6,8 @@ its end before the next; sidecars (`--sidecars`) are followed alongside. A follo
 that breaks while its container runs (a proxy's idle timeout, an apiserver restart) is taken
 up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
 The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
-`--waiter`.
+`--waiter`; `--timestamps` shows each line's time, after its prefix (as `kubectl logs
+--prefix --timestamps` does).
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -49,14 +50,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sidecars", action="store_true",
                     help="also the sidecars (alongside the steps) and the mesh's and initshift's init containers")
     ap.add_argument("--waiter", action="store_true", help="also the waiter's own lines")
+    ap.add_argument("--timestamps", action="store_true",
+                    help="each line with the kubelet's time of it (RFC 3339), as `kubectl logs --timestamps`")
     return ap
 
 
 class Printer:
     """Prefixes lines with their container's name and drops the waiter's own lines."""
 
-    def __init__(self, out: TextIO, names: list[str], waiter_run: frozenset[str], show_waiter: bool) -> None:
-        self.out = out
+    def __init__(self, out: TextIO, names: list[str], waiter_run: frozenset[str], show_waiter: bool,
+                 timestamps: bool = False) -> None:
+        self.out, self.timestamps = out, timestamps
         self.colour = use_colour(out)
         self.width = max((len(n) for n in names), default=0) + 2
         self.colours = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
@@ -66,13 +70,16 @@ class Printer:
     def prefix(self, name: str) -> str:
         return paint(f"[{name}]".ljust(self.width), self.colours.get(name, ""), self.colour)
 
-    def line(self, name: str, text: str) -> None:
+    def line(self, name: str, text: str, stamp: str = "") -> None:
+        """One line of `name`'s log; `stamp`: the kubelet's time of it, shown with --timestamps."""
         if name in self.waiter_run and is_waiter_line(text):
             if not self.show_waiter:
                 return
             text = paint(text.rstrip("\n"), "2", self.colour)
         if not text.endswith("\n"):
             text += "\n"
+        if self.timestamps and stamp:
+            text = f"{stamp} {text}"
         self.out.write(f"{self.prefix(name)} {text}")
         self.out.flush()
 
@@ -80,13 +87,14 @@ class Printer:
 Stamp = tuple[datetime, int]  # a log line's time: the instant to the second, and its nanoseconds
 
 
-def _stamped(line: str) -> tuple[Stamp | None, str]:
-    """A `timestamps=true` log line as (its time, the line); None for a line without one."""
+def _stamped(line: str) -> tuple[Stamp | None, str, str]:
+    """A `timestamps=true` log line as (its time, that time as written, the line); (None, "",
+    the whole line) for a line without one."""
     stamp, _, text = line.partition(" ")
     m = _STAMP.fullmatch(stamp)
     if m is None:
-        return None, line
-    return (datetime.fromisoformat(m.group(1) + m.group(3)), int((m.group(2) or "").ljust(9, "0"))), text
+        return None, "", line
+    return (datetime.fromisoformat(m.group(1) + m.group(3)), int((m.group(2) or "").ljust(9, "0"))), stamp, text
 
 
 class _Resume:
@@ -122,8 +130,10 @@ class _Streamer:
 
     async def dump(self, name: str, follow: bool = False) -> None:
         try:
-            async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=follow):
-                self.printer.line(name, line)
+            async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=follow,
+                                               timestamps=self.printer.timestamps):
+                _, stamp, text = _stamped(line) if self.printer.timestamps else (None, "", line)
+                self.printer.line(name, text, stamp)
         except KubeError as e:
             raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
 
@@ -191,9 +201,9 @@ class _Streamer:
             try:
                 async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=True,
                                                    timestamps=True, since_time=where.since()):
-                    stamp, text = _stamped(line)
+                    stamp, written, text = _stamped(line)
                     if where.fresh(stamp):
-                        self.printer.line(name, text)
+                        self.printer.line(name, text, written)
             except StreamCut:
                 cut = True
             except KubeError as e:
@@ -214,7 +224,7 @@ class _Streamer:
 async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace, out: TextIO,
                 err: TextIO) -> None:
     plan = log_plan(pod, sidecars=args.sidecars)
-    printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter)
+    printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps)
     streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
