@@ -49,6 +49,19 @@ def tekton_done() -> dict:
                        containers=[*[done(n, a, b) for n, (a, b) in zip(TEKTON, ends)], run("istio-proxy", 3)])
 
 
+def running_job() -> dict:
+    """A Job's pod under Istio (waiter strategy), its steps git-clone and build running."""
+    return with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                       containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)])
+
+
+def end_job(kube: KubeDouble) -> None:
+    """running_job's steps end, then its proxy: the pod Succeeded."""
+    kube.set_container_statuses(NS, NAME, [done("git-clone", 3, 6), done("build", 6, 9)])
+    kube.set_container_statuses(NS, NAME, [terminated("istio-proxy", 0, started_at=at(3), finished_at=at(10))],
+                                phase="Succeeded")
+
+
 async def test_logs_in_step_order_with_prefixes_and_no_waiter_lines(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(tekton_done())
     # Appended in another order than the steps run: the command restores step order.
@@ -85,6 +98,50 @@ async def test_timestamps_on_request_after_the_prefix(kube: KubeDouble, cfg: str
     assert [line.split(None, 1) for line in lines_of(out)] == [["[prepare]", "copying entrypoint"],
                                                                 ["[step-report]", "12 passed"]]
     assert all("timestamps" not in r.query for r in kube.requests if r.path.endswith("/log"))
+
+
+async def test_tail_shows_each_containers_last_lines(kube: KubeDouble, cfg: str) -> None:
+    """--tail N: the kubelet's last N lines of each container (`tailLines`), as `kubectl logs
+    --all-containers --tail`; with --timestamps too."""
+    kube.put_pod(tekton_done())
+    for name in TEKTON[:2]:
+        for i in range(3):
+            kube.append_log(NS, NAME, name, f"{name} {i}")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg, "--tail", "2")
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(out)] == ["prepare 1", "prepare 2", "place-scripts 1",
+                                                                  "place-scripts 2"]
+    assert {r.query.get("tailLines") for r in kube.requests if r.path.endswith("/log")} == {"2"}
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg, "--tail", "1", "--timestamps")
+    assert code == 0 and [line.split()[2:] for line in lines_of(out)] == [["prepare", "2"], ["place-scripts", "2"]]
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg, "--tail", "0")
+    assert (code, out) == (0, "")
+
+
+async def test_tail_counts_the_lines_shown_not_the_waiters_own(kube: KubeDouble, cfg: str) -> None:
+    """The kubelet's tailLines counts the waiter's own lines, which are hidden: asked for
+    twice as many until N are shown, or the whole log is read."""
+    kube.put_pod(tekton_done())
+    for line in ["early", "compiled", *[f"waiter[step-report]: quit http://127.0.0.1:1500{i}/quit: HTTP 200"
+                                         for i in range(5)]]:
+        kube.append_log(NS, NAME, "step-report", line)
+    code, out, err = await logs(NAME, "--kubeconfig", cfg, "--tail", "1")
+    assert (code, err, [line.split(None, 1)[1] for line in lines_of(out)]) == (0, "", ["compiled"])
+    asked = [r.query.get("tailLines") for r in kube.requests if r.query.get("container") == "step-report"]
+    assert asked == ["1", "2", "4", "8"]
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg, "--tail", "2", "--waiter")
+    assert [line.split(None, 1)[1] for line in lines_of(out)] == [
+        "waiter[step-report]: quit http://127.0.0.1:15003/quit: HTTP 200",
+        "waiter[step-report]: quit http://127.0.0.1:15004/quit: HTTP 200"]
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg, "--tail", "9")  # more than there are
+    assert [line.split(None, 1)[1] for line in lines_of(out)] == ["early", "compiled"]
+
+
+@pytest.mark.parametrize("value", ["-1", "ten", "1.5"])
+async def test_tail_takes_a_whole_number_of_lines(tmp_path, capsys, value: str) -> None:
+    code, out, err = await logs(NAME, "--tail", value, "--kubeconfig", str(tmp_path / "missing"))
+    assert (code, out, err) == (2, "", "")  # argparse's line goes to sys.stderr
+    assert "initshift logs: argument --tail: " in capsys.readouterr().err
 
 
 async def test_a_job_names_its_pod(kube: KubeDouble, cfg: str) -> None:
@@ -172,9 +229,7 @@ async def test_follow_waits_for_steps_that_start_while_following(kube: KubeDoubl
 async def test_follow_a_waiter_pod_step_by_step_with_the_sidecar_alongside(kube: KubeDouble, cfg: str) -> None:
     """Waiter strategy: every container runs from the start; the command still shows one
     step's log to its end before the next step's, and the sidecar's as it comes."""
-    kube.put_pod(with_status(pod("job-istio", NAME, NS),
-                             init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
-                             containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)]))
+    kube.put_pod(running_job())
     out = io.StringIO()
     task = asyncio.create_task(logs(NAME, "--follow", "--sidecars", "--kubeconfig", cfg, out=out))
     await eventually(lambda: following(kube, "git-clone") and following(kube, "istio-proxy"), "two follows")
@@ -204,9 +259,7 @@ async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble
     the second of the last line printed (`sinceTime`), and the kubelet's timestamps skip what
     was printed: no line lost or shown twice, lines of the same time included. The pod's
     watch, broken with it, is watched again. The times are shown with --timestamps only."""
-    kube.put_pod(with_status(pod("job-istio", NAME, NS),
-                             init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
-                             containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)]))
+    kube.put_pod(running_job())
     same = "2026-11-29T18:00:01.500000000Z"
     kube.append_log(NS, NAME, "git-clone", "one", at="2026-11-29T18:00:00.900000000Z")
     kube.append_log(NS, NAME, "git-clone", "two", at=same)
@@ -219,9 +272,7 @@ async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble
     kube.append_log(NS, NAME, "git-clone", "four", at=same)  # while no one follows, at that time still
     kube.append_log(NS, NAME, "git-clone", "five", at="2026-11-29T18:00:02.000000000Z")
     await eventually(lambda: "five" in out.getvalue(), "the lines after the break")
-    kube.set_container_statuses(NS, NAME, [done("git-clone", 3, 6), done("build", 6, 9)])
-    kube.set_container_statuses(NS, NAME, [terminated("istio-proxy", 0, started_at=at(3), finished_at=at(10))],
-                                phase="Succeeded")
+    end_job(kube)
     code, text, err = await asyncio.wait_for(task, BOUND)
     assert (code, err) == (0, "")
     stamps = ["2026-11-29T18:00:00.900000000Z", same, same, same, "2026-11-29T18:00:02.000000000Z"]
@@ -232,6 +283,51 @@ async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble
                and r.query.get("container") == "git-clone"]
     assert follows[0].get("sinceTime") is None and follows[1]["sinceTime"] == "2026-11-29T18:00:01Z"
     assert all(q["timestamps"] == "true" and q["follow"] == "true" for q in follows)
+
+
+@pytest.mark.parametrize("tail, before", [(1, ["two"]), (0, [])])
+async def test_follow_with_tail_starts_from_the_last_lines_and_resumes_after_them(
+        kube: KubeDouble, cfg: str, tail: int, before: list[str]) -> None:
+    """-f --tail N: the log's last N lines, then what comes; a stream opened again after a
+    break starts from the last line shown (`sinceTime`, no `tailLines`)."""
+    kube.put_pod(running_job())
+    kube.append_log(NS, NAME, "git-clone", "one", at="2026-12-02T10:00:00.100000000Z")
+    kube.append_log(NS, NAME, "git-clone", "two", at="2026-12-02T10:00:00.200000000Z")
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "--tail", str(tail), "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
+    kube.append_log(NS, NAME, "git-clone", "three", at="2026-12-02T10:00:01.000000000Z")
+    await eventually(lambda: "three" in out.getvalue(), "the line after the tail")
+    kube.cut_log_follows()
+    kube.append_log(NS, NAME, "git-clone", "four", at="2026-12-02T10:00:02.000000000Z")
+    await eventually(lambda: "four" in out.getvalue(), "the line after the break")
+    end_job(kube)
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(text)] == [*before, "three", "four"]
+    asked = [(r.query.get("follow"), r.query.get("tailLines"), r.query.get("sinceTime")) for r in kube.requests
+             if r.path.endswith(f"/pods/{NAME}/log") and r.query.get("container") == "git-clone"]
+    # --tail N > 0: the last lines read first (the waiter's own may hide some), then followed
+    # from the second of the last; --tail 0: followed from what comes.
+    first = [(None, "1", None), ("true", None, "2026-12-02T10:00:00Z")] if tail else [("true", "0", None)]
+    assert asked == [*first, ("true", None, "2026-12-02T10:00:01Z")]
+
+
+async def test_follow_with_tail_shows_all_of_a_log_that_was_empty_before_a_break(kube: KubeDouble, cfg: str) -> None:
+    """-f --tail N over a log that was empty when its last lines were read, and whose stream
+    broke before a line came: all of the log is new, so it is all shown (none lost)."""
+    kube.put_pod(running_job())
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "--tail", "1", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
+    kube.cut_log_follows()
+    for line in ("one", "two", "three"):  # while no one follows
+        kube.append_log(NS, NAME, "git-clone", line)
+    await eventually(lambda: "three" in out.getvalue(), "the lines after the break")
+    end_job(kube)
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(text)] == ["one", "two", "three"]
 
 
 async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) -> None:

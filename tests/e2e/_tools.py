@@ -108,6 +108,11 @@ def status_and_logs(env: Env, rec: Record) -> None:
     assert rows and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z", r[1]) for r in rows), stamped.stdout
     times = [r[1] for r in rows if r[0].strip("[]") in names]
     assert times == sorted(times), f"logs --timestamps: the steps' lines out of time order:\n{stamped.stdout}"
+    # --tail 1: each container's last line shown (the waiter's own, which the kubelet counts, hidden).
+    last = initshift(env, "logs", "build", "-n", ns, "--tail", "1", timeout=60)
+    assert last.returncode == 0, last.stderr
+    assert [line.split(None, 1) for line in last.stdout.splitlines()] == [
+        [f"[{c}]", f"{c} end"] for c in [*names, "completion"]], last.stdout
     result = outcome(env.kube, ns, "build")
     status = initshift(env, "status", "build", "-n", ns, "-o", "json", timeout=60)
     assert status.returncode == 0, status.stderr
@@ -119,7 +124,7 @@ def status_and_logs(env: Env, rec: Record) -> None:
     listed = initshift(env, "status", "-n", ns, timeout=60).stdout.splitlines()
     strategy = managed(env.kube.get(f"/api/v1/namespaces/{ns}/pods/build"))
     assert len(listed) == 2 and listed[1].split()[:4] == ["build", strategy, "3/3", "Succeeded"], listed
-    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; status: {table.splitlines()[1].strip() if table else ''}; "
+    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; status: {table.splitlines()[1].strip() if table else ''}; "
              f"the namespace's list: {' '.join(listed[1].split())}")
 
 

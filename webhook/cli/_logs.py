@@ -7,7 +7,8 @@ that breaks while its container runs (a proxy's idle timeout, an apiserver resta
 up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
 The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
 `--waiter`; `--timestamps` shows each line's time, after its prefix (as `kubectl logs
---prefix --timestamps` does).
+--prefix --timestamps` does); `--tail N` shows each container's last N lines (with `-f`,
+then follows it).
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -50,9 +51,21 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sidecars", action="store_true",
                     help="also the sidecars (alongside the steps) and the mesh's and initshift's init containers")
     ap.add_argument("--waiter", action="store_true", help="also the waiter's own lines")
+    ap.add_argument("--tail", type=_line_count, metavar="N",
+                    help="each container's last N lines (with -f: then follow it), as `kubectl logs --tail`")
     ap.add_argument("--timestamps", action="store_true",
                     help="each line with the kubelet's time of it (RFC 3339), as `kubectl logs --timestamps`")
     return ap
+
+
+def _line_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more (lines)")
+    return value
 
 
 class Printer:
@@ -70,9 +83,16 @@ class Printer:
     def prefix(self, name: str) -> str:
         return paint(f"[{name}]".ljust(self.width), self.colours.get(name, ""), self.colour)
 
+    def waiters(self, name: str, text: str) -> bool:
+        """Whether `text` is one of the waiter's own lines in `name`'s log."""
+        return name in self.waiter_run and is_waiter_line(text)
+
+    def shows(self, name: str, text: str) -> bool:
+        return self.show_waiter or not self.waiters(name, text)
+
     def line(self, name: str, text: str, stamp: str = "") -> None:
         """One line of `name`'s log; `stamp`: the kubelet's time of it, shown with --timestamps."""
-        if name in self.waiter_run and is_waiter_line(text):
+        if self.waiters(name, text):
             if not self.show_waiter:
                 return
             text = paint(text.rstrip("\n"), "2", self.colour)
@@ -123,19 +143,40 @@ class _Resume:
 
 
 class _Streamer:
-    def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO) -> None:
-        self.api, self.namespace, self.pod_name = api, namespace, pod_name
+    def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO,
+                 tail: int | None = None) -> None:
+        self.api, self.namespace, self.pod_name, self.tail = api, namespace, pod_name, tail
         self.printer, self.err = printer, err
         self._stuck_said: set[tuple[str, str]] = set()  # (container, reason): each said once
 
-    async def dump(self, name: str, follow: bool = False) -> None:
+    async def dump(self, name: str) -> None:
+        stamped = self.printer.timestamps
         try:
-            async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=follow,
-                                               timestamps=self.printer.timestamps):
-                _, stamp, text = _stamped(line) if self.printer.timestamps else (None, "", line)
+            if self.tail is None:
+                async for line in self.api.pod_log(self.namespace, self.pod_name, name, timestamps=stamped):
+                    _, stamp, text = _stamped(line) if stamped else (None, "", line)
+                    self.printer.line(name, text, stamp)
+                return
+            for _, stamp, text in await self._last_lines(name, self.tail, stamped) if self.tail else ():
                 self.printer.line(name, text, stamp)
         except KubeError as e:
             raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
+
+    async def _last_lines(self, name: str, count: int, stamped: bool) -> list[tuple[Stamp | None, str, str]]:
+        """--tail (`count` > 0): the lines of `name`'s log from the last `count` that are shown on (the
+        waiter's own lines among them, which the printer drops unless --waiter): the kubelet's
+        `tailLines` counts those too, so it is asked for twice as many while they hide some.
+        Each line as `_stamped` gives it (with `stamped`: the kubelet's time of it)."""
+        ask = count
+        while True:
+            read = [_stamped(line) if stamped else (None, "", line) async for line in self.api.pod_log(
+                self.namespace, self.pod_name, name, tail_lines=ask, timestamps=stamped)]
+            shown = [i for i, (_, _, text) in enumerate(read) if self.printer.shows(name, text)]
+            if len(shown) >= count:
+                return read[shown[-count]:]
+            if len(read) < ask:  # the whole log
+                return read
+            ask *= 2
 
     def note(self, pod: dict, name: str) -> None:
         """After a container's log: say on stderr when it failed, was skipped or did not run, or
@@ -196,11 +237,21 @@ class _Streamer:
             return
         stopped = lambda p: has_terminated(p, name) or pod_ended(p)  # noqa: E731
         where = _Resume()
+        tail = self.tail  # --tail 0: the first stream's (only what comes)
+        if self.tail:  # the last lines first, then the stream from the last one's time
+            try:
+                for stamp, written, text in await self._last_lines(name, self.tail, True):
+                    if where.fresh(stamp):
+                        self.printer.line(name, text, written)
+            except KubeError as e:
+                raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
+            tail = None  # the log was empty if none were read: all of it is new
         while True:
             cut = False
+            since = where.since()
             try:
                 async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=True,
-                                                   timestamps=True, since_time=where.since()):
+                                                   tail_lines=tail, timestamps=True, since_time=since):
                     stamp, written, text = _stamped(line)
                     if where.fresh(stamp):
                         self.printer.line(name, text, written)
@@ -217,6 +268,9 @@ class _Streamer:
                     pass
             if stopped(tracker.pod):
                 break
+            # A stream opened again starts from the last line read's time; with none read
+            # yet under --tail 0, with only what comes (older lines cannot be told from new).
+            tail = 0 if self.tail == 0 and where.last is None else None
             await asyncio.sleep(RESUME_PAUSE_SECONDS)
         self.note(tracker.pod, name)
 
@@ -225,7 +279,7 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
                 err: TextIO) -> None:
     plan = log_plan(pod, sidecars=args.sidecars)
     printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps)
-    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err)
+    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
             if has_log(pod, name):
