@@ -19,6 +19,7 @@ from tests.support.kubedouble import KubeDouble, terminated
 from tests.support.podstatus import at, done, init_done, pod, run, wait, with_status, write_kubeconfig
 from tests.cli.test_podview import kpack_deadline_after_success, kpack_running
 from waiter import protocol as p
+from webhook.cli import _logs as logs_cmd
 from webhook.cli import _status as status_cmd
 
 BOUND = 20.0  # no wait here may take longer: a bug fails instead of hanging
@@ -596,6 +597,46 @@ async def test_watch_of_a_job_follows_its_next_pod_until_the_job_is_finished(kub
     assert (code, err) == (0, "job/report: next pod/report-z9y8x\n")
     shown = [doc["name"] for doc in json_documents(out)]  # one per drawing
     assert shown[0] == "report-a1b2c" and shown[-1] == "report-z9y8x" and set(shown) == {"report-a1b2c", "report-z9y8x"}
+
+
+async def test_watch_of_a_job_without_a_pod_yet_waits_for_its_first(kube: KubeDouble, cfg: str) -> None:
+    """`-w job/NAME` right after the Job is created (no pod yet): its first pod is waited
+    for, as `kubectl logs -f job/NAME` waits, and said so; without -w that is an error."""
+    kube.put("jobs", report_job())
+    err = io.StringIO()
+    task = asyncio.create_task(status_cmd.run(["job/report", "-w", "-o", "json", "--kubeconfig", cfg],
+                                              io.StringIO(), err))
+    await eventually(lambda: "no pod yet" in err.getvalue(), "the wait said")
+    assert not task.done()
+    assert err.getvalue() == "job/report: no pod yet; waiting for the Job controller to create one\n"
+    code, out, said = await status("job/report", "--kubeconfig", cfg)  # without -w: at once
+    assert (code, said) == (1, "initshift status: job report has no pods in namespace builds\n")
+    kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T10:00:00Z", "Succeeded"))
+    kube.put("jobs", report_job("SuccessCriteriaMet", "Complete"))
+    assert await asyncio.wait_for(task, BOUND) == 0
+    assert err.getvalue().splitlines()[1:] == ["job/report: pod/report-a1b2c"]
+
+
+@pytest.mark.parametrize("command", [status_cmd, logs_cmd], ids=["status -w", "logs -f"])
+async def test_following_a_job_without_a_pod_ends_when_it_is_deleted_or_finished(
+        kube: KubeDouble, cfg: str, command) -> None:
+    """A suspended Job is waited for (it may be resumed), and said so; once deleted, the
+    command ends with that. A finished Job without pods is an error at once."""
+    kube.put("jobs", {**report_job(), "spec": {"suspend": True, "template": {}}})
+    follow = "-w" if command is status_cmd else "-f"
+    err = io.StringIO()
+    task = asyncio.create_task(command.run(["job/report", follow, "--kubeconfig", cfg], io.StringIO(), err))
+    await eventually(lambda: job_reads(kube) >= 2, "the Job read again while it has no pod")
+    kube.delete("jobs", "builds", "report")
+    assert await asyncio.wait_for(task, BOUND) == 1
+    prog = "status" if command is status_cmd else "logs"
+    assert err.getvalue().splitlines() == ["job/report: suspended, no pod yet; waiting for the Job controller to "
+                                           "create one", f"initshift {prog}: job builds/report was deleted"]
+    kube.put("jobs", report_job("Failed"))
+    err = io.StringIO()
+    assert await asyncio.wait_for(command.run(["job/report", follow, "--kubeconfig", cfg], io.StringIO(), err),
+                                  BOUND) == 1
+    assert err.getvalue() == f"initshift {prog}: job report has no pods in namespace builds\n"
 
 
 async def test_watch_of_a_job_ends_with_its_pod_where_the_job_cannot_be_read(kube: KubeDouble, cfg: str) -> None:

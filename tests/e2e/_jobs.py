@@ -5,6 +5,8 @@ containers in place (`OnFailure`) runs a failed step again before the next."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -321,24 +323,33 @@ def job_failure_policy(env: Env, rec: Record) -> None:
     # (`backoffLimit: 1`), as Kubernetes does where the main never started.
     env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "retried"},
-        "spec": {"backoffLimit": 1, "podFailurePolicy": {"rules": rules[:1]}, "template": {
+        "spec": {"suspend": True, "backoffLimit": 1, "podFailurePolicy": {"rules": rules[:1]}, "template": {
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
                      "initContainers": [clone, build], "containers": [test]}}}})
 
     def followed() -> str:
-        """`initshift status -w job/retried` follows the retry to the Job's end."""
-        wait_for(lambda: env.kube.pods(ns, "job-name=retried"), 60, "the Job's first pod", interval=0.5)
-        shown = initshift(env, "status", "-w", "job/retried", "-n", ns, "-o", "json", timeout=JOB_TIMEOUT)
-        assert shown.returncode == 0, (shown.returncode, shown.stderr)
-        names = [doc["name"] for doc in json_documents(shown.stdout)]  # one per drawing
+        """`initshift status -w job/retried`, started while the Job is suspended (no pod
+        yet), waits for its first pod, then follows the retry to the Job's end."""
+        watch = subprocess.Popen([sys.executable, "-m", "webhook.cli", "status", "-w", "job/retried", "-n", ns,
+                                  "-o", "json", "--kubeconfig", str(env.admin)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            said = watch.stderr.readline()  # its first line, before the Job is resumed
+            assert said == "job/retried: suspended, no pod yet; waiting for the Job controller to create one\n", said
+            env.kube.patch(f"/apis/batch/v1/namespaces/{ns}/jobs/retried", {"spec": {"suspend": False}})
+            out, rest = watch.communicate(timeout=JOB_TIMEOUT)
+        finally:
+            watch.kill()
+        assert watch.returncode == 0, (watch.returncode, rest)
+        names = [doc["name"] for doc in json_documents(out)]  # one per drawing
         pods = sorted(x["metadata"]["name"] for x in env.kube.pods(ns, "job-name=retried"))
         assert len(pods) == 2 and sorted(set(names)) == pods, (pods, names)
-        assert f"job/retried: next pod/{names[-1]}" in shown.stderr, shown.stderr
+        assert rest.splitlines() == [f"job/retried: pod/{names[0]}", f"job/retried: next pod/{names[-1]}"], rest
         job = env.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/retried") or {}
         failed = [c for c in job["status"].get("conditions") or [] if c["type"] == "Failed"]
         assert failed and failed[0]["reason"] == "BackoffLimitExceeded", job["status"]
         return "retried (rule 0 only): the clone's failure counted, 2 pods, BackoffLimitExceeded, both followed " \
-               "by `initshift status -w job/retried`"
+               "by `initshift status -w job/retried`, started while the Job was suspended"
 
     with ThreadPoolExecutor(len(modes) + 1) as pool:
         follow = pool.submit(followed)

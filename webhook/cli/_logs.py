@@ -303,7 +303,7 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
     async def show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace) -> None:
         await _show(api, namespace, pod, args, out, err)
 
-    return await run_on_pod("initshift logs", _parser(), argv, show, err)
+    return await run_on_pod("initshift logs", _parser(), argv, show, err, following=lambda args: args.follow)
 
 
 def main(argv: list[str]) -> int:

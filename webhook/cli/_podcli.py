@@ -109,7 +109,7 @@ _JOB_TYPES = ("job", "jobs", "job.batch", "jobs.batch")
 _CRONJOB_TYPES = ("cronjob", "cronjobs", "cj", "cronjob.batch", "cronjobs.batch")
 
 
-_ATTEMPT_POLL_SECONDS = 2.0  # -w job/NAME: how often to look for the Job's next pod
+_ATTEMPT_POLL_SECONDS = 2.0  # -w/-f job/NAME: how often to look for the Job's first or next pod
 
 
 def job_of(ref: str, pod: dict) -> str | None:
@@ -168,17 +168,21 @@ async def _absent_or(get: Callable[[str, str], Awaitable[dict | None]], namespac
     return CliError(empty if found is not None else f"{kind} {name} not found in namespace {namespace}")
 
 
-async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
+async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO, *, wait: bool = False) -> dict:
     """The pod `ref` names: `NAME` or `pod/NAME`; `job/NAME`, the Job's newest pod (a Job
     that retried has several; the newest is the attempt that runs or ran last), said on
     `err` when there is more than one, as `kubectl logs job/NAME` does; `cronjob/NAME`,
-    that of the CronJob's newest Job."""
+    that of the CronJob's newest Job. `wait` (-f, -w): a Job that has no pod yet and is not
+    finished (just created, or suspended) is waited for, as `kubectl logs -f job/NAME`
+    waits for a pod, and said so on `err`; without it, that is an error at once."""
     kind, _, name = ref.rpartition("/")  # a form `pod_ref` let through
     if not kind or kind.lower() in _POD_TYPES:
         return await get_pod(api, namespace, name)
     if kind.lower() in _CRONJOB_TYPES:
         name = await _newest_run(api, namespace, name, err)
     pods = await _job_pods(api, namespace, name)
+    if not pods and wait and (first := await _first_pod(api, namespace, name, err)) is not None:
+        return first
     if not pods:
         raise await _absent_or(api.get_job, namespace, name, "job", f"job {name} has no pods in namespace {namespace}")
     newest = max(pods, key=_age)
@@ -187,22 +191,38 @@ async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO) -> dict:
     return await get_pod(api, namespace, newest["metadata"]["name"])
 
 
+async def _first_pod(api: KubeApi, namespace: str, job: str, err: TextIO) -> dict | None:
+    """The first pod of a Job that has none yet, once the Job controller has made it; None
+    where the Job cannot be read, is absent or finished (find_pod then says why)."""
+    try:
+        obj = await api.get_job(namespace, job)
+    except KubeError:
+        return None
+    if obj is None or _finished(obj):
+        return None
+    suspended = (obj.get("spec") or {}).get("suspend") is True
+    print(f"job/{job}: {'suspended, ' if suspended else ''}no pod yet; waiting for the Job controller to "
+          f"create one", file=err)
+    return await next_attempt(api, namespace, job, None, err)
+
+
 def _finished(job: dict) -> bool:
     """The Job has its terminal condition: it starts no more pods."""
     return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
                for c in (job.get("status") or {}).get("conditions") or [])
 
 
-async def next_attempt(api: KubeApi, namespace: str, job: str, after: dict, err: TextIO) -> dict | None:
+async def next_attempt(api: KubeApi, namespace: str, job: str, after: dict | None, err: TextIO) -> dict | None:
     """The Job's next pod after `after` (one that ended: a retry, or the next completion),
-    once the Job controller has made it; None once the Job is finished, or where it cannot
-    be read (said on `err`: the pod's own view was complete). The controller waits between
-    attempts (10 s, doubling), so this looks every _ATTEMPT_POLL_SECONDS."""
+    or its first (`after` None), once the Job controller has made it; None once the Job is
+    finished, or where it cannot be read (said on `err`: the pod's own view was complete).
+    The controller waits between attempts (10 s, doubling), so this looks every
+    _ATTEMPT_POLL_SECONDS."""
     while True:
-        newer = [pod for pod in await _job_pods(api, namespace, job) if _age(pod) > _age(after)]
+        newer = [pod for pod in await _job_pods(api, namespace, job) if after is None or _age(pod) > _age(after)]
         if newer:
             name = min(newer, key=_age)["metadata"]["name"]
-            print(f"job/{job}: next pod/{name}", file=err)
+            print(f"job/{job}: {'next ' if after is not None else ''}pod/{name}", file=err)
             return await get_pod(api, namespace, name)
         try:
             obj = await api.get_job(namespace, job)
@@ -317,8 +337,9 @@ def paint(text: str, code: str, on: bool) -> str:
 
 
 async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str], body: _PodCommand,
-                     err: TextIO) -> int:
-    """Parse, connect, read the pod and run `body`; every CliError is one line on `err`."""
+                     err: TextIO, following: Callable[[argparse.Namespace], bool] = lambda args: False) -> int:
+    """Parse, connect, read the pod and run `body`; every CliError is one line on `err`.
+    `following`: whether the arguments follow the pod (a Job's first pod is waited for)."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed the usage
@@ -326,7 +347,7 @@ async def run_on_pod(prog: str, parser: argparse.ArgumentParser, argv: list[str]
     try:
         api, namespace = await connect(args)
         async with api:
-            pod = await find_pod(api, namespace, args.pod, err)
+            pod = await find_pod(api, namespace, args.pod, err, wait=following(args))
             await body(api, namespace, pod, args)
     except CliError as e:
         print(f"{prog}: {e}", file=err)

@@ -201,7 +201,7 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
                 await _watch(tracker, args, out)
             current = await next_attempt(api, namespace, job, tracker.pod, err) if job is not None else None
 
-    return await run_on_pod("initshift status", _parser(), argv, show, err)
+    return await run_on_pod("initshift status", _parser(), argv, show, err, following=lambda args: args.watch)
 
 
 def main(argv: list[str]) -> int:
