@@ -100,6 +100,45 @@ async def test_timestamps_on_request_after_the_prefix(kube: KubeDouble, cfg: str
     assert all("timestamps" not in r.query for r in kube.requests if r.path.endswith("/log"))
 
 
+async def test_one_container_alone(kube: KubeDouble, cfg: str) -> None:
+    """-c NAME: that container's log alone (a step, a main, a sidecar, a kept init
+    container), with its note; a name the pod does not have is one line naming those it has."""
+    failed = with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1),
+                                                            init_done("initshift-init", 1, 2)],
+                         containers=[done("git-clone", 3, 5, 128, "Error", "exit status 128"),
+                                     done("build", 5, 5, 0, "Skipped", "skipped: git-clone failed", "git-clone"),
+                                     run("istio-proxy", 3)])
+    kube.put_pod(failed)
+    for name in ("istio-init", "git-clone", "istio-proxy"):
+        kube.append_log(NS, NAME, name, f"{name} was here")
+    kube.append_log(NS, NAME, "git-clone", "waiter[git-clone]: sidecars ready after 1.0s")
+    for name in ("git-clone", "istio-proxy", "istio-init"):
+        code, out, err = await logs(NAME, "--kubeconfig", cfg, "-c", name)
+        assert (code, lines_of(out)) == (0, [f"[{name}] {name} was here"])
+        assert err == ("[git-clone] failed (Error, exit code 128): exit status 128\n" if name == "git-clone" else "")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg, "--container", "build")
+    assert (code, out, err) == (0, "", "[build] skipped (Skipped): skipped: git-clone failed\n")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg, "-c", "typo")
+    assert (code, out) == (1, "")
+    assert err == (f"initshift logs: pod {NS}/{NAME} has no container typo (it has istio-init, initshift-init, "
+                   f"git-clone, build, istio-proxy)\n")
+
+
+async def test_follow_one_step_alone(kube: KubeDouble, cfg: str) -> None:
+    """-f -c STEP: that step's log, from its start to its end, and nothing else."""
+    kube.put_pod(running_job())
+    kube.append_log(NS, NAME, "git-clone", "cloning")
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "-c", "build", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "build"), "following build")
+    kube.append_log(NS, NAME, "build", "compiled")
+    await eventually(lambda: "compiled" in out.getvalue(), "build's line")
+    end_job(kube)
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, err, lines_of(text)) == (0, "", ["[build] compiled"])
+    assert not following(kube, "git-clone") and not following(kube, "istio-proxy")
+
+
 async def test_tail_shows_each_containers_last_lines(kube: KubeDouble, cfg: str) -> None:
     """--tail N: the kubelet's last N lines of each container (`tailLines`), as `kubectl logs
     --all-containers --tail`; with --timestamps too."""

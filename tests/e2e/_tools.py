@@ -113,6 +113,9 @@ def status_and_logs(env: Env, rec: Record) -> None:
     assert last.returncode == 0, last.stderr
     assert [line.split(None, 1) for line in last.stdout.splitlines()] == [
         [f"[{c}]", f"{c} end"] for c in [*names, "completion"]], last.stdout
+    alone = initshift(env, "logs", "build", "-n", ns, "-c", "compile", timeout=60)
+    assert alone.returncode == 0 and {line.split()[0] for line in alone.stdout.splitlines()} == {"[compile]"}, \
+        (alone.stdout, alone.stderr)
     result = outcome(env.kube, ns, "build")
     status = initshift(env, "status", "build", "-n", ns, "-o", "json", timeout=60)
     assert status.returncode == 0, status.stderr
@@ -124,7 +127,7 @@ def status_and_logs(env: Env, rec: Record) -> None:
     listed = initshift(env, "status", "-n", ns, timeout=60).stdout.splitlines()
     strategy = managed(env.kube.get(f"/api/v1/namespaces/{ns}/pods/build"))
     assert len(listed) == 2 and listed[1].split()[:4] == ["build", strategy, "3/3", "Succeeded"], listed
-    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; status: {table.splitlines()[1].strip() if table else ''}; "
+    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; logs -c compile: its lines alone; status: {table.splitlines()[1].strip() if table else ''}; "
              f"the namespace's list: {' '.join(listed[1].split())}")
 
 

@@ -6,7 +6,7 @@ its end before the next; sidecars (`--sidecars`) are followed alongside. A follo
 that breaks while its container runs (a proxy's idle timeout, an apiserver restart) is taken
 up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
 The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
-`--waiter`; `--timestamps` shows each line's time, after its prefix (as `kubectl logs
+`--waiter`; `-c NAME` shows one container's log alone; `--timestamps` shows each line's time, after its prefix (as `kubectl logs
 --prefix --timestamps` does); `--tail N` shows each container's last N lines (with `-f`,
 then follows it).
 
@@ -20,16 +20,17 @@ import argparse
 import asyncio
 import re
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TextIO
 
 from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, pod_ended
-from ._common import Parser
+from ._common import CliError, Parser
 from ._podcli import (RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod,
                       use_colour)
-from ._podview import (State, has_log, has_started, has_terminated, is_waiter_line, log_plan, pod_view,
-                       state_text)
+from ._podview import (LogPlan, State, has_log, has_started, has_terminated, is_waiter_line, log_plan,
+                       pod_view, state_text)
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 # The kubelet's time of a log line (`timestamps=true`): RFC 3339 with up to nanoseconds.
@@ -50,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="wait for steps that have not started and follow the running one, until the mains end")
     ap.add_argument("--sidecars", action="store_true",
                     help="also the sidecars (alongside the steps) and the mesh's and initshift's init containers")
+    ap.add_argument("-c", "--container", metavar="NAME",
+                    help="only this container's log (a step, a main, a sidecar or a kept init container)")
     ap.add_argument("--waiter", action="store_true", help="also the waiter's own lines")
     ap.add_argument("--tail", type=_line_count, metavar="N",
                     help="each container's last N lines (with -f: then follow it), as `kubectl logs --tail`")
@@ -275,9 +278,20 @@ class _Streamer:
         self.note(tracker.pod, name)
 
 
+def _only(plan: LogPlan, name: str, pod: str) -> LogPlan:
+    """-c NAME: the plan of that container alone; CliError naming the pod's containers when
+    it has none of that name."""
+    if name in plan.sequential or name in plan.concurrent:
+        alongside = name in plan.concurrent
+        return replace(plan, sequential=[] if alongside else [name], concurrent=[name] if alongside else [])
+    raise CliError(f"pod {pod} has no container {name} (it has {', '.join([*plan.sequential, *plan.concurrent])})")
+
+
 async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespace, out: TextIO,
                 err: TextIO) -> None:
-    plan = log_plan(pod, sidecars=args.sidecars)
+    plan = log_plan(pod, sidecars=args.sidecars or args.container is not None)
+    if args.container is not None:
+        plan = _only(plan, args.container, f"{namespace}/{pod['metadata']['name']}")
     printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps)
     streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail)
     if not args.follow:

@@ -296,18 +296,18 @@ def state_text(row: _Row, view: PodView) -> str:
 
 
 @dataclass(frozen=True)
-class _LogPlan:
+class LogPlan:
     sequential: list[str]  # shown one after the other: steps, then mains
     concurrent: list[str]  # shown alongside: the sidecars (with --sidecars)
     waiter_run: frozenset[str]  # their logs hold the waiter's own lines too
 
 
-def log_plan(pod: Mapping, *, sidecars: bool = False, settings: RewriteSettings | None = None) -> _LogPlan:
+def log_plan(pod: Mapping, *, sidecars: bool = False, settings: RewriteSettings | None = None) -> LogPlan:
     """The containers `initshift logs` streams; with `sidecars`, the kept init containers
     (mesh init, initshift-init) come first and the sidecars run alongside. Raises NotManaged."""
     lay = layout(pod, settings)
     work = [n for n in lay.sequence if sidecars or n in lay.steps]
-    return _LogPlan([*work, *lay.mains], list(lay.all_sidecars) if sidecars else [], lay.waiter_run)
+    return LogPlan([*work, *lay.mains], list(lay.all_sidecars) if sidecars else [], lay.waiter_run)
 
 
 def is_waiter_line(line: str) -> bool:
