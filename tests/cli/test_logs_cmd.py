@@ -55,6 +55,14 @@ def running_job() -> dict:
                        containers=[run("git-clone", 3), run("build", 3), run("istio-proxy", 3)])
 
 
+def failed_job() -> dict:
+    """running_job after git-clone failed: build skipped, the proxy still running."""
+    return with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                       containers=[done("git-clone", 3, 5, 128, "Error", "exit status 128"),
+                                   done("build", 5, 5, 0, "Skipped", "skipped: git-clone failed", "git-clone"),
+                                   run("istio-proxy", 3)])
+
+
 def end_job(kube: KubeDouble) -> None:
     """running_job's steps end, then its proxy: the pod Succeeded."""
     kube.set_container_statuses(NS, NAME, [done("git-clone", 3, 6), done("build", 6, 9)])
@@ -103,12 +111,7 @@ async def test_timestamps_on_request_after_the_prefix(kube: KubeDouble, cfg: str
 async def test_one_container_alone(kube: KubeDouble, cfg: str) -> None:
     """-c NAME: that container's log alone (a step, a main, a sidecar, a kept init
     container), with its note; a name the pod does not have is one line naming those it has."""
-    failed = with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1),
-                                                            init_done("initshift-init", 1, 2)],
-                         containers=[done("git-clone", 3, 5, 128, "Error", "exit status 128"),
-                                     done("build", 5, 5, 0, "Skipped", "skipped: git-clone failed", "git-clone"),
-                                     run("istio-proxy", 3)])
-    kube.put_pod(failed)
+    kube.put_pod(failed_job())
     for name in ("istio-init", "git-clone", "istio-proxy"):
         kube.append_log(NS, NAME, name, f"{name} was here")
     kube.append_log(NS, NAME, "git-clone", "waiter[git-clone]: sidecars ready after 1.0s")
@@ -216,12 +219,7 @@ async def test_waiter_and_sidecars_on_request(kube: KubeDouble, cfg: str) -> Non
 
 
 async def test_failed_and_skipped_steps_are_noted_on_stderr(kube: KubeDouble, cfg: str) -> None:
-    failed = with_status(pod("job-istio", NAME, NS), init=[init_done("istio-init", 0, 1),
-                                                            init_done("initshift-init", 1, 2)],
-                         containers=[done("git-clone", 3, 5, 128, "Error", "exit status 128"),
-                                     done("build", 5, 5, 0, "Skipped", "skipped: git-clone failed", "git-clone"),
-                                     run("istio-proxy", 3)])
-    kube.put_pod(failed)
+    kube.put_pod(failed_job())
     kube.append_log(NS, NAME, "git-clone", "fatal: could not read from remote repository")
     code, out, err = await logs(NAME, "--kubeconfig", cfg)
     assert code == 0 and lines_of(out) == ["[git-clone] fatal: could not read from remote repository"]
