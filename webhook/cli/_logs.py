@@ -6,9 +6,9 @@ its end before the next; sidecars (`--sidecars`) are followed alongside. A follo
 that breaks while its container runs (a proxy's idle timeout, an apiserver restart) is taken
 up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
 The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
-`--waiter`; `-c NAME` shows one container's log alone; `--timestamps` shows each line's time, after its prefix (as `kubectl logs
---prefix --timestamps` does); `--tail N` shows each container's last N lines (with `-f`,
-then follows it).
+`--waiter`. As kubectl's: `-c NAME` shows one container's log alone, `--tail N` each
+container's last N lines (with `-f`, then follows it), `--timestamps` each line's time
+after its prefix (as `kubectl logs --prefix --timestamps`).
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
