@@ -367,6 +367,72 @@ async def test_follow_with_tail_shows_all_of_a_log_that_was_empty_before_a_break
     assert [line.split(None, 1)[1] for line in lines_of(text)] == ["one", "two", "three"]
 
 
+async def test_follow_stays_on_a_step_the_kubelet_runs_again(kube: KubeDouble, cfg: str) -> None:
+    """restartPolicy OnFailure: the kubelet runs a failed step again. -f says so and shows the
+    new run's log after the last's, and moves on only once the step has succeeded."""
+    job = running_job()
+    job["spec"]["restartPolicy"] = "OnFailure"
+    kube.put_pod(job)
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
+    kube.append_log(NS, NAME, "git-clone", "fatal: the remote end hung up", at="2026-12-02T10:00:04.000000000Z")
+    await eventually(lambda: "hung up" in out.getvalue(), "the first run's line")
+    kube.set_container_statuses(NS, NAME, [terminated("git-clone", 128, started_at=at(3), finished_at=at(5))])
+    await asyncio.sleep(0.2)  # the first run's stream has ended; the step is to run again
+    assert not following(kube, "build")
+    kube.set_container_statuses(NS, NAME, [{**run("git-clone", 15), "restartCount": 1, "lastState": {
+        "terminated": {"exitCode": 128, "reason": "Error", "startedAt": at(3), "finishedAt": at(5)}}}])
+    kube.append_log(NS, NAME, "git-clone", "cloned", at="2026-12-02T10:00:15.000000000Z")
+    await eventually(lambda: "cloned" in out.getvalue(), "the second run's line")
+    end_job(kube)
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, lines_of(text)) == (0, ["[git-clone] fatal: the remote end hung up", "[git-clone] cloned"])
+    assert err == "[git-clone] run again by the kubelet (restart 1; the last run: Error, exit code 128)\n"
+
+
+async def test_follow_reads_a_quick_second_run_that_has_ended_already(kube: KubeDouble, cfg: str) -> None:
+    """A step's second run that ends before its status reaches -f (the kubelet reports it
+    terminated, exit 0, restarted once): its log is still read, then -f moves on."""
+    job = running_job()
+    job["spec"]["restartPolicy"] = "OnFailure"
+    kube.put_pod(job)
+    out = io.StringIO()
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
+    kube.append_log(NS, NAME, "git-clone", "flaked", at="2026-12-02T10:00:04.000000000Z")
+    await eventually(lambda: "flaked" in out.getvalue(), "the first run's line")
+    kube.set_container_statuses(NS, NAME, [terminated("git-clone", 1, started_at=at(3), finished_at=at(4))])
+    await asyncio.sleep(0.2)  # the first run's stream has ended
+    kube.append_log(NS, NAME, "git-clone", "cloned", at="2026-12-02T10:00:05.000000000Z")
+    kube.set_container_statuses(NS, NAME, [{**terminated("git-clone", 0, started_at=at(5), finished_at=at(5)),
+                                            "restartCount": 1, "lastState": {"terminated": {
+                                                "exitCode": 1, "reason": "Error", "startedAt": at(3),
+                                                "finishedAt": at(4)}}}])
+    await eventually(lambda: following(kube, "build"), "following build")
+    end_job(kube)
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, lines_of(text)) == (0, ["[git-clone] flaked", "[git-clone] cloned"])
+    assert err == "[git-clone] run again by the kubelet (restart 1; the last run: Error, exit code 1)\n"
+
+
+async def test_follow_says_a_step_was_run_again_before_it_followed_it(kube: KubeDouble, cfg: str) -> None:
+    """A step the kubelet had run again before -f reached it: its last run's end is said
+    first (that run's log is the kubelet's no more), then its log."""
+    job = running_job()
+    job["spec"]["restartPolicy"] = "OnFailure"
+    kube.put_pod(job)
+    kube.set_container_statuses(NS, NAME, [{**run("git-clone", 15), "restartCount": 2, "lastState": {
+        "terminated": {"exitCode": 128, "reason": "Error", "startedAt": at(9), "finishedAt": at(10)}}}])
+    kube.append_log(NS, NAME, "git-clone", "cloned")
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg))
+    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
+    end_job(kube)
+    code, text, err = await asyncio.wait_for(task, BOUND)
+    assert (code, lines_of(text)) == (0, ["[git-clone] cloned"])
+    assert err == "[git-clone] run again by the kubelet (restart 2; the last run: Error, exit code 128)\n"
+
+
 async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[run("git-clone", 0)],
                              containers=[wait("build")], phase="Pending"))

@@ -502,3 +502,27 @@ def test_a_container_waiting_to_restart_has_its_last_runs_log() -> None:
     assert pv.has_log(crashing, "prepare") and not pv.has_started(crashing, "prepare")
     assert not pv.has_log(crashing, "step-report")  # never ran: no log (the kubelet's 400)
     assert pv.has_log(kpack_running(), "analyze") and pv.has_log(kpack_running(), "prepare")
+
+
+@pytest.mark.parametrize("policy, container, code, ended, again", [
+    ("Never", "main", 1, False, False),
+    ("OnFailure", "main", 1, False, True),
+    ("OnFailure", "main", 0, False, False),
+    ("OnFailure", "main", 1, True, False),  # a Job's pod whose backoffLimit is spent
+    ("Always", "main", 0, False, True),
+    ("Always", "step", 0, False, False),  # an init container that succeeded is not run again
+    ("Always", "step", 1, False, True),
+    ("OnFailure", "step", 1, False, True),
+    ("Never", "step", 1, False, False),
+    ("Never", "proxy", 0, False, True),  # a native sidecar, whatever the pod's policy
+    ("Never", "proxy", 0, True, False),
+])
+def test_runs_again_follows_the_kubelets_restart_rules(policy: str, container: str, code: int, ended: bool,
+                                                      again: bool) -> None:
+    """What `logs -f` keeps following: the kubelet's restart of a terminated container."""
+    obj = {"spec": {"restartPolicy": policy, "initContainers": [{"name": "proxy", "restartPolicy": "Always"},
+                                                                 {"name": "step"}], "containers": [{"name": "main"}]},
+           "status": {"phase": "Failed" if ended else "Running",
+                      "initContainerStatuses": [terminated(container, code)] if container != "main" else [],
+                      "containerStatuses": [terminated(container, code)] if container == "main" else []}}
+    assert pv.runs_again(obj, container) is again

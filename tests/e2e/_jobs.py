@@ -5,6 +5,7 @@ containers in place (`OnFailure`) runs a failed step again before the next."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -253,7 +254,24 @@ def job_on_failure(env: Env, rec: Record) -> None:
                          "volumes": [{"name": "workspace", "emptyDir": {}}]}}}})
 
     def checked(mode: str) -> str:
+        # `initshift logs -f job/NAME`, started before the Job has a pod: it waits for it,
+        # then follows each step through the kubelet's second run of it.
+        follow = subprocess.Popen([sys.executable, "-m", "webhook.cli", "logs", "-f", f"job/retry-{mode}", "-n", ns,
+                                   "--kubeconfig", str(env.admin)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "NO_COLOR": "1"})
         job_done(env, ns, f"retry-{mode}")
+        try:
+            out, err = follow.communicate(timeout=120)
+        finally:
+            follow.kill()
+        assert follow.returncode == 0, f"{mode}: logs -f exited {follow.returncode}: {err[-1000:]}"
+        shown = [line.split(None, 1) for line in out.splitlines()]
+        ends = [text for _, text in shown if text in ("clone end", "build end", "test end")]
+        assert ends == ["clone end", "build end", "test end"], f"{mode}: logs -f showed\n{out}"
+        notes = [" ".join(line.split()) for line in err.splitlines()]  # prefixes padded to the longest name
+        for again in ("clone", "test"):
+            assert f"[{again}] run again by the kubelet (restart 1; the last run: Error, exit code 1)" in notes, \
+                f"{mode}: logs -f said\n{err}"
         obj = _job_pod(env, ns, f"retry-{mode}")
         name = obj["metadata"]["name"]
         built = check_build(env, rec, ns, name, steps=["clone", "build"], proxy="istio-proxy",
@@ -269,7 +287,8 @@ def job_on_failure(env: Env, rec: Record) -> None:
             result = outcome(env.kube, ns, name)
             assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
             said = "outcome Succeeded"
-        return f"{mode}: clone and test run twice, {said}, proxy stopped by {proxy_stop(built, 'istio-proxy')}"
+        return f"{mode}: clone and test run twice (`logs -f` followed both runs), {said}, proxy stopped by " \
+               f"{proxy_stop(built, 'istio-proxy')}"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(checked, modes)))

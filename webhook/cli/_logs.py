@@ -25,12 +25,12 @@ from datetime import datetime, timezone
 from typing import TextIO
 
 from ..kube import KubeApi, KubeError, StreamCut
-from ..watcher import NotManaged, pod_ended
+from ..watcher import NotManaged, pod_ended, statuses
 from ._common import CliError, Parser
 from ._podcli import (RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod,
                       use_colour)
 from ._podview import (LogPlan, State, has_log, has_started, has_terminated, is_waiter_line, log_plan,
-                       pod_view, state_text)
+                       pod_view, restarts, runs_again, state_text)
 
 _SETTLE_SECONDS = 10.0  # -f: how long a stream's end may precede the kubelet's terminated status
 # The kubelet's time of a log line (`timestamps=true`): RFC 3339 with up to nanoseconds.
@@ -220,6 +220,18 @@ class _Streamer:
         for stuck in self._unsaid_stuck(pod):
             self._say_stuck(*stuck)
 
+    def _reruns(self, pod: dict, name: str, seen: int) -> int:
+        """-f: say on stderr that the kubelet ran the container again (restartPolicy) since
+        `seen` restarts, with what it says of the last run; the restarts now."""
+        count = restarts(pod, name)
+        if count > seen:
+            last = (statuses(pod).get(name) or {}).get("lastState", {}).get("terminated") or {}
+            ended = f"{last.get('reason') or 'ended'}, exit code {last.get('exitCode')}" if last else "ended"
+            self.err.write(f"{self.printer.prefix(name)} run again by the kubelet (restart {count}; the last run: "
+                           f"{ended})\n")
+            self.err.flush()
+        return max(count, seen)
+
     def _say_stuck(self, name: str, reason: str, message: str) -> None:
         if (name, reason) in self._stuck_said:
             return
@@ -238,7 +250,10 @@ class _Streamer:
         if not has_started(pod, name):
             self.note(pod, name)
             return
-        stopped = lambda p: has_terminated(p, name) or pod_ended(p)  # noqa: E731
+        def stopped(p: dict) -> bool:  # for good: not to be run again (restartPolicy)
+            return pod_ended(p) or has_terminated(p, name) and not runs_again(p, name)
+
+        runs = self._reruns(pod, name, 0)  # runs before this one, said too: their logs are gone
         where = _Resume()
         tail = self.tail  # --tail 0: the first stream's (only what comes)
         if self.tail:  # the last lines first, then the stream from the last one's time
@@ -263,13 +278,17 @@ class _Streamer:
             except KubeError as e:
                 raise api_error(e, self.namespace, self.pod_name, f"read the log of {name} in pod") from None
             # The stream ends as the container stops, and its status follows shortly; one that
-            # broke, or ended with the container still running after that, is opened again.
+            # broke, or ended with the container still running after that, is opened again, and
+            # so is one the kubelet ran again: its new run's log (read even if that run has
+            # ended already, as a quick one has by the time its status says it ran) follows.
             if not stopped(tracker.pod) and not cut:
                 try:
-                    await tracker.wait(stopped, _SETTLE_SECONDS)
+                    await tracker.wait(lambda p: stopped(p) or restarts(p, name) > runs, _SETTLE_SECONDS)
                 except asyncio.TimeoutError:
                     pass
-            if stopped(tracker.pod):
+            if restarts(tracker.pod, name) > runs:
+                runs = self._reruns(tracker.pod, name, runs)
+            elif stopped(tracker.pod):
                 break
             # A stream opened again starts from the last line read's time; with none read
             # yet under --tail 0, with only what comes (older lines cannot be told from new).

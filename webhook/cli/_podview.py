@@ -162,6 +162,27 @@ def has_terminated(pod: Mapping, name: str) -> bool:
     return "terminated" in ((statuses(pod).get(name) or {}).get("state") or {})
 
 
+def runs_again(pod: Mapping, name: str) -> bool:
+    """The kubelet will run the terminated container `name` again: a native sidecar whatever
+    its code, a regular container under the pod's restartPolicy Always, a failed one (init or
+    regular) under Always or OnFailure; never once the pod has ended (a Job's pod whose
+    backoffLimit is spent)."""
+    if pod_ended(pod):
+        return False
+    spec = pod.get("spec") or {}
+    policy = spec.get("restartPolicy") or "Always"  # the apiserver's default
+    init = next((c for c in spec.get("initContainers") or [] if isinstance(c, dict) and c.get("name") == name), None)
+    if init is not None and init.get("restartPolicy") == "Always" or init is None and policy == "Always":
+        return True
+    ended = ((statuses(pod).get(name) or {}).get("state") or {}).get("terminated") or {}
+    return policy in ("Always", "OnFailure") and ended.get("exitCode") != 0
+
+
+def restarts(pod: Mapping, name: str) -> int:
+    """How many times the kubelet has restarted the container (its `restartCount`)."""
+    return _count((statuses(pod).get(name) or {}).get("restartCount"))
+
+
 def _work_state(run: Run, done_ok: bool) -> str:
     """The state of a terminated step, main or init container."""
     if run.reason == p.REASON_SKIPPED:
