@@ -367,18 +367,25 @@ async def test_follow_with_tail_shows_all_of_a_log_that_was_empty_before_a_break
     assert [line.split(None, 1)[1] for line in lines_of(text)] == ["one", "two", "three"]
 
 
-async def test_follow_stays_on_a_step_the_kubelet_runs_again(kube: KubeDouble, cfg: str) -> None:
-    """restartPolicy OnFailure: the kubelet runs a failed step again. -f says so and shows the
-    new run's log after the last's, and moves on only once the step has succeeded."""
+async def follow_first_run(kube: KubeDouble, cfg: str, line: str, code: int) -> tuple[asyncio.Task, io.StringIO]:
+    """`logs -f` on running_job under restartPolicy OnFailure, once git-clone's first run has
+    printed `line` and ended with `code`: the command's task and its output so far."""
     job = running_job()
     job["spec"]["restartPolicy"] = "OnFailure"
     kube.put_pod(job)
     out = io.StringIO()
     task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
     await eventually(lambda: following(kube, "git-clone"), "following git-clone")
-    kube.append_log(NS, NAME, "git-clone", "fatal: the remote end hung up", at="2026-12-02T10:00:04.000000000Z")
-    await eventually(lambda: "hung up" in out.getvalue(), "the first run's line")
-    kube.set_container_statuses(NS, NAME, [terminated("git-clone", 128, started_at=at(3), finished_at=at(5))])
+    kube.append_log(NS, NAME, "git-clone", line, at="2026-12-02T10:00:04.000000000Z")
+    await eventually(lambda: line in out.getvalue(), "the first run's line")
+    kube.set_container_statuses(NS, NAME, [terminated("git-clone", code, started_at=at(3), finished_at=at(5))])
+    return task, out
+
+
+async def test_follow_stays_on_a_step_the_kubelet_runs_again(kube: KubeDouble, cfg: str) -> None:
+    """restartPolicy OnFailure: the kubelet runs a failed step again. -f says so and shows the
+    new run's log after the last's, and moves on only once the step has succeeded."""
+    task, out = await follow_first_run(kube, cfg, "fatal: the remote end hung up", 128)
     await asyncio.sleep(0.2)  # the first run's stream has ended; the step is to run again
     assert not following(kube, "build")
     kube.set_container_statuses(NS, NAME, [{**run("git-clone", 15), "restartCount": 1, "lastState": {
@@ -394,15 +401,7 @@ async def test_follow_stays_on_a_step_the_kubelet_runs_again(kube: KubeDouble, c
 async def test_follow_reads_a_quick_second_run_that_has_ended_already(kube: KubeDouble, cfg: str) -> None:
     """A step's second run that ends before its status reaches -f (the kubelet reports it
     terminated, exit 0, restarted once): its log is still read, then -f moves on."""
-    job = running_job()
-    job["spec"]["restartPolicy"] = "OnFailure"
-    kube.put_pod(job)
-    out = io.StringIO()
-    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, out=out))
-    await eventually(lambda: following(kube, "git-clone"), "following git-clone")
-    kube.append_log(NS, NAME, "git-clone", "flaked", at="2026-12-02T10:00:04.000000000Z")
-    await eventually(lambda: "flaked" in out.getvalue(), "the first run's line")
-    kube.set_container_statuses(NS, NAME, [terminated("git-clone", 1, started_at=at(3), finished_at=at(4))])
+    task, out = await follow_first_run(kube, cfg, "flaked", 1)
     await asyncio.sleep(0.2)  # the first run's stream has ended
     kube.append_log(NS, NAME, "git-clone", "cloned", at="2026-12-02T10:00:05.000000000Z")
     kube.set_container_statuses(NS, NAME, [{**terminated("git-clone", 0, started_at=at(5), finished_at=at(5)),
