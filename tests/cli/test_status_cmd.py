@@ -209,6 +209,33 @@ async def test_all_namespaces_is_for_the_list(kube: KubeDouble, cfg: str, capsys
         "initshift status: -A is for the list: leave out POD (a pod's namespace is -n) (see --help)"
 
 
+async def test_the_list_by_labels(kube: KubeDouble, cfg: str, capsys) -> None:
+    """-l SELECTOR: the pods initshift rewrote that have those labels (as kubectl's -l; the
+    apiserver reads the selector), in the list and its watch; not with POD."""
+    kube.put_pod(created(kpack_running(), 125, labels={"app": "ci", p.LABEL_MANAGED: p.MODE_WAITER}))
+    kube.put_pod(created(kpack_deadline_after_success(), 3600, name="build-0"))
+    code, out, err = await status("-l", "app=ci", "--kubeconfig", cfg)
+    assert (code, err, [line.split()[0] for line in out.splitlines()]) == (0, "", ["NAME", "build-1"])
+    code, out, _ = await status("-l", "app!=ci", "--kubeconfig", cfg)
+    assert (code, [line.split()[0] for line in out.splitlines()]) == (0, ["NAME", "build-0"])
+    code, out, err = await status("--selector", "app=nope", "--kubeconfig", cfg)
+    assert (code, out, err) == (0, "", "No pod rewritten by initshift in namespace builds with labels app=nope.\n")
+    code, out, err = await status("-l", "app in (ci", "--kubeconfig", cfg)  # the apiserver's 400, in its words
+    assert (code, out) == (1, "") and err.startswith(
+        "initshift status: cannot list the pods of namespace builds with labels app in (ci: unable to parse ")
+    out = io.StringIO()
+    task = asyncio.create_task(status("-w", "-l", "app=ci", "--kubeconfig", cfg, out=out))
+    await eventually(lambda: kube.open_watches, "the watch")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == ["NAME", "build-1"]
+    asked = {r.query.get("labelSelector") for r in kube.requests if r.path == "/api/v1/namespaces/builds/pods"}
+    assert asked == {f"{p.LABEL_MANAGED},{x}" for x in ("app=ci", "app!=ci", "app=nope", "app in (ci")}
+    code, _, _ = await status("build-1", "-l", "app=ci", "--kubeconfig", cfg)
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "initshift status: -l is for the list: leave out POD (see --help)"
+
+
 async def test_deadline_exceeded_pod_reads_as_succeeded(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(kpack_deadline_after_success())
     code, out, _ = await status("build-1", "--kubeconfig", cfg)

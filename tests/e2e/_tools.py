@@ -127,8 +127,16 @@ def status_and_logs(env: Env, rec: Record) -> None:
     listed = initshift(env, "status", "-n", ns, timeout=60).stdout.splitlines()
     strategy = managed(env.kube.get(f"/api/v1/namespaces/{ns}/pods/build"))
     assert len(listed) == 2 and listed[1].split()[:4] == ["build", strategy, "3/3", "Succeeded"], listed
+    # -l: the apiserver reads the selector beside initshift's own, and refuses a malformed one.
+    by_label = initshift(env, "status", "-n", ns, "-l", f"{p.LABEL_MANAGED}={strategy}", timeout=60).stdout
+    assert by_label.splitlines() == listed, by_label
+    none = initshift(env, "status", "-n", ns, "-l", "app=other", timeout=60)
+    assert (none.returncode, none.stdout) == (0, "") and "with labels app=other" in none.stderr, none.stderr
+    bad = initshift(env, "status", "-n", ns, "-l", "app in (ci", timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith(f"initshift status: cannot list the pods of namespace {ns} "
+                                                         f"with labels app in (ci: "), bad.stderr
     rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; logs -c compile: its lines alone; status: {table.splitlines()[1].strip() if table else ''}; "
-             f"the namespace's list: {' '.join(listed[1].split())}")
+             f"the namespace's list: {' '.join(listed[1].split())}, by -l too; a malformed -l: {bad.stderr.strip()}")
 
 
 class _Cuttable:

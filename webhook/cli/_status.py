@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap, optional="without POD: every pod initshift rewrote in the namespace, one line each")
     ap.add_argument("-A", "--all-namespaces", action="store_true", help="without POD: in every namespace")
+    ap.add_argument("-l", "--selector", metavar="SELECTOR",
+                    help="without POD: only the pods with these labels (`app=ci,tier!=test`, as kubectl's -l)")
     ap.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format")
     ap.add_argument("-w", "--watch", action="store_true",
                     help="redraw as the pod progresses, until it ends (job/NAME, cronjob/NAME: then the Job's next "
@@ -176,6 +178,8 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
         args = parser.parse_args(argv)
         if args.pod is not None and args.all_namespaces:
             parser.error("-A is for the list: leave out POD (a pod's namespace is -n)")
+        if args.pod is not None and args.selector is not None:
+            parser.error("-l is for the list: leave out POD")
     except SystemExit as e:  # argparse printed the usage
         return int(e.code or 0)
     if args.pod is None:

@@ -129,7 +129,7 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
             said.add(error.message)
             print(f"initshift status: the watch broke ({error.message}); watching again", file=err, flush=True)
 
-    informer = Informer(api, "pods", namespace, label_selector=p.LABEL_MANAGED, on_list=listed, on_event=event,
+    informer = Informer(api, "pods", namespace, label_selector=_selector(args), on_list=listed, on_event=event,
                         on_error=failed, logs=False)
     task = asyncio.create_task(informer.run(), name="status list watch")
     redraw = use_colour(out) and args.output == "table"  # a terminal: clear and redraw in place
@@ -159,17 +159,24 @@ async def _watch(api: KubeApi, namespace: str | None, where: str, args: argparse
         await asyncio.gather(task, return_exceptions=True)
 
 
+def _selector(args: argparse.Namespace) -> str:
+    """The pods listed: those initshift rewrote, of the labels -l asks for (the apiserver
+    parses them, and refuses a malformed one with its own words)."""
+    return f"{p.LABEL_MANAGED},{args.selector}" if args.selector else p.LABEL_MANAGED
+
+
 async def run_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         api, namespace = await connect(args)
         where = "any namespace" if args.all_namespaces else f"namespace {namespace}"
+        where += f" with labels {args.selector}" if args.selector else ""
         scope = None if args.all_namespaces else namespace
         async with api:
             if args.watch:
                 await _watch(api, scope, where, args, out, err)  # until interrupted
                 return EXIT_OK
             try:
-                pods, _ = await api.list_pods(scope, label_selector=p.LABEL_MANAGED)
+                pods, _ = await api.list_pods(scope, label_selector=_selector(args))
             except KubeError as e:
                 raise unreached(e) or CliError(f"cannot list the pods of {where}: {e.message}") from None
     except CliError as e:
