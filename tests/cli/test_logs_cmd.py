@@ -179,6 +179,32 @@ async def test_tail_counts_the_lines_shown_not_the_waiters_own(kube: KubeDouble,
     assert [line.split(None, 1)[1] for line in lines_of(out)] == ["early", "compiled"]
 
 
+async def test_since_shows_the_last_durations_lines(kube: KubeDouble, cfg: str) -> None:
+    """--since DURATION: the lines of that last span by the kubelet's clock (`sinceSeconds`,
+    rounded up as kubectl rounds it), with --tail too."""
+    kube.put_pod(tekton_done())
+    for name in TEKTON[:2]:
+        kube.append_log(NS, NAME, name, f"{name} long ago", at="2020-01-01T00:00:00.000000000Z")
+        kube.append_log(NS, NAME, name, f"{name} just now")
+    code, out, err = await logs(NAME, "--kubeconfig", cfg, "--since", "1m30s")
+    assert (code, err) == (0, "")
+    assert [line.split(None, 1)[1] for line in lines_of(out)] == ["prepare just now", "place-scripts just now"]
+    # Asked later (another container's, or a step that starts later under -f): from the same
+    # instant, by the seconds since then, rounded up.
+    asked = [r.query.get("sinceSeconds") for r in kube.requests if r.path.endswith("/log")]
+    assert asked[0] == "90" and set(asked) <= {"90", "91"}, asked
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg, "--since", "1.5s", "--tail", "5")
+    assert (code, [line.split(None, 1)[1] for line in lines_of(out)]) == (0, ["prepare just now",
+                                                                              "place-scripts just now"])
+
+
+@pytest.mark.parametrize("value", ["5", "0s", "-1m", "1d"])
+async def test_since_takes_a_duration(tmp_path, capsys, value: str) -> None:
+    code, out, err = await logs(NAME, "--since", value, "--kubeconfig", str(tmp_path / "missing"))
+    assert (code, out, err) == (2, "", "")  # argparse's line goes to sys.stderr
+    assert "initshift logs: argument --since: " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["-1", "ten", "1.5"])
 async def test_tail_takes_a_whole_number_of_lines(tmp_path, capsys, value: str) -> None:
     code, out, err = await logs(NAME, "--tail", value, "--kubeconfig", str(tmp_path / "missing"))
@@ -290,7 +316,7 @@ async def test_follow_a_waiter_pod_step_by_step_with_the_sidecar_alongside(kube:
     assert [g[1] for g in got if g[0] == "[istio-proxy]"] == ["Envoy proxy is READY", "quitquitquit received"]
 
 
-@pytest.mark.parametrize("shown", [False, True], ids=["", "timestamps"])
+@pytest.mark.parametrize("shown", [False, True], ids=["", "timestamps-since"])
 async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble, cfg: str, shown: bool) -> None:
     """A follow that breaks while the step runs (a proxy's idle timeout) is opened again from
     the second of the last line printed (`sinceTime`), and the kubelet's timestamps skip what
@@ -302,7 +328,8 @@ async def test_follow_takes_up_a_broken_stream_where_it_stopped(kube: KubeDouble
     kube.append_log(NS, NAME, "git-clone", "two", at=same)
     kube.append_log(NS, NAME, "git-clone", "three", at=same)  # the same time as the one before
     out = io.StringIO()
-    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, *(["--timestamps"] if shown else []), out=out))
+    extra = ["--timestamps", "--since", "87600h"] if shown else []  # --since: the first stream's, not beside sinceTime
+    task = asyncio.create_task(logs(NAME, "-f", "--kubeconfig", cfg, *extra, out=out))
     await eventually(lambda: "three" in out.getvalue(), "the first lines")
     kube.cut_log_follows()
     kube.drop_watches()  # the pod's watch breaks too: taken up from its last resourceVersion

@@ -113,6 +113,9 @@ def status_and_logs(env: Env, rec: Record) -> None:
     assert last.returncode == 0, last.stderr
     assert [line.split(None, 1) for line in last.stdout.splitlines()] == [
         [f"[{c}]", f"{c} end"] for c in [*names, "completion"]], last.stdout
+    recent = initshift(env, "logs", "build", "-n", ns, "--since", "10m", timeout=60)  # by the kubelet's clock
+    assert (recent.returncode, recent.stdout) == (0, initshift(env, "logs", "build", "-n", ns, timeout=60).stdout), \
+        recent.stderr
     alone = initshift(env, "logs", "build", "-n", ns, "-c", "compile", timeout=60)
     assert alone.returncode == 0 and {line.split()[0] for line in alone.stdout.splitlines()} == {"[compile]"}, \
         (alone.stdout, alone.stderr)
@@ -129,13 +132,13 @@ def status_and_logs(env: Env, rec: Record) -> None:
     assert len(listed) == 2 and listed[1].split()[:4] == ["build", strategy, "3/3", "Succeeded"], listed
     # -l: the apiserver reads the selector beside initshift's own, and refuses a malformed one.
     by_label = initshift(env, "status", "-n", ns, "-l", f"{p.LABEL_MANAGED}={strategy}", timeout=60).stdout
-    assert by_label.splitlines() == listed, by_label
+    assert [line.split()[:4] for line in by_label.splitlines()] == [line.split()[:4] for line in listed], by_label
     none = initshift(env, "status", "-n", ns, "-l", "app=other", timeout=60)
     assert (none.returncode, none.stdout) == (0, "") and "with labels app=other" in none.stderr, none.stderr
     bad = initshift(env, "status", "-n", ns, "-l", "app in (ci", timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith(f"initshift status: cannot list the pods of namespace {ns} "
                                                          f"with labels app in (ci: "), bad.stderr
-    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; logs -c compile: its lines alone; status: {table.splitlines()[1].strip() if table else ''}; "
+    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; logs -c compile: its lines alone; --since 10m: all of them; status: {table.splitlines()[1].strip() if table else ''}; "
              f"the namespace's list: {' '.join(listed[1].split())}, by -l too; a malformed -l: {bad.stderr.strip()}")
 
 
@@ -191,9 +194,10 @@ class _Cuttable:
 
 @scenario("logs-resume")
 def logs_resume(env: Env, rec: Record) -> None:
-    """`initshift logs -f` through a connection to the apiserver that is reset mid-step, twice:
-    the followed log is taken up again from the kubelet's timestamps and the pod's watch from
-    its resourceVersion; every line printed once, in order."""
+    """`initshift logs -f --since 1h` through a connection to the apiserver that is reset
+    mid-step, twice: the followed log is taken up again from the kubelet's timestamps (never
+    beside `sinceSeconds`, which the apiserver refuses) and the pod's watch from its
+    resourceVersion; every line printed once, in order."""
     ns = env.namespace("resume")
     rec.namespaces.append(ns)
     count = 60
@@ -207,7 +211,7 @@ def logs_resume(env: Env, rec: Record) -> None:
     config["clusters"][0]["cluster"]["server"] = f"https://{server.hostname}:{proxy.port}"
     through = env.admin.with_name("resume.kubeconfig")
     through.write_text(yaml.safe_dump(config))
-    follow = subprocess.Popen([sys.executable, "-m", "webhook.cli", "logs", "build", "-n", ns, "-f",
+    follow = subprocess.Popen([sys.executable, "-m", "webhook.cli", "logs", "build", "-n", ns, "-f", "--since", "1h",
                                "--kubeconfig", str(through)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "NO_COLOR": "1"})
     seen: list[str] = []

@@ -284,6 +284,30 @@ async def test_pod_logs(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
         assert await asyncio.wait_for(r.content.readline(), BOUND) == b""
 
 
+async def test_pod_logs_since_seconds(kube: KubeDouble, http: aiohttp.ClientSession) -> None:
+    """`sinceSeconds`: the lines of the last N seconds; checked as the apiserver checks
+    PodLogOptions, before it looks for the pod (v1.34.9's words): a number (400), positive,
+    and not beside `sinceTime` (422)."""
+    kube.put_pod(pod("l", containers=("step",)))
+    kube.set_container_statuses("ns", "l", [running("step")], phase="Running")
+    kube.append_log("ns", "l", "step", "old", at="2020-01-01T00:00:00.000000000Z")
+    kube.append_log("ns", "l", "step", "new")
+    path = "/api/v1/namespaces/ns/pods/l/log"
+    assert await call(http, "GET", path, container="step", sinceSeconds="60") == (200, "new\n")
+    for query, code, message in [
+            ({"sinceSeconds": "5", "sinceTime": "2026-01-01T00:00:00Z"}, 422, 'PodLogOptions "l" is invalid: []: '
+             'Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified'),
+            ({"sinceSeconds": "0"}, 422, 'PodLogOptions "l" is invalid: sinceSeconds: Invalid value: 0: must be '
+             'greater than 0'),
+            ({"sinceSeconds": "-3"}, 422, 'PodLogOptions "l" is invalid: sinceSeconds: Invalid value: -3: must be '
+             'greater than 0'),
+            ({"sinceSeconds": "x"}, 400, 'strconv.ParseInt: parsing "x": invalid syntax')]:
+        for where in (path, "/api/v1/namespaces/ns/pods/missing/log"):  # options first, then the pod
+            status, body = await call(http, "GET", where, container="step", **query)
+            assert (status, body["message"]) == (code, message.replace('"l"', '"missing"') if "missing" in where
+                                                 else message)
+
+
 async def test_kubernetes_asyncio_typed_clients_work(kube: KubeDouble) -> None:
     """Other engineers use the generated clients: models, watch and logs must parse."""
     kube.put_pod(pod("t", labels={"app": "web"}))

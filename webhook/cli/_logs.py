@@ -7,8 +7,9 @@ that breaks while its container runs (a proxy's idle timeout, an apiserver resta
 up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
 The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
 `--waiter`. As kubectl's: `-c NAME` shows one container's log alone, `--tail N` each
-container's last N lines (with `-f`, then follows it), `--timestamps` each line's time
-after its prefix (as `kubectl logs --prefix --timestamps`).
+container's last N lines (with `-f`, then follows it), `--since DURATION` those of the
+last DURATION, `--timestamps` each line's time after its prefix (as `kubectl logs
+--prefix --timestamps`).
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import re
 import sys
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TextIO
@@ -56,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--waiter", action="store_true", help="also the waiter's own lines")
     ap.add_argument("--tail", type=_line_count, metavar="N",
                     help="each container's last N lines (with -f: then follow it), as `kubectl logs --tail`")
+    ap.add_argument("--since", type=_duration, metavar="DURATION",
+                    help="only the lines of the last DURATION (5s, 2m, 1h30m) by the kubelet's clock, as "
+                         "`kubectl logs --since`")
     ap.add_argument("--timestamps", action="store_true",
                     help="each line with the kubelet's time of it (RFC 3339), as `kubectl logs --timestamps`")
     return ap
@@ -69,6 +75,22 @@ def _line_count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more (lines)")
     return value
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> int:
+    """A Go duration (kubectl's --since: `90s`, `5m`, `1h30m`) in whole seconds, rounded up
+    as kubectl sends it (`sinceSeconds`)."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (as 90s, 5m or 1h30m)")
+    seconds = math.ceil(round(sum(float(n) * _UNIT_SECONDS[u] for n, u in parts), 9))
+    if seconds < 1:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return seconds
 
 
 class Printer:
@@ -147,16 +169,29 @@ class _Resume:
 
 class _Streamer:
     def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO,
-                 tail: int | None = None) -> None:
+                 tail: int | None = None, since: int | None = None) -> None:
         self.api, self.namespace, self.pod_name, self.tail = api, namespace, pod_name, tail
+        self._since = since
+        self._first_ask: float | None = None  # when --since was first sent (the monotonic clock)
         self.printer, self.err = printer, err
         self._stuck_said: set[tuple[str, str]] = set()  # (container, reason): each said once
+
+    def since_seconds(self) -> int | None:
+        """--since as the kubelet is asked for it now: from the same instant as the first time
+        it was asked, however long the command has waited for a container since."""
+        if self._since is None:
+            return None
+        now = time.monotonic()
+        if self._first_ask is None:
+            self._first_ask = now
+        return self._since + math.ceil(now - self._first_ask)
 
     async def dump(self, name: str) -> None:
         stamped = self.printer.timestamps
         try:
             if self.tail is None:
-                async for line in self.api.pod_log(self.namespace, self.pod_name, name, timestamps=stamped):
+                async for line in self.api.pod_log(self.namespace, self.pod_name, name, timestamps=stamped,
+                                                   since_seconds=self.since_seconds()):
                     _, stamp, text = _stamped(line) if stamped else (None, "", line)
                     self.printer.line(name, text, stamp)
                 return
@@ -173,7 +208,8 @@ class _Streamer:
         ask = count
         while True:
             read = [_stamped(line) if stamped else (None, "", line) async for line in self.api.pod_log(
-                self.namespace, self.pod_name, name, tail_lines=ask, timestamps=stamped)]
+                self.namespace, self.pod_name, name, tail_lines=ask, timestamps=stamped,
+                since_seconds=self.since_seconds())]
             shown = [i for i, (_, _, text) in enumerate(read) if self.printer.shows(name, text)]
             if len(shown) >= count:
                 return read[shown[-count]:]
@@ -268,8 +304,10 @@ class _Streamer:
             cut = False
             since = where.since()
             try:
+                # From the last line read's time, or with none read yet, --since's.
                 async for line in self.api.pod_log(self.namespace, self.pod_name, name, follow=True,
-                                                   tail_lines=tail, timestamps=True, since_time=since):
+                                                   tail_lines=tail, timestamps=True, since_time=since,
+                                                   since_seconds=self.since_seconds() if since is None else None):
                     stamp, written, text = _stamped(line)
                     if where.fresh(stamp):
                         self.printer.line(name, text, written)
@@ -312,7 +350,7 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
     if args.container is not None:
         plan = _only(plan, args.container, f"{namespace}/{pod['metadata']['name']}")
     printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps)
-    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail)
+    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail, args.since)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
             if has_log(pod, name):
