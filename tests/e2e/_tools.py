@@ -138,8 +138,10 @@ def status_and_logs(env: Env, rec: Record) -> None:
     bad = initshift(env, "status", "-n", ns, "-l", "app in (ci", timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith(f"initshift status: cannot list the pods of namespace {ns} "
                                                          f"with labels app in (ci: "), bad.stderr
-    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; logs --tail 1: each one's last line; logs -c compile: its lines alone; --since 10m: all of them; status: {table.splitlines()[1].strip() if table else ''}; "
-             f"the namespace's list: {' '.join(listed[1].split())}, by -l too; a malformed -l: {bad.stderr.strip()}")
+    rec.note(f"logs -f followed {', '.join(order)}; logs --timestamps: {len(times)} step lines in time order; "
+             f"logs --tail 1: each one's last line; logs -c compile: its lines alone; --since 10m: all of them; "
+             f"status: {table.splitlines()[1].strip() if table else ''}; the namespace's list: "
+             f"{' '.join(listed[1].split())}, by -l too; a malformed -l: {bad.stderr.strip()}")
 
 
 class _Cuttable:
