@@ -6,7 +6,7 @@ its end before the next; sidecars (`--sidecars`) are followed alongside. A follo
 that breaks while its container runs (a proxy's idle timeout, an apiserver restart) is taken
 up again where it stopped, by the kubelet's timestamps of the lines: none lost, none twice.
 The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden unless
-`--waiter`. As kubectl's: `-c NAME` shows one container's log alone, `--tail N` each
+`--waiter`. As kubectl's: `-c NAME` shows one container's log alone (without the prefix), `--tail N` each
 container's last N lines (with `-f`, then follows it), `--since DURATION` those of the
 last DURATION, `--timestamps` each line's time after its prefix (as `kubectl logs
 --prefix --timestamps`).
@@ -94,11 +94,12 @@ def _duration(text: str) -> int:
 
 
 class Printer:
-    """Prefixes lines with their container's name and drops the waiter's own lines."""
+    """Prefixes lines with their container's name (unless `prefixed` is false) and drops the
+    waiter's own lines."""
 
     def __init__(self, out: TextIO, names: list[str], waiter_run: frozenset[str], show_waiter: bool,
-                 timestamps: bool = False) -> None:
-        self.out, self.timestamps = out, timestamps
+                 timestamps: bool = False, prefixed: bool = True) -> None:
+        self.out, self.timestamps, self.prefixed = out, timestamps, prefixed
         self.colour = use_colour(out)
         self.width = max((len(n) for n in names), default=0) + 2
         self.colours = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
@@ -125,7 +126,7 @@ class Printer:
             text += "\n"
         if self.timestamps and stamp:
             text = f"{stamp} {text}"
-        self.out.write(f"{self.prefix(name)} {text}")
+        self.out.write(f"{self.prefix(name)} {text}" if self.prefixed else text)
         self.out.flush()
 
 
@@ -349,7 +350,9 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
     plan = log_plan(pod, sidecars=args.sidecars or args.container is not None)
     if args.container is not None:
         plan = _only(plan, args.container, f"{namespace}/{pod['metadata']['name']}")
-    printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps)
+    # One container's lines (-c) as they are, as `kubectl logs -c` prints them: `> file` is its log.
+    printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps,
+                      prefixed=args.container is None)
     streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail, args.since)
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
