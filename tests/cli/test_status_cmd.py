@@ -83,6 +83,22 @@ async def test_table_lists_containers_in_execution_order(kube: KubeDouble, cfg: 
     assert "\x1b[" not in out  # not a terminal: no colour
 
 
+async def test_a_table_of_a_pod_whose_containers_ran_again_counts_the_runs(kube: KubeDouble, cfg: str) -> None:
+    """restartPolicy OnFailure: a RESTARTS column (as kubectl's) once a container has been run
+    again, blank for those that were not; without restarts the table has none."""
+    job = with_status(pod("job-istio"), init=[init_done("istio-init", 0, 1), init_done("initshift-init", 1, 2)],
+                      containers=[{**done("git-clone", 15, 16), "restartCount": 1}, run("build", 3),
+                                  run("istio-proxy", 3)])
+    job["spec"]["restartPolicy"] = "OnFailure"
+    kube.put_pod(job)
+    code, out, _ = await status("build-1", "--kubeconfig", cfg)
+    rows = table(out)
+    assert code == 0 and rows["git-clone"]["RESTARTS"] == "1" and rows["build"]["RESTARTS"] == ""
+    assert rows["git-clone"]["EXIT"] == "0" and rows["git-clone"]["REASON"] == "Completed"
+    kube.put_pod(kpack_running())
+    assert "RESTARTS" not in (await status("build-1", "--kubeconfig", cfg))[1]
+
+
 async def test_json_and_yaml_outputs(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(kpack_running())
     code, out, _ = await status("build-1", "-n", "builds", "-o", "json", "--kubeconfig", cfg)

@@ -278,6 +278,15 @@ def job_on_failure(env: Env, rec: Record) -> None:
                             paths={"clone": "repo.git"}, strategy=mode)
         restarts = {c: (statuses(built.obj).get(c) or {}).get("restartCount") for c in ("clone", "build", "test")}
         assert restarts == {"clone": 1, "build": 0, "test": 1}, f"{mode}: restarts {restarts}"
+        shown = initshift(env, "status", name, "-n", ns, timeout=60).stdout  # its table's RESTARTS column
+        lines = shown.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["#", "CONTAINER"])
+        header, rows = lines[at], lines[at + 1:]
+        rows = rows[:rows.index("")] if "" in rows else rows  # the Messages: block after
+        cells = lambda line, a, b: line[header.index(a):header.index(b)].strip()  # noqa: E731
+        counted = {cells(r, "CONTAINER", "KIND"): cells(r, "RESTARTS", "REASON") for r in rows}
+        counted = {c: n for c, n in counted.items() if n}
+        assert counted == {"clone": "1", "test": "1"}, f"{mode}: status showed\n{shown}"
         test = log_lines(env.kube, ns, name, "test")
         assert first(test, "^test fetched "), f"{mode}: test's second run found no proxy: {[x.text for x in test]}"
         assert first(log_lines(env.kube, ns, name, "build"), "^cloned$"), f"{mode}: build did not read the clone"
@@ -287,8 +296,8 @@ def job_on_failure(env: Env, rec: Record) -> None:
             result = outcome(env.kube, ns, name)
             assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
             said = "outcome Succeeded"
-        return f"{mode}: clone and test run twice (`logs -f` followed both runs), {said}, proxy stopped by " \
-               f"{proxy_stop(built, 'istio-proxy')}"
+        return f"{mode}: clone and test run twice (`logs -f` followed both runs, `status` counts them), {said}, " \
+               f"proxy stopped by {proxy_stop(built, 'istio-proxy')}"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(checked, modes)))

@@ -103,9 +103,14 @@ def _render_table(view: PodView, colour: bool = False) -> str:
     rows = [[str(r.number or ""), r.name, r.kind, state_text(r, view),
              "" if r.exit_code is None else str(r.exit_code), r.reason, _clock(r.started_at),
              _duration_text(r.duration)] for r in view.rows]
-    widths = [max(len(x) for x in col) for col in zip(_COLUMNS, *rows)]
+    columns = _COLUMNS
+    if any(r.restarts for r in view.rows):  # as kubectl's RESTARTS, where the kubelet ran one again
+        columns = (*columns[:5], "RESTARTS", *columns[5:])
+        for r, cells in zip(view.rows, rows):
+            cells.insert(5, str(r.restarts or ""))
+    widths = [max(len(x) for x in col) for col in zip(columns, *rows)]
     lines = _summary(view, colour) + [""]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(_COLUMNS, widths)).rstrip())
+    lines.append("  ".join(h.ljust(w) for h, w in zip(columns, widths)).rstrip())
     for r, cells in zip(view.rows, rows):
         padded = [c.ljust(w) for c, w in zip(cells, widths)]
         padded[3] = paint(padded[3], _STATE_COLOURS.get(r.state, ""), colour)
