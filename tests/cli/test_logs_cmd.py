@@ -460,6 +460,21 @@ async def test_follow_says_a_step_was_run_again_before_it_followed_it(kube: Kube
     assert err == "[git-clone] run again by the kubelet (restart 2; the last run: Error, exit code 128)\n"
 
 
+async def test_a_run_again_is_said_without_the_last_runs_end_where_the_kubelet_no_longer_says_it(
+        kube: KubeDouble, cfg: str) -> None:
+    """After the pod has ended the kubelet may report a restarted container without its
+    `lastState` (seen on v1.34.9, native strategy): the restart is said alone."""
+    job = running_job()
+    job["spec"]["restartPolicy"] = "OnFailure"
+    kube.put_pod(job)
+    kube.set_container_statuses(NS, NAME, [{**done("git-clone", 15, 16), "restartCount": 1}, done("build", 16, 17),
+                                           terminated("istio-proxy", 0, started_at=at(3), finished_at=at(18))],
+                                phase="Succeeded")
+    kube.append_log(NS, NAME, "git-clone", "cloned")
+    code, text, err = await asyncio.wait_for(logs(NAME, "-f", "--kubeconfig", cfg), BOUND)
+    assert (code, lines_of(text), err) == (0, ["[git-clone] cloned"], "[git-clone] run again by the kubelet (restart 1)\n")
+
+
 async def test_follow_notes_steps_the_pod_never_ran(kube: KubeDouble, cfg: str) -> None:
     kube.put_pod(with_status(pod("job", NAME, NS, rewritten=False), init=[run("git-clone", 0)],
                              containers=[wait("build")], phase="Pending"))

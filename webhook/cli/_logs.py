@@ -262,10 +262,11 @@ class _Streamer:
         `seen` restarts, with what it says of the last run; the restarts now."""
         count = restarts(pod, name)
         if count > seen:
+            # The kubelet says how the last run ended while it keeps that run (not always once
+            # the pod has ended).
             last = (statuses(pod).get(name) or {}).get("lastState", {}).get("terminated") or {}
-            ended = f"{last.get('reason') or 'ended'}, exit code {last.get('exitCode')}" if last else "ended"
-            self.err.write(f"{self.printer.prefix(name)} run again by the kubelet (restart {count}; the last run: "
-                           f"{ended})\n")
+            ended = f"; the last run: {last.get('reason') or 'ended'}, exit code {last.get('exitCode')}" if last else ""
+            self.err.write(f"{self.printer.prefix(name)} run again by the kubelet (restart {count}{ended})\n")
             self.err.flush()
         return max(count, seen)
 
