@@ -431,7 +431,7 @@ async def test_follow_reads_a_quick_second_run_that_has_ended_already(kube: Kube
     terminated, exit 0, restarted once): its log is still read, then -f moves on."""
     task, out = await follow_first_run(kube, cfg, "flaked", 1)
     await asyncio.sleep(0.2)  # the first run's stream has ended
-    kube.append_log(NS, NAME, "git-clone", "cloned", at="2026-12-02T10:00:05.000000000Z")
+    kube.append_log(NS, NAME, "git-clone", "cloned", at="2026-12-02T10:00:05.000000000Z", run=1)
     kube.set_container_statuses(NS, NAME, [{**terminated("git-clone", 0, started_at=at(5), finished_at=at(5)),
                                             "restartCount": 1, "lastState": {"terminated": {
                                                 "exitCode": 1, "reason": "Error", "startedAt": at(3),
@@ -622,3 +622,80 @@ async def test_a_container_waiting_to_restart_shows_its_last_runs_log(kube: Kube
     code, out, err = await logs(NAME, "--kubeconfig", cfg)
     assert (code, lines_of(out)) == (0, ["[prepare]        prepare: no such repository"]), err
     assert lines_of(err) == ["[prepare]        pending (CrashLoopBackOff)"]
+
+
+def rerun_job(kube: KubeDouble) -> None:
+    """running_job under restartPolicy OnFailure whose git-clone failed once (exit 128) and
+    runs again, each run with a log of its own."""
+    job = running_job()
+    job["spec"]["restartPolicy"] = "OnFailure"
+    kube.put_pod(job)
+    kube.append_log(NS, NAME, "git-clone", "waiter[git-clone]: running git clone")
+    kube.append_log(NS, NAME, "git-clone", "fatal: the remote end hung up", at="2026-12-02T10:00:04.500000000Z")
+    kube.set_container_statuses(NS, NAME, [{**run("git-clone", 15), "restartCount": 1, "lastState": {
+        "terminated": {"exitCode": 128, "reason": "Error", "startedAt": at(3), "finishedAt": at(5)}}}])
+    kube.append_log(NS, NAME, "git-clone", "cloned")
+
+
+async def test_previous_shows_the_run_before_the_current_of_each_container_run_again(
+        kube: KubeDouble, cfg: str) -> None:
+    """-p: the last run of a step the kubelet ran again, as `kubectl logs --previous` reads it,
+    then how it ended; the containers never run again are left out."""
+    rerun_job(kube)
+    code, out, err = await logs(NAME, "-p", "--kubeconfig", cfg)
+    assert (code, lines_of(out)) == (0, ["[git-clone] fatal: the remote end hung up"]), err
+    assert err == "[git-clone] the previous run: Error, exit code 128\n"
+    code, out, err = await logs(NAME, "--previous", "--waiter", "--timestamps", "--tail", "1", "-c", "git-clone",
+                                "--kubeconfig", cfg)
+    assert (code, out) == (0, "2026-12-02T10:00:04.500000000Z fatal: the remote end hung up\n"), err
+    code, out, err = await logs(NAME, "-p", "--waiter", "-c", "git-clone", "--kubeconfig", cfg)
+    assert (code, lines_of(out)) == (0, ["waiter[git-clone]: running git clone", "fatal: the remote end hung up"])
+    code, out, _ = await logs(NAME, "--kubeconfig", cfg)  # the current run's, as before
+    assert (code, lines_of(out)) == (0, ["[git-clone] cloned"])
+
+
+async def test_previous_of_a_container_waiting_to_restart_is_its_last_run(kube: KubeDouble, cfg: str) -> None:
+    """CrashLoopBackOff: the status still has the last run's restartCount, and `previous`
+    reads that run (the kubelet's lastState), as the current log does."""
+    looping = wait("prepare", "CrashLoopBackOff")
+    looping["lastState"] = terminated("prepare", 2)["state"]
+    kube.put_pod(with_status(pod("tekton", NAME, NS, rewritten=False), init=[looping],
+                             containers=[wait("step-report")], phase="Pending"))
+    kube.append_log(NS, NAME, "prepare", "prepare: no such repository")
+    code, out, err = await logs(NAME, "-p", "--kubeconfig", cfg)
+    assert (code, lines_of(out)) == (0, ["[prepare]        prepare: no such repository"]), err
+    assert err == "[prepare]        the previous run: Error, exit code 2\n"
+
+
+async def test_previous_without_a_run_again_is_an_error(kube: KubeDouble, cfg: str) -> None:
+    rerun_job(kube)
+    code, out, err = await logs(NAME, "-p", "-c", "build", "--kubeconfig", cfg)
+    assert (code, out, err) == (1, "", f"initshift logs: no previous run of container build in pod {NS}/{NAME}: "
+                                       f"not run again by the kubelet\n")
+    kube.put_pod(tekton_done())
+    kube.set_container_statuses(NS, NAME, [{**done("prepare", 5, 9), "restartCount": 1}])
+    code, out, err = await logs(NAME, "-p", "--kubeconfig", cfg)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"initshift logs: no container of pod {NS}/{NAME} has a previous run: ")
+    code, out, err = await logs(NAME, "-p", "-c", "prepare", "--kubeconfig", cfg)
+    assert (code, err) == (1, f"initshift logs: no previous run of container prepare in pod {NS}/{NAME}: run again "
+                              f"(restart 1), but the kubelet no longer reports the run before, as after the pod has "
+                              f"ended\n")
+
+
+async def test_previous_is_not_followed(kube: KubeDouble, cfg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runs --previous reads have ended: with -f a usage error, said before the cluster is asked."""
+    code, out, _ = await logs(NAME, "-p", "-f", "--kubeconfig", cfg)
+    assert (code, out, kube.requests) == (2, "", [])
+    assert capsys.readouterr().err == ("initshift logs: argument -f/--follow: not allowed with argument "
+                                       "-p/--previous (see --help)\n")
+
+
+async def test_pod_log_previous_is_the_kubelets_400_without_a_last_run(kube: KubeDouble) -> None:
+    kube.put_pod(running_job())
+    async with kube.kube_api() as api:
+        with pytest.raises(KubeError) as e:
+            async for _ in api.pod_log(NS, NAME, "git-clone", previous=True):
+                pass
+    assert (e.value.status, e.value.message) == (
+        400, f'previous terminated container "git-clone" in pod "{NAME}" not found')

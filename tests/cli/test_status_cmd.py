@@ -660,26 +660,102 @@ async def test_watch_of_a_job_without_a_pod_yet_waits_for_its_first(kube: KubeDo
     assert err.getvalue().splitlines()[1:] == ["job/report: pod/report-a1b2c"]
 
 
+async def follow_until_deleted(kube: KubeDouble, cfg: str, command, resource: str, name: str,
+                               reads: Callable[[], int]) -> list[str]:
+    """`status -w` (`logs -f`) of the Job or CronJob `name`, which it waits on (`reads` counts
+    the reads of it), until the object is deleted: the command's lines on stderr."""
+    follow = "-w" if command is status_cmd else "-f"
+    kind = "job" if resource == "jobs" else "cronjob"
+    err = io.StringIO()
+    task = asyncio.create_task(command.run([f"{kind}/{name}", follow, "--kubeconfig", cfg], io.StringIO(), err))
+    await eventually(lambda: reads() >= 2, f"the {kind} read again while it waits")
+    kube.delete(resource, "builds", name)
+    assert await asyncio.wait_for(task, BOUND) == 1
+    return err.getvalue().splitlines()
+
+
 @pytest.mark.parametrize("command", [status_cmd, logs_cmd], ids=["status -w", "logs -f"])
 async def test_following_a_job_without_a_pod_ends_when_it_is_deleted_or_finished(
         kube: KubeDouble, cfg: str, command) -> None:
     """A suspended Job is waited for (it may be resumed), and said so; once deleted, the
     command ends with that. A finished Job without pods is an error at once."""
     kube.put("jobs", {**report_job(), "spec": {"suspend": True, "template": {}}})
-    follow = "-w" if command is status_cmd else "-f"
-    err = io.StringIO()
-    task = asyncio.create_task(command.run(["job/report", follow, "--kubeconfig", cfg], io.StringIO(), err))
-    await eventually(lambda: job_reads(kube) >= 2, "the Job read again while it has no pod")
-    kube.delete("jobs", "builds", "report")
-    assert await asyncio.wait_for(task, BOUND) == 1
+    said = await follow_until_deleted(kube, cfg, command, "jobs", "report", lambda: job_reads(kube))
     prog = "status" if command is status_cmd else "logs"
-    assert err.getvalue().splitlines() == ["job/report: suspended, no pod yet; waiting for the Job controller to "
-                                           "create one", f"initshift {prog}: job builds/report was deleted"]
+    assert said == ["job/report: suspended, no pod yet; waiting for the Job controller to create one",
+                    f"initshift {prog}: job builds/report was deleted"]
+    follow = "-w" if command is status_cmd else "-f"
     kube.put("jobs", report_job("Failed"))
     err = io.StringIO()
     assert await asyncio.wait_for(command.run(["job/report", follow, "--kubeconfig", cfg], io.StringIO(), err),
                                   BOUND) == 1
     assert err.getvalue() == f"initshift {prog}: job report has no pods in namespace builds\n"
+
+
+async def test_watch_of_a_job_goes_on_past_a_deleted_pod(kube: KubeDouble, cfg: str) -> None:
+    """`-w job/NAME` whose pod is deleted: the Job says what follows. Under restartPolicy
+    OnFailure the Job controller deletes the pod at the Job's backoffLimit: the Job's end
+    is said, and the watch ends as for a Job that finished; a pod deleted by someone else
+    (a drain) is replaced by the controller, and the new pod is watched in turn. A pod
+    named as such ends the watch with the deletion, as before."""
+    kube.put("jobs", report_job())
+    attempt = job_attempt("report-a1b2c", "2024-05-01T10:00:00Z")
+    kube.put_pod(attempt)
+    err = io.StringIO()
+    task = asyncio.create_task(status_cmd.run(["job/report", "-w", "-o", "json", "--kubeconfig", cfg],
+                                              io.StringIO(), err))
+    await eventually(lambda: any(r.query.get("watch") for r in kube.requests), "the pod watched")
+    kube.delete("pods", "builds", "report-a1b2c")  # a drain: the Job controller makes another
+    await eventually(lambda: job_reads(kube) >= 1, "the Job read for the next pod")
+    kube.put_pod(job_attempt("report-z9y8x", "2024-05-01T10:01:00Z"))
+    await eventually(lambda: "next pod/report-z9y8x" in err.getvalue(), "the next pod followed")
+    kube.put("jobs", {**report_job(), "status": {"conditions": [
+        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit"}]}})
+    kube.delete("pods", "builds", "report-z9y8x")  # the controller's, at the backoffLimit
+    assert await asyncio.wait_for(task, BOUND) == 0
+    assert err.getvalue().splitlines() == [
+        "job/report: pod/report-a1b2c was deleted", "job/report: next pod/report-z9y8x",
+        "job/report: pod/report-z9y8x was deleted",
+        "job/report: Failed (BackoffLimitExceeded: Job has reached the specified backoff limit)"]
+    kube.put_pod(attempt)
+    task = asyncio.create_task(status("report-a1b2c", "-w", "--kubeconfig", cfg))
+    await eventually(lambda: sum(1 for r in kube.requests if r.query.get("watch")) >= 3, "the pod watched")
+    kube.delete("pods", "builds", "report-a1b2c")
+    code, _, said = await asyncio.wait_for(task, BOUND)
+    assert (code, said) == (1, "initshift status: pod builds/report-a1b2c was deleted\n")
+
+
+def cronjob_reads(kube: KubeDouble) -> int:
+    return sum(1 for r in kube.requests if r.path == "/apis/batch/v1/namespaces/builds/cronjobs/nightly")
+
+
+async def test_watch_of_a_cronjob_without_a_run_yet_waits_for_its_first(kube: KubeDouble, cfg: str) -> None:
+    """`-w cronjob/NAME` right after the CronJob is created: its first run is waited for,
+    said with its schedule, then followed as a run found at once would be."""
+    kube.put("cronjobs", nightly_cronjob())
+    err = io.StringIO()
+    task = asyncio.create_task(status_cmd.run(["cronjob/nightly", "-w", "-o", "json", "--kubeconfig", cfg],
+                                              io.StringIO(), err))
+    await eventually(lambda: cronjob_reads(kube) >= 2, "the CronJob read again while it has no run")
+    assert not task.done()
+    assert err.getvalue() == "cronjob/nightly: no run yet; waiting for its next (schedule '0 3 * * *')\n"
+    kube.put("jobs", {**cron_run("report", "2024-05-01T03:00:00Z"), "status": report_job("Complete")["status"]})
+    kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T03:00:01Z", "Succeeded"))
+    assert await asyncio.wait_for(task, BOUND) == 0
+    assert err.getvalue().splitlines()[1:] == ["cronjob/nightly: job/report"]
+
+
+@pytest.mark.parametrize("command", [status_cmd, logs_cmd], ids=["status -w", "logs -f"])
+async def test_following_a_cronjob_without_a_run_ends_when_it_is_deleted(kube: KubeDouble, cfg: str, command) -> None:
+    """A suspended CronJob is waited for too (it may be resumed, or run by hand), and said
+    so; once deleted, the command ends with that."""
+    kube.put("cronjobs", {**nightly_cronjob(), "spec": {**nightly_cronjob()["spec"], "suspend": True}})
+    said = await follow_until_deleted(kube, cfg, command, "cronjobs", "nightly", lambda: cronjob_reads(kube))
+    prog = "status" if command is status_cmd else "logs"
+    assert said == ["cronjob/nightly: suspended, no run yet; waiting for its next (schedule '0 3 * * *')",
+                    f"initshift {prog}: cronjob builds/nightly was deleted"]
 
 
 async def test_watch_of_a_job_ends_with_its_pod_where_the_job_cannot_be_read(kube: KubeDouble, cfg: str) -> None:

@@ -16,7 +16,7 @@ from waiter import protocol as p
 
 from ._check import check_build, proxy_instant, proxy_stop, record_times
 from ._env import Env, Record, scenario, waiter_modes
-from ._kube import wait_for
+from ._kube import kubectl, wait_for
 from ._mesh import ISTIO_TRAFFIC, LINKERD_ADMIN_PORT, LINKERD_TRAFFIC
 from ._pods import first, log_lines, managed, outcome, statuses, step
 from ._tools import initshift
@@ -188,6 +188,11 @@ def cronjob(env: Env, rec: Record) -> None:
                 "backoffLimit": 0, "template": {"spec": {
                     "restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [report]}}}}}}
     env.kube.create(f"/apis/batch/v1/namespaces/{ns}/cronjobs", cron)
+    # `initshift status -w cronjob/NAME` before its first run: it waits for the run, then follows it.
+    watch = subprocess.Popen([sys.executable, "-m", "webhook.cli", "status", "-w", "-o", "json",
+                              "cronjob/nightly-report", "-n", ns, "--kubeconfig", str(env.admin)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "NO_COLOR": "1"})
 
     def first_job() -> dict | None:
         jobs = (env.kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs") or {}).get("items") or []
@@ -215,8 +220,21 @@ def cronjob(env: Env, rec: Record) -> None:
         assert stop == "quit endpoint", stop
     shown = initshift(env, "status", "cronjob/nightly-report", "-n", ns, "-o", "json", timeout=60)
     assert shown.returncode == 0 and json.loads(shown.stdout)["name"] == pod_name, (shown.returncode, shown.stderr)
+    try:
+        out, err = watch.communicate(timeout=120)
+    finally:
+        watch.kill()
+    said = err.splitlines()
+    # The run may come before the command has looked (a schedule's minute about to turn): then it is shown at once.
+    waited = said[:1] == ["cronjob/nightly-report: no run yet; waiting for its next (schedule '* * * * *')"]
+    assert watch.returncode == 0 and (f"cronjob/nightly-report: job/{name}" in said if waited else
+                                      not any("cronjob/" in line for line in said)), \
+        f"status -w exited {watch.returncode}, said:\n{err}"
+    drawn = [doc["name"] for doc in json_documents(out)]
+    assert drawn and set(drawn) == {pod_name}, f"status -w drew {drawn}"
     rec.note(f"strategy {managed(obj)}; first attempt through the proxy; proxy stopped by {stop}; "
-             f"`initshift status cronjob/nightly-report` shows its pod")
+             f"`initshift status cronjob/nightly-report` shows its pod, and `status -w`, started before the "
+             f"first run, {'waited for it and ' if waited else 'found it at once and '}followed it to its end")
     rec.figure("Job completion (from the Job's creation seen)", took, "s")
 
 
@@ -253,6 +271,18 @@ def job_on_failure(env: Env, rec: Record) -> None:
                          "initContainers": [clone, build], "containers": [test],
                          "volumes": [{"name": "workspace", "emptyDir": {}}]}}}})
 
+    # A clone that never succeeds: at the backoffLimit the Job controller deletes the pod.
+    doomed = step("clone", env.images.busybox, port=None, exit_code=1)
+    env.kube.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "give-up"},
+        "spec": {"backoffLimit": 1, "template": {"spec": {
+            "restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 5, "initContainers": [doomed],
+            "containers": [step("build", env.images.busybox, port=None)]}}}})
+    # `initshift status -w job/NAME` goes on past that deletion, and says how the Job ended.
+    give_up = subprocess.Popen([sys.executable, "-m", "webhook.cli", "status", "-w", "-o", "json", "job/give-up",
+                                "-n", ns, "--kubeconfig", str(env.admin)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1"})
+
     def checked(mode: str) -> str:
         # `initshift logs -f job/NAME`, started before the Job has a pod: it waits for it,
         # then follows each step through the kubelet's second run of it.
@@ -287,6 +317,7 @@ def job_on_failure(env: Env, rec: Record) -> None:
         counted = {cells(r, "CONTAINER", "KIND"): cells(r, "RESTARTS", "REASON") for r in rows}
         counted = {c: n for c, n in counted.items() if n}
         assert counted == {"clone": "1", "test": "1"}, f"{mode}: status showed\n{shown}"
+        previous = _check_previous(env, ns, name, built.obj, mode)
         test = log_lines(env.kube, ns, name, "test")
         assert first(test, "^test fetched "), f"{mode}: test's second run found no proxy: {[x.text for x in test]}"
         assert first(log_lines(env.kube, ns, name, "build"), "^cloned$"), f"{mode}: build did not read the clone"
@@ -296,11 +327,46 @@ def job_on_failure(env: Env, rec: Record) -> None:
             result = outcome(env.kube, ns, name)
             assert result["result"] == "Succeeded", f"{mode}: outcome {result}"
             said = "outcome Succeeded"
-        return f"{mode}: clone and test run twice (`logs -f` followed both runs, `status` counts them), {said}, " \
-               f"proxy stopped by {proxy_stop(built, 'istio-proxy')}"
+        return f"{mode}: clone and test run twice (`logs -f` followed both runs, `status` counts them, `logs -p` " \
+               f"{previous}), {said}, proxy stopped by {proxy_stop(built, 'istio-proxy')}"
 
     with ThreadPoolExecutor(len(modes)) as pool:
         rec.note("; ".join(pool.map(checked, modes)))
+    try:
+        _, err = give_up.communicate(timeout=180)
+    finally:
+        give_up.kill()
+    said = err.splitlines()
+    assert give_up.returncode == 0 and said[-1:] == [
+        "job/give-up: Failed (BackoffLimitExceeded: Job has reached the specified backoff limit)"] and any(
+        line.startswith("job/give-up: pod/give-up-") and line.endswith(" was deleted") for line in said), \
+        f"status -w job/give-up exited {give_up.returncode}, said:\n{err}"
+    rec.note("a clone that always fails: at the backoffLimit the Job controller deletes the pod, and "
+             "`status -w job/NAME` says so and how the Job ended (exit 0)")
+
+
+def _check_previous(env: Env, ns: str, name: str, obj: dict, mode: str) -> str:
+    """`initshift logs -p` on the ended pod shows the first (flaked) run of each container
+    whose run before the kubelet still reports (`lastState`: not always once the pod has
+    ended), as `kubectl logs -p -c` reads it, and how it ended; with none, an error. What it
+    showed, for the record."""
+    kept = [c for c in ("clone", "test") if (statuses(obj).get(c) or {}).get("lastState", {}).get("terminated")]
+    shown = initshift(env, "logs", "-p", name, "-n", ns, timeout=60)
+    if not kept:
+        assert shown.returncode == 1 and "has a previous run" in shown.stderr, \
+            f"{mode}: logs -p exited {shown.returncode}: {shown.stdout}{shown.stderr}"
+        return "said the kubelet no longer reports the first runs"
+    assert shown.returncode == 0, f"{mode}: logs -p exited {shown.returncode}: {shown.stderr}"
+    lines = [" ".join(line.split()) for line in shown.stdout.splitlines()]
+    assert lines == [f"[{c}] {c} flaked" for c in kept], f"{mode}: logs -p showed\n{shown.stdout}"
+    notes = [" ".join(line.split()) for line in shown.stderr.splitlines()]
+    assert notes == [f"[{c}] the previous run: Error, exit code 1" for c in kept], f"{mode}: logs -p said\n{shown.stderr}"
+    for c in kept:  # one container alone, as kubectl reads its previous run (the waiter's lines too)
+        alone = initshift(env, "logs", "-p", "-c", c, "--waiter", name, "-n", ns, timeout=60)
+        theirs = kubectl(env.admin, "logs", "-p", "-c", c, "-n", ns, name)
+        assert (alone.returncode, alone.stdout) == (0, theirs.stdout), f"{mode}: logs -p -c {c}: {alone.stdout!r} " \
+                                                                       f"{alone.stderr!r}, kubectl: {theirs.stdout!r}"
+    return f"showed the first runs of {' and '.join(kept)}"
 
 
 @scenario("job-failure-policy")

@@ -50,7 +50,9 @@ Real HTTP, real JSON, the apiserver's semantics where the tests depend on them:
   apiserver's status strategy allows) or `set_container_statuses()`; a no-op update does not
   bump the resourceVersion; pod logs (`/log?container=C&follow=true&tailLines=N`: 400
   "waiting to start" before the container first runs, the last run's of one waiting to be
-  restarted, a follow ends when it terminates;
+  restarted, a follow ends when it terminates; each run, by its restartCount, has a log of
+  its own, and `previous=true` reads the run `lastState` reports, else 400 "previous
+  terminated container ... not found", as the kubelet's validateContainerLogStatus;
   `timestamps=true` starts each line with its time, `sinceTime` (or `sinceSeconds`, not both: 422) keeps those from that
   second on);
   `/portforward?ports=N` over a WebSocket as the kubelet serves it (`v4.channel.k8s.io`);
@@ -534,9 +536,11 @@ class KubeDouble:
         self._watchers: list[_Watcher] = []
         self._rules: list[_Rule] = []
         self._delays: list[_Delay] = []
-        self._logs: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (the kubelet's time, line)
+        # Each run of a container (its restartCount then) has a log of its own, as each of the
+        # kubelet's container instances has: (namespace, pod, container, run) -> (time, line).
+        self._logs: dict[tuple[str, str, str, int], list[tuple[str, str]]] = {}
         self._log_cuts = 0  # cut_log_follows() calls so far
-        self._log_ended: set[tuple[str, str, str]] = set()
+        self._log_ended: set[tuple[str, str, str, int]] = set()
         self._log_changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -873,10 +877,14 @@ class KubeDouble:
         return self.set_container_statuses(namespace, name, killed, init=init or None, phase="Failed",
                                            reason=reason, message=message)
 
-    def append_log(self, namespace: str, name: str, container: str, text: str, at: str | None = None) -> None:
+    def append_log(self, namespace: str, name: str, container: str, text: str, at: str | None = None,
+                   run: int | None = None) -> None:
         """Append to a container's log (a newline is added when missing), timed now, or `at`
-        (the kubelet's form: RFC 3339, UTC, nine fraction digits)."""
-        lines = self._logs.setdefault((namespace, name, container), [])
+        (the kubelet's form: RFC 3339, UTC, nine fraction digits). `run`: which of the
+        container's runs printed it, by its restartCount (default: the one its status gives
+        now; a line of a run the status does not show yet names it)."""
+        key = (namespace, name, container, self._run(namespace, name, container) if run is None else run)
+        lines = self._logs.setdefault(key, [])
         if at is None:
             seconds, nanos = divmod(time.time_ns(), 10**9)
             at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
@@ -890,10 +898,16 @@ class KubeDouble:
         asyncio.ensure_future(self._notify_logs())
 
     def end_log(self, namespace: str, name: str, container: str) -> None:
-        """The container stopped: following readers see the end of the stream."""
-        self._logs.setdefault((namespace, name, container), [])
-        self._log_ended.add((namespace, name, container))
+        """The container's current run stopped: following readers see the end of the stream."""
+        key = (namespace, name, container, self._run(namespace, name, container))
+        self._logs.setdefault(key, [])
+        self._log_ended.add(key)
         asyncio.ensure_future(self._notify_logs())
+
+    def _run(self, namespace: str, name: str, container: str) -> int:
+        """The container's current run: its restartCount (0 before it has a status)."""
+        pod = self._objects["pods"].get((namespace, name)) or {}
+        return _container_run(pod, container)
 
     async def _notify_logs(self) -> None:
         async with self._log_changed:
@@ -1467,14 +1481,22 @@ class KubeDouble:
             container = names[0]
         if container not in names:
             raise ApiError(400, f"container {container} is not valid for pod {name}")
-        state = _container_state(pod, container)
-        # As the kubelet: no log before a first start; one waiting to be restarted
-        # (CrashLoopBackOff) shows its last run's (seen on v1.34.9).
-        if "running" not in state and "terminated" not in state and "terminated" not in _container_state(
-                pod, container, "lastState"):
+        state, run = _container_state(pod, container), _container_run(pod, container)
+        ran = "running" in state or "terminated" in state  # the current run has started
+        # As the kubelet (validateContainerLogStatus): `previous` is the run its lastState
+        # reports, the one before the current run, or, for one waiting to be restarted
+        # (CrashLoopBackOff, whose restartCount is still its last run's), that last run.
+        previous = _flag(request.query.get("previous"))
+        if previous:
+            if "terminated" not in _container_state(pod, container, "lastState"):
+                raise ApiError(400, f'previous terminated container "{container}" in pod "{name}" not found')
+            run -= ran
+        # No log before a first start; one waiting to be restarted shows its last run's (seen
+        # on v1.34.9).
+        elif not ran and "terminated" not in _container_state(pod, container, "lastState"):
             reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
             raise ApiError(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
-        key = (namespace, name, container)
+        key = (namespace, name, container, run)
         since = request.query.get("sinceTime")
         if since is not None and not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", since):
             raise ApiError(400, f'parsing time "{since}" as "2006-01-02T15:04:05Z07:00": cannot parse')
@@ -1505,8 +1527,9 @@ class KubeDouble:
                     await resp.write(lines[sent].encode())
                     sent += 1
                 pod = self._objects["pods"].get((namespace, name))
-                # The kubelet ends a follow when the container stops (or the pod is gone).
-                if key in self._log_ended or pod is None or "terminated" in _container_state(pod, container):
+                # The kubelet ends a follow when the run stops (or the pod is gone).
+                if previous or key in self._log_ended or pod is None or _container_run(pod, container) > run \
+                        or "terminated" in _container_state(pod, container):
                     break
                 async with self._log_changed:
                     await self._log_changed.wait()
@@ -1586,6 +1609,15 @@ def _container_state(pod: dict, container: str, which: str = "state") -> dict:
         if s.get("name") == container:
             return s.get(which) or {}
     return {}
+
+
+def _container_run(pod: dict, container: str) -> int:
+    """The container's current run, its restartCount (0 before it has a status)."""
+    status = pod.get("status") or {}
+    for s in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
+        if s.get("name") == container:
+            return int(s.get("restartCount") or 0)
+    return 0
 
 
 def _uid() -> str:

@@ -21,7 +21,7 @@ from .. import k8snames, kube
 from certs import pki, store
 from certs.rotation import merge_bundle
 from ._common import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Parser, add_kubeconfig_args, describe,
-                      name_arg, path_arg)
+                      name_arg, path_arg, whole_number)
 
 _CREATE_EXITS = ("Exit codes: 0 written, 1 a file in --out or the Secret cannot be written, 2 usage or bad "
                  "input (--ca-cert that is not a CA or not the key's, a CA already in --out that cannot be "
@@ -44,16 +44,7 @@ def _ip(text: str) -> str:
 
 
 _MAX_DAYS = 36500  # a hundred years: far enough, and every date stays a valid X.509 time
-
-
-def _days(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= _MAX_DAYS:
-        raise argparse.ArgumentTypeError(f"must be 1 to {_MAX_DAYS} (days)")
-    return value
+_days = whole_number(1, _MAX_DAYS, "days")
 
 
 def _parser(settings: Settings) -> argparse.ArgumentParser:

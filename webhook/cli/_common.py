@@ -76,6 +76,20 @@ def name_arg(kind: str) -> Callable[[str], str]:
     return parse
 
 
+def whole_number(low: int, high: int | None, unit: str) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` (to `high`), its error naming `unit`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"{low} or more" if high is None else f"{low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds} ({unit})")
+        return value
+    return parse
+
+
 def add_kubeconfig_args(ap: argparse.ArgumentParser) -> None:
     # An empty --kubeconfig (`--kubeconfig "$KC"` with KC unset) is refused: the configuration
     # would otherwise skip it for $KUBECONFIG and blame that.

@@ -9,7 +9,8 @@ The waiter's own lines (its `waiter[name]: ...` messages on stderr) are hidden u
 `--waiter`. As kubectl's: `-c NAME` shows one container's log alone (without the prefix), `--tail N` each
 container's last N lines (with `-f`, then follows it), `--since DURATION` those of the
 last DURATION, `--timestamps` each line's time after its prefix (as `kubectl logs
---prefix --timestamps`).
+--prefix --timestamps`), `-p` the run before the current one of each container the
+kubelet ran again.
 
 Exit codes: 0 shown, 1 an API error or a pod initshift cannot show, 2 usage,
 130 interrupted.
@@ -29,7 +30,7 @@ from typing import TextIO
 
 from ..kube import KubeApi, KubeError, StreamCut
 from ..watcher import NotManaged, pod_ended, statuses
-from ._common import CliError, Parser
+from ._common import CliError, Parser, whole_number
 from ._podcli import (RESUME_PAUSE_SECONDS, PodTracker, add_connection_args, api_error, paint, run_main, run_on_pod,
                       use_colour)
 from ._podview import (LogPlan, State, has_log, has_started, has_terminated, is_waiter_line, log_plan,
@@ -50,14 +51,19 @@ def _parser() -> argparse.ArgumentParser:
                     "rewritten (their init containers are the steps).",
         epilog="Exit codes: 0 shown, 1 API error or a pod initshift cannot show, 2 usage.")
     add_connection_args(ap)
-    ap.add_argument("-f", "--follow", action="store_true",
-                    help="wait for steps that have not started and follow the running one, until the mains end")
+    # --previous reads runs that have ended: nothing to follow (argparse says so, exit 2).
+    runs = ap.add_mutually_exclusive_group()
+    runs.add_argument("-f", "--follow", action="store_true",
+                      help="wait for steps that have not started and follow the running one, until the mains end")
+    runs.add_argument("-p", "--previous", action="store_true",
+                      help="each container's run before its current one, for those the kubelet ran again "
+                           "(restartPolicy), as `kubectl logs --previous`")
     ap.add_argument("--sidecars", action="store_true",
                     help="also the sidecars (alongside the steps) and the mesh's and initshift's init containers")
     ap.add_argument("-c", "--container", metavar="NAME",
                     help="only this container's log (a step, a main, a sidecar or a kept init container)")
     ap.add_argument("--waiter", action="store_true", help="also the waiter's own lines")
-    ap.add_argument("--tail", type=_line_count, metavar="N",
+    ap.add_argument("--tail", type=whole_number(0, None, "lines"), metavar="N",
                     help="each container's last N lines (with -f: then follow it), as `kubectl logs --tail`")
     ap.add_argument("--since", type=_duration, metavar="DURATION",
                     help="only the lines of the last DURATION (5s, 2m, 1h30m) by the kubelet's clock, as "
@@ -65,16 +71,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timestamps", action="store_true",
                     help="each line with the kubelet's time of it (RFC 3339), as `kubectl logs --timestamps`")
     return ap
-
-
-def _line_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more (lines)")
-    return value
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -170,8 +166,9 @@ class _Resume:
 
 class _Streamer:
     def __init__(self, api: KubeApi, namespace: str, pod_name: str, printer: Printer, err: TextIO,
-                 tail: int | None = None, since: int | None = None) -> None:
+                 tail: int | None = None, since: int | None = None, previous: bool = False) -> None:
         self.api, self.namespace, self.pod_name, self.tail = api, namespace, pod_name, tail
+        self.previous = previous  # dump: each container's run before its current one
         self._since = since
         self._first_ask: float | None = None  # when --since was first sent (the monotonic clock)
         self.printer, self.err = printer, err
@@ -192,7 +189,7 @@ class _Streamer:
         try:
             if self.tail is None:
                 async for line in self.api.pod_log(self.namespace, self.pod_name, name, timestamps=stamped,
-                                                   since_seconds=self.since_seconds()):
+                                                   since_seconds=self.since_seconds(), previous=self.previous):
                     _, stamp, text = _stamped(line) if stamped else (None, "", line)
                     self.printer.line(name, text, stamp)
                 return
@@ -210,7 +207,7 @@ class _Streamer:
         while True:
             read = [_stamped(line) if stamped else (None, "", line) async for line in self.api.pod_log(
                 self.namespace, self.pod_name, name, tail_lines=ask, timestamps=stamped,
-                since_seconds=self.since_seconds())]
+                since_seconds=self.since_seconds(), previous=self.previous)]
             shown = [i for i, (_, _, text) in enumerate(read) if self.printer.shows(name, text)]
             if len(shown) >= count:
                 return read[shown[-count]:]
@@ -264,11 +261,16 @@ class _Streamer:
         if count > seen:
             # The kubelet says how the last run ended while it keeps that run (not always once
             # the pod has ended).
-            last = (statuses(pod).get(name) or {}).get("lastState", {}).get("terminated") or {}
-            ended = f"; the last run: {last.get('reason') or 'ended'}, exit code {last.get('exitCode')}" if last else ""
+            last = _last_run(pod, name)
+            ended = f"; the last run: {_ended(last)}" if last else ""
             self.err.write(f"{self.printer.prefix(name)} run again by the kubelet (restart {count}{ended})\n")
             self.err.flush()
         return max(count, seen)
+
+    def previous_note(self, pod: dict, name: str) -> None:
+        """--previous: after a run's log, how it ended, on stderr."""
+        self.err.write(f"{self.printer.prefix(name)} the previous run: {_ended(_last_run(pod, name))}\n")
+        self.err.flush()
 
     def _say_stuck(self, name: str, reason: str, message: str) -> None:
         if (name, reason) in self._stuck_said:
@@ -337,6 +339,31 @@ class _Streamer:
         self.note(tracker.pod, name)
 
 
+def _last_run(pod: dict, name: str) -> dict:
+    """How the container's run before its current one ended, as the kubelet reports it
+    (`lastState.terminated`: the run `previous=true` reads); empty when it reports none."""
+    return (statuses(pod).get(name) or {}).get("lastState", {}).get("terminated") or {}
+
+
+def _ended(run: dict) -> str:
+    return f"{run.get('reason') or 'ended'}, exit code {run.get('exitCode')}"
+
+
+def _with_previous(names: list[str], pod: dict, pod_name: str, one: bool) -> list[str]:
+    """--previous: those of `names` with a run before their current one (the kubelet's
+    `lastState`); CliError when none has one (`one`: -c NAME, as `kubectl logs -p -c` says it)."""
+    having = [n for n in names if _last_run(pod, n)]
+    if having:
+        return having
+    if one:
+        again = restarts(pod, names[0])
+        why = (f"run again (restart {again}), but the kubelet no longer reports the run before, as after the pod "
+               f"has ended") if again else "not run again by the kubelet"
+        raise CliError(f"no previous run of container {names[0]} in pod {pod_name}: {why}")
+    raise CliError(f"no container of pod {pod_name} has a previous run: none was run again by the kubelet "
+                   f"(restartPolicy), or it no longer reports the runs before")
+
+
 def _only(plan: LogPlan, name: str, pod: str) -> LogPlan:
     """-c NAME: the plan of that container alone; CliError naming the pod's containers when
     it has none of that name."""
@@ -354,7 +381,14 @@ async def _show(api: KubeApi, namespace: str, pod: dict, args: argparse.Namespac
     # One container's lines (-c) as they are, as `kubectl logs -c` prints them: `> file` is its log.
     printer = Printer(out, [*plan.sequential, *plan.concurrent], plan.waiter_run, args.waiter, args.timestamps,
                       prefixed=args.container is None)
-    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail, args.since)
+    streamer = _Streamer(api, namespace, pod["metadata"]["name"], printer, err, args.tail, args.since,
+                         args.previous)
+    if args.previous:
+        for name in _with_previous([*plan.sequential, *plan.concurrent], pod,
+                                   f"{namespace}/{pod['metadata']['name']}", args.container is not None):
+            await streamer.dump(name)
+            streamer.previous_note(pod, name)
+        return
     if not args.follow:
         for name in [*plan.sequential, *plan.concurrent]:
             if has_log(pod, name):

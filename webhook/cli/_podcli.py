@@ -136,22 +136,57 @@ async def _job_pods(api: KubeApi, namespace: str, job: str) -> list[dict]:
     return pods
 
 
-async def _newest_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO) -> str:
-    """The name of the CronJob's newest Job (its last scheduled or manual run still kept:
-    the CronJob's history limits say how many), said on `err` when it has several."""
+async def _runs(api: KubeApi, namespace: str, cronjob: str) -> list[dict]:
+    """The CronJob's Jobs (by their owner reference) that its history limits still keep."""
     try:
         jobs = await api.list_jobs(namespace)
     except KubeError as e:
         raise api_error(e, namespace, cronjob, "list the jobs of cronjob") from None
-    runs = [job for job in jobs if any(o.get("kind") == "CronJob" and o.get("name") == cronjob
-                                       for o in job["metadata"].get("ownerReferences") or [])]
+    return [job for job in jobs if any(o.get("kind") == "CronJob" and o.get("name") == cronjob
+                                         for o in job["metadata"].get("ownerReferences") or [])]
+
+
+async def _newest_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO, wait: bool = False) -> str:
+    """The name of the CronJob's newest Job (its last scheduled or manual run still kept:
+    the CronJob's history limits say how many), said on `err` when it has several. `wait`
+    (-f, -w): a CronJob without one is waited for until its schedule (or a manual
+    `kubectl create job --from`) makes one."""
+    runs = await _runs(api, namespace, cronjob)
+    waited = not runs and wait and await _first_run(api, namespace, cronjob, err)
+    if waited:
+        runs = await _runs(api, namespace, cronjob)
     if not runs:
         raise await _absent_or(api.get_cronjob, namespace, cronjob, "cronjob",
                                f"cronjob {cronjob} has no jobs in namespace {namespace}")
     newest = max(runs, key=_age)["metadata"]["name"]
-    if len(runs) > 1:
+    if waited:
+        print(f"cronjob/{cronjob}: job/{newest}", file=err)
+    elif len(runs) > 1:
         print(f"Found {len(runs)} jobs, using job/{newest} (the newest)", file=err)
     return newest
+
+
+async def _first_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO) -> bool:
+    """Wait for the first Job of a CronJob that has none, said on `err` with its schedule;
+    False where the CronJob cannot be read or is absent (find_pod then says why). A CronJob
+    deleted meanwhile is a CliError."""
+    try:
+        obj = await api.get_cronjob(namespace, cronjob)
+    except KubeError:
+        return False
+    if obj is None:
+        return False
+    spec = obj.get("spec") or {}
+    print(f"cronjob/{cronjob}: {'suspended, ' if spec.get('suspend') is True else ''}no run yet; waiting for its "
+          f"next (schedule {spec.get('schedule')!r})", file=err)
+    while not await _runs(api, namespace, cronjob):
+        await asyncio.sleep(_ATTEMPT_POLL_SECONDS)
+        try:
+            if await api.get_cronjob(namespace, cronjob) is None:
+                raise CliError(f"cronjob {namespace}/{cronjob} was deleted")
+        except KubeError as e:
+            raise api_error(e, namespace, cronjob, "read cronjob") from None
+    return True
 
 
 async def _absent_or(get: Callable[[str, str], Awaitable[dict | None]], namespace: str, name: str, kind: str,
@@ -174,12 +209,13 @@ async def find_pod(api: KubeApi, namespace: str, ref: str, err: TextIO, *, wait:
     `err` when there is more than one, as `kubectl logs job/NAME` does; `cronjob/NAME`,
     that of the CronJob's newest Job. `wait` (-f, -w): a Job that has no pod yet and is not
     finished (just created, or suspended) is waited for, as `kubectl logs -f job/NAME`
-    waits for a pod, and said so on `err`; without it, that is an error at once."""
+    waits for a pod, and a CronJob's first run, both said so on `err`; without it, that is
+    an error at once."""
     kind, _, name = ref.rpartition("/")  # a form `pod_ref` let through
     if not kind or kind.lower() in _POD_TYPES:
         return await get_pod(api, namespace, name)
     if kind.lower() in _CRONJOB_TYPES:
-        name = await _newest_run(api, namespace, name, err)
+        name = await _newest_run(api, namespace, name, err, wait)
     pods = await _job_pods(api, namespace, name)
     if not pods and wait and (first := await _first_pod(api, namespace, name, err)) is not None:
         return first
@@ -206,10 +242,32 @@ async def _first_pod(api: KubeApi, namespace: str, job: str, err: TextIO) -> dic
     return await next_attempt(api, namespace, job, None, err)
 
 
+class PodDeleted(CliError):
+    """The pod followed was deleted."""
+
+
+def _end(job: dict) -> dict | None:
+    """The Job's terminal condition (Complete or Failed): it starts no more pods."""
+    return next((c for c in (job.get("status") or {}).get("conditions") or []
+                 if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None)
+
+
 def _finished(job: dict) -> bool:
-    """The Job has its terminal condition: it starts no more pods."""
-    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-               for c in (job.get("status") or {}).get("conditions") or [])
+    return _end(job) is not None
+
+
+async def job_end(api: KubeApi, namespace: str, job: str) -> str | None:
+    """How the Job ended, as its condition says it (`Failed (BackoffLimitExceeded: Job has
+    reached the specified backoff limit)`); None while it runs, or where it cannot be read."""
+    try:
+        obj = await api.get_job(namespace, job)
+    except KubeError:
+        return None
+    end = _end(obj) if obj is not None else None
+    if end is None:
+        return None
+    why = ": ".join(filter(None, (end.get("reason"), end.get("message"))))
+    return f"{end['type']} ({why})" if why else end["type"]
 
 
 async def next_attempt(api: KubeApi, namespace: str, job: str, after: dict | None, err: TextIO) -> dict | None:
@@ -253,7 +311,7 @@ async def _follow_pod(api: KubeApi, namespace: str, name: str, pod: dict) -> Asy
                     version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                     continue
                 if kind == "DELETED":
-                    raise CliError(f"pod {namespace}/{name} was deleted")
+                    raise PodDeleted(f"pod {namespace}/{name} was deleted")
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                 yield obj
         except StreamCut:

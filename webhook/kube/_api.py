@@ -313,17 +313,22 @@ class KubeApi:
 
     async def pod_log(self, namespace: str, name: str, container: str, *, follow: bool = False,
                       tail_lines: int | None = None, timestamps: bool = False,
-                      since_time: str | None = None, since_seconds: int | None = None) -> AsyncIterator[str]:
+                      since_time: str | None = None, since_seconds: int | None = None,
+                      previous: bool = False) -> AsyncIterator[str]:
         """Yield one container's log line by line (newline kept; a last partial line as is).
         `follow`: until the container stops; a stream that breaks before is a StreamCut.
         `timestamps`: each line starts with the kubelet's RFC 3339 time of it and a space;
         `since_time` (RFC 3339, whole seconds) or `since_seconds` (by the kubelet's clock; the
-        apiserver takes one of them, not both): the lines from then on. A container that has
-        not started yet is a 400 KubeError from the apiserver ("... is waiting to start")."""
+        apiserver takes one of them, not both): the lines from then on. `previous`: the run
+        before the current one, which the kubelet keeps for one it ran again. A container that
+        has not started yet is a 400 KubeError from the apiserver ("... is waiting to start"),
+        and so is `previous` for one without an earlier run ("previous terminated container ...
+        not found")."""
         query = {"container": container, "follow": "true" if follow else None,
                  "tailLines": str(tail_lines) if tail_lines is not None else None,
                  "timestamps": "true" if timestamps else None, "sinceTime": since_time,
-                 "sinceSeconds": str(since_seconds) if since_seconds is not None else None}
+                 "sinceSeconds": str(since_seconds) if since_seconds is not None else None,
+                 "previous": "true" if previous else None}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_REQUEST_TIMEOUT_SECONDS,
                                         sock_read=None if follow else _REQUEST_TIMEOUT_SECONDS)
         resp = await self._open("GET", object_path("pods", namespace, name) + "/log", query=query,
