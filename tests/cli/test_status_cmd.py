@@ -361,8 +361,8 @@ async def test_watch_of_a_cronjob_follows_its_newest_job(kube: KubeDouble, cfg: 
     kube.put("jobs", {**run, "status": report_job("Complete")["status"]})
     kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T10:00:00Z", "Succeeded"))
     code, out, err = await asyncio.wait_for(status("cronjob/nightly", "-w", "-o", "json", "--kubeconfig", cfg), BOUND)
-    assert (code, err) == (0, "") and json.loads(out)["name"] == "report-a1b2c"
-    assert job_reads(kube) == 1  # the Job of its run, read for its next pod
+    assert (code, err) == (0, "job/report: Complete\n") and json.loads(out)["name"] == "report-a1b2c"
+    assert job_reads(kube) == 1  # the Job of its run, read for its next pod, and its end said
 
 
 def nightly_cronjob() -> dict:
@@ -637,7 +637,7 @@ async def test_watch_of_a_job_follows_its_next_pod_until_the_job_is_finished(kub
     await eventually(lambda: job_reads(kube) >= 3, "the Job read after the second pod ended")
     kube.put("jobs", report_job("SuccessCriteriaMet", "Complete"))
     code, out, err = await asyncio.wait_for(task, BOUND)
-    assert (code, err) == (0, "job/report: next pod/report-z9y8x\n")
+    assert (code, err) == (0, "job/report: next pod/report-z9y8x\njob/report: Complete\n")
     shown = [doc["name"] for doc in json_documents(out)]  # one per drawing
     assert shown[0] == "report-a1b2c" and shown[-1] == "report-z9y8x" and set(shown) == {"report-a1b2c", "report-z9y8x"}
 
@@ -657,7 +657,7 @@ async def test_watch_of_a_job_without_a_pod_yet_waits_for_its_first(kube: KubeDo
     kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T10:00:00Z", "Succeeded"))
     kube.put("jobs", report_job("SuccessCriteriaMet", "Complete"))
     assert await asyncio.wait_for(task, BOUND) == 0
-    assert err.getvalue().splitlines()[1:] == ["job/report: pod/report-a1b2c"]
+    assert err.getvalue().splitlines()[1:] == ["job/report: pod/report-a1b2c", "job/report: Complete"]
 
 
 async def follow_until_deleted(kube: KubeDouble, cfg: str, command, resource: str, name: str,
@@ -714,7 +714,8 @@ async def test_watch_of_a_job_goes_on_past_a_deleted_pod(kube: KubeDouble, cfg: 
         {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
          "message": "Job has reached the specified backoff limit"}]}})
     kube.delete("pods", "builds", "report-z9y8x")  # the controller's, at the backoffLimit
-    assert await asyncio.wait_for(task, BOUND) == 0
+    rc = await asyncio.wait_for(task, BOUND)
+    assert rc == 0, err.getvalue()
     assert err.getvalue().splitlines() == [
         "job/report: pod/report-a1b2c was deleted", "job/report: next pod/report-z9y8x",
         "job/report: pod/report-z9y8x was deleted",
@@ -744,7 +745,7 @@ async def test_watch_of_a_cronjob_without_a_run_yet_waits_for_its_first(kube: Ku
     kube.put("jobs", {**cron_run("report", "2024-05-01T03:00:00Z"), "status": report_job("Complete")["status"]})
     kube.put_pod(ended_attempt("report-a1b2c", "2024-05-01T03:00:01Z", "Succeeded"))
     assert await asyncio.wait_for(task, BOUND) == 0
-    assert err.getvalue().splitlines()[1:] == ["cronjob/nightly: job/report"]
+    assert err.getvalue().splitlines()[1:] == ["cronjob/nightly: job/report", "job/report: Complete"]
 
 
 @pytest.mark.parametrize("command", [status_cmd, logs_cmd], ids=["status -w", "logs -f"])

@@ -17,6 +17,7 @@ from webhook.kube import KubeApi
 from webhook.watcher._leader import LeaderElector
 
 from ._env import Env, Record, scenario
+from ._kube import wait_for
 
 _HOLD = "example.com/hold"
 _NS = "<namespace>"  # a body's namespace, filled in per scenario
@@ -154,6 +155,12 @@ class _Served:
         asyncio.run_coroutine_threadsafe(self.double.start(), self._loop).result(30)
         self.http = httpx.Client(base_url=self.double.url, timeout=30.0)
 
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the double's loop (what it does may schedule work there)."""
+        async def call() -> Any:
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(30)
+
     def close(self) -> None:
         self.http.close()
         asyncio.run_coroutine_threadsafe(self.double.stop(), self._loop).result(30)
@@ -258,6 +265,79 @@ def double_events(env: Env, rec: Record) -> None:
     finally:
         served.close()
     rec.note("the apiserver and the double agree: " + "; ".join(agreed))
+
+
+def _counted(name: str, then: str) -> list[str]:
+    """A container's command that prints `NAME run N`, N its run in the pod (counted on an
+    emptyDir), then runs `then` (`$n`: N)."""
+    return ["sh", "-c", f'n=$(cat /runs/{name} 2>/dev/null || echo 0); echo "{name} run $n"; '
+                        f'echo $((n + 1)) > /runs/{name}; {then}']
+
+
+@scenario("double-logs")
+def double_logs(env: Env, rec: Record) -> None:
+    """Which run of a container the kubelet's log endpoint serves, as the double models it
+    (each run its own log, by restartCount), against a real kubelet: a pod under
+    restartPolicy OnFailure with a container in its second run after a failed first, one
+    waiting to be restarted (CrashLoopBackOff, its status still its last run's), and one
+    never run again; each read with and without `previous=true` (and a container the pod
+    does not have) gets the same status code, and the same log or message, from both."""
+    ns = env.namespace("dlogs", mesh=None, opted=False)
+    rec.namespaces.append(ns)
+    mount = [{"name": "runs", "mountPath": "/runs"}]
+    names = ("flaky", "looping", "steady")
+    body = {"metadata": {"name": "logs", "namespace": ns}, "spec": {
+        "restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 1,
+        "volumes": [{"name": "runs", "emptyDir": {}}],
+        "containers": [{"name": name, "image": env.images.busybox, "volumeMounts": mount, "command": _counted(
+            name, then)} for name, then in zip(names, ('[ "$n" -ge 1 ] && exec sleep 3600; exit 1', "exit 1",
+                                                       "exec sleep 3600"))]}}
+    path = f"/api/v1/namespaces/{ns}/pods/logs"
+
+    def settled() -> dict | None:  # flaky in its second run, looping waiting to be restarted after its second
+        obj = env.kube.get(path)
+        st = {s["name"]: s for s in (obj or {}).get("status", {}).get("containerStatuses") or []}
+        flaky, looping = st.get("flaky") or {}, st.get("looping") or {}
+        ready = "running" in flaky.get("state", {}) and flaky.get("restartCount") == 1 and \
+            "waiting" in looping.get("state", {}) and looping.get("restartCount", 0) >= 1 and \
+            "terminated" in looping.get("lastState", {})
+        return obj if ready else None
+
+    reads = [(name, previous) for name in (*names, "nosuch") for previous in (False, True)]
+    served = _Served(ns)
+    try:
+        env.kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+        for _ in range(3):  # looping may start its next run while it is read: then again
+            real = wait_for(settled, 120, "flaky's second run and looping in its back-off", interval=0.5)
+            got = {"apiserver": [_log(env.kube.http, path, name, previous) for name, previous in reads]}
+            if _restarts(env.kube.get(path)) == _restarts(real):
+                break
+        else:
+            raise AssertionError("the pod kept restarting while it was read")
+        served.run(served.double.put_pod, real)
+        for name in names:  # each run printed one line: the double is told which run printed it
+            for run in range(_restarts(real)[name] + 1):
+                served.run(served.double.append_log, ns, "logs", name, f"{name} run {run}", None, run)
+        got["double"] = [_log(served.http, path, name, previous) for name, previous in reads]
+    finally:
+        served.close()
+        env.kube.delete(path, gracePeriodSeconds=0)
+    for (name, previous), real_read, double_read in zip(reads, got["apiserver"], got["double"]):
+        assert real_read == double_read, f"{name}{' previous' if previous else ''}: apiserver {real_read}, " \
+                                         f"double {double_read}"
+    rec.note("the apiserver and the double agree: " + "; ".join(
+        f"{name}{' previous' if previous else ''} {code} {text.strip()!r}"
+        for (name, previous), (code, text) in zip(reads, got["double"])))
+
+
+def _log(http: httpx.Client, path: str, container: str, previous: bool) -> tuple[int, str]:
+    """A log read: its status code and the log, or the apiserver's message."""
+    resp = http.get(path + "/log", params={"container": container, **({"previous": "true"} if previous else {})})
+    return resp.status_code, resp.text if resp.status_code == 200 else resp.json().get("message", "")
+
+
+def _restarts(pod: dict | None) -> dict[str, int]:
+    return {s["name"]: s.get("restartCount", 0) for s in (pod or {}).get("status", {}).get("containerStatuses") or []}
 
 
 _WATCHED = "e2e.initshift.io/watched"

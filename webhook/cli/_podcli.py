@@ -94,9 +94,13 @@ def api_error(e: KubeError, namespace: str, name: str, what: str = "read pod") -
 async def get_pod(api: KubeApi, namespace: str, name: str) -> dict:
     """The pod; CliError when it is missing, forbidden, or not something initshift can show."""
     try:
-        pod = await api.get_pod(namespace, name)
+        return _showable(await api.get_pod(namespace, name))
     except KubeError as e:
         raise api_error(e, namespace, name) from None
+
+
+def _showable(pod: dict) -> dict:
+    """The pod; CliError when initshift cannot show it."""
     try:
         layout(pod)
     except NotManaged as e:
@@ -256,32 +260,29 @@ def _finished(job: dict) -> bool:
     return _end(job) is not None
 
 
-async def job_end(api: KubeApi, namespace: str, job: str) -> str | None:
-    """How the Job ended, as its condition says it (`Failed (BackoffLimitExceeded: Job has
-    reached the specified backoff limit)`); None while it runs, or where it cannot be read."""
-    try:
-        obj = await api.get_job(namespace, job)
-    except KubeError:
-        return None
-    end = _end(obj) if obj is not None else None
-    if end is None:
-        return None
+def _said(end: dict) -> str:
+    """A Job's terminal condition in a line: `Failed (BackoffLimitExceeded: Job has reached
+    the specified backoff limit)`, or its type alone."""
     why = ": ".join(filter(None, (end.get("reason"), end.get("message"))))
-    return f"{end['type']} ({why})" if why else end["type"]
+    return f"{end['type']} ({why})" if why else str(end["type"])
 
 
 async def next_attempt(api: KubeApi, namespace: str, job: str, after: dict | None, err: TextIO) -> dict | None:
     """The Job's next pod after `after` (one that ended: a retry, or the next completion),
     or its first (`after` None), once the Job controller has made it; None once the Job is
-    finished, or where it cannot be read (said on `err`: the pod's own view was complete).
+    finished (after a pod, its end said on `err`: the pods alone do not say that the Job
+    gave up, or that a pod is its last), or where it cannot be read (said on `err`: the
+    pod's own view was complete).
     The controller waits between attempts (10 s, doubling), so this looks every
     _ATTEMPT_POLL_SECONDS."""
     while True:
         newer = [pod for pod in await _job_pods(api, namespace, job) if after is None or _age(pod) > _age(after)]
         if newer:
-            name = min(newer, key=_age)["metadata"]["name"]
-            print(f"job/{job}: {'next ' if after is not None else ''}pod/{name}", file=err)
-            return await get_pod(api, namespace, name)
+            # As listed: read again, one deleted meanwhile would end the command before
+            # its deletion is seen and the Job asked what follows.
+            pod = min(newer, key=_age)
+            print(f"job/{job}: {'next ' if after is not None else ''}pod/{pod['metadata']['name']}", file=err)
+            return _showable(pod)
         try:
             obj = await api.get_job(namespace, job)
         except KubeError as e:
@@ -289,7 +290,9 @@ async def next_attempt(api: KubeApi, namespace: str, job: str, after: dict | Non
             return None
         if obj is None:
             raise CliError(f"job {namespace}/{job} was deleted")
-        if _finished(obj):
+        if (end := _end(obj)) is not None:
+            if after is not None:
+                print(f"job/{job}: {_said(end)}", file=err)
             return None
         await asyncio.sleep(_ATTEMPT_POLL_SECONDS)
 

@@ -28,8 +28,8 @@ from waiter import protocol as p
 from ..kube import KubeApi
 from ..watcher import FAILED, SUCCEEDED, parse_time
 from ._common import Parser
-from ._podcli import (CLEAR, TICK_SECONDS, PodDeleted, PodTracker, add_connection_args, job_end, job_of, next_attempt,
-                      paint, run_main, run_on_pod, use_colour)
+from ._podcli import (CLEAR, TICK_SECONDS, PodDeleted, PodTracker, add_connection_args, job_of, next_attempt, paint,
+                      run_main, run_on_pod, use_colour)
 from ._podio import dump
 from ._podview import PodView, State, pod_view, state_text
 from ._status_list import run_list
@@ -206,21 +206,17 @@ async def run(argv: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stder
             out.flush()
             if not args.watch:
                 return
-            deleted = False
             async with PodTracker(api, namespace, current["metadata"]["name"], current) as tracker:
                 try:
                     await _watch(tracker, args, out)
                 except PodDeleted:
                     # A Job's pod is deleted by the Job controller at its backoffLimit under
                     # restartPolicy OnFailure, or by someone (a drain), when the controller
-                    # replaces it: the Job, not the pod, says which.
+                    # replaces it: the Job, not the pod, says which (next_attempt).
                     if job is None:
                         raise
-                    deleted = True
                     print(f"job/{job}: pod/{current['metadata']['name']} was deleted", file=err)
             current = await next_attempt(api, namespace, job, tracker.pod, err) if job is not None else None
-            if deleted and current is None and (end := await job_end(api, namespace, job)) is not None:
-                print(f"job/{job}: {end}", file=err)
 
     return await run_on_pod("initshift status", _parser(), argv, show, err, following=lambda args: args.watch)
 
