@@ -1603,21 +1603,20 @@ def _flag(value: str | None) -> bool:
     return (value or "").lower() in ("1", "t", "true")
 
 
-def _container_state(pod: dict, container: str, which: str = "state") -> dict:
+def _container_status(pod: dict, container: str) -> dict:
+    """The container's status in the pod (an init container's too); {} before it has one."""
     status = pod.get("status") or {}
-    for s in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
-        if s.get("name") == container:
-            return s.get(which) or {}
-    return {}
+    return next((s for s in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
+                 if s.get("name") == container), {})
+
+
+def _container_state(pod: dict, container: str, which: str = "state") -> dict:
+    return _container_status(pod, container).get(which) or {}
 
 
 def _container_run(pod: dict, container: str) -> int:
     """The container's current run, its restartCount (0 before it has a status)."""
-    status = pod.get("status") or {}
-    for s in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
-        if s.get("name") == container:
-            return int(s.get("restartCount") or 0)
-    return 0
+    return int(_container_status(pod, container).get("restartCount") or 0)
 
 
 def _uid() -> str:

@@ -155,10 +155,10 @@ async def _newest_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO, w
     the CronJob's history limits say how many), said on `err` when it has several. `wait`
     (-f, -w): a CronJob without one is waited for until its schedule (or a manual
     `kubectl create job --from`) makes one."""
-    runs = await _runs(api, namespace, cronjob)
-    waited = not runs and wait and await _first_run(api, namespace, cronjob, err)
-    if waited:
-        runs = await _runs(api, namespace, cronjob)
+    runs, waited = await _runs(api, namespace, cronjob), False
+    if not runs and wait:
+        runs = await _first_run(api, namespace, cronjob, err)
+        waited = bool(runs)
     if not runs:
         raise await _absent_or(api.get_cronjob, namespace, cronjob, "cronjob",
                                f"cronjob {cronjob} has no jobs in namespace {namespace}")
@@ -170,27 +170,27 @@ async def _newest_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO, w
     return newest
 
 
-async def _first_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO) -> bool:
-    """Wait for the first Job of a CronJob that has none, said on `err` with its schedule;
-    False where the CronJob cannot be read or is absent (find_pod then says why). A CronJob
-    deleted meanwhile is a CliError."""
+async def _first_run(api: KubeApi, namespace: str, cronjob: str, err: TextIO) -> list[dict]:
+    """The runs of a CronJob that has none, once its first has come, said on `err` with its
+    schedule while waited for; none where the CronJob cannot be read or is absent (find_pod
+    then says why). A CronJob deleted meanwhile is a CliError."""
     try:
         obj = await api.get_cronjob(namespace, cronjob)
     except KubeError:
-        return False
+        return []
     if obj is None:
-        return False
+        return []
     spec = obj.get("spec") or {}
     print(f"cronjob/{cronjob}: {'suspended, ' if spec.get('suspend') is True else ''}no run yet; waiting for its "
           f"next (schedule {spec.get('schedule')!r})", file=err)
-    while not await _runs(api, namespace, cronjob):
+    while not (runs := await _runs(api, namespace, cronjob)):
         await asyncio.sleep(_ATTEMPT_POLL_SECONDS)
         try:
             if await api.get_cronjob(namespace, cronjob) is None:
                 raise CliError(f"cronjob {namespace}/{cronjob} was deleted")
         except KubeError as e:
             raise api_error(e, namespace, cronjob, "read cronjob") from None
-    return True
+    return runs
 
 
 async def _absent_or(get: Callable[[str, str], Awaitable[dict | None]], namespace: str, name: str, kind: str,
@@ -238,7 +238,7 @@ async def _first_pod(api: KubeApi, namespace: str, job: str, err: TextIO) -> dic
         obj = await api.get_job(namespace, job)
     except KubeError:
         return None
-    if obj is None or _finished(obj):
+    if obj is None or _end(obj) is not None:
         return None
     suspended = (obj.get("spec") or {}).get("suspend") is True
     print(f"job/{job}: {'suspended, ' if suspended else ''}no pod yet; waiting for the Job controller to "
@@ -254,10 +254,6 @@ def _end(job: dict) -> dict | None:
     """The Job's terminal condition (Complete or Failed): it starts no more pods."""
     return next((c for c in (job.get("status") or {}).get("conditions") or []
                  if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None)
-
-
-def _finished(job: dict) -> bool:
-    return _end(job) is not None
 
 
 def _said(end: dict) -> str:
